@@ -1,0 +1,89 @@
+"""Turning a memory budget or a redundancy count into expert slots per GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+
+GIB = 1024**3
+
+
+def spread_evenly(total: int, num_gpus: int) -> NDArray[np.int64]:
+    """total slots over num_gpus GPUs as evenly as possible, the first GPUs taking the remainder: [G]."""
+    base, extra = divmod(total, num_gpus)
+    return np.asarray([base + 1] * extra + [base] * (num_gpus - extra), dtype=np.int64)
+
+
+def slots_per_gpu(
+    num_gpus: int,
+    num_experts: int,
+    *,
+    slots: int | Sequence[int] | None = None,
+    num_redundant: int | None = None,
+    memory_budget_bytes: float | Sequence[float] | None = None,
+    slot_bytes: float | None = None,
+) -> NDArray[np.int64]:
+    """Slots on each GPU from exactly one of: a slot count (one or one per GPU), a number of redundant
+    experts (spread evenly), or a memory budget in bytes (one or one per GPU) with `slot_bytes`, the bytes
+    of one expert slot across all MoE layers. None of them: one redundant expert per GPU.
+    Raises EplbError when the cluster cannot hold every expert at least once.
+    """
+    given = [x is not None for x in (slots, num_redundant, memory_budget_bytes)]
+    if sum(given) > 1:
+        raise EplbError("give only one of slots per GPU, redundant experts, or a memory budget")
+    if num_gpus < 1:
+        raise EplbError(f"the GPU count must be at least 1, got {num_gpus}")
+    if slots is not None:
+        out = _per_gpu(slots, num_gpus, "slots per GPU").astype(np.int64)
+        if np.any(out < 1):
+            raise EplbError("every GPU needs at least one expert slot")
+    elif memory_budget_bytes is not None:
+        if slot_bytes is None or slot_bytes <= 0:
+            raise EplbError("a memory budget needs the model's bytes per expert slot (give --model)")
+        budget = _per_gpu(memory_budget_bytes, num_gpus, "memory budget", integer=False)
+        out = np.floor(budget / slot_bytes + 1e-9).astype(np.int64)
+        if np.any(out < 1):
+            g = int(np.argmin(out))
+            raise EplbError(
+                f"a budget of {budget[g] / GIB:.2f} GiB on GPU {g} fits no expert: one expert slot across "
+                f"all MoE layers takes {slot_bytes / GIB:.2f} GiB"
+            )
+        if int(out.sum()) < num_experts:
+            need = np.ceil(num_experts / num_gpus) * slot_bytes / GIB
+            raise EplbError(
+                f"a budget of {budget.min() / GIB:.2f} GiB per GPU fits {int(out.sum())} expert slots in all, "
+                f"fewer than the {num_experts} experts; give at least {need:.2f} GiB per GPU "
+                f"({slot_bytes / GIB:.2f} GiB per slot) or more GPUs"
+            )
+    else:
+        redundant = num_gpus if num_redundant is None else int(num_redundant)
+        if redundant < 0:
+            raise EplbError(f"redundant experts must be >= 0, got {redundant}")
+        out = spread_evenly(num_experts + redundant, num_gpus)
+        if np.any(out < 1):
+            raise EplbError(
+                f"{num_experts} experts + {redundant} redundant leave some of the {num_gpus} GPUs without a slot"
+            )
+    if int(out.sum()) < num_experts:
+        raise EplbError(
+            f"{int(out.sum())} slots in all cannot hold {num_experts} experts: need at least "
+            f"{-(-num_experts // num_gpus)} slots per GPU on {num_gpus} GPUs"
+        )
+    return out
+
+
+def _per_gpu(value: float | Sequence[float], num_gpus: int, what: str, integer: bool = True) -> NDArray[np.float64]:
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if arr.size == 1:
+        arr = np.full(num_gpus, arr[0])
+    if arr.size != num_gpus:
+        raise EplbError(f"{what}: got {arr.size} values for {num_gpus} GPUs (give one, or one per GPU)")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise EplbError(f"{what} must be finite and >= 0")
+    if integer and not np.all(np.mod(arr, 1) == 0):
+        raise EplbError(f"{what} must be whole numbers")
+    return arr

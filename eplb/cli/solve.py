@@ -1,0 +1,234 @@
+"""`eplb solve` and `eplb evaluate`: a load window in, a validated placement and its balance out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from eplb.budget import GIB, slots_per_gpu
+from eplb.errors import EplbError
+from eplb.loads import LoadWindow, read_window
+from eplb.placement import load_placement, save_placement
+from eplb.solve import SOLVERS, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
+
+SOLVE_DESCRIPTION = """\
+Compute where every logical expert of every MoE layer goes: hot experts get extra replicas and all
+replicas are packed so each GPU serves about the same number of tokens. Prints lb (busiest GPU / mean
+GPU, per layer; 1.0 is perfect) next to the no-EPLB baseline (experts in id order, no redundancy),
+a lower bound on lb, and the predicted per-layer time from the cost model.
+
+Slots per GPU come from one of --slots-per-gpu, --redundant (extra replicas in all, spread evenly) or
+--memory-budget-gib (HBM for expert weights per GPU; one slot costs one expert across all MoE layers).
+Default: one redundant expert per GPU."""
+
+SOLVE_EPILOG = """\
+examples:
+  eplb solve                                   embedded DeepSeek-V3 window, 32 GPUs, 288 slots
+  eplb solve --loads window.json --gpus 64 --redundant 64 --out placement.json
+  eplb solve --loads window.npz --gpus 32 --gpus-per-node 8 --groups 8 --slots-per-gpu 9
+  eplb solve --gpus 32 --memory-budget-gib 24 --model deepseek-v3 --json
+
+load files: .json {"loads": [[...]]}, .npy/.npz [layers, E] or [steps, layers, E] (docs/formats.md)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `solve` and `evaluate` subcommands."""
+    p = subparsers.add_parser(
+        "solve",
+        help="compute a placement for a load window",
+        description=SOLVE_DESCRIPTION,
+        epilog=SOLVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_loads(p)
+    p.add_argument("--gpus", type=int, default=32, metavar="N", help="GPUs in the EP group (default: 32)")
+    p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for the hierarchical policy")
+    p.add_argument(
+        "--groups", type=int, metavar="G", help="expert groups (DeepSeek's node-limited routing); with "
+        "--gpus-per-node selects the hierarchical policy when G divides evenly over the nodes"
+    )
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--slots-per-gpu", type=_int_list, metavar="S", help="expert slots on each GPU: "
+                        "one number, or a comma-separated list with one per GPU")
+    budget.add_argument("--redundant", type=int, metavar="R", help="redundant experts in all, spread as "
+                        "evenly as the GPUs allow (default: one per GPU)")
+    budget.add_argument("--memory-budget-gib", type=_float_list, metavar="X", help="GiB of expert weights "
+                        "each GPU may hold (one number or one per GPU); needs the model (--model)")
+    p.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (fast) or milp (exact, "
+                   "OR-Tools; default: greedy)")
+    p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
+    p.add_argument("--current", metavar="FILE", help="current placement file: report moves against it")
+    p.add_argument("--out", metavar="FILE", help="write the placement file here (JSON, docs/formats.md)")
+    _add_cost(p)
+    p.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
+    p.set_defaults(func=run_solve)
+
+    e = subparsers.add_parser(
+        "evaluate",
+        help="balance and predicted time of an existing placement on a load window",
+        description="Judge a placement file on a load window: per-layer lb, balancedness and imbalance "
+        "next to the no-EPLB baseline, and the predicted per-layer time.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_loads(e)
+    e.add_argument("--placement", required=True, metavar="FILE", help="placement file (JSON)")
+    _add_cost(e)
+    e.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
+    e.set_defaults(func=run_evaluate)
+
+
+def _add_loads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--loads", metavar="FILE", help="load window: .json, .npy or .npz (default: the embedded "
+                   "DeepSeek-V3 prefill window from SGLang's published statistics, 58 layers x 256 experts)")
+
+
+def _add_cost(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="NAME|FILE", help="model spec for memory and time: a preset ("
+                   f"{', '.join(MODEL_PRESETS)}) or JSON file (default: the preset with the window's expert count)")
+    p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
+                   help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: b200)")
+    p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic or GB/s per GPU (default: nvlink)")
+    p.add_argument("--tokens-per-gpu", type=float, metavar="T", help="tokens per GPU in one step for the time "
+                   "prediction (default: the window taken as one step)")
+    p.add_argument("--no-overlap", action="store_true", help="comm adds to the GEMMs instead of overlapping them")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or a comma-separated list, got {text!r}") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list, got {text!r}") from None
+
+
+def _model_for(args: argparse.Namespace, window: LoadWindow) -> ModelSpec | None:
+    if args.model:
+        model = load_model(args.model)
+        if model.num_experts != window.num_experts:
+            raise EplbError(
+                f"model {model.name!r} has {model.num_experts} experts, the loads have {window.num_experts}"
+            )
+        return model
+    return infer_model(window.num_experts, window.num_layers)
+
+
+def _cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
+    if model is None:
+        return None
+    hardware = load_hardware(args.hardware)
+    if args.tokens_per_gpu is not None and not args.tokens_per_gpu > 0:
+        raise EplbError("--tokens-per-gpu must be > 0")
+    return CostSetup(model, hardware, link_bandwidth(hardware, args.link), args.tokens_per_gpu, not args.no_overlap)
+
+
+def run_solve(args: argparse.Namespace) -> int:
+    window = read_window(args.loads)
+    model = _model_for(args, window)
+    if args.memory_budget_gib is not None and model is None:
+        raise EplbError(f"--memory-budget-gib needs --model: no preset has {window.num_experts} experts")
+    slots = slots_per_gpu(
+        args.gpus,
+        window.num_experts,
+        slots=args.slots_per_gpu,
+        num_redundant=args.redundant,
+        memory_budget_bytes=None if args.memory_budget_gib is None else [x * GIB for x in args.memory_budget_gib],
+        slot_bytes=None if model is None else model.expert_bytes_all_layers,
+    )
+    current = load_placement(args.current) if args.current else None
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise EplbError("--time-limit must be > 0 seconds")
+    outcome = solve(
+        window.loads,
+        Cluster(slots, args.gpus_per_node, args.groups),
+        solver=args.solver,
+        cost=_cost_setup(args, model),
+        current=current,
+        time_limit_s=args.time_limit,
+    )
+    if args.out:
+        save_placement(outcome.placement, args.out)
+    if args.json:
+        json.dump(outcome.to_dict(), sys.stdout)
+        print()
+    else:
+        print(_summary(window, outcome, model, args.out))
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    window = read_window(args.loads)
+    placement = load_placement(args.placement)
+    model = _model_for(args, window)
+    outcome = evaluate(window.loads, placement, _cost_setup(args, model))
+    if args.json:
+        json.dump(outcome.to_dict(), sys.stdout)
+        print()
+    else:
+        print(_summary(window, outcome, model, None))
+    return 0
+
+
+def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out: str | None) -> str:
+    p = outcome.placement
+    slots = p.slots_per_gpu
+    uniform = bool(np.all(slots == slots[0]))
+    slot_text = f"{int(slots[0])} slots each" if uniform else f"{int(slots.min())}-{int(slots.max())} slots"
+    lines = [
+        f"loads:      {window.source}: {window.num_layers} layers x {window.num_experts} experts",
+        f"cluster:    {p.num_gpus} GPUs, {slot_text}, {p.num_physical} slots per layer "
+        f"({p.num_physical - p.num_experts} redundant)",
+    ]
+    if outcome.solver:
+        s = outcome.solver
+        lines.append(f"solver:     {s['name']} ({s['status']}), {s['wall_ms']:.1f} ms")
+    new, base = outcome.balance, outcome.baseline
+    rows: list[tuple[str, str, str, str]] = [
+        ("", "lb mean", "lb max", "balancedness min"),
+        ("baseline (contiguous)", f"{base.lb.mean():.3f}", f"{base.lb.max():.3f}", f"{base.balancedness.min():.3f}"),
+        ("placement", f"{new.lb.mean():.3f}", f"{new.lb.max():.3f}", f"{new.balancedness.min():.3f}"),
+    ]
+    if outcome.solver:
+        bound = np.asarray(outcome.solver["bound_lb"])
+        rows.append(("lower bound", f"{bound.mean():.3f}", f"{bound.max():.3f}", ""))
+    lines.append("")
+    lines.extend(f"  {a:<24}{b:>9}{c:>9}{d:>18}" for a, b, c, d in rows)
+    if outcome.prediction is not None and outcome.baseline_prediction is not None and model is not None:
+        t_new, t_base = outcome.prediction, outcome.baseline_prediction
+        lines.append("")
+        lines.append(
+            f"predicted MoE time ({model.name}, T = {float(np.median(t_new.tokens_per_gpu)):,.0f} tokens/GPU): "
+            f"{t_new.total_time_us / 1000:,.3f} ms per step over {p.num_layers} layers "
+            f"(baseline {t_base.total_time_us / 1000:,.3f} ms, {_ratio(t_base.total_time_us, t_new.total_time_us)})"
+        )
+        counts = {b: t_new.bottleneck.count(b) for b in sorted(set(t_new.bottleneck))}
+        lines.append("  bottleneck per layer: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    worst = np.argsort(-new.lb, kind="stable")[:3]
+    layer_ids = window.meta.get("layer_ids")
+    names = [f"{i}" + (f" (model layer {layer_ids[i]})" if isinstance(layer_ids, list) else "") for i in worst]
+    lines.append("")
+    lines.append("worst layers: " + "; ".join(
+        f"{name}: lb {new.lb[i]:.3f} (baseline {base.lb[i]:.3f})" for name, i in zip(names, worst, strict=True)
+    ))
+    if outcome.moves is not None:
+        moved = int(outcome.moves.sum())
+        lines.append(f"moves vs current placement: {moved} expert copies" + (
+            f", {moved * outcome.bytes_per_move / GIB:.2f} GiB" if outcome.bytes_per_move else ""))
+    if out:
+        lines.append(f"wrote {out}")
+    return "\n".join(lines)
+
+
+def _ratio(before: float, after: float) -> str:
+    if after <= 0:
+        return "n/a"
+    return f"{before / after:.2f}x faster" if before >= after else f"{after / before:.2f}x slower"

@@ -1,0 +1,47 @@
+"""How balanced a placement is on a load window: GPU loads and the three balance numbers users quote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.budget import spread_evenly
+from eplb.placement import Placement
+
+
+@dataclass(frozen=True)
+class Balance:
+    """gpu_loads: [layers, G] tokens; lb = max/mean, balancedness = mean/max (vLLM, SGLang),
+    imbalance = (max - mean)/mean (TensorRT-LLM): each [layers]. A layer with no tokens counts as
+    perfectly balanced (lb 1)."""
+
+    gpu_loads: NDArray[np.float64]
+    lb: NDArray[np.float64]
+    balancedness: NDArray[np.float64]
+    imbalance: NDArray[np.float64]
+
+
+def gpu_loads(loads: NDArray[np.float64], placement: Placement) -> NDArray[np.float64]:
+    """Tokens each GPU serves: [layers, G], from loads [layers, E] and the slots' shares."""
+    slot_load = np.take_along_axis(loads, placement.phy2log, axis=1) * placement.slot_shares()
+    starts = np.concatenate([[0], np.cumsum(placement.slots_per_gpu)[:-1]])
+    return np.add.reduceat(slot_load, starts, axis=1)
+
+
+def balance(loads: NDArray[np.float64], placement: Placement) -> Balance:
+    """Balance of a placement on loads [layers, E] (same layer count and E as the placement)."""
+    per_gpu = gpu_loads(loads, placement)
+    mean = per_gpu.mean(axis=1)
+    peak = per_gpu.max(axis=1)
+    empty = mean <= 0
+    lb = np.where(empty, 1.0, peak / np.where(empty, 1.0, mean))
+    return Balance(per_gpu, lb, 1.0 / lb, lb - 1.0)
+
+
+def contiguous_placement(num_layers: int, num_experts: int, num_gpus: int) -> Placement:
+    """The no-EPLB baseline: experts in id order, E/G consecutive ids per GPU, no redundancy."""
+    slots = spread_evenly(num_experts, num_gpus)
+    phy2log = np.broadcast_to(np.arange(num_experts, dtype=np.int64), (num_layers, num_experts))
+    return Placement(phy2log.copy(), slots, num_experts)

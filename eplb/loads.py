@@ -1,0 +1,135 @@
+"""Load windows: tokens routed to each logical expert of each MoE layer over a window.
+
+Files (docs/formats.md):
+- `.json`: `{"loads": [[...E counts...] per layer]}` (other keys such as `source`, `layer_ids` are kept
+  as metadata), or a bare list of lists;
+- `.npy`: a `[layers, E]` window, or `[steps, layers, E]` per-step counts (summed over steps);
+- `.npz`: array `loads` (`[layers, E]`) or `counts` (`[steps, layers, E]`, summed), or a single array.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+
+DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
+
+
+@dataclass(frozen=True)
+class LoadWindow:
+    """loads: [layers, E] tokens (token-to-expert assignments) per logical expert; meta: file metadata."""
+
+    loads: NDArray[np.float64]
+    source: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.loads.shape[0])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.loads.shape[1])
+
+
+def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
+    """Validate a window: [layers, E] (or [steps, layers, E], summed over steps), finite and >= 0.
+
+    Raises EplbError naming the first bad row or value.
+    """
+    if isinstance(value, list):
+        _check_rectangular(value, what)
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise EplbError(f"{what} must be numbers in a [layers][experts] array") from None
+    if arr.ndim == 1:
+        raise EplbError(f"{what} must be [layers][experts]; got one row of {arr.size} numbers "
+                        "(wrap a single layer in another list)")
+    if arr.ndim == 3:
+        arr = arr.sum(axis=0)
+    if arr.ndim != 2:
+        raise EplbError(f"{what} must be [layers][experts] or [steps][layers][experts], got shape {list(arr.shape)}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise EplbError(f"{what} is empty (shape {list(arr.shape)})")
+    bad = np.argwhere(~np.isfinite(arr))
+    if bad.size:
+        layer, expert = (int(v) for v in bad[0])
+        raise EplbError(f"{what}[{layer}][{expert}] is {arr[layer, expert]}: loads must be finite numbers")
+    neg = np.argwhere(arr < 0)
+    if neg.size:
+        layer, expert = (int(v) for v in neg[0])
+        raise EplbError(f"{what}[{layer}][{expert}] is {arr[layer, expert]:g}: loads must be >= 0")
+    return arr
+
+
+def _check_rectangular(rows: list[Any], what: str) -> None:
+    if rows and all(isinstance(r, list) for r in rows):
+        lengths = [len(r) for r in rows]
+        for i, n in enumerate(lengths):
+            if n != lengths[0]:
+                raise EplbError(f"{what} is ragged: row 0 has {lengths[0]} experts, row {i} has {n}")
+        for i, r in enumerate(rows):
+            if r and isinstance(r[0], list):
+                _check_rectangular(r, f"{what}[{i}]")
+
+
+def read_window(path: str | Path | None = None) -> LoadWindow:
+    """Read a load window file; None reads the embedded default (a DeepSeek-V3 prefill window)."""
+    if path is None:
+        data = json.loads(resources.files("eplb.data").joinpath(DEFAULT_WINDOW).read_text())
+        return LoadWindow(check_loads(data["loads"]), f"embedded default ({DEFAULT_WINDOW})", _meta(data))
+    p = Path(path)
+    if not p.is_file():
+        raise EplbError(f"load file not found: {p}")
+    suffix = p.suffix.lower()
+    if suffix == ".json":
+        return _read_json(p)
+    if suffix == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise EplbError(f"{p}: not a readable .npy array ({exc})") from None
+        return LoadWindow(check_loads(arr, str(p)), str(p))
+    if suffix == ".npz":
+        return _read_npz(p)
+    raise EplbError(f"{p}: unknown load file type '{suffix}' (use .json, .npy or .npz)")
+
+
+def _read_json(p: Path) -> LoadWindow:
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EplbError(f"{p}: not valid JSON ({exc})") from None
+    if isinstance(data, dict):
+        if "loads" not in data:
+            raise EplbError(f"{p}: expected a 'loads' field holding [layers][experts] token counts")
+        return LoadWindow(check_loads(data["loads"], f"{p}: loads"), str(p), _meta(data))
+    return LoadWindow(check_loads(data, str(p)), str(p))
+
+
+def _read_npz(p: Path) -> LoadWindow:
+    try:
+        with np.load(p, allow_pickle=False) as npz:
+            names = list(npz.files)
+            for key in ("loads", "counts"):
+                if key in names:
+                    return LoadWindow(check_loads(npz[key], f"{p}: {key}"), str(p))
+            if len(names) == 1:
+                return LoadWindow(check_loads(npz[names[0]], f"{p}: {names[0]}"), str(p))
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise EplbError(f"{p}: not a readable .npz archive ({exc})") from None
+    raise EplbError(f"{p}: expected an array named 'loads' or 'counts', found {names}")
+
+
+def _meta(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != "loads"}

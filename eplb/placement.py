@@ -1,0 +1,185 @@
+"""The placement of experts on GPUs, its validation, and placement files.
+
+A placement holds, per MoE layer, `phy2log[layer, slot]`: the logical expert in each physical slot.
+Slots are numbered GPU by GPU; GPU g owns a contiguous run of `slots_per_gpu[g]` slots (DeepSeek EPLB's
+and vLLM's convention). `log2phy` and `replicas` are derived from it. Optional `shares[layer, slot]`
+say what fraction of its expert's tokens each slot serves (absent: uniform, 1 / replicas).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+from solvers.validation import InvalidPlacement, replica_counts, slot_gpu, validate_placement
+
+FORMAT = "eplb.placement/v1"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A validated expert placement for every MoE layer.
+
+    phy2log: [layers, num_physical] int64 logical expert per slot; slots_per_gpu: [G] int64;
+    num_experts: E; shares: [layers, num_physical] float64 or None for uniform shares.
+    """
+
+    phy2log: NDArray[np.int64]
+    slots_per_gpu: NDArray[np.int64]
+    num_experts: int
+    shares: NDArray[np.float64] | None = None
+
+    def __post_init__(self) -> None:
+        phy2log = np.asarray(self.phy2log)
+        if phy2log.ndim == 1:
+            phy2log = phy2log[None, :]
+        if phy2log.size and not np.issubdtype(phy2log.dtype, np.integer) and not np.all(np.mod(phy2log, 1) == 0):
+            raise EplbError("placement: phy2log must hold integer expert ids")
+        phy2log = phy2log.astype(np.int64)
+        slots = np.asarray(self.slots_per_gpu, dtype=np.int64).reshape(-1)
+        shares = None if self.shares is None else np.asarray(self.shares, dtype=np.float64)
+        try:
+            validate_placement(phy2log, slots, self.num_experts, shares)
+        except InvalidPlacement as exc:
+            raise EplbError(f"invalid placement: {exc}") from None
+        object.__setattr__(self, "phy2log", phy2log)
+        object.__setattr__(self, "slots_per_gpu", slots)
+        object.__setattr__(self, "shares", shares)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.phy2log.shape[0])
+
+    @property
+    def num_gpus(self) -> int:
+        return int(self.slots_per_gpu.size)
+
+    @property
+    def num_physical(self) -> int:
+        return int(self.phy2log.shape[1])
+
+    @property
+    def slot_gpu(self) -> NDArray[np.int64]:
+        """GPU of every slot: [num_physical]."""
+        return slot_gpu(self.slots_per_gpu)
+
+    @property
+    def replicas(self) -> NDArray[np.int64]:
+        """Replicas of each logical expert: [layers, E], each >= 1."""
+        return replica_counts(self.phy2log, self.num_experts)
+
+    @property
+    def log2phy(self) -> NDArray[np.int64]:
+        """Slots of each logical expert: [layers, E, max replicas], padded with -1, slots ascending."""
+        layers, num_physical = self.phy2log.shape
+        width = int(self.replicas.max())
+        order = np.argsort(self.phy2log, axis=1, kind="stable")
+        sorted_experts = np.take_along_axis(self.phy2log, order, axis=1)
+        first = np.zeros((layers, self.num_experts), dtype=np.int64)
+        counts = self.replicas
+        first[:, 1:] = np.cumsum(counts, axis=1)[:, :-1]
+        rank = np.arange(num_physical)[None, :] - np.take_along_axis(first, sorted_experts, axis=1)
+        out = np.full((layers, self.num_experts, width), -1, dtype=np.int64)
+        rows = np.repeat(np.arange(layers), num_physical)
+        out[rows, sorted_experts.ravel(), rank.ravel()] = order.ravel()
+        return out
+
+    def slot_shares(self) -> NDArray[np.float64]:
+        """Fraction of its expert's tokens each slot serves: [layers, num_physical]."""
+        if self.shares is not None:
+            return self.shares
+        counts = np.take_along_axis(self.replicas, self.phy2log, axis=1)
+        return 1.0 / counts
+
+    def to_dict(self) -> dict[str, Any]:
+        """The placement file's JSON object (see docs/formats.md)."""
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "num_experts": self.num_experts,
+            "num_gpus": self.num_gpus,
+            "slots_per_gpu": self.slots_per_gpu.tolist(),
+            "phy2log": self.phy2log.tolist(),
+            "replicas": self.replicas.tolist(),
+        }
+        if self.shares is not None:
+            out["shares"] = np.round(self.shares, 12).tolist()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "placement") -> Placement:
+        """Read a placement object; `replicas` and `num_gpus` are optional and checked if present."""
+        if not isinstance(data, dict):
+            raise EplbError(f"{source}: expected a JSON object with phy2log and slots_per_gpu")
+        for key in ("phy2log", "slots_per_gpu"):
+            if key not in data:
+                raise EplbError(f"{source}: missing field '{key}'")
+        phy2log = _int_matrix(data["phy2log"], f"{source}: phy2log")
+        slots = _int_vector(data["slots_per_gpu"], f"{source}: slots_per_gpu")
+        num_experts = data.get("num_experts")
+        if num_experts is None:
+            num_experts = int(phy2log.max()) + 1 if phy2log.size else 0
+        if not isinstance(num_experts, int) or num_experts < 1:
+            raise EplbError(f"{source}: num_experts must be a positive integer")
+        shares = None
+        if data.get("shares") is not None:
+            shares = _float_matrix(data["shares"], f"{source}: shares")
+        placement = cls(phy2log, slots, num_experts, shares)
+        if "replicas" in data and np.asarray(data["replicas"]).tolist() != placement.replicas.tolist():
+            raise EplbError(f"{source}: 'replicas' does not match the replica counts in phy2log")
+        if "num_gpus" in data and data["num_gpus"] != placement.num_gpus:
+            raise EplbError(f"{source}: num_gpus is {data['num_gpus']} but slots_per_gpu lists {placement.num_gpus}")
+        return placement
+
+
+def save_placement(placement: Placement, path: str | Path) -> None:
+    """Write a placement file (JSON)."""
+    Path(path).write_text(json.dumps(placement.to_dict()) + "\n")
+
+
+def load_placement(path: str | Path) -> Placement:
+    """Read a placement file written by `save_placement` (or any JSON with the same fields)."""
+    p = Path(path)
+    if not p.is_file():
+        raise EplbError(f"placement file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EplbError(f"{p}: not valid JSON ({exc})") from None
+    return Placement.from_dict(data, str(p))
+
+
+def _int_matrix(value: Any, what: str) -> NDArray[np.int64]:
+    arr = _array(value, what, 2)
+    if not np.all(np.mod(arr, 1) == 0):
+        raise EplbError(f"{what} must hold integers")
+    return arr.astype(np.int64)
+
+
+def _int_vector(value: Any, what: str) -> NDArray[np.int64]:
+    arr = _array(value, what, 1)
+    if not np.all(np.mod(arr, 1) == 0):
+        raise EplbError(f"{what} must hold integers")
+    return arr.astype(np.int64)
+
+
+def _float_matrix(value: Any, what: str) -> NDArray[np.float64]:
+    return _array(value, what, 2)
+
+
+def _array(value: Any, what: str, ndim: int) -> NDArray[np.float64]:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise EplbError(f"{what} must be a {'list of lists' if ndim == 2 else 'list'} of numbers "
+                        "with equal row lengths") from None
+    if arr.ndim != ndim:
+        raise EplbError(f"{what} must be {ndim}-dimensional, got shape {list(arr.shape)}")
+    if not np.all(np.isfinite(arr)):
+        raise EplbError(f"{what} holds NaN or infinite values")
+    return arr

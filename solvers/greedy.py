@@ -1,0 +1,338 @@
+"""Greedy expert placement: give extra slots to the hottest experts, then pack heaviest-first.
+
+Every function works on all layers at once (rows of a 2-D array); the only Python loops run over
+slots, never over layers.
+
+Two entry points:
+- `solve_greedy(loads, slots_per_gpu, ...)`: ours. GPUs may have different slot counts, no two replicas
+  of one expert share a GPU when another placement exists, optional hierarchical (node-aware) policy.
+- `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)`: a drop-in for DeepSeek
+  EPLB's function of the same name, same signature, semantics and results, on numpy arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from solvers.torch_order import argsort_desc_like_torch
+from solvers.validation import slot_gpu, validate_placement
+
+FloatArray = NDArray[np.floating[Any]]
+IntArray = NDArray[np.int64]
+
+
+def replicate(
+    weight: FloatArray, num_physical: IntArray, max_replicas: int | None = None
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Give each extra slot to the expert with the largest load per replica.
+
+    weight: [rows, E] load per expert; num_physical: [rows] slots to fill per row (>= E);
+    max_replicas: cap on replicas of one expert (e.g. the GPU count), None for no cap.
+    Returns phy2log [rows, max(num_physical)] (experts 0..E-1 first, then the extra replicas in the
+    order they were given; -1 pads rows with fewer slots), rank [rows, P] (replica index of each slot)
+    and logcnt [rows, E] (replicas per expert). Arithmetic stays in weight's dtype.
+    """
+    rows, num_log = weight.shape
+    width = int(num_physical.max())
+    phy2log = np.full((rows, width), -1, dtype=np.int64)
+    phy2log[:, :num_log] = np.arange(num_log, dtype=np.int64)
+    rank = np.zeros((rows, width), dtype=np.int64)
+    logcnt = np.ones((rows, num_log), dtype=np.int64)
+    r = np.arange(rows)
+    for slot in range(num_log, width):
+        active = num_physical > slot
+        per_replica = weight / logcnt.astype(weight.dtype)
+        if max_replicas is not None:
+            per_replica = np.where(logcnt >= max_replicas, -np.inf, per_replica)
+        best = np.argmax(per_replica, axis=1)
+        rr, ee = r[active], best[active]
+        phy2log[rr, slot] = ee
+        rank[rr, slot] = logcnt[rr, ee]
+        logcnt[rr, ee] += 1
+    return phy2log, rank, logcnt
+
+
+def pack(
+    weight: FloatArray,
+    capacity: IntArray,
+    experts: IntArray | None = None,
+    num_experts: int = 0,
+    order: IntArray | None = None,
+) -> tuple[IntArray, IntArray]:
+    """Heaviest item first, into the least-loaded bin that still has room (first such bin on ties).
+
+    weight: [rows, n] item weights, -inf marks padding items that are not packed;
+    capacity: [rows, bins] items each bin takes, summing per row to the number of real items;
+    experts: [rows, n] logical expert of each item: when given, an item avoids bins that already hold
+    its expert unless every bin with room does; order: [rows, n] the item order to pack in
+    (default: heaviest first, ties in index order).
+    Returns bin_of_item [rows, n] and rank_in_bin [rows, n] (-1 for padding).
+    """
+    rows, n = weight.shape
+    bins = capacity.shape[1]
+    if order is None:
+        order = np.argsort(-weight, axis=1, kind="stable")
+    r = np.arange(rows)
+    bin_load = np.zeros((rows, bins), dtype=weight.dtype)
+    bin_used = np.zeros((rows, bins), dtype=np.int64)
+    bin_of = np.full((rows, n), -1, dtype=np.int64)
+    rank = np.full((rows, n), -1, dtype=np.int64)
+    holds = np.zeros((rows, num_experts, bins), dtype=bool) if experts is not None else None
+    for j in range(n):
+        item = order[:, j]
+        w = weight[r, item]
+        real = w != -np.inf
+        if not real.any():
+            break
+        cand = np.where(bin_used < capacity, bin_load, np.inf)
+        if holds is not None and experts is not None:
+            e = experts[r, item]
+            spread = np.where(holds[r, e], np.inf, cand)
+            has_room = np.asarray(np.isfinite(spread).any(axis=1))
+            cand = np.where(has_room[:, None], spread, cand)
+        b = np.argmin(cand, axis=1)
+        rr, ii, bb = r[real], item[real], b[real]
+        if holds is not None and experts is not None:
+            holds[rr, experts[rr, ii], bb] = True
+        bin_of[rr, ii] = bb
+        rank[rr, ii] = bin_used[rr, bb]
+        bin_used[rr, bb] += 1
+        bin_load[rr, bb] += w[real]
+    return bin_of, rank
+
+
+def _place(
+    loads: FloatArray, capacity: IntArray, max_replicas: int | None
+) -> IntArray:
+    """Replicate then pack rows of experts onto rows of bins; returns [rows, max slots] local expert
+    ids in slot order (bin by bin), -1 padding where a row has fewer slots."""
+    rows, _ = loads.shape
+    num_physical = capacity.sum(axis=1)
+    phy2log, _, logcnt = replicate(loads, num_physical, max_replicas)
+    valid = phy2log >= 0
+    safe = np.where(valid, phy2log, 0)
+    r = np.arange(rows)[:, None]
+    item_weight = np.where(valid, loads[r, safe] / logcnt[r, safe], -np.inf)
+    bin_of, rank = pack(item_weight, capacity, np.where(valid, phy2log, 0), loads.shape[1])
+    offsets = np.concatenate([np.zeros((rows, 1), np.int64), np.cumsum(capacity, axis=1)[:, :-1]], axis=1)
+    out = np.full_like(phy2log, -1)
+    rr, ii = np.nonzero(valid)
+    out[rr, offsets[rr, bin_of[rr, ii]] + rank[rr, ii]] = phy2log[rr, ii]
+    return out
+
+
+def spread_duplicates(
+    loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray
+) -> IntArray:
+    """Swap slots between GPUs so no GPU holds two replicas of one expert where a swap allows it,
+    choosing each swap to keep the two GPUs' loads as low as possible.
+
+    loads: [layers, E]; phy2log: [layers, P]. Only layers with duplicates are visited (rare).
+    """
+    phy2log = phy2log.copy()
+    gpu = slot_gpu(slots_per_gpu)
+    num_experts = loads.shape[1]
+    for layer in np.flatnonzero(_duplicates_per_layer(phy2log, gpu)):
+        row = phy2log[layer]
+        for _ in range(row.size):
+            dup_slot = _first_duplicate(row, gpu)
+            if dup_slot < 0:
+                break
+            cnt = np.bincount(row, minlength=num_experts)
+            share = loads[layer] / np.maximum(cnt, 1)
+            gpu_load = np.bincount(gpu, weights=share[row], minlength=slots_per_gpu.size)
+            holds = np.zeros((slots_per_gpu.size, num_experts), dtype=bool)
+            holds[gpu, row] = True
+            g, e = gpu[dup_slot], row[dup_slot]
+            other = row  # expert in each candidate slot
+            ok = (gpu != g) & ~holds[g, other] & ~holds[gpu, e]
+            if not ok.any():
+                break
+            new_g = gpu_load[g] - share[e] + share[other]
+            new_h = gpu_load[gpu] - share[other] + share[e]
+            cost = np.where(ok, np.maximum(new_g, new_h), np.inf)
+            s = int(np.argmin(cost))
+            row[dup_slot], row[s] = row[s], row[dup_slot]
+    return phy2log
+
+
+def _duplicates_per_layer(phy2log: IntArray, gpu: IntArray) -> NDArray[np.bool_]:
+    key = np.sort(gpu[None, :] * (int(phy2log.max()) + 1) + phy2log, axis=1)
+    return np.asarray((key[:, 1:] == key[:, :-1]).any(axis=1))
+
+
+def _first_duplicate(row: IntArray, gpu: IntArray) -> int:
+    key = gpu * (int(row.max()) + 1) + row
+    order = np.argsort(key, kind="stable")
+    same = np.flatnonzero(key[order][1:] == key[order][:-1])
+    return int(order[same[0] + 1]) if same.size else -1
+
+
+def solve_greedy(
+    loads: FloatArray,
+    slots_per_gpu: IntArray,
+    *,
+    num_groups: int | None = None,
+    gpus_per_node: int | None = None,
+    max_replicas: int | None = None,
+) -> IntArray:
+    """Our greedy placement for every layer at once.
+
+    loads: [layers, E] tokens per expert; slots_per_gpu: [G] slots on each GPU (may differ, each >= 1,
+    sum >= E). With num_groups and gpus_per_node (and num_groups divisible by the node count) the
+    hierarchical policy runs: expert groups are packed onto nodes, replicated inside each node and packed
+    onto that node's GPUs, so a token's experts stay within few nodes; otherwise the global policy.
+    max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node).
+    Returns phy2log [layers, sum(slots_per_gpu)], validated.
+    """
+    loads = np.asarray(loads, dtype=np.float64)
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    layers, num_experts = loads.shape
+    num_gpus = slots.size
+    if int(slots.sum()) < num_experts:
+        raise ValueError(f"{int(slots.sum())} slots cannot hold {num_experts} experts")
+    num_nodes = num_gpus // gpus_per_node if gpus_per_node else 1
+    hierarchical = (
+        num_groups is not None
+        and gpus_per_node is not None
+        and num_nodes > 1
+        and num_gpus % gpus_per_node == 0
+        and num_experts % num_groups == 0
+        and num_groups % num_nodes == 0
+    )
+    if not hierarchical:
+        cap = max_replicas if max_replicas is not None else num_gpus
+        phy2log = _place(loads, np.broadcast_to(slots, (layers, num_gpus)), cap)
+    else:
+        assert num_groups is not None and gpus_per_node is not None
+        phy2log = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
+    phy2log = spread_duplicates(loads, phy2log, slots)
+    validate_placement(phy2log, slots, num_experts)
+    return phy2log
+
+
+def _place_hierarchical(
+    loads: FloatArray, slots: IntArray, num_groups: int, gpus_per_node: int, max_replicas: int | None
+) -> IntArray:
+    layers, num_experts = loads.shape
+    num_nodes = slots.size // gpus_per_node
+    group_size = num_experts // num_groups
+    experts_per_node = num_experts // num_nodes
+    node_slots = slots.reshape(num_nodes, gpus_per_node)
+    if np.any(node_slots.sum(axis=1) < experts_per_node):
+        raise ValueError(
+            f"hierarchical policy: every node needs at least {experts_per_node} slots "
+            f"({num_experts} experts over {num_nodes} nodes), got {node_slots.sum(axis=1).tolist()}"
+        )
+    # Step 1: groups onto nodes, equal group counts per node, balanced by tokens.
+    group_load = loads.reshape(layers, num_groups, group_size).sum(axis=2)
+    node_cap = np.full((layers, num_nodes), num_groups // num_nodes, dtype=np.int64)
+    node_of_group, rank_in_node = pack(group_load, node_cap)
+    log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
+    mlog2log = _inverse(log2mlog)
+    # Step 2 and 3: replicate within each node and pack onto its GPUs (rows = layer x node).
+    node_loads = np.take_along_axis(loads, mlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
+    capacity = np.tile(node_slots, (layers, 1))
+    cap = max_replicas if max_replicas is not None else gpus_per_node
+    local = _place(node_loads, capacity, cap)
+    # Rows of local are padded to the largest node; strip padding node by node, keeping slot order.
+    local = local.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * experts_per_node)[None, :, None]
+    width = node_slots.sum(axis=1)
+    keep = np.arange(local.shape[2])[None, :] < width[:, None]
+    mlog = local[:, keep]
+    return np.take_along_axis(mlog2log, mlog, axis=1)
+
+
+def _group_order(node_of_group: IntArray, rank_in_node: IntArray, groups_per_node: int, group_size: int) -> IntArray:
+    """log2mlog [layers, E]: position of each logical expert when experts are listed node by node."""
+    first = (node_of_group * groups_per_node + rank_in_node) * group_size
+    return (first[:, :, None] + np.arange(group_size)).reshape(first.shape[0], -1)
+
+
+def _inverse(perm: IntArray) -> IntArray:
+    """Inverse of each row's permutation: [rows, n]."""
+    inv = np.empty_like(perm)
+    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(perm.shape[1]), perm.shape), axis=1)
+    return inv
+
+
+def _as_numpy(weight: Any) -> NDArray[np.float32]:
+    """Accept numpy arrays, nested lists and torch tensors (any device) without importing torch."""
+    if hasattr(weight, "detach"):
+        weight = weight.detach().cpu().numpy()
+    return np.asarray(weight, dtype=np.float32)
+
+
+def rebalance_experts(
+    weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Drop-in for DeepSeek EPLB's `rebalance_experts`, on numpy arrays.
+
+    weight: [layers, E] load statistics (array-like; torch tensors accepted); num_replicas: physical
+    experts, a multiple of num_gpus; hierarchical policy when num_groups % num_nodes == 0, else global.
+    Returns phy2log [layers, num_replicas], log2phy [layers, E, max replicas] (-1 padded) and
+    logcnt [layers, E], all int64, identical to DeepSeek's (float32 arithmetic, same tie-breaking).
+    """
+    w = _as_numpy(weight)
+    if w.ndim != 2:
+        raise ValueError(f"weight must be [layers, experts], got shape {w.shape}")
+    layers, num_log = w.shape
+    if num_groups % num_nodes == 0:
+        phy2log, phyrank, logcnt = _deepseek_hierarchical(w, num_replicas, num_groups, num_nodes, num_gpus)
+    else:
+        phy2log, phyrank, logcnt = _deepseek_hierarchical(w, num_replicas, 1, 1, num_gpus)
+    maxcnt = int(logcnt.max())
+    log2phy = np.full((layers, num_log * maxcnt), -1, dtype=np.int64)
+    np.put_along_axis(
+        log2phy, phy2log * maxcnt + phyrank, np.broadcast_to(np.arange(num_replicas), phy2log.shape), axis=1
+    )
+    return phy2log, log2phy.reshape(layers, num_log, maxcnt), logcnt
+
+
+def _deepseek_pack(weight: NDArray[np.float32], num_packs: int) -> tuple[IntArray, IntArray]:
+    """DeepSeek's balanced_packing: equal item counts per pack; one item per pack keeps item order."""
+    rows, n = weight.shape
+    if n % num_packs:
+        raise ValueError(f"{n} items do not split evenly over {num_packs} packs")
+    if n == num_packs:
+        return np.broadcast_to(np.arange(n), (rows, n)).copy(), np.zeros((rows, n), dtype=np.int64)
+    capacity = np.full((rows, num_packs), n // num_packs, dtype=np.int64)
+    return pack(weight, capacity, order=argsort_desc_like_torch(weight))
+
+
+def _deepseek_hierarchical(
+    weight: NDArray[np.float32], num_physical: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    layers, num_log = weight.shape
+    for what, a, b in (
+        ("experts", num_log, num_groups),
+        ("groups", num_groups, num_nodes),
+        ("GPUs", num_gpus, num_nodes),
+        ("physical experts", num_physical, num_gpus),
+    ):
+        if a % b:
+            raise ValueError(f"{what} ({a}) must be a multiple of {b}")
+    group_size = num_log // num_groups
+    per_gpu = num_physical // num_gpus
+    group_load = weight.reshape(layers, num_groups, group_size).sum(axis=2, dtype=np.float32)
+    node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
+    log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
+    mlog2log = _inverse(log2mlog)
+    mlog_load = np.take_along_axis(weight, mlog2log, axis=1).reshape(-1, num_log // num_nodes)
+    rows = mlog_load.shape[0]
+    phy2mlog, phyrank, mlogcnt = replicate(mlog_load, np.full(rows, num_physical // num_nodes))
+    per_replica = np.divide(mlog_load, mlogcnt.astype(np.float32), dtype=np.float32)
+    per_phy = np.take_along_axis(per_replica, phy2mlog, axis=1)
+    pack_index, rank_in_pack = _deepseek_pack(per_phy, num_gpus // num_nodes)
+    pphy2phy = _inverse(pack_index * per_gpu + rank_in_pack)
+    pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1)
+    pphy2mlog = (
+        pphy2mlog.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * (num_log // num_nodes))[None, :, None]
+    ).reshape(layers, -1)
+    pphy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)
+    pphyrank = np.take_along_axis(phyrank, pphy2phy, axis=1).reshape(layers, -1)
+    logcnt = np.take_along_axis(mlogcnt.reshape(layers, -1), log2mlog, axis=1)
+    return pphy2log, pphyrank, logcnt

@@ -1,0 +1,82 @@
+"""Checks every solver runs on its output before returning it: an invalid placement is a bug."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class InvalidPlacement(ValueError):
+    """A placement that breaks an invariant (missing expert, wrong slot count, bad shares)."""
+
+
+def slot_gpu(slots_per_gpu: NDArray[np.int64]) -> NDArray[np.int64]:
+    """GPU index of every physical slot: [num_physical], slots numbered GPU by GPU."""
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    return np.repeat(np.arange(slots.size, dtype=np.int64), slots)
+
+
+def replica_counts(phy2log: NDArray[np.int64], num_experts: int) -> NDArray[np.int64]:
+    """Replicas of each logical expert: [layers, E] from phy2log [layers, num_physical]."""
+    layers = phy2log.shape[0]
+    flat = phy2log + (np.arange(layers, dtype=np.int64) * num_experts)[:, None]
+    return np.bincount(flat.ravel(), minlength=layers * num_experts).reshape(layers, num_experts)
+
+
+def validate_placement(
+    phy2log: NDArray[np.int64],
+    slots_per_gpu: NDArray[np.int64],
+    num_experts: int,
+    shares: NDArray[np.float64] | None = None,
+) -> None:
+    """Raise InvalidPlacement unless the placement is servable.
+
+    phy2log: [layers, num_physical] logical expert in each slot; slots_per_gpu: [G], each >= 1,
+    summing to num_physical; shares: optional [layers, num_physical] fraction of its expert's tokens
+    each slot serves (>= 0, summing to 1 over each expert's replicas).
+    """
+    slots = np.asarray(slots_per_gpu)
+    if slots.ndim != 1 or slots.size == 0 or np.any(slots < 1):
+        raise InvalidPlacement(f"slots_per_gpu must be a non-empty list of counts >= 1, got {slots.tolist()}")
+    if phy2log.ndim != 2:
+        raise InvalidPlacement(f"phy2log must be [layers, num_physical], got shape {phy2log.shape}")
+    if phy2log.shape[1] != int(slots.sum()):
+        raise InvalidPlacement(
+            f"phy2log has {phy2log.shape[1]} slots per layer but slots_per_gpu sums to {int(slots.sum())}"
+        )
+    if not np.issubdtype(phy2log.dtype, np.integer):
+        raise InvalidPlacement(f"phy2log must hold integer expert ids, got {phy2log.dtype}")
+    if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= num_experts):
+        raise InvalidPlacement(f"phy2log holds ids outside 0..{num_experts - 1}")
+    counts = replica_counts(phy2log.astype(np.int64), num_experts)
+    missing = np.argwhere(counts == 0)
+    if missing.size:
+        layer, expert = (int(v) for v in missing[0])
+        raise InvalidPlacement(
+            f"logical expert {expert} has no replica in layer {layer} ({len(missing)} missing in all)"
+        )
+    if shares is None:
+        return
+    if shares.shape != phy2log.shape:
+        raise InvalidPlacement(f"shares has shape {shares.shape}, phy2log {phy2log.shape}")
+    if not np.all(np.isfinite(shares)) or np.any(shares < 0):
+        raise InvalidPlacement("shares must be finite and >= 0")
+    layers = phy2log.shape[0]
+    flat = phy2log.astype(np.int64) + (np.arange(layers, dtype=np.int64) * num_experts)[:, None]
+    totals = np.bincount(flat.ravel(), weights=shares.ravel(), minlength=layers * num_experts)
+    bad = np.flatnonzero(np.abs(totals - 1.0) > 1e-6)
+    if bad.size:
+        layer, expert = divmod(int(bad[0]), num_experts)
+        raise InvalidPlacement(
+            f"shares of expert {expert} in layer {layer} sum to {totals[bad[0]]:.6f}, not 1"
+        )
+
+
+def duplicate_count(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Replicas that share a GPU with another replica of the same expert: [layers]."""
+    layers, _ = phy2log.shape
+    gpus = slot_gpu(slots_per_gpu)
+    num_experts = int(phy2log.max()) + 1 if phy2log.size else 1
+    key = (gpus[None, :] * num_experts + phy2log).astype(np.int64)
+    key = np.sort(key, axis=1)
+    return np.asarray((key[:, 1:] == key[:, :-1]).sum(axis=1), dtype=np.int64).reshape(layers)

@@ -1,0 +1,89 @@
+"""`eplb solve` / `eplb evaluate` as a user runs them: output, files, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.cli import main
+from eplb.evaluate import balance
+from eplb.loads import read_window
+from eplb.placement import load_placement
+
+
+def test_default_job_runs_from_the_console_script(tmp_path: Path) -> None:
+    out = tmp_path / "placement.json"
+    proc = subprocess.run(["eplb", "solve", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "58 layers x 256 experts" in proc.stdout and "32 GPUs, 9 slots each" in proc.stdout
+    placement = load_placement(out)
+    lb = balance(read_window(None).loads, placement).lb
+    assert f"{lb.max():.3f}" in proc.stdout
+    assert lb.max() < 1.05  # real DeepSeek-V3 prefill loads, 32 redundant experts
+
+
+def test_json_output_is_consistent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["solve", "--gpus", "16", "--redundant", "16", "--tokens-per-gpu", "4096", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= {"placement", "predicted", "solver"}
+    assert data["placement"]["slots_per_gpu"] == [17] * 16
+    assert len(data["predicted"]["lb"]) == 58 and len(data["predicted"]["time_us"]) == 58
+    assert data["predicted"]["baseline"]["lb_max"] > data["predicted"]["lb_max"]
+    assert all(b <= lb + 1e-9 for b, lb in zip(data["solver"]["bound_lb"], data["predicted"]["lb"], strict=True))
+    assert data["predicted"]["tokens_per_gpu"][0] == 4096
+
+
+def test_evaluate_reports_the_same_lb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    assert main(["solve", "--gpus", "8", "--slots-per-gpu", "33", "--out", str(out), "--json"]) == 0
+    solved = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", "--placement", str(out), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["predicted"]["lb"] == solved["predicted"]["lb"]
+
+
+def test_hierarchical_and_uneven_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    budget = ",".join(["20"] * 16 + ["24"] * 16)
+    assert main(["solve", "--memory-budget-gib", budget, "--gpus-per-node", "8", "--groups", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["placement"]["slots_per_gpu"] == [8] * 16 + [10] * 16
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ('{"loads": [[1, -2]]}', [], "must be >= 0"),
+        ('{"loads": [[1, NaN]]}', [], "finite"),
+        ('{"loads": [[1, 2], [3]]}', [], "ragged"),
+        ('{"loads": [1, 2]}', [], "one row"),
+        ("[[1, 2, 3, 4]]", ["--gpus", "2", "--slots-per-gpu", "1"], "cannot hold 4 experts"),
+        ("[[1, 2, 3, 4]]", ["--gpus", "2", "--memory-budget-gib", "1"], "needs --model"),
+        ("[[1, 2, 3, 4]]", ["--gpus", "2", "--slots-per-gpu", "2", "--current", "nowhere.json"], "not found"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, content: str, args: list[str], message: str) -> None:
+    path = tmp_path / "w.json"
+    path.write_text(content)
+    proc = subprocess.run(["eplb", "solve", "--loads", str(path), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_file_and_budget_too_small(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["solve", "--loads", "/nonexistent/w.npy"]) == 2
+    assert "load file not found: /nonexistent/w.npy" in capsys.readouterr().err
+    assert main(["solve", "--memory-budget-gib", "2"]) == 2
+    assert "fits no expert" in capsys.readouterr().err
+
+
+def test_npz_steps_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    counts = np.random.default_rng(0).integers(0, 50, (5, 3, 16))
+    np.savez(tmp_path / "log.npz", counts=counts)
+    assert main(["solve", "--loads", str(tmp_path / "log.npz"), "--gpus", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["placement"]["phy2log"]) == 3 and "time_us" not in data["predicted"]  # no 16-expert preset

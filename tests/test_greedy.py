@@ -1,0 +1,156 @@
+"""The greedy solver: DeepSeek EPLB compatibility, seed 004's table, and placement invariants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eplb.evaluate import balance
+from eplb.placement import Placement
+from eplb.synth import SEED004_TABLE, seed004_counts
+from solvers.bounds import lower_bound
+from solvers.greedy import rebalance_experts, solve_greedy
+from solvers.validation import duplicate_count, validate_placement
+
+FIXTURES = Path(__file__).parent / "fixtures"
+README_WEIGHT = [
+    [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+]
+
+
+def test_deepseek_readme_example_exactly() -> None:
+    phy2log, log2phy, logcnt = rebalance_experts(README_WEIGHT, 16, 4, 2, 8)
+    assert phy2log.tolist() == [
+        [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+        [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1],
+    ]
+    assert logcnt.tolist() == [[1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1], [1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 1, 1]]
+    assert log2phy.shape == (2, 12, 2)
+    assert phy2log.dtype == log2phy.dtype == logcnt.dtype == np.int64
+
+
+def _golden_cases() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads((FIXTURES / "deepseek_eplb_golden.json").read_text())["cases"]
+    return cases
+
+
+@pytest.mark.parametrize("case", _golden_cases(), ids=lambda c: f"{c['kind']}-{c['variant']}-{c['num_gpus']}")
+def test_matches_deepseek_reference_outputs(case: dict[str, Any]) -> None:
+    """Outputs recorded from DeepSeek's own function (torch CPU), ties included."""
+    phy2log, log2phy, logcnt = rebalance_experts(
+        np.asarray(case["weight"]), case["num_replicas"], case["num_groups"], case["num_nodes"], case["num_gpus"]
+    )
+    assert phy2log.tolist() == case["phy2log"]
+    assert logcnt.tolist() == case["logcnt"]
+    assert log2phy.tolist() == case["log2phy"]
+
+
+def test_edge_cases_single_gpu_equal_weights_and_global_fallback() -> None:
+    phy2log, _, logcnt = rebalance_experts(np.ones((1, 8)), 8, 1, 1, 1)
+    assert sorted(phy2log[0].tolist()) == list(range(8)) and logcnt.tolist() == [[1] * 8]
+    # groups not divisible by nodes: the global policy, i.e. the same as one group on one node
+    weight = np.random.default_rng(3).integers(1, 100, (3, 16))
+    fallback = rebalance_experts(weight, 20, 3, 2, 4)
+    global_policy = rebalance_experts(weight, 20, 1, 1, 4)
+    for a, b in zip(fallback, global_policy, strict=True):
+        assert a.tolist() == b.tolist()
+
+
+def test_accepts_tensor_like_objects_without_torch() -> None:
+    class FakeTensor:  # what a CUDA tensor offers: detach().cpu().numpy()
+        def __init__(self, a: np.ndarray) -> None:
+            self.a = a
+
+        def detach(self) -> FakeTensor:
+            return self
+
+        def cpu(self) -> FakeTensor:
+            return self
+
+        def numpy(self) -> np.ndarray:
+            return self.a
+
+    phy2log, _, _ = rebalance_experts(FakeTensor(np.asarray(README_WEIGHT)), 16, 4, 2, 8)
+    assert phy2log[0].tolist()[:4] == [5, 6, 5, 7]
+
+
+@pytest.mark.parametrize("ep", sorted(SEED004_TABLE))
+def test_seed004_table_reached(ep: int) -> None:
+    """Seed 004 section 5.2: no worse than its load-sorted and one-redundant-per-GPU columns."""
+    counts = seed004_counts()[None, :].astype(float)
+    _, sorted_lb, redundant_lb = SEED004_TABLE[ep]
+    for redundant, table_lb in ((0, sorted_lb), (ep, redundant_lb)):
+        slots = np.full(ep, (256 + redundant) // ep)
+        placement = Placement(solve_greedy(counts, slots), slots, 256)
+        assert balance(counts, placement).lb[0] <= table_lb + 0.005
+
+
+def test_seed004_counts_match_published_summary() -> None:
+    counts = seed004_counts()
+    assert (counts.max(), counts.min(), counts.sum()) == (640, 67, 4096 * 8)
+
+
+def test_uneven_slots_are_respected_and_no_same_gpu_duplicates() -> None:
+    rng = np.random.default_rng(0)
+    loads = rng.pareto(1.2, (6, 64)) * 100
+    slots = np.array([3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 5])
+    phy2log = solve_greedy(loads, slots)
+    validate_placement(phy2log, slots, 64)
+    assert duplicate_count(phy2log, slots).tolist() == [0] * 6
+    gpu_loads = balance(loads, Placement(phy2log, slots, 64)).gpu_loads
+    assert np.all(gpu_loads.max(axis=1) <= 1.05 * lower_bound(loads, slots, split="uniform"))
+
+
+def test_hot_expert_spreads_over_gpus_instead_of_stacking() -> None:
+    """DeepSeek EPLB issue 22: one very hot expert must not get two replicas on one GPU."""
+    loads = np.array([[1000.0, 1, 1, 1, 1, 1, 1, 1]])
+    slots = np.full(4, 3)
+    phy2log = solve_greedy(loads, slots)
+    assert duplicate_count(phy2log, slots).tolist() == [0]
+    assert Placement(phy2log, slots, 8).replicas[0, 0] == 4  # one replica on each GPU
+
+
+def test_hierarchical_keeps_groups_inside_nodes() -> None:
+    rng = np.random.default_rng(1)
+    loads = rng.integers(1, 500, (4, 32)).astype(float)
+    slots = np.full(8, 5)
+    phy2log = solve_greedy(loads, slots, num_groups=8, gpus_per_node=4)
+    validate_placement(phy2log, slots, 32)
+    node_of_slot = np.repeat(np.arange(2), 20)
+    for layer in range(4):
+        group_nodes = {}
+        for slot, expert in enumerate(phy2log[layer]):
+            group_nodes.setdefault(expert // 4, set()).add(int(node_of_slot[slot]))
+        assert all(len(nodes) == 1 for nodes in group_nodes.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layers=st.integers(1, 4),
+    experts=st.integers(1, 40),
+    gpus=st.integers(1, 12),
+    extra=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+    seed=st.integers(0, 2**31 - 1),
+    zeros=st.booleans(),
+)
+def test_property_valid_placement(
+    layers: int, experts: int, gpus: int, extra: list[int], seed: int, zeros: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    loads = rng.pareto(1.0, (layers, experts)) * 50
+    if zeros:
+        loads[:, ::2] = 0
+    base = -(-experts // gpus)
+    slots = np.asarray([base + e for e in extra[:gpus]], dtype=np.int64)
+    phy2log = solve_greedy(loads, slots)
+    placement = Placement(phy2log, slots, experts)  # validates: every expert placed, slot counts hold
+    assert np.all(balance(loads, placement).lb >= 1 - 1e-12)
+    if np.all(slots == slots[0]) and slots[0] <= experts:
+        assert duplicate_count(phy2log, slots).sum() == 0

@@ -1,0 +1,150 @@
+"""Placement type, placement files, load windows and slot budgets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.budget import GIB, slots_per_gpu, spread_evenly
+from eplb.errors import EplbError
+from eplb.evaluate import balance, contiguous_placement
+from eplb.loads import read_window
+from eplb.placement import Placement, load_placement, save_placement
+from eplb.specs import load_model
+
+
+def test_derived_views() -> None:
+    p = Placement(np.array([[0, 1, 1, 2, 0, 3]]), np.array([2, 2, 2]), 4)
+    assert p.replicas.tolist() == [[2, 2, 1, 1]]
+    assert p.log2phy.tolist() == [[[0, 4], [1, 2], [3, -1], [5, -1]]]
+    assert p.slot_gpu.tolist() == [0, 0, 1, 1, 2, 2]
+    assert p.slot_shares().tolist() == [[0.5, 0.5, 0.5, 1.0, 0.5, 1.0]]
+
+
+@pytest.mark.parametrize(
+    ("phy2log", "slots", "shares", "message"),
+    [
+        ([[0, 1, 1, 1]], [2, 2], None, "expert 2 has no replica in layer 0"),
+        ([[0, 1, 2]], [2, 2], None, "slots_per_gpu sums to 4"),
+        ([[0, 1, 2, 7]], [2, 2], None, "outside 0..2"),
+        ([[0, 1, 2, 2]], [4, 0], None, "counts >= 1"),
+        ([[0, 1, 2, 2]], [2, 2], [[1, 1, 0.5, 0.4]], "expert 2 in layer 0 sum to 0.900000"),
+    ],
+)
+def test_invalid_placements_are_refused(
+    phy2log: list[list[int]], slots: list[int], shares: list[list[float]] | None, message: str
+) -> None:
+    with pytest.raises(EplbError, match=message):
+        Placement(np.array(phy2log), np.array(slots), 3, None if shares is None else np.array(shares))
+
+
+def test_placement_file_round_trip(tmp_path: Path) -> None:
+    p = Placement(np.array([[0, 1, 1, 2], [2, 1, 0, 0]]), np.array([3, 1]), 3, np.array([[1, 0.3, 0.7, 1], [1, 1, 0.5, 0.5]]))
+    save_placement(p, tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["format"] == "eplb.placement/v1" and data["replicas"] == [[1, 2, 1], [2, 1, 1]]
+    q = load_placement(tmp_path / "p.json")
+    assert q.phy2log.tolist() == p.phy2log.tolist() and q.slots_per_gpu.tolist() == [3, 1]
+    assert q.shares is not None and np.allclose(q.shares, p.shares)  # type: ignore[arg-type]
+
+
+def test_placement_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(EplbError, match="not found"):
+        load_placement(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(EplbError, match="not valid JSON"):
+        load_placement(tmp_path / "bad.json")
+    (tmp_path / "nophy.json").write_text('{"slots_per_gpu": [1]}')
+    with pytest.raises(EplbError, match="missing field 'phy2log'"):
+        load_placement(tmp_path / "nophy.json")
+    (tmp_path / "rep.json").write_text('{"phy2log": [[0, 1]], "slots_per_gpu": [1, 1], "replicas": [[2, 1]]}')
+    with pytest.raises(EplbError, match="'replicas' does not match"):
+        load_placement(tmp_path / "rep.json")
+
+
+def test_load_window_formats(tmp_path: Path) -> None:
+    window = np.array([[1.0, 2, 3], [4, 5, 6]])
+    steps = np.stack([window, 2 * window])
+    (tmp_path / "w.json").write_text(json.dumps({"loads": window.tolist(), "source": "test"}))
+    np.save(tmp_path / "w.npy", window)
+    np.save(tmp_path / "s.npy", steps)
+    np.savez(tmp_path / "w.npz", loads=window)
+    np.savez(tmp_path / "s.npz", counts=steps)
+    for name, expected in [("w.json", window), ("w.npy", window), ("s.npy", 3 * window), ("w.npz", window),
+                           ("s.npz", 3 * window)]:
+        assert read_window(tmp_path / name).loads.tolist() == expected.tolist(), name
+    assert read_window(tmp_path / "w.json").meta == {"source": "test"}
+    default = read_window(None)
+    assert default.loads.shape == (58, 256) and default.loads.sum() == 3_892_314_112
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"loads": [[1, 2], [3]]}', "ragged: row 0 has 2 experts, row 1 has 1"),
+        ('{"loads": [[1, -2]]}', r"loads\[0\]\[1\] is -2: loads must be >= 0"),
+        ('{"loads": [[1, NaN]]}', r"loads\[0\]\[1\] is nan"),
+        ('{"loads": [1, 2, 3]}', "one row of 3 numbers"),
+        ('{"loads": []}', "must be"),
+        ('{"counts": [[1]]}', "expected a 'loads' field"),
+        ('{"loads": [["a", 1]]}', "must be numbers"),
+    ],
+)
+def test_bad_load_files(tmp_path: Path, content: str, message: str) -> None:
+    (tmp_path / "w.json").write_text(content)
+    with pytest.raises(EplbError, match=message):
+        read_window(tmp_path / "w.json")
+
+
+def test_bad_load_paths(tmp_path: Path) -> None:
+    with pytest.raises(EplbError, match="not found"):
+        read_window(tmp_path / "nope.json")
+    (tmp_path / "w.csv").write_text("1,2")
+    with pytest.raises(EplbError, match="unknown load file type"):
+        read_window(tmp_path / "w.csv")
+    (tmp_path / "t.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(EplbError, match="not a readable .npz"):
+        read_window(tmp_path / "t.npz")
+
+
+def test_budgets() -> None:
+    assert spread_evenly(259, 8).tolist() == [33, 33, 33, 32, 32, 32, 32, 32]
+    assert slots_per_gpu(8, 256).tolist() == [33] * 8  # default: one redundant per GPU
+    assert slots_per_gpu(8, 256, num_redundant=3).tolist() == [33, 33, 33] + [32] * 5
+    assert slots_per_gpu(3, 4, slots=[1, 2, 3]).tolist() == [1, 2, 3]
+    v3 = load_model("deepseek-v3")
+    # 58 layers x 3 x 7168 x 2048 params at 1 B = 2.38 GiB per slot
+    assert v3.expert_bytes_all_layers / GIB == pytest.approx(2.3789, abs=1e-3)
+    assert slots_per_gpu(32, 256, memory_budget_bytes=24 * GIB, slot_bytes=v3.expert_bytes_all_layers).tolist() == [10] * 32
+    per_gpu = [20 * GIB] * 16 + [24 * GIB] * 16
+    assert slots_per_gpu(32, 256, memory_budget_bytes=per_gpu, slot_bytes=v3.expert_bytes_all_layers).tolist() == (
+        [8] * 16 + [10] * 16
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"slots": 7}, "cannot hold 256 experts: need at least 8 slots per GPU"),
+        ({"memory_budget_bytes": 2 * GIB}, "fits no expert"),
+        ({"memory_budget_bytes": 18 * GIB}, "give at least 19.03 GiB per GPU"),
+        ({"slots": [8, 8]}, "got 2 values for 32 GPUs"),
+        ({"num_redundant": -1}, ">= 0"),
+    ],
+)
+def test_budget_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(EplbError, match=message):
+        slots_per_gpu(32, 256, slot_bytes=load_model("deepseek-v3").expert_bytes_all_layers, **kwargs)  # type: ignore[arg-type]
+
+
+def test_balance_numbers() -> None:
+    loads = np.array([[30.0, 10, 10, 10], [0, 0, 0, 0]])
+    base = contiguous_placement(2, 4, 2)
+    b = balance(loads, base)
+    assert b.gpu_loads.tolist() == [[40, 20], [0, 0]]
+    assert b.lb.tolist() == pytest.approx([40 / 30, 1.0])
+    assert b.balancedness.tolist() == pytest.approx([0.75, 1.0])
+    assert b.imbalance.tolist() == pytest.approx([1 / 3, 0.0])
