@@ -1,0 +1,467 @@
+"""Model and hardware specs for the cost model, their presets, and loading them from JSON.
+
+Units: sizes in bytes (B), bandwidths in bytes per second (B/s, decimal: 1 GB/s = 1e9 B/s),
+compute in FLOP/s. Every preset's numbers and where they come from are listed in
+docs/cost-model.md; the short `source` notes live in `MODEL_PRESET_SOURCES` and
+`HARDWARE_PRESET_SOURCES` (they are not part of the spec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eplb.errors import EplbError
+
+__all__ = [
+    "HARDWARE_PRESETS",
+    "HARDWARE_PRESET_SOURCES",
+    "MODEL_PRESETS",
+    "MODEL_PRESET_SOURCES",
+    "HardwareSpec",
+    "ModelSpec",
+    "hardware_from_dict",
+    "link_bandwidth",
+    "load_hardware",
+    "load_model",
+    "model_from_dict",
+]
+
+# Optional keys a spec file may carry besides the spec's fields; they are ignored.
+_NOTE_KEYS = frozenset({"source", "notes"})
+
+
+def _check_positive(kind: str, name: str, field: str, value: float) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise EplbError(f"{kind} spec {name!r}: {field} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The MoE part of a model: what the cost model needs per MoE layer.
+
+    Experts are SwiGLU FFNs (gate, up, down), so one expert has 3 x hidden x intermediate
+    parameters. Shared experts are assumed to have the routed experts' width
+    (DeepSeek-style: n_shared x moe_intermediate_size).
+    """
+
+    name: str
+    num_moe_layers: int  # MoE layers (dense-FFN layers excluded)
+    num_experts: int  # routed experts per MoE layer (E)
+    top_k: int  # routed experts chosen per token (k)
+    num_shared_experts: int  # experts every token goes through (0 if none)
+    hidden_size: int  # model width
+    moe_intermediate_size: int  # one expert's FFN width
+    expert_bytes_per_param: float  # routed expert weights, scales included (B/param)
+    shared_bytes_per_param: float  # shared expert weights (B/param)
+    dispatch_bytes_per_copy: float  # bytes sent per token copy at dispatch (B)
+    combine_bytes_per_copy: float  # bytes sent back per token copy at combine (B)
+
+    def __post_init__(self) -> None:
+        n = self.name
+        for f in ("num_moe_layers", "num_experts", "top_k", "hidden_size", "moe_intermediate_size"):
+            v = getattr(self, f)
+            if v < 1:
+                raise EplbError(f"model spec {n!r}: {f} must be a positive integer, got {v!r}")
+        if self.num_shared_experts < 0:
+            raise EplbError(f"model spec {n!r}: num_shared_experts must be 0 or more, got {self.num_shared_experts!r}")
+        for f in (
+            "expert_bytes_per_param",
+            "shared_bytes_per_param",
+            "dispatch_bytes_per_copy",
+            "combine_bytes_per_copy",
+        ):
+            _check_positive("model", n, f, getattr(self, f))
+        if self.top_k > self.num_experts:
+            raise EplbError(f"model spec {n!r}: top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one expert in one layer: 3 x hidden x intermediate (gate + up + down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def flops_per_row(self) -> float:
+        """FLOP for one token row through one expert: 2 x expert_params (one multiply-add each)."""
+        return 2.0 * self.expert_params
+
+    @property
+    def expert_bytes(self) -> float:
+        """Bytes of one routed expert in one layer (B)."""
+        return self.expert_params * self.expert_bytes_per_param
+
+    @property
+    def shared_expert_bytes(self) -> float:
+        """Bytes of all shared experts of one layer together (B); 0 without shared experts."""
+        return self.num_shared_experts * self.expert_params * self.shared_bytes_per_param
+
+    @property
+    def expert_bytes_all_layers(self) -> float:
+        """Bytes one physical expert slot costs in HBM across all MoE layers (B)."""
+        return self.expert_bytes * self.num_moe_layers
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-ready dict with exactly the spec's field names."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One GPU: peak dense compute, HBM, and the two links all-to-all traffic can take."""
+
+    name: str
+    dense_flops: float  # FLOP/s, dense (no sparsity), at the expert GEMM's compute precision
+    hbm_bandwidth: float  # B/s
+    hbm_capacity: float  # B
+    nvlink_bandwidth: float  # B/s, one direction, per GPU
+    nic_bandwidth: float  # B/s, one direction, per GPU (scale-out network)
+
+    def __post_init__(self) -> None:
+        for f in ("dense_flops", "hbm_bandwidth", "hbm_capacity", "nvlink_bandwidth", "nic_bandwidth"):
+            _check_positive("hardware", self.name, f, getattr(self, f))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-ready dict with exactly the spec's field names."""
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Presets
+# --------------------------------------------------------------------------------------------
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "deepseek-v4.1-flash": ModelSpec(
+        name="deepseek-v4.1-flash",
+        num_moe_layers=40,
+        num_experts=384,
+        top_k=6,
+        num_shared_experts=1,
+        hidden_size=5120,
+        moe_intermediate_size=2304,
+        expert_bytes_per_param=0.53125,
+        shared_bytes_per_param=1.0,
+        dispatch_bytes_per_copy=5376,
+        combine_bytes_per_copy=10240,
+    ),
+    "deepseek-v3": ModelSpec(
+        name="deepseek-v3",
+        num_moe_layers=58,
+        num_experts=256,
+        top_k=8,
+        num_shared_experts=1,
+        hidden_size=7168,
+        moe_intermediate_size=2048,
+        expert_bytes_per_param=1.0,
+        shared_bytes_per_param=1.0,
+        dispatch_bytes_per_copy=7392,
+        combine_bytes_per_copy=14336,
+    ),
+    "kimi-k2": ModelSpec(
+        name="kimi-k2",
+        num_moe_layers=60,
+        num_experts=384,
+        top_k=8,
+        num_shared_experts=1,
+        hidden_size=7168,
+        moe_intermediate_size=2048,
+        expert_bytes_per_param=1.0,
+        shared_bytes_per_param=1.0,
+        dispatch_bytes_per_copy=7392,
+        combine_bytes_per_copy=14336,
+    ),
+    "qwen3-235b-a22b": ModelSpec(
+        name="qwen3-235b-a22b",
+        num_moe_layers=94,
+        num_experts=128,
+        top_k=8,
+        num_shared_experts=0,
+        hidden_size=4096,
+        moe_intermediate_size=1536,
+        expert_bytes_per_param=2.0,
+        shared_bytes_per_param=2.0,
+        dispatch_bytes_per_copy=8192,
+        combine_bytes_per_copy=8192,
+    ),
+    "mixtral-8x7b": ModelSpec(
+        name="mixtral-8x7b",
+        num_moe_layers=32,
+        num_experts=8,
+        top_k=2,
+        num_shared_experts=0,
+        hidden_size=4096,
+        moe_intermediate_size=14336,
+        expert_bytes_per_param=2.0,
+        shared_bytes_per_param=2.0,
+        dispatch_bytes_per_copy=8192,
+        combine_bytes_per_copy=8192,
+    ),
+    "gpt-oss-120b": ModelSpec(
+        name="gpt-oss-120b",
+        num_moe_layers=36,
+        num_experts=128,
+        top_k=4,
+        num_shared_experts=0,
+        hidden_size=2880,
+        moe_intermediate_size=2880,
+        expert_bytes_per_param=0.53125,
+        shared_bytes_per_param=2.0,
+        dispatch_bytes_per_copy=5760,
+        combine_bytes_per_copy=5760,
+    ),
+}
+
+MODEL_PRESET_SOURCES: dict[str, str] = {
+    "deepseek-v4.1-flash": (
+        "seed 000 (DeepInfer/DeepSeek V4.1-Flash MoE: 384 routed, top-6, 1 shared, hidden 5120, "
+        "intermediate 2304, FP4 routed experts with scales 0.53125 B/param, FP8 shared 1 B/param, "
+        "5376 B dispatch FP8 + 10240 B combine BF16 per copy). num_moe_layers=40 is not in the seed: "
+        "taken from public write-ups of the release's config.json (40 layers, every one MoE)."
+    ),
+    "deepseek-v3": (
+        "deepseek-ai/DeepSeek-V3 config.json: n_routed_experts 256, num_experts_per_tok 8, "
+        "n_shared_experts 1, hidden_size 7168, moe_intermediate_size 2048, num_hidden_layers 61 with "
+        "first_k_dense_replace 3 -> 58 MoE layers; FP8 weights (block scales, ~0.02% extra, ignored). "
+        "Dispatch 7168 B FP8 + 56 x 4 B per-128-channel scales = 7392 B; combine 7168 x 2 B BF16."
+    ),
+    "kimi-k2": (
+        "moonshotai/Kimi-K2-Instruct config.json: n_routed_experts 384, num_experts_per_tok 8, "
+        "n_shared_experts 1, hidden_size 7168, moe_intermediate_size 2048, num_hidden_layers 61 with "
+        "first_k_dense_replace 1 -> 60 MoE layers; FP8 block-quantized weights. Dispatch/combine as "
+        "deepseek-v3 (same hidden size)."
+    ),
+    "qwen3-235b-a22b": (
+        "Qwen/Qwen3-235B-A22B config.json: num_experts 128, num_experts_per_tok 8, no shared expert, "
+        "hidden_size 4096, moe_intermediate_size 1536, num_hidden_layers 94, all MoE; BF16 weights "
+        "and BF16 dispatch/combine (4096 x 2 B)."
+    ),
+    "mixtral-8x7b": (
+        "mistralai/Mixtral-8x7B-v0.1 config.json: num_local_experts 8, num_experts_per_tok 2, "
+        "hidden_size 4096, intermediate_size 14336, num_hidden_layers 32, all MoE; BF16 weights "
+        "and BF16 dispatch/combine."
+    ),
+    "gpt-oss-120b": (
+        "openai/gpt-oss-120b config.json: num_local_experts 128, experts_per_token 4, hidden_size 2880, "
+        "intermediate_size 2880, num_hidden_layers 36, all MoE, no shared expert; MXFP4 experts "
+        "(4 bit + one 8-bit scale per 32 = 0.53125 B/param), BF16 dispatch/combine (2880 x 2 B). "
+        "shared_bytes_per_param is unused (no shared expert)."
+    ),
+}
+
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    "b200": HardwareSpec(
+        name="b200",
+        dense_flops=4.5e15,
+        hbm_bandwidth=8.0e12,
+        hbm_capacity=180e9,
+        nvlink_bandwidth=900e9,
+        nic_bandwidth=100e9,
+    ),
+    "b200-fp4": HardwareSpec(
+        name="b200-fp4",
+        dense_flops=9.0e15,
+        hbm_bandwidth=8.0e12,
+        hbm_capacity=180e9,
+        nvlink_bandwidth=900e9,
+        nic_bandwidth=100e9,
+    ),
+    "h100": HardwareSpec(
+        name="h100",
+        dense_flops=1.979e15,
+        hbm_bandwidth=3.35e12,
+        hbm_capacity=80e9,
+        nvlink_bandwidth=450e9,
+        nic_bandwidth=50e9,
+    ),
+    "h200": HardwareSpec(
+        name="h200",
+        dense_flops=1.979e15,
+        hbm_bandwidth=4.8e12,
+        hbm_capacity=141e9,
+        nvlink_bandwidth=450e9,
+        nic_bandwidth=50e9,
+    ),
+    "h800": HardwareSpec(
+        name="h800",
+        dense_flops=1.979e15,
+        hbm_bandwidth=3.35e12,
+        hbm_capacity=80e9,
+        nvlink_bandwidth=200e9,
+        nic_bandwidth=50e9,
+    ),
+    "h20": HardwareSpec(
+        name="h20",
+        dense_flops=2.96e14,
+        hbm_bandwidth=4.0e12,
+        hbm_capacity=96e9,
+        nvlink_bandwidth=450e9,
+        nic_bandwidth=50e9,
+    ),
+}
+
+HARDWARE_PRESET_SOURCES: dict[str, str] = {
+    "b200": (
+        "seed 000: 4.5 PFLOP/s dense FP8, 8 TB/s HBM3e, NVLink 900 GB/s per direction, 100 GB/s NIC "
+        "per GPU (seed 000 figure 4, right panel). 180 GB HBM per GPU as HGX/DGX B200 expose it "
+        "(the package carries 192 GB)."
+    ),
+    "b200-fp4": (
+        "B200 with FP4 activations (FP4 x FP4 GEMMs): 9 PFLOP/s dense, otherwise as b200; seed 000 figure 7's last bar."
+    ),
+    "h100": (
+        "H100 SXM datasheet: 1979 TFLOP/s dense FP8 (3958 with sparsity), 3.35 TB/s HBM3, 80 GB, "
+        "NVLink 4 900 GB/s total = 450 GB/s per direction; NIC 400 Gb/s ConnectX-7 per GPU = 50 GB/s."
+    ),
+    "h200": (
+        "H200 SXM datasheet: 1979 TFLOP/s dense FP8, 4.8 TB/s HBM3e, 141 GB, NVLink 450 GB/s per "
+        "direction; NIC 400 Gb/s per GPU = 50 GB/s."
+    ),
+    "h800": (
+        "H800 SXM: H100 compute and memory (1979 TFLOP/s dense FP8, 3.35 TB/s, 80 GB) with NVLink cut "
+        "to 400 GB/s total = 200 GB/s per direction; NIC 400 Gb/s InfiniBand per GPU = 50 GB/s "
+        "(as in DeepSeek's clusters)."
+    ),
+    "h20": (
+        "H20: 296 TFLOP/s dense FP8, 4.0 TB/s HBM3, 96 GB, NVLink 900 GB/s total = 450 GB/s per "
+        "direction; NIC assumed 400 Gb/s per GPU = 50 GB/s."
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and validation
+# --------------------------------------------------------------------------------------------
+
+_INT, _FLOAT, _STR = "integer", "number", "string"
+
+
+def _field_kinds(cls: type[Any]) -> dict[str, str]:
+    kinds: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        kinds[f.name] = {"int": _INT, "float": _FLOAT, "str": _STR}[t]
+    return kinds
+
+
+def _coerce(kind: str, spec_kind: str, field: str, value: Any) -> Any:
+    if kind == _STR:
+        if not isinstance(value, str) or not value:
+            raise EplbError(f"{spec_kind} spec: {field} must be a non-empty string, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EplbError(f"{spec_kind} spec: {field} must be a {kind}, got {value!r}")
+    if kind == _INT:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise EplbError(f"{spec_kind} spec: {field} must be an integer, got {value!r}")
+            value = int(value)
+        return value
+    return float(value)
+
+
+def _from_dict(cls: type[Any], spec_kind: str, d: Mapping[str, Any]) -> Any:
+    if not isinstance(d, Mapping):
+        raise EplbError(f"{spec_kind} spec must be a JSON object, got {type(d).__name__}")
+    kinds = _field_kinds(cls)
+    unknown = sorted(k for k in d if k not in kinds and k not in _NOTE_KEYS)
+    if unknown:
+        raise EplbError(f"{spec_kind} spec: unknown field(s) {', '.join(unknown)}; the fields are {', '.join(kinds)}")
+    missing = [k for k in kinds if k not in d]
+    if missing:
+        raise EplbError(f"{spec_kind} spec: missing field(s) {', '.join(missing)}")
+    values = {k: _coerce(kind, spec_kind, k, d[k]) for k, kind in kinds.items()}
+    return cls(**values)
+
+
+def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
+    """A ModelSpec from a dict with exactly its field names (plus optional "source"/"notes")."""
+    spec: ModelSpec = _from_dict(ModelSpec, "model", d)
+    return spec
+
+
+def hardware_from_dict(d: Mapping[str, Any]) -> HardwareSpec:
+    """A HardwareSpec from a dict with exactly its field names (plus optional "source"/"notes")."""
+    spec: HardwareSpec = _from_dict(HardwareSpec, "hardware", d)
+    return spec
+
+
+def _read_json(path: Path, spec_kind: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EplbError(f"cannot read {spec_kind} spec file {str(path)!r}: {exc.strerror}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EplbError(
+            f"{spec_kind} spec file {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})"
+        ) from exc
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.endswith(".json") or os.sep in s or "/" in s
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A model preset by name (case-insensitive), or a ModelSpec read from a JSON file."""
+    key = name_or_path.strip().lower()
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    path = Path(name_or_path)
+    if path.is_file() or _looks_like_path(name_or_path):
+        try:
+            return model_from_dict(_read_json(path, "model"))
+        except EplbError as exc:
+            raise EplbError(f"{path}: {exc}") from exc
+    raise EplbError(
+        f"unknown model {name_or_path!r}: give a preset ({', '.join(MODEL_PRESETS)}) "
+        "or a path to a JSON file with the model spec's fields"
+    )
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    """A hardware preset by name (case-insensitive), or a HardwareSpec read from a JSON file."""
+    key = name_or_path.strip().lower()
+    if key in HARDWARE_PRESETS:
+        return HARDWARE_PRESETS[key]
+    path = Path(name_or_path)
+    if path.is_file() or _looks_like_path(name_or_path):
+        try:
+            return hardware_from_dict(_read_json(path, "hardware"))
+        except EplbError as exc:
+            raise EplbError(f"{path}: {exc}") from exc
+    raise EplbError(
+        f"unknown hardware {name_or_path!r}: give a preset ({', '.join(HARDWARE_PRESETS)}) "
+        "or a path to a JSON file with the hardware spec's fields"
+    )
+
+
+def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
+    """Per-GPU, one-direction bandwidth of the all-to-all link, in B/s.
+
+    `link` is "nvlink", "nic", or a number of GB/s (decimal: 100 means 100e9 B/s).
+    """
+    if isinstance(link, str):
+        key = link.strip().lower()
+        if key == "nvlink":
+            return hw.nvlink_bandwidth
+        if key == "nic":
+            return hw.nic_bandwidth
+        try:
+            gbps = float(key)
+        except ValueError:
+            raise EplbError(
+                f"link must be 'nvlink', 'nic' or a bandwidth in GB/s per GPU and direction, got {link!r}"
+            ) from None
+    elif isinstance(link, bool) or not isinstance(link, int | float):
+        raise EplbError(f"link must be 'nvlink', 'nic' or a number of GB/s, got {link!r}")
+    else:
+        gbps = float(link)
+    if not math.isfinite(gbps) or gbps <= 0:
+        raise EplbError(f"link bandwidth must be a positive number of GB/s, got {link!r}")
+    return gbps * 1e9
