@@ -68,6 +68,13 @@ def slots_per_gpu(
             raise EplbError(
                 f"{num_experts} experts + {redundant} redundant leave some of the {num_gpus} GPUs without a slot"
             )
+    if memory_budget_bytes is not None:
+        out = np.minimum(out, num_experts)  # a GPU never needs more slots than there are experts
+    elif int(out.max()) > num_experts:
+        raise EplbError(
+            f"{int(out.max())} slots on one GPU but only {num_experts} experts: a GPU never needs more slots "
+            "than there are experts (extra slots would only hold a second copy on the same GPU)"
+        )
     if int(out.sum()) < num_experts:
         raise EplbError(
             f"{int(out.sum())} slots in all cannot hold {num_experts} experts: need at least "

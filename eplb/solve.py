@@ -145,10 +145,12 @@ def solve(
     cost: CostSetup | None = None,
     current: Placement | None = None,
     time_limit_s: float | None = None,
+    request_time_limit_s: float | None = None,
     split: str = "uniform",
     max_lb_slack: float = 0.01,
 ) -> Outcome:
-    """Place every layer's experts. loads: [layers, E] tokens. Returns the validated placement, its
+    """Place every layer's experts. loads: [layers, E] tokens; time_limit_s (per layer) and
+    request_time_limit_s (whole call) bound the MILP. Returns the validated placement, its
     balance next to the contiguous baseline, a lower bound, and the predicted time when `cost` is given."""
     check_shapes(loads, cluster)
     if current is not None:
@@ -164,7 +166,9 @@ def solve(
         )
         info = {"name": "greedy", "status": "heuristic"}
     elif solver == "milp":
-        phy2log, shares, info = _solve_milp(loads, cluster, current, time_limit_s, split, max_lb_slack)
+        phy2log, shares, info = _solve_milp(
+            loads, cluster, current, time_limit_s, request_time_limit_s, split, max_lb_slack
+        )
     else:
         raise EplbError(f"unknown solver {solver!r}: choose one of {', '.join(SOLVERS)}")
     moves = None
@@ -205,6 +209,7 @@ def _solve_milp(
     cluster: Cluster,
     current: Placement | None,
     time_limit_s: float | None,
+    request_time_limit_s: float | None,
     split: str,
     max_lb_slack: float,
 ) -> tuple[NDArray[np.int64], NDArray[np.float64] | None, dict[str, Any]]:

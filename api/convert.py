@@ -1,0 +1,157 @@
+"""Turning validated request bodies into eplb objects, with errors that name the offending field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
+from eplb.budget import slots_per_gpu
+from eplb.errors import EplbError
+from eplb.loads import check_loads
+from eplb.placement import Placement
+from eplb.solve import Cluster, CostSetup, evaluate, solve
+from eplb.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    HardwareSpec,
+    ModelSpec,
+    hardware_from_dict,
+    link_bandwidth,
+    model_from_dict,
+)
+
+
+class FieldError(EplbError):
+    """Bad input in one field of the request body."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _model(value: str | Any) -> ModelSpec:
+    if isinstance(value, str):
+        if value not in MODEL_PRESETS:
+            raise FieldError("model", f"unknown preset {value!r}; known: {', '.join(MODEL_PRESETS)}")
+        return MODEL_PRESETS[value]
+    try:
+        return model_from_dict(value.model_dump())
+    except EplbError as exc:
+        raise FieldError("model", str(exc)) from None
+
+
+def _hardware(value: str | Any) -> HardwareSpec:
+    if isinstance(value, str):
+        if value not in HARDWARE_PRESETS:
+            raise FieldError("hardware", f"unknown preset {value!r}; known: {', '.join(HARDWARE_PRESETS)}")
+        return HARDWARE_PRESETS[value]
+    try:
+        return hardware_from_dict(value.model_dump())
+    except EplbError as exc:
+        raise FieldError("hardware", str(exc)) from None
+
+
+def _loads(value: list[list[float]], model: ModelSpec) -> NDArray[np.float64]:
+    try:
+        loads = check_loads(value, "loads")
+    except EplbError as exc:
+        raise FieldError("loads", str(exc).removeprefix("loads")) from None
+    if loads.shape[1] != model.num_experts:
+        raise FieldError(
+            "loads", f"rows have {loads.shape[1]} experts but model {model.name!r} has {model.num_experts}"
+        )
+    return loads
+
+
+def cost_setup(req: CostIn) -> tuple[ModelSpec, CostSetup]:
+    model = _model(req.model)
+    hardware = _hardware(req.hardware)
+    try:
+        link_bw = link_bandwidth(hardware, req.link)
+    except EplbError as exc:
+        raise FieldError("link", str(exc)) from None
+    return model, CostSetup(model, hardware, link_bw, req.tokens_per_gpu, req.overlap)
+
+
+def cluster(value: ClusterIn, model: ModelSpec) -> Cluster:
+    try:
+        slots = slots_per_gpu(
+            value.num_gpus,
+            model.num_experts,
+            slots=value.slots_per_gpu,
+            num_redundant=value.num_redundant,
+            memory_budget_bytes=value.memory_budget_bytes,
+            slot_bytes=model.expert_bytes_all_layers,
+        )
+    except EplbError as exc:
+        raise FieldError("cluster", str(exc)) from None
+    return Cluster(slots, value.gpus_per_node, value.num_groups)
+
+
+def placement(value: PlacementIn, field: str, num_experts: int) -> Placement:
+    data = value.model_dump()
+    if data.get("num_experts") is None:
+        data["num_experts"] = num_experts
+    try:
+        return Placement.from_dict(data, field)
+    except EplbError as exc:
+        raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
+
+
+@dataclass(frozen=True)
+class SolveJob:
+    """Everything a worker needs for one placement request (picklable)."""
+
+    loads: NDArray[np.float64]
+    cluster: Cluster
+    solver: str
+    cost: CostSetup
+    current: Placement | None
+    time_limit_s: float | None
+    split: str
+    max_lb_slack: float
+
+
+def solve_job(req: PlacementRequest, milp_default_time_limit_s: float) -> SolveJob:
+    """Validate a placement request into a SolveJob; raises FieldError naming the bad field."""
+    model, cost = cost_setup(req)
+    loads = _loads(req.loads, model)
+    the_cluster = cluster(req.cluster, model)
+    current = None
+    if req.current_placement is not None:
+        current = placement(req.current_placement, "current_placement", model.num_experts)
+    if req.split == "weighted" and req.solver != "milp":
+        raise FieldError("split", "weighted shares need solver 'milp'")
+    limit = req.time_limit_s
+    if req.solver == "milp" and limit is None:
+        limit = milp_default_time_limit_s
+    return SolveJob(loads, the_cluster, req.solver, cost, current, limit, req.split, req.max_lb_slack)
+
+
+def run_solve_job(job: SolveJob) -> dict[str, Any]:
+    """Worker side: solve and return the response body."""
+    return solve(
+        job.loads,
+        job.cluster,
+        solver=job.solver,
+        cost=job.cost,
+        current=job.current,
+        request_time_limit_s=job.time_limit_s,
+        split=job.split,
+        max_lb_slack=job.max_lb_slack,
+    ).to_dict()
+
+
+def run_evaluate(req: EvaluateRequest) -> dict[str, Any]:
+    """Validate and evaluate a placement on a window."""
+    model, cost = cost_setup(req)
+    loads = _loads(req.loads, model)
+    given = placement(req.placement, "placement", model.num_experts)
+    if given.num_layers != loads.shape[0]:
+        raise FieldError("placement", f"has {given.num_layers} layers, the loads have {loads.shape[0]}")
+    return evaluate(loads, given, cost).to_dict()

@@ -1,0 +1,55 @@
+"""Prometheus metrics of one app instance (its own registry, so tests can build many apps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    """Requests and latency by route and status, solve time by solver, lb of the last placements."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "eplb_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "eplb_http_request_duration_seconds", "HTTP request latency by route", ["route", "method"],
+            registry=self.registry,
+        )
+        self.solve_time = Histogram(
+            "eplb_solve_duration_seconds", "Wall time of a placement solve by solver", ["solver"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=self.registry,
+        )
+        self.last_lb = Gauge(
+            "eplb_last_placement_lb", "lb (max / mean GPU load) of the last placement, over its layers",
+            ["stat", "solver"], registry=self.registry,
+        )
+        self.last_baseline_lb = Gauge(
+            "eplb_last_baseline_lb", "lb of the no-EPLB baseline on the last placement's window, over its layers",
+            ["stat"], registry=self.registry,
+        )
+
+    def request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route, method).observe(seconds)
+
+    def solved(self, solver: str, seconds: float, result: dict[str, Any]) -> None:
+        self.solve_time.labels(solver).observe(seconds)
+        predicted = result.get("predicted", {})
+        if "lb_mean" in predicted:
+            self.last_lb.labels("mean", solver).set(predicted["lb_mean"])
+            self.last_lb.labels("max", solver).set(predicted["lb_max"])
+            baseline = predicted.get("baseline", {})
+            if "lb_max" in baseline:
+                self.last_baseline_lb.labels("mean").set(baseline["lb_mean"])
+                self.last_baseline_lb.labels("max").set(baseline["lb_max"])
+
+    def render(self) -> str:
+        return generate_latest(self.registry).decode()

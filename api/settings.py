@@ -1,0 +1,24 @@
+"""Service settings, read from the environment with the `EPLB_` prefix (e.g. `EPLB_API_KEY`)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every field can be set as EPLB_<FIELD> (upper case) in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="EPLB_")
+
+    api_key: str | None = Field(None, description="when set, POST routes need 'Authorization: Bearer <key>'")
+    solver_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="solver processes")
+    queue_limit: int = Field(8, ge=0, description="solves that may wait for a worker before 503")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    async_threshold_s: float = Field(10.0, ge=0, description="MILP requests with a longer budget run as jobs")
+    milp_default_time_limit_s: float = Field(30.0, gt=0, description="MILP budget when a request gives none")
+    max_jobs: int = Field(64, ge=1, description="jobs kept at once (finished ones count until they expire)")
+    job_ttl_s: float = Field(3600.0, gt=0, description="finished jobs are forgotten after this many seconds")
+    retry_after_s: int = Field(5, ge=1, description="Retry-After on 503")

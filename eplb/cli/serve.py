@@ -1,0 +1,46 @@
+"""`eplb serve`: run the placement service (FastAPI on uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+
+from eplb.errors import EplbError
+
+DESCRIPTION = """\
+Run the HTTP placement service. A serving cluster POSTs per-expert loads to /placement and gets a placement
+back; /docs has the interactive OpenAPI docs with examples.
+
+Settings come from the environment (EPLB_ prefix): EPLB_API_KEY (Bearer key required on POST routes when
+set), EPLB_SOLVER_WORKERS, EPLB_QUEUE_LIMIT, EPLB_MAX_BODY_BYTES, EPLB_ASYNC_THRESHOLD_S,
+EPLB_MILP_DEFAULT_TIME_LIMIT_S, EPLB_MAX_JOBS, EPLB_JOB_TTL_S, EPLB_RETRY_AFTER_S (docs/api.md).
+One server process holds the job table in memory; scale solving with --workers (solver processes)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `serve` subcommand."""
+    p = subparsers.add_parser("serve", help="run the HTTP placement service", description=DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="solver processes (default: EPLB_SOLVER_WORKERS or the CPU count)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from api.app import create_app
+    from api.settings import Settings
+
+    if not 0 < args.port < 65536:
+        raise EplbError(f"--port must be 1-65535, got {args.port}")
+    try:
+        settings = Settings() if args.workers is None else Settings(solver_workers=args.workers)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise EplbError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,72 @@
+"""Shared fixtures: a real `eplb serve` process on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def running_server(**env: str) -> Iterator[str]:
+    """Start `eplb serve` on 127.0.0.1 with EPLB_* settings; yield its base URL; stop it."""
+    port = free_port()
+    environ = {**os.environ, **{f"EPLB_{k.upper()}": v for k, v in env.items()}}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            proc.kill()
+            raise RuntimeError(f"eplb serve did not start: {out}")
+        time.sleep(0.2)
+    try:
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server_factory() -> Iterator[Callable[..., str]]:
+    """Start servers on demand, one per distinct setting, shared across the session."""
+    servers: dict[tuple[tuple[str, str], ...], str] = {}
+    stack: list[Iterator[str]] = []
+
+    def get(**env: str) -> str:
+        key = tuple(sorted(env.items()))
+        if key not in servers:
+            cm = running_server(**env)
+            servers[key] = cm.__enter__()
+            stack.append(cm)  # type: ignore[arg-type]
+        return servers[key]
+
+    yield get
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)  # type: ignore[attr-defined]
