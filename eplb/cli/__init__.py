@@ -10,7 +10,7 @@ from eplb.errors import EplbError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eplb.cli import cost, serve, solve
+    from eplb.cli import compare, cost, interop, serve, solve
 
     parser = argparse.ArgumentParser(
         prog="eplb",
@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     solve.register(sub)
     cost.register(sub)
+    compare.register(sub)
+    interop.register(sub)
     serve.register(sub)
     return parser
 
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

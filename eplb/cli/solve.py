@@ -10,8 +10,8 @@ import numpy as np
 
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
+from eplb.interop import read_placement_any, write_export
 from eplb.loads import LoadWindow, read_window
-from eplb.placement import load_placement, save_placement
 from eplb.solve import SOLVERS, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
 
@@ -61,9 +61,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (fast) or milp (exact, "
                    "OR-Tools; default: greedy)")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
-    p.add_argument("--current", metavar="FILE", help="current placement file: report moves against it")
+    p.add_argument("--current", metavar="FILE", help="the placement serving now (ours, SGLang or TensorRT-LLM "
+                   "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported")
     p.add_argument("--out", metavar="FILE", help="write the placement file here (JSON, docs/formats.md)")
-    _add_cost(p)
+    add_cost_options(p)
     p.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
     p.set_defaults(func=run_solve)
 
@@ -76,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_loads(e)
     e.add_argument("--placement", required=True, metavar="FILE", help="placement file (JSON)")
-    _add_cost(e)
+    add_cost_options(e)
     e.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
     e.set_defaults(func=run_evaluate)
 
@@ -86,7 +87,8 @@ def _add_loads(p: argparse.ArgumentParser) -> None:
                    "DeepSeek-V3 prefill window from SGLang's published statistics, 58 layers x 256 experts)")
 
 
-def _add_cost(p: argparse.ArgumentParser) -> None:
+def add_cost_options(p: argparse.ArgumentParser) -> None:
+    """--model, --hardware, --link, --tokens-per-gpu, --no-overlap: what the time prediction needs."""
     p.add_argument("--model", metavar="NAME|FILE", help="model spec for memory and time: a preset ("
                    f"{', '.join(MODEL_PRESETS)}) or JSON file (default: the preset with the window's expert count)")
     p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
@@ -111,7 +113,7 @@ def _float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list, got {text!r}") from None
 
 
-def _model_for(args: argparse.Namespace, window: LoadWindow) -> ModelSpec | None:
+def model_for(args: argparse.Namespace, window: LoadWindow) -> ModelSpec | None:
     if args.model:
         model = load_model(args.model)
         if model.num_experts != window.num_experts:
@@ -122,7 +124,7 @@ def _model_for(args: argparse.Namespace, window: LoadWindow) -> ModelSpec | None
     return infer_model(window.num_experts, window.num_layers)
 
 
-def _cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
+def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
     if model is None:
         return None
     hardware = load_hardware(args.hardware)
@@ -133,7 +135,7 @@ def _cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup 
 
 def run_solve(args: argparse.Namespace) -> int:
     window = read_window(args.loads)
-    model = _model_for(args, window)
+    model = model_for(args, window)
     if args.memory_budget_gib is not None and model is None:
         raise EplbError(f"--memory-budget-gib needs --model: no preset has {window.num_experts} experts")
     slots = slots_per_gpu(
@@ -144,19 +146,22 @@ def run_solve(args: argparse.Namespace) -> int:
         memory_budget_bytes=None if args.memory_budget_gib is None else [x * GIB for x in args.memory_budget_gib],
         slot_bytes=None if model is None else model.expert_bytes_all_layers,
     )
-    current = load_placement(args.current) if args.current else None
+    layer_ids = window.meta.get("layer_ids")
+    current = None
+    if args.current:
+        current = read_placement_any(args.current, num_gpus=args.gpus, layer_ids=layer_ids)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
     outcome = solve(
         window.loads,
         Cluster(slots, args.gpus_per_node, args.groups),
         solver=args.solver,
-        cost=_cost_setup(args, model),
+        cost=cost_setup(args, model),
         current=current,
         time_limit_s=args.time_limit,
     )
     if args.out:
-        save_placement(outcome.placement, args.out)
+        write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
     if args.json:
         json.dump(outcome.to_dict(), sys.stdout)
         print()
@@ -167,9 +172,9 @@ def run_solve(args: argparse.Namespace) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     window = read_window(args.loads)
-    placement = load_placement(args.placement)
-    model = _model_for(args, window)
-    outcome = evaluate(window.loads, placement, _cost_setup(args, model))
+    placement = read_placement_any(args.placement, layer_ids=window.meta.get("layer_ids"))
+    model = model_for(args, window)
+    outcome = evaluate(window.loads, placement, cost_setup(args, model))
     if args.json:
         json.dump(outcome.to_dict(), sys.stdout)
         print()

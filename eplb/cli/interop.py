@@ -1,0 +1,204 @@
+"""`eplb export` and `eplb import-load`: placements out to serving systems, their load statistics in."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from eplb.errors import EplbError
+from eplb.interop import (
+    LOAD_FORMATS,
+    TARGETS,
+    ForeignPlacement,
+    ImportedLoads,
+    import_loads,
+    parse_layer_ids,
+    read_placement_file,
+    write_export,
+    write_loads,
+)
+from eplb.placement import Placement
+
+EXPORT_DESCRIPTION = """\
+Write a placement in the form a serving system loads at start-up:
+
+  sglang        JSON for SGLang's --init-expert-location: {"physical_to_logical_map": [model layers][slots]}.
+                One row per model layer, dense layers included (they get SGLang's trivial map), so say
+                which model layer each placement layer is with --layer-ids (DeepSeek-V3: 3-60).
+  trtllm        YAML for TensorRT-LLM's moe_config.load_balancer: num_slots, initial_global_assignments
+                {model layer: [expert per slot]}, layer_updates_per_iter: 0 (static).
+  vllm-ascend   JSON for vllm-ascend's eplb_config.expert_map_path: moe_layer_count, layer_list of
+                {layer_id, device_count, device_list: [{device_id, device_expert}]}.
+  json          eplb's own placement file (docs/formats.md), e.g. to convert a foreign file back.
+
+sglang, trtllm and vllm-ascend need the same number of slots on every GPU and route each expert's tokens
+evenly over its replicas; vllm-ascend also needs distinct experts on each GPU. A placement that breaks a
+target's rule is refused with what to change. Recipes: docs/integrations.md."""
+
+EXPORT_EPILOG = """\
+examples:
+  eplb export --placement placement.json --to sglang --layer-ids 3-60 --out placement.sglang.json
+  eplb export --placement placement.json --to trtllm --layer-ids 3-60 --out moe_load_balancer.yaml
+  eplb export --placement placement.json --to vllm-ascend --out expert_map.json
+  eplb export --placement moe_load_balancer.yaml --gpus 36 --to json --out placement.json"""
+
+IMPORT_DESCRIPTION = """\
+Turn the expert statistics a serving system recorded into a load window for `eplb solve --loads`:
+
+  sglang   the expert distribution recorder's stat dump: {"logical_count": [steps][layers][experts]}
+           (or [layers][experts]) as .json, or an .npz/.npy holding logical_count. Layers with no tokens
+           at all (dense layers) are dropped and layer_ids records the model layer of each row left.
+  trtllm   the folder TensorRT-LLM writes to EXPERT_STATISTIC_PATH: meta_info.json and rank*.safetensors
+           (or rank*.json) with counts keyed "{iteration}_{layer}"; ranks are added up.
+  vllm     per-step counts [steps][layers][experts] (.npy, .npz or .json "counts"). vLLM's own
+           expert_load_window counts physical slots: pass the placement that was live (--placement) or
+           store physical_to_logical_map in the .npz, and slots are added up per logical expert.
+
+Several files are stacked along the step axis. The window is the sum over the selected steps; with
+--keep-steps the per-step counts are written instead."""
+
+IMPORT_EPILOG = """\
+examples:
+  eplb import-load --from sglang expert_distribution.json --out window.json
+  eplb import-load --from trtllm ./expert_statistic --steps=-50: --out window.json
+  eplb import-load --from vllm load_window.npz --placement current.json --out window.npz --keep-steps"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `export` and `import-load` subcommands."""
+    e = subparsers.add_parser(
+        "export",
+        help="write a placement for SGLang, TensorRT-LLM or vllm-ascend",
+        description=EXPORT_DESCRIPTION,
+        epilog=EXPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e.add_argument("--placement", required=True, metavar="FILE", help="placement to export: eplb's JSON, or an "
+                   "SGLang, TensorRT-LLM or vllm-ascend file (those need --gpus)")
+    e.add_argument("--to", required=True, choices=TARGETS, help="target system")
+    e.add_argument("--out", required=True, metavar="FILE", help="file to write (SGLang: name must end in .json)")
+    e.add_argument("--layer-ids", type=_layer_ids, metavar="IDS", help="model layer of each placement layer, "
+                   "e.g. 3-60 or 0,1,5-7 (default: the file's own, else 0, 1, ...); for SGLang and TensorRT-LLM "
+                   "input files it selects those layers")
+    e.add_argument("--num-model-layers", type=int, metavar="N", help="SGLang only: rows to write, all model "
+                   "layers (default: the last layer id + 1)")
+    e.add_argument("--gpus", type=int, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files")
+    e.set_defaults(func=run_export)
+
+    i = subparsers.add_parser(
+        "import-load",
+        help="turn SGLang, TensorRT-LLM or vLLM expert statistics into a load window",
+        description=IMPORT_DESCRIPTION,
+        epilog=IMPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    i.add_argument("--from", dest="source_format", required=True, choices=LOAD_FORMATS, help="recording system")
+    i.add_argument("files", nargs="+", metavar="FILE", help="statistics files (TensorRT-LLM: the folder)")
+    i.add_argument("--out", required=True, metavar="FILE", help="load file to write: .json, .npz or .npy")
+    i.add_argument("--steps", type=_step_range, metavar="A:B", help="keep steps A..B-1 only (Python slice: "
+                   "--steps=-100: keeps the last 100); for TensorRT-LLM, steps are the recorded iterations in order")
+    i.add_argument("--keep-steps", action="store_true", help="write [steps][layers][experts] counts, not their sum")
+    i.add_argument("--keep-empty-layers", action="store_true", help="SGLang: keep layers that recorded no tokens")
+    i.add_argument("--placement", metavar="FILE", help="vLLM: the placement live while recording, to fold "
+                   "physical-slot counts into logical experts")
+    i.add_argument("--gpus", type=int, metavar="N", help="EP size, to read an SGLang or TensorRT-LLM --placement")
+    i.set_defaults(func=run_import_load)
+
+
+def _layer_ids(text: str) -> list[int]:
+    try:
+        return parse_layer_ids(text)
+    except EplbError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _step_range(text: str) -> tuple[int | None, int | None]:
+    m = re.fullmatch(r"\s*(-?\d+)?\s*:\s*(-?\d+)?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected A:B, A: or :B with whole numbers, got {text!r}")
+    return (None if m.group(1) is None else int(m.group(1)), None if m.group(2) is None else int(m.group(2)))
+
+
+def run_export(args: argparse.Namespace) -> int:
+    # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
+    foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=args.layer_ids)
+    placement = foreign.placement
+    layer_ids = _file_layer_ids(foreign)
+    if args.num_model_layers is not None and args.to != "sglang":
+        raise EplbError("--num-model-layers applies to --to sglang only")
+    write_export(placement, args.to, args.out, layer_ids=layer_ids, num_model_layers=args.num_model_layers)
+    print(_export_summary(placement, args.to, args.out, layer_ids, args.num_model_layers))
+    return 0
+
+
+def run_import_load(args: argparse.Namespace) -> int:
+    phy2log = None
+    if args.placement:
+        if args.source_format != "vllm":
+            raise EplbError("--placement applies to --from vllm only (SGLang and TensorRT-LLM record logical experts)")
+        phy2log = read_placement_file(args.placement, num_gpus=args.gpus).placement.phy2log
+    loads = import_loads(args.source_format, args.files, drop_empty_layers=not args.keep_empty_layers,
+                         phy2log=phy2log)
+    if args.steps is not None:
+        loads = loads.select_steps(*args.steps)
+    write_loads(loads, args.out, keep_steps=args.keep_steps)
+    print(_import_summary(loads, args.out, args.keep_steps))
+    return 0
+
+
+def _file_layer_ids(foreign: ForeignPlacement) -> list[int] | None:
+    """Layer ids a file states (TensorRT-LLM keys, SGLang rows, our layer_ids field); None for plain rows."""
+    if foreign.layer_ids == list(range(foreign.placement.num_layers)):
+        return None
+    return foreign.layer_ids
+
+
+def _export_summary(placement: Placement, target: str, out: str, layer_ids: list[int] | None,
+                    num_model_layers: int | None) -> str:
+    g, p, e = placement.num_gpus, placement.num_physical, placement.num_experts
+    slots = int(placement.slots_per_gpu[0])
+    ids = list(range(placement.num_layers)) if layer_ids is None else layer_ids
+    layers = f"placement layers -> model layers {_ranges(ids)}"
+    hint = "" if layer_ids is not None or target in ("json", "vllm-ascend") else (
+        "; if the model starts with dense layers, pass --layer-ids (DeepSeek-V3: 3-60)")
+    name = Path(out).name
+    if target == "sglang":
+        rows = max(ids) + 1 if num_model_layers is None else num_model_layers
+        return (f"wrote {out}: SGLang expert location, {rows} model layers x {p} physical experts ({layers}{hint})\n"
+                f"launch SGLang with EP size {g}, --ep-num-redundant-experts {p - e} and "
+                f"--init-expert-location {name}")
+    if target == "trtllm":
+        return (f"wrote {out}: TensorRT-LLM load balancer, num_slots {p} ({slots} per rank on {g} ranks; "
+                f"{layers}{hint})\nset moe_config.load_balancer: {name} and EP size {g}")
+    if target == "vllm-ascend":
+        return (f"wrote {out}: vllm-ascend expert map, {placement.num_layers} MoE layers x {g} devices x {slots} "
+                f"slots\nserve on {g} devices with --additional-config '{{\"eplb_config\": {{\"expert_map_path\": "
+                f"\"{name}\", \"num_redundant_experts\": {p - e}}}}}'")
+    return f"wrote {out}: eplb placement, {placement.num_layers} layers ({layers}), {g} GPUs, {p} slots"
+
+
+def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
+    window = loads.window
+    layers, experts = window.shape
+    total = float(window.sum())
+    what = f"{loads.num_steps} steps x " if keep_steps else ""
+    per_layer = total / layers if layers else 0.0
+    return (f"read {loads.source}\n"
+            f"wrote {out}: {what}{layers} layers (model layers {_ranges(loads.layer_ids)}) x {experts} experts, "
+            f"{per_layer:,.0f} token-expert assignments per layer summed over {loads.num_steps} step(s)")
+
+
+def _ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    parts: list[str] = []
+    start = prev = ids[0]
+    for v in [*ids[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(parts)

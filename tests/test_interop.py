@@ -1,0 +1,380 @@
+"""Interop: placements out to SGLang, TensorRT-LLM and vllm-ascend and back; their load statistics in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from eplb.cli import interop as cli_interop
+from eplb.errors import EplbError
+from eplb.interop import (
+    export_text,
+    fold_physical,
+    import_loads,
+    parse_layer_ids,
+    parse_placement,
+    parse_trtllm_yaml,
+    read_placement_any,
+    read_placement_file,
+    read_safetensors,
+    read_sglang_loads,
+    read_trtllm_loads,
+    read_vllm_loads,
+    to_sglang,
+    to_trtllm,
+    to_vllm_ascend,
+    write_export,
+    write_loads,
+)
+from eplb.loads import read_window
+from eplb.placement import Placement, save_placement
+
+# Two MoE layers, 4 experts, 3 GPUs x 2 slots; experts 0/1 (layer 0) and 2/3 (layer 1) replicated.
+PHY2LOG = [[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 2, 3]]
+
+
+def _placement() -> Placement:
+    return Placement(np.array(PHY2LOG), np.array([2, 2, 2]), 4)
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="eplb")
+    sub = parser.add_subparsers(dest="command")
+    cli_interop.register(sub)
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def _write_safetensors(path: Path, tensors: dict[str, NDArray[Any]]) -> None:
+    """A safetensors file per the documented layout: u64 LE header size, JSON header, raw LE data."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, arr in tensors.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        dtype = {np.dtype("<i8"): "I64", np.dtype("<i4"): "I32", np.dtype("<f4"): "F32"}[arr.dtype]
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def test_sglang_export_fields_and_round_trip(tmp_path: Path) -> None:
+    out = tmp_path / "p.sglang.json"
+    write_export(_placement(), "sglang", out, layer_ids=[3, 4], num_model_layers=6)
+    data = json.loads(out.read_text())
+    # SGLang passes every key to init_by_mapping(physical_to_logical_map=...): nothing else may be there.
+    assert list(data) == ["physical_to_logical_map"]
+    table = data["physical_to_logical_map"]
+    assert len(table) == 6 and all(len(row) == 6 for row in table)  # [model layers][num_physical]
+    assert table[3] == PHY2LOG[0] and table[4] == PHY2LOG[1]
+    trivial = [s % 4 for s in range(6)]  # SGLang's init_trivial for layers no placement covers
+    assert table[0] == table[1] == table[2] == table[5] == trivial
+    back = read_placement_file(out, num_gpus=3, layer_ids=[3, 4])
+    assert back.format == "sglang" and back.layer_ids == [3, 4]
+    assert back.placement.phy2log.tolist() == PHY2LOG and back.placement.slots_per_gpu.tolist() == [2, 2, 2]
+
+
+def test_sglang_default_rows_and_file_name(tmp_path: Path) -> None:
+    assert to_sglang(_placement())["physical_to_logical_map"] == PHY2LOG
+    with pytest.raises(EplbError, match=r"ends in \.json"):
+        write_export(_placement(), "sglang", tmp_path / "p.txt")
+    write_export(_placement(), "sglang", tmp_path / "p.json")
+    with pytest.raises(EplbError, match=r"do not record the EP size; pass the GPU count \(--gpus\)"):
+        read_placement_any(tmp_path / "p.json")
+    with pytest.raises(EplbError, match="do not split evenly over 4 GPUs"):
+        read_placement_any(tmp_path / "p.json", num_gpus=4)
+
+
+def test_trtllm_export_fields_and_round_trip(tmp_path: Path) -> None:
+    out = tmp_path / "moe_load_balancer.yaml"
+    write_export(_placement(), "trtllm", out, layer_ids=[3, 4])
+    text = out.read_text()
+    data = parse_trtllm_yaml(text)
+    # MoeLoadBalancerConfig forbids extra keys.
+    assert set(data) == {"num_slots", "initial_global_assignments", "layer_updates_per_iter"}
+    assert data["num_slots"] == 6 and data["layer_updates_per_iter"] == 0
+    assert data["initial_global_assignments"] == {3: PHY2LOG[0], 4: PHY2LOG[1]}
+    assert all(len(row) == data["num_slots"] for row in data["initial_global_assignments"].values())
+    assert to_trtllm(_placement(), [3, 4]) == data
+    back = read_placement_file(out, num_gpus=3)
+    assert back.format == "trtllm" and back.layer_ids == [3, 4] and back.placement.phy2log.tolist() == PHY2LOG
+    assert read_placement_any(out, num_gpus=3, layer_ids=[4]).phy2log.tolist() == [PHY2LOG[1]]
+    with pytest.raises(EplbError, match="no row for layer 5"):
+        read_placement_any(out, num_gpus=3, layer_ids=[5])
+
+
+def test_trtllm_yaml_is_real_yaml(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    text = export_text(_placement(), "trtllm", layer_ids=[3, 4])
+    assert yaml.safe_load(text) == parse_trtllm_yaml(text)
+
+
+def test_trtllm_yaml_layouts() -> None:
+    block = "num_slots: 6\nlayer_updates_per_iter: 0\ninitial_global_assignments:\n  3:\n  - 0\n  - 1\n  - 2\n" \
+            "  - 3\n  - 0\n  - 1\n"
+    assert parse_trtllm_yaml(block)["initial_global_assignments"] == {3: PHY2LOG[0]}
+    wrapped = "initial_global_assignments:\n  7: [0, 1, 2,\n      3, 0, 1]  # slots\nnum_slots: 6\n"
+    assert parse_trtllm_yaml(wrapped) == {"initial_global_assignments": {7: PHY2LOG[0]}, "num_slots": 6}
+    online = parse_trtllm_yaml("num_slots: 288\nlayer_updates_per_iter: 2\n")
+    with pytest.raises(EplbError, match="no initial_global_assignments"):
+        parse_placement(online, num_gpus=36)
+
+
+def test_vllm_ascend_export_fields_and_round_trip(tmp_path: Path) -> None:
+    out = tmp_path / "expert_map.json"
+    write_export(_placement(), "vllm-ascend", out)
+    data = json.loads(out.read_text())
+    assert data["moe_layer_count"] == 2 and len(data["layer_list"]) == 2
+    for i, layer in enumerate(data["layer_list"]):
+        assert set(layer) == {"layer_id", "device_count", "device_list"}
+        assert layer["layer_id"] == i and layer["device_count"] == 3 and len(layer["device_list"]) == 3
+        for g, device in enumerate(layer["device_list"]):
+            assert device == {"device_id": g, "device_expert": PHY2LOG[i][2 * g : 2 * g + 2]}
+    # vllm-ascend's loader stacks device_expert into a [layers, devices, slots] tensor.
+    tensor = np.array([[d["device_expert"] for d in layer["device_list"]] for layer in data["layer_list"]])
+    assert tensor.shape == (2, 3, 2) and tensor.reshape(2, 6).tolist() == PHY2LOG
+    assert to_vllm_ascend(_placement()) == data
+    back = read_placement_file(out)
+    assert back.format == "vllm-ascend" and back.placement.phy2log.tolist() == PHY2LOG
+
+
+def test_json_export_keeps_shares_and_layer_ids(tmp_path: Path) -> None:
+    p = Placement(np.array([[0, 1, 1, 2]]), np.array([3, 1]), 3, np.array([[1, 0.3, 0.7, 1]]))
+    write_export(p, "json", tmp_path / "p.json", layer_ids=[5])
+    back = read_placement_file(tmp_path / "p.json")
+    assert back.format == "json" and back.layer_ids == [5]
+    assert back.placement.phy2log.tolist() == [[0, 1, 1, 2]] and back.placement.slots_per_gpu.tolist() == [3, 1]
+    assert back.placement.shares is not None and np.allclose(back.placement.shares, [[1, 0.3, 0.7, 1]])
+
+
+@pytest.mark.parametrize("target", ["sglang", "trtllm", "vllm-ascend"])
+def test_unequal_slots_refused_with_fix(target: str) -> None:
+    # 28 GPUs x 9 slots, but GPU 0 has 8 and GPU 1 has 10: 252 slots, 200 experts.
+    slots = np.array([8, 10] + [9] * 26)
+    phy2log = np.arange(int(slots.sum()))[None, :] % 200
+    p = Placement(phy2log, slots, 200)
+    with pytest.raises(EplbError, match=r"same number of slots on every GPU.*has 8-10 per GPU.*--slots-per-gpu 9"):
+        export_text(p, target)
+    assert json.loads(export_text(p, "json"))["slots_per_gpu"][:2] == [8, 10]
+
+
+@pytest.mark.parametrize("target", ["sglang", "trtllm", "vllm-ascend"])
+def test_weighted_shares_refused(target: str) -> None:
+    weighted = Placement(np.array([PHY2LOG[0]]), np.array([2, 2, 2]), 4, np.array([[0.7, 0.5, 1, 1, 0.3, 0.5]]))
+    with pytest.raises(EplbError, match=r"weighted shares \(layer 0, slot 0 serves 0.7 of expert 0's tokens, not 0.5"):
+        export_text(weighted, target)
+    uniform = Placement(np.array([PHY2LOG[0]]), np.array([2, 2, 2]), 4, np.array([[0.5, 0.5, 1, 1, 0.5, 0.5]]))
+    export_text(uniform, target)  # uniform shares spelled out are fine
+
+
+def test_vllm_ascend_refuses_two_copies_on_one_gpu() -> None:
+    p = Placement(np.array([[0, 0, 1, 2, 3, 1]]), np.array([2, 2, 2]), 4)
+    with pytest.raises(EplbError, match="GPU 0 holds expert 0 twice in layer 0"):
+        export_text(p, "vllm-ascend")
+    export_text(p, "sglang")
+
+
+def test_layer_ids() -> None:
+    assert parse_layer_ids("3-5,9") == [3, 4, 5, 9]
+    with pytest.raises(EplbError, match="runs backwards"):
+        parse_layer_ids("5-3")
+    with pytest.raises(EplbError, match="name 1 layers but the placement has 2"):
+        to_trtllm(_placement(), [3])
+    with pytest.raises(EplbError, match="layer id 3 appears twice"):
+        to_trtllm(_placement(), [3, 3])
+    with pytest.raises(EplbError, match="num_model_layers is 4 but layer id 4"):
+        to_sglang(_placement(), [3, 4], num_model_layers=4)
+
+
+def test_placement_detection_errors(tmp_path: Path) -> None:
+    (tmp_path / "loads.json").write_text('{"logical_count": [[1, 2]]}')
+    with pytest.raises(EplbError, match="load statistics file, not a placement"):
+        read_placement_any(tmp_path / "loads.json")
+    (tmp_path / "other.json").write_text('{"foo": 1}')
+    with pytest.raises(EplbError, match="not a placement file I know"):
+        read_placement_any(tmp_path / "other.json")
+    (tmp_path / "bad.yaml").write_text("initial_global_assignments:\n  3: [0, x]\n")
+    with pytest.raises(EplbError, match=r"bad\.yaml"):
+        read_placement_any(tmp_path / "bad.yaml", num_gpus=1)
+    with pytest.raises(EplbError, match="not found"):
+        read_placement_any(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------------------------------------- loads in
+
+
+def test_sglang_stat_dump_json_drops_dense_layers(tmp_path: Path) -> None:
+    dense, moe1, moe2 = [0, 0, 0], [5, 1, 0], [2, 2, 2]
+    two_steps = [[dense, moe1, moe2], [dense, moe1, moe2]]
+    (tmp_path / "a.json").write_text(json.dumps({"rank": 0, "logical_count": two_steps}))
+    (tmp_path / "b.json").write_text(json.dumps({"logical_count": [dense, moe1, moe2]}))  # [layers, E]
+    loads = read_sglang_loads([tmp_path / "a.json", tmp_path / "b.json"])
+    assert loads.counts.shape == (3, 2, 3) and loads.layer_ids == [1, 2]
+    assert loads.window.tolist() == [[15, 3, 0], [6, 6, 6]]
+    kept = read_sglang_loads([tmp_path / "b.json"], drop_empty_layers=False)
+    assert kept.layer_ids == [0, 1, 2] and kept.window.shape == (3, 3)
+
+
+def test_sglang_npz_and_refusals(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", logical_count=np.array([[[1, 2], [3, 4]]]))
+    assert read_sglang_loads([tmp_path / "d.npz"]).window.tolist() == [[1, 2], [3, 4]]
+    (tmp_path / "d.pt").write_bytes(b"PK")
+    with pytest.raises(EplbError, match=r"need torch.*numpy\.savez"):
+        read_sglang_loads([tmp_path / "d.pt"])
+    cases = {
+        "nokey.json": ({"rank": 0}, "missing 'logical_count'"),
+        "neg.json": ({"logical_count": [[1, 2], [3, -4]]}, r"logical_count\[0\]\[1\]\[1\] is -4: counts must be >= 0"),
+        "ragged.json": ({"logical_count": [[1, 2], [3]]}, "ragged: row 0 has 2 entries, row 1 has 1"),
+        "flat.json": ({"logical_count": [1, 2]}, r"must be \[steps\]\[layers\]\[experts\] or \[layers\]\[experts\]"),
+        "zero.json": ({"logical_count": [[0, 0]]}, "every count is 0"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_text(json.dumps(data))
+        with pytest.raises(EplbError, match=message):
+            read_sglang_loads([tmp_path / name])
+    np.savez(tmp_path / "two.npz", logical_count=np.ones((1, 2, 2)))
+    (tmp_path / "three.json").write_text(json.dumps({"logical_count": [[1, 1, 1], [1, 1, 1]]}))
+    with pytest.raises(EplbError, match=r"three\.json has 2 layers x 3 experts but two\.npz has 2 x 2"):
+        read_sglang_loads([tmp_path / "two.npz", tmp_path / "three.json"])
+
+
+def _trtllm_dir(tmp_path: Path, fmt: str = "safetensors") -> tuple[Path, NDArray[np.float64]]:
+    folder = tmp_path / "expert_statistic"
+    folder.mkdir()
+    (folder / "meta_info.json").write_text(json.dumps({"num_experts": 4, "num_experts_per_token": 2}))
+    rng = np.random.default_rng(7)
+    expected = np.zeros((3, 2, 4))
+    for rank in range(2):
+        records = {}
+        for i, it in enumerate((100, 101, 102)):
+            for j, layer in enumerate((3, 4)):
+                counts = rng.integers(0, 20, size=4).astype(np.int64)
+                expected[i, j] += counts
+                records[f"{it}_{layer}"] = counts
+        if fmt == "safetensors":
+            _write_safetensors(folder / f"rank{rank}.safetensors", records)
+        else:
+            (folder / f"rank{rank}.json").write_text(json.dumps({k: v.tolist() for k, v in records.items()}))
+    return folder, expected
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "json"])
+def test_trtllm_statistics(tmp_path: Path, fmt: str) -> None:
+    folder, expected = _trtllm_dir(tmp_path, fmt)
+    loads = read_trtllm_loads([folder])
+    assert loads.layer_ids == [3, 4] and np.array_equal(loads.counts, expected)
+    assert loads.meta["num_experts_per_token"] == 2 and loads.meta["iterations"] == [100, 103]
+    files = sorted(folder.iterdir())
+    assert np.array_equal(read_trtllm_loads(files).counts, expected)  # meta_info.json + rank files by name
+
+
+def test_trtllm_statistics_errors(tmp_path: Path) -> None:
+    folder, _ = _trtllm_dir(tmp_path, "json")
+    (folder / "rank2.json").write_text(json.dumps({"103_3": [1, 2, 3, 4]}))
+    with pytest.raises(EplbError, match="iteration 103 has no counts for layer 4"):
+        read_trtllm_loads([folder])
+    (folder / "rank2.json").write_text(json.dumps({"100_3": [1, 2, 3]}))
+    with pytest.raises(EplbError, match=r"100_3 has shape \[3\]; expected 4 counts"):
+        read_trtllm_loads([folder])
+    (folder / "rank2.json").write_text(json.dumps({"100_3": [1, 2, 3, -1]}))
+    with pytest.raises(EplbError, match=r"100_3\[3\] is -1: counts must be >= 0"):
+        read_trtllm_loads([folder])
+    (folder / "rank2.json").write_text(json.dumps({"layer3": [1, 2, 3, 4]}))
+    with pytest.raises(EplbError, match=r"'layer3' is not '\{iteration\}_\{layer\}'"):
+        read_trtllm_loads([folder])
+    (folder / "rank2.json").unlink()
+    (folder / "meta_info.json").write_text(json.dumps({"num_experts_per_token": 2}))
+    with pytest.raises(EplbError, match="missing 'num_experts'"):
+        read_trtllm_loads([folder])
+    (folder / "meta_info.json").unlink()
+    with pytest.raises(EplbError, match=r"no meta_info\.json"):
+        read_trtllm_loads([folder])
+    (tmp_path / "rank0.safetensors").write_bytes(struct.pack("<Q", 1000) + b"{}")
+    with pytest.raises(EplbError, match="header length 1000 exceeds the file"):
+        read_safetensors(tmp_path / "rank0.safetensors")
+
+
+def test_safetensors_reader_matches_the_library(tmp_path: Path) -> None:
+    st = pytest.importorskip("safetensors.numpy")
+    arrays: dict[str, NDArray[Any]] = {"100_3": np.arange(4, dtype=np.int64), "f": np.ones((2, 3), dtype=np.float32)}
+    st.save_file(arrays, str(tmp_path / "x.safetensors"))
+    got = read_safetensors(tmp_path / "x.safetensors")
+    assert all(np.array_equal(got[k], v) and got[k].dtype == v.dtype for k, v in arrays.items())
+
+
+def test_vllm_counts_and_physical_folding(tmp_path: Path) -> None:
+    np.save(tmp_path / "logical.npy", np.array([[[1, 2, 3, 4]], [[1, 1, 1, 1]]]))
+    loads = read_vllm_loads([tmp_path / "logical.npy"])
+    assert loads.counts.shape == (2, 1, 4) and loads.window.tolist() == [[2, 3, 4, 5]]
+    # vLLM's expert_load_window counts physical slots: [steps, layers, P], folded with the live map.
+    window = np.array([[[1, 2, 3, 4, 5, 6], [1, 1, 1, 1, 1, 1]]])
+    np.savez(tmp_path / "phys.npz", expert_load_window=window, physical_to_logical_map=np.array(PHY2LOG))
+    folded = read_vllm_loads([tmp_path / "phys.npz"])
+    assert folded.window.tolist() == [[6, 8, 3, 4], [1, 1, 2, 2]]
+    np.save(tmp_path / "phys.npy", window)
+    assert read_vllm_loads([tmp_path / "phys.npy"], phy2log=np.array(PHY2LOG)).window.tolist() == folded.window.tolist()
+    with pytest.raises(EplbError, match="counts have 2 layers x 6 slots but the physical_to_logical_map is"):
+        fold_physical(window.astype(float), np.array([PHY2LOG[0]]))
+    (tmp_path / "bad.json").write_text(json.dumps({"steps": []}))
+    with pytest.raises(EplbError, match="expected a 'counts' field"):
+        import_loads("vllm", [tmp_path / "bad.json"])
+    with pytest.raises(EplbError, match="unknown load format"):
+        import_loads("deepspeed", [tmp_path / "bad.json"])
+
+
+def test_written_windows_read_back(tmp_path: Path) -> None:
+    np.save(tmp_path / "c.npy", np.arange(2 * 3 * 4).reshape(2, 3, 4))
+    loads = read_vllm_loads([tmp_path / "c.npy"])
+    write_loads(loads, tmp_path / "w.json")
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["layer_ids"] == [0, 1, 2] and data["num_steps"] == 2 and "vllm" in data["format"]
+    window = read_window(tmp_path / "w.json")
+    assert window.loads.tolist() == loads.window.tolist() and window.meta["layer_ids"] == [0, 1, 2]
+    write_loads(loads, tmp_path / "steps.npz", keep_steps=True)
+    with np.load(tmp_path / "steps.npz") as npz:
+        assert npz["counts"].shape == (2, 3, 4) and npz["layer_ids"].tolist() == [0, 1, 2]
+    assert read_window(tmp_path / "steps.npz").loads.tolist() == loads.window.tolist()
+    last = loads.select_steps(-1, None)
+    assert last.window.tolist() == np.arange(12, 24).reshape(3, 4).tolist()
+    with pytest.raises(EplbError, match="select none of the 2 recorded steps"):
+        loads.select_steps(5, None)
+    with pytest.raises(EplbError, match="unknown output type"):
+        write_loads(loads, tmp_path / "w.csv")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_export_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_placement(_placement(), tmp_path / "p.json")
+    out = tmp_path / "p.sglang.json"
+    assert _cli(["export", "--placement", str(tmp_path / "p.json"), "--to", "sglang", "--layer-ids", "3-4",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "--ep-num-redundant-experts 2" in printed and "model layers 3-4" in printed
+    assert len(json.loads(out.read_text())["physical_to_logical_map"]) == 5
+    # SGLang file back to TensorRT-LLM, keeping only the MoE rows.
+    yaml_out = tmp_path / "lb.yaml"
+    assert _cli(["export", "--placement", str(out), "--gpus", "3", "--layer-ids", "3-4", "--to", "trtllm",
+                 "--out", str(yaml_out)]) == 0
+    assert parse_trtllm_yaml(yaml_out.read_text())["initial_global_assignments"] == {3: PHY2LOG[0], 4: PHY2LOG[1]}
+    folder, expected = _trtllm_dir(tmp_path)
+    assert _cli(["import-load", "--from", "trtllm", str(folder), "--steps=-2:", "--out",
+                 str(tmp_path / "w.json")]) == 0
+    window = read_window(tmp_path / "w.json")
+    assert window.loads.tolist() == expected[1:].sum(axis=0).tolist() and window.meta["layer_ids"] == [3, 4]
+    with pytest.raises(EplbError, match="--placement applies to --from vllm only"):
+        _cli(["import-load", "--from", "sglang", str(folder), "--placement", str(tmp_path / "p.json"),
+              "--out", str(tmp_path / "x.json")])
