@@ -1,0 +1,111 @@
+"""Relabelling GPUs against the current placement and counting the weights to copy."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from solvers.greedy import solve_greedy
+from solvers.migration import count_moves, relabel_gpus, relabel_slot_order
+from solvers.milp import gpu_loads
+
+
+def gpu_sets(phy2log: NDArray[np.int64], slots: NDArray[np.int64]) -> list[list[frozenset[int]]]:
+    starts = np.concatenate([[0], np.cumsum(slots)[:-1]])
+    return [[frozenset(row[a : a + s].tolist()) for a, s in zip(starts, slots, strict=True)] for row in phy2log]
+
+
+def test_counts_weights_copied_onto_gpus() -> None:
+    slots = np.array([2, 2])
+    current = np.array([[0, 1, 2, 3]])
+    assert count_moves(current, current, slots).tolist() == [0]
+    assert count_moves(np.array([[1, 0, 3, 2]]), current, slots).tolist() == [0]  # slots inside a GPU
+    assert count_moves(np.array([[0, 2, 1, 3]]), current, slots).tolist() == [2]
+    assert count_moves(np.array([[2, 3, 0, 1]]), current, slots).tolist() == [4]  # until relabelled
+
+
+def test_relabel_swaps_whole_gpus_and_keeps_slots() -> None:
+    slots = np.array([2, 2])
+    current = np.array([[0, 1, 2, 3]])
+    relabeled = relabel_gpus(np.array([[3, 2, 1, 0]]), current, slots)
+    np.testing.assert_array_equal(relabeled, current)
+    assert count_moves(relabeled, current, slots).tolist() == [0]
+
+
+def test_relabel_only_exchanges_gpus_with_the_same_slot_count() -> None:
+    slots = np.array([1, 2, 1])
+    current = np.array([[0, 1, 2, 3]])
+    new = np.array([[3, 1, 2, 0]])  # GPU 0 and GPU 2 swapped: both have 1 slot
+    np.testing.assert_array_equal(relabel_gpus(new, current, slots), current)
+    new = np.array([[1, 0, 3, 2]])  # would need the 1-slot and 2-slot GPUs exchanged
+    relabeled = relabel_gpus(new, current, slots)
+    assert [len(s) for s in gpu_sets(relabeled, slots)[0]] == [1, 2, 1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), num_gpus=st.integers(2, 4), layers=st.integers(1, 3))
+def test_relabel_is_the_best_permutation(seed: int, num_gpus: int, layers: int) -> None:
+    rng = np.random.default_rng(seed)
+    slots = rng.integers(1, 4, size=num_gpus).astype(np.int64)
+    num_experts = int(slots.max()) + int(rng.integers(0, 3))
+    if slots.sum() < num_experts:
+        slots[0] += num_experts - int(slots.sum())
+        num_experts = max(num_experts, int(slots.max()))
+    loads = rng.gamma(0.7, 10.0, size=(layers, num_experts))
+    current = solve_greedy(loads, slots)
+    new = solve_greedy(loads * rng.lognormal(0, 0.5, size=loads.shape), slots)
+    relabeled, source = relabel_slot_order(new, current, slots)
+    moves = count_moves(relabeled, current, slots)
+    assert np.all(moves <= count_moves(new, current, slots))
+    np.testing.assert_array_equal(np.take_along_axis(new, source, axis=1), relabeled)
+    for layer in range(layers):
+        # same GPUs up to labels: the multiset of (slot count, expert set) is unchanged
+        before = sorted(zip(slots.tolist(), map(sorted, gpu_sets(new, slots)[layer]), strict=True))
+        after = sorted(zip(slots.tolist(), map(sorted, gpu_sets(relabeled, slots)[layer]), strict=True))
+        assert before == after
+        # no permutation among equal-slot GPUs does better
+        best = None
+        sets_new = gpu_sets(new, slots)[layer]
+        sets_cur = gpu_sets(current, slots)[layer]
+        for perm in itertools.permutations(range(num_gpus)):
+            if any(slots[p] != slots[g] for g, p in enumerate(perm)):
+                continue
+            cost = sum(len(sets_new[g] - sets_cur[p]) for g, p in enumerate(perm))
+            best = cost if best is None else min(best, cost)
+        assert moves[layer] == best
+        # experts kept on a GPU keep their slot
+        assert _misplaced(relabeled[layer], current[layer], slots) == 0
+    np.testing.assert_allclose(
+        np.sort(gpu_loads(loads, relabeled, slots), axis=1), np.sort(gpu_loads(loads, new, slots), axis=1)
+    )
+
+
+def _misplaced(new: NDArray[np.int64], cur: NDArray[np.int64], slots: NDArray[np.int64]) -> int:
+    """Replicas a GPU keeps (multiset intersection) that are not in their current slot."""
+    starts = np.concatenate([[0], np.cumsum(slots)[:-1]])
+    out = 0
+    for a, s in zip(starts, slots, strict=True):
+        n, c = new[a : a + s].tolist(), cur[a : a + s].tolist()
+        kept = sum(min(n.count(e), c.count(e)) for e in set(n))
+        out += kept - sum(1 for x, y in zip(n, c, strict=True) if x == y)
+    return out
+
+
+def test_relabel_is_identity_on_the_current_placement() -> None:
+    rng = np.random.default_rng(0)
+    loads = rng.gamma(0.7, 10.0, size=(3, 16))
+    slots = np.array([5, 5, 4, 6])
+    current = solve_greedy(loads, slots)
+    np.testing.assert_array_equal(relabel_gpus(current, current, slots), current)
+
+
+def test_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="layers"):
+        count_moves(np.zeros((1, 4), np.int64), np.zeros((2, 4), np.int64), np.array([2, 2]))
+    with pytest.raises(ValueError, match="sum"):
+        relabel_gpus(np.zeros((1, 4), np.int64), np.zeros((1, 4), np.int64), np.array([2, 3]))
