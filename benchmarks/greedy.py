@@ -13,6 +13,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,10 @@ def loop_greedy(loads: NDArray[np.float64], slots: int, gpus: int) -> NDArray[np
     return np.asarray(out, dtype=np.int64)
 
 
+def _deepseek_phy2log(loads: NDArray[np.float64], replicas: int, gpus: int) -> NDArray[np.int64]:
+    return rebalance_experts(loads, replicas, 1, 1, gpus)[0]
+
+
 def timed(fn: Callable[[], NDArray[np.int64]], repeats: int) -> tuple[float, NDArray[np.int64]]:
     times, result = [], fn()
     for _ in range(repeats):
@@ -78,10 +83,10 @@ def main() -> None:
     for name, loads, gpus, per_gpu in cases:
         slots = np.full(gpus, per_gpu)
         num_experts = loads.shape[1]
-        runs = {
-            "solve_greedy (ours)": lambda: solve_greedy(loads, slots),
-            "rebalance_experts": lambda: rebalance_experts(loads, gpus * per_gpu, 1, 1, gpus)[0],
-            "plain loop": lambda: loop_greedy(loads, per_gpu, gpus),
+        runs: dict[str, Callable[[], NDArray[np.int64]]] = {
+            "solve_greedy (ours)": partial(solve_greedy, loads, slots),
+            "rebalance_experts": partial(_deepseek_phy2log, loads, gpus * per_gpu, gpus),
+            "plain loop": partial(loop_greedy, loads, per_gpu, gpus),
         }
         measured = {impl: timed(fn, args.repeats if impl != "plain loop" else max(1, args.repeats // 3))
                     for impl, fn in runs.items()}

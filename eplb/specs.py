@@ -201,6 +201,19 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=8192,
         combine_bytes_per_copy=8192,
     ),
+    "deepseek-v2-lite": ModelSpec(
+        name="deepseek-v2-lite",
+        num_moe_layers=26,
+        num_experts=64,
+        top_k=6,
+        num_shared_experts=2,
+        hidden_size=2048,
+        moe_intermediate_size=1408,
+        expert_bytes_per_param=2.0,
+        shared_bytes_per_param=2.0,
+        dispatch_bytes_per_copy=4096,
+        combine_bytes_per_copy=4096,
+    ),
     "gpt-oss-120b": ModelSpec(
         name="gpt-oss-120b",
         num_moe_layers=36,
@@ -244,6 +257,11 @@ MODEL_PRESET_SOURCES: dict[str, str] = {
         "mistralai/Mixtral-8x7B-v0.1 config.json: num_local_experts 8, num_experts_per_tok 2, "
         "hidden_size 4096, intermediate_size 14336, num_hidden_layers 32, all MoE; BF16 weights "
         "and BF16 dispatch/combine."
+    ),
+    "deepseek-v2-lite": (
+        "deepseek-ai/DeepSeek-V2-Lite config.json: n_routed_experts 64, num_experts_per_tok 6, "
+        "n_shared_experts 2, hidden_size 2048, moe_intermediate_size 1408, num_hidden_layers 27 with "
+        "first_k_dense_replace 1 (26 MoE layers); BF16 weights and BF16 dispatch/combine (2048 x 2 B)."
     ),
     "gpt-oss-120b": (
         "openai/gpt-oss-120b config.json: num_local_experts 128, experts_per_token 4, hidden_size 2880, "

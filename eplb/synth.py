@@ -8,10 +8,17 @@ each picking 8 distinct experts out of 256 with Python's `random` seeded with 0.
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from eplb.budget import spread_evenly
+from eplb.errors import EplbError
 
 SEED004_TABLE = {
     # EP: (contiguous, load-sorted without redundancy, one redundant expert per GPU), seed 004 section 5.2
@@ -38,3 +45,337 @@ def seed004_counts(
         for e in picked:
             counts[e] += 1
     return np.asarray(counts, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic routing logs (`eplb synth`)
+# --------------------------------------------------------------------------------------------
+
+_CALIBRATION_SEED = 20_040_506  # fixed: the exponent a hot ratio maps to does not depend on --seed
+_CALIBRATION_LAYERS = 512
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """A synthetic routing log: per-step expert counts [steps, layers, experts].
+
+    Each layer l has its own power-law popularity over a random ranking of its experts (its own hot
+    set): log p_l(e) = -a log(rank_l(e) + 1) + group_l(e) + drift_std x_l(e, t), normalised.
+    - a: `exponent`, or solved from `hot_ratio` (median over layers of the hottest expert's
+      popularity / the mean popularity, group and drift effects included; sampling noise not);
+    - group_l: DeepSeek-style expert groups (`groups` equal runs of ids) each get a log-normal
+      factor with std `group_std`: node-limited routing makes groups hot or cold together;
+    - x: an Ornstein-Uhlenbeck process per expert, stationary std 1, correlation time
+      `drift_steps` steps: the slow drift that reshuffles the hot set over tens to hundreds of steps;
+    - regime shifts (a domain switch) at the steps in `shift_at` and, when `shift_every` > 0, at
+      random times `shift_every` steps apart on average: every layer draws a new ranking and new
+      group factors;
+    - sampling noise: each step routes `tokens` x `top_k` assignments per layer as a multinomial
+      over p (the distinct-experts-per-token constraint is ignored for counts).
+    Everything is deterministic by `seed`, and a longer log with the same seed starts with the
+    shorter one.
+    """
+
+    steps: int = 4000
+    layers: int = 58
+    experts: int = 256
+    top_k: int = 8
+    tokens: int = 4096
+    exponent: float | None = None
+    hot_ratio: float = 11.0
+    groups: int = 8
+    group_std: float = 0.35
+    drift_std: float = 0.6
+    drift_steps: float = 300.0
+    shift_at: tuple[int, ...] = ()
+    shift_every: float = 0.0
+    seed: int = 0
+    model: str | None = "deepseek-v3"
+
+    def check(self) -> None:
+        """Raise EplbError on settings that cannot make a log."""
+        for name in ("steps", "layers", "experts", "top_k", "tokens", "groups"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise EplbError(f"synth: {name} must be a positive integer, got {v!r}")
+        if self.top_k > self.experts:
+            raise EplbError(f"synth: top_k ({self.top_k}) must not exceed experts ({self.experts})")
+        if self.experts % self.groups:
+            raise EplbError(f"synth: {self.experts} experts do not split into {self.groups} equal groups")
+        for name in ("group_std", "drift_std", "shift_every"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise EplbError(f"synth: {name} must be >= 0, got {v!r}")
+        if not self.drift_steps > 0:
+            raise EplbError(f"synth: drift_steps must be > 0, got {self.drift_steps!r}")
+        if self.exponent is not None and not (math.isfinite(self.exponent) and self.exponent >= 0):
+            raise EplbError(f"synth: exponent must be >= 0, got {self.exponent!r}")
+        if self.exponent is None and not (math.isfinite(self.hot_ratio) and self.hot_ratio >= 1):
+            raise EplbError(f"synth: hot ratio must be >= 1 (hottest / mean), got {self.hot_ratio!r}")
+        if any(s < 0 for s in self.shift_at):
+            raise EplbError("synth: regime shift steps must be >= 0")
+
+    def resolved_exponent(self) -> float:
+        """The power-law exponent a: `exponent`, or the one that gives `hot_ratio`."""
+        if self.exponent is not None:
+            return float(self.exponent)
+        return exponent_for_hot_ratio(self.hot_ratio, self.experts, self.groups, self.group_std, self.drift_std)
+
+    @property
+    def count_dtype(self) -> np.dtype[Any]:
+        """uint16 when a layer's assignments in one step (tokens x top_k) fit, else uint32."""
+        return np.dtype(np.uint16 if self.tokens * self.top_k <= np.iinfo(np.uint16).max else np.uint32)
+
+
+def _group_of(experts: int, groups: int) -> NDArray[np.int64]:
+    return np.repeat(np.arange(groups, dtype=np.int64), experts // groups)
+
+
+def _log_ranks(rng: np.random.Generator, rows: int, experts: int) -> NDArray[np.float64]:
+    """log(rank + 1) of every expert under an independent random ranking per row: [rows, experts]."""
+    ranks = rng.permuted(np.tile(np.arange(1, experts + 1, dtype=np.float64), (rows, 1)), axis=1)
+    out: NDArray[np.float64] = np.log(ranks)
+    return out
+
+
+def _calibration_draws(experts: int, groups: int) -> tuple[NDArray[np.float64], ...]:
+    rng = np.random.default_rng(_CALIBRATION_SEED)
+    n = _CALIBRATION_LAYERS
+    log_rank = _log_ranks(rng, n, experts)
+    group = rng.standard_normal((n, groups))[:, _group_of(experts, groups)]
+    drift = rng.standard_normal((n, experts))
+    return log_rank, group, drift
+
+
+def _median_hot_ratio(a: float, draws: tuple[NDArray[np.float64], ...], group_std: float, drift_std: float) -> float:
+    log_rank, group, drift = draws
+    logp = -a * log_rank + group_std * group + drift_std * drift
+    p = np.exp(logp - logp.max(axis=1, keepdims=True))
+    return float(np.median(p.max(axis=1) / p.mean(axis=1)))
+
+
+def exponent_for_hot_ratio(
+    hot_ratio: float, experts: int, groups: int = 1, group_std: float = 0.0, drift_std: float = 0.0
+) -> float:
+    """Power-law exponent a at which the median over layers of (hottest popularity / mean) is
+    `hot_ratio`, with the given group and drift effects (Monte Carlo over 512 layers with a fixed
+    seed, then bisection; deterministic). Raises EplbError when the noise alone already exceeds it."""
+    draws = _calibration_draws(experts, groups)
+    low_ratio = _median_hot_ratio(0.0, draws, group_std, drift_std)
+    if hot_ratio < low_ratio:
+        raise EplbError(
+            f"synth: a hot ratio of {hot_ratio:g} is below what the group and drift effects alone give "
+            f"({low_ratio:.2f}); lower --group-std / --drift-std or raise --hot-ratio"
+        )
+    lo, hi = 0.0, 1.0
+    while _median_hot_ratio(hi, draws, group_std, drift_std) < hot_ratio:
+        hi *= 2
+        if hi > 64:
+            raise EplbError(f"synth: a hot ratio of {hot_ratio:g} is out of reach for {experts} experts")
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if _median_hot_ratio(mid, draws, group_std, drift_std) < hot_ratio:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+class _Popularity:
+    """The popularity process of SynthConfig, one step at a time ([layers, experts] probabilities)."""
+
+    def __init__(self, cfg: SynthConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.a = cfg.resolved_exponent()
+        init, drift, shift_time, shift_draw, sample = np.random.SeedSequence(cfg.seed).spawn(5)
+        self.rng_drift = np.random.default_rng(drift)
+        self.rng_shift_time = np.random.default_rng(shift_time)
+        self.rng_shift = np.random.default_rng(shift_draw)
+        self.rng_sample = np.random.default_rng(sample)
+        rng_init = np.random.default_rng(init)
+        self.group_of = _group_of(cfg.experts, cfg.groups)
+        self.base = self._regime(rng_init)
+        self.x = rng_init.standard_normal((cfg.layers, cfg.experts))
+        self.rho = math.exp(-1.0 / cfg.drift_steps)
+        self.shifts = set(cfg.shift_at)
+        self.next_random_shift = self._next_shift(0)
+        self.step = 0
+
+    def _regime(self, rng: np.random.Generator) -> NDArray[np.float64]:
+        """Per-layer log popularity without drift: power law over a random ranking plus group factors."""
+        cfg = self.cfg
+        log_rank = _log_ranks(rng, cfg.layers, cfg.experts)
+        group = rng.standard_normal((cfg.layers, cfg.groups))[:, self.group_of]
+        out: NDArray[np.float64] = -self.a * log_rank + cfg.group_std * group
+        return out
+
+    def _next_shift(self, after: int) -> int | None:
+        if self.cfg.shift_every <= 0:
+            return None
+        return after + max(1, round(float(self.rng_shift_time.exponential(self.cfg.shift_every))))
+
+    def next(self) -> NDArray[np.float64]:
+        """Popularity of the next step: [layers, experts], rows sum to 1."""
+        t = self.step
+        if t > 0:
+            self.x = self.rho * self.x + math.sqrt(1 - self.rho**2) * self.rng_drift.standard_normal(self.x.shape)
+        if t in self.shifts or t == self.next_random_shift:
+            self.base = self._regime(self.rng_shift)
+            if t == self.next_random_shift:
+                self.next_random_shift = self._next_shift(t)
+        logp = self.base + self.cfg.drift_std * self.x
+        p = np.exp(logp - logp.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        self.step += 1
+        out: NDArray[np.float64] = p
+        return out
+
+
+def synth_counts(cfg: SynthConfig, chunk_steps: int = 256) -> Iterator[NDArray[Any]]:
+    """The log of `cfg`, streamed: chunks of [n, layers, experts] counts (dtype cfg.count_dtype);
+    every layer of every step sums to tokens x top_k."""
+    proc = _Popularity(cfg)
+    total = cfg.tokens * cfg.top_k
+    dtype = cfg.count_dtype
+    for start in range(0, cfg.steps, chunk_steps):
+        n = min(chunk_steps, cfg.steps - start)
+        out = np.empty((n, cfg.layers, cfg.experts), dtype=dtype)
+        for i in range(n):
+            out[i] = proc.rng_sample.multinomial(total, proc.next())
+        yield out
+
+
+def synth_log(cfg: SynthConfig) -> NDArray[Any]:
+    """The whole log of `cfg` in memory: [steps, layers, experts]."""
+    return np.concatenate(list(synth_counts(cfg)), axis=0)
+
+
+def synth_topk(cfg: SynthConfig) -> tuple[NDArray[np.int16], NDArray[np.int64]]:
+    """Token-level routing for `cfg`: (topk_ids [steps x tokens, layers, top_k] int16, step_offsets
+    [steps + 1]). Each token picks top_k distinct experts per layer with probability proportional
+    to the popularity (Gumbel top-k), ordered hottest draw first. Costs tokens x layers x experts
+    random numbers per step: meant for small captures."""
+    if cfg.experts > np.iinfo(np.int16).max + 1:
+        raise EplbError(f"synth: {cfg.experts} experts do not fit int16 expert ids")
+    proc = _Popularity(cfg)
+    k = cfg.top_k
+    out = np.empty((cfg.steps * cfg.tokens, cfg.layers, k), dtype=np.int16)
+    for s in range(cfg.steps):
+        logp = np.log(proc.next())
+        keys = logp[None, :, :] + proc.rng_sample.gumbel(size=(cfg.tokens, cfg.layers, cfg.experts))
+        top = np.argpartition(-keys, k - 1, axis=2)[:, :, :k]
+        order = np.argsort(-np.take_along_axis(keys, top, axis=2), axis=2)
+        out[s * cfg.tokens : (s + 1) * cfg.tokens] = np.take_along_axis(top, order, axis=2)
+    offsets = np.arange(cfg.steps + 1, dtype=np.int64) * cfg.tokens
+    return out, offsets
+
+
+def seed004_log(steps: int = 1, layers: int = 1, seed: int = 0) -> NDArray[np.int64]:
+    """Seed 004 section 5.2 counts as a log [steps, layers, 256]: step s, layer l is
+    `seed004_counts(seed=seed + s * layers + l)`, so steps=layers=1, seed=0 is the published draw."""
+    out = np.empty((steps, layers, 256), dtype=np.int64)
+    for s in range(steps):
+        for layer in range(layers):
+            out[s, layer] = seed004_counts(seed=seed + s * layers + layer)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics users compare against published numbers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogStats:
+    """Per layer-step statistics of a counts log, as medians (p10, p90) over layer-steps.
+
+    hot_ratio: hottest expert / mean expert; no_eplb_lb: max / mean GPU load with experts in id
+    order on `gpus` GPUs, no redundancy (imbalance = lb - 1, TensorRT-LLM's number);
+    hot_set_overlap: {lag: mean fraction of a layer's `top` hottest experts still among its
+    `top` hottest `lag` steps later}."""
+
+    steps: int
+    gpus: int
+    hot_ratio: tuple[float, float, float]
+    no_eplb_lb: tuple[float, float, float]
+    hot_set_overlap: dict[int, float]
+    top: int
+
+    @property
+    def imbalance(self) -> float:
+        """Median (max - mean) / mean GPU load without EPLB."""
+        return self.no_eplb_lb[0] - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "gpus": self.gpus,
+            "hot_ratio": {"median": self.hot_ratio[0], "p10": self.hot_ratio[1], "p90": self.hot_ratio[2]},
+            "no_eplb_lb": {"median": self.no_eplb_lb[0], "p10": self.no_eplb_lb[1], "p90": self.no_eplb_lb[2]},
+            "no_eplb_imbalance_median": self.imbalance,
+            "hot_set_overlap": {str(k): v for k, v in self.hot_set_overlap.items()},
+            "hot_set_size": self.top,
+        }
+
+
+class StatsAccumulator:
+    """`log_stats` fed one chunk at a time (memory: the hot sets of the last max(lags) steps)."""
+
+    def __init__(self, gpus: int = 32, top: int | None = None, lags: tuple[int, ...] = (1, 10, 100, 1000)) -> None:
+        self.gpus, self.top, self.lags = gpus, top, lags
+        self.hot: list[NDArray[np.float64]] = []
+        self.lbs: list[NDArray[np.float64]] = []
+        self.history: list[NDArray[np.bool_]] = []  # [layers, E] hot-set masks of recent steps
+        self.overlap_sum = dict.fromkeys(lags, 0.0)
+        self.overlap_n = dict.fromkeys(lags, 0)
+        self.steps = 0
+        self.k = top or 16
+
+    def add(self, chunk: NDArray[Any]) -> None:
+        """chunk: [n, layers, E] counts of the next n steps."""
+        c = np.asarray(chunk, dtype=np.float64)
+        n, _, experts = c.shape
+        mean = c.mean(axis=2)
+        ok = mean > 0
+        self.hot.append((c.max(axis=2)[ok] / mean[ok]).ravel())
+        self.gpus = min(self.gpus, experts)  # no-EPLB needs an expert per GPU
+        bounds = np.concatenate([[0], np.cumsum(spread_evenly(experts, self.gpus))[:-1]])
+        per_gpu = np.add.reduceat(c, bounds, axis=2)
+        self.lbs.append((per_gpu.max(axis=2)[ok] / per_gpu.mean(axis=2)[ok]).ravel())
+        self.k = k = max(1, min(16, experts // 16)) if self.top is None else min(self.top, experts)
+        idx = np.argpartition(-c, k - 1, axis=2)[:, :, :k]
+        masks = np.zeros(c.shape, dtype=bool)
+        np.put_along_axis(masks, idx, True, axis=2)
+        max_lag = max(self.lags)
+        for i in range(n):
+            self.history.append(masks[i])
+            for lag in self.lags:
+                if len(self.history) > lag:
+                    same = (self.history[-1] & self.history[-1 - lag]).sum(axis=1) / k
+                    self.overlap_sum[lag] += float(same.mean())
+                    self.overlap_n[lag] += 1
+            if len(self.history) > max_lag + 1:
+                self.history.pop(0)
+        self.steps += n
+
+    def result(self) -> LogStats:
+        h = np.concatenate(self.hot) if self.hot else np.ones(1)
+        lb = np.concatenate(self.lbs) if self.lbs else np.ones(1)
+
+        def med(a: NDArray[np.float64]) -> tuple[float, float, float]:
+            return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
+
+        overlap = {lag: self.overlap_sum[lag] / self.overlap_n[lag] for lag in self.lags if self.overlap_n[lag]}
+        return LogStats(self.steps, self.gpus, med(h), med(lb), overlap, self.k)
+
+
+def log_stats(
+    chunks: Iterable[NDArray[Any]], gpus: int = 32, top: int | None = None, lags: tuple[int, ...] = (1, 10, 100, 1000)
+) -> LogStats:
+    """Statistics of a counts log streamed as [n, layers, E] chunks (see LogStats). top: hot-set size
+    (default E / 16, at most 16: 16 of DeepSeek's 256)."""
+    acc = StatsAccumulator(gpus, top, lags)
+    for chunk in chunks:
+        acc.add(chunk)
+    return acc.result()

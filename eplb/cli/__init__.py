@@ -10,7 +10,7 @@ from eplb.errors import EplbError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eplb.cli import compare, cost, interop, serve, solve
+    from eplb.cli import compare, cost, interop, replay, serve, solve
 
     parser = argparse.ArgumentParser(
         prog="eplb",
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     solve.register(sub)
     cost.register(sub)
+    replay.register(sub)
     compare.register(sub)
     interop.register(sub)
     serve.register(sub)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
+from numpy.typing import NDArray
 
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.interop import read_placement_any, write_export
 from eplb.loads import LoadWindow, read_window
-from eplb.solve import SOLVERS, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
+from eplb.logs import LogInfo
+from eplb.solve import DEFAULT_MILP_LAYER_LIMIT_S, SOLVERS, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
 
 SOLVE_DESCRIPTION = """\
@@ -45,19 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_loads(p)
-    p.add_argument("--gpus", type=int, default=32, metavar="N", help="GPUs in the EP group (default: 32)")
-    p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for the hierarchical policy")
-    p.add_argument(
-        "--groups", type=int, metavar="G", help="expert groups (DeepSeek's node-limited routing); with "
-        "--gpus-per-node selects the hierarchical policy when G divides evenly over the nodes"
-    )
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--slots-per-gpu", type=_int_list, metavar="S", help="expert slots on each GPU: "
-                        "one number, or a comma-separated list with one per GPU")
-    budget.add_argument("--redundant", type=int, metavar="R", help="redundant experts in all, spread as "
-                        "evenly as the GPUs allow (default: one per GPU)")
-    budget.add_argument("--memory-budget-gib", type=_float_list, metavar="X", help="GiB of expert weights "
-                        "each GPU may hold (one number or one per GPU); needs the model (--model)")
+    add_cluster_options(p)
     p.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (fast) or milp (exact, "
                    "OR-Tools; default: greedy)")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
@@ -87,44 +78,90 @@ def _add_loads(p: argparse.ArgumentParser) -> None:
                    "DeepSeek-V3 prefill window from SGLang's published statistics, 58 layers x 256 experts)")
 
 
-def add_cost_options(p: argparse.ArgumentParser) -> None:
-    """--model, --hardware, --link, --tokens-per-gpu, --no-overlap: what the time prediction needs."""
+def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """--gpus, --gpus-per-node, --groups and one of --slots-per-gpu, --redundant, --memory-budget-gib
+    (read back with `slots_for` and `eplb.solve.Cluster`)."""
+    p.add_argument("--gpus", type=int, default=32, metavar="N", help="GPUs in the EP group (default: 32)")
+    p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for the hierarchical policy")
+    p.add_argument(
+        "--groups", type=int, metavar="G", help="expert groups (DeepSeek's node-limited routing); with "
+        "--gpus-per-node selects the hierarchical policy when G divides evenly over the nodes"
+    )
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--slots-per-gpu", type=int_list, metavar="S", help="expert slots on each GPU: "
+                        "one number, or a comma-separated list with one per GPU")
+    budget.add_argument("--redundant", type=int, metavar="R", help="redundant experts in all, spread as "
+                        "evenly as the GPUs allow (default: one per GPU)")
+    budget.add_argument("--memory-budget-gib", type=float_list, metavar="X", help="GiB of expert weights "
+                        "each GPU may hold (one number or one per GPU); needs the model (--model)")
+
+
+def add_cost_options(
+    p: argparse.ArgumentParser,
+    *,
+    model_default: str = "the preset with the window's expert count",
+    tokens_default: str = "the window taken as one step",
+) -> None:
+    """--model, --hardware, --link, --tokens-per-gpu, --no-overlap: what the time prediction needs.
+    model_default, tokens_default: what the help says --model and --tokens-per-gpu default to."""
     p.add_argument("--model", metavar="NAME|FILE", help="model spec for memory and time: a preset ("
-                   f"{', '.join(MODEL_PRESETS)}) or JSON file (default: the preset with the window's expert count)")
+                   f"{', '.join(MODEL_PRESETS)}) or JSON file (default: {model_default})")
     p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
                    help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: b200)")
     p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic or GB/s per GPU (default: nvlink)")
     p.add_argument("--tokens-per-gpu", type=float, metavar="T", help="tokens per GPU in one step for the time "
-                   "prediction (default: the window taken as one step)")
+                   f"prediction (default: {tokens_default})")
     p.add_argument("--no-overlap", action="store_true", help="comm adds to the GEMMs instead of overlapping them")
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """argparse type: `9` or `8,8,10` -> [int]."""
     try:
         return [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number or a comma-separated list, got {text!r}") from None
 
 
-def _float_list(text: str) -> list[float]:
+def float_list(text: str) -> list[float]:
+    """argparse type: `24` or `20,24` -> [float]."""
     try:
         return [float(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list, got {text!r}") from None
 
 
-def model_for(args: argparse.Namespace, window: LoadWindow) -> ModelSpec | None:
+def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec | None:
+    """The model for memory and time: --model; else, for a routing log, the preset its header names;
+    else the preset with the data's expert and layer count (None when there is none)."""
+    named = data.model.strip().lower() if isinstance(data, LogInfo) and data.model else None
     if args.model:
         model = load_model(args.model)
-        if model.num_experts != window.num_experts:
-            raise EplbError(
-                f"model {model.name!r} has {model.num_experts} experts, the loads have {window.num_experts}"
-            )
-        return model
-    return infer_model(window.num_experts, window.num_layers)
+    elif named in MODEL_PRESETS:
+        model = MODEL_PRESETS[named]
+    else:
+        return infer_model(data.num_experts, data.num_layers)
+    if model.num_experts != data.num_experts:
+        what = "the log has" if isinstance(data, LogInfo) else "the loads have"
+        raise EplbError(f"model {model.name!r} has {model.num_experts} experts, {what} {data.num_experts}")
+    return model
+
+
+def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | None) -> NDArray[np.int64]:
+    """Slots per GPU [--gpus] from `add_cluster_options`' budget (default: one redundant per GPU)."""
+    if args.memory_budget_gib is not None and model is None:
+        raise EplbError(f"--memory-budget-gib needs --model: no preset has {num_experts} experts")
+    return slots_per_gpu(
+        args.gpus,
+        num_experts,
+        slots=args.slots_per_gpu,
+        num_redundant=args.redundant,
+        memory_budget_bytes=None if args.memory_budget_gib is None else [x * GIB for x in args.memory_budget_gib],
+        slot_bytes=None if model is None else model.expert_bytes_all_layers,
+    )
 
 
 def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
+    """The cost setup from `add_cost_options` (None without a model: no time prediction)."""
     if model is None:
         return None
     hardware = load_hardware(args.hardware)
@@ -136,22 +173,18 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
 def run_solve(args: argparse.Namespace) -> int:
     window = read_window(args.loads)
     model = model_for(args, window)
-    if args.memory_budget_gib is not None and model is None:
-        raise EplbError(f"--memory-budget-gib needs --model: no preset has {window.num_experts} experts")
-    slots = slots_per_gpu(
-        args.gpus,
-        window.num_experts,
-        slots=args.slots_per_gpu,
-        num_redundant=args.redundant,
-        memory_budget_bytes=None if args.memory_budget_gib is None else [x * GIB for x in args.memory_budget_gib],
-        slot_bytes=None if model is None else model.expert_bytes_all_layers,
-    )
+    slots = slots_for(args, window.num_experts, model)
     layer_ids = window.meta.get("layer_ids")
     current = None
     if args.current:
         current = read_placement_any(args.current, num_gpus=args.gpus, layer_ids=layer_ids)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
+    if args.solver == "milp":
+        per_layer = args.time_limit or DEFAULT_MILP_LAYER_LIMIT_S
+        waves = -(-window.num_layers // max(1, os.cpu_count() or 1))
+        print(f"solving {window.num_layers} layers with the MILP, up to {per_layer:g} s per layer on "
+              f"{os.cpu_count()} cores (about {waves * per_layer:,.0f} s at most)...", file=sys.stderr)
     outcome = solve(
         window.loads,
         Cluster(slots, args.gpus_per_node, args.groups),

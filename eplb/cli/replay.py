@@ -1,0 +1,415 @@
+"""`eplb synth` and `eplb replay`: make a routing log, replay one with periodic rebalancing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.budget import GIB
+from eplb.cli.solve import add_cluster_options, add_cost_options, cost_setup, int_list, model_for, slots_for
+from eplb.errors import EplbError
+from eplb.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
+from eplb.progress import Progress
+from eplb.replay import BASELINES, ReplayResult, Schedule, StepBlock, replay
+from eplb.solve import SOLVERS, Cluster
+from eplb.synth import StatsAccumulator, SynthConfig, seed004_log, synth_counts, synth_topk
+
+SYNTH_DESCRIPTION = """\
+Write a synthetic routing log: per-step expert counts (.npz or .jsonl) or token-level routing
+(.npz with --format topk). Every layer has its own power-law expert popularity over a random
+ranking of its experts (its own hot set), DeepSeek-style expert groups that run hot or cold together,
+a slow drift that reshuffles the hot set over tens to hundreds of steps, optional abrupt regime
+shifts (a domain switch), and sampling noise from the tokens per step. Deterministic by --seed.
+
+The default looks like published DeepSeek-R1/V3 statistics: 58 layers x 256 experts, top-8, the
+hottest expert about 11x the mean, and without EPLB at EP32 a busiest GPU about 2.5x the mean
+(imbalance (max - mean) / mean about 1.5). --preset seed004 writes seed 004's section 5.2 counts
+exactly (one step, one layer, 4096 tokens, top-8)."""
+
+SYNTH_EPILOG = """\
+examples:
+  eplb synth --out log.npz                              4,000 steps, DeepSeek-R1-like
+  eplb synth --out log.npz --steps 10000 --shift-at 5000   a domain switch at step 5,000
+  eplb synth --out log.jsonl --steps 100 --layers 4 --experts 64 --top-k 6
+  eplb synth --out routing.npz --format topk --steps 20 --tokens 512
+  eplb synth --out seed004.npz --preset seed004
+
+formats: docs/formats.md ("Routing logs")."""
+
+REPLAY_DESCRIPTION = """\
+Replay a routing log with periodic rebalancing, as a cluster running EPLB would have served it.
+Every --interval steps the solver places experts from the --window steps before the rebalance
+(never the rebalance step or later: no lookahead); the new placement serves from the next step
+(--delay). Before the first placement applies, the cluster serves vLLM's initial placement.
+
+Baselines on the same log and cluster: no EPLB (experts in id order, no redundancy), static (the
+first rebalance's placement kept), oracle (every step solved on its own counts by the greedy
+solver: the ceiling; ~10 ms per DeepSeek-V3-sized step, use --oracle-every N to sample).
+
+Reports per step and layer the realized lb (busiest GPU / mean GPU) and the predicted layer time,
+per rebalance the moves (expert copies onto GPUs), bytes moved and solve time."""
+
+REPLAY_EPILOG = """\
+examples:
+  eplb replay log.npz                                  vLLM's defaults: window 1000, interval 3000
+  eplb replay log.npz --window 500 --interval 1000 --redundant 64 --out run1
+  eplb replay log.jsonl --gpus 64 --ewma 0.01 --oracle-every 10 --json
+  eplb replay log.npz --solver milp --time-limit 5 --memory-budget-gib 20 --model deepseek-v3
+
+--out DIR writes steps.csv (step, layer, lb, oracle_lb, static_lb, no_eplb_lb, time_us),
+rebalances.csv (step, moves, bytes_moved, solve_ms) and summary.json. Details: docs/replay.md."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `synth` and `replay` subcommands."""
+    s = subparsers.add_parser(
+        "synth",
+        help="write a synthetic routing log",
+        description=SYNTH_DESCRIPTION,
+        epilog=SYNTH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("--out", required=True, metavar="FILE", help="log file to write: .npz or .jsonl")
+    s.add_argument("--preset", choices=("default", "seed004"), default="default",
+                   help="default (DeepSeek-R1-like) or seed004 (seed 004 section 5.2, exact)")
+    s.add_argument("--format", choices=("counts", "topk"), default="counts",
+                   help="counts: per-step expert counts; topk: token-level topk_ids [tokens, layers, k] (.npz)")
+    d = SynthConfig()
+    s.add_argument("--steps", type=int, metavar="N", help=f"steps (default {d.steps:,}; seed004: 1)")
+    s.add_argument("--layers", type=int, metavar="L", help=f"MoE layers (default {d.layers}; seed004: 1)")
+    s.add_argument("--experts", type=int, metavar="E", help=f"routed experts per layer (default {d.experts})")
+    s.add_argument("--top-k", type=int, metavar="K", help=f"experts per token (default {d.top_k})")
+    s.add_argument("--tokens", type=int, metavar="T", help=f"tokens per step over the EP group (default {d.tokens:,})")
+    shape = s.add_mutually_exclusive_group()
+    shape.add_argument("--exponent", type=float, metavar="A", help="power-law exponent of expert popularity")
+    shape.add_argument("--hot-ratio", type=float, metavar="R",
+                       help=f"median hottest-expert / mean popularity to aim for (default {d.hot_ratio:g})")
+    s.add_argument("--groups", type=int, default=d.groups, metavar="N",
+                   help=f"expert groups hot or cold together (default {d.groups}; 1 for none)")
+    s.add_argument("--group-std", type=float, default=d.group_std, metavar="S",
+                   help=f"std of a group's log popularity factor (default {d.group_std:g})")
+    s.add_argument("--drift-std", type=float, default=d.drift_std, metavar="S",
+                   help=f"std of each expert's slow log-popularity drift (default {d.drift_std:g})")
+    s.add_argument("--drift-steps", type=float, default=d.drift_steps, metavar="N",
+                   help=f"correlation time of the drift in steps (default {d.drift_steps:g})")
+    s.add_argument("--shift-at", type=int_list, default=[], metavar="S,S",
+                   help="steps at which every layer switches to a new hot set (a domain switch)")
+    s.add_argument("--shift-every", type=float, default=0.0, metavar="N",
+                   help="also switch at random times this many steps apart on average (default: never)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--model", default=None, metavar="NAME",
+                   help="model name stored in the log (default deepseek-v3 for the default shape)")
+    s.add_argument("--gpus", type=int, default=32, metavar="N",
+                   help="EP size for the printed no-EPLB imbalance (default 32)")
+    s.add_argument("--compress", action="store_true",
+                   help="deflate the .npz (about 1.5x smaller, several times slower to read)")
+    s.add_argument("--json", action="store_true", help="print the config and statistics as JSON")
+    s.set_defaults(func=run_synth)
+
+    r = subparsers.add_parser(
+        "replay",
+        help="replay a routing log with periodic rebalancing",
+        description=REPLAY_DESCRIPTION,
+        epilog=REPLAY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("log", metavar="LOG", help="routing log: .npz (counts or topk_ids), .npy or .jsonl")
+    add_schedule_options(r)
+    r.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (default) or milp")
+    r.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
+    add_cluster_options(r)
+    r.add_argument("--oracle-every", type=int, default=1, metavar="N",
+                   help="solve the oracle on every N-th step (default 1: all; 0: skip the oracle)")
+    add_cost_options(r, model_default=LOG_MODEL_DEFAULT, tokens_default=LOG_TOKENS_DEFAULT)
+    r.add_argument("--out", metavar="DIR", help="write steps.csv, rebalances.csv and summary.json here")
+    r.add_argument("--json", action="store_true", help="print summary.json's object instead of the table")
+    add_progress_options(r)
+    r.set_defaults(func=run_replay)
+
+
+LOG_MODEL_DEFAULT = "the log's model, else the preset with the log's expert count"
+LOG_TOKENS_DEFAULT = "each step's own tokens"
+
+
+def add_schedule_options(p: argparse._ActionsContainer) -> None:
+    """--window, --interval, --first-rebalance, --delay, --ewma (read back with `schedule_from`)."""
+    d = Schedule()
+    p.add_argument("--window", type=int, default=d.window, metavar="W",
+                   help=f"steps the solver sees (default {d.window})")
+    p.add_argument("--interval", type=int, default=d.interval, metavar="I",
+                   help=f"steps between rebalances (default {d.interval})")
+    p.add_argument("--first-rebalance", type=int, metavar="S",
+                   help="step position of the first rebalance (default: the interval; vLLM's comes a "
+                   "quarter interval in: 750 with --delay 0)")
+    p.add_argument("--delay", type=int, default=d.delay, metavar="D",
+                   help="steps before a new placement serves (default 1: from the next step; 0: vLLM's timing)")
+    p.add_argument("--ewma", type=float, metavar="ALPHA",
+                   help="weight the window: the step j steps before the rebalance counts (1 - ALPHA)^j")
+
+
+def schedule_from(args: argparse.Namespace) -> Schedule:
+    """The checked Schedule from `add_schedule_options`' arguments."""
+    schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma)
+    schedule.check()
+    return schedule
+
+
+def add_progress_options(p: argparse.ArgumentParser) -> None:
+    """--progress / --no-progress into args.progress (None: when stderr is a terminal)."""
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="show a progress bar on stderr (default: when stderr is a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
+
+
+# --------------------------------------------------------------------------------------------
+# eplb synth
+# --------------------------------------------------------------------------------------------
+
+
+def _synth_config(args: argparse.Namespace) -> SynthConfig:
+    d = SynthConfig()
+    default_shape = all(getattr(args, k) is None for k in ("layers", "experts", "top_k"))
+    return SynthConfig(
+        steps=d.steps if args.steps is None else args.steps,
+        layers=d.layers if args.layers is None else args.layers,
+        experts=d.experts if args.experts is None else args.experts,
+        top_k=d.top_k if args.top_k is None else args.top_k,
+        tokens=d.tokens if args.tokens is None else args.tokens,
+        exponent=args.exponent,
+        hot_ratio=d.hot_ratio if args.hot_ratio is None else args.hot_ratio,
+        groups=args.groups,
+        group_std=args.group_std,
+        drift_std=args.drift_std,
+        drift_steps=args.drift_steps,
+        shift_at=tuple(args.shift_at),
+        shift_every=args.shift_every,
+        seed=args.seed,
+        model=args.model if args.model is not None else (d.model if default_shape else None),
+    )
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    suffix = out.suffix.lower()
+    if suffix not in (".npz", ".jsonl"):
+        raise EplbError(f"--out {out}: use a .npz or .jsonl file name")
+    if args.format == "topk" and suffix != ".npz":
+        raise EplbError("--format topk writes a .npz (topk_ids and step_offsets); name the file .npz")
+    if args.gpus < 1:
+        raise EplbError("--gpus must be >= 1")
+    acc = StatsAccumulator(gpus=args.gpus)
+    config: dict[str, Any]
+    if args.preset == "seed004":
+        for flag in ("experts", "top_k", "tokens", "exponent", "hot_ratio"):
+            if getattr(args, flag) is not None:
+                raise EplbError(f"--preset seed004 fixes 256 experts, top-8, 4096 tokens and skew 0.4; drop --{flag}")
+        if args.format == "topk":
+            raise EplbError("--preset seed004 draws counts only; use --format counts")
+        steps, layers = args.steps or 1, args.layers or 1
+        counts = seed004_log(steps, layers, args.seed)
+        acc.add(counts)
+        meta: dict[str, Any] = {"model": args.model, "top_k": 8}
+        _write_counts(out, counts, meta, args.compress)
+        config = {"preset": "seed004", "steps": steps, "layers": layers, "experts": 256, "top_k": 8,
+                  "tokens": 4096, "skew": 0.4, "seed": args.seed}  # fmt: skip
+    else:
+        cfg = _synth_config(args)
+        cfg.check()
+        config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
+        if args.format == "topk":
+            ids, offsets = synth_topk(cfg)
+            acc.add(topk_counts(ids, offsets, cfg.experts))
+            write_topk(out, ids, offsets, num_experts=cfg.experts, model=cfg.model, compress=args.compress)
+        else:
+
+            def tee() -> Iterator[NDArray[Any]]:
+                for chunk in synth_counts(cfg):
+                    acc.add(chunk)
+                    yield chunk
+
+            meta = {"model": cfg.model, "top_k": cfg.top_k, "num_steps": cfg.steps, "dtype": cfg.count_dtype}
+            _write_counts(out, tee(), meta, args.compress)
+    stats = acc.result()
+    if args.json:
+        json.dump({"out": str(out), "bytes": out.stat().st_size, "config": config, "stats": stats.to_dict()},
+                  sys.stdout)  # fmt: skip
+        print()
+        return 0
+    info = open_log(out).info
+    print(f"wrote {info.describe()}, {out.stat().st_size / 1e6:,.1f} MB")
+    h, lb = stats.hot_ratio, stats.no_eplb_lb
+    print(f"  hottest / mean expert, per step and layer: median {h[0]:.2f} (p10 {h[1]:.2f}, p90 {h[2]:.2f})")
+    print(
+        f"  no EPLB on {stats.gpus} GPUs: lb median {lb[0]:.2f} (p10 {lb[1]:.2f}, p90 {lb[2]:.2f}), "
+        f"imbalance (max - mean) / mean {stats.imbalance:.2f}"
+    )
+    if stats.hot_set_overlap:
+        parts = ", ".join(f"{v:.0%} after {k:,} step{'' if k == 1 else 's'}" for k, v in stats.hot_set_overlap.items())
+        print(f"  top-{stats.top} hot set kept: {parts}")
+    return 0
+
+
+def _config_dict(cfg: SynthConfig) -> dict[str, Any]:
+    return {
+        "steps": cfg.steps, "layers": cfg.layers, "experts": cfg.experts, "top_k": cfg.top_k, "tokens": cfg.tokens,
+        "exponent": cfg.exponent, "hot_ratio": cfg.hot_ratio, "groups": cfg.groups, "group_std": cfg.group_std,
+        "drift_std": cfg.drift_std, "drift_steps": cfg.drift_steps, "shift_at": list(cfg.shift_at),
+        "shift_every": cfg.shift_every, "seed": cfg.seed, "model": cfg.model,
+    }  # fmt: skip
+
+
+def _write_counts(out: Path, counts: Any, meta: dict[str, Any], compress: bool) -> None:
+    if out.suffix.lower() == ".jsonl":
+        write_jsonl(out, counts, model=meta.get("model"), top_k=meta.get("top_k"), num_steps=meta.get("num_steps"))
+    else:
+        write_counts(out, counts, model=meta.get("model"), top_k=meta.get("top_k"), num_steps=meta.get("num_steps"),
+                     dtype=meta.get("dtype"), compress=compress)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# eplb replay
+# --------------------------------------------------------------------------------------------
+
+
+class _CsvSteps:
+    """steps.csv, written block by block as the replay goes."""
+
+    HEADER = "step,layer,lb,oracle_lb,static_lb,no_eplb_lb,time_us\n"
+
+    def __init__(self, path: Path, layer_ids: list[int] | None, num_layers: int) -> None:
+        self.f = path.open("w")
+        self.f.write(self.HEADER)
+        self.layers = np.asarray(layer_ids if layer_ids is not None else range(num_layers), dtype=np.int64)
+
+    def __call__(self, block: StepBlock) -> None:
+        n, layers = block.lb.shape
+        cols = np.column_stack([
+            np.repeat(block.steps, layers), np.tile(self.layers, n), block.lb.ravel(), block.oracle_lb.ravel(),
+            block.static_lb.ravel(), block.no_eplb_lb.ravel(), block.time_us.ravel(),
+        ])  # fmt: skip
+        fmt = "%d,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n"
+        text = (fmt * cols.shape[0]) % tuple(cols.ravel().tolist())
+        self.f.write(text.replace("nan", ""))
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    log = open_log(args.log)
+    info = log.info
+    model = model_for(args, info)
+    slots = slots_for(args, info.num_experts, model)
+    cost = cost_setup(args, model)
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise EplbError("--time-limit must be > 0 seconds")
+    schedule = schedule_from(args)
+    out = Path(args.out) if args.out else None
+    csv: _CsvSteps | None = None
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise EplbError(f"--out {out}: exists and is not a directory")
+        out.mkdir(parents=True, exist_ok=True)
+        csv = _CsvSteps(out / "steps.csv", info.layer_ids, info.num_layers)
+    bar = Progress(info.num_steps, "replay", enabled=args.progress, unit="steps")
+    try:
+        result = replay(
+            log,
+            Cluster(slots, args.gpus_per_node, args.groups),
+            schedule=schedule,
+            solver=args.solver,
+            cost=cost,
+            oracle_every=args.oracle_every,
+            time_limit_s=args.time_limit,
+            on_steps=csv,
+            progress=bar,
+        )
+    finally:
+        bar.close()
+        if csv is not None:
+            csv.close()
+    if out is not None:
+        with (out / "rebalances.csv").open("w") as f:
+            f.write("step,moves,bytes_moved,solve_ms\n")
+            for rb in result.rebalances:
+                moved = "" if rb.bytes_moved is None else f"{rb.bytes_moved:.0f}"
+                f.write(f"{rb.step},{rb.moves},{moved},{rb.solve_ms:.3f}\n")
+        (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    if args.json:
+        json.dump(result.summary, sys.stdout)
+        print()
+    else:
+        print(format_summary(result, out))
+    return 0
+
+
+_LABELS = {
+    "no_eplb": "no EPLB (id order)",
+    "static": "static (first kept)",
+    "replay": "replay",
+    "oracle": "oracle (per step)",
+}
+
+
+def format_summary(result: ReplayResult, out: Path | None = None) -> str:
+    """The terminal table of a replay."""
+    s = result.summary
+    slots = result.cluster.slots_per_gpu
+    uniform = bool(np.all(slots == slots[0]))
+    slot_text = f"{int(slots[0])} slots each" if uniform else f"{int(slots.min())}-{int(slots.max())} slots"
+    lines = [
+        f"log:        {result.info.describe()}",
+        f"cluster:    {slots.size} GPUs, {slot_text}, {int(slots.sum())} slots per layer "
+        f"({s['cluster']['redundant']} redundant)",
+        f"schedule:   {result.schedule.describe(result.solver)}",
+    ]
+    rb = s["rebalances"]
+    if rb["count"]:
+        moved = "" if rb["bytes_moved"] is None else f", {rb['bytes_moved'] / GIB:,.1f} GiB"
+        lines.append(
+            f"rebalances: {rb['count']}, {rb['moves']:,} expert copies{moved}; solve "
+            f"{rb['solve_ms_mean']:,.1f} ms mean, {rb['solve_ms_max']:,.1f} ms max"
+        )
+    else:
+        lines.append(f"rebalances: none (the log ends before step {result.schedule.first_position:,})")
+    if s["cost"]:
+        c = s["cost"]
+        tpg = "each step's own tokens" if c["tokens_per_gpu"] is None else f"T = {c['tokens_per_gpu']:,.0f} per GPU"
+        lines.append(f"time model: {c['model']} on {c['hardware']}, {c['link_bandwidth'] / 1e9:g} GB/s link, {tpg}")
+    lines.append("")
+    head = f"  {'':<22}{'lb mean':>9}{'lb p50':>9}{'lb p99':>9}{'lb max':>9}{'MoE ms/step':>13}{'vs no EPLB':>12}"
+    lines.append(head)
+    for name in BASELINES:
+        r = s["results"][name]
+        if not r.get("steps"):
+            lines.append(f"  {_LABELS[name]:<22}{'(skipped)':>9}")
+            continue
+        t = r.get("step_time_us")
+        speed = r.get("speedup_vs_no_eplb")
+        label = _LABELS[name] if name != "replay" else f"replay ({result.solver})"
+        lines.append(
+            f"  {label:<22}{r['lb_mean']:>9.3f}{r['lb_p50']:>9.3f}{r['lb_p99']:>9.3f}{r['lb_max']:>9.3f}"
+            f"{'' if t is None else f'{t / 1000:.3f}':>13}{'' if speed is None else f'{speed:.3f}x':>12}"
+        )
+    oe = s["schedule"]["oracle_every"]
+    if oe > 1:
+        lines.append(f"  (oracle on every {oe}-th step only)")
+    tm = s["timing"]
+    lines.append("")
+    rate = tm.get("evaluation_layer_steps_per_s")
+    lines.append(
+        f"replayed {s['log']['steps']:,} steps x {s['log']['layers']} layers in {tm['wall_s']:.2f} s: evaluation "
+        f"{tm['evaluation_s']:.2f} s ({'-' if rate is None else f'{rate:,.0f}'} layer-steps/s), solves "
+        f"{tm['solve_s']:.2f} s, oracle {tm['oracle_s']:.2f} s"
+    )
+    if out is not None:
+        lines.append(f"wrote {out / 'steps.csv'}, {out / 'rebalances.csv'}, {out / 'summary.json'}")
+    return "\n".join(lines)

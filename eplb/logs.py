@@ -1,0 +1,1152 @@
+"""Routing logs: what a cluster's router did, step by step, in three file formats.
+
+A *step* is one forward pass of the whole EP group; its *counts* are `[layers, E]` token-to-expert
+assignments (a layer sums to top_k x tokens). Formats (docs/formats.md, "Routing logs"):
+
+- per-step counts, `.npz` (`eplb.counts/v1`): `counts [steps, layers, E]` integers plus metadata
+  `model`, `num_experts`, `top_k`, optional `steps [steps]` (step ids, increasing) and
+  `layer_ids [layers]`. A plain `.npy` holding `[steps, layers, E]` also reads.
+- token-level routing, `.npz` (`eplb.topk/v1`): `topk_ids [tokens, layers, k]` int16 (the shape of
+  vLLM's routed-experts capture) and `step_offsets [steps + 1]` (step i is tokens
+  `step_offsets[i]:step_offsets[i+1]`); counts and expert co-activation follow from it.
+- JSONL (`eplb.counts-jsonl/v1`): one record per step and layer,
+  `{"step": 12, "layer": 3, "counts": [...E numbers...]}`, with an optional header line first.
+
+Readers stream: `open_log(path).iter_counts(chunk_steps)` yields `CountsChunk`s without loading
+the log, so memory is one chunk. Every problem is an `EplbError` naming the file and the step
+(or the line, for JSONL): truncated files, wrong shapes, negative counts, steps out of order,
+duplicate or missing layers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import struct
+import tempfile
+import zipfile
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from eplb.errors import EplbError
+
+__all__ = [
+    "FORMAT_COUNTS",
+    "FORMAT_JSONL",
+    "FORMAT_TOPK",
+    "CountsChunk",
+    "LogInfo",
+    "RoutingLog",
+    "as_log",
+    "coactivation",
+    "open_log",
+    "read_counts",
+    "topk_counts",
+    "write_counts",
+    "write_jsonl",
+    "write_log",
+    "write_topk",
+]
+
+FORMAT_COUNTS = "eplb.counts/v1"
+FORMAT_TOPK = "eplb.topk/v1"
+FORMAT_JSONL = "eplb.counts-jsonl/v1"
+
+_COUNTS = "counts"
+_TOPK = "topk_ids"
+_OFFSETS = "step_offsets"
+_META_KEYS = ("format", "model", "num_experts", "top_k", "steps", "layer_ids")
+
+
+@dataclass(frozen=True)
+class LogInfo:
+    """What a routing log holds. `num_steps` is None when only a full pass can tell (JSONL
+    without a `num_steps` header); `kind` is "counts", "topk" or "jsonl"."""
+
+    path: str
+    kind: str
+    num_steps: int | None
+    num_layers: int
+    num_experts: int
+    top_k: int | None = None
+    model: str | None = None
+    layer_ids: list[int] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line: `path: 4,000 steps x 58 layers x 256 experts (deepseek-v3, top-8)`."""
+        steps = "? steps" if self.num_steps is None else f"{self.num_steps:,} steps"
+        extra = [x for x in (self.model, None if self.top_k is None else f"top-{self.top_k}") if x]
+        tail = f" ({', '.join(extra)})" if extra else ""
+        return f"{self.path}: {steps} x {self.num_layers} layers x {self.num_experts} experts{tail}"
+
+
+@dataclass(frozen=True)
+class CountsChunk:
+    """Consecutive steps of a log. start: position (0-based) of the first step in the log;
+    steps: [n] step ids; counts: [n, layers, E] token-to-expert assignments (file dtype, >= 0)."""
+
+    start: int
+    steps: NDArray[np.int64]
+    counts: NDArray[Any]
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.counts.shape[0])
+
+
+class RoutingLog(ABC):
+    """An opened routing log. Iterate it with `iter_counts`; nothing is loaded up front beyond
+    metadata (and, for token-level logs, the step offsets)."""
+
+    info: LogInfo
+
+    @abstractmethod
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        """Yield (step ids [n], counts [n, L, E]) for consecutive steps."""
+
+    def iter_counts(self, chunk_steps: int = 256) -> Iterator[CountsChunk]:
+        """Per-step counts, `chunk_steps` steps at a time (the last chunk may be shorter).
+        Validates as it goes: counts >= 0 and finite, step ids strictly increasing."""
+        if chunk_steps < 1:
+            raise EplbError(f"chunk_steps must be >= 1, got {chunk_steps}")
+        start = 0
+        last_step: int | None = None
+        for steps, counts in self._chunks(chunk_steps):
+            _check_counts(counts, steps, start, self.info.path)
+            if steps.size:
+                if last_step is not None and steps[0] <= last_step:
+                    raise _order_error(self.info.path, start, int(steps[0]), last_step)
+                bad = np.flatnonzero(np.diff(steps) <= 0)
+                if bad.size:
+                    i = int(bad[0])
+                    raise _order_error(self.info.path, start + i + 1, int(steps[i + 1]), int(steps[i]))
+                last_step = int(steps[-1])
+            yield CountsChunk(start, steps, counts)
+            start += counts.shape[0]
+        if self.info.num_steps is not None and start != self.info.num_steps:
+            raise EplbError(
+                f"{self.info.path}: truncated: the file says {self.info.num_steps} steps but holds {start}; "
+                f"step {start} is missing"
+            )
+
+    def read_counts(self) -> CountsChunk:
+        """The whole log as one chunk (for small logs: memory is steps x layers x E)."""
+        parts = list(self.iter_counts(4096))
+        if not parts:
+            empty = np.zeros((0, self.info.num_layers, self.info.num_experts), dtype=np.int64)
+            return CountsChunk(0, np.zeros(0, dtype=np.int64), empty)
+        return CountsChunk(0, np.concatenate([p.steps for p in parts]), np.concatenate([p.counts for p in parts]))
+
+    def coactivation(self, chunk_steps: int = 256) -> NDArray[np.int64]:
+        """Expert co-activation [layers, E, E]: tokens that chose both experts i and j in a layer
+        (the diagonal holds each expert's count). Token-level logs only."""
+        raise EplbError(f"{self.info.path}: co-activation needs a token-level log (topk_ids), not {self.info.kind}")
+
+
+def _order_error(path: str, position: int, step: int, previous: int) -> EplbError:
+    return EplbError(
+        f"{path}: steps out of order: step {step} (position {position}) comes after step {previous}; "
+        "step ids must increase"
+    )
+
+
+def _check_counts(counts: NDArray[Any], steps: NDArray[np.int64], start: int, path: str) -> None:
+    """Raise naming the first bad (step, layer, expert): negative or not finite."""
+    if counts.dtype.kind == "u":
+        return
+    if counts.dtype.kind == "f":
+        bad_f = np.argwhere(~np.isfinite(counts))
+        if bad_f.size:
+            s, layer, e = (int(v) for v in bad_f[0])
+            raise EplbError(
+                f"{path}: step {int(steps[s])} (position {start + s}), layer {layer}, expert {e}: count is "
+                f"{counts[s, layer, e]}; counts must be finite"
+            )
+    if counts.size and counts.min() < 0:
+        s, layer, e = (int(v) for v in np.argwhere(counts < 0)[0])
+        raise EplbError(
+            f"{path}: step {int(steps[s])} (position {start + s}), layer {layer}, expert {e}: count is "
+            f"{counts[s, layer, e]:g}; counts must be >= 0"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# .npy members inside zip archives, read and written as streams
+# --------------------------------------------------------------------------------------------
+
+
+def _read_npy_header(f: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise EplbError(f"{what}: not a readable .npy array ({exc})") from None
+    return tuple(int(v) for v in shape), bool(fortran), np.dtype(dtype)
+
+
+def _write_npy_header(f: IO[bytes], shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(f, header)
+
+
+def _read_exact(f: IO[bytes], nbytes: int) -> bytes:
+    """Read nbytes or fewer at end of data (callers report the shortfall)."""
+    parts: list[bytes] = []
+    remaining = nbytes
+    while remaining > 0:
+        block = f.read(remaining)
+        if not block:
+            break
+        parts.append(block)
+        remaining -= len(block)
+    return b"".join(parts)
+
+
+def _write_member(zf: zipfile.ZipFile, name: str, value: Any) -> None:
+    arr = np.asarray(value)
+    with zf.open(name + ".npy", "w") as f:
+        np.lib.format.write_array(f, arr, allow_pickle=False)
+
+
+def _read_small(zf: zipfile.ZipFile, name: str, path: str) -> NDArray[Any] | None:
+    member = name + ".npy"
+    if member not in zf.namelist():
+        return None
+    try:
+        with zf.open(member) as f:
+            arr = np.lib.format.read_array(f, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, zlib.error) as exc:
+        raise EplbError(f"{path}: metadata '{name}' is unreadable ({exc})") from None
+    return np.asarray(arr)
+
+
+def _salvage_steps(path: Path, member: str) -> str:
+    """After a zip without its central directory (a cut-off file): read the member's local header
+    at the start of the file and count the complete steps in what is there. Returns a sentence
+    for the error message, or '' when the member cannot be found that way."""
+    try:
+        with path.open("rb") as f:
+            data_start = 0
+            while True:
+                f.seek(data_start)
+                head = f.read(30)
+                if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                    return ""
+                _, flags, method, _, _, _, csize, _, nlen, xlen = struct.unpack("<HHHHHIIIHH", head[4:30])
+                name = f.read(nlen).decode("utf-8", "replace")
+                extra = f.read(xlen)
+                body = data_start + 30 + nlen + xlen
+                if name == member:
+                    break
+                if flags & 0x08 and csize == 0:
+                    return ""
+                if csize == 0xFFFFFFFF:
+                    csize = _zip64_size(extra)
+                    if csize < 0:
+                        return ""
+                data_start = body + csize
+            f.seek(body)
+            raw = f.read()
+        if method == zipfile.ZIP_DEFLATED:
+            data = zlib.decompressobj(-15).decompress(raw)
+        elif method == zipfile.ZIP_STORED:
+            data = raw
+        else:
+            return ""
+        buf = io.BytesIO(data)
+        shape, _, dtype = _read_npy_header(buf, str(path))
+        step_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if len(shape) > 1 else dtype.itemsize
+        have = (len(data) - buf.tell()) // max(step_bytes, 1)
+        total = shape[0] if shape else 0
+        unit = "token" if member.startswith(_TOPK) else "step"
+        if have >= total:
+            return f"all {total} {unit}s are present but the archive's end (its directory) is missing"
+        return f"the file ends inside {unit} {have} of {total} ({have} complete {unit}s)"
+    except (OSError, zlib.error, EplbError, struct.error, ValueError):
+        return ""
+
+
+def _zip64_size(extra: bytes) -> int:
+    i = 0
+    while i + 4 <= len(extra):
+        tag, size = struct.unpack("<HH", extra[i : i + 4])
+        if tag == 1 and size >= 16:
+            return int(struct.unpack("<Q", extra[i + 12 : i + 20])[0])
+        i += 4 + size
+    return -1
+
+
+def _open_zip(path: Path, member: str) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        detail = _salvage_steps(path, member)
+        if detail:
+            raise EplbError(f"{path}: truncated: {detail}; the archive is incomplete (copy it again)") from None
+        raise EplbError(f"{path}: not a readable .npz archive (truncated or corrupt: {exc})") from None
+
+
+def _meta_from_zip(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key in _META_KEYS:
+        arr = _read_small(zf, key, path)
+        if arr is None:
+            continue
+        meta[key] = arr.tolist() if arr.ndim else arr.item()
+    return meta
+
+
+def _meta_int(meta: dict[str, Any], key: str, path: str) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 1:
+        raise EplbError(f"{path}: metadata {key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _step_ids(meta: dict[str, Any], num_steps: int, path: str) -> NDArray[np.int64]:
+    raw = meta.get("steps")
+    if raw is None:
+        return np.arange(num_steps, dtype=np.int64)
+    steps = np.asarray(raw)
+    if steps.ndim != 1 or steps.size != num_steps or steps.dtype.kind not in "iu":
+        raise EplbError(f"{path}: 'steps' must be {num_steps} integer step ids, got shape {list(steps.shape)}")
+    steps = steps.astype(np.int64)
+    bad = np.flatnonzero(np.diff(steps) <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise _order_error(path, i + 1, int(steps[i + 1]), int(steps[i]))
+    return steps
+
+
+def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | None:
+    raw = meta.get("layer_ids")
+    if raw is None:
+        return None
+    ids = list(raw) if isinstance(raw, list) else [raw]
+    if len(ids) != num_layers:
+        raise EplbError(f"{path}: 'layer_ids' lists {len(ids)} layers, the counts have {num_layers}")
+    return [int(v) for v in ids]
+
+
+# --------------------------------------------------------------------------------------------
+# Per-step counts: .npz and .npy
+# --------------------------------------------------------------------------------------------
+
+
+class _NpzCounts(RoutingLog):
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        with _open_zip(path, _COUNTS + ".npy") as zf:
+            if _COUNTS + ".npy" not in zf.namelist():
+                raise EplbError(f"{path}: no 'counts' array (found {sorted(n[:-4] for n in zf.namelist())})")
+            meta = _meta_from_zip(zf, str(path))
+            with zf.open(_COUNTS + ".npy") as f:
+                shape, fortran, dtype = _read_npy_header(f, f"{path}: counts")
+        if len(shape) != 3:
+            raise EplbError(
+                f"{path}: counts must be [steps, layers, experts], got shape {list(shape)}"
+                + (" (a [layers, experts] window: use it with eplb solve --loads)" if len(shape) == 2 else "")
+            )
+        if fortran:
+            raise EplbError(f"{path}: counts is stored in Fortran order; save it C-contiguous to stream it")
+        if dtype.kind not in "iuf":
+            raise EplbError(f"{path}: counts must be numbers, got dtype {dtype}")
+        num_experts = _meta_int(meta, "num_experts", str(path))
+        if num_experts is not None and num_experts != shape[2]:
+            raise EplbError(f"{path}: metadata says {num_experts} experts, counts have {shape[2]} per layer")
+        self._shape = shape
+        self._dtype = dtype
+        self._steps = _step_ids(meta, shape[0], str(path))
+        self.info = LogInfo(
+            path=str(path),
+            kind="counts",
+            num_steps=shape[0],
+            num_layers=shape[1],
+            num_experts=shape[2],
+            top_k=_meta_int(meta, "top_k", str(path)),
+            model=None if meta.get("model") is None else str(meta["model"]),
+            layer_ids=_layer_ids(meta, shape[1], str(path)),
+            meta=meta,
+        )
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        steps, layers, experts = self._shape
+        step_bytes = layers * experts * self._dtype.itemsize
+        path = self._path
+        try:
+            with zipfile.ZipFile(path) as zf, zf.open(_COUNTS + ".npy") as f:
+                _read_npy_header(f, str(path))
+                done = 0
+                while done < steps:
+                    n = min(chunk_steps, steps - done)
+                    raw = _read_exact(f, n * step_bytes)
+                    if len(raw) < n * step_bytes:
+                        have = done + len(raw) // step_bytes
+                        raise EplbError(
+                            f"{path}: truncated: counts end inside step {int(self._steps[have])} "
+                            f"(position {have} of {steps})"
+                        )
+                    counts = np.frombuffer(raw, dtype=self._dtype).reshape(n, layers, experts)
+                    yield self._steps[done : done + n], counts
+                    done += n
+        except (zipfile.BadZipFile, zlib.error, OSError) as exc:
+            raise EplbError(f"{path}: corrupt counts data ({exc})") from None
+
+
+class _NpyCounts(RoutingLog):
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            with path.open("rb") as f:
+                shape, _, dtype = _read_npy_header(f, str(path))
+                offset = f.tell()
+            step_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if len(shape) == 3 else 0
+            if step_bytes:
+                have = (path.stat().st_size - offset) // step_bytes
+                raise EplbError(
+                    f"{path}: truncated: the file ends inside step {have} of {shape[0]} ({have} complete steps)"
+                ) from None
+            raise EplbError(f"{path}: not a readable .npy array ({exc})") from None
+        if arr.ndim != 3:
+            raise EplbError(f"{path}: counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+        if arr.dtype.kind not in "iuf":
+            raise EplbError(f"{path}: counts must be numbers, got dtype {arr.dtype}")
+        self._arr = arr
+        self.info = LogInfo(str(path), "counts", int(arr.shape[0]), int(arr.shape[1]), int(arr.shape[2]))
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        total = self._arr.shape[0]
+        for a in range(0, total, chunk_steps):
+            b = min(total, a + chunk_steps)
+            yield np.arange(a, b, dtype=np.int64), np.ascontiguousarray(self._arr[a:b])
+
+
+class _ArrayLog(RoutingLog):
+    """An in-memory [steps, layers, E] array or an iterable of such chunks, seen as a log."""
+
+    def __init__(
+        self,
+        source: NDArray[Any] | Iterable[NDArray[Any]],
+        name: str = "<array>",
+        num_steps: int | None = None,
+        top_k: int | None = None,
+        model: str | None = None,
+    ) -> None:
+        self._source = source
+        if isinstance(source, np.ndarray):
+            if source.ndim != 3:
+                raise EplbError(f"{name}: counts must be [steps, layers, experts], got shape {list(source.shape)}")
+            shape = source.shape
+            self.info = LogInfo(name, "counts", int(shape[0]), int(shape[1]), int(shape[2]), top_k, model)
+            self._first: NDArray[Any] | None = None
+            self._rest: Iterator[NDArray[Any]] | None = None
+        else:
+            it = iter(source)
+            first = np.asarray(next(it, np.zeros((0, 0, 0))))
+            if first.ndim != 3 or first.shape[1] == 0 or first.shape[2] == 0:
+                raise EplbError(f"{name}: chunks must be [steps, layers, experts], got shape {list(first.shape)}")
+            self._first, self._rest = first, it
+            self.info = LogInfo(name, "counts", num_steps, int(first.shape[1]), int(first.shape[2]), top_k, model)
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        if isinstance(self._source, np.ndarray):
+            arr = self._source
+            for a in range(0, arr.shape[0], chunk_steps):
+                b = min(arr.shape[0], a + chunk_steps)
+                yield np.arange(a, b, dtype=np.int64), arr[a:b]
+            return
+        if self._first is None or self._rest is None:
+            raise EplbError(f"{self.info.path}: an iterable log can be read once")
+        first, rest = self._first, self._rest
+        self._first = None
+        pos = 0
+        shape = first.shape[1:]
+        for block in _rechunk(_prepend(first, rest), chunk_steps):
+            if block.shape[1:] != shape:
+                raise EplbError(
+                    f"{self.info.path}: step {pos} has shape {list(block.shape[1:])}, earlier steps {list(shape)}"
+                )
+            yield np.arange(pos, pos + block.shape[0], dtype=np.int64), block
+            pos += block.shape[0]
+
+
+def _prepend(first: NDArray[Any], rest: Iterator[NDArray[Any]]) -> Iterator[NDArray[Any]]:
+    yield first
+    for block in rest:
+        yield np.asarray(block)
+
+
+def _rechunk(blocks: Iterable[NDArray[Any]], size: int) -> Iterator[NDArray[Any]]:
+    """Regroup a stream of [n_i, ...] blocks into [size, ...] blocks (the last may be shorter)."""
+    pending: list[NDArray[Any]] = []
+    have = 0
+    for block in blocks:
+        if block.ndim != 3:
+            raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
+        while block.shape[0]:
+            take = min(size - have, block.shape[0])
+            pending.append(block[:take])
+            have += take
+            block = block[take:]
+            if have == size:
+                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+                pending, have = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+
+
+# --------------------------------------------------------------------------------------------
+# Token-level routing: topk_ids [tokens, layers, k] with step offsets
+# --------------------------------------------------------------------------------------------
+
+
+class _TopkNpz(RoutingLog):
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        with _open_zip(path, _TOPK + ".npy") as zf:
+            names = zf.namelist()
+            if _OFFSETS + ".npy" not in names:
+                raise EplbError(f"{path}: a token-level log needs 'step_offsets' next to 'topk_ids'")
+            meta = _meta_from_zip(zf, str(path))
+            offsets_arr = _read_small(zf, _OFFSETS, str(path))
+            with zf.open(_TOPK + ".npy") as f:
+                shape, fortran, dtype = _read_npy_header(f, f"{path}: topk_ids")
+        if len(shape) != 3:
+            raise EplbError(f"{path}: topk_ids must be [tokens, layers, k], got shape {list(shape)}")
+        if fortran:
+            raise EplbError(f"{path}: topk_ids is stored in Fortran order; save it C-contiguous to stream it")
+        if dtype.kind not in "iu":
+            raise EplbError(f"{path}: topk_ids must hold integer expert ids, got dtype {dtype}")
+        num_experts = _meta_int(meta, "num_experts", str(path))
+        if num_experts is None:
+            raise EplbError(f"{path}: a token-level log needs 'num_experts' (expert ids alone do not give E)")
+        top_k = _meta_int(meta, "top_k", str(path))
+        if top_k is not None and top_k != shape[2]:
+            raise EplbError(f"{path}: metadata says top_k {top_k}, topk_ids has {shape[2]} experts per token")
+        assert offsets_arr is not None
+        self._offsets = _check_offsets(offsets_arr, shape[0], str(path))
+        num_steps = self._offsets.size - 1
+        self._shape = shape
+        self._dtype = dtype
+        self._steps = _step_ids(meta, num_steps, str(path))
+        self.info = LogInfo(
+            path=str(path),
+            kind="topk",
+            num_steps=num_steps,
+            num_layers=shape[1],
+            num_experts=num_experts,
+            top_k=shape[2],
+            model=None if meta.get("model") is None else str(meta["model"]),
+            layer_ids=_layer_ids(meta, shape[1], str(path)),
+            meta=meta,
+        )
+
+    def _token_blocks(self, chunk_steps: int) -> Iterator[tuple[int, NDArray[Any]]]:
+        """(first step index, topk_ids of steps [i, i + n)) chunk by chunk, ids validated."""
+        _, layers, k = self._shape
+        token_bytes = layers * k * self._dtype.itemsize
+        offsets, path, num_experts = self._offsets, self._path, self.info.num_experts
+        num_steps = offsets.size - 1
+        try:
+            with zipfile.ZipFile(path) as zf, zf.open(_TOPK + ".npy") as f:
+                _read_npy_header(f, str(path))
+                for i in range(0, num_steps, chunk_steps):
+                    j = min(num_steps, i + chunk_steps)
+                    n_tok = int(offsets[j] - offsets[i])
+                    raw = _read_exact(f, n_tok * token_bytes)
+                    if len(raw) < n_tok * token_bytes:
+                        have = int(offsets[i]) + len(raw) // token_bytes
+                        step = int(np.searchsorted(offsets, have, side="right")) - 1
+                        raise EplbError(f"{path}: truncated: topk_ids end inside step {int(self._steps[step])}")
+                    ids = np.frombuffer(raw, dtype=self._dtype).reshape(n_tok, layers, k)
+                    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+                        t, layer, _ = (int(v) for v in np.argwhere((ids < 0) | (ids >= num_experts))[0])
+                        step = int(np.searchsorted(offsets, offsets[i] + t, side="right")) - 1
+                        raise EplbError(
+                            f"{path}: step {int(self._steps[step])}, token {int(offsets[i]) + t}, layer {layer}: "
+                            f"expert id {int(ids[t, layer].min())}..{int(ids[t, layer].max())} is outside "
+                            f"0..{num_experts - 1}"
+                        )
+                    yield i, ids
+        except (zipfile.BadZipFile, zlib.error, OSError) as exc:
+            raise EplbError(f"{path}: corrupt topk_ids data ({exc})") from None
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        for i, ids in self._token_blocks(chunk_steps):
+            j = min(self._offsets.size - 1, i + chunk_steps)
+            local = self._offsets[i : j + 1] - self._offsets[i]
+            yield self._steps[i:j], topk_counts(ids, local, self.info.num_experts)
+
+    def coactivation(self, chunk_steps: int = 256) -> NDArray[np.int64]:
+        layers, experts = self.info.num_layers, self.info.num_experts
+        total = np.zeros((layers, experts, experts), dtype=np.int64)
+        for _, ids in self._token_blocks(chunk_steps):
+            total += coactivation(ids, experts)
+        return total
+
+
+def _check_offsets(raw: NDArray[Any], tokens: int, path: str) -> NDArray[np.int64]:
+    if raw.ndim != 1 or raw.size < 1 or raw.dtype.kind not in "iu":
+        raise EplbError(f"{path}: step_offsets must be [steps + 1] integers, got shape {list(raw.shape)}")
+    offsets = raw.astype(np.int64)
+    if offsets[0] != 0:
+        raise EplbError(f"{path}: step_offsets must start at 0, got {int(offsets[0])}")
+    bad = np.flatnonzero(np.diff(offsets) < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise EplbError(
+            f"{path}: step_offsets go backwards at step {i + 1}: token {int(offsets[i + 1])} after "
+            f"{int(offsets[i])}; steps out of order"
+        )
+    if offsets[-1] != tokens:
+        end = int(np.searchsorted(offsets, tokens, side="right"))
+        hint = f"; truncated: tokens end inside step {end - 1}" if offsets[-1] > tokens else ""
+        raise EplbError(f"{path}: step_offsets end at token {int(offsets[-1])}, topk_ids has {tokens} tokens{hint}")
+    return offsets
+
+
+def topk_counts(topk_ids: ArrayLike, step_offsets: ArrayLike, num_experts: int) -> NDArray[np.int64]:
+    """Per-step counts [steps, layers, E] from token-level routing.
+
+    topk_ids: [tokens, layers, k] expert ids in 0..E-1; step_offsets: [steps + 1], step i is tokens
+    step_offsets[i]:step_offsets[i+1] (offsets start at 0 and end at the token count).
+    """
+    ids = np.asarray(topk_ids)
+    offsets = np.asarray(step_offsets, dtype=np.int64)
+    tokens, layers, _ = ids.shape
+    steps = offsets.size - 1
+    step_of_token = np.repeat(np.arange(steps, dtype=np.int64), np.diff(offsets))
+    if step_of_token.size != tokens:
+        raise EplbError(f"step_offsets cover {step_of_token.size} tokens, topk_ids has {tokens}")
+    row = (step_of_token[:, None] * layers + np.arange(layers, dtype=np.int64)[None, :]) * num_experts  # [T, L]
+    flat = (row[:, :, None] + ids.astype(np.int64)).ravel()
+    counts = np.bincount(flat, minlength=steps * layers * num_experts)
+    return counts.reshape(steps, layers, num_experts)
+
+
+def coactivation(topk_ids: ArrayLike, num_experts: int) -> NDArray[np.int64]:
+    """Expert co-activation [layers, E, E] of token-level routing topk_ids [tokens, layers, k]:
+    entry (l, i, j), i != j, counts the tokens whose top-k in layer l holds both i and j (symmetric);
+    the diagonal (l, i, i) counts the tokens that chose i (its load)."""
+    ids = np.asarray(topk_ids).astype(np.int64)
+    _, layers, k = ids.shape
+    size = num_experts * num_experts
+    base = (np.arange(layers, dtype=np.int64) * size)[None, :]
+    out = np.zeros(layers * size, dtype=np.int64)
+    for a in range(k):
+        out += np.bincount((base + ids[:, :, a] * (num_experts + 1)).ravel(), minlength=layers * size)
+        for b in range(a + 1, k):
+            lo = np.minimum(ids[:, :, a], ids[:, :, b])
+            hi = np.maximum(ids[:, :, a], ids[:, :, b])
+            out += np.bincount((base + lo * num_experts + hi).ravel(), minlength=layers * size)
+    mat = out.reshape(layers, num_experts, num_experts)
+    upper = np.triu(mat, 1)
+    sym: NDArray[np.int64] = upper + upper.transpose(0, 2, 1)
+    idx = np.arange(num_experts)
+    sym[:, idx, idx] = mat[:, idx, idx]
+    return sym
+
+
+# --------------------------------------------------------------------------------------------
+# JSONL: one record per step and layer
+# --------------------------------------------------------------------------------------------
+
+
+class _Jsonl(RoutingLog):
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        header: dict[str, Any] = {}
+        first: dict[str, Any] | None = None
+        with path.open("rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                rec = _parse_line(line, lineno, str(path))
+                if "step" not in rec and first is None and not header:
+                    header = rec
+                    continue
+                first = rec
+                break
+        if first is None:
+            raise EplbError(f'{path}: no step records (expected lines like {{"step": 0, "layer": 0, "counts": [...]}})')
+        num_experts = _meta_int(header, "num_experts", str(path))
+        counts = first.get("counts")
+        if not isinstance(counts, list) or not counts:
+            raise EplbError(f"{path}: the first record has no 'counts' list")
+        if num_experts is not None and num_experts != len(counts):
+            raise EplbError(f"{path}: the header says {num_experts} experts, the first record has {len(counts)} counts")
+        self._header = header
+        self._layers = self._first_step_layers()
+        num_steps = _meta_int(header, "num_steps", str(path))
+        layer_ids = _layer_ids(header, len(self._layers), str(path)) if "layer_ids" in header else None
+        if layer_ids is None and self._layers != list(range(len(self._layers))):
+            layer_ids = list(self._layers)
+        self.info = LogInfo(
+            path=str(path),
+            kind="jsonl",
+            num_steps=num_steps,
+            num_layers=len(self._layers),
+            num_experts=len(counts),
+            top_k=_meta_int(header, "top_k", str(path)),
+            model=None if header.get("model") is None else str(header["model"]),
+            layer_ids=layer_ids,
+            meta=header,
+        )
+
+    def _first_step_layers(self) -> list[int]:
+        """The layers of the first step, sorted: every step must have exactly these."""
+        seen: dict[int, int] = {}
+        step: int | None = None
+        for lineno, rec in self._records():
+            s, layer = _step_layer(rec, lineno, str(self._path))
+            if step is None:
+                step = s
+            if s != step:
+                break
+            if layer in seen:
+                raise EplbError(
+                    f"{self._path}: line {lineno}: step {s} has layer {layer} twice (first on line {seen[layer]})"
+                )
+            seen[layer] = lineno
+        return sorted(seen)
+
+    def _records(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(line number, record) of every step record; the header (if any) is skipped."""
+        first = True
+        with self._path.open("rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                rec = _parse_line(line, lineno, str(self._path))
+                if first and "step" not in rec:
+                    first = False
+                    continue
+                first = False
+                yield lineno, rec
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        path = str(self._path)
+        layers = self._layers
+        row_of = {layer: i for i, layer in enumerate(layers)}
+        num_layers, num_experts = len(layers), self.info.num_experts
+        buf = np.zeros((chunk_steps, num_layers, num_experts), dtype=np.int64)
+        step_ids: list[int] = []
+        seen: dict[int, int] = {}
+        current: int | None = None
+        first_line = 0
+        last_line = 0
+
+        def finish() -> None:
+            if len(seen) != num_layers:
+                missing = [layer for layer in layers if layer not in seen]
+                raise EplbError(
+                    f"{path}: step {current} (lines {first_line}-{last_line}) is missing layer(s) "
+                    f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''}"
+                    + ("; the file may be truncated" if last_line == self._last_line() else "")
+                )
+
+        for lineno, rec in self._records():
+            step, layer = _step_layer(rec, lineno, path)
+            if step != current:
+                if current is not None:
+                    if step < current:
+                        raise EplbError(
+                            f"{path}: line {lineno}: step {step} comes after step {current}; steps out of order "
+                            "(records of one step must be together, steps increasing)"
+                        )
+                    finish()
+                    if len(step_ids) == chunk_steps:
+                        yield np.asarray(step_ids, dtype=np.int64), buf.copy()
+                        step_ids = []
+                current, first_line = step, lineno
+                seen = {}
+                step_ids.append(step)
+                buf[len(step_ids) - 1] = 0
+            if layer in seen:
+                raise EplbError(
+                    f"{path}: line {lineno}: step {step} has layer {layer} twice (first on line {seen[layer]})"
+                )
+            if layer not in row_of:
+                raise EplbError(
+                    f"{path}: line {lineno}: step {step} has layer {layer}, which the first step does not have "
+                    f"(layers {layers[0]}..{layers[-1]})"
+                )
+            seen[layer] = lineno
+            last_line = lineno
+            buf[len(step_ids) - 1, row_of[layer]] = _counts_of(rec, lineno, num_experts, path)
+        if current is not None:
+            finish()
+            yield np.asarray(step_ids, dtype=np.int64), buf[: len(step_ids)].copy()
+
+    def _last_line(self) -> int:
+        last = 0
+        with self._path.open("rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    last = lineno
+        return last
+
+
+def _parse_line(line: bytes, lineno: int, path: str) -> dict[str, Any]:
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        end = "" if line.endswith(b"\n") else " (the line has no newline: the file may be truncated)"
+        raise EplbError(f"{path}: line {lineno}: not valid JSON ({exc}){end}") from None
+    if not isinstance(rec, dict):
+        raise EplbError(f"{path}: line {lineno}: expected an object {{\"step\", \"layer\", \"counts\"}}")
+    return rec
+
+
+def _step_layer(rec: dict[str, Any], lineno: int, path: str) -> tuple[int, int]:
+    for key in ("step", "layer"):
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise EplbError(f"{path}: line {lineno}: '{key}' must be an integer >= 0, got {v!r}")
+    return int(rec["step"]), int(rec["layer"])
+
+
+def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) -> NDArray[np.int64]:
+    raw = rec.get("counts")
+    if not isinstance(raw, list) or len(raw) != num_experts:
+        got = f"{len(raw)} values" if isinstance(raw, list) else repr(raw)[:40]
+        raise EplbError(f"{path}: line {lineno}: 'counts' must list {num_experts} numbers, got {got}")
+    try:
+        arr = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise EplbError(f"{path}: line {lineno}: 'counts' must hold numbers") from None
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr != np.round(arr)):
+        e = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr)))[0])
+        raise EplbError(
+            f"{path}: line {lineno}: step {rec['step']}, layer {rec['layer']}, expert {e}: count is {raw[e]!r}; "
+            "counts must be whole numbers >= 0"
+        )
+    return arr.astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Opening and writing
+# --------------------------------------------------------------------------------------------
+
+
+def open_log(path: str | Path) -> RoutingLog:
+    """Open a routing log by its extension: `.npz` (per-step counts, or token-level `topk_ids`),
+    `.npy` (`[steps, layers, E]`), `.jsonl`. Reads metadata only; iterate with `iter_counts`."""
+    p = Path(path)
+    if not p.is_file():
+        raise EplbError(f"routing log not found: {p}")
+    suffix = p.suffix.lower()
+    if suffix == ".npz":
+        with _open_zip(p, _COUNTS + ".npy") as zf:
+            names = zf.namelist()
+        if _TOPK + ".npy" in names:
+            return _TopkNpz(p)
+        if _COUNTS + ".npy" in names:
+            return _NpzCounts(p)
+        raise EplbError(f"{p}: expected 'counts' ([steps, layers, E]) or 'topk_ids' ([tokens, layers, k]), "
+                        f"found {sorted(n.removesuffix('.npy') for n in names)}")
+    if suffix == ".npy":
+        return _NpyCounts(p)
+    if suffix in (".jsonl", ".ndjson"):
+        return _Jsonl(p)
+    raise EplbError(f"{p}: unknown routing log type '{suffix}' (use .npz, .npy or .jsonl)")
+
+
+def read_counts(path: str | Path) -> tuple[NDArray[Any], LogInfo]:
+    """A whole (small) log as counts [steps, layers, E] and its info."""
+    log = open_log(path)
+    return log.read_counts().counts, log.info
+
+
+def as_log(
+    source: RoutingLog | str | Path | NDArray[Any] | Iterable[NDArray[Any]],
+    *,
+    num_steps: int | None = None,
+    top_k: int | None = None,
+    model: str | None = None,
+) -> RoutingLog:
+    """A RoutingLog from a log, a path, a [steps, layers, E] array or an iterable of such chunks."""
+    if isinstance(source, RoutingLog):
+        return source
+    if isinstance(source, str | Path):
+        return open_log(source)
+    return _ArrayLog(source, num_steps=num_steps, top_k=top_k, model=model)
+
+
+def _smallest_dtype(max_value: int) -> np.dtype[Any]:
+    for dt in (np.uint16, np.uint32):
+        if max_value <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype(np.int64)
+
+
+def _atomic_target(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(path.name + ".part")
+
+
+def write_counts(
+    path: str | Path,
+    counts: ArrayLike | Iterable[NDArray[Any]],
+    *,
+    model: str | None = None,
+    top_k: int | None = None,
+    steps: ArrayLike | None = None,
+    layer_ids: ArrayLike | None = None,
+    num_steps: int | None = None,
+    dtype: Any = None,
+    compress: bool = False,
+) -> None:
+    """Write per-step counts `.npz` (eplb.counts/v1), streaming.
+
+    counts: [steps, layers, E] array, or an iterable of [n, layers, E] chunks (give num_steps when
+    known; otherwise the chunks are spooled to a temporary file first). dtype: stored integer type
+    (default: the smallest unsigned type that holds an array's maximum; uint32 for chunks).
+    compress: deflate the members (level 1): about 1.5x smaller for synthetic counts, and about
+    6x slower to read (zlib), so off by default, as with np.savez.
+    The file appears under its name only when complete (written to NAME.part, then renamed).
+    """
+    p = Path(path)
+    arr: NDArray[Any] | None = None
+    if isinstance(counts, np.ndarray | list | tuple):
+        arr = np.asarray(counts)
+        if arr.ndim != 3:
+            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+        if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0):
+            raise EplbError("counts must be finite and >= 0")
+        if dtype is None:
+            dtype = _smallest_dtype(int(arr.max()) if arr.size else 0) if arr.dtype.kind in "iu" else arr.dtype
+        chunks: Iterable[NDArray[Any]] = [arr]
+        num_steps = int(arr.shape[0])
+    else:
+        chunks = counts  # type: ignore[assignment]
+    out_dtype = np.dtype(np.uint32 if dtype is None else dtype)
+    tmp = _atomic_target(p)
+    spool: IO[bytes] | None = None
+    try:
+        with zipfile.ZipFile(
+            tmp, "w", compression=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED, compresslevel=1
+        ) as zf:
+            shape_tail: tuple[int, ...] | None = None
+            if num_steps is None:
+                spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finally)
+                written, shape_tail = _write_chunks(spool, chunks, out_dtype, None)
+                spool.seek(0)
+                with zf.open(_COUNTS + ".npy", "w", force_zip64=True) as f:
+                    _write_npy_header(f, (written, *shape_tail), out_dtype)
+                    while block := spool.read(1 << 24):
+                        f.write(block)
+                num_steps = written
+            else:
+                it = iter(chunks)
+                first = np.asarray(next(it, np.zeros((0, 0, 0))))
+                if first.ndim != 3:
+                    raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(first.shape)}")
+                shape_tail = first.shape[1:]
+                with zf.open(_COUNTS + ".npy", "w", force_zip64=True) as f:
+                    _write_npy_header(f, (num_steps, *shape_tail), out_dtype)
+                    written, _ = _write_chunks(f, _prepend(first, it), out_dtype, shape_tail)
+                if written != num_steps:
+                    raise EplbError(f"write_counts: num_steps is {num_steps} but the chunks hold {written} steps")
+            assert shape_tail is not None
+            _write_meta(zf, FORMAT_COUNTS, model, shape_tail[1], top_k, steps, layer_ids, num_steps, shape_tail[0])
+        os.replace(tmp, p)
+    finally:
+        if spool is not None:
+            spool.close()
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _write_chunks(
+    f: IO[bytes], chunks: Iterable[NDArray[Any]], dtype: np.dtype[Any], shape_tail: tuple[int, ...] | None
+) -> tuple[int, tuple[int, ...]]:
+    written = 0
+    limit = np.iinfo(dtype).max if dtype.kind in "iu" else math.inf
+    for chunk in chunks:
+        block = np.asarray(chunk)
+        if block.ndim != 3:
+            raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
+        if shape_tail is None:
+            shape_tail = block.shape[1:]
+        if block.shape[1:] != shape_tail:
+            raise EplbError(f"step {written} has shape {list(block.shape[1:])}, earlier steps {list(shape_tail)}")
+        if block.size and (block.min() < 0 or block.max() > limit):
+            last = written + block.shape[0] - 1
+            raise EplbError(f"counts in steps {written}..{last} do not fit {dtype} (or are < 0)")
+        f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+        written += block.shape[0]
+    if shape_tail is None:
+        raise EplbError("no counts to write")
+    return written, shape_tail
+
+
+def _write_meta(
+    zf: zipfile.ZipFile,
+    fmt: str,
+    model: str | None,
+    num_experts: int,
+    top_k: int | None,
+    steps: ArrayLike | None,
+    layer_ids: ArrayLike | None,
+    num_steps: int,
+    num_layers: int,
+) -> None:
+    _write_member(zf, "format", fmt)
+    _write_member(zf, "num_experts", np.int64(num_experts))
+    if model is not None:
+        _write_member(zf, "model", str(model))
+    if top_k is not None:
+        _write_member(zf, "top_k", np.int64(top_k))
+    if steps is not None:
+        ids = np.asarray(steps, dtype=np.int64).reshape(-1)
+        if ids.size != num_steps:
+            raise EplbError(f"steps lists {ids.size} ids for {num_steps} steps")
+        bad = np.flatnonzero(np.diff(ids) <= 0)
+        if bad.size:
+            raise EplbError(f"step ids must increase: {int(ids[bad[0] + 1])} follows {int(ids[bad[0]])}")
+        _write_member(zf, "steps", ids)
+    if layer_ids is not None:
+        lids = np.asarray(layer_ids, dtype=np.int64).reshape(-1)
+        if lids.size != num_layers:
+            raise EplbError(f"layer_ids lists {lids.size} layers, the counts have {num_layers}")
+        _write_member(zf, "layer_ids", lids)
+
+
+def write_topk(
+    path: str | Path,
+    topk_ids: ArrayLike,
+    step_offsets: ArrayLike,
+    *,
+    num_experts: int,
+    model: str | None = None,
+    steps: ArrayLike | None = None,
+    layer_ids: ArrayLike | None = None,
+    compress: bool = False,
+) -> None:
+    """Write a token-level routing log `.npz` (eplb.topk/v1): topk_ids [tokens, layers, k] stored as
+    int16 (ids must be < 32768) and step_offsets [steps + 1] (start 0, non-decreasing, end = tokens)."""
+    p = Path(path)
+    ids = np.asarray(topk_ids)
+    if ids.ndim != 3:
+        raise EplbError(f"topk_ids must be [tokens, layers, k], got shape {list(ids.shape)}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+        raise EplbError(f"topk_ids must be expert ids in 0..{num_experts - 1}")
+    if num_experts > np.iinfo(np.int16).max + 1:
+        raise EplbError(f"{num_experts} experts do not fit int16 expert ids")
+    offsets = _check_offsets(np.asarray(step_offsets), ids.shape[0], "step_offsets")
+    tmp = _atomic_target(p)
+    try:
+        with zipfile.ZipFile(
+            tmp, "w", compression=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED, compresslevel=1
+        ) as zf:
+            with zf.open(_TOPK + ".npy", "w", force_zip64=True) as f:
+                _write_npy_header(f, ids.shape, np.dtype(np.int16))
+                for a in range(0, ids.shape[0], 1 << 16):
+                    f.write(np.ascontiguousarray(ids[a : a + (1 << 16)], dtype=np.int16).tobytes())
+            _write_member(zf, _OFFSETS, offsets)
+            _write_meta(
+                zf, FORMAT_TOPK, model, num_experts, ids.shape[2], steps, layer_ids, offsets.size - 1, ids.shape[1]
+            )
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_jsonl(
+    path: str | Path,
+    counts: ArrayLike | Iterable[NDArray[Any]],
+    *,
+    model: str | None = None,
+    top_k: int | None = None,
+    steps: ArrayLike | None = None,
+    layer_ids: ArrayLike | None = None,
+    num_steps: int | None = None,
+    header: bool = True,
+) -> None:
+    """Write JSONL counts: a header line (format, model, num_experts, top_k, num_layers, num_steps
+    when known, layer_ids) unless header=False, then `{"step", "layer", "counts"}` per step and layer.
+    `layer` is the model layer id when layer_ids is given, else the index 0..L-1."""
+    p = Path(path)
+    arr = np.asarray(counts) if isinstance(counts, np.ndarray | list | tuple) else None
+    chunks: Iterable[NDArray[Any]] = [arr] if arr is not None else counts  # type: ignore[assignment]
+    if arr is not None:
+        if arr.ndim != 3:
+            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+        num_steps = int(arr.shape[0])
+    step_ids = None if steps is None else np.asarray(steps, dtype=np.int64).reshape(-1)
+    if step_ids is not None and step_ids.size > 1 and np.any(np.diff(step_ids) <= 0):
+        raise EplbError("step ids must increase")
+    lids = None if layer_ids is None else [int(v) for v in np.asarray(layer_ids).reshape(-1)]
+    tmp = _atomic_target(p)
+    try:
+        with tmp.open("w") as f:
+            pos = 0
+            wrote_header = not header
+            for chunk in chunks:
+                block = np.asarray(chunk)
+                if block.ndim != 3:
+                    raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
+                if block.size and block.min() < 0:
+                    raise EplbError("counts must be >= 0")
+                if not wrote_header:
+                    head: dict[str, Any] = {"format": FORMAT_JSONL, "num_experts": int(block.shape[2])}
+                    if model is not None:
+                        head["model"] = model
+                    if top_k is not None:
+                        head["top_k"] = int(top_k)
+                    head["num_layers"] = int(block.shape[1])
+                    if num_steps is not None:
+                        head["num_steps"] = int(num_steps)
+                    if lids is not None:
+                        head["layer_ids"] = lids
+                    f.write(json.dumps(head) + "\n")
+                    wrote_header = True
+                if lids is not None and len(lids) != block.shape[1]:
+                    raise EplbError(f"layer_ids lists {len(lids)} layers, the counts have {block.shape[1]}")
+                values = block.tolist()
+                lines = []
+                for i, step_rows in enumerate(values):
+                    step = int(step_ids[pos + i]) if step_ids is not None else pos + i
+                    for j, row in enumerate(step_rows):
+                        layer = lids[j] if lids is not None else j
+                        lines.append(f'{{"step": {step}, "layer": {layer}, "counts": {json.dumps(row)}}}\n')
+                f.write("".join(lines))
+                pos += block.shape[0]
+            if step_ids is not None and step_ids.size != pos:
+                raise EplbError(f"steps lists {step_ids.size} ids for {pos} steps")
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_log(path: str | Path, counts: ArrayLike | Iterable[NDArray[Any]], **kwargs: Any) -> None:
+    """Write per-step counts by extension: `.npz` (write_counts) or `.jsonl` (write_jsonl)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        write_counts(path, counts, **kwargs)
+    elif suffix in (".jsonl", ".ndjson"):
+        kwargs.pop("dtype", None)
+        kwargs.pop("compress", None)
+        write_jsonl(path, counts, **kwargs)
+    else:
+        raise EplbError(f"{path}: unknown routing log type '{suffix}' (use .npz or .jsonl)")

@@ -1,0 +1,232 @@
+"""Routing-log formats: every format round-trips, streams in chunks, and bad files name the step or line."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.errors import EplbError
+from eplb.loads import read_window
+from eplb.logs import (
+    coactivation,
+    open_log,
+    read_counts,
+    topk_counts,
+    write_counts,
+    write_jsonl,
+    write_topk,
+)
+
+
+@pytest.fixture
+def counts() -> np.ndarray:
+    return np.random.default_rng(7).integers(0, 300, size=(23, 3, 16))
+
+
+def test_counts_npz_round_trip_with_metadata(tmp_path: Path, counts: np.ndarray) -> None:
+    path = tmp_path / "log.npz"
+    steps = np.arange(23) * 10 + 5
+    write_counts(path, counts, model="deepseek-v3", top_k=8, steps=steps, layer_ids=[3, 4, 5])
+    log = open_log(path)
+    assert (log.info.kind, log.info.num_steps, log.info.num_layers, log.info.num_experts) == ("counts", 23, 3, 16)
+    assert (log.info.model, log.info.top_k, log.info.layer_ids) == ("deepseek-v3", 8, [3, 4, 5])
+    chunks = list(log.iter_counts(5))
+    assert [c.start for c in chunks] == [0, 5, 10, 15, 20]
+    assert np.array_equal(np.concatenate([c.counts for c in chunks]), counts)
+    assert np.array_equal(np.concatenate([c.steps for c in chunks]), steps)
+    assert chunks[0].counts.dtype == np.uint16  # smallest type that holds the values
+    # the file is a plain npz too: numpy and `eplb solve --loads` read it (summed over steps)
+    with np.load(path) as z:
+        assert np.array_equal(z["counts"], counts)
+    assert np.array_equal(read_window(path).loads, counts.sum(axis=0))
+
+
+def test_counts_written_from_chunks_known_or_unknown_length(tmp_path: Path, counts: np.ndarray) -> None:
+    for num_steps in (23, None):
+        path = tmp_path / f"log{num_steps}.npz"
+        write_counts(path, (counts[i : i + 4] for i in range(0, 23, 4)), num_steps=num_steps, compress=True)
+        again, info = read_counts(path)
+        assert np.array_equal(again, counts) and info.num_steps == 23
+    with pytest.raises(EplbError, match="num_steps is 30 but the chunks hold 23"):
+        write_counts(tmp_path / "x.npz", (counts[i : i + 4] for i in range(0, 23, 4)), num_steps=30)
+    assert not (tmp_path / "x.npz").exists() and not (tmp_path / "x.npz.part").exists()
+
+
+def test_npy_counts_stream(tmp_path: Path, counts: np.ndarray) -> None:
+    path = tmp_path / "log.npy"
+    np.save(path, counts.astype(np.int32))
+    assert np.array_equal(read_counts(path)[0], counts)
+
+
+def test_jsonl_round_trip(tmp_path: Path, counts: np.ndarray) -> None:
+    path = tmp_path / "log.jsonl"
+    write_jsonl(path, counts, model="m", top_k=2, steps=np.arange(23) * 3, layer_ids=[10, 11, 12])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 23 * 3
+    assert json.loads(lines[1]) == {"step": 0, "layer": 10, "counts": counts[0, 0].tolist()}
+    log = open_log(path)
+    assert (log.info.model, log.info.top_k, log.info.layer_ids, log.info.num_steps) == ("m", 2, [10, 11, 12], 23)
+    whole = log.read_counts()
+    assert np.array_equal(whole.counts, counts) and whole.steps.tolist() == list(range(0, 69, 3))
+
+
+def test_jsonl_without_header_any_layer_order(tmp_path: Path) -> None:
+    path = tmp_path / "live.jsonl"
+    records = [
+        {"step": 7, "layer": 1, "counts": [1, 2]},
+        {"step": 7, "layer": 0, "counts": [3, 4]},
+        {"step": 9, "layer": 0, "counts": [5, 6]},
+        {"step": 9, "layer": 1, "counts": [7, 8]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    whole = open_log(path).read_counts()
+    assert whole.steps.tolist() == [7, 9]
+    assert whole.counts.tolist() == [[[3, 4], [1, 2]], [[5, 6], [7, 8]]]
+
+
+def test_topk_round_trip_counts_and_coactivation(tmp_path: Path) -> None:
+    ids = np.array(
+        [  # 4 tokens, 2 layers, k=2; step 0 = tokens 0..2, step 1 = token 3
+            [[0, 1], [2, 3]],
+            [[1, 0], [2, 0]],
+            [[0, 3], [3, 2]],
+            [[2, 1], [1, 0]],
+        ],
+        dtype=np.int16,
+    )
+    offsets = np.array([0, 3, 4])
+    path = tmp_path / "routing.npz"
+    write_topk(path, ids, offsets, num_experts=4, model="tiny")
+    log = open_log(path)
+    assert (log.info.kind, log.info.num_steps, log.info.top_k, log.info.num_experts) == ("topk", 2, 2, 4)
+    counts = log.read_counts().counts
+    assert counts[0, 0].tolist() == [3, 2, 0, 1] and counts[1, 1].tolist() == [1, 1, 0, 0]
+    assert np.array_equal(counts, topk_counts(ids, offsets, 4))
+    co = log.coactivation()
+    assert co.shape == (2, 4, 4) and np.array_equal(co, co.transpose(0, 2, 1))
+    assert co[0, 0, 1] == 2 and co[0, 0, 3] == 1 and co[0, 1, 3] == 0  # tokens choosing both
+    assert np.array_equal(np.einsum("lii->li", co), counts.sum(axis=0))
+    assert np.array_equal(co, coactivation(ids, 4))
+
+
+def _truncate(path: Path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_truncated_files_name_the_step(tmp_path: Path, counts: np.ndarray) -> None:
+    npz = tmp_path / "log.npz"
+    write_counts(npz, counts)
+    step_bytes = 3 * 16 * 2  # uint16
+    data = npz.read_bytes()
+    start = data.index(b"\x93NUMPY")  # the counts member comes first, stored
+    header_len = 10 + int.from_bytes(data[start + 8 : start + 10], "little")
+    npz.write_bytes(data[: start + header_len + 11 * step_bytes + 5])
+    with pytest.raises(EplbError, match=r"truncated: the file ends inside step 11 of 23 \(11 complete steps\)"):
+        open_log(npz)
+    npy = tmp_path / "log.npy"
+    np.save(npy, counts.astype(np.int32))
+    _truncate(npy, 0.5)
+    with pytest.raises(EplbError, match=r"truncated: the file ends inside step 11 of 23"):
+        open_log(npy)
+    jsonl = tmp_path / "log.jsonl"
+    write_jsonl(jsonl, counts)
+    text = jsonl.read_text()
+    jsonl.write_text(text[: len(text) // 2])  # cut inside a line
+    log = open_log(jsonl)
+    with pytest.raises(EplbError, match=r"line \d+: not valid JSON .* may be truncated"):
+        log.read_counts()
+    lines = text.splitlines(keepends=True)
+    jsonl.write_text("".join(lines[:-1]))  # cut at a line end: the last step lacks its last layer
+    with pytest.raises(EplbError, match=r"step 22 \(lines 68-69\) is missing layer\(s\) 2; the file may be truncated"):
+        open_log(jsonl).read_counts()
+
+
+def test_bad_counts_files(tmp_path: Path, counts: np.ndarray) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, counts=counts[0])
+    with pytest.raises(EplbError, match=r"counts must be \[steps, layers, experts\], got shape \[3, 16\]"):
+        open_log(path)
+    neg = counts.astype(np.int32)
+    neg[9, 1, 4] = -2
+    np.savez(path, counts=neg, steps=np.arange(23) + 100)
+    with pytest.raises(EplbError, match=r"step 109 \(position 9\), layer 1, expert 4: count is -2"):
+        open_log(path).read_counts()
+    np.savez(path, counts=counts, steps=np.array([0, 1, 2, 5, 4, *range(6, 24)]))
+    with pytest.raises(EplbError, match=r"steps out of order: step 4 \(position 4\) comes after step 5"):
+        open_log(path)
+    np.savez(path, counts=counts, num_experts=np.int64(15))
+    with pytest.raises(EplbError, match="metadata says 15 experts, counts have 16"):
+        open_log(path)
+    np.savez(path, loads=counts[0])
+    with pytest.raises(EplbError, match="expected 'counts'"):
+        open_log(path)
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 0, "layer": 0, "counts": [1, 2]}'],
+         r"line 2: step 0 has layer 0 twice \(first on line 1\)"),
+        (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 0, "layer": 1, "counts": [1, 2]}',
+          '{"step": 1, "layer": 0, "counts": [1, 2]}', '{"step": 2, "layer": 0, "counts": [1, 2]}'],
+         r"step 1 \(lines 3-3\) is missing layer\(s\) 1"),
+        (['{"step": 5, "layer": 0, "counts": [1, 2]}', '{"step": 4, "layer": 0, "counts": [1, 2]}'],
+         r"line 2: step 4 comes after step 5; steps out of order"),
+        (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 1, "layer": 0, "counts": [1, -2]}'],
+         r"line 2: step 1, layer 0, expert 1: count is -2"),
+        (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 1, "layer": 0, "counts": [1, 2, 3]}'],
+         r"line 2: 'counts' must list 2 numbers, got 3 values"),
+        (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 1, "layer": 3, "counts": [1, 2]}'],
+         r"line 2: step 1 has layer 3, which the first step does not have"),
+        (['{"format": "eplb.counts-jsonl/v1", "num_steps": 3}', '{"step": 0, "layer": 0, "counts": [1, 2]}'],
+         r"the file says 3 steps but holds 1"),
+    ],
+)  # fmt: skip
+def test_bad_jsonl_names_the_line_or_step(tmp_path: Path, lines: list[str], message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(EplbError, match=message):
+        open_log(path).read_counts()
+
+
+def test_bad_topk_files(tmp_path: Path) -> None:
+    ids = np.zeros((5, 2, 2), dtype=np.int16)
+    ids[:, :, 1] = 1
+    path = tmp_path / "bad.npz"
+    np.savez(path, topk_ids=ids, step_offsets=np.array([0, 3, 2, 5]), num_experts=np.int64(4))
+    with pytest.raises(EplbError, match=r"step_offsets go backwards at step 2.*steps out of order"):
+        open_log(path)
+    np.savez(path, topk_ids=ids, step_offsets=np.array([0, 3, 6]), num_experts=np.int64(4))
+    with pytest.raises(EplbError, match="step_offsets end at token 6, topk_ids has 5 tokens; truncated"):
+        open_log(path)
+    ids[4, 1, 0] = 9
+    np.savez(path, topk_ids=ids, step_offsets=np.array([0, 3, 5]), num_experts=np.int64(4))
+    with pytest.raises(EplbError, match=r"step 1, token 4, layer 1: expert id 1\.\.9 is outside 0\.\.3"):
+        open_log(path).read_counts()
+    np.savez(path, topk_ids=ids, step_offsets=np.array([0, 5]))
+    with pytest.raises(EplbError, match="needs 'num_experts'"):
+        open_log(path)
+
+
+def test_unknown_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(EplbError, match="routing log not found"):
+        open_log(tmp_path / "nope.npz")
+    (tmp_path / "x.csv").write_text("1,2\n")
+    with pytest.raises(EplbError, match=r"unknown routing log type '\.csv'"):
+        open_log(tmp_path / "x.csv")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip at all")
+    with pytest.raises(EplbError, match=r"not a readable \.npz archive"):
+        open_log(tmp_path / "junk.npz")
+
+
+def test_deflated_npz_streams_too(tmp_path: Path, counts: np.ndarray) -> None:
+    path = tmp_path / "c.npz"
+    write_counts(path, counts, compress=True)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.getinfo("counts.npy").compress_type == zipfile.ZIP_DEFLATED
+    assert np.array_equal(np.concatenate([c.counts for c in open_log(path).iter_counts(7)]), counts)

@@ -1,0 +1,356 @@
+"""Replay with periodic rebalancing: the schedule convention (no lookahead), baselines, the time
+model, bounded memory, the synthetic generator and the `eplb synth` / `eplb replay` commands."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.cli import replay as cli_replay
+from eplb.cost import predict
+from eplb.errors import EplbError
+from eplb.evaluate import balance
+from eplb.logs import open_log, write_counts
+from eplb.placement import Placement
+from eplb.progress import Progress
+from eplb.replay import Schedule, initial_placement, predict_time_us, replay
+from eplb.solve import Cluster, CostSetup, solve
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
+from eplb.synth import SEED004_TABLE, SynthConfig, log_stats, synth_counts, synth_log, synth_topk
+from solvers.greedy import solve_greedy
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def seed004() -> np.ndarray:
+    return np.asarray(json.loads((FIXTURES / "seed004-counts.json").read_text())["loads"][0])
+
+
+def two_regimes(steps: int, shift: int, layers: int = 3, experts: int = 32, seed: int = 0) -> np.ndarray:
+    """Counts [steps, layers, experts]: one hot set before `shift`, a different one from it on."""
+    rng = np.random.default_rng(seed)
+    pop = [rng.permuted(np.tile(1.0 / np.arange(1, experts + 1), (layers, 1)), axis=1) for _ in range(2)]
+    p = np.where(np.arange(steps)[:, None, None] < shift, pop[0][None], pop[1][None])
+    return rng.multinomial(4096, p / p.sum(axis=2, keepdims=True))
+
+
+def small_cost(experts: int, top_k: int = 8, tokens_per_gpu: float | None = None, overlap: bool = True) -> CostSetup:
+    import dataclasses
+
+    model = dataclasses.replace(MODEL_PRESETS["deepseek-v3"], num_experts=experts, top_k=top_k, name="small")
+    hw = HARDWARE_PRESETS["b200"]
+    return CostSetup(model, hw, hw.nvlink_bandwidth, tokens_per_gpu, overlap)
+
+
+def test_no_lookahead_regime_shift() -> None:
+    """The shift lands on a rebalance step: that rebalance saw only the old regime, so lb jumps at the
+    shift and stays high until the next rebalance, whose window holds only new-regime steps."""
+    log = two_regimes(500, shift=300)
+    res = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=50, interval=100), collect=True)
+    st = res.steps
+    assert st is not None
+    lb = st.lb.mean(axis=1)
+    before, after_shift, recovered = lb[201:300].mean(), lb[300:401].mean(), lb[401:].mean()
+    assert before < 1.15 and recovered < 1.15
+    assert after_shift > 1.5 * before and lb[300] > 1.4 and lb[400] > 1.4  # step 400 still on the old placement
+    assert st.oracle_lb.max() < 1.2  # the ceiling does not jump
+    assert [(r.position, r.applies_from, r.window_steps) for r in res.rebalances] == [
+        (100, 101, 50), (200, 201, 50), (300, 301, 50), (400, 401, 50)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("delay", "first_good"), [(1, 151), (0, 150), (3, 153)])
+def test_placement_serves_from_the_step_after_its_rebalance(delay: int, first_good: int) -> None:
+    log = two_regimes(200, shift=100)
+    sched = Schedule(window=40, interval=1000, first=150, delay=delay)
+    res = replay(log, Cluster(np.full(8, 5)), schedule=sched, oracle_every=0, collect=True)
+    assert res.steps is not None
+    lb = res.steps.lb.mean(axis=1)
+    assert lb[first_good - 1] > 1.4 and lb[first_good:].max() < 1.2
+    assert np.isnan(res.steps.oracle_lb).all()
+
+
+def test_seed004_window_lb_reproduced_at_one_step() -> None:
+    """A seed-004-like log (noisy draws from seed 004's popularity); the step after the rebalance carries
+    exactly the window's counts, so its realized lb must equal the lb the solver reports on that window."""
+    base = seed004().astype(np.float64)
+    rng = np.random.default_rng(4)
+    log = rng.multinomial(4096 * 8, base / base.sum(), size=(12, 1))
+    window, s = 5, 8
+    log[s + 1, 0] = log[s - window : s, 0].sum(axis=0)
+    cluster = Cluster(np.full(32, 9))  # EP32, one redundant expert per GPU (seed 004 section 5.2)
+    res = replay(log, cluster, schedule=Schedule(window=window, interval=s), collect=True)
+    solved = solve(log[s - window : s].sum(axis=0).astype(np.float64), cluster)
+    assert res.steps is not None
+    assert res.steps.lb[s + 1, 0] == pytest.approx(solved.balance.lb[0], rel=1e-6)
+    assert res.rebalances[0].window_lb[0] == pytest.approx(solved.balance.lb[0], rel=1e-12)
+    assert res.steps.no_eplb_lb[s + 1, 0] == pytest.approx(solved.baseline.lb[0], rel=1e-6)
+    # on seed 004's own counts: the replay reproduces its table (EP32: 1.41 without EPLB, 1.00 with)
+    exact = np.tile(seed004(), (4, 1, 1))
+    res = replay(exact, cluster, schedule=Schedule(window=1, interval=2), collect=True)
+    assert res.steps is not None
+    assert round(float(res.steps.no_eplb_lb[3, 0]), 2) == SEED004_TABLE[32][0]
+    assert round(float(res.steps.lb[3, 0]), 2) == SEED004_TABLE[32][2]
+
+
+def test_baselines_static_oracle_and_moves() -> None:
+    log = two_regimes(260, shift=130, layers=2)
+    cluster = Cluster(np.full(8, 5))
+    cost = small_cost(32)
+    res = replay(log, cluster, schedule=Schedule(window=30, interval=60), cost=cost, collect=True)
+    st = res.steps
+    assert st is not None and res.static is not None
+    assert [r.position for r in res.rebalances] == [60, 120, 180, 240]
+    for t in (100, 200, 259):  # static = the first rebalance's placement, kept
+        assert st.static_lb[t] == pytest.approx(balance(log[t].astype(float), res.static).lb, rel=1e-6)
+    for t in (0, 77, 259):  # oracle = greedy on the step's own counts
+        own = Placement(solve_greedy(log[t].astype(float), cluster.slots_per_gpu), cluster.slots_per_gpu, 32)
+        assert st.oracle_lb[t] == pytest.approx(balance(log[t].astype(float), own).lb, rel=1e-9)
+    assert np.all(st.oracle_lb <= st.lb + 1e-6)
+    start = initial_placement(2, 32, cluster.slots_per_gpu)
+    for t in (0, 60):  # vLLM's initial placement serves until the first placement applies at step 61
+        assert st.lb[t] == pytest.approx(balance(log[t].astype(float), start).lb, rel=1e-6)
+    first = res.rebalances[0]
+    assert first.moves == int(first.moves_per_layer.sum()) > 0
+    assert first.bytes_moved == first.moves * cost.model.expert_bytes and first.solve_ms > 0
+    summary = res.summary
+    assert summary["rebalances"]["count"] == 4
+    assert set(summary["results"]) == {"no_eplb", "static", "replay", "oracle"}
+    assert summary["results"]["replay"]["lb_mean"] < summary["results"]["static"]["lb_mean"]
+    assert summary["results"]["oracle"]["lb_mean"] <= summary["results"]["replay"]["lb_mean"]
+
+
+def test_initial_placement_is_vllms() -> None:
+    p = initial_placement(2, 6, np.array([3, 3, 2]))
+    assert p.phy2log.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1]] * 2
+
+
+def test_ewma_alpha_one_sees_only_the_last_step() -> None:
+    log = two_regimes(40, shift=20)
+    cluster = Cluster(np.full(8, 5))
+    res = replay(log, cluster, schedule=Schedule(window=10, interval=30, ewma=1.0), oracle_every=0)
+    expected = solve(log[29].astype(np.float64), cluster).balance.lb
+    assert res.rebalances[0].window_lb == pytest.approx(expected, rel=1e-12)
+    plain = replay(log, cluster, schedule=Schedule(window=10, interval=30), oracle_every=0)
+    assert plain.rebalances[0].window_lb == pytest.approx(solve(log[20:30].sum(0).astype(float), cluster).balance.lb)
+
+
+@pytest.mark.parametrize(("tokens_per_gpu", "overlap"), [(None, True), (4096.0, True), (None, False)])
+def test_time_column_is_the_cost_models(tokens_per_gpu: float | None, overlap: bool) -> None:
+    rng = np.random.default_rng(3)
+    counts = rng.poisson(rng.gamma(0.5, 40.0, size=(6, 3, 32)))  # some experts get no tokens
+    counts[2, 1] = 0  # a layer with no tokens at all
+    counts[4, 0, :20] = 0  # most experts idle: fewer active slots on every GPU
+    assert (counts == 0).any()
+    slots = np.full(8, 5)
+    cost = small_cost(32, tokens_per_gpu=tokens_per_gpu, overlap=overlap)
+    placement = Placement(solve_greedy(counts.sum(axis=0).astype(float), slots), slots, 32)
+    ours = predict_time_us(counts, placement, cost)
+    for t in range(6):
+        ref = predict(counts[t].astype(float), placement.phy2log, slots, cost.model, cost.hardware, cost.link_bw,
+                      tokens_per_gpu=tokens_per_gpu, overlap=overlap)  # fmt: skip
+        assert ours[t] == pytest.approx(ref.time_us, rel=1e-5)
+
+
+def test_memory_is_bounded_by_the_window_not_the_log() -> None:
+    cfg = SynthConfig(steps=3000, layers=4, experts=64, top_k=4, tokens=512, model=None)
+    cluster = Cluster(np.full(8, 9))
+
+    def peak(steps: int) -> int:
+        chunks = (c for i, c in enumerate(synth_counts(cfg, 100)) if i * 100 < steps)
+        tracemalloc.start()
+        replay(chunks, cluster, schedule=Schedule(window=200, interval=300), oracle_every=0, chunk_steps=100)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    short, long = peak(600), peak(3000)
+    assert long < 1.3 * short
+
+
+def test_schedule_and_input_errors() -> None:
+    log = two_regimes(10, shift=5)
+    cluster = Cluster(np.full(8, 5))
+    for sched, message in [
+        (Schedule(window=0), "window must be"),
+        (Schedule(interval=5, delay=5), "delay .5. must be shorter than the interval"),
+        (Schedule(first=0), "first rebalance needs at least one step"),
+        (Schedule(ewma=1.5), "EWMA alpha must be in"),
+    ]:
+        with pytest.raises(EplbError, match=message):
+            replay(log, cluster, schedule=sched)
+    with pytest.raises(EplbError, match="cannot hold 32 experts"):
+        replay(log, Cluster(np.full(8, 3)))
+    with pytest.raises(EplbError, match="model 'small' has 16 experts"):
+        replay(log, cluster, cost=small_cost(16))
+
+
+# --------------------------------------------------------------------------------------------
+# The synthetic generator
+# --------------------------------------------------------------------------------------------
+
+
+def test_synth_is_deterministic_by_seed_and_prefix_stable() -> None:
+    cfg = SynthConfig(steps=30, layers=3, experts=32, top_k=4, tokens=256, groups=4, shift_at=(12,), shift_every=9)
+    a, b = synth_log(cfg), synth_log(cfg)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, synth_log(SynthConfig(**{**cfg.__dict__, "seed": 1})))
+    longer = synth_log(SynthConfig(**{**cfg.__dict__, "steps": 50}))
+    assert np.array_equal(longer[:30], a)
+    assert np.all(a.sum(axis=2) == 256 * 4) and a.dtype == np.uint16
+
+
+def test_synth_default_looks_like_deepseek_r1() -> None:
+    """Published DeepSeek-R1 numbers: hottest expert ~10-12x the mean; without EPLB at EP32 an
+    imbalance (max - mean) / mean ~1.5 (the SGLang DeepSeek-V3 windows in fixtures/ give 1.48-1.52);
+    hot sets that hold for tens to hundreds of steps."""
+    stats = log_stats(synth_counts(SynthConfig(steps=120)), gpus=32, lags=(1, 10, 100))
+    assert 10.0 <= stats.hot_ratio[0] <= 12.0
+    assert 1.35 <= stats.imbalance <= 1.65
+    assert stats.hot_set_overlap[10] > 0.8 and 0.5 < stats.hot_set_overlap[100] < 0.8
+
+
+def test_synth_regime_shift_changes_the_hot_set() -> None:
+    cfg = SynthConfig(steps=40, layers=2, experts=64, top_k=4, tokens=4096, drift_std=0.0, groups=1,
+                      group_std=0.0, shift_at=(20,), model=None)  # fmt: skip
+    log = synth_log(cfg).astype(float)
+    before, after = log[:20].sum(0), log[20:].sum(0)
+
+    def top(x: np.ndarray) -> set[int]:
+        return set(np.argsort(-x)[:8].tolist())
+
+    assert all(len(top(before[layer]) & top(after[layer])) <= 3 for layer in range(2))
+    assert all(len(top(log[:10].sum(0)[layer]) & top(log[10:20].sum(0)[layer])) >= 7 for layer in range(2))
+
+
+def test_synth_hot_ratio_or_exponent() -> None:
+    flat = SynthConfig(steps=5, layers=8, experts=64, top_k=4, tokens=20000, groups=1, group_std=0, drift_std=0,
+                       hot_ratio=3.0, model=None)  # fmt: skip
+    stats = log_stats(synth_counts(flat), gpus=8, lags=(1,))
+    assert 2.6 < stats.hot_ratio[0] < 3.4
+    with pytest.raises(EplbError, match="below what the group and drift effects alone give"):
+        SynthConfig(hot_ratio=1.1, drift_std=2.0).resolved_exponent()
+    assert SynthConfig(exponent=0.4).resolved_exponent() == 0.4
+
+
+def test_synth_topk_tokens_pick_distinct_experts() -> None:
+    cfg = SynthConfig(steps=3, layers=2, experts=16, top_k=4, tokens=50, groups=2, model=None)
+    ids, offsets = synth_topk(cfg)
+    assert ids.shape == (150, 2, 4) and ids.dtype == np.int16 and offsets.tolist() == [0, 50, 100, 150]
+    assert np.all(np.sort(ids, axis=2)[:, :, 1:] != np.sort(ids, axis=2)[:, :, :-1])
+
+
+def test_seed004_preset_is_exact(tmp_path: Path) -> None:
+    out = tmp_path / "seed004.npz"
+    assert run_cli(["synth", "--out", str(out), "--preset", "seed004"]) == 0
+    counts = open_log(out).read_counts().counts
+    assert counts.shape == (1, 1, 256)
+    assert counts[0, 0].tolist() == seed004().tolist()  # fixtures/seed004-counts.json: the published draw
+
+
+# --------------------------------------------------------------------------------------------
+# The commands (through a parser built from register(); `eplb` wires it in eplb/cli/__init__.py)
+# --------------------------------------------------------------------------------------------
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="eplb")
+    sub = parser.add_subparsers(dest="command")
+    cli_replay.register(sub)
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except EplbError as exc:
+        print(f"eplb {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log.npz"
+    assert run_cli(["synth", "--out", str(log), "--steps", "90", "--layers", "3", "--experts", "32",
+                    "--top-k", "4", "--tokens", "512", "--groups", "4", "--shift-at", "50"]) == 0  # fmt: skip
+    assert "hottest / mean expert" in capsys.readouterr().out
+    out = tmp_path / "run"
+    assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8",
+                    "--model", "deepseek-v3", "--out", str(out)]) == 2  # fmt: skip
+    assert "model 'deepseek-v3' has 256 experts, the log has 32" in capsys.readouterr().err
+    assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8", "--redundant", "8",
+                    "--oracle-every", "2", "--out", str(out), "--progress"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert "replay (greedy)" in captured.out and "rebalances: 2" in captured.out
+    assert "90/90 steps 100%" in captured.err
+    with (out / "steps.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["step", "layer", "lb", "oracle_lb", "static_lb", "no_eplb_lb", "time_us"]
+    assert len(rows) == 90 * 3 and rows[3]["oracle_lb"] == "" and rows[6]["oracle_lb"] != ""
+    assert rows[0]["time_us"] == ""  # no model for 32 experts: no time
+    with (out / "rebalances.csv").open() as f:
+        rebalances = list(csv.DictReader(f))
+    assert [r["step"] for r in rebalances] == ["30", "60"] and list(rebalances[0]) == [
+        "step", "moves", "bytes_moved", "solve_ms"
+    ]  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schedule"]["window"] == 20 and summary["cluster"]["redundant"] == 8
+    assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rebalances"]["count"] == 2
+
+
+def test_replay_with_a_model_reports_time_and_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log.npz"
+    counts = synth_log(SynthConfig(steps=12, layers=58, experts=256, tokens=2048))
+    write_counts(log, counts, model="deepseek-v3", top_k=8)
+    assert run_cli(["replay", str(log), "--window", "4", "--interval", "5", "--oracle-every", "0", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["cost"]["model"] == "deepseek-v3"
+    rb = summary["rebalances"]["list"][0]
+    assert rb["bytes_moved"] == rb["moves"] * MODEL_PRESETS["deepseek-v3"].expert_bytes
+    assert summary["results"]["replay"]["step_time_us"] > 0
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 1, "layer": 0, "counts": [1, 2]}\n{"step": 0, "layer": 0, "counts": [1, 2]}\n')
+    assert run_cli(["replay", str(bad), "--gpus", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "line 2: step 0 comes after step 1" in err
+    assert run_cli(["replay", str(tmp_path / "none.npz")]) == 2
+    assert "routing log not found" in capsys.readouterr().err
+    assert run_cli(["synth", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "use a .npz or .jsonl" in capsys.readouterr().err
+
+
+def test_progress_bar() -> None:
+    """eplb.progress.Progress serves both the replay (a `progress(done)` callable, unit "steps",
+    maybe no total) and `eplb compare` (`advance(n, note)` in a with block)."""
+    stream = io.StringIO()
+    bar = Progress(1000, "replay", stream, enabled=True, unit="steps")
+    bar(10)
+    bar(1000)
+    bar.close()
+    bar.close()  # once only
+    text = stream.getvalue()
+    assert text.startswith("\rreplay [") and "1,000/1,000 steps 100%" in text and text.endswith("\n")
+    assert text.count("\n") == 1
+    stream = io.StringIO()
+    with Progress(None, "replay", stream, enabled=True, unit="steps") as unknown:
+        unknown.update(12_345)
+    assert "replay 12,345 steps" in stream.getvalue() and "left" not in stream.getvalue()
+    stream = io.StringIO()
+    with Progress(4, "compare", stream, enabled=True) as steps:
+        steps.advance(1, "EP32 milp")
+        steps.advance(9)
+    assert steps.done == 4 and "4/4 100%" in stream.getvalue() and "EP32 milp" in stream.getvalue()
+    quiet = io.StringIO()  # not a terminal: silent unless enabled
+    with Progress(3, "compare", quiet) as silent:
+        silent.advance(3)
+    assert quiet.getvalue() == ""
+
