@@ -1,6 +1,7 @@
 """Comparison reports: every solver on the same windows, side by side, in Markdown, HTML and JSON.
 
 `compare_window` runs the solvers over a sweep of EP sizes and slot counts on one load window;
+`compare_log` replays a routing log with each solver on the same rebalancing schedule (`eplb.replay`);
 `write_report` turns the runs into `results.json`, `report.md`, a self-contained `report.html` (plots
 embedded as PNG data URIs) and the PNG files themselves.
 """
@@ -10,25 +11,61 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.budget import spread_evenly
+from eplb.budget import GIB, spread_evenly
 from eplb.errors import EplbError
+from eplb.logs import RoutingLog
 from eplb.progress import Progress
+from eplb.replay import Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
+from solvers.bounds import lower_bound
 
 SOLVER_CHOICES = ("greedy", "milp", "milp-weighted")
 
 
 @dataclass
+class ReplayStats:
+    """What replaying a routing log adds to a Run (`compare_log`). Per-rebalance lists: [R], one entry
+    per rebalance; per-layer lists: [L]. The Run's per-layer means (lb, bound, time_us, ...) average
+    the `steps` steps served by the solver's own placements: from the first rebalance's first serving
+    step (`first_step`) to the end of the log; the steps before it serve vLLM's initial placement
+    whatever the solver, and count only in `lb_all_steps`."""
+
+    steps: int  # steps averaged over
+    first_step: int  # step id of the first of them
+    rebalance_steps: list[int]  # [R] step ids at which the solver ran
+    solve_ms: list[float]  # [R] solver wall time per rebalance, all layers, ms
+    layer_solve_ms: list[list[float]]  # [R][L] per layer, ms (greedy: the wall time split evenly)
+    bytes_moved: list[float] | None  # [R] bytes of expert weights copied; None without a model
+    window_lb: list[float]  # [R] mean over layers of the lb the solver reported on its window
+    lb_all_steps: list[float]  # [L] mean lb over every step of the log
+    static_lb: list[float]  # [L] the first rebalance's placement kept
+    oracle_lb: list[float] | None  # [L] every sampled step solved on its own counts (greedy); None: skipped
+    oracle_steps: int  # sampled steps behind oracle_lb
+    static_time_us: list[float] | None = None  # [L] µs, mean predicted layer time
+    oracle_time_us: list[float] | None = None  # [L] µs
+    step_time_us: float | None = None  # mean predicted MoE time of a step, all layers, µs
+    schedule: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Run:
-    """One solver on one cluster shape; per-layer lists have one entry per MoE layer."""
+    """One solver on one cluster shape; per-layer lists have one entry per MoE layer.
+
+    On a load window (`compare_window`): lb, bound, gap and times of the placement on that window,
+    solve_ms per layer. On a routing log (`compare_log`): lb, baseline_lb (no EPLB) and time_us are
+    per-layer means over the replayed steps (see ReplayStats), bound the mean of each step's lower
+    bound (no placement does better on average), gap and status the worst over the rebalances'
+    windows, solve_ms the mean per layer over rebalances, moves the expert copies per rebalance
+    ([R], all layers), and `replay` holds the rest.
+    """
 
     solver: str
     ep: int
@@ -44,6 +81,7 @@ class Run:
     bottleneck: list[str] | None = None
     moves: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    replay: ReplayStats | None = None
 
     @property
     def label(self) -> str:
@@ -116,16 +154,227 @@ def compare_window(
     return runs
 
 
+_STATUS_ORDER = ("greedy_fallback", "time_limit", "feasible", "optimal", "heuristic")
+
+
+class _LogView(RoutingLog):
+    """A routing log cut to its first `layers` layers (None: all), calling `tap(start, counts)` with
+    every chunk read (positions from 0, counts [n, layers, E]) when tap is set."""
+
+    def __init__(self, log: RoutingLog, layers: int | None) -> None:
+        self.inner = log
+        self.layers = layers
+        info = log.info
+        if layers is not None:
+            ids = None if info.layer_ids is None else info.layer_ids[:layers]
+            info = replace(info, num_layers=layers, layer_ids=ids)
+        self.info = info
+        self.tap: Callable[[int, NDArray[Any]], None] | None = None
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        for chunk in self.inner.iter_counts(chunk_steps):
+            counts = chunk.counts if self.layers is None else chunk.counts[:, : self.layers]
+            if self.tap is not None:
+                self.tap(chunk.start, counts)
+            yield chunk.steps, counts
+
+
+class _StepBounds:
+    """Sum over steps from position `start` on of each step's lower bound on lb, per layer: the
+    bound of `solvers.bounds.lower_bound` on that step's counts over its mean GPU load (1 for a
+    step without tokens). Uniform shares and weighted shares (valid for any placement) apart."""
+
+    def __init__(self, slots: NDArray[np.int64], start: int, layers: int) -> None:
+        self.slots, self.start = slots, start
+        self.sums = {"uniform": np.zeros(layers), "weighted": np.zeros(layers)}
+        self.steps = 0
+
+    def __call__(self, pos: int, counts: NDArray[Any]) -> None:
+        keep = counts[max(0, self.start - pos) :]
+        if not keep.shape[0]:
+            return
+        n, layers, experts = keep.shape
+        flat = keep.reshape(n * layers, experts).astype(np.float64)
+        mean = flat.sum(axis=1) / self.slots.size
+        for split, total in self.sums.items():
+            bound = lower_bound(flat, self.slots, split=split)  # type: ignore[arg-type]
+            lb = np.divide(bound, mean, out=np.ones_like(bound), where=mean > 0)
+            total += lb.reshape(n, layers).sum(axis=0)
+        self.steps += n
+
+
+class _LayerMeans:
+    """Per-layer sums of a replay's StepBlocks over positions >= start (and of lb over all steps)."""
+
+    NAMES = ("lb", "static_lb", "no_eplb_lb", "time_us", "static_time_us", "no_eplb_time_us")
+
+    def __init__(self, start: int, layers: int) -> None:
+        self.start = start
+        self.sums = {name: np.zeros(layers) for name in (*self.NAMES, "oracle_lb", "oracle_time_us", "lb_all")}
+        self.steps = self.oracle_steps = self.all_steps = 0
+        self.first_step: int | None = None
+
+    def __call__(self, block: StepBlock) -> None:
+        self.sums["lb_all"] += block.lb.sum(axis=0)
+        self.all_steps += block.num_steps
+        keep = slice(max(0, self.start - block.start), None)
+        if not block.steps[keep].size:
+            return
+        if self.first_step is None:
+            self.first_step = int(block.steps[keep][0])
+        for name in self.NAMES:
+            self.sums[name] += getattr(block, name)[keep].sum(axis=0)
+        self.steps += int(block.steps[keep].size)
+        solved = block.oracle_lb[keep]
+        picked = ~np.isnan(solved[:, 0])
+        self.sums["oracle_lb"] += solved[picked].sum(axis=0)
+        self.sums["oracle_time_us"] += block.oracle_time_us[keep][picked].sum(axis=0)
+        self.oracle_steps += int(picked.sum())
+
+    def mean(self, name: str) -> list[float] | None:
+        """[L] mean over the kept steps (None when nothing to average: no steps, no oracle, no times)."""
+        steps = {"oracle_lb": self.oracle_steps, "oracle_time_us": self.oracle_steps, "lb_all": self.all_steps}
+        n = steps.get(name, self.steps)
+        values = self.sums[name]
+        if n == 0 or np.isnan(values).any():
+            return None
+        out: list[float] = (values / n).tolist()
+        return out
+
+
+def compare_log(
+    log: RoutingLog,
+    shapes: Sequence[tuple[int, NDArray[np.int64]]],
+    solvers: Sequence[str],
+    cost: CostSetup | None,
+    time_limit_s: float | None = None,
+    *,
+    schedule: Schedule | None = None,
+    oracle_every: int = 10,
+    layers: int | None = None,
+    progress: bool | None = None,
+) -> list[Run]:
+    """Replay a routing log [steps, L, E] with every solver on every cluster shape, all on the same
+    schedule (`eplb.replay.replay`), and summarize each replay as a Run (see Run and ReplayStats).
+
+    oracle_every: solve the oracle on every n-th step (0: skip it); it and the no-EPLB baseline do not
+    depend on the solver, so only the first solver of each shape computes them and the others share
+    them. layers: replay only the first `layers` layers (quicker MILP runs). Raises EplbError when no
+    rebalanced placement serves a step of the log (the log is shorter than the schedule's first
+    rebalance plus its delay)."""
+    sched = schedule or Schedule()
+    sched.check()
+    if layers is not None and not 1 <= layers <= log.info.num_layers:
+        raise EplbError(f"layers must be between 1 and the log's {log.info.num_layers}, got {layers}")
+    view = _LogView(log, layers)
+    served_from = sched.first_position + sched.delay
+    num_steps = view.info.num_steps
+    if num_steps is not None and served_from >= num_steps:
+        raise EplbError(
+            f"the log has {num_steps:,} steps but the first rebalanced placement serves from step position "
+            f"{served_from:,}: lower --interval or --first-rebalance"
+        )
+    total = None if num_steps is None else num_steps * len(shapes) * len(solvers)
+    runs: list[Run] = []
+    with Progress(total, "compare", enabled=progress, unit="steps") as bar:
+        for ep, slots in shapes:
+            shared: _LayerMeans | None = None
+            bounds = _StepBounds(slots, served_from, view.info.num_layers)
+            for name in solvers:
+                solver, split = ("milp", "weighted") if name == "milp-weighted" else (name, "uniform")
+                means = _LayerMeans(served_from, view.info.num_layers)
+                view.tap = bounds if shared is None else None
+                result = replay(
+                    view, Cluster(slots), schedule=sched, solver=solver, split=split, cost=cost,
+                    oracle_every=oracle_every if shared is None else 0, time_limit_s=time_limit_s,
+                    on_steps=means, progress=_shifted(bar, bar.done, f"EP{ep} {name}"),
+                )  # fmt: skip
+                view.tap = None
+                if means.steps == 0:
+                    raise EplbError(
+                        f"the log has {means.all_steps:,} steps but the first rebalanced placement serves from "
+                        f"step position {served_from:,}: lower --interval or --first-rebalance"
+                    )
+                runs.append(_log_run(name, ep, slots, split, result.rebalances, means, shared or means, bounds,
+                                     result.summary["schedule"]))  # fmt: skip
+                shared = shared or means
+    return runs
+
+
+def _shifted(bar: Progress, offset: int, note: str) -> Callable[[int], None]:
+    """A replay's progress(done) drawn on `bar` after `offset` steps of earlier replays."""
+    return lambda done: bar.update(offset + done, note)
+
+
+def _log_run(
+    name: str,
+    ep: int,
+    slots: NDArray[np.int64],
+    split: str,
+    rebalances: Sequence[Any],
+    means: _LayerMeans,
+    shared: _LayerMeans,
+    bounds: _StepBounds,
+    schedule: dict[str, Any],
+) -> Run:
+    """A Run from one replay: `means` its own per-layer sums, `shared` the ones holding the oracle."""
+    lb = means.mean("lb")
+    assert lb is not None
+    layers = len(lb)
+    infos = [rb.solver_info for rb in rebalances]
+    layer_ms = [list(info.get("layer_ms", [info["wall_ms"] / layers] * layers)) for info in infos]
+    statuses = [list(info.get("layer_status", [info["status"]] * layers)) for info in infos]
+    status = [min((s[i] for s in statuses), key=_STATUS_ORDER.index) for i in range(layers)]
+    time_us = means.mean("time_us")
+    moved = [rb.bytes_moved for rb in rebalances]
+    stats = ReplayStats(
+        steps=means.steps,
+        first_step=int(means.first_step or 0),
+        rebalance_steps=[rb.step for rb in rebalances],
+        solve_ms=[rb.solve_ms for rb in rebalances],
+        layer_solve_ms=layer_ms,
+        bytes_moved=None if any(b is None for b in moved) else [float(b) for b in moved],
+        window_lb=[float(rb.window_lb.mean()) for rb in rebalances],
+        lb_all_steps=means.mean("lb_all") or [],
+        static_lb=means.mean("static_lb") or [],
+        oracle_lb=shared.mean("oracle_lb"),
+        oracle_steps=shared.oracle_steps,
+        static_time_us=means.mean("static_time_us"),
+        oracle_time_us=shared.mean("oracle_time_us"),
+        step_time_us=None if time_us is None else float(sum(time_us)),
+        schedule=schedule,
+    )
+    return Run(
+        solver=name,
+        ep=ep,
+        slots_per_gpu=slots.tolist(),
+        lb=lb,
+        bound=(bounds.sums[split] / max(1, bounds.steps)).tolist(),
+        solve_ms=np.mean(layer_ms, axis=0).tolist(),
+        status=status,
+        gap=np.max([info["gap"] for info in infos], axis=0).tolist(),
+        baseline_lb=means.mean("no_eplb_lb") or [],
+        time_us=time_us,
+        baseline_time_us=means.mean("no_eplb_time_us"),
+        moves=[rb.moves for rb in rebalances],
+        replay=stats,
+    )
+
+
 # ----- verdict and tables --------------------------------------------------------------------------------
 
 
 def verdict(runs: Sequence[Run]) -> list[str]:
-    """Sentences saying where the exact solvers beat greedy, by how much, at what solve time."""
+    """Sentences saying where the exact solvers beat greedy, by how much, at what solve time; for a
+    log replay, also what each solver's placements realized (lb) and cost to roll out (moves)."""
     lines: list[str] = []
     by_shape: dict[str, dict[str, Run]] = {}
     for run in runs:
         by_shape.setdefault(run.label, {})[run.solver] = run
     for label, group in by_shape.items():
+        if any(r.replay is not None for r in group.values()):
+            lines.extend(_log_verdict(label, group))
+            continue
         greedy = group.get("greedy")
         if greedy is None:
             continue
@@ -152,6 +401,110 @@ def verdict(runs: Sequence[Run]) -> list[str]:
                 f"(greedy {g_ms:,.2f} ms)."
             )
     return lines or ["Only one solver ran: nothing to compare."]
+
+
+def _moves_text(moves: float, bytes_per_move: float | None) -> str:
+    return f"{moves:,.0f}" + ("" if bytes_per_move is None else f" ({moves * bytes_per_move / GIB:,.1f} GiB)")
+
+
+def _bytes_per_move(r: Run) -> float | None:
+    """Bytes of one expert copy (from the replay's bytes moved), None without a model or moves."""
+    st = r.replay
+    if st is None or st.bytes_moved is None or not r.moves or sum(r.moves) == 0:
+        return None
+    return sum(st.bytes_moved) / sum(r.moves)
+
+
+def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
+    """Per cluster shape of a log replay: the baselines, each solver's realized lb and moves, and each
+    other solver against greedy (or the first solver)."""
+    first = next(iter(group.values()))
+    st = first.replay
+    assert st is not None
+    context = [f"no EPLB {np.mean(first.baseline_lb):.3f}"]
+    if st.oracle_lb is not None:
+        context.append(f"oracle {np.mean(st.oracle_lb):.3f} on {st.oracle_steps:,} sampled steps")
+    context.append(f"lower bound {np.mean(first.bound):.3f}")
+    parts = []
+    for name, r in group.items():
+        rs = r.replay
+        assert rs is not None and r.moves is not None
+        moves = float(np.median(r.moves)) if r.moves else 0.0
+        parts.append(
+            f"{name} {np.mean(r.lb):.3f} (static {np.mean(rs.static_lb):.3f}) moving "
+            f"{_moves_text(moves, _bytes_per_move(r))} expert copies per rebalance and solving in "
+            f"{np.median(rs.solve_ms) if rs.solve_ms else 0.0:,.0f} ms (medians)"
+        )
+    lines = [
+        f"{label}, replaying {st.steps:,} steps from step {st.first_step:,} ({len(st.rebalance_steps)} rebalances): "
+        f"mean lb {'; '.join(parts)}; for reference {', '.join(context)}."
+    ]
+    ref_name = "greedy" if "greedy" in group else first.solver
+    ref = group[ref_name]
+    for name, r in group.items():
+        if name == ref_name:
+            continue
+        lines.append(_versus(label, name, r, ref_name, ref))
+    return lines
+
+
+def _versus(label: str, name: str, r: Run, ref_name: str, ref: Run) -> str:
+    """One sentence: r against ref on realized lb and moves per rebalance."""
+    r_lb, g_lb = float(np.mean(r.lb)), float(np.mean(ref.lb))
+    better = sum(1 for a, b in zip(r.lb, ref.lb, strict=True) if a < b - 1e-9)
+    d_lb = (r_lb - g_lb) / g_lb
+    lb_word = "the same" if abs(d_lb) < 1e-3 else f"{abs(d_lb):.1%} {'lower' if d_lb < 0 else 'higher'}"
+    r_moves = sum(r.moves or [])
+    g_moves = sum(ref.moves or [])
+    if g_moves:
+        d_mv = (r_moves - g_moves) / g_moves
+        mv_word = "as many" if abs(d_mv) < 1e-3 else f"{abs(d_mv):.0%} {'fewer' if d_mv < 0 else 'more'}"
+    else:
+        mv_word = "no moves for either" if r_moves == 0 else "more"
+    assert r.replay is not None and ref.replay is not None
+    r_ms = float(np.median(r.replay.solve_ms)) if r.replay.solve_ms else 0.0
+    g_ms = float(np.median(ref.replay.solve_ms)) if ref.replay.solve_ms else 0.0
+    return (
+        f"{label}: {name} against {ref_name}: mean realized lb {r_lb:.4f} vs {g_lb:.4f} ({lb_word}; lower on "
+        f"{better} of {len(r.lb)} layers, worst layer {max(r.lb):.4f} vs {max(ref.lb):.4f}); "
+        f"{r_moves:,} vs {g_moves:,} expert copies over the rebalances ({mv_word}); "
+        f"solve {r_ms:,.0f} vs {g_ms:,.0f} ms per rebalance (median)."
+    )
+
+
+def _replay_rows(runs: Sequence[Run]) -> list[list[str]]:
+    """Log replays: realized lb next to the baselines, moves and solve time per rebalance, time."""
+    rows = [["cluster", "solver", "steps", "lb mean", "static", "oracle", "no EPLB", "lower bound", "rebalances",
+             "moves / rebalance (median)", "moves (all)", "solve ms / rebalance (median)", "MoE time / step"]]
+    for r in runs:
+        st = r.replay
+        if st is None or r.moves is None:
+            continue
+        per = _bytes_per_move(r)
+        rows.append([
+            r.label, r.solver, f"{st.steps:,}", f"{np.mean(r.lb):.4f}", f"{np.mean(st.static_lb):.4f}",
+            "" if st.oracle_lb is None else f"{np.mean(st.oracle_lb):.4f}", f"{np.mean(r.baseline_lb):.4f}",
+            f"{np.mean(r.bound):.4f}", f"{len(r.moves)}", _moves_text(float(np.median(r.moves)), per),
+            _moves_text(float(sum(r.moves)), per), f"{np.median(st.solve_ms):,.1f}",
+            "" if st.step_time_us is None else f"{st.step_time_us / 1000:,.3f} ms",
+        ])  # fmt: skip
+    return rows
+
+
+def _moves_rows(runs: Sequence[Run]) -> list[list[str]]:
+    """Log replays: expert copies moved at each rebalance (rows) by each run (columns)."""
+    replayed = [r for r in runs if r.replay is not None and r.moves is not None]
+    steps = sorted({s for r in replayed if r.replay is not None for s in r.replay.rebalance_steps})
+    rows = [["rebalance at step"] + [f"{r.label} {r.solver}" for r in replayed]]
+    for step in steps:
+        row = [f"{step:,}"]
+        for r in replayed:
+            assert r.replay is not None and r.moves is not None
+            at = dict(zip(r.replay.rebalance_steps, r.moves, strict=True))
+            row.append("" if step not in at else _moves_text(at[step], _bytes_per_move(r)))
+        rows.append(row)
+    rows.append(["all"] + [_moves_text(sum(r.moves or []), _bytes_per_move(r)) for r in replayed])
+    return rows
 
 
 def _summary_rows(runs: Sequence[Run]) -> list[list[str]]:
@@ -188,6 +541,7 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     made: list[tuple[str, str]] = []
     shapes = list(dict.fromkeys(r.label for r in runs))
@@ -201,15 +555,23 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
         for r in group:
             ax.plot(layers, r.lb, marker=".", label=r.solver, color=colors[r.solver])
         ax.plot(layers, np.max([r.bound for r in group], axis=0), ls="--", color="black", label="lower bound")
+        oracle = group[0].replay.oracle_lb if group[0].replay is not None else None
+        if oracle is not None:
+            ax.plot(layers, oracle, ls=":", color="gray", label="oracle (each step solved)")
         ax.set_title(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("MoE layer")
-        ax.set_ylabel("lb (max / mean GPU load)")
+        ax.set_ylabel("lb (max / mean GPU load)" + (", mean over steps" if oracle is not None else ""))
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(out / "lb_per_layer.png", dpi=110)
     plt.close(fig)
     made.append(("lb_per_layer.png", "Per-layer lb of each solver next to the best lower bound"))
+
+    replayed = [r for r in runs if r.replay is not None and r.moves is not None]
+    if replayed:
+        made.append(_moves_plot(replayed, colors, out))
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     positions, labels, data, times = [], [], [], []
@@ -262,6 +624,42 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
     return made
 
 
+def _moves_plot(runs: Sequence[Run], colors: dict[str, str], out: Path) -> tuple[str, str]:
+    """moves_per_rebalance.png: expert copies moved (left, GiB on a second axis when every run has
+    the same bytes per copy) and solver wall time (right) at each rebalance of a log replay."""
+    import matplotlib.pyplot as plt
+
+    styles = ["-", "--", "-.", ":"]
+    shapes = list(dict.fromkeys(r.label for r in runs))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for r in runs:
+        assert r.replay is not None and r.moves is not None
+        style = dict(marker="o", ls=styles[shapes.index(r.label) % len(styles)], color=colors[r.solver],
+                     label=f"{r.label} {r.solver}")  # fmt: skip
+        ax1.plot(r.replay.rebalance_steps, r.moves, **style)
+        ax2.plot(r.replay.rebalance_steps, np.asarray(r.replay.solve_ms) / 1000, **style)
+    ax1.set_xlabel("log step of the rebalance")
+    ax1.set_ylabel("expert copies moved (all layers)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title("Moves per rebalance")
+    per = {round(b, 3) for r in runs if (b := _bytes_per_move(r)) is not None}
+    if len(per) == 1 and all(_bytes_per_move(r) is not None for r in runs):
+        b = per.pop()
+        sec = ax1.secondary_yaxis("right", functions=(lambda m: m * b / GIB, lambda g: g * GIB / b))
+        sec.set_ylabel("GiB of expert weights copied")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("log step of the rebalance")
+    ax2.set_ylabel("solver wall time per rebalance (s, log scale)")
+    ax2.set_title("Solve time per rebalance (all layers)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "moves_per_rebalance.png", dpi=110)
+    plt.close(fig)
+    return "moves_per_rebalance.png", "Moves and solve time per rebalance of the log replay"
+
+
 # ----- writing -------------------------------------------------------------------------------------------
 
 
@@ -271,40 +669,55 @@ def write_report(runs: Sequence[Run], out: Path, meta: dict[str, Any]) -> None:
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": [_run_json(r) for r in runs]}, indent=1) + "\n")
     plots = _plots(runs, out)
     words = verdict(runs)
-    rows = _summary_rows(runs)
+    tables = [(title, rows) for title, rows in _tables(runs) if len(rows) > 1]
     md = [f"# eplb compare: {meta.get('title', 'solvers side by side')}", ""]
     md += [f"- {line}" for line in words]
     md += ["", "## Setup", ""] + [f"- {k}: {v}" for k, v in meta.items() if k != "title"]
-    md += ["", "## Summary", "", _markdown_table(rows), ""]
-    times = _time_rows(runs)
-    if len(times) > 1:
-        md += ["## Predicted time and its bottleneck", "", _markdown_table(times), ""]
+    for title, rows in tables:
+        md += ["", f"## {title}", "", _markdown_table(rows)]
+    md += [""]
     for name, caption in plots:
         md += [f"## {caption}", "", f"![{caption}]({name})", ""]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    (out / "report.html").write_text(_html(meta, words, rows, runs, plots, out))
+    (out / "report.html").write_text(_html(meta, words, tables, plots, out))
+
+
+def _tables(runs: Sequence[Run]) -> list[tuple[str, list[list[str]]]]:
+    """(title, rows) of every table the report shows; empty ones (a header only) are dropped."""
+    replayed = any(r.replay is not None for r in runs)
+    tables = [("Summary", _summary_rows(runs))]
+    if replayed:
+        tables += [
+            ("Log replay: realized lb (mean over the replayed steps and layers), moves and solve time",
+             _replay_rows(runs)),
+            ("Moves per rebalance (expert copies onto GPUs, all layers)", _moves_rows(runs)),
+        ]  # fmt: skip
+    tables.append(("Predicted time and its bottleneck", _time_rows(runs)))
+    return tables
 
 
 def _time_rows(runs: Sequence[Run]) -> list[list[str]]:
     rows = [["cluster", "solver", "MoE time / step", "vs no EPLB", "bottleneck (layers)"]]
     for r in runs:
-        if r.time_us is None or r.baseline_time_us is None or r.bottleneck is None:
+        if r.time_us is None or r.baseline_time_us is None:
             continue
-        counts = {b: r.bottleneck.count(b) for b in sorted(set(r.bottleneck))}
+        counts = {} if r.bottleneck is None else {b: r.bottleneck.count(b) for b in sorted(set(r.bottleneck))}
         speed = sum(r.baseline_time_us) / sum(r.time_us)
         rows.append([r.label, r.solver, f"{sum(r.time_us) / 1000:,.3f} ms", f"{speed:.2f}x faster",
-                     ", ".join(f"{k} {v}" for k, v in counts.items())])
+                     ", ".join(f"{k} {v}" for k, v in counts.items()) or "varies by step (log replay)"])
     return rows
 
 
 def _run_json(r: Run) -> dict[str, Any]:
     d = asdict(r)
     d.update(d.pop("extra"))
+    if d["replay"] is None:  # window runs: the keys they always had
+        del d["replay"]
     return d
 
 
 def _html(
-    meta: dict[str, Any], words: list[str], rows: list[list[str]], runs: Sequence[Run], plots: list[tuple[str, str]],
+    meta: dict[str, Any], words: list[str], tables: list[tuple[str, list[list[str]]]], plots: list[tuple[str, str]],
     out: Path,
 ) -> str:
     """The self-contained page: tables inline, plots as PNG data URIs."""
@@ -315,8 +728,7 @@ def _html(
     )
     setup = "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>" for k, v in meta.items() if k != "title")
     verdict_html = "".join(f"<li>{html.escape(w)}</li>" for w in words)
-    times = _time_rows(runs)
-    time_html = f"<h2>Predicted time and its bottleneck</h2>{_html_table(times)}" if len(times) > 1 else ""
+    tables_html = "\n".join(f"<h2>{html.escape(title)}</h2>{_html_table(rows)}" for title, rows in tables)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>eplb compare</title>
 <style>
@@ -331,8 +743,7 @@ pre {{ background: #f7f7f7; padding: 0.5rem; font-size: 0.8rem; }}
 <h1>eplb compare: {html.escape(str(meta.get("title", "solvers side by side")))}</h1>
 <div class="verdict"><h2>Verdict</h2><ul>{verdict_html}</ul></div>
 <h2>Setup</h2><ul>{setup}</ul>
-<h2>Summary</h2>{_html_table(rows)}
-{time_html}
+{tables_html}
 {figures}
 </body></html>
 """

@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
+from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
 from eplb.cli.solve import add_cost_options, cost_setup, model_for
 from eplb.errors import EplbError
 from eplb.loads import read_window
-from eplb.report import cluster_shapes, compare_window, parse_solvers, verdict, write_report
+from eplb.logs import open_log
+from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
 
 DESCRIPTION = """\
 Run several solvers on the same load window over a sweep of EP sizes and redundancy, and write a report:
 report.md, a self-contained report.html (plots embedded) and results.json with every per-layer number
 ({"runs": [{"solver", "ep", "slots_per_gpu", "lb", "bound", "solve_ms", "time_us", ...}]}).
 
-The verdict at the top says where the exact solver beat greedy, by how much, and at what solve time."""
+With --log, replay a routing log instead: every solver rebalances on the same schedule (--window,
+--interval, ... as `eplb replay`), and each run records the per-layer lb averaged over the steps its
+placements served, the moves (expert copies) and solve time of every rebalance, bytes moved, the
+predicted time, and the no-EPLB, static and (sampled) oracle baselines (docs/replay.md).
+
+The verdict at the top says where the exact solver beat greedy, by how much, and at what solve time
+(for a log: in realized lb and in moves per rebalance)."""
 
 EPILOG = """\
 examples:
   eplb compare --solvers greedy,milp --ep 16,32 --time-limit 2 --out report/
-  eplb compare --loads window.json --solvers greedy,milp,milp-weighted --ep 8,16,32,64 --redundant 0,32 --out r/"""
+  eplb compare --loads window.json --solvers greedy,milp,milp-weighted --ep 8,16,32,64 --redundant 0,32 --out r/
+  eplb compare --log log.npz --window 500 --interval 1000 --layers 8 --time-limit 1 --out r/"""
+
+TOKENS_PER_GPU = 4096.0  # --loads: T per GPU held fixed across EP sizes (seed 000: T is what EP conserves)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("compare", help="compare solvers side by side and write a report",
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--loads", metavar="FILE", help="load window (default: the embedded DeepSeek-V3 window)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--loads", metavar="FILE", help="load window (default: the embedded DeepSeek-V3 window)")
+    source.add_argument("--log", metavar="FILE", help="routing log to replay (.npz, .npy or .jsonl) instead of "
+                        "one window")
     p.add_argument("--layers", type=int, metavar="N", help="use only the first N layers (quicker MILP runs)")
     p.add_argument("--solvers", default="greedy,milp", help="comma-separated: greedy, milp, milp-weighted "
                    "(default: greedy,milp)")
@@ -36,7 +51,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--redundant", help="redundant experts in all, comma-separated (default: one per GPU)")
     p.add_argument("--time-limit", type=float, default=2.0, metavar="S", help="MILP limit per layer, s (default: 2)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for report.md, report.html, results.json")
-    add_cost_options(p)
+    add_cost_options(p, model_default="the log's model with --log, else the preset with the expert count",
+                     tokens_default=f"{TOKENS_PER_GPU:.0f} with --loads, each step's own tokens with --log")
+    replay = p.add_argument_group("log replay (with --log)")
+    add_schedule_options(replay)
+    replay.add_argument("--oracle-every", type=int, default=10, metavar="N",
+                        help="solve the oracle on every N-th step (default 10; 0: skip it)")
+    add_progress_options(p)
     p.set_defaults(func=run)
 
 
@@ -48,33 +69,66 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    window = read_window(args.loads)
-    loads = window.loads
-    if args.layers is not None:
-        if args.layers < 1:
-            raise EplbError("--layers must be >= 1")
-        loads = loads[: args.layers]
     solvers = parse_solvers(args.solvers)
-    shapes = cluster_shapes(window.num_experts, _ints(args.ep, "--ep"),
-                            None if args.redundant is None else _ints(args.redundant, "--redundant"))
     if not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0")
-    if args.tokens_per_gpu is None:
-        args.tokens_per_gpu = 4096.0  # hold T per GPU fixed across EP sizes (seed 000: T is what EP conserves)
-    model = model_for(args, window)
-    runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit)
-    meta = {
-        "title": f"{', '.join(solvers)} on {window.source}",
-        "loads": f"{window.source}, {loads.shape[0]} layers x {loads.shape[1]} experts",
-        "model": model.name if model else "unknown (no time prediction)",
-        "hardware": args.hardware,
-        "MILP time limit per layer": f"{args.time_limit} s",
-        "tokens per GPU (time prediction)": args.tokens_per_gpu,
-        "command": "eplb " + " ".join(args.argv),
-    }
+    if args.layers is not None and args.layers < 1:
+        raise EplbError("--layers must be >= 1")
+    eps = _ints(args.ep, "--ep")
+    redundant = None if args.redundant is None else _ints(args.redundant, "--redundant")
+    runs, meta = _run_log(args, solvers, eps, redundant) if args.log else _run_window(args, solvers, eps, redundant)
+    meta["command"] = "eplb " + " ".join(args.argv)
     out = Path(args.out)
     write_report(runs, out, meta)
     for line in verdict(runs):
         print(line)
     print(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'results.json'}")
     return 0
+
+
+def _run_window(
+    args: argparse.Namespace, solvers: list[str], eps: list[int], redundant: list[int] | None
+) -> tuple[list[Run], dict[str, Any]]:
+    window = read_window(args.loads)
+    loads = window.loads if args.layers is None else window.loads[: args.layers]
+    shapes = cluster_shapes(window.num_experts, eps, redundant)
+    if args.tokens_per_gpu is None:
+        args.tokens_per_gpu = TOKENS_PER_GPU
+    model = model_for(args, window)
+    runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit, progress=args.progress)
+    return runs, {
+        "title": f"{', '.join(solvers)} on {window.source}",
+        "loads": f"{window.source}, {loads.shape[0]} layers x {loads.shape[1]} experts",
+        "model": model.name if model else "unknown (no time prediction)",
+        "hardware": args.hardware,
+        "MILP time limit per layer": f"{args.time_limit} s",
+        "tokens per GPU (time prediction)": args.tokens_per_gpu,
+    }
+
+
+def _run_log(
+    args: argparse.Namespace, solvers: list[str], eps: list[int], redundant: list[int] | None
+) -> tuple[list[Run], dict[str, Any]]:
+    log = open_log(args.log)
+    info = log.info
+    shapes = cluster_shapes(info.num_experts, eps, redundant)
+    schedule = schedule_from(args)
+    if args.oracle_every < 0:
+        raise EplbError("--oracle-every must be >= 0")
+    model = model_for(args, info)
+    runs = compare_log(log, shapes, solvers, cost_setup(args, model), args.time_limit, schedule=schedule,
+                       oracle_every=args.oracle_every, layers=args.layers, progress=args.progress)  # fmt: skip
+    layers = info.num_layers if args.layers is None else args.layers
+    first = runs[0].replay
+    return runs, {
+        "title": f"{', '.join(solvers)} replaying {info.path}",
+        "log": info.describe() + (f"; first {layers} layers" if args.layers is not None else ""),
+        "schedule": schedule.describe("each solver"),
+        "steps averaged": "" if first is None else (
+            f"{first.steps:,}, from step {first.first_step:,} (the first served by a rebalanced placement) on"),
+        "oracle": "skipped" if args.oracle_every == 0 else f"greedy on every {args.oracle_every}-th step's own counts",
+        "model": model.name if model else "unknown (no time prediction, no bytes moved)",
+        "hardware": args.hardware,
+        "MILP time limit per layer": f"{args.time_limit} s",
+        "tokens per GPU (time prediction)": "each step's own" if args.tokens_per_gpu is None else args.tokens_per_gpu,
+    }
