@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -33,7 +35,11 @@ class TaskCancelled(Exception):
 
 
 def _worker_main(conn: Connection) -> None:
-    """Worker loop: receive (fn, kwargs), send ("ok", result) or ("error", message)."""
+    """Worker loop: receive (fn, kwargs), send ("ok", result) or ("error", message).
+
+    The worker leads its own process group, so stopping it also stops the processes its solver started
+    (the MILP solves layers in a pool of its own)."""
+    os.setpgrp()
     import eplb.solve  # noqa: F401  (import once, warm)
 
     while True:
@@ -77,7 +83,7 @@ class SolvePool:
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="eplb-solver")
+        process = self._ctx.Process(target=_worker_main, args=(child,), daemon=False, name="eplb-solver")
         process.start()
         child.close()
         return _Worker(process, parent)
@@ -131,7 +137,7 @@ class SolvePool:
         worker = self._running.pop(token, None)
         if worker is None:
             return False
-        worker.process.terminate()
+        _kill_tree(worker.process)
         return True
 
     def _release(self, worker: _Worker) -> None:
@@ -139,8 +145,8 @@ class SolvePool:
             self._idle.put_nowait(worker)
 
     def _replace(self, worker: _Worker) -> None:
+        _kill_tree(worker.process)
         with contextlib.suppress(Exception):
-            worker.process.terminate()
             worker.process.join(timeout=5)
             worker.conn.close()
         if not self._closed:
@@ -152,12 +158,20 @@ class SolvePool:
         while self._idle is not None and not self._idle.empty():
             workers.append(self._idle.get_nowait())
         for w in workers:
+            _kill_tree(w.process)
             with contextlib.suppress(Exception):
                 w.conn.close()
-                w.process.terminate()
         for w in workers:
             with contextlib.suppress(Exception):
                 w.process.join(timeout=5)
+
+
+def _kill_tree(process: BaseProcess) -> None:
+    """SIGKILL the worker's process group: the worker and whatever its solver spawned."""
+    if process.pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _receive(conn: Connection) -> tuple[str, Any]:

@@ -155,3 +155,41 @@ def test_metrics_count_what_happened(server_factory: Callable[..., str]) -> None
     assert 'eplb_http_requests_total{method="POST",route="/placement",status="422"} 1.0' in text
     assert 'eplb_solve_duration_seconds_count{solver="greedy"} 2.0' in text
     assert 'eplb_last_placement_lb{solver="greedy",stat="max"}' in text
+
+
+def test_milp_sync_respects_time_limit_and_beats_greedy(base: str) -> None:
+    body = request_body(loads=V3[:4].tolist(), solver="milp", time_limit_s=2)
+    started = time.monotonic()
+    r = httpx.post(f"{base}/placement", json=body, timeout=60)
+    elapsed = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert elapsed < 2 + 3  # the request's budget plus overhead
+    assert data["solver"]["name"] == "milp" and data["solver"]["status"] in ("optimal", "time_limit", "feasible")
+    greedy = httpx.post(f"{base}/placement", json=request_body(loads=V3[:4].tolist()), timeout=60).json()
+    assert all(m <= g + 1e-9 for m, g in zip(data["predicted"]["lb"], greedy["predicted"]["lb"], strict=True))
+    Placement.from_dict(data["placement"])  # valid
+
+
+def test_long_milp_becomes_a_job_and_can_be_cancelled(server_factory: Callable[..., str]) -> None:
+    """One worker, no queue: a running job makes the next request 503; cancelling frees the worker."""
+    tight = server_factory(solver_workers="1", queue_limit="0", async_threshold_s="5")
+    body = request_body(loads=V3[:4].tolist(), solver="milp", time_limit_s=60)
+    r = httpx.post(f"{tight}/placement", json=body, timeout=60)
+    assert r.status_code == 202 and r.headers["location"].startswith("/jobs/")  # over the async threshold
+    location = r.headers["location"]
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{tight}{location}", timeout=10).json()["status"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    busy = httpx.post(f"{tight}/placement", json=request_body(), timeout=60)
+    assert busy.status_code == 503 and busy.headers["retry-after"] and busy.headers["content-type"] == PROBLEM
+    assert httpx.get(f"{tight}/readyz", timeout=10).status_code == 503
+    cancelled = httpx.delete(f"{tight}{location}", timeout=10)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    deadline = time.monotonic() + 30
+    while (after := httpx.post(f"{tight}/placement", json=request_body(), timeout=60)).status_code == 503:
+        assert time.monotonic() < deadline  # the replacement worker is starting
+        time.sleep(0.2)
+    assert after.status_code == 200
+    assert httpx.get(f"{tight}{location}", timeout=10).json()["status"] == "cancelled"
