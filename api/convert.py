@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,26 +35,26 @@ class FieldError(EplbError):
         self.message = message
 
 
-def _model(value: str | Any) -> ModelSpec:
+def _spec(field: str, value: Any, presets: Mapping[str, Any], from_dict: Callable[[dict[str, Any]], Any]) -> Any:
+    """A preset by name (never a file path: this is a network service) or a spec object."""
     if isinstance(value, str):
-        if value not in MODEL_PRESETS:
-            raise FieldError("model", f"unknown preset {value!r}; known: {', '.join(MODEL_PRESETS)}")
-        return MODEL_PRESETS[value]
+        if value not in presets:
+            raise FieldError(field, f"unknown preset {value!r}; known: {', '.join(presets)}")
+        return presets[value]
     try:
-        return model_from_dict(value.model_dump())
+        return from_dict(value.model_dump())
     except EplbError as exc:
-        raise FieldError("model", str(exc)) from None
+        raise FieldError(field, str(exc)) from None
 
 
-def _hardware(value: str | Any) -> HardwareSpec:
-    if isinstance(value, str):
-        if value not in HARDWARE_PRESETS:
-            raise FieldError("hardware", f"unknown preset {value!r}; known: {', '.join(HARDWARE_PRESETS)}")
-        return HARDWARE_PRESETS[value]
-    try:
-        return hardware_from_dict(value.model_dump())
-    except EplbError as exc:
-        raise FieldError("hardware", str(exc)) from None
+def _model(value: Any) -> ModelSpec:
+    spec: ModelSpec = _spec("model", value, MODEL_PRESETS, model_from_dict)
+    return spec
+
+
+def _hardware(value: Any) -> HardwareSpec:
+    spec: HardwareSpec = _spec("hardware", value, HARDWARE_PRESETS, hardware_from_dict)
+    return spec
 
 
 def _loads(value: list[list[float]], model: ModelSpec) -> NDArray[np.float64]:

@@ -425,38 +425,32 @@ def _looks_like_path(s: str) -> bool:
     return s.endswith(".json") or os.sep in s or "/" in s
 
 
-def load_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name (case-insensitive), or a ModelSpec read from a JSON file."""
+def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, kind: str) -> Any:
     key = name_or_path.strip().lower()
-    if key in MODEL_PRESETS:
-        return MODEL_PRESETS[key]
+    if key in presets:
+        return presets[key]
     path = Path(name_or_path)
     if path.is_file() or _looks_like_path(name_or_path):
         try:
-            return model_from_dict(_read_json(path, "model"))
+            return from_dict(_read_json(path, kind))
         except EplbError as exc:
             raise EplbError(f"{path}: {exc}") from exc
     raise EplbError(
-        f"unknown model {name_or_path!r}: give a preset ({', '.join(MODEL_PRESETS)}) "
-        "or a path to a JSON file with the model spec's fields"
+        f"unknown {kind} {name_or_path!r}: give a preset ({', '.join(presets)}) "
+        f"or a path to a JSON file with the {kind} spec's fields"
     )
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A model preset by name (case-insensitive), or a ModelSpec read from a JSON file."""
+    spec: ModelSpec = _load_spec(name_or_path, MODEL_PRESETS, model_from_dict, "model")
+    return spec
 
 
 def load_hardware(name_or_path: str) -> HardwareSpec:
     """A hardware preset by name (case-insensitive), or a HardwareSpec read from a JSON file."""
-    key = name_or_path.strip().lower()
-    if key in HARDWARE_PRESETS:
-        return HARDWARE_PRESETS[key]
-    path = Path(name_or_path)
-    if path.is_file() or _looks_like_path(name_or_path):
-        try:
-            return hardware_from_dict(_read_json(path, "hardware"))
-        except EplbError as exc:
-            raise EplbError(f"{path}: {exc}") from exc
-    raise EplbError(
-        f"unknown hardware {name_or_path!r}: give a preset ({', '.join(HARDWARE_PRESETS)}) "
-        "or a path to a JSON file with the hardware spec's fields"
-    )
+    spec: HardwareSpec = _load_spec(name_or_path, HARDWARE_PRESETS, hardware_from_dict, "hardware")
+    return spec
 
 
 def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
