@@ -88,6 +88,7 @@ def test_load_window_formats(tmp_path: Path) -> None:
         ('{"loads": [[1, 2], [3]]}', "ragged: row 0 has 2 experts, row 1 has 1"),
         ('{"loads": [[1, -2]]}', r"loads\[0\]\[1\] is -2: loads must be >= 0"),
         ('{"loads": [[1, NaN]]}', r"loads\[0\]\[1\] is nan"),
+        ('{"loads": [[1, 1e308]]}', r"loads\[0\]\[1\] is 1e\+308: larger than any token count"),
         ('{"loads": [1, 2, 3]}', "one row of 3 numbers"),
         ('{"loads": []}', "must be"),
         ('{"counts": [[1]]}', "expected a 'loads' field"),
