@@ -23,7 +23,7 @@ from eplb.budget import GIB, spread_evenly
 from eplb.errors import EplbError
 from eplb.logs import RoutingLog
 from eplb.progress import Progress
-from eplb.replay import Schedule, StepBlock, replay
+from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
 from solvers.bounds import lower_bound
 
@@ -155,6 +155,7 @@ def compare_window(
 
 
 _STATUS_ORDER = ("greedy_fallback", "time_limit", "feasible", "optimal", "heuristic")
+"""Solver statuses from worst to best: a log run's per-layer status is the worst over its rebalances."""
 
 
 class _LogView(RoutingLog):
@@ -311,7 +312,7 @@ def _log_run(
     ep: int,
     slots: NDArray[np.int64],
     split: str,
-    rebalances: Sequence[Any],
+    rebalances: Sequence[Rebalance],
     means: _LayerMeans,
     shared: _LayerMeans,
     bounds: _StepBounds,
@@ -324,16 +325,17 @@ def _log_run(
     infos = [rb.solver_info for rb in rebalances]
     layer_ms = [list(info.get("layer_ms", [info["wall_ms"] / layers] * layers)) for info in infos]
     statuses = [list(info.get("layer_status", [info["status"]] * layers)) for info in infos]
-    status = [min((s[i] for s in statuses), key=_STATUS_ORDER.index) for i in range(layers)]
+    rank = {name: i for i, name in enumerate(_STATUS_ORDER)}  # worst first; unknown names rank last
+    status = [min((s[i] for s in statuses), key=lambda x: rank.get(x, len(rank))) for i in range(layers)]
     time_us = means.mean("time_us")
-    moved = [rb.bytes_moved for rb in rebalances]
+    moved = [rb.bytes_moved for rb in rebalances if rb.bytes_moved is not None]
     stats = ReplayStats(
         steps=means.steps,
         first_step=int(means.first_step or 0),
         rebalance_steps=[rb.step for rb in rebalances],
         solve_ms=[rb.solve_ms for rb in rebalances],
         layer_solve_ms=layer_ms,
-        bytes_moved=None if any(b is None for b in moved) else [float(b) for b in moved],
+        bytes_moved=moved if len(moved) == len(rebalances) else None,
         window_lb=[float(rb.window_lb.mean()) for rb in rebalances],
         lb_all_steps=means.mean("lb_all") or [],
         static_lb=means.mean("static_lb") or [],
@@ -561,9 +563,9 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
         ax.set_title(label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("MoE layer")
-        ax.set_ylabel("lb (max / mean GPU load)" + (", mean over steps" if oracle is not None else ""))
+        ax.set_ylabel("lb (max / mean GPU load)" if group[0].replay is None else "lb, mean over steps")
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper right")
+        ax.legend(loc="upper right" if group[0].replay is None else "best", fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "lb_per_layer.png", dpi=110)
     plt.close(fig)

@@ -126,7 +126,8 @@ def _run_log(
         "schedule": schedule.describe("each solver"),
         "steps averaged": "" if first is None else (
             f"{first.steps:,}, from step {first.first_step:,} (the first served by a rebalanced placement) on"),
-        "oracle": "skipped" if args.oracle_every == 0 else f"greedy on every {args.oracle_every}-th step's own counts",
+        "oracle": "skipped" if args.oracle_every == 0 else (
+            f"greedy on each step's own counts, one step in {args.oracle_every}"),
         "model": model.name if model else "unknown (no time prediction, no bytes moved)",
         "hardware": args.hardware,
         "MILP time limit per layer": f"{args.time_limit} s",
