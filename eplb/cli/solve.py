@@ -102,7 +102,7 @@ def add_cost_options(
     model_default: str = "the preset with the window's expert count",
     tokens_default: str = "the window taken as one step",
 ) -> None:
-    """--model, --hardware, --link, --tokens-per-gpu, --no-overlap: what the time prediction needs.
+    """--model, --hardware, --link, --tokens-per-gpu, --overlap/--no-overlap: what the time prediction needs.
     model_default, tokens_default: what the help says --model and --tokens-per-gpu default to."""
     p.add_argument("--model", metavar="NAME|FILE", help="model spec for memory and time: a preset ("
                    f"{', '.join(MODEL_PRESETS)}) or JSON file (default: {model_default})")
@@ -111,7 +111,9 @@ def add_cost_options(
     p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic or GB/s per GPU (default: nvlink)")
     p.add_argument("--tokens-per-gpu", type=float, metavar="T", help="tokens per GPU in one step for the time "
                    f"prediction (default: {tokens_default})")
-    p.add_argument("--no-overlap", action="store_true", help="comm adds to the GEMMs instead of overlapping them")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="all-to-all overlaps the expert GEMMs (two micro-batches, as DeepSeek runs; default), or with "
+                   "--no-overlap adds to them")
 
 
 def int_list(text: str) -> list[int]:
@@ -167,7 +169,7 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
     hardware = load_hardware(args.hardware)
     if args.tokens_per_gpu is not None and not args.tokens_per_gpu > 0:
         raise EplbError("--tokens-per-gpu must be > 0")
-    return CostSetup(model, hardware, link_bandwidth(hardware, args.link), args.tokens_per_gpu, not args.no_overlap)
+    return CostSetup(model, hardware, link_bandwidth(hardware, args.link), args.tokens_per_gpu, args.overlap)
 
 
 def run_solve(args: argparse.Namespace) -> int:
