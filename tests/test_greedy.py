@@ -92,6 +92,19 @@ def test_seed004_table_reached(ep: int) -> None:
         assert balance(counts, placement).lb[0] <= table_lb + 0.005
 
 
+# lb of seed 004's own script (its `balanced(ep, redundant)`) on these counts, to five decimals
+SEED004_SCRIPT_LB = {(8, 0): 1.01221, (8, 8): 1.00069, (32, 0): 1.17383, (32, 32): 1.00293,
+                     (64, 0): 1.64453, (64, 64): 1.00391, (256, 0): 5.0, (256, 256): 1.01172}
+
+
+@pytest.mark.parametrize(("ep", "redundant"), sorted(SEED004_SCRIPT_LB))
+def test_seed004_script_values_matched(ep: int, redundant: int) -> None:
+    counts = seed004_counts()[None, :].astype(float)
+    slots = np.full(ep, (256 + redundant) // ep)
+    lb = balance(counts, Placement(solve_greedy(counts, slots), slots, 256)).lb[0]
+    assert lb <= SEED004_SCRIPT_LB[ep, redundant] + 5e-6
+
+
 def test_seed004_counts_match_published_summary() -> None:
     counts = seed004_counts()
     assert (counts.max(), counts.min(), counts.sum()) == (640, 67, 4096 * 8)
