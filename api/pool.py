@@ -167,11 +167,14 @@ class SolvePool:
 
 
 def _kill_tree(process: BaseProcess) -> None:
-    """SIGKILL the worker's process group: the worker and whatever its solver spawned."""
+    """SIGKILL the worker's process group (the worker and whatever its solver spawned), and the worker itself
+    in case it has not made its group yet (it is still starting)."""
     if process.pid is None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        process.kill()
 
 
 def _receive(conn: Connection) -> tuple[str, Any]:

@@ -121,7 +121,7 @@ class Rebalance:
     ([layers] in moves_per_layer); bytes_moved: moves x one expert's bytes (None without a model);
     solve_ms: the solver's wall time (relabelling GPUs against the serving placement included);
     window_lb: [layers] lb the solver reports on its own window; solver_info: the solver's report
-    (`eplb.solve.Outcome.solver`: name, status, per-layer `layer_ms`, `bound_lb`, `gap`, and the
+    (`eplb.solve.Outcome.solver`: name, status, per-layer `layer_ms`, `bound`, `gap`, and the
     MILP's `layer_status`)."""
 
     position: int

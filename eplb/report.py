@@ -139,7 +139,7 @@ def compare_window(
                     ep=ep,
                     slots_per_gpu=slots.tolist(),
                     lb=outcome.balance.lb.tolist(),
-                    bound=list(info["bound_lb"]),
+                    bound=list(info["bound"]),
                     solve_ms=list(info.get("layer_ms", [info["wall_ms"] / layers] * layers)),
                     status=list(info.get("layer_status", [info["status"]] * layers)),
                     gap=list(info["gap"]),

@@ -185,7 +185,7 @@ def solve(
     mean = outcome.balance.gpu_loads.mean(axis=1)
     lb_bound = np.where(mean > 0, bound_tokens / np.where(mean > 0, mean, 1.0), 1.0)
     info["wall_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    info["bound_lb"] = _round(lb_bound)
+    info["bound"] = _round(lb_bound)
     info["gap"] = _round((outcome.balance.lb - lb_bound) / outcome.balance.lb)
     outcome.solver = info
     outcome.moves = moves

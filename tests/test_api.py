@@ -47,7 +47,7 @@ def test_greedy_placement_is_valid_and_predicted(base: str) -> None:
     assert data["predicted"]["baseline"]["lb_max"] > data["predicted"]["lb_max"]
     assert len(data["predicted"]["time_us"]) == 6 and len(data["predicted"]["baseline"]["time_us"]) == 6
     assert data["solver"]["name"] == "greedy" and data["solver"]["wall_ms"] > 0
-    assert all(b <= v + 1e-9 for b, v in zip(data["solver"]["bound_lb"], lb, strict=True))
+    assert all(b <= v + 1e-9 for b, v in zip(data["solver"]["bound"], lb, strict=True))
 
 
 def test_current_placement_reports_moves(base: str) -> None:

@@ -33,7 +33,7 @@ def test_json_output_is_consistent(tmp_path: Path, capsys: pytest.CaptureFixture
     assert data["placement"]["slots_per_gpu"] == [17] * 16
     assert len(data["predicted"]["lb"]) == 58 and len(data["predicted"]["time_us"]) == 58
     assert data["predicted"]["baseline"]["lb_max"] > data["predicted"]["lb_max"]
-    assert all(b <= lb + 1e-9 for b, lb in zip(data["solver"]["bound_lb"], data["predicted"]["lb"], strict=True))
+    assert all(b <= lb + 1e-9 for b, lb in zip(data["solver"]["bound"], data["predicted"]["lb"], strict=True))
     assert data["predicted"]["tokens_per_gpu"][0] == 4096
 
 
@@ -87,3 +87,24 @@ def test_npz_steps_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["solve", "--loads", str(tmp_path / "log.npz"), "--gpus", "4", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["placement"]["phy2log"]) == 3 and "time_us" not in data["predicted"]  # no 16-expert preset
+
+
+def test_milp_weighted_and_migration_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fixture = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law.json"
+    window = {"loads": read_window(fixture).loads[:2].tolist()}
+    (tmp_path / "w.json").write_text(json.dumps(window))
+    common = ["--loads", str(tmp_path / "w.json"), "--gpus", "8", "--solver", "milp", "--time-limit", "1", "--json"]
+    assert main(["solve", *common, "--split", "weighted", "--out", str(tmp_path / "now.json")]) == 0
+    weighted = json.loads(capsys.readouterr().out)
+    placement = load_placement(tmp_path / "now.json")
+    assert placement.shares is not None  # the file carries the shares, validated to sum to 1 per expert
+    assert weighted["solver"]["name"] == "milp-weighted"
+    drifted = np.asarray(window["loads"]) * np.random.default_rng(0).uniform(0.8, 1.2, (2, 64))
+    (tmp_path / "w2.json").write_text(json.dumps({"loads": drifted.tolist()}))
+    common[1] = str(tmp_path / "w2.json")
+    assert main(["solve", *common, "--current", str(tmp_path / "now.json"), "--max-lb-slack", "0.02"]) == 0
+    moved = json.loads(capsys.readouterr().out)
+    assert moved["moves"]["total"] == sum(moved["moves"]["per_layer"]) >= 0
+    assert moved["moves"]["bytes_moved"] == pytest.approx(moved["moves"]["total"] * 3 * 2048 * 1408 * 2)
+    assert main(["solve", *common, "--max-lb-slack", "3"]) == 2
+    assert "--max-lb-slack must be between 0 and 1" in capsys.readouterr().err

@@ -51,7 +51,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_cluster_options(p)
     p.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (fast) or milp (exact, "
                    "OR-Tools; default: greedy)")
-    p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
+    p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
+    p.add_argument("--split", choices=("uniform", "weighted"), default="uniform",
+                   help="MILP: weighted lets replicas serve unequal shares of their expert's tokens (the placement "
+                   "file then carries `shares`; the serving system needs weighted replica selection to use them; "
+                   "docs/solvers.md). Default: uniform, what vLLM, SGLang and TensorRT-LLM route")
+    p.add_argument("--max-lb-slack", type=float, default=0.01, metavar="F",
+                   help="with --current and the MILP: accept lb up to (1 + F) x the best found to copy fewer "
+                   "experts (default: 0.01)")
     p.add_argument("--current", metavar="FILE", help="the placement serving now (ours, SGLang or TensorRT-LLM "
                    "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported")
     p.add_argument("--out", metavar="FILE", help="write the placement file here (JSON, docs/formats.md)")
@@ -182,6 +189,8 @@ def run_solve(args: argparse.Namespace) -> int:
         current = read_placement_any(args.current, num_gpus=args.gpus, layer_ids=layer_ids)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
+    if not 0 <= args.max_lb_slack <= 1:
+        raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
     if args.solver == "milp":
         per_layer = args.time_limit or DEFAULT_MILP_LAYER_LIMIT_S
         waves = -(-window.num_layers // max(1, os.cpu_count() or 1))
@@ -194,6 +203,8 @@ def run_solve(args: argparse.Namespace) -> int:
         cost=cost_setup(args, model),
         current=current,
         time_limit_s=args.time_limit,
+        split=args.split,
+        max_lb_slack=args.max_lb_slack,
     )
     if args.out:
         write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
@@ -238,7 +249,7 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
         ("placement", f"{new.lb.mean():.3f}", f"{new.lb.max():.3f}", f"{new.balancedness.min():.3f}"),
     ]
     if outcome.solver:
-        bound = np.asarray(outcome.solver["bound_lb"])
+        bound = np.asarray(outcome.solver["bound"])
         rows.append(("lower bound", f"{bound.mean():.3f}", f"{bound.max():.3f}", ""))
     lines.append("")
     lines.extend(f"  {a:<24}{b:>9}{c:>9}{d:>18}" for a, b, c, d in rows)
