@@ -576,27 +576,11 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
         made.append(_moves_plot(replayed, colors, out))
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-    positions, labels, data, times = [], [], [], []
-    for i, r in enumerate(runs):
-        positions.append(i)
-        labels.append(f"{r.label}\n{r.solver}")
-        data.append(r.lb)
-        times.append(r.solve_ms)
-    box = ax1.boxplot(data, positions=positions, patch_artist=True)
-    for patch, r in zip(box["boxes"], runs, strict=True):
-        patch.set_facecolor(colors[r.solver])
-    ax1.set_xticks(positions, labels, rotation=45, ha="right", fontsize=7)
-    ax1.set_ylabel("lb over layers")
-    ax1.set_title("Spread of lb over layers")
-    ax1.grid(alpha=0.3)
-    box = ax2.boxplot(times, positions=positions, patch_artist=True)
-    for patch, r in zip(box["boxes"], runs, strict=True):
-        patch.set_facecolor(colors[r.solver])
-    ax2.set_yscale("log")
-    ax2.set_xticks(positions, labels, rotation=45, ha="right", fontsize=7)
-    ax2.set_ylabel("solve time per layer (ms, log scale)")
-    ax2.set_title("Solve time per layer")
-    ax2.grid(alpha=0.3)
+    labels = [f"{r.label}\n{r.solver}" for r in runs]
+    face = [colors[r.solver] for r in runs]
+    _boxes(ax1, [r.lb for r in runs], labels, face, "lb over layers", "Spread of lb over layers", log=False)
+    _boxes(ax2, [r.solve_ms for r in runs], labels, face, "solve time per layer (ms, log scale)",
+           "Solve time per layer", log=True)
     fig.tight_layout()
     fig.savefig(out / "spread_and_time.png", dpi=110)
     plt.close(fig)
@@ -660,6 +644,20 @@ def _moves_plot(runs: Sequence[Run], colors: dict[str, str], out: Path) -> tuple
     fig.savefig(out / "moves_per_rebalance.png", dpi=110)
     plt.close(fig)
     return "moves_per_rebalance.png", "Moves and solve time per rebalance of the log replay"
+
+
+def _boxes(ax: Any, data: list[list[float]], labels: list[str], face: list[str], ylabel: str, title: str,
+           log: bool) -> None:
+    """One box per run, coloured by solver."""
+    box = ax.boxplot(data, positions=list(range(len(data))), patch_artist=True)
+    for patch, color in zip(box["boxes"], face, strict=True):
+        patch.set_facecolor(color)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xticks(list(range(len(data))), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
 
 
 # ----- writing -------------------------------------------------------------------------------------------
