@@ -1,7 +1,8 @@
 """Greedy solver speed and quality, vectorized vs a plain per-layer loop of the same algorithm.
 
 Run: python benchmarks/greedy.py [--repeats N]
-Prints, per case, median wall time of: our vectorized `solve_greedy`, the DeepSeek-compatible
+Prints, per case, median wall time of: our vectorized `solve_greedy` (with and without its swap
+refinement), the DeepSeek-compatible
 `rebalance_experts`, and a plain Python loop over layers (replicate, then heaviest-first into the
 least-loaded GPU with room), with the speed ratio and mean/max lb of each placement.
 """
@@ -85,6 +86,7 @@ def main() -> None:
         num_experts = loads.shape[1]
         runs: dict[str, Callable[[], NDArray[np.int64]]] = {
             "solve_greedy (ours)": partial(solve_greedy, loads, slots),
+            "ours without swaps": partial(solve_greedy, loads, slots, refine_rounds=0),
             "rebalance_experts": partial(_deepseek_phy2log, loads, gpus * per_gpu, gpus),
             "plain loop": partial(loop_greedy, loads, per_gpu, gpus),
         }

@@ -76,31 +76,35 @@ def pack(
     if order is None:
         order = np.argsort(-weight, axis=1, kind="stable")
     r = np.arange(rows)
-    bin_load = np.zeros((rows, bins), dtype=weight.dtype)
+    open_load = np.where(capacity > 0, 0, np.inf).astype(weight.dtype)  # a bin's load while it has room, then inf
     bin_used = np.zeros((rows, bins), dtype=np.int64)
     bin_of = np.full((rows, n), -1, dtype=np.int64)
     rank = np.full((rows, n), -1, dtype=np.int64)
     holds = np.zeros((rows, num_experts, bins), dtype=bool) if experts is not None else None
-    for j in range(n):
+    real_count = (weight != -np.inf).sum(axis=1)  # padding sorts last
+    every_row_real = int(real_count.min())
+    for j in range(int(real_count.max())):
         item = order[:, j]
-        w = weight[r, item]
-        real = w != -np.inf
-        if not real.any():
-            break
-        cand = np.where(bin_used < capacity, bin_load, np.inf)
         if holds is not None and experts is not None:
-            e = experts[r, item]
-            spread = np.where(holds[r, e], np.inf, cand)
-            has_room = np.asarray(np.isfinite(spread).any(axis=1))
-            cand = np.where(has_room[:, None], spread, cand)
-        b = np.argmin(cand, axis=1)
-        rr, ii, bb = r[real], item[real], b[real]
+            spread = np.where(holds[r, experts[r, item]], np.inf, open_load)
+            b = np.argmin(spread, axis=1)
+            stuck = np.isinf(spread[r, b])  # every bin with room holds this expert already
+            if stuck.any():
+                b[stuck] = np.argmin(open_load[stuck], axis=1)
+        else:
+            b = np.argmin(open_load, axis=1)
+        rr, ii, bb = r, item, b
+        if j >= every_row_real:
+            keep = real_count > j
+            rr, ii, bb = r[keep], item[keep], b[keep]
         if holds is not None and experts is not None:
             holds[rr, experts[rr, ii], bb] = True
         bin_of[rr, ii] = bb
         rank[rr, ii] = bin_used[rr, bb]
         bin_used[rr, bb] += 1
-        bin_load[rr, bb] += w[real]
+        open_load[rr, bb] += weight[rr, ii]
+        full = bin_used[rr, bb] >= capacity[rr, bb]
+        open_load[rr[full], bb[full]] = np.inf
     return bin_of, rank
 
 
@@ -159,6 +163,73 @@ def spread_duplicates(
     return phy2log
 
 
+def refine_swaps(
+    loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_rounds: int = 64, light_gpus: int = 4
+) -> IntArray:
+    """Lower each layer's busiest GPU by swapping one of its replicas with one on a light GPU.
+
+    loads: [layers, E]; phy2log: [layers, P] (replica counts are kept, so every replica's load is fixed);
+    each round, in every layer still improving, the busiest GPU trades one replica with one of the
+    `light_gpus` least-loaded GPUs, choosing the swap that lowers the larger of the two new loads most;
+    a swap never puts two replicas of one expert on one GPU. Stops when no layer improves. Vectorized over
+    layers: a round is a few numpy operations on [layers, slots of the busiest GPU, slots of the light GPUs].
+    """
+    rows, num_physical = phy2log.shape
+    num_gpus, num_experts = slots_per_gpu.size, loads.shape[1]
+    if num_gpus < 2:
+        return phy2log
+    r = np.arange(rows)
+    counts = np.zeros((rows, num_experts), dtype=np.int64)
+    np.add.at(counts, (np.repeat(r, num_physical), phy2log.ravel()), 1)
+    # one padding slot (index P) with no expert (-1) and no weight (NaN) fills GPUs with fewer slots
+    expert = np.concatenate([phy2log, np.full((rows, 1), -1)], axis=1)
+    weight = np.concatenate(
+        [loads[r[:, None], phy2log] / counts[r[:, None], phy2log], np.full((rows, 1), np.nan)], axis=1
+    )
+    starts = np.concatenate([[0], np.cumsum(slots_per_gpu)[:-1]])
+    gpu_load = np.add.reduceat(weight[:, :num_physical], starts, axis=1)
+    width = int(slots_per_gpu.max())
+    slots_of = np.full((num_gpus, width), num_physical, dtype=np.int64)
+    for g in range(num_gpus):  # over GPUs, once: the slot ids each GPU owns
+        slots_of[g, : slots_per_gpu[g]] = np.arange(starts[g], starts[g] + slots_per_gpu[g])
+    light = min(light_gpus, num_gpus - 1)
+    active = r
+    for _ in range(max_rounds):
+        order = np.argsort(gpu_load[active], axis=1)
+        busiest, lights = order[:, -1], order[:, :light]
+        a = slots_of[busiest]  # [n, width] slots on the busiest GPU
+        b = slots_of[lights].reshape(active.size, -1)  # [n, light * width] slots on the light GPUs
+        gpu_b = np.repeat(lights, width, axis=1)
+        wa, wb = weight[active[:, None], a], weight[active[:, None], b]
+        ea, eb = expert[active[:, None], a], expert[active[:, None], b]
+        peak = gpu_load[active, busiest]
+        new_busiest = peak[:, None, None] - wa[:, :, None] + wb[:, None, :]
+        new_light = gpu_load[active[:, None], gpu_b][:, None, :] - wb[:, None, :] + wa[:, :, None]
+        worse = np.maximum(new_busiest, new_light)
+        # a swap must not bring an expert to a GPU that already holds it (either direction)
+        a_on_light = (ea[:, :, None, None] == eb.reshape(active.size, 1, light, width)).any(axis=3)
+        b_on_busiest = (eb[:, :, None] == ea[:, None, :]).any(axis=2)
+        blocked = np.repeat(a_on_light, width, axis=2) | b_on_busiest[:, None, :]
+        blocked |= (ea[:, :, None] < 0) | (eb[:, None, :] < 0)
+        worse = np.where(blocked | np.isnan(worse), np.inf, worse).reshape(active.size, -1)
+        pick = np.argmin(worse, axis=1)
+        better = worse[np.arange(active.size), pick] < peak * (1 - 1e-12)
+        if not better.any():
+            break
+        k = np.flatnonzero(better)
+        i, j = np.divmod(pick[k], b.shape[1])
+        layer, sa, sb = active[k], a[k, i], b[k, j]
+        ga, gb = busiest[k], gpu_b[k, j]
+        xa, xb = expert[layer, sa], expert[layer, sb]
+        w_a, w_b = weight[layer, sa], weight[layer, sb]
+        expert[layer, sa], expert[layer, sb] = xb, xa
+        weight[layer, sa], weight[layer, sb] = w_b, w_a
+        gpu_load[layer, ga] += w_b - w_a
+        gpu_load[layer, gb] += w_a - w_b
+        active = active[better]
+    return expert[:, :num_physical]
+
+
 def _duplicates_per_layer(phy2log: IntArray, gpu: IntArray) -> NDArray[np.bool_]:
     key = np.sort(gpu[None, :] * (int(phy2log.max()) + 1) + phy2log, axis=1)
     return np.asarray((key[:, 1:] == key[:, :-1]).any(axis=1))
@@ -178,14 +249,16 @@ def solve_greedy(
     num_groups: int | None = None,
     gpus_per_node: int | None = None,
     max_replicas: int | None = None,
+    refine_rounds: int = 64,
 ) -> IntArray:
-    """Our greedy placement for every layer at once.
+    """Our greedy placement for every layer at once: replicate, pack, then swap refinement.
 
     loads: [layers, E] tokens per expert; slots_per_gpu: [G] slots on each GPU (may differ, each >= 1,
     sum >= E). With num_groups and gpus_per_node (and num_groups divisible by the node count) the
     hierarchical policy runs: expert groups are packed onto nodes, replicated inside each node and packed
     onto that node's GPUs, so a token's experts stay within few nodes; otherwise the global policy.
-    max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node).
+    max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node);
+    refine_rounds bounds the swap refinement (`refine_swaps`; 0 turns it off).
     Returns phy2log [layers, sum(slots_per_gpu)], validated.
     """
     loads = np.asarray(loads, dtype=np.float64)
@@ -206,12 +279,28 @@ def solve_greedy(
     if not hierarchical:
         cap = max_replicas if max_replicas is not None else num_gpus
         phy2log = _place(loads, np.broadcast_to(slots, (layers, num_gpus)), cap)
+        phy2log = refine_swaps(loads, spread_duplicates(loads, phy2log, slots), slots, refine_rounds)
     else:
         assert num_groups is not None and gpus_per_node is not None
         phy2log = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
-    phy2log = spread_duplicates(loads, phy2log, slots)
+        phy2log = _refine_within_nodes(
+            loads, spread_duplicates(loads, phy2log, slots), slots, gpus_per_node, refine_rounds
+        )
     validate_placement(phy2log, slots, num_experts)
     return phy2log
+
+
+def _refine_within_nodes(
+    loads: FloatArray, phy2log: IntArray, slots: IntArray, gpus_per_node: int, rounds: int
+) -> IntArray:
+    """refine_swaps node by node, so expert groups stay on their nodes."""
+    out = phy2log.copy()
+    ends = np.cumsum(slots)
+    for node in range(slots.size // gpus_per_node):  # over nodes, each call covers every layer
+        first, last = node * gpus_per_node, (node + 1) * gpus_per_node
+        lo, hi = int(ends[first] - slots[first]), int(ends[last - 1])
+        out[:, lo:hi] = refine_swaps(loads, phy2log[:, lo:hi], slots[first:last], rounds)
+    return out
 
 
 def _place_hierarchical(
