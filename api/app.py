@@ -61,8 +61,9 @@ class JobRecord:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def view(self) -> Job:
+        result = None if self.result is None else PlacementResponse.model_validate(self.result)
         return Job(id=self.id, status=self.status, created_at=self.created_at,
-                   finished_at=self.finished_at, result=self.result, error=self.error)
+                   finished_at=self.finished_at, result=result, error=self.error)
 
 
 class BodyLimit:
@@ -210,13 +211,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def run(job: convert.SolveJob, token: int) -> dict[str, Any]:
         started = time.perf_counter()
         try:
-            result: dict[str, Any] = await pool.submit(convert.run_solve_job, token, job=job)
+            raw = await pool.submit(convert.run_solve_job, token, job=job)
         except QueueFull:
             raise busy() from None
         except WorkerDied as exc:
             raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
         except RuntimeError as exc:
             raise ProblemError(500, "Solver failed", str(exc)) from None
+        # one serialization for the synchronous answer and a job's result, so the two bodies are identical
+        result: dict[str, Any] = PlacementResponse.model_validate(raw).model_dump(mode="json", exclude_none=True)
         metrics.solved(job.solver, time.perf_counter() - started, result)
         return result
 
@@ -247,6 +250,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post(
         "/placement",
         response_model=PlacementResponse,
+        response_model_exclude_none=True,
         status_code=200,
         responses={202: {"model": Job, "description": "accepted as a job; poll Location"},
                    **ERROR_RESPONSES, **AUTH_RESPONSES, **BUSY_RESPONSES},
@@ -268,7 +272,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs[record.id] = record
         record.task = asyncio.create_task(run_job(record, job))
         location = f"/jobs/{record.id}"
-        return JSONResponse(record.view().model_dump(), status_code=202, headers={"Location": location})
+        accepted = record.view().model_dump(mode="json", exclude_none=True)
+        return JSONResponse(accepted, status_code=202, headers={"Location": location})
 
     def find_job(job_id: str) -> JobRecord:
         expire_jobs()
@@ -279,11 +284,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     not_found: dict[int | str, dict[str, Any]] = {404: {"model": Problem, "description": "unknown or expired job"}}
 
-    @app.get("/jobs/{job_id}", response_model=Job, responses=not_found, summary="Status and result of a job")
+    @app.get("/jobs/{job_id}", response_model=Job, response_model_exclude_none=True, responses=not_found,
+             summary="Status and result of a job")
     async def get_job(job_id: str) -> Job:
         return find_job(job_id).view()
 
-    @app.delete("/jobs/{job_id}", response_model=Job, responses={**not_found, **AUTH_RESPONSES},
+    @app.delete("/jobs/{job_id}", response_model=Job, response_model_exclude_none=True,
+                responses={**not_found, **AUTH_RESPONSES},
                 summary="Cancel a job", dependencies=auth)
     async def cancel_job(job_id: str) -> Job:
         record = find_job(job_id)
@@ -294,7 +301,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             record.finished_at = time.time()
         return record.view()
 
-    @app.post("/evaluate", response_model=PlacementResponse, responses={**ERROR_RESPONSES, **AUTH_RESPONSES},
+    @app.post("/evaluate", response_model=PlacementResponse, response_model_exclude_none=True,
+              responses={**ERROR_RESPONSES, **AUTH_RESPONSES},
               summary="Balance and predicted time of a given placement", dependencies=auth)
     async def evaluate(body: EvaluateRequest) -> Any:
         return await asyncio.to_thread(convert.run_evaluate, body)

@@ -147,6 +147,72 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="field-level errors: {field, message}")
 
 
+class PlacementOut(BaseModel):
+    """A placement file's object (docs/formats.md)."""
+
+    format: str = Field(description="eplb.placement/v1")
+    num_experts: int
+    num_gpus: int
+    slots_per_gpu: list[int] = Field(description="[G] slots on each GPU")
+    phy2log: list[list[int]] = Field(description="[layers][sum(slots)] logical expert per slot, GPU by GPU")
+    replicas: list[list[int]] = Field(description="[layers][E] replicas per expert")
+    shares: list[list[float]] | None = Field(None, description="[layers][slots] token shares (weighted only)")
+
+
+class Balance(BaseModel):
+    """Per-layer balance, and the predicted per-layer time when a model is known. Times in microseconds."""
+
+    lb: list[float] = Field(description="max GPU load / mean GPU load, per layer (1.0 is perfect)")
+    balancedness: list[float] = Field(description="mean / max per layer (vLLM's and SGLang's number)")
+    imbalance: list[float] = Field(description="(max - mean) / mean per layer (TensorRT-LLM's number)")
+    lb_mean: float
+    lb_max: float
+    time_us: list[float] | None = Field(None, description="predicted layer time: the slowest GPU")
+    compute_us: list[float] | None = None
+    weight_read_us: list[float] | None = None
+    comm_us: list[float] | None = None
+    bottleneck: list[str] | None = Field(None, description="compute, weight_read or comm, per layer")
+    total_time_us: float | None = Field(None, description="sum over layers: MoE time of one step")
+    tokens_per_gpu: list[float] | None = None
+
+
+class Predicted(Balance):
+    """The placement's numbers, with the no-EPLB baseline (contiguous, no redundancy) beside them."""
+
+    baseline: Balance
+
+
+class SolverOut(BaseModel):
+    """What the solver did. bound is a lower bound on lb per layer; gap = (lb - bound) / lb."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    status: str = Field(description="heuristic (greedy), or optimal / feasible / time_limit / greedy_fallback")
+    wall_ms: float
+    bound: list[float]
+    gap: list[float]
+    layer_ms: list[float] | None = None
+    layer_status: list[str] | None = None
+    time_limit_s_per_layer: float | None = None
+
+
+class Moves(BaseModel):
+    """Expert weights copied onto GPUs to go from the current placement to this one."""
+
+    per_layer: list[int]
+    total: int
+    bytes_moved: float | None
+
+
+class PlacementResponse(BaseModel):
+    """The placement, its predicted balance and time next to the no-EPLB baseline, and solver facts."""
+
+    placement: PlacementOut
+    predicted: Predicted
+    solver: SolverOut | None = None
+    moves: Moves | None = None
+
+
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
@@ -157,15 +223,5 @@ class Job(BaseModel):
     status: JobStatus
     created_at: float
     finished_at: float | None = None
-    result: dict[str, Any] | None = Field(None, description="when done: the body POST /placement answers")
+    result: PlacementResponse | None = Field(None, description="when done: the body POST /placement answers")
     error: Problem | None = None
-
-
-class PlacementResponse(BaseModel):
-    """The placement, its predicted balance and time next to the no-EPLB baseline, and solver facts."""
-
-    model_config = ConfigDict(extra="allow")
-    placement: dict[str, Any]
-    predicted: dict[str, Any]
-    solver: dict[str, Any] | None = None
-    moves: dict[str, Any] | None = None
