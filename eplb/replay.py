@@ -27,8 +27,6 @@ each placement's [E, G] share matrix); memory is bounded by the window (a ring b
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
 
 from eplb.errors import EplbError
 from eplb.evaluate import contiguous_placement
@@ -444,46 +443,18 @@ def _oracle(
 # --------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _openblas_controls() -> tuple[tuple[Any, Any], ...]:
-    """(get, set) thread-count functions of every OpenBLAS loaded in this process (Linux), found the
-    way threadpoolctl finds them; empty when there is none (MKL, Accelerate, no /proc)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return ()
-    paths = sorted({line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower() and "/" in line})
-    controls = []
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", "")):
-            get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
-            put = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
-            if get is not None and put is not None:
-                controls.append((get, put))
-                break
-    return tuple(controls)
-
-
 @contextmanager
 def blas_threads(n: int | None) -> Iterator[None]:
-    """Run the block with OpenBLAS limited to n threads (None: leave it alone), then restore.
+    """Run the block with the BLAS library limited to n threads (None: leave it alone), then restore.
 
     The replay's matmuls are small (per layer: steps x E by E x 3G). On shared or busy CPUs
     OpenBLAS's spinning worker threads made them 10-20x slower than one thread (measured on a
     2-vCPU VM: 0.05 vs 0.8 M layer-steps/s), so `replay` uses one thread by default."""
-    controls = _openblas_controls() if n is not None else ()
-    saved = [int(get()) for get, _ in controls]
-    for _, put in controls:
-        put(n)
-    try:
+    if n is None:
         yield
-    finally:
-        for (_, put), old in zip(controls, saved, strict=True):
-            put(old)
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
 
 
 # --------------------------------------------------------------------------------------------
