@@ -24,6 +24,7 @@ from eplb.specs import (
     link_bandwidth,
     model_from_dict,
 )
+from solvers.registry import Options
 
 
 class FieldError(EplbError):
@@ -142,9 +143,9 @@ def run_solve_job(job: SolveJob) -> dict[str, Any]:
         solver=job.solver,
         cost=job.cost,
         current=job.current,
-        request_time_limit_s=job.time_limit_s,
+        options=Options(total_time_limit_s=job.time_limit_s, max_lb_slack=job.max_lb_slack)
+        if job.solver == "milp" else None,
         split=job.split,
-        max_lb_slack=job.max_lb_slack,
     ).to_dict()
 
 

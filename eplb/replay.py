@@ -45,6 +45,7 @@ from eplb.logs import CountsChunk, LogInfo, RoutingLog, as_log
 from eplb.placement import Placement
 from eplb.solve import Cluster, CostSetup, solve
 from solvers.greedy import solve_greedy
+from solvers.registry import Options, applicable
 
 __all__ = [
     "BASELINES",
@@ -700,7 +701,8 @@ def _rebalance(
     """Solve the window before position `pos` against the serving placement."""
     lo = max(0, pos - sched.window)
     loads = window.loads(lo, pos, sched.ewma)
-    outcome = solve(loads, cluster, solver=solver, split=split, current=current, time_limit_s=time_limit_s)
+    options = applicable(solver, Options(time_limit_s=time_limit_s))
+    outcome = solve(loads, cluster, solver=solver, split=split, current=current, options=options)
     moves = outcome.moves if outcome.moves is not None else np.zeros(loads.shape[0], dtype=np.int64)
     total = int(moves.sum())
     rb = Rebalance(

@@ -25,7 +25,9 @@ from eplb.logs import RoutingLog
 from eplb.progress import Progress
 from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
+from solvers import registry
 from solvers.bounds import lower_bound
+from solvers.registry import Options, applicable
 
 SOLVER_CHOICES = ("greedy", "milp", "milp-weighted")
 
@@ -130,8 +132,8 @@ def compare_window(
     with Progress(len(shapes) * len(solvers), "compare", enabled=progress) as bar:
         for ep, slots in shapes:
             for name in solvers:
-                solver, split = ("milp", "weighted") if name == "milp-weighted" else (name, "uniform")
-                outcome = solve(loads, Cluster(slots), solver=solver, cost=cost, time_limit_s=time_limit_s, split=split)
+                options = applicable(name, Options(time_limit_s=time_limit_s))
+                outcome = solve(loads, Cluster(slots), solver=name, cost=cost, options=options)
                 info = outcome.solver
                 layers = loads.shape[0]
                 run = Run(
@@ -282,11 +284,11 @@ def compare_log(
             shared: _LayerMeans | None = None
             bounds = _StepBounds(slots, served_from, view.info.num_layers)
             for name in solvers:
-                solver, split = ("milp", "weighted") if name == "milp-weighted" else (name, "uniform")
+                split = "weighted" if registry.get_solver(name).capabilities.shares else "uniform"
                 means = _LayerMeans(served_from, view.info.num_layers)
                 view.tap = bounds if shared is None else None
                 result = replay(
-                    view, Cluster(slots), schedule=sched, solver=solver, split=split, cost=cost,
+                    view, Cluster(slots), schedule=sched, solver=name, cost=cost,
                     oracle_every=oracle_every if shared is None else 0, time_limit_s=time_limit_s,
                     on_steps=means, progress=_shifted(bar, bar.done, f"EP{ep} {name}"),
                 )  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,12 +18,22 @@ from eplb.errors import EplbError
 from eplb.evaluate import Balance, balance, contiguous_placement
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, HardwareSpec, ModelSpec
+from solvers import registry
 from solvers.bounds import lower_bound
-from solvers.greedy import solve_greedy
 from solvers.migration import count_moves, relabel_gpus
+from solvers.registry import Options, Problem, SolverError
 
-SolverName = Literal["greedy", "milp"]
-SOLVERS: tuple[str, ...] = ("greedy", "milp")
+
+def solver_name(solver: str, split: str = "uniform") -> str:
+    """The registry name for a solver and share split (`milp` + weighted -> `milp-weighted`)."""
+    if split not in ("uniform", "weighted"):
+        raise EplbError(f"split must be 'uniform' or 'weighted', got {split!r}")
+    if split == "uniform":
+        return solver
+    weighted = f"{solver}-weighted"
+    if weighted not in registry.names():
+        raise EplbError(f"the {solver} solver gives uniform shares only; use --solver milp for --split weighted")
+    return weighted
 
 
 @dataclass(frozen=True)
@@ -144,37 +154,40 @@ def solve(
     solver: str = "greedy",
     cost: CostSetup | None = None,
     current: Placement | None = None,
-    time_limit_s: float | None = None,
-    request_time_limit_s: float | None = None,
+    options: Options | None = None,
     split: str = "uniform",
-    max_lb_slack: float = 0.01,
 ) -> Outcome:
-    """Place every layer's experts. loads: [layers, E] tokens; time_limit_s (per layer) and
-    request_time_limit_s (whole call) bound the MILP. Returns the validated placement, its
-    balance next to the contiguous baseline, a lower bound, and the predicted time when `cost` is given."""
+    """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
+    loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
+    validated placement, its balance next to the contiguous baseline, a lower bound, and the predicted
+    time when `cost` is given."""
     check_shapes(loads, cluster)
     if current is not None:
         _check_current(current, loads, cluster)
     started = time.perf_counter()
-    shares: NDArray[np.float64] | None = None
-    info: dict[str, Any]
-    if solver == "greedy":
-        if split != "uniform":
-            raise EplbError("the greedy solver gives uniform shares only; use --solver milp for --split weighted")
-        phy2log = solve_greedy(
-            loads, cluster.slots_per_gpu, num_groups=cluster.num_groups, gpus_per_node=cluster.gpus_per_node
-        )
-        info = {"name": "greedy", "status": "heuristic"}
-        info["layer_ms"] = [round((time.perf_counter() - started) * 1000 / loads.shape[0], 3)] * loads.shape[0]
-    elif solver == "milp":
-        phy2log, shares, info = _solve_milp(
-            loads, cluster, current, time_limit_s, request_time_limit_s, split, max_lb_slack
-        )
-    else:
-        raise EplbError(f"unknown solver {solver!r}: choose one of {', '.join(SOLVERS)}")
+    name = solver_name(solver, split)
+    problem = Problem(
+        loads,
+        cluster.slots_per_gpu,
+        num_groups=cluster.num_groups,
+        gpus_per_node=cluster.gpus_per_node,
+        current_phy2log=None if current is None else current.phy2log,
+    )
+    try:
+        solution = registry.solve(name, problem, options or Options())
+    except (SolverError, ValueError) as exc:
+        raise EplbError(str(exc)) from None
+    phy2log, shares = solution.phy2log, solution.shares
+    info: dict[str, Any] = {"name": name, "status": solution.status}
+    if solution.layer_status is not None:
+        info["layer_status"] = solution.layer_status
+    info["layer_ms"] = solution.layer_ms
+    info.update(solution.info)
+    if solution.bound_tokens is not None:
+        info["bound_tokens"] = solution.bound_tokens.tolist()
     moves = None
     if current is not None:
-        if shares is None:
+        if not registry.get_solver(name).capabilities.aligned:
             phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
     placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
@@ -205,57 +218,6 @@ def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Clus
             f"the current placement has slots per GPU {current.slots_per_gpu.tolist()}, the request asks "
             f"for {cluster.slots_per_gpu.tolist()}: moves are counted between placements of one cluster shape"
         )
-
-
-DEFAULT_MILP_LAYER_LIMIT_S = 5.0
-
-
-def _solve_milp(
-    loads: NDArray[np.float64],
-    cluster: Cluster,
-    current: Placement | None,
-    time_limit_s: float | None,
-    request_time_limit_s: float | None,
-    split: str,
-    max_lb_slack: float,
-) -> tuple[NDArray[np.int64], NDArray[np.float64] | None, dict[str, Any]]:
-    """The exact solver, warm-started from greedy (so never worse than it)."""
-    from solvers.milp import solve_milp
-
-    if split not in ("uniform", "weighted"):
-        raise EplbError(f"split must be 'uniform' or 'weighted', got {split!r}")
-    warm = solve_greedy(
-        loads, cluster.slots_per_gpu, num_groups=cluster.num_groups, gpus_per_node=cluster.gpus_per_node
-    )
-    per_layer = time_limit_s or (request_time_limit_s or DEFAULT_MILP_LAYER_LIMIT_S)
-    try:
-        result = solve_milp(
-            loads,
-            cluster.slots_per_gpu,
-            time_limit_s=per_layer,
-            total_time_limit_s=request_time_limit_s,
-            split="weighted" if split == "weighted" else "uniform",
-            current_phy2log=None if current is None else current.phy2log,
-            max_lb_slack=max_lb_slack,
-            warm_start=warm,
-        )
-    except ValueError as exc:
-        raise EplbError(str(exc)) from None
-    statuses = list(result.status)
-    overall = next(
-        (s for s in ("greedy_fallback", "time_limit", "feasible") if s in statuses), "optimal"
-    )
-    info: dict[str, Any] = {
-        "name": "milp" if split == "uniform" else "milp-weighted",
-        "status": overall,
-        "layer_status": statuses,
-        "layer_ms": _round(result.wall_ms, 3),
-        "time_limit_s_per_layer": per_layer,
-        "bound_tokens": result.bound.tolist(),
-    }
-    if cluster.num_groups is not None and cluster.gpus_per_node is not None:
-        info["note"] = "the MILP places experts globally; the hierarchical (node) policy shaped only its warm start"
-    return result.phy2log, result.shares, info
 
 
 def evaluate(loads: NDArray[np.float64], placement: Placement, cost: CostSetup | None = None) -> Outcome:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.torch_order import argsort_desc_like_torch
 from solvers.validation import slot_gpu, validate_placement
 
@@ -425,3 +426,34 @@ def _deepseek_hierarchical(
     pphyrank = np.take_along_axis(phyrank, pphy2phy, axis=1).reshape(layers, -1)
     logcnt = np.take_along_axis(mlogcnt.reshape(layers, -1), log2mlog, axis=1)
     return pphy2log, pphyrank, logcnt
+
+
+class GreedySolver(Solver):
+    """Registered as "greedy": `solve_greedy` (replicate, pack, swap refinement)."""
+
+    name = "greedy"
+    summary = "replicate the hottest experts, pack heaviest-first, refine by swaps (milliseconds)"
+    capabilities = Capabilities(hierarchical=True)
+
+    def solve(self, problem: Problem, options: Options) -> Solution:
+        phy2log = solve_greedy(
+            problem.loads, problem.slots_per_gpu, num_groups=problem.num_groups, gpus_per_node=problem.gpus_per_node
+        )
+        return Solution(phy2log, status="heuristic")
+
+
+class DeepSeekSolver(Solver):
+    """Registered as "deepseek": DeepSeek EPLB's algorithm (`rebalance_experts`), for comparison."""
+
+    name = "deepseek"
+    summary = "DeepSeek EPLB's algorithm, same results as its eplb.py (equal slots per GPU)"
+    capabilities = Capabilities(hierarchical=True, uneven_slots=False)
+
+    def solve(self, problem: Problem, options: Options) -> Solution:
+        slots = problem.slots_per_gpu
+        num_gpus = int(slots.size)
+        nodes = num_gpus // problem.gpus_per_node if problem.gpus_per_node else 1
+        groups = problem.num_groups if problem.hierarchical else 1
+        assert groups is not None
+        phy2log, _, _ = rebalance_experts(problem.loads, int(slots.sum()), groups, nodes, num_gpus)
+        return Solution(phy2log.astype(np.int64), status="heuristic")

@@ -60,7 +60,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -68,6 +68,7 @@ from ortools.sat.python import cp_model
 
 from solvers.bounds import lower_bound, max_replicas_per_expert
 from solvers.migration import count_moves, gpu_membership, relabel_slot_order
+from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.validation import validate_placement
 
 Split = Literal["uniform", "weighted"]
@@ -1147,3 +1148,53 @@ def solve_milp(
         lb=np.asarray(lb, dtype=np.float64),
         total_wall_ms=(time.time() - started) * 1e3,
     )
+
+
+DEFAULT_LAYER_LIMIT_S = 5.0
+"""Per-layer limit when neither a per-layer nor a whole-call limit is given, s."""
+
+
+class MilpSolver(Solver):
+    """Registered as "milp": `solve_milp` with uniform shares, warm-started from greedy."""
+
+    name = "milp"
+    summary = "exact CP-SAT search, warm-started from greedy (never worse); migration-aware with a current placement"
+    capabilities = Capabilities(current=True)
+    options = frozenset({"time_limit_s", "total_time_limit_s", "max_lb_slack"})
+    split: ClassVar[Split] = "uniform"
+
+    def solve(self, problem: Problem, options: Options) -> Solution:
+        from solvers.greedy import solve_greedy
+
+        warm = solve_greedy(problem.loads, problem.slots_per_gpu)
+        per_layer = options.time_limit_s or options.total_time_limit_s or DEFAULT_LAYER_LIMIT_S
+        result = solve_milp(
+            problem.loads,
+            problem.slots_per_gpu,
+            time_limit_s=per_layer,
+            total_time_limit_s=options.total_time_limit_s,
+            split=self.split,
+            current_phy2log=problem.current_phy2log,
+            max_lb_slack=options.max_lb_slack,
+            warm_start=warm,
+        )
+        statuses: list[str] = list(result.status)
+        overall = next((s for s in ("greedy_fallback", "time_limit", "feasible") if s in statuses), "optimal")
+        return Solution(
+            result.phy2log,
+            shares=result.shares,
+            status=overall,
+            layer_status=statuses,
+            layer_ms=[round(float(v), 3) for v in result.wall_ms],
+            bound_tokens=result.bound,
+            info={"time_limit_s_per_layer": per_layer},
+        )
+
+
+class WeightedMilpSolver(MilpSolver):
+    """Registered as "milp-weighted": the MILP with weighted shares (needs weighted replica selection)."""
+
+    name = "milp-weighted"
+    summary = "the MILP with weighted shares per replica (the server must route by share)"
+    capabilities = Capabilities(current=True, shares=True, aligned=True)
+    split = "weighted"

@@ -18,8 +18,9 @@ from eplb.errors import EplbError
 from eplb.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.progress import Progress
 from eplb.replay import BASELINES, ReplayResult, Schedule, StepBlock, replay
-from eplb.solve import SOLVERS, Cluster
+from eplb.solve import Cluster
 from eplb.synth import StatsAccumulator, SynthConfig, seed004_log, synth_counts, synth_topk
+from solvers import registry
 
 SYNTH_DESCRIPTION = """\
 Write a synthetic routing log: per-step expert counts (.npz or .jsonl) or token-level routing
@@ -122,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     r.add_argument("log", metavar="LOG", help="routing log: .npz (counts or topk_ids), .npy or .jsonl")
     add_schedule_options(r)
-    r.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (default) or milp")
+    r.add_argument("--solver", choices=registry.names(), default="greedy", help="greedy (default) or milp")
     r.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
     add_cluster_options(r)
     r.add_argument("--oracle-every", type=int, default=1, metavar="N",

@@ -15,8 +15,10 @@ from eplb.errors import EplbError
 from eplb.interop import read_placement_any, write_export
 from eplb.loads import LoadWindow, read_window
 from eplb.logs import LogInfo
-from eplb.solve import DEFAULT_MILP_LAYER_LIMIT_S, SOLVERS, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
+from eplb.solve import Cluster, CostSetup, Outcome, evaluate, infer_model, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
+from solvers import registry
+from solvers.registry import Options
 
 SOLVE_DESCRIPTION = """\
 Compute where every logical expert of every MoE layer goes: hot experts get extra replicas and all
@@ -49,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_loads(p)
     add_cluster_options(p)
-    p.add_argument("--solver", choices=SOLVERS, default="greedy", help="greedy (fast) or milp (exact, "
+    p.add_argument("--solver", choices=registry.names(), default="greedy", help="greedy (fast) or milp (exact, "
                    "OR-Tools; default: greedy)")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
     p.add_argument("--split", choices=("uniform", "weighted"), default="uniform",
@@ -192,7 +194,9 @@ def run_solve(args: argparse.Namespace) -> int:
     if not 0 <= args.max_lb_slack <= 1:
         raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
     if args.solver == "milp":
-        per_layer = args.time_limit or DEFAULT_MILP_LAYER_LIMIT_S
+        from solvers.milp import DEFAULT_LAYER_LIMIT_S
+
+        per_layer = args.time_limit or DEFAULT_LAYER_LIMIT_S
         waves = -(-window.num_layers // max(1, os.cpu_count() or 1))
         print(f"solving {window.num_layers} layers with the MILP, up to {per_layer:g} s per layer on "
               f"{os.cpu_count()} cores (about {waves * per_layer:,.0f} s at most)...", file=sys.stderr)
@@ -202,9 +206,9 @@ def run_solve(args: argparse.Namespace) -> int:
         solver=args.solver,
         cost=cost_setup(args, model),
         current=current,
-        time_limit_s=args.time_limit,
+        options=Options(time_limit_s=args.time_limit, max_lb_slack=args.max_lb_slack)
+        if args.solver.startswith("milp") else None,
         split=args.split,
-        max_lb_slack=args.max_lb_slack,
     )
     if args.out:
         write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)

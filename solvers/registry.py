@@ -1,0 +1,222 @@
+"""One table of placement solvers and rebalancing policies.
+
+Every solver is a subclass of `Solver` that says what it can do (`Capabilities`) and which options it
+reads, and is registered here once by name. The CLI, the API, replay and reports list and dispatch
+through `get_solver` / `solve`; an option or input a solver cannot honour is refused in `check`, the one
+place that does it. Modelled on vLLM's `AbstractEplbPolicy` and its policy table.
+
+Adding a solver is one new module with a `Solver` subclass plus one `register(...)` line at the end of
+this file (modules are imported lazily, so the MILP's OR-Tools loads only when it is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from solvers.validation import validate_placement
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One placement problem, every array indexed by layer first.
+
+    loads: [L, E] tokens per logical expert over the window; slots_per_gpu: [G] slots per GPU;
+    num_groups, gpus_per_node: the hierarchical policy (expert groups kept within nodes) when both are set;
+    current_phy2log: [L, P] the placement being served (migration-aware and incremental solvers use it);
+    scenarios: [S, L, E] recent sub-windows (robust objectives), None for the window alone.
+    """
+
+    loads: FloatArray
+    slots_per_gpu: IntArray
+    num_groups: int | None = None
+    gpus_per_node: int | None = None
+    current_phy2log: IntArray | None = None
+    scenarios: FloatArray | None = None
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.num_groups is not None and self.gpus_per_node is not None
+
+
+@dataclass(frozen=True)
+class Options:
+    """Knobs a solver may read; `Solver.options` names the ones it honours (others must stay at default).
+
+    time_limit_s: per layer, s; total_time_limit_s: whole call, s; max_lb_slack: relative lb a
+    migration-aware solve may give up for fewer copies; max_moves: expert copies allowed in the whole
+    model; max_moves_per_layer: the same per layer; target_lb: stop moving once every layer reaches it.
+    """
+
+    time_limit_s: float | None = None
+    total_time_limit_s: float | None = None
+    max_lb_slack: float = 0.01
+    max_moves: int | None = None
+    max_moves_per_layer: int | None = None
+    target_lb: float | None = None
+
+    def set_names(self) -> list[str]:
+        """Names of the options that differ from their defaults."""
+        default = Options()
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """hierarchical: honours group-to-node locality; uneven_slots: GPUs may have different slot counts;
+    current: uses the serving placement; requires_current: cannot run without it; shares: may return
+    weighted shares; aligned: its output is already labelled to overlap the serving placement (no GPU
+    relabelling afterwards); ep_beyond_experts: handles more GPUs than experts."""
+
+    hierarchical: bool = False
+    uneven_slots: bool = True
+    current: bool = False
+    requires_current: bool = False
+    shares: bool = False
+    aligned: bool = False
+    ep_beyond_experts: bool = True
+
+
+@dataclass
+class Solution:
+    """What a solver returns. phy2log: [L, P]; shares: [L, P] or None (uniform); status: overall word
+    (optimal, feasible, time_limit, heuristic, greedy_fallback); layer_status: per layer or None;
+    layer_ms: [L] wall ms per layer; bound_tokens: [L] proven lower bound on the busiest GPU's load, or
+    None; info: anything else the solver reports (JSON-ready)."""
+
+    phy2log: IntArray
+    shares: FloatArray | None = None
+    status: str = "heuristic"
+    layer_status: list[str] | None = None
+    layer_ms: list[float] | None = None
+    bound_tokens: FloatArray | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Solver(ABC):
+    """A placement solver or rebalancing policy: arrays in, a validated `Solution` out."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    @abstractmethod
+    def solve(self, problem: Problem, options: Options) -> Solution:
+        """Place every layer of `problem`; `check` has already accepted the inputs."""
+
+
+class SolverError(ValueError):
+    """A solver name, option or input combination that cannot be honoured; the message says what to change."""
+
+
+_TABLE: dict[str, str] = {}
+_LOADED: dict[str, type[Solver]] = {}
+
+
+def register(name: str, target: str) -> None:
+    """Register solver `name` as "module:Class" (imported on first use)."""
+    if name in _TABLE:
+        raise ValueError(f"solver {name!r} is registered twice")
+    _TABLE[name] = target
+
+
+def names() -> list[str]:
+    """Registered solver names, in registration order."""
+    return list(_TABLE)
+
+
+def get_solver(name: str) -> type[Solver]:
+    """The solver class registered as `name`; SolverError naming the choices otherwise."""
+    if name not in _TABLE:
+        raise SolverError(f"unknown solver {name!r}: choose one of {', '.join(_TABLE)}")
+    if name not in _LOADED:
+        module, cls_name = _TABLE[name].split(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        if not (isinstance(cls, type) and issubclass(cls, Solver)) or cls.name != name:
+            raise TypeError(f"{_TABLE[name]} is not a Solver named {name!r}")
+        _LOADED[name] = cls
+    return _LOADED[name]
+
+
+def check(name: str, problem: Problem, options: Options) -> type[Solver]:
+    """Refuse, in one place, every input or option the solver cannot honour. Returns the solver class."""
+    cls = get_solver(name)
+    caps = cls.capabilities
+    unsupported = [o for o in options.set_names() if o not in cls.options]
+    if unsupported:
+        takes = ", ".join(sorted(cls.options)) or "none"
+        raise SolverError(f"solver {name!r} does not take {', '.join(unsupported)} (it takes: {takes})")
+    loads, slots = problem.loads, problem.slots_per_gpu
+    if loads.ndim != 2:
+        raise SolverError(f"loads must be [layers, experts], got shape {loads.shape}")
+    if not np.isfinite(loads).all() or (loads < 0).any():
+        raise SolverError("loads must be finite and non-negative")
+    if slots.ndim != 1 or slots.size == 0 or (slots < 1).any():
+        raise SolverError("every GPU needs at least one slot")
+    num_experts = loads.shape[1]
+    if int(slots.sum()) < num_experts:
+        raise SolverError(
+            f"{int(slots.sum())} slots on {slots.size} GPUs cannot hold {num_experts} experts: need at least "
+            f"{-(-num_experts // slots.size)} slots per GPU"
+        )
+    if not caps.uneven_slots and np.unique(slots).size > 1:
+        raise SolverError(f"solver {name!r} needs the same slot count on every GPU")
+    if not caps.ep_beyond_experts and slots.size > num_experts:
+        raise SolverError(f"solver {name!r} needs at most {num_experts} GPUs ({slots.size} given)")
+    if problem.hierarchical and not caps.hierarchical:
+        raise SolverError(
+            f"solver {name!r} does not keep expert groups within nodes: drop --groups/--gpus-per-node "
+            f"or choose one of {', '.join(n for n in _TABLE if get_solver(n).capabilities.hierarchical)}"
+        )
+    if caps.requires_current and problem.current_phy2log is None:
+        raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
+    for opt in ("time_limit_s", "total_time_limit_s", "target_lb"):
+        value = getattr(options, opt)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SolverError(f"{opt} must be a positive number, got {value!r}")
+    if options.max_lb_slack < 0 or not math.isfinite(options.max_lb_slack):
+        raise SolverError(f"max_lb_slack must be >= 0, got {options.max_lb_slack!r}")
+    for opt in ("max_moves", "max_moves_per_layer"):
+        value = getattr(options, opt)
+        if value is not None and value < 0:
+            raise SolverError(f"{opt} must be >= 0, got {value!r}")
+    return cls
+
+
+def applicable(name: str, options: Options) -> Options:
+    """`options` without the ones solver `name` does not take: for settings shared by several solvers
+    (a compare run's time limit applies to the MILP, not to greedy)."""
+    taken = get_solver(name).options
+    return replace(options, **{o: getattr(Options(), o) for o in options.set_names() if o not in taken})
+
+
+def solve(name: str, problem: Problem, options: Options | None = None) -> Solution:
+    """Check, run and validate solver `name` on `problem`. Fills layer_ms when the solver does not."""
+    options = options or Options()
+    cls = check(name, problem, options)
+    started = time.perf_counter()
+    solution = cls().solve(problem, options)
+    validate_placement(solution.phy2log, problem.slots_per_gpu, problem.loads.shape[1], solution.shares)
+    if solution.layer_ms is None:
+        layers = problem.loads.shape[0]
+        per_layer = (time.perf_counter() - started) * 1000 / max(layers, 1)
+        solution.layer_ms = [round(per_layer, 3)] * layers
+    return solution
+
+
+# The table: one line per solver.
+register("greedy", "solvers.greedy:GreedySolver")
+register("deepseek", "solvers.greedy:DeepSeekSolver")
+register("milp", "solvers.milp:MilpSolver")
+register("milp-weighted", "solvers.milp:WeightedMilpSolver")
