@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
 from eplb.budget import slots_per_gpu
 from eplb.errors import EplbError
-from eplb.loads import check_loads
+from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.solve import Cluster, CostSetup, evaluate, solve
 from eplb.specs import (

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.evaluate import balance
-from eplb.loads import read_window
+from eplb.io.windows import read_window
 from eplb.placement import Placement
 from solvers.greedy import rebalance_experts, solve_greedy
 

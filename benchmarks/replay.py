@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from eplb.logs import open_log, write_counts
+from eplb.io.logs import open_log, write_counts
 from eplb.placement import Placement
 from eplb.replay import Schedule as ReplaySchedule
 from eplb.replay import _Evaluator, _oracle, blas_threads, initial_placement, replay

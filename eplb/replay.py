@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_limits
 
 from eplb.errors import EplbError
 from eplb.evaluate import contiguous_placement
-from eplb.logs import CountsChunk, LogInfo, RoutingLog, as_log
+from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, as_log
 from eplb.placement import Placement
 from eplb.solve import Cluster, CostSetup, solve
 from solvers.greedy import solve_greedy

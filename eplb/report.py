@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, spread_evenly
 from eplb.errors import EplbError
-from eplb.logs import RoutingLog
+from eplb.io.logs import RoutingLog
 from eplb.progress import Progress
 from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve

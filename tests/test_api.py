@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from eplb.evaluate import balance
-from eplb.loads import read_window
+from eplb.io.windows import read_window
 from eplb.placement import Placement
 
 PROBLEM = "application/problem+json"

@@ -11,7 +11,7 @@ import pytest
 
 from eplb.cli import main
 from eplb.evaluate import balance
-from eplb.loads import read_window
+from eplb.io.windows import read_window
 from eplb.placement import load_placement
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from eplb.budget import spread_evenly
 from eplb.cli import main
-from eplb.loads import read_window
-from eplb.logs import write_counts
+from eplb.io.logs import write_counts
+from eplb.io.windows import read_window
 from eplb.replay import Schedule, replay
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth, load_model

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eplb.evaluate import balance
-from eplb.loads import read_window
+from eplb.io.windows import read_window
 from eplb.placement import Placement
 from eplb.synth import SEED004_TABLE, seed004_counts
 from solvers.bounds import lower_bound

@@ -14,26 +14,18 @@ from numpy.typing import NDArray
 
 from eplb.cli import interop as cli_interop
 from eplb.errors import EplbError
-from eplb.interop import (
-    export_text,
+from eplb.io.exports import export_text, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend, write_export
+from eplb.io.foreign import parse_placement, parse_trtllm_yaml, read_placement_any, read_placement_file
+from eplb.io.statistics import (
     fold_physical,
     import_loads,
-    parse_layer_ids,
-    parse_placement,
-    parse_trtllm_yaml,
-    read_placement_any,
-    read_placement_file,
     read_safetensors,
     read_sglang_loads,
     read_trtllm_loads,
     read_vllm_loads,
-    to_sglang,
-    to_trtllm,
-    to_vllm_ascend,
-    write_export,
     write_loads,
 )
-from eplb.loads import read_window
+from eplb.io.windows import read_window
 from eplb.placement import Placement, save_placement
 
 # Two MoE layers, 4 experts, 3 GPUs x 2 slots; experts 0/1 (layer 0) and 2/3 (layer 1) replicated.

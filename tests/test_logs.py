@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from eplb.errors import EplbError
-from eplb.loads import read_window
-from eplb.logs import (
+from eplb.io.logs import (
     coactivation,
     open_log,
     read_counts,
@@ -20,6 +19,7 @@ from eplb.logs import (
     write_jsonl,
     write_topk,
 )
+from eplb.io.windows import read_window
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from eplb.budget import GIB, slots_per_gpu, spread_evenly
 from eplb.errors import EplbError
 from eplb.evaluate import balance, contiguous_placement
-from eplb.loads import read_window
+from eplb.io.windows import read_window
 from eplb.placement import Placement, load_placement, save_placement
 from eplb.specs import load_model
 

@@ -18,7 +18,7 @@ from eplb.cli import replay as cli_replay
 from eplb.cost import predict
 from eplb.errors import EplbError
 from eplb.evaluate import balance
-from eplb.logs import open_log, write_counts
+from eplb.io.logs import open_log, write_counts
 from eplb.placement import Placement
 from eplb.progress import Progress
 from eplb.replay import Schedule, initial_placement, predict_time_us, replay

@@ -9,8 +9,8 @@ from typing import Any
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
 from eplb.cli.solve import add_cost_options, cost_setup, model_for
 from eplb.errors import EplbError
-from eplb.loads import read_window
-from eplb.logs import open_log
+from eplb.io.logs import open_log
+from eplb.io.windows import read_window
 from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
 
 DESCRIPTION = """\

@@ -7,17 +7,9 @@ import re
 from pathlib import Path
 
 from eplb.errors import EplbError
-from eplb.interop import (
-    LOAD_FORMATS,
-    TARGETS,
-    ForeignPlacement,
-    ImportedLoads,
-    import_loads,
-    parse_layer_ids,
-    read_placement_file,
-    write_export,
-    write_loads,
-)
+from eplb.io.exports import TARGETS, parse_layer_ids, write_export
+from eplb.io.foreign import ForeignPlacement, read_placement_file
+from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, import_loads, write_loads
 from eplb.placement import Placement
 
 EXPORT_DESCRIPTION = """\

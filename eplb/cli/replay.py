@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from eplb.budget import GIB
 from eplb.cli.solve import add_cluster_options, add_cost_options, cost_setup, int_list, model_for, slots_for
 from eplb.errors import EplbError
-from eplb.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
+from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.progress import Progress
 from eplb.replay import BASELINES, ReplayResult, Schedule, StepBlock, replay
 from eplb.solve import Cluster

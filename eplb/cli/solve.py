@@ -12,9 +12,10 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
-from eplb.interop import read_placement_any, write_export
-from eplb.loads import LoadWindow, read_window
-from eplb.logs import LogInfo
+from eplb.io.exports import write_export
+from eplb.io.foreign import read_placement_any
+from eplb.io.logs import LogInfo
+from eplb.io.windows import LoadWindow, read_window
 from eplb.solve import Cluster, CostSetup, Outcome, evaluate, infer_model, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
 from solvers import registry

@@ -1,0 +1,243 @@
+"""Placements out: the files serving systems load at start-up (`export_text`, `write_export`), one target each:
+
+- `sglang`: the JSON SGLang's `--init-expert-location` reads, `{"physical_to_logical_map": [model layers][P]}`
+  (sgl-project/sglang python/sglang/srt/eplb/expert_location.py). SGLang passes every key of the file to
+  `init_by_mapping`, so the file holds that one key and nothing else; it has a row for every model layer
+  (dense ones included), and the file name must end in `.json`.
+- `trtllm`: TensorRT-LLM's MoE load-balancer YAML `{num_slots, initial_global_assignments: {layer: [P ids]},
+  layer_updates_per_iter: 0}` (NVIDIA/TensorRT-LLM `MoeLoadBalancerConfig` in tensorrt_llm/llmapi/llm_args.py,
+  examples/wide_ep/ep_load_balancer/README.md). The config model forbids extra keys.
+- `vllm-ascend`: the expert map JSON `{moe_layer_count, layer_list: [{layer_id, device_count, device_list:
+  [{device_id, device_expert: [ids]}]}]}` (vllm-project/vllm-ascend vllm_ascend/eplb/adaptor/vllm_adaptor.py).
+- `json`: our own placement file (docs/formats.md).
+
+Every failure is an EplbError saying what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eplb.errors import EplbError
+from eplb.placement import Placement
+
+TARGETS = ("sglang", "trtllm", "vllm-ascend", "json")
+SYSTEM_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vllm-ascend", "json": "eplb"}
+
+_EQUAL_SLOTS_REASON = {
+    "sglang": "it splits the physical experts evenly over the EP ranks",
+    "trtllm": "every rank owns num_slots / ep_size consecutive slots",
+    "vllm-ascend": "its expert map is one [layers, devices, slots] table",
+}
+
+
+def parse_layer_ids(text: str) -> list[int]:
+    """Parse a layer id list such as `3-60` or `0,1,5-7` into ids, in the order given."""
+    ids: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise EplbError(f"layer ids: expected numbers and ranges like 3-60 or 0,1,5-7, got {text!r}")
+        start = int(m.group(1))
+        stop = int(m.group(2)) if m.group(2) is not None else start
+        if stop < start:
+            raise EplbError(f"layer ids: range {part} runs backwards; write it low-high")
+        ids.extend(range(start, stop + 1))
+    return ids
+
+
+def check_exportable(placement: Placement, target: str) -> None:
+    """Raise EplbError unless `target` can express `placement`, saying what to change if not.
+
+    sglang, trtllm and vllm-ascend need the same slot count on every GPU and uniform shares;
+    vllm-ascend also needs every GPU to hold distinct experts in every layer.
+    """
+    if target not in TARGETS:
+        raise EplbError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+    if target == "json":
+        return
+    _require_uniform_shares(placement, target)
+    _equal_slots(placement, target)
+    if target == "vllm-ascend":
+        _require_distinct_per_gpu(placement)
+
+
+def to_sglang(
+    placement: Placement, layer_ids: Sequence[int] | None = None, num_model_layers: int | None = None
+) -> dict[str, Any]:
+    """SGLang `--init-expert-location` object: `{"physical_to_logical_map": [num_model_layers][P]}`.
+
+    SGLang indexes the map by model layer, dense layers included. Row `layer_ids[i]` gets placement layer i
+    (default: layer i); rows no placement layer covers get SGLang's own trivial map (slot s holds s mod E).
+    num_model_layers defaults to max(layer_ids) + 1.
+    """
+    check_exportable(placement, "sglang")
+    ids = _checked_layer_ids(placement, layer_ids)
+    rows = max(ids) + 1 if num_model_layers is None else num_model_layers
+    if rows <= max(ids):
+        raise EplbError(f"num_model_layers is {rows} but layer id {max(ids)} needs at least {max(ids) + 1} rows")
+    table = np.tile(np.arange(placement.num_physical, dtype=np.int64) % placement.num_experts, (rows, 1))
+    table[ids] = placement.phy2log
+    return {"physical_to_logical_map": table.tolist()}
+
+
+def to_trtllm(placement: Placement, layer_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    """TensorRT-LLM MoE load-balancer config: `num_slots` (P), `initial_global_assignments`
+    `{model layer id: [P expert ids]}` (slot j of layer l holds expert [l][j]; each rank owns P / ep_size
+    consecutive slots) and `layer_updates_per_iter: 0` (static placement)."""
+    check_exportable(placement, "trtllm")
+    ids = _checked_layer_ids(placement, layer_ids)
+    assignments = {layer: row for layer, row in zip(ids, placement.phy2log.tolist(), strict=True)}
+    return {"num_slots": placement.num_physical, "initial_global_assignments": assignments, "layer_updates_per_iter": 0}
+
+
+def to_vllm_ascend(placement: Placement) -> dict[str, Any]:
+    """vllm-ascend expert map: `moe_layer_count` (L) and `layer_list`, one entry per MoE layer in order
+    (`layer_id` is the MoE layer index, as vllm-ascend's own recorder writes it), each with `device_count` (G)
+    and `device_list: [{device_id, device_expert: [S logical expert ids, local slot order]}]`."""
+    check_exportable(placement, "vllm-ascend")
+    slots = int(placement.slots_per_gpu[0])
+    grid = placement.phy2log.reshape(placement.num_layers, placement.num_gpus, slots).tolist()
+    return {
+        "moe_layer_count": placement.num_layers,
+        "layer_list": [
+            {
+                "layer_id": layer,
+                "device_count": placement.num_gpus,
+                "device_list": [{"device_id": g, "device_expert": experts} for g, experts in enumerate(devices)],
+            }
+            for layer, devices in enumerate(grid)
+        ],
+    }
+
+
+def to_json(placement: Placement, layer_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    """Our placement file object (docs/formats.md), with `layer_ids` (model layer of each row) when given."""
+    out = placement.to_dict()
+    if layer_ids is not None:
+        out["layer_ids"] = _checked_layer_ids(placement, layer_ids)
+    return out
+
+
+def trtllm_yaml(config: dict[str, Any]) -> str:
+    """Write a `to_trtllm` config as YAML: block mapping, one flow list per layer (the layout TensorRT-LLM's
+    generate_eplb_config.py writes). No YAML library needed."""
+    lines = [
+        "# TensorRT-LLM MoE load balancer config (moe_config.load_balancer), written by eplb.",
+        "# Each rank owns num_slots / ep_size consecutive slots of every layer.",
+        f"num_slots: {int(config['num_slots'])}",
+        f"layer_updates_per_iter: {int(config['layer_updates_per_iter'])}",
+    ]
+    assignments = config.get("initial_global_assignments")
+    if assignments is not None:
+        lines.append("initial_global_assignments:")
+        for layer, row in assignments.items():
+            lines.append(f"  {int(layer)}: [{', '.join(str(int(v)) for v in row)}]")
+    return "\n".join(lines) + "\n"
+
+
+def export_text(
+    placement: Placement,
+    target: str,
+    *,
+    layer_ids: Sequence[int] | None = None,
+    num_model_layers: int | None = None,
+) -> str:
+    """The file text `target` loads (see the module docstring); raises EplbError if it cannot express it."""
+    check_exportable(placement, target)
+    if target == "sglang":
+        return json.dumps(to_sglang(placement, layer_ids, num_model_layers)) + "\n"
+    if target == "trtllm":
+        return trtllm_yaml(to_trtllm(placement, layer_ids))
+    if target == "vllm-ascend":
+        if layer_ids is not None:
+            _checked_layer_ids(placement, layer_ids)
+        return json.dumps(to_vllm_ascend(placement)) + "\n"
+    return json.dumps(to_json(placement, layer_ids)) + "\n"
+
+
+def write_export(
+    placement: Placement,
+    target: str,
+    path: str | Path,
+    *,
+    layer_ids: Sequence[int] | None = None,
+    num_model_layers: int | None = None,
+) -> None:
+    """Write `export_text` to `path`; SGLang files must be named *.json (SGLang parses any other
+    `--init-expert-location` value as inline JSON)."""
+    p = Path(path)
+    if target == "sglang" and p.suffix.lower() != ".json":
+        raise EplbError(
+            f"SGLang reads --init-expert-location as a file only when its name ends in .json; "
+            f"name the output like {p.stem or 'placement'}.sglang.json"
+        )
+    text = export_text(placement, target, layer_ids=layer_ids, num_model_layers=num_model_layers)
+    p.write_text(text)
+
+
+def _equal_slots(placement: Placement, target: str) -> int:
+    slots = placement.slots_per_gpu
+    if np.all(slots == slots[0]):
+        return int(slots[0])
+    suggest = max(placement.num_physical // placement.num_gpus, -(-placement.num_experts // placement.num_gpus))
+    raise EplbError(
+        f"{SYSTEM_NAMES[target]} needs the same number of slots on every GPU ({_EQUAL_SLOTS_REASON[target]}); "
+        f"this placement has {int(slots.min())}-{int(slots.max())} per GPU; re-solve with --slots-per-gpu {suggest}"
+    )
+
+
+def _require_uniform_shares(placement: Placement, target: str) -> None:
+    if placement.shares is None:
+        return
+    uniform = 1.0 / np.take_along_axis(placement.replicas, placement.phy2log, axis=1)
+    bad = np.argwhere(np.abs(placement.shares - uniform) > 1e-9)
+    if bad.size == 0:
+        return
+    layer, slot = (int(v) for v in bad[0])
+    raise EplbError(
+        f"{SYSTEM_NAMES[target]} splits each expert's tokens evenly over its replicas, but this placement has "
+        f"weighted shares (layer {layer}, slot {slot} serves {placement.shares[layer, slot]:.3g} of expert "
+        f"{int(placement.phy2log[layer, slot])}'s tokens, not {uniform[layer, slot]:.3g}); re-solve without "
+        "weighted shares, or export --to json to keep them"
+    )
+
+
+def _require_distinct_per_gpu(placement: Placement) -> None:
+    slots = int(placement.slots_per_gpu[0])
+    grid = placement.phy2log.reshape(placement.num_layers, placement.num_gpus, slots)
+    ordered = np.sort(grid, axis=2)
+    dup = np.argwhere(ordered[:, :, 1:] == ordered[:, :, :-1])
+    if dup.size == 0:
+        return
+    layer, gpu, k = (int(v) for v in dup[0])
+    raise EplbError(
+        f"vllm-ascend gives each expert one slot per device, but GPU {gpu} holds expert "
+        f"{int(ordered[layer, gpu, k])} twice in layer {layer}; re-solve so no GPU holds two copies of an expert "
+        "(more GPUs or fewer redundant slots)"
+    )
+
+
+def _checked_layer_ids(placement: Placement, layer_ids: Sequence[int] | None) -> list[int]:
+    if layer_ids is None:
+        return list(range(placement.num_layers))
+    ids = [int(v) for v in layer_ids]
+    if len(ids) != placement.num_layers:
+        raise EplbError(
+            f"layer ids name {len(ids)} layers but the placement has {placement.num_layers}; give one model layer "
+            "id per placement layer (e.g. --layer-ids 3-60 for DeepSeek-V3's 58 MoE layers)"
+        )
+    if min(ids) < 0:
+        raise EplbError(f"layer ids must be >= 0, got {min(ids)}")
+    seen: set[int] = set()
+    for v in ids:
+        if v in seen:
+            raise EplbError(f"layer id {v} appears twice; each placement layer needs its own model layer")
+        seen.add(v)
+    return ids

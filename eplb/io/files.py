@@ -1,0 +1,64 @@
+"""Checks the file readers of eplb.io share: input paths, JSON text, numeric and integer tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+
+
+def int_table(value: Any, what: str) -> NDArray[np.int64]:
+    arr = numeric_array(value, what)
+    if arr.ndim != 2:
+        raise EplbError(f"{what} must be [layers][slots], got shape {list(arr.shape)}")
+    if arr.size == 0:
+        raise EplbError(f"{what} is empty")
+    if not np.all(np.mod(arr, 1) == 0):
+        raise EplbError(f"{what} must hold integer expert ids")
+    return arr.astype(np.int64)
+
+
+def int_list(value: Any, what: str) -> list[int]:
+    arr = numeric_array(value, what)
+    if arr.ndim != 1 or not np.all(np.mod(arr, 1) == 0):
+        raise EplbError(f"{what} must be a list of integers")
+    return [int(v) for v in arr]
+
+
+def numeric_array(value: Any, what: str) -> NDArray[np.float64]:
+    if isinstance(value, list):
+        check_rectangular(value, what)
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise EplbError(f"{what} must hold only numbers") from None
+    return arr
+
+
+def check_rectangular(rows: list[Any], what: str) -> None:
+    if not rows or not all(isinstance(r, list) for r in rows):
+        return
+    for i, r in enumerate(rows):
+        if len(r) != len(rows[0]):
+            raise EplbError(f"{what} is ragged: row 0 has {len(rows[0])} entries, row {i} has {len(r)}")
+    for i, r in enumerate(rows):
+        check_rectangular(r, f"{what}[{i}]")
+
+
+def read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EplbError(f"{p}: not valid JSON ({exc})") from None
+
+
+def existing_file(raw: str | Path) -> Path:
+    p = Path(raw)
+    if not p.is_file():
+        raise EplbError(f"file not found: {p}")
+    return p

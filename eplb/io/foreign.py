@@ -1,0 +1,309 @@
+"""Placements in: ours, SGLang's, TensorRT-LLM's and vllm-ascend's files (`read_placement_file`,
+`read_placement_any`), detected by their keys. Every failure is an EplbError saying what to change."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+from eplb.io.files import int_list, int_table
+from eplb.placement import Placement
+
+
+@dataclass(frozen=True)
+class ForeignPlacement:
+    """A placement read from a file: the placement, the file's format (one of TARGETS) and the model layer
+    of each placement row (`layer_ids[i]` for row i)."""
+
+    placement: Placement
+    format: str
+    layer_ids: list[int]
+
+
+def read_placement_any(
+    path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
+) -> Placement:
+    """Read a placement file of any supported kind (ours, SGLang, TensorRT-LLM, vllm-ascend); see
+    `read_placement_file` for `num_gpus` and `layer_ids`."""
+    return read_placement_file(path, num_gpus=num_gpus, layer_ids=layer_ids).placement
+
+
+def read_placement_file(
+    path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
+) -> ForeignPlacement:
+    """Read and detect a placement file: ours (`phy2log`), SGLang (`physical_to_logical_map`), TensorRT-LLM
+    (YAML or JSON with `initial_global_assignments`) or vllm-ascend (`layer_list`).
+
+    num_gpus: the EP size, needed for SGLang and TensorRT-LLM files (they do not record it).
+    layer_ids: the model layers to keep, in order. SGLang rows are model layers (dense ones included) and
+    TensorRT-LLM keys are model layers, so this picks rows (e.g. 3..60 for DeepSeek-V3); for our files with a
+    `layer_ids` field it picks those rows; otherwise it labels the rows and must match their count.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise EplbError(f"placement file not found: {p}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EplbError(f"{p}: not a readable text file ({exc})") from None
+    data = _parse_placement_text(text, p)
+    return parse_placement(data, source=str(p), num_gpus=num_gpus, layer_ids=layer_ids)
+
+
+def parse_placement(
+    data: Any, *, source: str = "placement", num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
+) -> ForeignPlacement:
+    """Turn a parsed placement object (JSON or YAML) into a ForeignPlacement; see `read_placement_file`."""
+    if not isinstance(data, dict):
+        raise EplbError(f"{source}: expected an object (ours: phy2log; SGLang: physical_to_logical_map; "
+                        "TensorRT-LLM: initial_global_assignments; vllm-ascend: layer_list)")
+    if "phy2log" in data:
+        placement = Placement.from_dict(data, source)
+        own = data.get("layer_ids")
+        rows = list(range(placement.num_layers)) if own is None else int_list(own, f"{source}: layer_ids")
+        if own is not None and len(rows) != placement.num_layers:
+            raise EplbError(f"{source}: layer_ids has {len(rows)} entries but phy2log has {placement.num_layers} rows")
+        return _pick_rows(placement, "json", rows, layer_ids, source, labels_only=own is None)
+    if "physical_to_logical_map" in data:
+        table = int_table(data["physical_to_logical_map"], f"{source}: physical_to_logical_map")
+        placement = _from_table(table, num_gpus, source, "SGLang")
+        return _pick_rows(placement, "sglang", list(range(table.shape[0])), layer_ids, source, labels_only=False)
+    if "initial_global_assignments" in data or "num_slots" in data:
+        return _parse_trtllm(data, source, num_gpus, layer_ids)
+    if "layer_list" in data:
+        placement = _parse_vllm_ascend(data, source)
+        return _pick_rows(placement, "vllm-ascend", list(range(placement.num_layers)), layer_ids, source,
+                          labels_only=True)
+    if "logical_count" in data or "loads" in data:
+        raise EplbError(f"{source}: this is a load statistics file, not a placement; import it with "
+                        "`eplb import-load` or pass it as --loads")
+    keys = ", ".join(sorted(str(k) for k in data)[:6])
+    raise EplbError(f"{source}: not a placement file I know (keys: {keys}); expected phy2log, "
+                    "physical_to_logical_map, initial_global_assignments or layer_list")
+
+
+def _parse_placement_text(text: str, p: Path) -> Any:
+    suffix = p.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return parse_trtllm_yaml(text, str(p))
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if suffix == ".json":
+            raise EplbError(f"{p}: not valid JSON ({exc})") from None
+    return parse_trtllm_yaml(text, str(p))
+
+
+def _parse_trtllm(
+    data: dict[str, Any], source: str, num_gpus: int | None, layer_ids: Sequence[int] | None
+) -> ForeignPlacement:
+    assignments = data.get("initial_global_assignments")
+    if not assignments:
+        raise EplbError(f"{source}: no initial_global_assignments (an online-only load balancer config); "
+                        "there is no placement to read")
+    if not isinstance(assignments, dict):
+        raise EplbError(f"{source}: initial_global_assignments must map layer ids to lists of expert ids")
+    rows: dict[int, Any] = {}
+    for key, row in assignments.items():
+        try:
+            rows[int(key)] = row
+        except (TypeError, ValueError):
+            raise EplbError(f"{source}: initial_global_assignments key {key!r} is not a layer number") from None
+    ids = sorted(rows)
+    table = int_table([rows[i] for i in ids], f"{source}: initial_global_assignments")
+    num_slots = data.get("num_slots")
+    if num_slots is not None and num_slots != table.shape[1]:
+        raise EplbError(f"{source}: num_slots is {num_slots} but the assignments list {table.shape[1]} slots per layer")
+    placement = _from_table(table, num_gpus, source, "TensorRT-LLM")
+    return _pick_rows(placement, "trtllm", ids, layer_ids, source, labels_only=False)
+
+
+def _parse_vllm_ascend(data: dict[str, Any], source: str) -> Placement:
+    layers = data.get("layer_list")
+    if not isinstance(layers, list) or not layers:
+        raise EplbError(f"{source}: layer_list must be a non-empty list of layers")
+    count = data.get("moe_layer_count")
+    if count is not None and count != len(layers):
+        raise EplbError(f"{source}: moe_layer_count is {count} but layer_list has {len(layers)} layers")
+    rows: list[list[int]] = []
+    slots: list[int] | None = None
+    for i, layer in enumerate(layers):
+        devices = layer.get("device_list") if isinstance(layer, dict) else None
+        if not isinstance(devices, list) or not devices:
+            raise EplbError(f"{source}: layer_list[{i}] has no device_list")
+        experts = []
+        for d, device in enumerate(devices):
+            ids = device.get("device_expert") if isinstance(device, dict) else None
+            if not isinstance(ids, list) or not ids:
+                raise EplbError(f"{source}: layer_list[{i}].device_list[{d}] has no device_expert list")
+            experts.append(int_list(ids, f"{source}: layer_list[{i}].device_list[{d}].device_expert"))
+        these = [len(e) for e in experts]
+        if slots is None:
+            slots = these
+        elif these != slots:
+            raise EplbError(f"{source}: layer_list[{i}] has {these} slots per device, layer 0 has {slots}")
+        rows.append([v for e in experts for v in e])
+    assert slots is not None
+    table = np.asarray(rows, dtype=np.int64)
+    return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source))
+
+
+def _from_table(table: NDArray[np.int64], num_gpus: int | None, source: str, system: str) -> Placement:
+    if num_gpus is None:
+        raise EplbError(f"{source}: {system} placement files do not record the EP size; pass the GPU count (--gpus)")
+    if num_gpus < 1 or table.shape[1] % num_gpus:
+        raise EplbError(f"{source}: {table.shape[1]} slots per layer do not split evenly over {num_gpus} GPUs; "
+                        "pass the EP size the file was made for (--gpus)")
+    slots = np.full(num_gpus, table.shape[1] // num_gpus, dtype=np.int64)
+    return Placement(table, slots, _num_experts(table, source))
+
+
+def _num_experts(table: NDArray[np.int64], source: str) -> int:
+    if table.size == 0 or table.min() < 0:
+        raise EplbError(f"{source}: expert ids must be >= 0")
+    return int(table.max()) + 1
+
+
+def _pick_rows(
+    placement: Placement,
+    fmt: str,
+    rows: list[int],
+    wanted: Sequence[int] | None,
+    source: str,
+    *,
+    labels_only: bool,
+) -> ForeignPlacement:
+    if wanted is None:
+        return ForeignPlacement(placement, fmt, rows)
+    want = [int(v) for v in wanted]
+    if labels_only:
+        if len(want) != placement.num_layers:
+            raise EplbError(f"{source}: {len(want)} layer ids given for a placement of {placement.num_layers} layers")
+        return ForeignPlacement(placement, fmt, want)
+    index = {layer: i for i, layer in enumerate(rows)}
+    missing = [v for v in want if v not in index]
+    if missing:
+        raise EplbError(f"{source}: has no row for layer {missing[0]} (it covers layers {rows[0]}..{rows[-1]})")
+    picked = [index[v] for v in want]
+    shares = None if placement.shares is None else placement.shares[picked]
+    sub = Placement(placement.phy2log[picked], placement.slots_per_gpu, placement.num_experts, shares)
+    return ForeignPlacement(sub, fmt, want)
+
+
+def parse_trtllm_yaml(text: str, source: str = "config") -> dict[str, Any]:
+    """Parse a TensorRT-LLM load-balancer YAML: `key: value` lines and `initial_global_assignments` as indented
+    `layer: [ids]` flow lists (what `trtllm_yaml` and TensorRT-LLM's generate_eplb_config.py write) or `- id`
+    block lists. Other layouts are read with PyYAML when it is installed."""
+    try:
+        return _parse_simple_yaml(text)
+    except ValueError as exc:
+        problem = str(exc)
+    try:
+        yaml = importlib.import_module("yaml")
+    except ImportError:
+        raise EplbError(f"{source}: cannot read this YAML layout ({problem}); install PyYAML or write "
+                        "initial_global_assignments as `layer: [ids]` lines") from None
+    try:
+        data = yaml.safe_load(text)
+    except Exception as err:  # PyYAML's errors share no public base we can name without importing it
+        raise EplbError(f"{source}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise EplbError(f"{source}: expected a YAML mapping with num_slots and initial_global_assignments")
+    return data
+
+
+def _parse_simple_yaml(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    mapping: dict[int, list[int]] | None = None
+    current: list[int] | None = None
+    pending = ""  # a flow list continued over lines
+    pending_key: int | None = None
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if pending:
+            pending += " " + line.strip()
+            if "]" in line:
+                assert mapping is not None and pending_key is not None
+                mapping[pending_key] = _flow_list(pending, number)
+                pending, pending_key = "", None
+            continue
+        indented = line[0] in " \t"
+        stripped = line.strip()
+        if not indented:
+            mapping, current = None, None
+            key, sep, value = stripped.partition(":")
+            if not sep or not key:
+                raise ValueError(f"line {number}: expected `key: value`")
+            value = value.strip()
+            if value == "":
+                mapping = {}
+                out[key.strip()] = mapping
+            else:
+                out[key.strip()] = _scalar(value, number)
+            continue
+        if mapping is None:
+            raise ValueError(f"line {number}: unexpected indentation")
+        if stripped.startswith("-"):
+            if current is None:
+                raise ValueError(f"line {number}: list item outside a layer")
+            current.append(_int_scalar(stripped[1:].strip(), number))
+            continue
+        key, sep, value = stripped.partition(":")
+        if not sep:
+            raise ValueError(f"line {number}: expected `layer: [ids]`")
+        layer = _int_scalar(key.strip(), number)
+        value = value.strip()
+        if value == "":
+            current = []
+            mapping[layer] = current
+        elif value.startswith("[") and "]" not in value:
+            pending, pending_key, current = value, layer, None
+        else:
+            mapping[layer] = _flow_list(value, number)
+            current = None
+    if pending:
+        raise ValueError("a [ list is never closed")
+    return out
+
+
+def _flow_list(value: str, number: int) -> list[int]:
+    value = value.strip()
+    if not (value.startswith("[") and value.endswith("]")):
+        raise ValueError(f"line {number}: expected a [..] list")
+    body = value[1:-1].strip()
+    return [_int_scalar(v.strip(), number) for v in body.split(",")] if body else []
+
+
+def _scalar(value: str, number: int) -> Any:
+    if value.startswith("[") or value.startswith("{"):
+        raise ValueError(f"line {number}: inline collections are not supported")
+    try:
+        return int(value)
+    except ValueError:
+        lowered = value.lower()
+        if lowered in ("null", "~"):
+            return None
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        return value.strip("'\"")
+
+
+def _int_scalar(value: str, number: int) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"line {number}: {value!r} is not an integer") from None
+
+
+
+

@@ -1,0 +1,405 @@
+"""Load statistics in: what serving systems record, read as per-step counts `[steps, layers, E]` that
+`ImportedLoads.window` sums to the `[layers, E]` window `eplb solve` reads (`import_loads`, `write_loads`):
+
+- SGLang's expert distribution recorder in `stat` mode: `logical_count` `[steps, layers, E]` (or `[layers, E]`)
+  as JSON or .npz/.npy (its own dump is a torch .pt file; see docs/integrations.md for the conversion);
+- TensorRT-LLM's expert statistics: `meta_info.json` plus `rank{N}.safetensors` files of per-(iteration, layer)
+  counts keyed `"{iter}_{layer}"` (tensorrt_llm/_torch/expert_statistic.py), or the same keys in `rank{N}.json`;
+- vLLM-style arrays `[steps, layers, E]` (.npy/.npz/.json); vLLM's own `expert_load_window` counts physical
+  slots, `[steps, layers, P]`, and is folded to logical experts with a `physical_to_logical_map`.
+
+Every failure is an EplbError saying what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+from eplb.io.files import existing_file, int_table, numeric_array, read_json
+
+LOAD_FORMATS = ("sglang", "trtllm", "vllm")
+
+
+@dataclass(frozen=True)
+class ImportedLoads:
+    """Per-step expert counts read from a serving system.
+
+    counts: [steps, layers, E] tokens routed to each logical expert (token-to-expert assignments);
+    layer_ids: model layer of each row; source: where they came from; format: sglang, trtllm or vllm;
+    meta: extra facts from the files (e.g. num_experts_per_token, iterations).
+    """
+
+    counts: NDArray[np.float64]
+    layer_ids: list[int]
+    source: str
+    format: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def window(self) -> NDArray[np.float64]:
+        """The load window eplb solves on: counts summed over steps, [layers, E]."""
+        return np.asarray(self.counts.sum(axis=0), dtype=np.float64)
+
+    def select_steps(self, start: int | None, stop: int | None) -> ImportedLoads:
+        """Keep steps[start:stop] (Python slice rules, so -100: keeps the last 100)."""
+        picked = self.counts[start:stop]
+        if picked.shape[0] == 0:
+            raise EplbError(f"steps {'' if start is None else start}:{'' if stop is None else stop} select none of "
+                            f"the {self.num_steps} recorded steps")
+        return replace(self, counts=picked, meta={**self.meta, "steps_selected": [start, stop]})
+
+
+def import_loads(
+    fmt: str,
+    paths: Sequence[str | Path],
+    *,
+    drop_empty_layers: bool = True,
+    phy2log: NDArray[np.int64] | None = None,
+) -> ImportedLoads:
+    """Read load statistics of format `fmt` (sglang, trtllm or vllm) from `paths`; see the readers."""
+    if not paths:
+        raise EplbError("no input files given")
+    if fmt == "sglang":
+        return read_sglang_loads(paths, drop_empty_layers=drop_empty_layers)
+    if fmt == "trtllm":
+        return read_trtllm_loads(paths)
+    if fmt == "vllm":
+        return read_vllm_loads(paths, phy2log=phy2log)
+    raise EplbError(f"unknown load format {fmt!r}; choose one of {', '.join(LOAD_FORMATS)}")
+
+
+def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = True) -> ImportedLoads:
+    """SGLang expert distribution `stat` dumps: `logical_count` [steps, layers, E] or [layers, E] in JSON
+    (`{"logical_count": ...}`) or .npz (array `logical_count`, or a single array) or .npy.
+
+    Several files are stacked along the step axis. SGLang's rows are model layers, dense ones included (all
+    zero); with drop_empty_layers those rows are dropped and `layer_ids` keeps the model layer of each row left.
+    """
+    parts: list[NDArray[np.float64]] = []
+    names: list[str] = []
+    for raw in paths:
+        p = existing_file(raw)
+        suffix = p.suffix.lower()
+        if suffix == ".pt":
+            raise EplbError(
+                f"{p}: SGLang's .pt dumps need torch to read; convert once with python -c \"import torch, numpy; "
+                f"d = torch.load('{p.name}'); numpy.savez('{p.stem}.npz', logical_count=d['logical_count'].numpy())\""
+            )
+        if suffix == ".json":
+            data = read_json(p)
+            if not isinstance(data, dict) or "logical_count" not in data:
+                raise EplbError(f"{p}: missing 'logical_count' (expected SGLang's stat dump, "
+                                '{"logical_count": [[...per expert...] per layer]})')
+            value: Any = data["logical_count"]
+        elif suffix in (".npz", ".npy"):
+            value = _read_array(p, ("logical_count",))
+        else:
+            raise EplbError(f"{p}: unknown file type '{suffix}' for SGLang statistics (use .json, .npz or .npy)")
+        parts.append(_steps_layers_experts(value, f"{p}: logical_count"))
+        names.append(p.name)
+    counts = _stack(parts, names)
+    layer_ids = list(range(counts.shape[1]))
+    if drop_empty_layers:
+        totals = counts.sum(axis=(0, 2))
+        keep = np.flatnonzero(totals > 0)
+        if keep.size == 0:
+            raise EplbError(f"{', '.join(names)}: every count is 0; record while requests are being served")
+        counts = counts[:, keep]
+        layer_ids = [int(v) for v in keep]
+    source = f"SGLang expert distribution ({', '.join(names)}, {counts.shape[0]} step(s))"
+    return ImportedLoads(counts, layer_ids, source, "sglang")
+
+
+def read_trtllm_loads(paths: Sequence[str | Path]) -> ImportedLoads:
+    """TensorRT-LLM expert statistics: a directory (or its files) with `meta_info.json` (`num_experts`,
+    `num_experts_per_token`) and one `rank{N}.safetensors` (or `rank{N}.json`) per rank mapping
+    `"{iter}_{layer}"` to [E] counts. Ranks are summed; iterations become steps, layers (model layer ids,
+    sorted) become rows. Every iteration must cover the same layers."""
+    meta_path, rank_files = _trtllm_files(paths)
+    meta = read_json(meta_path)
+    if not isinstance(meta, dict) or not isinstance(meta.get("num_experts"), int) or meta["num_experts"] < 1:
+        raise EplbError(f"{meta_path}: missing 'num_experts' (a positive integer)")
+    num_experts = int(meta["num_experts"])
+    totals: dict[tuple[int, int], NDArray[np.float64]] = {}
+    for f in rank_files:
+        for key, arr in _trtllm_rank_counts(f).items():
+            m = re.fullmatch(r"(\d+)_(\d+)", key)
+            if not m:
+                raise EplbError(f"{f}: key {key!r} is not '{{iteration}}_{{layer}}'")
+            vec = _counts_vector(arr, f"{f}: {key}", num_experts)
+            it_layer = (int(m.group(1)), int(m.group(2)))
+            totals[it_layer] = totals[it_layer] + vec if it_layer in totals else vec
+    if not totals:
+        raise EplbError(f"{rank_files[0].parent}: the rank files hold no counts")
+    iters = sorted({k[0] for k in totals})
+    layers = sorted({k[1] for k in totals})
+    counts = np.zeros((len(iters), len(layers), num_experts), dtype=np.float64)
+    for i, it in enumerate(iters):
+        for j, layer in enumerate(layers):
+            if (it, layer) not in totals:
+                raise EplbError(f"{rank_files[0].parent}: iteration {it} has no counts for layer {layer}; "
+                                "every iteration must cover the same layers")
+            counts[i, j] = totals[(it, layer)]
+    info: dict[str, Any] = {k: v for k, v in meta.items() if isinstance(v, int | float | str)}
+    info.update({"iterations": [iters[0], iters[-1] + 1], "ranks": len(rank_files)})
+    source = (f"TensorRT-LLM expert statistics ({meta_path.parent}, {len(rank_files)} rank file(s), "
+              f"iterations {iters[0]}-{iters[-1]})")
+    return ImportedLoads(counts, layers, source, "trtllm", info)
+
+
+def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] | None = None) -> ImportedLoads:
+    """vLLM-style per-step counts: .npy, .npz (array `counts`, `logical_count`, `loads` or
+    `expert_load_window`, or a single array) or .json (`{"counts": ...}` or `{"loads": ...}`), shaped
+    [steps, MoE layers, E] or [MoE layers, E]. Several files are stacked along the step axis.
+
+    vLLM's own `expert_load_window` counts physical slots, [steps, layers, P]: give `phy2log` [layers, P]
+    (or store `physical_to_logical_map` in the .npz) and the slot counts are added up per logical expert.
+    """
+    parts: list[NDArray[np.float64]] = []
+    names: list[str] = []
+    for raw in paths:
+        p = existing_file(raw)
+        suffix = p.suffix.lower()
+        table = phy2log
+        if suffix == ".json":
+            data = read_json(p)
+            key = next((k for k in ("counts", "logical_count", "loads", "expert_load_window")
+                        if isinstance(data, dict) and k in data), None)
+            if key is None:
+                raise EplbError(f"{p}: expected a 'counts' field holding [steps][layers][experts] token counts")
+            value: Any = data[key]
+            if table is None and "physical_to_logical_map" in data:
+                table = int_table(data["physical_to_logical_map"], f"{p}: physical_to_logical_map")
+        elif suffix in (".npz", ".npy"):
+            value = _read_array(p, ("counts", "logical_count", "loads", "expert_load_window"))
+            if table is None and suffix == ".npz":
+                table = _npz_table(p)
+        else:
+            raise EplbError(f"{p}: unknown file type '{suffix}' for vLLM counts (use .npy, .npz or .json)")
+        arr = _steps_layers_experts(value, f"{p}: counts")
+        if table is not None:
+            arr = fold_physical(arr, table, f"{p}")
+        parts.append(arr)
+        names.append(p.name)
+    counts = _stack(parts, names)
+    source = f"vLLM-style counts ({', '.join(names)}, {counts.shape[0]} step(s))"
+    return ImportedLoads(counts, list(range(counts.shape[1])), source, "vllm")
+
+
+def fold_physical(
+    counts: NDArray[np.float64], phy2log: NDArray[np.int64], what: str = "counts", num_experts: int | None = None
+) -> NDArray[np.float64]:
+    """Add physical-slot counts [steps, layers, P] up per logical expert with phy2log [layers, P]:
+    returns [steps, layers, E], E = num_experts or max(phy2log) + 1."""
+    table = np.asarray(phy2log, dtype=np.int64)
+    if table.ndim != 2 or table.shape != counts.shape[1:]:
+        raise EplbError(f"{what}: counts have {counts.shape[1]} layers x {counts.shape[2]} slots but the "
+                        f"physical_to_logical_map is {list(table.shape)}; use the map that was live while recording")
+    if table.min() < 0:
+        raise EplbError(f"{what}: physical_to_logical_map holds negative expert ids")
+    experts = int(table.max()) + 1 if num_experts is None else num_experts
+    steps, layers, _ = counts.shape
+    flat = table + (np.arange(layers, dtype=np.int64) * experts)[:, None]
+    out = np.zeros((steps, layers * experts), dtype=np.float64)
+    for s in range(steps):
+        out[s] = np.bincount(flat.ravel(), weights=counts[s].ravel(), minlength=layers * experts)
+    return out.reshape(steps, layers, experts)
+
+
+def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = False) -> None:
+    """Write a load file eplb reads (docs/formats.md): .json `{"loads": [layers][E], "source", "format",
+    "layer_ids", "num_steps", ...}`, .npz (`loads`, or `counts` [steps, layers, E] with keep_steps, plus
+    `layer_ids`) or .npy (the array alone). keep_steps writes the per-step counts instead of their sum."""
+    p = Path(path)
+    arr = loads.counts if keep_steps else loads.window
+    suffix = p.suffix.lower()
+    if suffix == ".json":
+        values = arr.astype(np.int64).tolist() if np.all(np.mod(arr, 1) == 0) else arr.tolist()
+        obj: dict[str, Any] = {
+            "source": loads.source,
+            "format": f"{loads.format} (imported by eplb import-load)",
+            "layer_ids": loads.layer_ids,
+            "num_steps": loads.num_steps,
+            "num_experts": int(arr.shape[-1]),
+            **{k: v for k, v in loads.meta.items() if k not in ("source", "loads")},
+            "loads": values,
+        }
+        p.write_text(json.dumps(obj) + "\n")
+    elif suffix == ".npz":
+        ids = np.asarray(loads.layer_ids, dtype=np.int64)
+        if keep_steps:
+            np.savez(p, counts=arr, layer_ids=ids)
+        else:
+            np.savez(p, loads=arr, layer_ids=ids)
+    elif suffix == ".npy":
+        np.save(p, arr)
+    else:
+        raise EplbError(f"{p}: unknown output type '{suffix}' (use .json, .npz or .npy)")
+
+
+def read_safetensors(path: str | Path) -> dict[str, NDArray[Any]]:
+    """Read a safetensors file into numpy arrays without the safetensors package: an 8-byte little-endian
+    header length, a JSON header `{name: {dtype, shape, data_offsets: [begin, end]}}` (offsets relative to
+    the data after the header, optional `__metadata__`), then the raw little-endian data."""
+    p = Path(path)
+    blob = p.read_bytes()
+    if len(blob) < 8:
+        raise EplbError(f"{p}: too short to be a safetensors file")
+    size = int.from_bytes(blob[:8], "little")
+    if size > len(blob) - 8:
+        raise EplbError(f"{p}: not a safetensors file (header length {size} exceeds the file)")
+    try:
+        header = json.loads(blob[8 : 8 + size])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise EplbError(f"{p}: not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise EplbError(f"{p}: not a safetensors file (its header is not a JSON object)")
+    data = memoryview(blob)[8 + size :]
+    out: dict[str, NDArray[Any]] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], [int(v) for v in info["shape"]], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise EplbError(f"{p}: tensor {name!r} has a malformed header entry") from None
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise EplbError(f"{p}: tensor {name!r} has dtype {dtype}, which eplb does not read")
+        np_dtype = np.dtype(_SAFETENSORS_DTYPES[dtype])
+        count = int(np.prod(shape)) if shape else 1
+        if not (0 <= begin <= end <= len(data)) or end - begin != count * np_dtype.itemsize:
+            raise EplbError(f"{p}: tensor {name!r} has data offsets that do not match its shape")
+        arr = np.frombuffer(data[begin:end], dtype=np_dtype).reshape(shape)
+        if dtype == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        out[name] = arr.copy()
+    return out
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
+    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
+}
+
+
+def _trtllm_files(paths: Sequence[str | Path]) -> tuple[Path, list[Path]]:
+    given = [Path(p) for p in paths]
+    if len(given) == 1 and given[0].is_dir():
+        folder = given[0]
+        meta = folder / "meta_info.json"
+        files = sorted(f for f in folder.glob("rank*.safetensors") if not f.name.endswith("_raw.safetensors"))
+        files += sorted(f for f in folder.glob("rank*.json") if not f.name.endswith("_numtokens.json"))
+        if not meta.is_file():
+            raise EplbError(f"{folder}: no meta_info.json; point at the folder TensorRT-LLM wrote "
+                            "(EXPERT_STATISTIC_PATH)")
+        if not files:
+            raise EplbError(f"{folder}: no rank*.safetensors (or rank*.json) count files")
+        return meta, files
+    for p in given:
+        existing_file(p)
+    metas = [p for p in given if p.name == "meta_info.json"]
+    files = [p for p in given if p.name != "meta_info.json"]
+    if len(metas) != 1:
+        raise EplbError("TensorRT-LLM statistics need their meta_info.json: pass the folder, or meta_info.json "
+                        "and the rank files")
+    if not files:
+        raise EplbError("no rank count files given next to meta_info.json")
+    return metas[0], files
+
+
+def _trtllm_rank_counts(p: Path) -> dict[str, Any]:
+    suffix = p.suffix.lower()
+    if suffix == ".safetensors":
+        return dict(read_safetensors(p))
+    if suffix == ".json":
+        data = read_json(p)
+        if not isinstance(data, dict):
+            raise EplbError(f"{p}: expected an object mapping '{{iteration}}_{{layer}}' to lists of counts")
+        return data
+    raise EplbError(f"{p}: unknown rank file type '{suffix}' (use rank*.safetensors or rank*.json)")
+
+
+def _counts_vector(value: Any, what: str, num_experts: int) -> NDArray[np.float64]:
+    arr = numeric_array(value, what)
+    if arr.ndim != 1 or arr.size != num_experts:
+        raise EplbError(f"{what} has shape {list(arr.shape)}; expected {num_experts} counts (meta_info num_experts)")
+    _check_counts(arr, what)
+    return arr
+
+
+def _steps_layers_experts(value: Any, what: str) -> NDArray[np.float64]:
+    arr = numeric_array(value, what)
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3:
+        raise EplbError(f"{what} must be [steps][layers][experts] or [layers][experts], got shape {list(arr.shape)}")
+    if 0 in arr.shape:
+        raise EplbError(f"{what} is empty (shape {list(arr.shape)})")
+    _check_counts(arr, what)
+    return arr
+
+
+def _check_counts(arr: NDArray[np.float64], what: str) -> None:
+    bad = np.argwhere(~np.isfinite(arr))
+    if bad.size:
+        index = "".join(f"[{int(v)}]" for v in bad[0])
+        raise EplbError(f"{what}{index} is {arr[tuple(bad[0])]}: counts must be finite numbers")
+    neg = np.argwhere(arr < 0)
+    if neg.size:
+        index = "".join(f"[{int(v)}]" for v in neg[0])
+        raise EplbError(f"{what}{index} is {arr[tuple(neg[0])]:g}: counts must be >= 0")
+
+
+def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.float64]:
+    for part, name in zip(parts[1:], names[1:], strict=True):
+        if part.shape[1:] != parts[0].shape[1:]:
+            raise EplbError(f"{name} has {part.shape[1]} layers x {part.shape[2]} experts but {names[0]} has "
+                            f"{parts[0].shape[1]} x {parts[0].shape[2]}; import files of one model together")
+    return np.concatenate(parts, axis=0)
+
+
+
+
+
+
+def _read_array(p: Path, keys: tuple[str, ...]) -> NDArray[Any]:
+    try:
+        if p.suffix.lower() == ".npy":
+            return np.asarray(np.load(p, allow_pickle=False))
+        with np.load(p, allow_pickle=False) as npz:
+            names = list(npz.files)
+            for key in keys:
+                if key in names:
+                    return np.asarray(npz[key])
+            arrays = [n for n in names if n not in ("layer_ids", "physical_to_logical_map")]
+            if len(arrays) == 1:
+                return np.asarray(npz[arrays[0]])
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise EplbError(f"{p}: not a readable numpy file ({exc})") from None
+    raise EplbError(f"{p}: expected an array named {' or '.join(repr(k) for k in keys)}, found {names}")
+
+
+def _npz_table(p: Path) -> NDArray[np.int64] | None:
+    with np.load(p, allow_pickle=False) as npz:
+        if "physical_to_logical_map" not in npz.files:
+            return None
+        return int_table(np.asarray(npz["physical_to_logical_map"]), f"{p}: physical_to_logical_map")
+
+
+
+
