@@ -41,7 +41,16 @@ def balance(loads: NDArray[np.float64], placement: Placement) -> Balance:
 
 
 def contiguous_placement(num_layers: int, num_experts: int, num_gpus: int) -> Placement:
-    """The no-EPLB baseline: experts in id order, E/G consecutive ids per GPU, no redundancy."""
+    """The no-EPLB baseline: experts in id order, E/G consecutive ids per GPU, no redundancy.
+
+    With more GPUs than experts (DeepSeek-V3's EP320 decode: 256 experts, one per GPU) every GPU gets one
+    slot and the extra GPUs hold experts 0, 1, ... again in id order (vLLM's initial placement): the
+    load-unaware placement such a cluster serves without EPLB.
+    """
+    if num_gpus > num_experts:
+        slots = np.ones(num_gpus, dtype=np.int64)
+        phy2log = np.arange(num_gpus, dtype=np.int64) % num_experts
+        return Placement(np.broadcast_to(phy2log, (num_layers, num_gpus)).copy(), slots, num_experts)
     slots = spread_evenly(num_experts, num_gpus)
     phy2log = np.broadcast_to(np.arange(num_experts, dtype=np.int64), (num_layers, num_experts))
     return Placement(phy2log.copy(), slots, num_experts)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from eplb import schemas
 from eplb.cost import LayerPrediction, predict
 from eplb.errors import EplbError
 from eplb.evaluate import Balance, balance, contiguous_placement
@@ -50,6 +51,12 @@ class Cluster:
         return int(self.slots_per_gpu.size)
 
 
+DEFAULT_TOKENS_PER_GPU = 4096.0
+"""Tokens per GPU in one step when a load window is judged (solve, evaluate, compare --loads): a window
+sums many steps, so its own total is no step size. 4,096 is a prefill-sized step (seed 000's tables use
+256 for decode and 4,096 to 32,768 for prefill); --tokens-per-gpu / `tokens_per_gpu` change it."""
+
+
 @dataclass(frozen=True)
 class CostSetup:
     """What the time prediction needs: specs, all-to-all link bandwidth (B/s), tokens per GPU in one
@@ -75,27 +82,28 @@ class Outcome:
     moves: NDArray[np.int64] | None = None
     bytes_per_move: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object `eplb solve --json` prints and `POST /placement` returns."""
+    def to_model(self) -> schemas.PlacementResponse:
+        """The answer `eplb solve --json` prints and `POST /placement` returns (eplb/schemas.py)."""
         predicted: dict[str, Any] = _balance_dict(self.balance)
         baseline: dict[str, Any] = _balance_dict(self.baseline)
         if self.prediction is not None and self.baseline_prediction is not None:
             predicted.update(_time_dict(self.prediction))
             baseline.update(_time_dict(self.baseline_prediction))
-        predicted["baseline"] = baseline
-        out: dict[str, Any] = {
-            "placement": self.placement.to_dict(),
-            "predicted": predicted,
-        }
-        if self.solver:
-            out["solver"] = self.solver
+        moves = None
         if self.moves is not None:
-            out["moves"] = {
-                "per_layer": self.moves.tolist(),
-                "total": int(self.moves.sum()),
-                "bytes_moved": None if self.bytes_per_move is None else float(self.moves.sum() * self.bytes_per_move),
-            }
-        return out
+            total = int(self.moves.sum())
+            bytes_moved = None if self.bytes_per_move is None else float(total * self.bytes_per_move)
+            moves = schemas.Moves(per_layer=self.moves.tolist(), total=total, bytes_moved=bytes_moved)
+        return schemas.PlacementResponse(
+            placement=schemas.PlacementOut.model_validate(self.placement.to_dict()),
+            predicted=schemas.Predicted(**predicted, baseline=schemas.Balance(**baseline)),
+            solver=schemas.SolverOut.model_validate(self.solver) if self.solver else None,
+            moves=moves,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """`to_model()` as a JSON object, absent fields left out."""
+        return self.to_model().to_json_dict()
 
 
 def _balance_dict(b: Balance) -> dict[str, Any]:

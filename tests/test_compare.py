@@ -20,6 +20,7 @@ from eplb.replay import Schedule, replay
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth, load_model
 from eplb.synth import SynthConfig, synth_log
+from solvers.registry import Options, applicable
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "esft-dsv2lite-law.json"
@@ -42,7 +43,8 @@ def test_report_numbers_match_direct_solver_calls(report: Path) -> None:
     for run in results["runs"]:
         slots = spread_evenly(64 + run["ep"], run["ep"])
         assert run["slots_per_gpu"] == slots.tolist()
-        direct = solve(loads, Cluster(slots), solver=run["solver"], time_limit_s=1)
+        options = applicable(run["solver"], Options(time_limit_s=1))
+        direct = solve(loads, Cluster(slots), solver=run["solver"], options=options)
         if run["solver"] == "greedy":  # deterministic: identical numbers
             assert run["lb"] == pytest.approx(direct.balance.lb.tolist(), abs=1e-12)
         assert run["baseline_lb"] == pytest.approx(direct.baseline.lb.tolist(), abs=1e-12)

@@ -12,6 +12,7 @@ from eplb.errors import EplbError
 from eplb.io.logs import open_log
 from eplb.io.windows import read_window
 from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
+from eplb.solve import DEFAULT_TOKENS_PER_GPU
 
 DESCRIPTION = """\
 Run several solvers on the same load window over a sweep of EP sizes and redundancy, and write a report:
@@ -32,7 +33,6 @@ examples:
   eplb compare --loads window.json --solvers greedy,milp,milp-weighted --ep 8,16,32,64 --redundant 0,32 --out r/
   eplb compare --log log.npz --window 500 --interval 1000 --layers 8 --time-limit 1 --out r/"""
 
-TOKENS_PER_GPU = 4096.0  # --loads: T per GPU held fixed across EP sizes (seed 000: T is what EP conserves)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--time-limit", type=float, default=2.0, metavar="S", help="MILP limit per layer, s (default: 2)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for report.md, report.html, results.json")
     add_cost_options(p, model_default="the log's model with --log, else the preset with the expert count",
-                     tokens_default=f"{TOKENS_PER_GPU:.0f} with --loads, each step's own tokens with --log")
+                     tokens_default=f"{DEFAULT_TOKENS_PER_GPU:.0f} with --loads, each step's own tokens with --log",
+                     tokens_value=None)
     replay = p.add_argument_group("log replay (with --log)")
     add_schedule_options(replay)
     replay.add_argument("--oracle-every", type=int, default=10, metavar="N",
@@ -93,7 +94,7 @@ def _run_window(
     loads = window.loads if args.layers is None else window.loads[: args.layers]
     shapes = cluster_shapes(window.num_experts, eps, redundant)
     if args.tokens_per_gpu is None:
-        args.tokens_per_gpu = TOKENS_PER_GPU
+        args.tokens_per_gpu = DEFAULT_TOKENS_PER_GPU
     model = model_for(args, window)
     runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit, progress=args.progress)
     return runs, {

@@ -128,7 +128,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_cluster_options(r)
     r.add_argument("--oracle-every", type=int, default=1, metavar="N",
                    help="solve the oracle on every N-th step (default 1: all; 0: skip the oracle)")
-    add_cost_options(r, model_default=LOG_MODEL_DEFAULT, tokens_default=LOG_TOKENS_DEFAULT)
+    add_cost_options(r, model_default=LOG_MODEL_DEFAULT, tokens_default=LOG_TOKENS_DEFAULT, tokens_value=None)
     r.add_argument("--out", metavar="DIR", help="write steps.csv, rebalances.csv and summary.json here")
     r.add_argument("--json", action="store_true", help="print summary.json's object instead of the table")
     add_progress_options(r)

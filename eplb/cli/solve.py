@@ -16,7 +16,7 @@ from eplb.io.exports import write_export
 from eplb.io.foreign import read_placement_any
 from eplb.io.logs import LogInfo
 from eplb.io.windows import LoadWindow, read_window
-from eplb.solve import Cluster, CostSetup, Outcome, evaluate, infer_model, solve
+from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
 from solvers import registry
 from solvers.registry import Options
@@ -110,7 +110,8 @@ def add_cost_options(
     p: argparse.ArgumentParser,
     *,
     model_default: str = "the preset with the window's expert count",
-    tokens_default: str = "the window taken as one step",
+    tokens_default: str = f"{DEFAULT_TOKENS_PER_GPU:,.0f}, a prefill-sized step",
+    tokens_value: float | None = DEFAULT_TOKENS_PER_GPU,
 ) -> None:
     """--model, --hardware, --link, --tokens-per-gpu, --overlap/--no-overlap: what the time prediction needs.
     model_default, tokens_default: what the help says --model and --tokens-per-gpu default to."""
@@ -119,8 +120,8 @@ def add_cost_options(
     p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
                    help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: b200)")
     p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic or GB/s per GPU (default: nvlink)")
-    p.add_argument("--tokens-per-gpu", type=float, metavar="T", help="tokens per GPU in one step for the time "
-                   f"prediction (default: {tokens_default})")
+    p.add_argument("--tokens-per-gpu", type=float, metavar="T", default=tokens_value,
+                   help=f"tokens per GPU in one step for the time prediction (default: {tokens_default})")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="all-to-all overlaps the expert GEMMs (two micro-batches, as DeepSeek runs; default), or with "
                    "--no-overlap adds to them")
@@ -262,7 +263,8 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
         t_new, t_base = outcome.prediction, outcome.baseline_prediction
         lines.append("")
         lines.append(
-            f"predicted MoE time ({model.name}, T = {float(np.median(t_new.tokens_per_gpu)):,.0f} tokens/GPU): "
+            f"predicted MoE time of one step ({model.name}, T = {float(np.median(t_new.tokens_per_gpu)):,.0f} "
+            "tokens/GPU, --tokens-per-gpu): "
             f"{t_new.total_time_us / 1000:,.3f} ms per step over {p.num_layers} layers "
             f"(baseline {t_base.total_time_us / 1000:,.3f} ms, {_ratio(t_base.total_time_us, t_new.total_time_us)})"
         )
