@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -65,6 +66,8 @@ def test_report_files_and_verdict(report: Path) -> None:
 def _chromium(page: Path, shot: Path) -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: .ci/run must install Debian's chromium")
         pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
     proc = subprocess.run(
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
