@@ -13,11 +13,9 @@ GPU ``g`` owning a contiguous run of ``slots_per_gpu[g]`` slots), ``slots_per_gp
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from ortools.graph.python import linear_sum_assignment
+from scipy.optimize import linear_sum_assignment
 
 __all__ = ["count_moves", "gpu_membership", "relabel_gpus", "relabel_slot_order"]
 
@@ -63,37 +61,57 @@ def count_moves(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gp
     return np.asarray((new_member & ~cur_member).sum(axis=(1, 2)), dtype=np.int64)
 
 
-def _match_gpus(overlap: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Assignment maximizing total overlap: ``overlap [n, n]`` (new GPU x current
-    GPU) -> ``[n]`` current GPU given to each new GPU."""
-    n = overlap.shape[0]
-    if n == 1:
-        return np.zeros(1, dtype=np.int64)
-    assignment = linear_sum_assignment.SimpleLinearSumAssignment()
-    left = np.repeat(np.arange(n), n)
-    right = np.tile(np.arange(n), n)
-    assignment.add_arcs_with_cost(left, right, -overlap.ravel())
-    status = assignment.solve()
-    if status != assignment.OPTIMAL:  # a complete bipartite graph always has a perfect matching
-        raise RuntimeError(f"linear sum assignment failed with status {status}")
-    return np.array([assignment.right_mate(i) for i in range(n)], dtype=np.int64)
+def _occurrence(key: NDArray[np.int64]) -> NDArray[np.int64]:
+    """For each entry of the flat ``key``, how many equal keys come before it (0 for the first)."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    first = np.flatnonzero(np.concatenate([[True], sorted_key[1:] != sorted_key[:-1]]))
+    run_start = np.repeat(first, np.diff(np.append(first, key.size)))
+    occ = np.empty_like(key)
+    occ[order] = np.arange(key.size) - run_start
+    return occ
 
 
-def _arrange_slots(new_experts: NDArray[np.int64], current_experts: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Order one GPU's new experts so that each one already on the GPU keeps its slot."""
-    remaining = Counter(new_experts.tolist())
-    out = np.full(new_experts.size, -1, dtype=np.int64)
-    for slot, expert in enumerate(current_experts.tolist()):
-        if remaining[expert] > 0:
-            out[slot] = expert
-            remaining[expert] -= 1
-    rest: list[int] = []
-    for expert in new_experts.tolist():
-        if remaining[expert] > 0:
-            rest.append(expert)
-            remaining[expert] -= 1
-    out[out < 0] = rest
-    return out
+def _overlap(
+    new: NDArray[np.int64], cur: NDArray[np.int64], gpu: NDArray[np.int64], num_gpus: int, num_experts: int
+) -> NDArray[np.int64]:
+    """``[L, G new, G current]`` experts the two GPUs have in common (as sets), all layers at once:
+    every (new replica, current replica) pair of one expert in one layer is counted once per GPU pair."""
+    num_layers, num_physical = new.shape
+    layer = np.repeat(np.arange(num_layers), num_physical)
+    gpus = np.tile(gpu, num_layers)
+    new_e, cur_e = new.ravel(), cur.ravel()
+    # one entry per (layer, GPU, expert): a GPU holding two replicas of an expert holds it once as a set
+    new_first = _occurrence((layer * num_gpus + gpus) * num_experts + new_e) == 0
+    cur_first = np.flatnonzero(_occurrence((layer * num_gpus + gpus) * num_experts + cur_e) == 0)
+    # current GPUs of each (layer, expert), padded: [L * E, R]
+    expert_key = layer[cur_first] * num_experts + cur_e[cur_first]
+    rank = _occurrence(expert_key)
+    holders = np.full((num_layers * num_experts, int(rank.max()) + 1), -1, dtype=np.int64)
+    holders[expert_key, rank] = gpus[cur_first]
+    lookup = holders[layer[new_first] * num_experts + new_e[new_first]]  # [N, R]
+    pair = ((layer[new_first] * num_gpus + gpus[new_first])[:, None] * num_gpus + lookup)[lookup >= 0]
+    counts = np.bincount(pair, minlength=num_layers * num_gpus * num_gpus)
+    return counts.reshape(num_layers, num_gpus, num_gpus).astype(np.int64)
+
+
+def _match_all(overlap: NDArray[np.int64], slots: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``target [L, G]``: the current GPU each new GPU becomes, maximizing the total overlap per layer
+    among GPUs with the same slot count. Layers where every new GPU's best current GPU is a distinct one
+    take that (it is optimal); the others are solved exactly (scipy's linear sum assignment, one per
+    layer and slot count, tens of microseconds each)."""
+    num_gpus = overlap.shape[1]
+    same = slots[:, None] == slots[None, :]
+    target = np.asarray(np.argmax(np.where(same[None], overlap, -1), axis=2), dtype=np.int64)
+    if num_gpus == 1:
+        return target
+    ordered = np.sort(target, axis=1)
+    classes = [np.flatnonzero(slots == s) for s in np.unique(slots)]
+    for layer in np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1)).tolist():
+        for gpus in classes:
+            rows, cols = linear_sum_assignment(overlap[layer][np.ix_(gpus, gpus)], maximize=True)
+            target[layer, gpus[rows]] = gpus[cols]
+    return target
 
 
 def relabel_gpus(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.int64]:
@@ -128,33 +146,33 @@ def relabel_slot_order(
         ``np.take_along_axis(shares, source, axis=1)``.
     """
     new, cur, slots = _check(new_phy2log, current_phy2log, slots_per_gpu)
-    num_layers = new.shape[0]
-    num_experts = int(max(new.max(initial=-1), cur.max(initial=-1))) + 1
-    starts = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
-    new_member = gpu_membership(new, slots, num_experts).astype(np.int64)
-    cur_member = gpu_membership(cur, slots, num_experts).astype(np.int64)
-    out = np.empty_like(new)
-    source = np.empty_like(new)
-    for layer in range(num_layers):
-        overlap = new_member[layer] @ cur_member[layer].T  # [G new, G current]
-        target = np.arange(slots.size)  # target[new GPU] = label it gets
-        for slot_count in np.unique(slots):
-            gpus = np.flatnonzero(slots == slot_count)
-            if slot_count == 0 or gpus.size == 0:
-                continue
-            mates = _match_gpus(overlap[np.ix_(gpus, gpus)])
-            target[gpus] = gpus[mates]
-        for g_new, g_cur in enumerate(target.tolist()):
-            s = int(slots[g_new])
-            if s == 0:
-                continue
-            new_slots = np.arange(starts[g_new], starts[g_new] + s)
-            cur_slots = np.arange(starts[g_cur], starts[g_cur] + s)
-            arranged = _arrange_slots(new[layer, new_slots], cur[layer, cur_slots])
-            out[layer, cur_slots] = arranged
-            # map every arranged expert back to a distinct source slot of the new GPU
-            pool: dict[int, list[int]] = {}
-            for slot in new_slots.tolist():
-                pool.setdefault(int(new[layer, slot]), []).append(slot)
-            source[layer, cur_slots] = [pool[int(e)].pop(0) for e in arranged.tolist()]
-    return out, source
+    num_layers, num_physical = new.shape
+    num_gpus = slots.size
+    if new.size == 0:
+        return new.copy(), np.broadcast_to(np.arange(num_physical), new.shape).copy()
+    num_experts = int(max(new.max(), cur.max())) + 1
+    gpu = np.repeat(np.arange(num_gpus), slots)
+    target = _match_all(_overlap(new, cur, gpu, num_gpus, num_experts), slots)
+    layer = np.arange(num_layers)[:, None]
+    new_gpu = target[layer, gpu[None, :]]  # [L, P] label each new slot's GPU gets
+    # (layer, GPU, expert, occurrence) keys: a current slot whose key the new placement also has keeps its expert
+    base_new = ((layer * num_gpus + new_gpu) * num_experts + new).ravel()
+    base_cur = ((layer * num_gpus + gpu[None, :]) * num_experts + cur).ravel()
+    key_new = base_new * num_physical + _occurrence(base_new)
+    key_cur = base_cur * num_physical + _occurrence(base_cur)
+    order_new = np.argsort(key_new)
+    pos = np.searchsorted(key_new[order_new], key_cur).clip(max=key_new.size - 1)
+    kept = key_new[order_new[pos]] == key_cur
+    out = np.empty(new.size, dtype=np.int64)
+    source = np.empty(new.size, dtype=np.int64)
+    out[kept] = cur.ravel()[kept]
+    source[kept] = order_new[pos[kept]]
+    taken = np.zeros(new.size, dtype=bool)
+    taken[order_new[pos[kept]]] = True
+    # the other new replicas fill the free slots of their GPU in slot order (both sides sorted by layer, GPU)
+    rest = np.flatnonzero(~taken)
+    rest = rest[np.argsort((layer * num_gpus + new_gpu).ravel()[rest], kind="stable")]
+    free = np.flatnonzero(~kept)
+    out[free] = new.ravel()[rest]
+    source[free] = rest
+    return out.reshape(new.shape), (source % num_physical).reshape(new.shape)
