@@ -28,7 +28,8 @@ import numpy as np
 from eplb.io.logs import open_log, write_counts
 from eplb.placement import Placement
 from eplb.replay import Schedule as ReplaySchedule
-from eplb.replay import _Evaluator, _oracle, blas_threads, initial_placement, replay
+from eplb.replay import blas_threads, initial_placement, replay
+from eplb.replay.run import _Evaluator, _oracle
 from eplb.solve import Cluster, CostSetup
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.synth import SynthConfig, synth_counts
