@@ -1,0 +1,358 @@
+"""Engine-neutral part of the engine plug-ins: settings, the local solve, slot keeping, the service client.
+
+Everything here works on numpy arrays; `eplb.integrations.vllm` and `.sglang` convert the engines'
+torch tensors at the edge. Shapes follow DeepSeek EPLB and vLLM: `weight: [L, E]` tokens per logical
+expert, `phy2log: [L, P]` logical expert per physical slot (slots numbered GPU by GPU, P = ranks x slots
+per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of each expert (-1 padded),
+`logcnt: [L, E]` replicas per expert.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+from numpy.typing import NDArray
+
+from solvers import registry
+from solvers.greedy import rebalance_experts as deepseek_rebalance
+from solvers.migration import count_moves, relabel_gpus
+from solvers.registry import Options, Problem, SolverError
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+INCREMENTAL = "incremental"
+"""Registry name of the incremental (move-budgeted) solver, used when the engine passes its current map."""
+
+
+class PolicyInputError(ValueError, AssertionError):
+    """Arguments no placement can satisfy. A ValueError with a one-line message; also an AssertionError,
+    the type vLLM's and SGLang's own algorithms raise for the same inputs, so engine code that catches that
+    keeps working."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the plug-ins read from the environment (every field is one variable, see `from_env`).
+
+    solver: registry name for a fresh placement ("deepseek": exactly DeepSeek EPLB's output, the default;
+    "greedy": eplb's greedy, lower lb); max_moves: expert copies allowed per rebalance (whole model) when
+    the engine passes its current map, None for no limit; service_url + deployment: remote mode;
+    api_key: bearer token for the service; timeout_s: seconds to wait for the service before solving locally.
+    """
+
+    solver: str = "deepseek"
+    max_moves: int | None = None
+    service_url: str | None = None
+    deployment: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """EPLB_SOLVER, EPLB_MAX_MOVES, EPLB_SERVICE_URL, EPLB_DEPLOYMENT, EPLB_API_KEY, EPLB_SERVICE_TIMEOUT_S."""
+        env = os.environ if env is None else env
+        solver = env.get("EPLB_SOLVER", "").strip() or "deepseek"
+        if solver not in registry.names():
+            raise PolicyInputError(f"EPLB_SOLVER={solver!r}: choose one of {', '.join(registry.names())}")
+        max_moves = _parse(env, "EPLB_MAX_MOVES", int, None)
+        if max_moves is not None and max_moves < 0:
+            raise PolicyInputError(f"EPLB_MAX_MOVES must be >= 0, got {max_moves}")
+        timeout = _parse(env, "EPLB_SERVICE_TIMEOUT_S", float, 5.0)
+        if timeout is None or not timeout > 0:
+            raise PolicyInputError(f"EPLB_SERVICE_TIMEOUT_S must be a positive number of seconds, got {timeout}")
+        return cls(
+            solver=solver,
+            max_moves=max_moves,
+            service_url=env.get("EPLB_SERVICE_URL", "").strip().rstrip("/") or None,
+            deployment=env.get("EPLB_DEPLOYMENT", "").strip() or None,
+            api_key=env.get("EPLB_API_KEY") or None,
+            timeout_s=timeout,
+        )
+
+
+def _parse(env: Mapping[str, str], name: str, kind: type[Any], default: Any) -> Any:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise PolicyInputError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+@dataclass
+class Rebalanced:
+    """A new map and how it was made. source: "local" or "remote"; how: one line for the engine's log
+    (solver, moves, fallback reason); log2phy: DeepSeek's own replica order when the drop-in produced the
+    map unchanged, else None (`logical_maps` derives it in slot order); fell_back: remote mode was asked
+    for and failed."""
+
+    phy2log: IntArray
+    source: str
+    how: str
+    log2phy: IntArray | None = None
+    fell_back: bool = False
+
+
+def check_inputs(weight: FloatArray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int) -> None:
+    """Raise PolicyInputError for arguments no placement can satisfy (one line, what to change)."""
+    if weight.ndim != 2 or weight.shape[1] == 0:
+        raise PolicyInputError(f"weight must be [layers, experts], got shape {tuple(weight.shape)}")
+    if not np.isfinite(weight).all() or (weight < 0).any():
+        raise PolicyInputError("weight must hold finite, non-negative token counts")
+    for name, value in (("num_replicas", num_replicas), ("num_nodes", num_nodes), ("num_ranks", num_ranks)):
+        if value < 1:
+            raise PolicyInputError(f"{name} must be >= 1, got {value}")
+    if num_groups < 1:
+        raise PolicyInputError(f"num_groups must be >= 1, got {num_groups}")
+    if num_replicas % num_ranks:
+        raise PolicyInputError(f"num_replicas ({num_replicas}) must be a multiple of num_ranks ({num_ranks})")
+    if num_replicas < weight.shape[1]:
+        raise PolicyInputError(f"num_replicas ({num_replicas}) must be >= the number of experts ({weight.shape[1]})")
+
+
+def hierarchical(num_groups: int, num_nodes: int, num_ranks: int, num_experts: int) -> bool:
+    """DeepSeek's and vLLM's rule: groups packed onto nodes when num_groups % num_nodes == 0; it is a real
+    constraint only with several nodes (one node is the global policy)."""
+    divides = num_groups % num_nodes == 0 and num_ranks % num_nodes == 0 and num_experts % num_groups == 0
+    return num_nodes > 1 and divides
+
+
+def fresh(
+    weight: FloatArray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int, solver: str
+) -> tuple[IntArray, IntArray | None]:
+    """A placement from scratch: (phy2log [L, P], DeepSeek's log2phy or None). solver "deepseek" is the
+    drop-in (same output as DeepSeek EPLB); any other registered solver runs through the registry."""
+    if solver == "deepseek":
+        phy2log, log2phy, _ = deepseek_rebalance(weight, num_replicas, num_groups, num_nodes, num_ranks)
+        return phy2log, log2phy
+    slots = np.full(num_ranks, num_replicas // num_ranks, dtype=np.int64)
+    hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
+    problem = Problem(
+        loads=weight.astype(np.float64),
+        slots_per_gpu=slots,
+        num_groups=num_groups if hier else None,
+        gpus_per_node=num_ranks // num_nodes if hier else None,
+    )
+    return registry.solve(solver, problem).phy2log, None
+
+
+def keep_slots(new: IntArray, old: IntArray, num_ranks: int, node_blocks: int) -> IntArray:
+    """Relabel the new placement's GPUs (within each of `node_blocks` equal blocks of GPUs, so expert groups
+    stay on their nodes) to overlap the old one most, then put every expert that stays on a GPU in its old
+    slot, as vLLM's `preserve_intragpu_slots` does. Replica counts and loads are unchanged; moves never grow.
+    -1 slots in `old` hold nothing."""
+    num_experts = int(max(new.max(), old.max())) + 1
+    old_clean = np.where(old < 0, num_experts, old)  # a phantom expert that no new slot holds
+    per_block = new.shape[1] // node_blocks
+    spg = new.shape[1] // num_ranks
+    out = np.empty_like(new)
+    for b in range(node_blocks):  # over nodes (1 for the global policy); each call covers every layer
+        cols = slice(b * per_block, (b + 1) * per_block)
+        out[:, cols] = relabel_gpus(new[:, cols], old_clean[:, cols], np.full(num_ranks // node_blocks, spg))
+    return out
+
+
+def moves(new: IntArray, old: IntArray, num_ranks: int) -> IntArray:
+    """[L] expert copies onto GPUs that did not hold the expert (GPUs as labelled; -1 slots hold nothing)."""
+    num_experts = int(max(new.max(), old.max())) + 1
+    spg = new.shape[1] // num_ranks
+    return count_moves(
+        np.where(new < 0, num_experts, new), np.where(old < 0, num_experts, old), np.full(num_ranks, spg)
+    )
+
+
+def layer_lb(weight: FloatArray, phy2log: IntArray, num_ranks: int) -> FloatArray:
+    """[L] max GPU load / mean GPU load with uniform shares; -1 slots carry nothing."""
+    layers, num_experts = weight.shape
+    valid = phy2log >= 0
+    safe = np.where(valid, phy2log, 0)
+    counts = np.zeros((layers, num_experts), dtype=np.float64)
+    np.add.at(counts, (np.repeat(np.arange(layers), phy2log.shape[1]), safe.ravel()), valid.ravel())
+    per_slot = np.take_along_axis(weight / np.maximum(counts, 1), safe, axis=1) * valid
+    gpu = per_slot.reshape(layers, num_ranks, -1).sum(axis=2)
+    mean = gpu.mean(axis=1)
+    return np.asarray(np.where(mean > 0, gpu.max(axis=1) / np.where(mean > 0, mean, 1), 1.0), dtype=np.float64)
+
+
+def within_budget(weight: FloatArray, new: IntArray, old: IntArray, num_ranks: int, max_moves: int) -> IntArray:
+    """Keep the new map only in the layers that buy the most lb per copy, within max_moves copies in all;
+    every other layer keeps its old map. Used until the registry has an incremental solver."""
+    per_layer = moves(new, old, num_ranks)
+    if int(per_layer.sum()) <= max_moves:
+        return new
+    gain = layer_lb(weight, old, num_ranks) - layer_lb(weight, new, num_ranks)
+    worth = np.where(per_layer > 0, gain / np.maximum(per_layer, 1), np.inf)
+    out = old.copy()
+    spent = 0
+    for layer in np.argsort(-worth, kind="stable"):  # over layers, best value first
+        cost = int(per_layer[layer])
+        if gain[layer] > 0 and spent + cost <= max_moves:
+            out[layer] = new[layer]
+            spent += cost
+    return out
+
+
+def solve_local(
+    weight: FloatArray,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_ranks: int,
+    old: IntArray | None,
+    settings: Settings,
+) -> Rebalanced:
+    """The local answer. Without a usable old map: `fresh` (DeepSeek-equal by default). With one: the
+    registry's incremental solver under `max_moves` when it is registered and the map has no -1 slots,
+    else `fresh`, then `within_budget`; in both cases followed by `keep_slots`."""
+    layers, num_experts = weight.shape
+    if old is None or old.shape != (layers, num_replicas):
+        phy2log, log2phy = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
+        note = "" if old is None else f" (old map {tuple(old.shape)} does not match; placed from scratch)"
+        return Rebalanced(phy2log, "local", f"{settings.solver}{note}", log2phy)
+    hier = hierarchical(num_groups, num_nodes, num_ranks, num_experts)
+    blocks = num_nodes if hier else 1
+    how = ""
+    new: IntArray | None = None
+    if INCREMENTAL in registry.names() and not (old < 0).any():
+        problem = Problem(
+            loads=weight.astype(np.float64),
+            slots_per_gpu=np.full(num_ranks, num_replicas // num_ranks, dtype=np.int64),
+            num_groups=num_groups if hier else None,
+            gpus_per_node=num_ranks // num_nodes if hier else None,
+            current_phy2log=old,
+        )
+        try:
+            new = registry.solve(INCREMENTAL, problem, Options(max_moves=settings.max_moves)).phy2log
+            how = INCREMENTAL
+        except SolverError as err:
+            how = f"{settings.solver} ({INCREMENTAL} refused: {err})"
+    if new is None:
+        new, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
+        new = keep_slots(new, old, num_ranks, blocks)
+        if settings.max_moves is not None:
+            new = within_budget(weight, new, old, num_ranks, settings.max_moves)
+        how = how or settings.solver
+    else:
+        new = keep_slots(new, old, num_ranks, blocks)
+    budget = "no limit" if settings.max_moves is None else f"budget {settings.max_moves}"
+    return Rebalanced(new, "local", f"{how}, {int(moves(new, old, num_ranks).sum())} copies ({budget})")
+
+
+def post_window(
+    weight: FloatArray, num_replicas: int, settings: Settings, client: httpx.Client | None = None
+) -> IntArray | str:
+    """POST the window to the service's deployment; the new phy2log [L, P], "unchanged" when the service
+    decided not to rebalance, or a one-line reason it could not be used (the caller then solves locally)."""
+    assert settings.service_url is not None and settings.deployment is not None
+    url = f"{settings.service_url}/deployments/{settings.deployment}/windows"
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    try:
+        if client is None:
+            with httpx.Client(timeout=settings.timeout_s) as own:
+                response = own.post(url, json={"loads": weight.tolist()}, headers=headers)
+        else:
+            response = client.post(url, json={"loads": weight.tolist()}, headers=headers)
+    except httpx.TimeoutException:
+        return f"no answer from {url} within {settings.timeout_s:g} s"
+    except httpx.HTTPError as err:
+        return f"{url} unreachable ({type(err).__name__}: {err})"
+    if response.status_code == 404:
+        return f"{url} answered 404 (no deployment {settings.deployment!r}, or a service without deployments)"
+    if response.status_code >= 400:
+        return f"{url} answered {response.status_code}: {_detail(response)}"
+    try:
+        body = response.json()
+    except ValueError:
+        return f"{url} answered {response.status_code} with a body that is not JSON"
+    placement = body.get("placement") if isinstance(body, dict) else None
+    if placement is None:
+        return "unchanged"
+    try:
+        phy2log = np.asarray(placement["phy2log"], dtype=np.int64)
+    except (KeyError, TypeError, ValueError):
+        return f"{url} answered a placement without an integer phy2log"
+    layers, num_experts = weight.shape
+    if phy2log.shape != (layers, num_replicas):
+        return f"{url} answered phy2log {phy2log.shape}, the engine needs {(layers, num_replicas)}"
+    if phy2log.min() < 0 or phy2log.max() >= num_experts or not _every_expert(phy2log, num_experts):
+        return f"{url} answered a phy2log that does not place each of the {num_experts} experts"
+    return phy2log
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    return str(body.get("detail", body))[:200] if isinstance(body, dict) else str(body)[:200]
+
+
+def _every_expert(phy2log: IntArray, num_experts: int) -> bool:
+    present = np.zeros((phy2log.shape[0], num_experts), dtype=bool)
+    present[np.arange(phy2log.shape[0])[:, None], phy2log] = True
+    return bool(present.all())
+
+
+def rebalance(
+    weight: FloatArray,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_ranks: int,
+    old: IntArray | None = None,
+    settings: Settings | None = None,
+) -> Rebalanced:
+    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (falling back to local on any failure,
+    with the reason in `how`), else local. weight: [L, E] tokens; old: [L, P] the engine's current map."""
+    settings = settings or Settings.from_env()
+    weight = np.asarray(weight, dtype=np.float64)
+    check_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks)
+    if settings.service_url is None:
+        return solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+    if settings.deployment is None:
+        local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+        local.how += "; EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT, so solved locally"
+        return local
+    answer = post_window(weight, num_replicas, settings)
+    where = f"{settings.service_url} deployment {settings.deployment!r}"
+    if isinstance(answer, np.ndarray):
+        if old is not None and old.shape == answer.shape:
+            hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
+            answer = keep_slots(answer, old, num_ranks, num_nodes if hier else 1)
+        return Rebalanced(answer, "remote", f"placement from {where}")
+    if answer == "unchanged" and old is not None and old.shape == (weight.shape[0], num_replicas):
+        return Rebalanced(old.copy(), "remote", f"{where} kept the current placement")
+    local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+    reason = "the service kept a placement the engine did not pass" if answer == "unchanged" else answer
+    local.how += f"; remote failed, solved locally: {reason}"
+    local.fell_back = True
+    return local
+
+
+def logical_maps(phy2log: IntArray, num_experts: int) -> tuple[IntArray, IntArray]:
+    """(log2phy [L, E, X] slots of each expert in slot order, -1 padded; logcnt [L, E]); -1 slots skipped."""
+    layers, num_physical = phy2log.shape
+    valid = phy2log >= 0
+    safe = np.where(valid, phy2log, num_experts)  # unused slots go to a dropped extra column
+    counts = np.zeros((layers, num_experts + 1), dtype=np.int64)
+    rows = np.repeat(np.arange(layers), num_physical)
+    np.add.at(counts, (rows, safe.ravel()), 1)
+    logcnt = counts[:, :num_experts]
+    width = max(int(logcnt.max(initial=0)), 1)
+    order = np.argsort(safe, axis=1, kind="stable")  # slots grouped by expert, in slot order
+    sorted_expert = np.take_along_axis(safe, order, axis=1)
+    start = np.concatenate([np.zeros((layers, 1), dtype=np.int64), np.cumsum(counts, axis=1)[:, :-1]], axis=1)
+    rank = np.arange(num_physical)[None, :] - np.take_along_axis(start, sorted_expert, axis=1)
+    log2phy = np.full((layers, num_experts + 1, width), -1, dtype=np.int64)
+    keep = sorted_expert < num_experts
+    log2phy[np.broadcast_to(np.arange(layers)[:, None], order.shape)[keep], sorted_expert[keep], rank[keep]] = order[
+        keep
+    ]
+    return log2phy[:, :num_experts], logcnt

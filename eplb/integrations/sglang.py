@@ -1,0 +1,155 @@
+"""SGLang EPLB algorithm plug-in: `--eplb-algorithm eplb` runs eplb's placement.
+
+SGLang picks its algorithm in `sglang.srt.eplb.eplb_algorithms`: `compute_algorithm(raw_algorithm,
+num_groups, num_nodes)` turns the `--eplb-algorithm` string into an `EplbAlgorithm` enum member and
+`rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
+num_nodes, algorithm)` dispatches on it; callers look both up on the module at call time. The enum is
+closed, so `register()` (the `sglang.srt.plugins` entry point) adds two AROUND hooks through SGLang's
+own `HookRegistry`, and patches nothing else:
+
+- `eplb_algorithms.compute_algorithm`: answers `EPLB` for "eplb" (or for any value when
+  EPLB_SGLANG_ALGORITHM=eplb); every other name goes to SGLang's function unchanged;
+- `eplb_algorithms.rebalance_experts`: answers with eplb's placement when the algorithm is `EPLB`;
+  every SGLang algorithm goes to SGLang's function unchanged.
+
+The static path needs no plug-in: `eplb export --to sglang` writes an `--init-expert-location` file.
+torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from eplb.integrations import core
+
+ALGORITHM_NAME = "eplb"
+SELECT_ENV = "EPLB_SGLANG_ALGORITHM"
+TARGET_MODULE = "sglang.srt.eplb.eplb_algorithms"
+
+logger = logging.getLogger(__name__)
+
+
+class EplbAlgorithm:
+    """The algorithm value `compute_algorithm` answers for "eplb" (SGLang's own enum members are untouched);
+    `.name` like an enum member's, for SGLang code that logs it."""
+
+    name = ALGORITHM_NAME
+    value = ALGORITHM_NAME
+
+    def __repr__(self) -> str:
+        return "EplbAlgorithm.eplb"
+
+
+EPLB = EplbAlgorithm()
+
+
+def rebalance_experts(
+    tokens_per_expert: Any,
+    num_physical_experts: int,
+    num_local_physical_experts: int,
+    num_groups: int | None,
+    num_nodes: int,
+    algorithm: Any = EPLB,
+    current_phy2log: Any = None,
+) -> tuple[Any, Any, Any]:
+    """SGLang's `rebalance_experts` contract with eplb's placement.
+
+    tokens_per_expert: [W, L, E] recorded windows (summed over W) or [L, E]; num_physical_experts: P, a
+    multiple of num_local_physical_experts (slots per rank); num_groups None (or not a multiple of
+    num_nodes) is the global policy, like SGLang's "auto"; current_phy2log: [L, P] the map now serving
+    (default: SGLang's global expert-location metadata when it has one). Returns int64 CPU tensors
+    phy2log [L, P], log2phy [L, E, X] (-1 padded) and logcnt [L, E].
+    """
+    import torch
+
+    tokens = tokens_per_expert.detach().to(device="cpu", dtype=torch.float64)
+    if tokens.ndim == 3:
+        tokens = tokens.sum(dim=0)
+    if num_local_physical_experts < 1 or num_physical_experts % num_local_physical_experts:
+        raise core.PolicyInputError(
+            f"num_physical_experts ({num_physical_experts}) must be a multiple of "
+            f"num_local_physical_experts ({num_local_physical_experts})"
+        )
+    num_ranks = num_physical_experts // num_local_physical_experts
+    groups = num_groups if num_groups is not None and num_groups % max(num_nodes, 1) == 0 else 1
+    nodes = num_nodes if groups > 1 else 1
+    current = current_phy2log if current_phy2log is not None else _serving_map()
+    old = None if current is None else current.detach().to(device="cpu", dtype=torch.int64).numpy()
+    weight = tokens.numpy()
+    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, old)
+    level = logging.WARNING if result.fell_back else logging.INFO
+    logger.log(level, "eplb algorithm (%s): %s", result.source, result.how)
+    log2phy, logcnt = core.logical_maps(result.phy2log, weight.shape[1])
+    if result.log2phy is not None:
+        log2phy = result.log2phy
+    as_tensor = torch.from_numpy
+    return (
+        as_tensor(np.ascontiguousarray(result.phy2log, dtype=np.int64)),
+        as_tensor(np.ascontiguousarray(log2phy)),
+        as_tensor(logcnt),
+    )
+
+
+def _serving_map() -> Any:
+    """SGLang's current physical_to_logical_map [L, P], or None outside SGLang or before it has one."""
+    try:
+        location = importlib.import_module("sglang.srt.eplb.expert_location")
+        metadata = location.get_global_expert_location_metadata()
+    except Exception:  # outside a running SGLang (or a version without it): place from scratch
+        return None
+    return None if metadata is None else getattr(metadata, "physical_to_logical_map", None)
+
+
+def _argument(name: str, position: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return kwargs[name] if name in kwargs else (args[position] if len(args) > position else None)
+
+
+def compute_algorithm_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook for `compute_algorithm(raw_algorithm, num_groups, num_nodes)`."""
+    raw = _argument("raw_algorithm", 0, args, kwargs)
+    if raw == ALGORITHM_NAME or os.environ.get(SELECT_ENV, "").strip() == ALGORITHM_NAME:
+        return EPLB
+    return original(*args, **kwargs)
+
+
+def rebalance_experts_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook for `rebalance_experts(tokens_per_expert, num_physical_experts,
+    num_local_physical_experts, num_groups, num_nodes, algorithm)`."""
+    if _argument("algorithm", 5, args, kwargs) is not EPLB:
+        return original(*args, **kwargs)
+    names = ("tokens_per_expert", "num_physical_experts", "num_local_physical_experts", "num_groups", "num_nodes")
+    tokens, physical, local, groups, nodes = (_argument(n, i, args, kwargs) for i, n in enumerate(names))
+    return rebalance_experts(tokens, physical, local, groups, nodes, EPLB)
+
+
+def register() -> None:
+    """Entry point of the `sglang.srt.plugins` group: registers the two hooks with SGLang's HookRegistry
+    (SGLang applies them after loading plug-ins). A no-op with a log line when SGLang is not installed or
+    has no plug-in hooks (then use the `--init-expert-location` export path)."""
+    if importlib.util.find_spec("sglang") is None:
+        logger.info("eplb plugin: SGLang is not installed; nothing registered")
+        return
+    try:
+        hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
+    except ImportError:
+        logger.warning(
+            "eplb plugin: this SGLang has no plug-in hooks (sglang.srt.plugins); nothing registered, "
+            "use `eplb export --to sglang` and --init-expert-location instead"
+        )
+        return
+    registry, around = hooks.HookRegistry, hooks.HookType.AROUND
+    registry.register(f"{TARGET_MODULE}.compute_algorithm", compute_algorithm_hook, around)
+    registry.register(f"{TARGET_MODULE}.rebalance_experts", rebalance_experts_hook, around)
+    logger.info(
+        "eplb plugin: hooks on %s.compute_algorithm and .rebalance_experts registered; "
+        "--eplb-algorithm eplb (or %s=eplb) selects eplb's placement",
+        TARGET_MODULE,
+        SELECT_ENV,
+    )

@@ -1,0 +1,156 @@
+"""vLLM EPLB policy plug-in: eplb's placement behind vLLM's `rebalance_experts` interface.
+
+vLLM keeps its EPLB algorithms in a policy table (`vllm.distributed.eplb.policy.EPLB_POLICIES`, name ->
+class with the class method `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks,
+old_global_expert_indices=None)`) and looks the configured name up when EPLB starts. `register()` is
+the `vllm.general_plugins` entry point: it adds `EplbPolicy` to that table as "eplb" without editing
+vLLM's files, and with `EPLB_VLLM_POLICY=eplb` also puts it under "default" (what `eplb_config.policy`
+selects unless set).
+
+Return convention: older vLLM policies return `(phy2log, log2phy, logcnt)`, newer ones `phy2log` alone
+(vLLM derives the rest). `detect_convention` reads it from the installed vLLM's abstract policy;
+`policy_class(convention)` gives a class for either when vLLM is absent.
+
+torch is imported lazily (inside the calls), so importing this module needs neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import types
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from eplb.integrations import core
+
+Convention = Literal["phy2log", "tuple"]
+POLICY_NAME = "eplb"
+SELECT_ENV = "EPLB_VLLM_POLICY"
+
+# A child of vLLM's logger, so lines appear in vLLM's log with its format and level.
+logger = logging.getLogger("vllm.eplb_plugin")
+
+
+class EplbPolicy:
+    """vLLM EPLB policy that solves with eplb (locally or through the service, see `core.rebalance`).
+
+    Without `old_global_expert_indices` the answer equals DeepSeek EPLB's (vLLM's default algorithm) for
+    the default EPLB_SOLVER=deepseek. With them (the map now serving, [L, P], -1 for unused slots), at most
+    EPLB_MAX_MOVES expert copies are spent and every expert that stays on a GPU keeps its slot.
+    """
+
+    convention: ClassVar[Convention] = "phy2log"
+
+    @classmethod
+    def rebalance_experts(
+        cls,
+        weight: Any,
+        num_replicas: int,
+        num_groups: int,
+        num_nodes: int,
+        num_ranks: int,
+        old_global_expert_indices: Any = None,
+    ) -> Any:
+        """weight: [L, E] tokens per logical expert (any device, any numeric dtype); returns int64 CPU
+        tensors: phy2log [L, num_replicas], and for the tuple convention also log2phy [L, E, X] (-1 padded)
+        and logcnt [L, E]."""
+        import torch
+
+        w = weight.detach().to(device="cpu", dtype=torch.float64).numpy()
+        old = None
+        if old_global_expert_indices is not None:
+            old = old_global_expert_indices.detach().to(device="cpu", dtype=torch.int64).numpy()
+        result = core.rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old)
+        level = logging.WARNING if result.fell_back else logging.INFO
+        logger.log(level, "eplb policy (%s): %s", result.source, result.how)
+        phy2log = torch.from_numpy(np.ascontiguousarray(result.phy2log, dtype=np.int64))
+        if cls.convention == "phy2log":
+            return phy2log
+        log2phy, logcnt = core.logical_maps(result.phy2log, w.shape[1])
+        if result.log2phy is not None:
+            log2phy = result.log2phy
+        return phy2log, torch.from_numpy(np.ascontiguousarray(log2phy)), torch.from_numpy(logcnt)
+
+
+class EplbTuplePolicy(EplbPolicy):
+    """The same policy with the older return convention `(phy2log, log2phy, logcnt)`."""
+
+    convention: ClassVar[Convention] = "tuple"
+
+
+def policy_class(convention: Convention) -> type[EplbPolicy]:
+    """The policy class for a return convention ("phy2log" or "tuple")."""
+    if convention not in ("phy2log", "tuple"):
+        raise ValueError(f"convention must be 'phy2log' or 'tuple', got {convention!r}")
+    return EplbPolicy if convention == "phy2log" else EplbTuplePolicy
+
+
+def detect_convention(abstract_policy: type) -> Convention:
+    """Which convention a vLLM abstract policy class declares: "tuple" when its `rebalance_experts`
+    is annotated to return a tuple, "phy2log" when it returns one tensor; without an annotation, the
+    versions that take `old_global_expert_indices` return phy2log."""
+    signature = inspect.signature(getattr(abstract_policy, "rebalance_experts"))  # noqa: B009 (any class)
+    annotation = signature.return_annotation
+    if annotation is not inspect.Signature.empty:
+        text = annotation if isinstance(annotation, str) else repr(annotation)
+        return "tuple" if "tuple" in text.lower() else "phy2log"
+    return "phy2log" if "old_global_expert_indices" in signature.parameters else "tuple"
+
+
+def register() -> None:
+    """Entry point of the `vllm.general_plugins` group (vLLM calls it in every process; idempotent).
+
+    Adds eplb's policy to vLLM's table as "eplb"; with EPLB_VLLM_POLICY=eplb also under "default".
+    vLLM versions without the policy table (their EPLB calls `rebalance_algo.rebalance_experts`) get that
+    function replaced in `eplb_state` when EPLB_VLLM_POLICY=eplb. Logs one line saying what it did; a
+    no-op with a log line when vLLM is not installed.
+    """
+    select = os.environ.get(SELECT_ENV, "").strip()
+    if select not in ("", POLICY_NAME):
+        logger.warning("eplb plugin: %s=%r is not %r; vLLM's own policy is kept", SELECT_ENV, select, POLICY_NAME)
+    if importlib.util.find_spec("vllm") is None:
+        logging.getLogger(__name__).info("eplb plugin: vLLM is not installed; nothing registered")
+        return
+    try:
+        policy_module = importlib.import_module("vllm.distributed.eplb.policy")
+    except ImportError:
+        _register_function(select == POLICY_NAME)
+        return
+    abstract = policy_module.AbstractEplbPolicy
+    table: dict[str, Any] = policy_module.EPLB_POLICIES
+    convention = detect_convention(abstract)
+    existing = table.get(POLICY_NAME)
+    if isinstance(existing, type) and issubclass(existing, EplbPolicy):
+        cls: type = existing
+    else:
+        cls = types.new_class("EplbPolicy", (policy_class(convention), abstract))
+        cls.__module__ = __name__
+        table[POLICY_NAME] = cls
+    selected = select == POLICY_NAME
+    if selected:
+        table["default"] = cls
+    logger.info(
+        "eplb plugin: policy %r registered in vLLM's EPLB_POLICIES (%s convention)%s",
+        POLICY_NAME,
+        convention,
+        "; selected as 'default' (EPLB_VLLM_POLICY=eplb)" if selected else f"; set {SELECT_ENV}=eplb to use it",
+    )
+
+
+def _register_function(selected: bool) -> None:
+    """vLLM before the policy table: its eplb_state imported `rebalance_experts` (3-tuple) by name."""
+    try:
+        state = importlib.import_module("vllm.distributed.eplb.eplb_state")
+    except ImportError:
+        logger.warning("eplb plugin: this vLLM has neither an EPLB policy table nor eplb_state; nothing registered")
+        return
+    if not selected:
+        logger.info("eplb plugin: this vLLM has no EPLB policy table; set %s=eplb to replace its algorithm", SELECT_ENV)
+        return
+    setattr(state, "rebalance_experts", EplbTuplePolicy.rebalance_experts)  # noqa: B010 (a module of vLLM's)
+    logger.info("eplb plugin: vllm.distributed.eplb.eplb_state.rebalance_experts replaced by eplb's (tuple convention)")
