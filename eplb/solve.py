@@ -23,6 +23,7 @@ from solvers import registry
 from solvers.bounds import lower_bound
 from solvers.migration import count_moves, relabel_gpus
 from solvers.registry import Options, Problem, SolverError
+from solvers.validation import InvalidPlacement
 
 
 def solver_name(solver: str, split: str = "uniform") -> str:
@@ -183,6 +184,8 @@ def solve(
     )
     try:
         solution = registry.solve(name, problem, options or Options())
+    except InvalidPlacement:
+        raise  # a solver bug, never the caller's fault
     except (SolverError, ValueError) as exc:
         raise EplbError(str(exc)) from None
     phy2log, shares = solution.phy2log, solution.shares
@@ -226,6 +229,10 @@ def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Clus
             f"the current placement has slots per GPU {current.slots_per_gpu.tolist()}, the request asks "
             f"for {cluster.slots_per_gpu.tolist()}: moves are counted between placements of one cluster shape"
         )
+    if current.empty_slots.any():
+        layer, slot = (int(v) for v in np.argwhere(current.empty_slots)[0])
+        raise EplbError(f"the current placement has empty slots (-1; layer {layer}, slot {slot}): give the placement "
+                        "served after EP scaling finished, where every slot holds an expert")
 
 
 def evaluate(loads: NDArray[np.float64], placement: Placement, cost: CostSetup | None = None) -> Outcome:
@@ -244,14 +251,15 @@ def evaluate(loads: NDArray[np.float64], placement: Placement, cost: CostSetup |
 
 
 def _predict(loads: NDArray[np.float64], placement: Placement, cost: CostSetup) -> LayerPrediction:
+    empty = bool(placement.empty_slots.any())  # an empty slot (-1) serves nothing: share 0 on any expert id
     return predict(
         loads,
-        placement.phy2log,
+        placement.phy2log.clip(0) if empty else placement.phy2log,
         placement.slots_per_gpu,
         cost.model,
         cost.hardware,
         cost.link_bw,
         tokens_per_gpu=cost.tokens_per_gpu,
-        shares=placement.shares,
+        shares=placement.slot_shares() if empty else placement.shares,
         overlap=cost.overlap,
     )
