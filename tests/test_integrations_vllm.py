@@ -1,0 +1,465 @@
+"""The vLLM policy plug-in: vLLM's interface in both return conventions, DeepSeek-equal fresh placements,
+move budgets and slot keeping with the serving map, -1 slots, registration, and the service with fallback."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from eplb.integrations import core
+from eplb.integrations import vllm as plugin
+from eplb.integrations.vllm import EplbPolicy, policy_class
+from solvers import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "deepseek_eplb_golden.json").read_text())["cases"]
+PREFILL = np.array(json.loads((ROOT / "fixtures" / "sglang6017-dsv3-prefill-in4096.json").read_text())["loads"])
+DECODE = np.array(json.loads((ROOT / "fixtures" / "sglang6017-dsv3-decode-in1000out1000.json").read_text())["loads"])
+CONVENTIONS = ["phy2log", "tuple"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_VLLM_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def call(convention: str, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the policy; return (phy2log, log2phy, logcnt) whatever the convention (derived for phy2log)."""
+    out = policy_class(convention).rebalance_experts(*args)  # type: ignore[arg-type]
+    if convention == "tuple":
+        assert isinstance(out, tuple) and len(out) == 3
+        return out
+    assert isinstance(out, torch.Tensor)
+    log2phy, logcnt = core.logical_maps(out.numpy(), args[0].shape[1])
+    return out, torch.from_numpy(log2phy), torch.from_numpy(logcnt)
+
+
+def check_valid(phy2log: torch.Tensor, log2phy: torch.Tensor, logcnt: torch.Tensor, num_experts: int) -> None:
+    """Every expert placed, counts agree with the map, log2phy points at slots of its expert."""
+    p = phy2log.numpy()
+    assert p.min() >= 0 and p.max() < num_experts
+    for layer in range(p.shape[0]):
+        assert np.array_equal(np.bincount(p[layer], minlength=num_experts), logcnt[layer].numpy())
+        for e in range(num_experts):
+            slots = log2phy[layer, e].numpy()
+            slots = slots[slots >= 0]
+            assert slots.size == logcnt[layer, e] and (p[layer, slots] == e).all()
+    assert (logcnt >= 1).all()
+
+
+# --- vLLM's interface -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_shapes_and_dtypes(convention: str) -> None:
+    weight = torch.tensor([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86]] * 2, dtype=torch.int64)
+    out = policy_class(convention).rebalance_experts(weight, 16, 4, 2, 8)  # type: ignore[arg-type]
+    if convention == "phy2log":
+        assert isinstance(out, torch.Tensor)
+        assert out.shape == (2, 16) and out.dtype == torch.int64 and out.device.type == "cpu"
+        return
+    phy2log, log2phy, logcnt = out
+    assert phy2log.shape == (2, 16) and logcnt.shape == (2, 12)
+    assert log2phy.shape == (2, 12, int(logcnt.max()))
+    assert {t.dtype for t in out} == {torch.int64} and {t.device.type for t in out} == {"cpu"}
+    check_valid(phy2log, log2phy, logcnt, 12)
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['kind']}-{c['variant']}-{c['num_gpus']}")
+def test_fresh_placement_equals_deepseek(convention: str, case: dict[str, Any]) -> None:
+    weight = torch.tensor(case["weight"])
+    args = (weight, case["num_replicas"], case["num_groups"], case["num_nodes"], case["num_gpus"])
+    out = policy_class(convention).rebalance_experts(*args)  # type: ignore[arg-type]
+    if convention == "phy2log":
+        assert out.tolist() == case["phy2log"]
+    else:
+        assert [t.tolist() for t in out] == [case["phy2log"], case["log2phy"], case["logcnt"]]
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_what_vllms_algorithm_tests_check(convention: str) -> None:
+    # one GPU: every expert placed once
+    phy2log, _, logcnt = call(convention, torch.tensor([[10, 20, 30, 40]]), 4, 1, 1, 1)
+    assert sorted(phy2log[0].tolist()) == [0, 1, 2, 3]
+    # equal loads, no redundancy: one replica each
+    _, _, logcnt = call(convention, torch.full((1, 8), 50), 8, 2, 2, 4)
+    assert (logcnt == 1).all()
+    # one hot expert gets the redundant slots
+    _, _, logcnt = call(convention, torch.tensor([[1000, 1, 1, 1, 1, 1, 1, 1]]), 12, 2, 2, 4)
+    assert logcnt[0, 0] > logcnt[0, 1:].max()
+    # several layers, replicas sum to the slots in each
+    weight = torch.tensor([[10, 20, 30, 40, 50, 60], [60, 50, 40, 30, 20, 10], [25] * 6])
+    _, _, logcnt = call(convention, weight, 8, 2, 2, 4)
+    assert logcnt.sum(dim=1).tolist() == [8, 8, 8]
+    # groups that do not divide over nodes: the global policy, no error
+    phy2log, log2phy, logcnt = call(convention, torch.tensor([[10, 20, 30, 40, 50, 60]]), 8, 3, 2, 4)
+    check_valid(phy2log, log2phy, logcnt, 6)
+    # any device/dtype of weight: float and half
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        phy2log, log2phy, logcnt = call(convention, torch.tensor([[10, 20, 30, 40]], dtype=dtype), 6, 2, 1, 2)
+        check_valid(phy2log, log2phy, logcnt, 4)
+
+
+@pytest.mark.parametrize("args", [(7, 2, 2, 4), (3, 1, 1, 1), (8, 0, 1, 4), (8, 1, 1, 0)])
+def test_impossible_arguments_raise_one_line_errors(args: tuple[int, int, int, int]) -> None:
+    weight = torch.tensor([[10, 20, 30, 40]])
+    with pytest.raises(core.PolicyInputError) as err:
+        EplbPolicy.rebalance_experts(weight, *args)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, AssertionError)  # vLLM's tests expect either
+    assert "\n" not in str(err.value)
+
+
+def test_hierarchical_policy_keeps_each_group_on_one_node() -> None:
+    rng = np.random.default_rng(3)
+    weight = torch.from_numpy(rng.pareto(1.2, size=(4, 64)) * 100)
+    phy2log = EplbPolicy.rebalance_experts(weight, 96, 8, 4, 16).numpy()
+    node_of_slot = np.repeat(np.arange(4), 96 // 4)
+    for layer in range(4):
+        for group in range(8):
+            members = np.isin(phy2log[layer], np.arange(group * 8, (group + 1) * 8))
+            assert np.unique(node_of_slot[members]).size == 1
+
+
+# --- with the serving map ---------------------------------------------------------------------------
+
+
+def stays_in_old_slot(old: np.ndarray, new: np.ndarray, num_ranks: int) -> bool:
+    """vLLM's check: an expert on a GPU before and after sits, after, in (the first of) its old slots."""
+    spg = old.shape[1] // num_ranks
+    for layer in range(old.shape[0]):
+        for g in range(num_ranks):
+            o, n = old[layer, g * spg : (g + 1) * spg].tolist(), new[layer, g * spg : (g + 1) * spg].tolist()
+            for expert in set(o) & set(n):
+                if expert >= 0 and n[o.index(expert)] != expert:
+                    return False
+    return True
+
+
+@pytest.mark.parametrize("budget", [0, 500, 2000, None])
+def test_real_drift_moves_within_budget_and_keeps_slots(budget: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's published DeepSeek-V3 windows, prefill then decode, EP32 with 288 slots."""
+    old = EplbPolicy.rebalance_experts(torch.from_numpy(PREFILL), 288, 8, 4, 32)
+    if budget is not None:
+        monkeypatch.setenv("EPLB_MAX_MOVES", str(budget))
+    new = EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 8, 4, 32, old).numpy()
+    copies = int(core.moves(new, old.numpy(), 32).sum())
+    fresh = EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 8, 4, 32).numpy()
+    assert copies <= int(core.moves(fresh, old.numpy(), 32).sum())
+    if budget is not None:
+        assert copies <= budget
+    if budget == 0:
+        assert np.array_equal(new, old.numpy())
+    assert stays_in_old_slot(old.numpy(), new, 32)
+    replicas = np.apply_along_axis(np.bincount, 1, new, minlength=256)
+    assert (replicas >= 1).all()
+    lb_new, lb_old = core.layer_lb(DECODE, new, 32), core.layer_lb(DECODE, old.numpy(), 32)
+    assert lb_new.mean() <= lb_old.mean()
+    if core.INCREMENTAL not in registry.names():  # the fallback: DeepSeek's map, relabelled, layers within budget
+        if budget is None:
+            assert np.array_equal(replicas, np.apply_along_axis(np.bincount, 1, fresh, minlength=256))
+        assert (lb_new <= lb_old + 1e-12).all()  # copies are spent only where they lower lb
+
+
+@pytest.mark.parametrize(
+    ("num_ranks", "old", "new"),
+    [  # vLLM's own preserve_intragpu_slots scenarios: shuffles, duplicates, one skewed expert
+        (2, [0, 1, 2, 3, 4, 5, 6, 7], [1, 5, 0, 4, 6, 2, 7, 3]),
+        (2, [0, 1, 0, 2, 3, 4, 5, 6, 1, 2], [0, 5, 4, 0, 1, 6, 2, 3, 2, 1]),
+        (3, [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 0]),
+    ],
+)
+def test_slot_keeping_on_vllms_scenarios(num_ranks: int, old: list[int], new: list[int]) -> None:
+    o, n = np.array([old]), np.array([new])
+    kept = core.keep_slots(n, o, num_ranks, 1)
+    assert stays_in_old_slot(o, kept, num_ranks)
+    assert sorted(kept[0].tolist()) == sorted(new)  # the same replicas
+    assert core.moves(kept, o, num_ranks).sum() <= core.moves(n, o, num_ranks).sum()
+    spg = len(old) // num_ranks  # every GPU of the result holds what one GPU of the new map held
+    gpus_new = sorted(sorted(new[g * spg : (g + 1) * spg]) for g in range(num_ranks))
+    assert sorted(sorted(kept[0, g * spg : (g + 1) * spg].tolist()) for g in range(num_ranks)) == gpus_new
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("budget", [None, 0, 40])
+def test_unused_slots_marked_minus_one(convention: str, budget: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM marks slots it does not use with -1 in the serving map; they hold nothing and cost no copy."""
+    rng = np.random.default_rng(0)
+    weight = rng.pareto(1.0, size=(6, 32)) * 100
+    old = EplbPolicy.rebalance_experts(torch.from_numpy(weight), 48, 1, 1, 8).numpy()
+    old_unused = old.copy()
+    for layer in range(6):  # drop every second replica of each replicated expert: those slots become -1
+        seen: set[int] = set()
+        for s, e in enumerate(old[layer]):
+            if e in seen:
+                old_unused[layer, s] = -1
+            seen.add(e)
+    assert (old_unused < 0).any()
+    if budget is not None:
+        monkeypatch.setenv("EPLB_MAX_MOVES", str(budget))
+    new_weight = torch.from_numpy(weight[:, ::-1].copy())
+    phy2log, log2phy, logcnt = call(convention, new_weight, 48, 1, 1, 8, torch.from_numpy(old_unused))
+    p = phy2log.numpy()
+    assert p.shape == (6, 48)
+    if budget == 0:
+        assert np.array_equal(p, old_unused)
+    else:
+        copies = int(core.moves(p, old_unused, 8).sum())
+        assert budget is None or copies <= budget
+        assert stays_in_old_slot(old_unused, p, 8)
+    for layer in range(6):  # every expert still served; log2phy and logcnt ignore unused slots
+        assert set(p[layer][p[layer] >= 0].tolist()) == set(range(32))
+        assert int(logcnt[layer].sum()) == int((p[layer] >= 0).sum())
+        assert ((log2phy[layer] >= 0).sum(dim=1) == logcnt[layer]).all()
+
+
+def test_old_map_of_another_shape_is_ignored() -> None:
+    weight = torch.tensor([[5, 1, 1, 1]] * 2)
+    old = torch.tensor([[0, 1, 2, 3]] * 2)
+    out = EplbPolicy.rebalance_experts(weight, 8, 1, 1, 2, old)
+    assert out.tolist() == EplbPolicy.rebalance_experts(weight, 8, 1, 1, 2).tolist()
+
+
+def test_greedy_solver_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPLB_SOLVER", "greedy")
+    phy2log = EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 8, 4, 32).numpy()
+    monkeypatch.setenv("EPLB_SOLVER", "deepseek")
+    deepseek = EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 8, 4, 32).numpy()
+    assert core.layer_lb(DECODE, phy2log, 32).mean() < core.layer_lb(DECODE, deepseek, 32).mean()
+    monkeypatch.setenv("EPLB_SOLVER", "nope")
+    with pytest.raises(core.PolicyInputError, match="EPLB_SOLVER"):
+        EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 8, 4, 32)
+
+
+# --- convention detection and registration -------------------------------------------------------------
+
+
+class _OldAbstract:  # vLLM's first policy interface: no serving map, three tensors back
+    @classmethod
+    def rebalance_experts(
+        cls, weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class _MiddleAbstract:  # the serving map added, still three tensors back
+    @classmethod
+    def rebalance_experts(
+        cls, weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+        old_global_expert_indices: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class _NewAbstract:  # phy2log alone back
+    @classmethod
+    def rebalance_experts(
+        cls, weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+        old_global_expert_indices: Any = None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Unannotated:
+    @classmethod
+    def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices=None):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize(
+    ("abstract", "expected"),
+    [(_OldAbstract, "tuple"), (_MiddleAbstract, "tuple"), (_NewAbstract, "phy2log"), (_Unannotated, "phy2log")],
+)
+def test_convention_detection(abstract: type, expected: str) -> None:
+    assert plugin.detect_convention(abstract) == expected
+    assert policy_class(plugin.detect_convention(abstract)).convention == expected
+
+
+POLICY_PACKAGE = '''
+from abc import ABC, abstractmethod
+import torch
+
+class AbstractEplbPolicy(ABC):
+    @classmethod
+    @abstractmethod
+    def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                          old_global_expert_indices=None) -> {returns}:
+        raise NotImplementedError
+
+class DefaultEplbPolicy(AbstractEplbPolicy):
+    @classmethod
+    def rebalance_experts(cls, *args, **kwargs):
+        raise RuntimeError("vLLM's default")
+
+EPLB_POLICIES = {{"default": DefaultEplbPolicy}}
+'''
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Lay out a package tree with vLLM's module paths (`vllm.distributed.eplb.policy` or the older
+    `eplb_state` + `rebalance_algo`) on sys.path; removed again afterwards."""
+
+    def make(layout: str) -> None:
+        eplb_dir = tmp_path / "vllm" / "distributed" / "eplb"
+        eplb_dir.mkdir(parents=True)
+        for d in (tmp_path / "vllm", tmp_path / "vllm" / "distributed", eplb_dir):
+            (d / "__init__.py").write_text("")
+        if layout == "table-old":
+            (eplb_dir / "policy").mkdir()
+            returns = "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
+            (eplb_dir / "policy" / "__init__.py").write_text(POLICY_PACKAGE.format(returns=returns))
+        elif layout == "table-new":
+            (eplb_dir / "policy").mkdir()
+            (eplb_dir / "policy" / "__init__.py").write_text(POLICY_PACKAGE.format(returns="torch.Tensor"))
+        else:
+            (eplb_dir / "rebalance_algo.py").write_text("def rebalance_experts(*args):\n    raise RuntimeError\n")
+            (eplb_dir / "eplb_state.py").write_text("from .rebalance_algo import rebalance_experts\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        importlib.invalidate_caches()
+
+    yield make
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def test_register_without_vllm_is_a_logged_no_op(caplog: pytest.LogCaptureFixture) -> None:
+    assert importlib.util.find_spec("vllm") is None
+    with caplog.at_level(logging.INFO):
+        plugin.register()
+    assert "vLLM is not installed" in caplog.text
+
+
+@pytest.mark.parametrize(("layout", "convention"), [("table-new", "phy2log"), ("table-old", "tuple")])
+@pytest.mark.parametrize("select", [False, True])
+def test_register_adds_the_policy_to_vllms_table(
+    fake_vllm: Callable[[str], None], layout: str, convention: str, select: bool,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake_vllm(layout)
+    if select:
+        monkeypatch.setenv("EPLB_VLLM_POLICY", "eplb")
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        plugin.register()
+        plugin.register()  # vLLM loads plug-ins in every process, maybe twice: idempotent
+    policy = importlib.import_module("vllm.distributed.eplb.policy")
+    cls = policy.EPLB_POLICIES["eplb"]
+    assert issubclass(cls, policy.AbstractEplbPolicy) and issubclass(cls, EplbPolicy)
+    assert cls.convention == convention
+    assert (policy.EPLB_POLICIES["default"] is cls) == select
+    assert f"({convention} convention)" in caplog.text
+    out = cls.rebalance_experts(torch.tensor([[10, 20, 30, 40]]), 6, 2, 1, 2)  # vLLM's call: a class method
+    assert (out[0] if convention == "tuple" else out).shape == (1, 6)
+
+
+def test_register_on_vllm_before_the_policy_table(
+    fake_vllm: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_vllm("function")
+    plugin.register()
+    state = importlib.import_module("vllm.distributed.eplb.eplb_state")
+    assert state.rebalance_experts.__qualname__ != "EplbPolicy.rebalance_experts"  # not selected: untouched
+    monkeypatch.setenv("EPLB_VLLM_POLICY", "eplb")
+    plugin.register()
+    phy2log, log2phy, logcnt = state.rebalance_experts(torch.tensor([[10, 20, 30, 40]]), 6, 2, 1, 2)
+    check_valid(phy2log, log2phy, logcnt, 4)
+
+
+def test_entry_point_is_installed() -> None:
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "eplb"]
+    assert ep.value == "eplb.integrations.vllm:register" and ep.load() is plugin.register
+
+
+def test_torch_is_imported_only_by_the_plug_ins() -> None:
+    statement = re.compile(r"^(\s*)(import torch\b|from torch\b)", re.MULTILINE)
+    for path in [*ROOT.glob("eplb/**/*.py"), *ROOT.glob("solvers/**/*.py"), *ROOT.glob("api/**/*.py")]:
+        for match in statement.finditer(path.read_text()):
+            assert "integrations" in path.parts, f"{path} imports torch"
+            assert match.group(1), f"{path} imports torch at module level"
+    code = (
+        "import sys, eplb.cli, api.app, eplb.integrations.vllm, eplb.integrations.sglang; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- remote mode ------------------------------------------------------------------------------------
+
+
+def test_remote_falls_back_when_the_service_has_no_such_deployment(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = server_factory()
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "no-such-deployment")
+    weight = torch.from_numpy(DECODE[:4])
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        out = EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32)
+    assert "answered 404" in caplog.text and "solved locally" in caplog.text
+    monkeypatch.delenv("EPLB_SERVICE_URL")
+    assert out.tolist() == EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32).tolist()
+
+
+def test_remote_falls_back_when_the_service_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("EPLB_SERVICE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "prod")
+    weight = np.asarray(DECODE[:3], dtype=np.float64)
+    result = core.rebalance(weight, 288, 8, 4, 32)
+    assert result.source == "local" and result.fell_back and "unreachable" in result.how
+    assert np.array_equal(result.phy2log, core.rebalance(weight, 288, 8, 4, 32, settings=core.Settings()).phy2log)
+
+
+def _answering(status: int, body: Any) -> httpx.Client:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/deployments/prod/windows"
+        assert request.headers["authorization"] == "Bearer k"
+        assert np.asarray(json.loads(request.content)["loads"]).shape == (2, 4)
+        return httpx.Response(status, json=body)
+
+    return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://svc")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, {"placement": {"phy2log": [[0, 1, 2, 3, 0, 0]] * 2}}, np.array([[0, 1, 2, 3, 0, 0]] * 2)),
+        (200, {"placement": None, "reason": "lb within target"}, "unchanged"),
+        (200, {"placement": {"phy2log": [[0, 1, 2, 3]] * 2}}, "the engine needs (2, 6)"),
+        (200, {"placement": {"phy2log": [[0, 1, 2, 2, 0, 0]] * 2}}, "does not place each"),
+        (404, {"detail": "no deployment"}, "answered 404"),
+        (503, {"detail": "queue full"}, "answered 503: queue full"),
+    ],
+)
+def test_service_answers_are_checked(status: int, body: Any, expected: Any) -> None:
+    settings = core.Settings(service_url="http://svc", deployment="prod", api_key="k")
+    answer = core.post_window(np.ones((2, 4)), 6, settings, client=_answering(status, body))
+    if isinstance(expected, np.ndarray):
+        assert isinstance(answer, np.ndarray) and np.array_equal(answer, expected)
+    else:
+        assert isinstance(answer, str) and expected in answer
+
+
+def test_environment_errors_are_one_line() -> None:
+    for env, word in (({"EPLB_MAX_MOVES": "many"}, "EPLB_MAX_MOVES"), ({"EPLB_MAX_MOVES": "-1"}, ">= 0"),
+                      ({"EPLB_SERVICE_TIMEOUT_S": "0"}, "positive")):
+        with pytest.raises(core.PolicyInputError, match=word):
+            core.Settings.from_env(env)
+    assert core.Settings.from_env({"EPLB_SERVICE_URL": "http://h:1/", "EPLB_DEPLOYMENT": "d"}).service_url == "http://h:1"
