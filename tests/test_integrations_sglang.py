@@ -1,0 +1,195 @@
+"""The SGLang algorithm plug-in: SGLang's rebalance_experts contract, the two AROUND hooks, registration."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import types
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from eplb.integrations import core
+from eplb.integrations import sglang as plugin
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "deepseek_eplb_golden.json").read_text())["cases"]
+DECODE = np.array(json.loads((ROOT / "fixtures" / "sglang6017-dsv3-decode-in1000out1000.json").read_text())["loads"])
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_SGLANG_ALGORITHM"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['kind']}-{c['variant']}-{c['num_gpus']}")
+def test_equals_sglangs_auto_deepseek_choice(case: dict[str, Any]) -> None:
+    """SGLang's "auto" picks deepseek_hierarchical when groups divide over nodes, else deepseek: DeepSeek's rule,
+    so the answer is DeepSeek's. SGLang passes recorded windows [W, L, E] and slots per rank, not ranks."""
+    weight = torch.tensor(case["weight"], dtype=torch.float64)
+    windows = torch.stack([weight * 0.25, weight * 0.75])
+    per_rank = case["num_replicas"] // case["num_gpus"]
+    out = plugin.rebalance_experts(windows, case["num_replicas"], per_rank, case["num_groups"], case["num_nodes"])
+    assert [t.tolist() for t in out] == [case["phy2log"], case["log2phy"], case["logcnt"]]
+    assert {t.dtype for t in out} == {torch.int64}
+
+
+def test_what_sglangs_algorithms_guarantee() -> None:
+    """Shapes, every expert placed, replicas summing to the slots, log2phy pointing at the expert's slots,
+    num_groups None as the global policy, groups kept on their nodes otherwise."""
+    tokens = torch.from_numpy(DECODE).unsqueeze(0)
+    for groups, nodes in ((None, 4), (8, 4), (8, 3)):
+        phy2log, log2phy, logcnt = plugin.rebalance_experts(tokens, 288, 9, groups, nodes)
+        p = phy2log.numpy()
+        assert p.shape == (58, 288) and logcnt.shape == (58, 256) and log2phy.shape[:2] == (58, 256)
+        assert (logcnt.sum(dim=1) == 288).all() and (logcnt >= 1).all()
+        for layer in (0, 57):
+            for e in (0, 17, 255):
+                slots = log2phy[layer, e].numpy()
+                assert (p[layer, slots[slots >= 0]] == e).all() and (slots >= 0).sum() == logcnt[layer, e]
+        if groups == 8 and nodes == 4:
+            node_of_slot = np.repeat(np.arange(4), 72)
+            for g in range(8):
+                members = np.isin(p[0], np.arange(g * 32, (g + 1) * 32))
+                assert np.unique(node_of_slot[members]).size == 1
+    with pytest.raises(core.PolicyInputError, match="multiple of num_local_physical_experts"):
+        plugin.rebalance_experts(tokens, 288, 7, None, 1)
+
+
+def test_serving_map_moves_within_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    prefill = json.loads((ROOT / "fixtures" / "sglang6017-dsv3-prefill-in4096.json").read_text())["loads"]
+    old, _, _ = plugin.rebalance_experts(torch.tensor(prefill), 288, 9, 8, 4)
+    monkeypatch.setenv("EPLB_MAX_MOVES", "300")
+    new, _, logcnt = plugin.rebalance_experts(torch.from_numpy(DECODE), 288, 9, 8, 4, current_phy2log=old)
+    assert core.moves(new.numpy(), old.numpy(), 32).sum() <= 300
+    assert (logcnt >= 1).all()
+
+
+def test_compute_algorithm_hook_selects_eplb_only_for_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def sglang_compute_algorithm(raw_algorithm: str, num_groups: int | None, num_nodes: int) -> str:
+        calls.append((raw_algorithm, num_groups, num_nodes))
+        if raw_algorithm not in ("auto", "deepseek"):
+            raise KeyError(raw_algorithm)  # SGLang's EplbAlgorithm[...] for a name it does not know
+        return raw_algorithm
+
+    hook = plugin.compute_algorithm_hook
+    assert hook(sglang_compute_algorithm, raw_algorithm="eplb", num_groups=8, num_nodes=4) is plugin.EPLB
+    assert hook(sglang_compute_algorithm, "deepseek", 8, 4) == "deepseek"
+    assert calls == [("deepseek", 8, 4)]
+    monkeypatch.setenv("EPLB_SGLANG_ALGORITHM", "eplb")
+    assert hook(sglang_compute_algorithm, raw_algorithm="auto", num_groups=8, num_nodes=4) is plugin.EPLB
+
+
+def test_rebalance_hook_leaves_sglangs_algorithms_alone() -> None:
+    def sglang_rebalance(*args: Any, **kwargs: Any) -> str:
+        return "sglang"
+
+    kwargs: dict[str, Any] = {
+        "tokens_per_expert": torch.ones(1, 2, 8), "num_physical_experts": 12, "num_local_physical_experts": 3,
+        "num_groups": None, "num_nodes": 1,
+    }
+    assert plugin.rebalance_experts_hook(sglang_rebalance, **kwargs, algorithm="deepseek") == "sglang"
+    phy2log, _, logcnt = plugin.rebalance_experts_hook(sglang_rebalance, **kwargs, algorithm=plugin.EPLB)
+    assert phy2log.shape == (2, 12) and (logcnt.sum(dim=1) == 12).all()
+    positional = plugin.rebalance_experts_hook(sglang_rebalance, *kwargs.values(), plugin.EPLB)
+    assert positional[0].tolist() == phy2log.tolist()
+
+
+def test_register_without_sglang_is_a_logged_no_op(caplog: pytest.LogCaptureFixture) -> None:
+    assert importlib.util.find_spec("sglang") is None
+    with caplog.at_level(logging.INFO):
+        plugin.register()
+    assert "SGLang is not installed" in caplog.text
+
+
+@pytest.fixture
+def sglang_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool], dict[str, list[Any]]]]:
+    """Modules at SGLang's paths: `eplb_algorithms` with a closed algorithm table, and (optionally) a
+    `plugins.hook_registry` whose HookRegistry records registrations and applies AROUND hooks the way
+    SGLang documents (wrapper(*a, **k) = hook(original, *a, **k))."""
+
+    def make(with_hooks: bool) -> dict[str, list[Any]]:
+        registered: dict[str, list[Any]] = {"hooks": []}
+        algorithms = types.ModuleType("sglang.srt.eplb.eplb_algorithms")
+
+        def compute_algorithm(raw_algorithm: str, num_groups: int | None, num_nodes: int) -> str:
+            return {"auto": "deepseek", "deepseek": "deepseek"}[raw_algorithm]
+
+        def rebalance_experts(**kwargs: Any) -> str:
+            return f"sglang {kwargs['algorithm']}"
+
+        algorithms.compute_algorithm = compute_algorithm  # type: ignore[attr-defined]
+        algorithms.rebalance_experts = rebalance_experts  # type: ignore[attr-defined]
+        modules = {"sglang": types.ModuleType("sglang"), "sglang.srt.eplb.eplb_algorithms": algorithms}
+        modules["sglang"].__path__ = []  # type: ignore[attr-defined]
+        modules["sglang"].__spec__ = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
+        if with_hooks:
+            hook_module = types.ModuleType("sglang.srt.plugins.hook_registry")
+
+            class HookType:
+                AROUND = "around"
+
+            class HookRegistry:
+                @staticmethod
+                def register(target: str, hook: Callable[..., Any], hook_type: str) -> None:
+                    registered["hooks"].append((target, hook, hook_type))
+                    module, name = target.rsplit(".", 1)
+                    original = getattr(modules[module], name)
+                    setattr(modules[module], name, lambda *a, **k: hook(original, *a, **k))
+
+            hook_module.HookType = HookType  # type: ignore[attr-defined]
+            hook_module.HookRegistry = HookRegistry  # type: ignore[attr-defined]
+            modules["sglang.srt.plugins.hook_registry"] = hook_module
+        for name, module in modules.items():
+            monkeypatch.setitem(sys.modules, name, module)
+        return registered
+
+    yield make
+
+
+def test_register_hooks_the_two_dispatch_functions(sglang_modules: Callable[[bool], dict[str, list[Any]]]) -> None:
+    registered = sglang_modules(True)
+    plugin.register()
+    targets = [(t, kind) for t, _, kind in registered["hooks"]]
+    assert targets == [
+        ("sglang.srt.eplb.eplb_algorithms.compute_algorithm", "around"),
+        ("sglang.srt.eplb.eplb_algorithms.rebalance_experts", "around"),
+    ]
+    algorithms = sys.modules["sglang.srt.eplb.eplb_algorithms"]
+    # SGLang's call sites, as in expert_location.init_by_eplb: keyword arguments, algorithm from the flag
+    for flag, expected in (("deepseek", "sglang deepseek"), ("auto", "sglang deepseek")):
+        algorithm = algorithms.compute_algorithm(raw_algorithm=flag, num_groups=8, num_nodes=4)
+        assert algorithms.rebalance_experts(
+            tokens_per_expert=torch.ones(1, 2, 8), num_physical_experts=12, num_local_physical_experts=3,
+            num_groups=None, num_nodes=1, algorithm=algorithm,
+        ) == expected
+    algorithm = algorithms.compute_algorithm(raw_algorithm="eplb", num_groups=None, num_nodes=1)
+    phy2log, _, _ = algorithms.rebalance_experts(
+        tokens_per_expert=torch.ones(1, 2, 8), num_physical_experts=12, num_local_physical_experts=3,
+        num_groups=None, num_nodes=1, algorithm=algorithm,
+    )
+    assert phy2log.shape == (2, 12)
+
+
+def test_register_on_sglang_without_plugin_hooks(
+    sglang_modules: Callable[[bool], dict[str, list[Any]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    sglang_modules(False)
+    with caplog.at_level(logging.INFO):
+        plugin.register()
+    assert "no plug-in hooks" in caplog.text and "--init-expert-location" in caplog.text
+
+
+def test_entry_point_is_installed() -> None:
+    (ep,) = [e for e in entry_points(group="sglang.srt.plugins") if e.name == "eplb"]
+    assert ep.value == "eplb.integrations.sglang:register" and ep.load() is plugin.register
