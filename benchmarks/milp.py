@@ -83,7 +83,7 @@ def balance(loads: NDArray[np.float64], limits: list[float], processes: int | No
         print(f"  greedy        lb {stats(greedy)}")
         print(f"  bound         lb {stats(bound)}")
         for limit in limits:
-            result = solve_milp(loads, slots, time_limit_s=limit, processes=processes)
+            result = solve_milp(loads, slots, time_limit_s=limit, threads=processes)
             milp = result.lb
             statuses = {s: result.status.count(s) for s in sorted(set(result.status))}
             print(
@@ -109,7 +109,7 @@ def migration(loads: NDArray[np.float64], limit: float, processes: int | None, s
         fresh_moves = count_moves(fresh, current, slots)
         fresh_lb = lb_of(max_gpu_loads(drifted, fresh, slots), drifted, num_gpus)
         stay_lb = lb_of(max_gpu_loads(drifted, current, slots), drifted, num_gpus)
-        result = solve_milp(drifted, slots, time_limit_s=limit, processes=processes, current_phy2log=current)
+        result = solve_milp(drifted, slots, time_limit_s=limit, threads=processes, current_phy2log=current)
         assert result.moves is not None
         print(f"\n== migration {name}: drift sigma 0.2, MILP {limit:.1f} s per layer, slack 1 %")
         print(f"  keep current  lb {stats(stay_lb)}   moves 0")
@@ -130,7 +130,7 @@ def weighted(loads: NDArray[np.float64], limit: float, processes: int | None) ->
     free of run-to-run noise), and a separate weighted solve."""
     for name, (num_gpus, num_slots) in CONFIGS.items():
         slots = np.full(num_gpus, num_slots // num_gpus, dtype=np.int64)
-        uniform = solve_milp(loads, slots, time_limit_s=limit, processes=processes)
+        uniform = solve_milp(loads, slots, time_limit_s=limit, threads=processes)
         gpu = np.repeat(np.arange(num_gpus), slots)
         reshared = np.empty(loads.shape[0])
         for layer in range(loads.shape[0]):
@@ -140,7 +140,7 @@ def weighted(loads: NDArray[np.float64], limit: float, processes: int | None) ->
             assert share_eg is not None
             reshared[layer] = float((loads[layer] @ share_eg).max())
         reshared_lb = lb_of(reshared, loads, num_gpus)
-        shares = solve_milp(loads, slots, time_limit_s=limit, processes=processes, split="weighted")
+        shares = solve_milp(loads, slots, time_limit_s=limit, threads=processes, split="weighted")
         weighted_bound = lb_of(lower_bound(loads, slots, split="weighted"), loads, num_gpus)
         print(f"\n== weighted shares {name}, {limit:.1f} s per layer")
         print(f"  uniform              lb {stats(uniform.lb)}")

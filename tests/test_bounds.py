@@ -18,7 +18,7 @@ from solvers.bounds import (
     smallest_pieces_bound,
 )
 from solvers.greedy import solve_greedy
-from solvers.milp import max_gpu_loads
+from solvers.loads import max_gpu_loads
 
 
 def optima(loads: NDArray[np.float64], slots: NDArray[np.int64]) -> tuple[float, float]:

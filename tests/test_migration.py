@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from solvers.greedy import solve_greedy
+from solvers.loads import gpu_loads
 from solvers.migration import count_moves, relabel_gpus, relabel_slot_order
-from solvers.milp import gpu_loads
 
 
 def gpu_sets(phy2log: NDArray[np.int64], slots: NDArray[np.int64]) -> list[list[frozenset[int]]]:

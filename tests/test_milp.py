@@ -13,8 +13,9 @@ from numpy.typing import NDArray
 
 from solvers.bounds import lower_bound
 from solvers.greedy import solve_greedy
+from solvers.loads import gpu_loads, max_gpu_loads
 from solvers.migration import count_moves, relabel_gpus
-from solvers.milp import MilpResult, gpu_loads, max_gpu_loads, solve_milp
+from solvers.milp import MilpResult, solve_milp
 from solvers.validation import replica_counts, validate_placement
 
 
@@ -86,7 +87,7 @@ def check_result(result: MilpResult, loads: NDArray[np.float64], slots: NDArray[
 def test_uniform_optimum_equals_exhaustive_search(seed: int) -> None:
     loads, slots = tiny_instance(seed)
     best_uniform, _ = exhaustive(loads, slots)
-    result = solve_milp(loads[None, :], slots, time_limit_s=5, processes=1)
+    result = solve_milp(loads[None, :], slots, time_limit_s=5, threads=1)
     check_result(result, loads[None, :], slots)
     assert result.status == ["optimal"]
     assert result.objective[0] == pytest.approx(best_uniform, rel=1e-6)
@@ -97,7 +98,7 @@ def test_uniform_optimum_equals_exhaustive_search(seed: int) -> None:
 def test_weighted_optimum_equals_exhaustive_search(seed: int) -> None:
     loads, slots = tiny_instance(seed)
     best_uniform, best_weighted = exhaustive(loads, slots)
-    result = solve_milp(loads[None, :], slots, time_limit_s=5, processes=1, split="weighted")
+    result = solve_milp(loads[None, :], slots, time_limit_s=5, threads=1, split="weighted")
     check_result(result, loads[None, :], slots)
     assert result.shares is not None
     assert result.status == ["optimal"]
@@ -110,7 +111,7 @@ def test_finds_replica_counts_greedy_cannot() -> None:
     # replicates the coldest expert instead and balances 10 + 0.5 against 9 + 0.5.
     loads = np.array([[10.0, 9.0, 1.0]])
     slots = np.array([2, 2])
-    result = solve_milp(loads, slots, time_limit_s=5, processes=1)
+    result = solve_milp(loads, slots, time_limit_s=5, threads=1)
     assert result.greedy_objective[0] == pytest.approx(14.0)
     assert result.objective[0] == pytest.approx(10.5)
     assert result.status == ["optimal"]
@@ -119,7 +120,7 @@ def test_finds_replica_counts_greedy_cannot() -> None:
     # a skewed 8-expert layer: greedy's 4 replicas of the hottest expert cost 12%
     loads = np.array([[2272.0, 44, 1389, 13, 120, 95, 68, 255]])
     slots = np.array([3, 3, 3, 3])
-    result = solve_milp(loads, slots, time_limit_s=10, processes=1)
+    result = solve_milp(loads, slots, time_limit_s=10, threads=1)
     check_result(result, loads, slots)
     assert replica_counts(solve_greedy(loads, slots), 8)[0, 0] == 4
     assert result.objective[0] == pytest.approx(1164.5)
@@ -145,7 +146,7 @@ def test_properties_on_random_layers(seed: int, num_experts: int, num_gpus: int,
     if slots.sum() < num_experts:
         slots[:] = int(np.ceil(num_experts / num_gpus))
     loads = rng.gamma(0.5, 100.0, size=(2, num_experts))
-    result = solve_milp(loads, slots, time_limit_s=0.3, processes=1, split=split)  # type: ignore[arg-type]
+    result = solve_milp(loads, slots, time_limit_s=0.3, threads=1, split=split)  # type: ignore[arg-type]
     check_result(result, loads, slots)
     greedy = solve_greedy(loads, slots)
     greedy_max = max_gpu_loads(loads, greedy, slots)
@@ -163,8 +164,8 @@ def test_properties_on_random_layers(seed: int, num_experts: int, num_gpus: int,
 def test_weighted_shares_follow_slots_and_beat_uniform() -> None:
     loads = np.array([[10.0, 9.0, 1.0], [5.0, 5.0, 2.0]])
     slots = np.array([2, 2])
-    uniform = solve_milp(loads, slots, time_limit_s=5, processes=1)
-    weighted = solve_milp(loads, slots, time_limit_s=5, processes=1, split="weighted")
+    uniform = solve_milp(loads, slots, time_limit_s=5, threads=1)
+    weighted = solve_milp(loads, slots, time_limit_s=5, threads=1, split="weighted")
     assert weighted.shares is not None
     check_result(weighted, loads, slots)
     assert np.all(weighted.objective <= uniform.objective + 1e-9)
@@ -188,7 +189,7 @@ def test_migration_moves_fewer_experts_than_fresh_greedy() -> None:
     current = solve_greedy(first, slots)
     fresh = relabel_gpus(solve_greedy(second, slots), current, slots)
     fresh_moves = count_moves(fresh, current, slots)
-    result = solve_milp(second, slots, time_limit_s=1.5, processes=1, current_phy2log=current)
+    result = solve_milp(second, slots, time_limit_s=1.5, threads=1, current_phy2log=current)
     check_result(result, second, slots)
     assert result.moves is not None
     np.testing.assert_array_equal(result.moves, count_moves(result.phy2log, current, slots))
@@ -200,8 +201,8 @@ def test_migration_moves_fewer_experts_than_fresh_greedy() -> None:
 def test_migration_keeps_a_placement_that_is_already_good_enough() -> None:
     loads = np.array([[10.0, 9.0, 1.0, 4.0]])
     slots = np.array([2, 3])
-    current = solve_milp(loads, slots, time_limit_s=5, processes=1).phy2log
-    result = solve_milp(loads * 1.001, slots, time_limit_s=2, processes=1, current_phy2log=current)
+    current = solve_milp(loads, slots, time_limit_s=5, threads=1).phy2log
+    result = solve_milp(loads * 1.001, slots, time_limit_s=2, threads=1, current_phy2log=current)
     assert result.moves is not None and result.moves[0] == 0
     np.testing.assert_array_equal(result.phy2log, current)
 
@@ -211,7 +212,7 @@ def test_time_limit_holds_on_a_large_layer() -> None:
     loads = rng.gamma(0.8, 1000.0, size=(1, 256))
     slots = np.full(32, 9, dtype=np.int64)
     started = time.time()
-    result = solve_milp(loads, slots, time_limit_s=2.0, processes=1)
+    result = solve_milp(loads, slots, time_limit_s=2.0, threads=1)
     wall = time.time() - started
     check_result(result, loads, slots)
     assert wall < 2.0 + 1.0, wall
@@ -224,7 +225,7 @@ def test_total_time_limit_holds_across_layers_in_a_pool() -> None:
     loads = rng.gamma(0.8, 1000.0, size=(6, 64))
     slots = np.full(16, 5, dtype=np.int64)
     started = time.time()
-    result = solve_milp(loads, slots, time_limit_s=10.0, total_time_limit_s=2.0, processes=2)
+    result = solve_milp(loads, slots, time_limit_s=10.0, total_time_limit_s=2.0, threads=2)
     wall = time.time() - started
     check_result(result, loads, slots)
     assert wall < 2.0 + 1.5, wall
@@ -236,7 +237,7 @@ def test_pool_returns_shares_and_moves_per_layer() -> None:
     slots = np.array([2, 2])
     current = np.array([[0, 1, 1, 2]] * 3)
     result = solve_milp(
-        loads, slots, time_limit_s=2, processes=2, split="weighted", current_phy2log=current, max_lb_slack=0.0
+        loads, slots, time_limit_s=2, threads=2, split="weighted", current_phy2log=current, max_lb_slack=0.0
     )
     check_result(result, loads, slots)
     assert result.shares is not None and result.moves is not None
@@ -248,7 +249,7 @@ def test_no_time_returns_greedy_and_says_so() -> None:
     rng = np.random.default_rng(3)
     loads = rng.gamma(0.8, 1000.0, size=(2, 64))
     slots = np.full(16, 5, dtype=np.int64)
-    result = solve_milp(loads, slots, time_limit_s=1e-4, processes=1)
+    result = solve_milp(loads, slots, time_limit_s=1e-4, threads=1)
     check_result(result, loads, slots)
     assert result.status == ["greedy_fallback", "greedy_fallback"]
     np.testing.assert_allclose(result.objective, result.greedy_objective)
@@ -267,4 +268,4 @@ def test_rejects_inputs_with_a_message_that_says_what_to_fix(
     loads: NDArray[np.float64], slots: NDArray[np.int64], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        solve_milp(loads, slots, time_limit_s=1, processes=1)
+        solve_milp(loads, slots, time_limit_s=1, threads=1)
