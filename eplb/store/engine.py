@@ -1,0 +1,152 @@
+"""Engine, sessions and migrations for the store (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from eplb.errors import EplbError
+from eplb.store.models import DeploymentRow
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+_WRITE_LOCK = "eplb_write_lock"
+_MIGRATION_LOCK_KEY = 0x65706C62  # "eplb": pg_advisory_xact_lock key for concurrent starts
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "eplb"
+
+
+class StoreSettings(BaseSettings):
+    """EPLB_DATABASE_URL (e.g. postgresql://user@host:5432/eplb) wins over EPLB_DATA_DIR, the directory
+    of the default SQLite file `eplb.db`; EPLB_JOB_LEASE_S: seconds a replica's job lease lasts (renewed
+    every third of it); a job whose owner stops renewing is marked failed."""
+
+    model_config = SettingsConfigDict(env_prefix="EPLB_")
+
+    database_url: str | None = Field(None, description="SQLAlchemy URL; absent: SQLite in data_dir")
+    data_dir: Path = Field(default_factory=_default_data_dir, description="directory of the SQLite file")
+    job_lease_s: float = Field(10.0, gt=0, le=3600, description="job lease of a replica, seconds")
+
+
+def database_url(settings: StoreSettings | None = None) -> str:
+    """The URL the store opens: EPLB_DATABASE_URL, else sqlite:///<EPLB_DATA_DIR>/eplb.db."""
+    settings = settings or StoreSettings()
+    if settings.database_url:
+        return settings.database_url
+    return f"sqlite:///{settings.data_dir.expanduser().resolve() / 'eplb.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`. postgresql:// means psycopg 3; a SQLite file's directory is created."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise EplbError(f"not a database URL: {url!r} (e.g. sqlite:////path/eplb.db or postgresql://host/db)") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"timeout": 60, "check_same_thread": False})
+        _sqlite_transactions(engine)
+        return engine
+    if parsed.get_backend_name() != "postgresql":
+        raise EplbError(f"unsupported database {parsed.get_backend_name()!r}: use SQLite or PostgreSQL")
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def _sqlite_transactions(engine: Engine) -> None:
+    """SQLAlchemy emits BEGIN itself (pysqlite's own is off), `BEGIN IMMEDIATE` for write sessions."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE_LOCK) else "BEGIN")
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the schema to `revision` with the shipped Alembic revisions, under a lock so replicas that
+    start together migrate one after the other."""
+    from alembic import command
+
+    config = alembic_config()
+    with engine.execution_options(**{_WRITE_LOCK: True}).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})")
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+
+
+def alembic_config() -> Any:
+    """An Alembic Config pointing at the shipped revisions (no alembic.ini needed)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+class Store:
+    """An engine with read and write sessions. Objects stay usable after commit (expire_on_commit off)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=True)
+        self._read = sessionmaker(engine, expire_on_commit=False)
+        self._write = sessionmaker(engine.execution_options(**{_WRITE_LOCK: True}), expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for reads (rolled back at the end)."""
+        with self._read() as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction committed at the end (rolled back on error); holds SQLite's write lock throughout."""
+        with self._write.begin() as session:
+            yield session
+
+    def lock_deployment(self, session: Session, name: str) -> DeploymentRow | None:
+        """The deployment row, locked until the transaction ends (FOR UPDATE on PostgreSQL; on SQLite the
+        write session's BEGIN IMMEDIATE already excludes every other writer)."""
+        return session.scalars(select(DeploymentRow).where(DeploymentRow.name == name).with_for_update()).first()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(url: str | None = None, *, upgrade: bool = True) -> Store:
+    """Open the store at `url` (default: `database_url()`), migrating it to the newest schema first."""
+    engine = make_engine(url or database_url())
+    if upgrade:
+        try:
+            migrate(engine)
+        except OperationalError as exc:
+            engine.dispose()
+            raise EplbError(f"cannot open the database {engine.url.render_as_string()}: {exc.orig}") from None
+    return Store(engine)
