@@ -1,20 +1,30 @@
-"""Turning validated request bodies into eplb objects, with errors that name the offending field."""
+"""Worker side of the service: request bytes in, answer bytes out.
+
+Everything CPU-bound about a request (JSON or .npy parsing, validating 15,000 numbers, solving, building and
+serializing the answer) runs here, in a solver process, so the server's event loop only moves bytes and stays
+free for /healthz and the next client. Errors become problem-details answers naming the field."""
 
 from __future__ import annotations
 
+import io
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+import orjson
 from numpy.typing import NDArray
+from pydantic import BaseModel, ValidationError
 
+from api.problems import ProblemError, field_errors, invalid, problem_body
 from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
 from eplb.budget import slots_per_gpu
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
-from eplb.solve import Cluster, CostSetup, evaluate, solve
+from eplb.schemas import PlacementResponse
+from eplb.solve import Cluster, CostSetup, evaluate, infer_model, solve
 from eplb.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -26,6 +36,9 @@ from eplb.specs import (
 )
 from solvers.registry import Options
 
+MAX_LINK_BW = 1e15  # B/s: a petabyte per second per GPU is beyond any link
+M = TypeVar("M", bound=BaseModel)
+
 
 class FieldError(EplbError):
     """Bad input in one field of the request body."""
@@ -34,6 +47,174 @@ class FieldError(EplbError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body as received. kind: json (the whole request) or npy (the loads [layers, E] as a .npy
+    array; `request` then holds the other fields as a JSON object). path: the route, for problem details."""
+
+    data: bytes
+    kind: Literal["json", "npy"]
+    path: str
+    request: str | None = None
+
+
+@dataclass(frozen=True)
+class SolveJob:
+    """Everything a worker needs for one placement request (picklable). loads: [layers, E] tokens."""
+
+    loads: NDArray[np.float64]
+    cluster: Cluster
+    solver: str
+    cost: CostSetup | None
+    current: Placement | None
+    time_limit_s: float | None
+    split: str
+    max_lb_slack: float
+    run_async: bool
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Service settings the worker needs: the MILP's default budget and the budget above which it is a job."""
+
+    milp_default_time_limit_s: float
+    async_threshold_s: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a worker hands back: a JSON body (an answer or a problem) with its status, or, for a request that
+    runs as a job, the validated job. For /metrics: the solver, its wall time in seconds, and lb (mean, max,
+    baseline mean, baseline max)."""
+
+    status: int
+    body: bytes = b""
+    job: SolveJob | None = None
+    solver: str | None = None
+    seconds: float = 0.0
+    lb: tuple[float, float, float, float] | None = None
+
+
+# ----- worker entry points (called through api.pool) ---------------------------------------------------------
+
+
+def answer_placement(body: Body, limits: Limits) -> Answer:
+    """POST /placement: solve now, or hand back the job when it must run in the background."""
+    try:
+        request, loads = parse(PlacementRequest, body)
+        job = solve_job(request, loads, limits.milp_default_time_limit_s)
+    except ProblemError as exc:
+        return _problem(exc, body.path)
+    if job.run_async or (job.solver == "milp" and (job.time_limit_s or 0) > limits.async_threshold_s):
+        return Answer(202, job=job)
+    return answer_job(job, body.path)
+
+
+def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
+    """Solve a validated job."""
+    started = time.perf_counter()
+    try:
+        outcome = solve(
+            job.loads,
+            job.cluster,
+            solver=job.solver,
+            cost=job.cost,
+            current=job.current,
+            options=Options(total_time_limit_s=job.time_limit_s, max_lb_slack=job.max_lb_slack)
+            if job.solver == "milp" else None,
+            split=job.split,
+        )
+    except EplbError as exc:
+        return _problem(ProblemError(422, "Invalid request", str(exc)), path)
+    return _answer(outcome.to_model(), job.solver, time.perf_counter() - started)
+
+
+def answer_evaluate(body: Body) -> Answer:
+    """POST /evaluate: judge a given placement on a window."""
+    try:
+        request, loads = parse(EvaluateRequest, body)
+        window = check_window(request.loads if loads is None else loads)
+        cost = cost_setup(request, model_for(request.model, window))
+        given = placement(request.placement, "placement", window.shape[1])
+        if given.num_layers != window.shape[0]:
+            raise FieldError("placement", f"has {given.num_layers} layers, the loads have {window.shape[0]}")
+        outcome = evaluate(window, given, cost)
+    except ProblemError as exc:
+        return _problem(exc, body.path)
+    except EplbError as exc:
+        return _problem(_as_problem(exc), body.path)
+    return _answer(outcome.to_model(), None, 0.0)
+
+
+def _answer(response: PlacementResponse, solver: str | None, seconds: float) -> Answer:
+    p = response.predicted
+    lb = (p.lb_mean, p.lb_max, p.baseline.lb_mean, p.baseline.lb_max)
+    return Answer(200, orjson.dumps(response.to_json_dict()), solver=solver, seconds=seconds, lb=lb)
+
+
+def _problem(exc: ProblemError, path: str) -> Answer:
+    return Answer(exc.status, problem_body(exc.status, exc.title, exc.detail, path, exc.errors))
+
+
+def _as_problem(exc: EplbError) -> ProblemError:
+    if isinstance(exc, FieldError):
+        return ProblemError(422, "Invalid request", str(exc), errors=[{"field": exc.field, "message": exc.message}])
+    return ProblemError(422, "Invalid request", str(exc))
+
+
+# ----- parsing -----------------------------------------------------------------------------------------------
+
+
+def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
+    """Validate a body against `model` (strict, unknown fields refused). For an npy body, also return its
+    loads array; the model's own `loads` is then empty. Raises ProblemError: 400 for bytes that are not JSON or
+    .npy, 422 naming the field otherwise."""
+    if body.kind == "json":
+        return _validate(model, body.data), None
+    loads = _read_npy(body.data)
+    try:
+        fields = orjson.loads(body.request or "{}")
+    except orjson.JSONDecodeError as exc:
+        raise ProblemError(400, "Bad request", f"the 'request' query parameter is not valid JSON: {exc}") from None
+    if not isinstance(fields, dict):
+        raise invalid([{"field": "request", "message": "must be a JSON object of the request's fields"}])
+    if "loads" in fields:
+        raise invalid([{"field": "loads", "message": "given in the .npy body; leave it out of 'request'"}])
+    return _validate(model, orjson.dumps({**fields, "loads": []})), loads
+
+
+def _validate(model: type[M], data: bytes) -> M:
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        bad_json = next((e for e in errors if e["type"] == "json_invalid"), None)
+        if bad_json is not None:
+            raise ProblemError(400, "Body is not JSON", f"the body is not valid JSON: {bad_json['msg']}") from None
+        raise invalid(field_errors(errors)) from None
+
+
+def _read_npy(data: bytes) -> NDArray[np.float64]:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ProblemError(400, "Body is not .npy", f"the body is not a .npy array: {exc}") from None
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iuf":
+        raise invalid([{"field": "loads", "message": "the .npy array must hold integers or floats"}])
+    return array.astype(np.float64, copy=False)
+
+
+def check_window(value: Any) -> NDArray[np.float64]:
+    """loads [layers, E] (or [steps, layers, E], summed), finite, >= 0."""
+    try:
+        return check_loads(value, "loads")
+    except EplbError as exc:
+        raise FieldError("loads", str(exc).removeprefix("loads").lstrip(": ")) from None
+
+
+# ----- request fields -> eplb objects ------------------------------------------------------------------------
 
 
 def _spec(field: str, value: Any, presets: Mapping[str, Any], from_dict: Callable[[dict[str, Any]], Any]) -> Any:
@@ -48,47 +229,44 @@ def _spec(field: str, value: Any, presets: Mapping[str, Any], from_dict: Callabl
         raise FieldError(field, str(exc)) from None
 
 
-def _model(value: Any) -> ModelSpec:
-    spec: ModelSpec = _spec("model", value, MODEL_PRESETS, model_from_dict)
-    return spec
-
-
-def _hardware(value: Any) -> HardwareSpec:
-    spec: HardwareSpec = _spec("hardware", value, HARDWARE_PRESETS, hardware_from_dict)
-    return spec
-
-
-def _loads(value: list[list[float]], model: ModelSpec) -> NDArray[np.float64]:
-    try:
-        loads = check_loads(value, "loads")
-    except EplbError as exc:
-        raise FieldError("loads", str(exc).removeprefix("loads")) from None
+def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:
+    """The named or given model, checked against the window; absent: the preset with the window's expert
+    count (and layer count when several match), as `eplb solve` does; None when none matches."""
+    if value is None:
+        return infer_model(loads.shape[1], loads.shape[0])
+    model: ModelSpec = _spec("model", value, MODEL_PRESETS, model_from_dict)
     if loads.shape[1] != model.num_experts:
         raise FieldError(
             "loads", f"rows have {loads.shape[1]} experts but model {model.name!r} has {model.num_experts}"
         )
-    return loads
+    return model
 
 
-def cost_setup(req: CostIn) -> tuple[ModelSpec, CostSetup]:
-    model = _model(req.model)
-    hardware = _hardware(req.hardware)
+def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
+    """The time prediction's setup (None without a model)."""
+    hardware: HardwareSpec = _spec("hardware", req.hardware, HARDWARE_PRESETS, hardware_from_dict)
     try:
         link_bw = link_bandwidth(hardware, req.link)
     except EplbError as exc:
         raise FieldError("link", str(exc)) from None
-    return model, CostSetup(model, hardware, link_bw, req.tokens_per_gpu, req.overlap)
+    if link_bw > MAX_LINK_BW:
+        raise FieldError("link", f"{req.link} GB/s is beyond any link (at most {MAX_LINK_BW / 1e9:,.0f})")
+    if model is None:
+        return None
+    return CostSetup(model, hardware, link_bw, req.tokens_per_gpu, req.overlap)
 
 
-def cluster(value: ClusterIn, model: ModelSpec) -> Cluster:
+def cluster(value: ClusterIn, model: ModelSpec | None, num_experts: int) -> Cluster:
+    if value.memory_budget_bytes is not None and model is None:
+        raise FieldError("model", f"memory_budget_bytes needs a model: no preset has {num_experts} experts")
     try:
         slots = slots_per_gpu(
             value.num_gpus,
-            model.num_experts,
+            num_experts,
             slots=value.slots_per_gpu,
             num_redundant=value.num_redundant,
             memory_budget_bytes=value.memory_budget_bytes,
-            slot_bytes=model.expert_bytes_all_layers,
+            slot_bytes=None if model is None else model.expert_bytes_all_layers,
         )
     except EplbError as exc:
         raise FieldError("cluster", str(exc)) from None
@@ -96,64 +274,31 @@ def cluster(value: ClusterIn, model: ModelSpec) -> Cluster:
 
 
 def placement(value: PlacementIn, field: str, num_experts: int) -> Placement:
-    data = value.model_dump()
-    if data.get("num_experts") is None:
-        data["num_experts"] = num_experts
+    data = value.model_dump(exclude_none=True)
+    data.setdefault("num_experts", num_experts)
     try:
         return Placement.from_dict(data, field)
     except EplbError as exc:
         raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
 
 
-@dataclass(frozen=True)
-class SolveJob:
-    """Everything a worker needs for one placement request (picklable)."""
-
-    loads: NDArray[np.float64]
-    cluster: Cluster
-    solver: str
-    cost: CostSetup
-    current: Placement | None
-    time_limit_s: float | None
-    split: str
-    max_lb_slack: float
-
-
-def solve_job(req: PlacementRequest, milp_default_time_limit_s: float) -> SolveJob:
-    """Validate a placement request into a SolveJob; raises FieldError naming the bad field."""
-    model, cost = cost_setup(req)
-    loads = _loads(req.loads, model)
-    the_cluster = cluster(req.cluster, model)
-    current = None
-    if req.current_placement is not None:
-        current = placement(req.current_placement, "current_placement", model.num_experts)
-    if req.split == "weighted" and req.solver != "milp":
-        raise FieldError("split", "weighted shares need solver 'milp'")
+def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_default_time_limit_s: float) -> SolveJob:
+    """Validate a placement request into a SolveJob (loads: the npy body's array, else the request's).
+    Raises ProblemError naming the bad field."""
+    try:
+        window = check_window(req.loads if loads is None else loads)
+        model = model_for(req.model, window)
+        cost = cost_setup(req, model)
+        the_cluster = cluster(req.cluster, model, window.shape[1])
+        current = None
+        if req.current_placement is not None:
+            current = placement(req.current_placement, "current_placement", window.shape[1])
+        if req.split == "weighted" and req.solver != "milp":
+            raise FieldError("split", "weighted shares need solver 'milp'")
+    except EplbError as exc:
+        raise _as_problem(exc) from None
     limit = req.time_limit_s
     if req.solver == "milp" and limit is None:
         limit = milp_default_time_limit_s
-    return SolveJob(loads, the_cluster, req.solver, cost, current, limit, req.split, req.max_lb_slack)
-
-
-def run_solve_job(job: SolveJob) -> dict[str, Any]:
-    """Worker side: solve and return the response body."""
-    return solve(
-        job.loads,
-        job.cluster,
-        solver=job.solver,
-        cost=job.cost,
-        current=job.current,
-        options=Options(total_time_limit_s=job.time_limit_s, max_lb_slack=job.max_lb_slack)
-        if job.solver == "milp" else None,
-        split=job.split,
-    ).to_dict()
-
-
-def run_evaluate(req: EvaluateRequest) -> dict[str, Any]:
-    """Validate and evaluate a placement on a window."""
-    model, cost = cost_setup(req)
-    loads = _loads(req.loads, model)
-    given = placement(req.placement, "placement", model.num_experts)
-    if given.num_layers != loads.shape[0]:
-        raise FieldError("placement", f"has {given.num_layers} layers, the loads have {loads.shape[0]}")
-    return evaluate(loads, given, cost).to_dict()
+    return SolveJob(window, the_cluster, req.solver, cost, current, limit, req.split, req.max_lb_slack,
+                    req.run_async)

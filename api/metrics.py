@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
@@ -40,16 +38,14 @@ class Metrics:
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 
-    def solved(self, solver: str, seconds: float, result: dict[str, Any]) -> None:
+    def solved(self, solver: str, seconds: float, lb: tuple[float, float, float, float] | None) -> None:
+        """One placement solved; lb: (mean, max) over layers of the placement, then of the baseline."""
         self.solve_time.labels(solver).observe(seconds)
-        predicted = result.get("predicted", {})
-        if "lb_mean" in predicted:
-            self.last_lb.labels("mean", solver).set(predicted["lb_mean"])
-            self.last_lb.labels("max", solver).set(predicted["lb_max"])
-            baseline = predicted.get("baseline", {})
-            if "lb_max" in baseline:
-                self.last_baseline_lb.labels("mean").set(baseline["lb_mean"])
-                self.last_baseline_lb.labels("max").set(baseline["lb_max"])
+        if lb is not None:
+            self.last_lb.labels("mean", solver).set(lb[0])
+            self.last_lb.labels("max", solver).set(lb[1])
+            self.last_baseline_lb.labels("mean").set(lb[2])
+            self.last_baseline_lb.labels("max").set(lb[3])
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()

@@ -4,12 +4,17 @@ Each worker is a long-lived spawned process that takes one task at a time over a
 solver crash kills one worker (it is replaced), never the server, and a cancelled job's worker can be
 terminated. At most `workers` tasks run and at most `queue_limit` more wait; beyond that `submit`
 raises `QueueFull` at once (the API answers 503 with Retry-After).
+
+A worker acknowledges each task before running it, so a worker that died while idle (killed, out of memory)
+is told apart from one that died running the task: the task is retried on its replacement. The pipe traffic
+runs in a thread, so even a large request body never blocks the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
 import signal
@@ -34,8 +39,16 @@ class TaskCancelled(Exception):
     """The task was cancelled while waiting or running."""
 
 
+class _NotStarted(Exception):
+    """The worker was gone before it took the task (it died while idle)."""
+
+
+RETRIES = 2  # fresh workers tried when the one taken had died while idle
+
+
 def _worker_main(conn: Connection) -> None:
-    """Worker loop: receive (fn, kwargs), send ("ok", result) or ("error", message).
+    """Worker loop: receive (fn, kwargs), acknowledge it, send ("ok", result) or ("error", message); return
+    when the pipe closes (the pool's orderly stop).
 
     The worker leads its own process group, so stopping it also stops the processes its solver started
     (the MILP solves layers in a pool of its own)."""
@@ -45,8 +58,9 @@ def _worker_main(conn: Connection) -> None:
     while True:
         try:
             fn, kwargs = conn.recv()
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, OSError, KeyboardInterrupt):
             return
+        conn.send(("started", None))
         try:
             conn.send(("ok", fn(**kwargs)))
         except EplbError as exc:
@@ -72,6 +86,11 @@ class SolvePool:
         self._waiting = 0
         self._running: dict[int, _Worker] = {}
         self._closed = False
+        self._tokens = itertools.count(1)
+
+    def token(self) -> int:
+        """A new task id for `submit` and `cancel`."""
+        return next(self._tokens)
 
     @property
     def waiting(self) -> int:
@@ -96,8 +115,10 @@ class SolvePool:
     def has_room(self) -> bool:
         return self._waiting < self.queue_limit or (self._idle is not None and not self._idle.empty())
 
-    async def submit(self, fn: Callable[..., Any], token: int, **kwargs: Any) -> Any:
-        """Run fn(**kwargs) in a worker; `token` identifies the task for `cancel`.
+    async def submit(self, fn: Callable[..., Any], token: int, on_start: Callable[[], None] | None = None,
+                     **kwargs: Any) -> Any:
+        """Run fn(**kwargs) in a worker; `token` identifies the task for `cancel`; `on_start()` is called when a
+        worker takes the task.
 
         Raises QueueFull, EplbError (bad input found by the solver), WorkerDied or TaskCancelled.
         """
@@ -105,16 +126,39 @@ class SolvePool:
             raise WorkerDied("the solver pool is not running")
         if self._idle.empty() and self._waiting >= self.queue_limit:
             raise QueueFull
+        for attempt in range(RETRIES + 1):
+            try:
+                status, payload = await self._attempt(fn, token, on_start, kwargs)
+            except _NotStarted:
+                if attempt == RETRIES:
+                    raise WorkerDied("solver processes exit as soon as they start") from None
+                continue
+            if status == "ok":
+                return payload
+            if status == "error":
+                raise EplbError(payload)
+            raise RuntimeError(payload)
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, fn: Callable[..., Any], token: int, on_start: Callable[[], None] | None,
+                       kwargs: dict[str, Any]) -> tuple[str, Any]:
+        assert self._idle is not None
         self._waiting += 1
         try:
             worker = await self._idle.get()
         finally:
             self._waiting -= 1
         self._running[token] = worker
+        if on_start is not None:
+            on_start()
         try:
-            worker.conn.send((fn, kwargs))
-            status, payload = await asyncio.get_running_loop().run_in_executor(None, _receive, worker.conn)
-        except (EOFError, OSError, BrokenPipeError):
+            answer = await asyncio.get_running_loop().run_in_executor(None, _exchange, worker.conn, (fn, kwargs))
+        except _NotStarted:
+            self._replace(worker)
+            if token not in self._running:
+                raise TaskCancelled from None
+            raise
+        except (EOFError, OSError):
             cancelled = token not in self._running
             self._replace(worker)
             if cancelled:
@@ -126,11 +170,7 @@ class SolvePool:
         finally:
             self._running.pop(token, None)
         self._release(worker)
-        if status == "ok":
-            return payload
-        if status == "error":
-            raise EplbError(payload)
-        raise RuntimeError(payload)
+        return answer
 
     def cancel(self, token: int) -> bool:
         """Stop a running task by terminating its worker (a fresh one takes its place)."""
@@ -153,17 +193,24 @@ class SolvePool:
             self._release(self._spawn())
 
     async def close(self) -> None:
+        """Stop every worker: idle ones by closing their pipe (they exit cleanly, releasing what their
+        solvers hold), running ones by killing their process group."""
         self._closed = True
-        workers: list[_Worker] = list(self._running.values())
+        running: list[_Worker] = list(self._running.values())
+        idle: list[_Worker] = []
         while self._idle is not None and not self._idle.empty():
-            workers.append(self._idle.get_nowait())
-        for w in workers:
+            idle.append(self._idle.get_nowait())
+        for w in running:
             _kill_tree(w.process)
+        for w in idle + running:
             with contextlib.suppress(Exception):
                 w.conn.close()
-        for w in workers:
-            with contextlib.suppress(Exception):
-                w.process.join(timeout=5)
+        loop = asyncio.get_running_loop()
+        for w in idle + running:
+            await loop.run_in_executor(None, w.process.join, 5)
+            if w.process.is_alive():
+                _kill_tree(w.process)
+                await loop.run_in_executor(None, w.process.join, 5)
 
 
 def _kill_tree(process: BaseProcess) -> None:
@@ -177,6 +224,13 @@ def _kill_tree(process: BaseProcess) -> None:
         process.kill()
 
 
-def _receive(conn: Connection) -> tuple[str, Any]:
+def _exchange(conn: Connection, task: tuple[Callable[..., Any], dict[str, Any]]) -> tuple[str, Any]:
+    """Send a task and wait for its answer (in a thread). Raises _NotStarted when the worker was gone before
+    it acknowledged the task, EOFError when it died running it."""
+    try:
+        conn.send(task)
+        conn.recv()  # ("started", None)
+    except (EOFError, OSError):
+        raise _NotStarted from None
     message: tuple[str, Any] = conn.recv()
     return message

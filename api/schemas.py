@@ -1,56 +1,72 @@
-"""Request and response bodies of the placement service (pydantic models = the OpenAPI schema)."""
+"""Request bodies of the placement service, and its own answers (problems, jobs). Pydantic models are the
+OpenAPI schema; the placement answer itself is `eplb.schemas.PlacementResponse`, shared with the CLI.
+
+Every request model forbids unknown fields and takes strict types (no "4" for 4, no true for 1.0), and every
+number has bounds, so a typo or an overflow is a 422 naming the field."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from eplb.schemas import PlacementResponse
+
 EXAMPLE_LOADS: list[Any] = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]
 EXAMPLE_PHY2LOG: list[Any] = [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+MAX_GPUS = 4096
+SlotCount = Annotated[int, Field(ge=0, le=MAX_GPUS)]
+Bytes = Annotated[float, Field(ge=0, le=1e15)]  # at most a petabyte
+Loads = Annotated[
+    list[list[float]], Field(description="[layers][E] tokens routed to each expert over the window")
+]
 
 
 class ModelSpecIn(BaseModel):
     """A model spec (see docs/cost-model.md); every field is required."""
 
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    num_moe_layers: int
-    num_experts: int
-    top_k: int
-    num_shared_experts: int
-    hidden_size: int
-    moe_intermediate_size: int
-    expert_bytes_per_param: float
-    shared_bytes_per_param: float
-    dispatch_bytes_per_copy: float
-    combine_bytes_per_copy: float
+    model_config = STRICT
+    name: str = Field(min_length=1, max_length=200)
+    num_moe_layers: int = Field(ge=1, le=10_000)
+    num_experts: int = Field(ge=1, le=65_536)
+    top_k: int = Field(ge=1, le=65_536)
+    num_shared_experts: int = Field(ge=0, le=1024)
+    hidden_size: int = Field(ge=1, le=1_000_000)
+    moe_intermediate_size: int = Field(ge=1, le=1_000_000)
+    expert_bytes_per_param: float = Field(gt=0, le=16)
+    shared_bytes_per_param: float = Field(ge=0, le=16)
+    dispatch_bytes_per_copy: float = Field(gt=0, le=1e9)
+    combine_bytes_per_copy: float = Field(gt=0, le=1e9)
 
 
 class HardwareSpecIn(BaseModel):
     """A GPU spec: FLOP/s, bytes and bytes per second."""
 
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    dense_flops: float
-    hbm_bandwidth: float
-    hbm_capacity: float
-    nvlink_bandwidth: float
-    nic_bandwidth: float
+    model_config = STRICT
+    name: str = Field(min_length=1, max_length=200)
+    dense_flops: float = Field(gt=0, le=1e19)
+    hbm_bandwidth: float = Field(gt=0, le=1e15)
+    hbm_capacity: float = Field(gt=0, le=1e15)
+    nvlink_bandwidth: float = Field(gt=0, le=1e15)
+    nic_bandwidth: float = Field(gt=0, le=1e15)
 
 
 class ClusterIn(BaseModel):
     """The EP group. Give at most one of slots_per_gpu, num_redundant, memory_budget_bytes
     (none: one redundant expert per GPU)."""
 
-    model_config = ConfigDict(extra="forbid")
-    num_gpus: int = Field(ge=1, le=4096, description="GPUs in the expert-parallel group")
-    gpus_per_node: int | None = Field(None, ge=1, le=4096, description="GPUs per node (hierarchical policy)")
-    num_groups: int | None = Field(None, ge=1, le=4096, description="expert groups (hierarchical policy)")
-    slots_per_gpu: int | list[int] | None = Field(None, description="expert slots: one count or one per GPU")
+    model_config = STRICT
+    num_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the expert-parallel group")
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node (hierarchical policy)")
+    num_groups: int | None = Field(None, ge=1, le=65_536, description="expert groups (hierarchical policy)")
+    slots_per_gpu: SlotCount | Annotated[list[SlotCount], Field(min_length=1, max_length=MAX_GPUS)] | None = Field(
+        None, description="expert slots (0 to 4096): one count or one per GPU"
+    )
     num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
-    memory_budget_bytes: float | list[float] | None = Field(
-        None, description="bytes of expert weights each GPU may hold: one number or one per GPU"
+    memory_budget_bytes: Bytes | Annotated[list[Bytes], Field(min_length=1, max_length=MAX_GPUS)] | None = Field(
+        None, description="bytes of expert weights each GPU may hold (up to 1e15): one number or one per GPU"
     )
 
     @model_validator(mode="after")
@@ -62,25 +78,33 @@ class ClusterIn(BaseModel):
 
 
 class PlacementIn(BaseModel):
-    """A placement as `POST /placement` returns it (docs/formats.md)."""
+    """A placement as `POST /placement` returns it (docs/formats.md); phy2log and slots_per_gpu suffice."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
+    format: str | None = Field(None, max_length=100)
     phy2log: list[list[int]]
-    slots_per_gpu: list[int]
-    num_experts: int | None = None
+    slots_per_gpu: list[SlotCount] = Field(max_length=MAX_GPUS)
+    num_experts: int | None = Field(None, ge=1, le=65_536)
+    num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS)
+    replicas: list[list[int]] | None = None
     shares: list[list[float]] | None = None
 
 
 class CostIn(BaseModel):
     """What the time prediction needs."""
 
-    model: str | ModelSpecIn = Field(
-        "deepseek-v3", description="model preset name (GET /presets) or a full spec object"
+    model_config = STRICT
+    model: str | ModelSpecIn | None = Field(
+        None,
+        description="model preset name (GET /presets) or a full spec object; absent: the preset with the "
+        "window's expert count (and layer count when several match), or, when none matches, no time prediction",
     )
     hardware: str | HardwareSpecIn = Field("b200", description="GPU preset name or a full spec object")
-    link: str = Field("nvlink", description="all-to-all link: nvlink, nic, or GB/s per GPU per direction")
+    link: str = Field(
+        "nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s per GPU per direction"
+    )
     tokens_per_gpu: float | None = Field(
-        None, gt=0, description="tokens per GPU in one step; absent: the window is taken as one step"
+        None, gt=0, le=1e9, description="tokens per GPU in one step; absent: the window is taken as one step"
     )
     overlap: bool = Field(True, description="comm overlaps the GEMMs (two micro-batches)")
 
@@ -89,7 +113,8 @@ class PlacementRequest(CostIn):
     """Where should the experts go next, given the load the cluster saw over a window?"""
 
     model_config = ConfigDict(
-        populate_by_name=True,
+        extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {
@@ -104,7 +129,7 @@ class PlacementRequest(CostIn):
         },
     )
     cluster: ClusterIn
-    loads: list[list[float]] = Field(description="[layers][E] tokens routed to each expert over the window")
+    loads: Loads
     solver: Literal["greedy", "milp"] = "greedy"
     time_limit_s: float | None = Field(
         None, gt=0, le=3600, description="MILP: time budget for the whole request, seconds"
@@ -121,6 +146,8 @@ class EvaluateRequest(CostIn):
     """How good is this placement on this window?"""
 
     model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {
@@ -130,10 +157,10 @@ class EvaluateRequest(CostIn):
                     "loads": EXAMPLE_LOADS,
                 }
             ]
-        }
+        },
     )
     placement: PlacementIn
-    loads: list[list[float]] = Field(description="[layers][E] tokens routed to each expert over the window")
+    loads: Loads
 
 
 class Problem(BaseModel):
@@ -147,72 +174,6 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = Field(None, description="field-level errors: {field, message}")
 
 
-class PlacementOut(BaseModel):
-    """A placement file's object (docs/formats.md)."""
-
-    format: str = Field(description="eplb.placement/v1")
-    num_experts: int
-    num_gpus: int
-    slots_per_gpu: list[int] = Field(description="[G] slots on each GPU")
-    phy2log: list[list[int]] = Field(description="[layers][sum(slots)] logical expert per slot, GPU by GPU")
-    replicas: list[list[int]] = Field(description="[layers][E] replicas per expert")
-    shares: list[list[float]] | None = Field(None, description="[layers][slots] token shares (weighted only)")
-
-
-class Balance(BaseModel):
-    """Per-layer balance, and the predicted per-layer time when a model is known. Times in microseconds."""
-
-    lb: list[float] = Field(description="max GPU load / mean GPU load, per layer (1.0 is perfect)")
-    balancedness: list[float] = Field(description="mean / max per layer (vLLM's and SGLang's number)")
-    imbalance: list[float] = Field(description="(max - mean) / mean per layer (TensorRT-LLM's number)")
-    lb_mean: float
-    lb_max: float
-    time_us: list[float] | None = Field(None, description="predicted layer time: the slowest GPU")
-    compute_us: list[float] | None = None
-    weight_read_us: list[float] | None = None
-    comm_us: list[float] | None = None
-    bottleneck: list[str] | None = Field(None, description="compute, weight_read or comm, per layer")
-    total_time_us: float | None = Field(None, description="sum over layers: MoE time of one step")
-    tokens_per_gpu: list[float] | None = None
-
-
-class Predicted(Balance):
-    """The placement's numbers, with the no-EPLB baseline (contiguous, no redundancy) beside them."""
-
-    baseline: Balance
-
-
-class SolverOut(BaseModel):
-    """What the solver did. bound is a lower bound on lb per layer; gap = (lb - bound) / lb."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str
-    status: str = Field(description="heuristic (greedy), or optimal / feasible / time_limit / greedy_fallback")
-    wall_ms: float
-    bound: list[float]
-    gap: list[float]
-    layer_ms: list[float] | None = None
-    layer_status: list[str] | None = None
-    time_limit_s_per_layer: float | None = None
-
-
-class Moves(BaseModel):
-    """Expert weights copied onto GPUs to go from the current placement to this one."""
-
-    per_layer: list[int]
-    total: int
-    bytes_moved: float | None
-
-
-class PlacementResponse(BaseModel):
-    """The placement, its predicted balance and time next to the no-EPLB baseline, and solver facts."""
-
-    placement: PlacementOut
-    predicted: Predicted
-    solver: SolverOut | None = None
-    moves: Moves | None = None
-
-
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
@@ -220,8 +181,17 @@ class Job(BaseModel):
     """A long solve run in the background."""
 
     id: str
-    status: JobStatus
+    status: JobStatus = Field(description="queued: waiting for a solver worker; running: a worker has it")
     created_at: float
+    started_at: float | None = None
     finished_at: float | None = None
     result: PlacementResponse | None = Field(None, description="when done: the body POST /placement answers")
     error: Problem | None = None
+
+
+class JobList(BaseModel):
+    """The jobs kept now, newest first, without their results (GET /jobs/{id} has them)."""
+
+    jobs: list[Job]
+    active: int = Field(description="queued and running jobs (these count against EPLB_MAX_JOBS)")
+    max_jobs: int

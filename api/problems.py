@@ -1,0 +1,119 @@
+"""Errors as RFC 9457 problem details (`application/problem+json`): the exception routes raise, the
+response they become, the handlers that render every other error the same way, and the error responses
+the OpenAPI schema documents."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.routing import Match
+
+from api.schemas import Problem
+from eplb.errors import EplbError
+
+PROBLEM = "application/problem+json"
+
+
+class ProblemError(Exception):
+    """Raised by routes and dependencies; rendered as problem details."""
+
+    def __init__(
+        self, status: int, title: str, detail: str, headers: dict[str, str] | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail, self.headers, self.errors = status, title, detail, headers, errors
+
+    def problem(self, instance: str | None = None) -> Problem:
+        return Problem(title=self.title, status=self.status, detail=self.detail, instance=instance, errors=self.errors)
+
+
+def problem_body(status: int, title: str, detail: str, instance: str | None = None,
+                 errors: list[dict[str, Any]] | None = None) -> bytes:
+    """The JSON bytes of one problem."""
+    problem = Problem(title=title, status=status, detail=detail, instance=instance, errors=errors)
+    return orjson.dumps(problem.model_dump(exclude_none=True))
+
+
+def problem_response(
+    status: int, title: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None,
+    errors: list[dict[str, Any]] | None = None,
+) -> Response:
+    return Response(problem_body(status, title, detail, instance, errors), status_code=status, media_type=PROBLEM,
+                    headers=headers)
+
+
+def unauthorized() -> ProblemError:
+    return ProblemError(401, "Unauthorized", "send 'Authorization: Bearer <key>' with the service's API key",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
+def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """pydantic's errors as {field, message}: the dotted path into the body (never 'body' itself)."""
+    out = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        out.append({"field": ".".join(loc) or "body", "message": str(err.get("msg", "invalid"))})
+    return out
+
+
+def invalid(errors: list[dict[str, str]]) -> ProblemError:
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    return ProblemError(422, "Invalid request", detail, errors=errors)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Render ProblemError, FastAPI's validation errors, HTTP errors and EplbError as problem details."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> Response:
+        return problem_response(exc.status, exc.title, exc.detail, request.url.path, exc.headers, exc.errors)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        error = invalid(field_errors(exc.errors()))
+        return problem_response(422, error.title, error.detail, request.url.path, errors=error.errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Allow: every route's methods on this path, not just the first route's
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return problem_response(exc.status_code, str(exc.detail), str(exc.detail), request.url.path, headers)
+
+    @app.exception_handler(EplbError)
+    async def _eplb(request: Request, exc: EplbError) -> Response:
+        return problem_response(422, "Invalid request", str(exc), request.url.path)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route answers on the request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error statuses (rendered as problem+json by app.openapi)."""
+    return {status: {"model": Problem, "description": ERRORS[status]} for status in statuses}
+
+
+ERRORS = {
+    400: "the body is not valid JSON (or not a valid .npy array)",
+    401: "missing or wrong API key",
+    404: "no such resource",
+    413: "request body too large",
+    415: "unsupported Content-Type: send application/json (or application/x-npy loads)",
+    422: "invalid input; `errors` names the fields",
+    500: "the solver failed",
+    503: "every solver is busy and the queue is full, or too many jobs; retry after Retry-After",
+}

@@ -1,0 +1,40 @@
+"""Background solves: list, poll, cancel. The store behind them is `api.deps.get_jobs` (api/jobs.py)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from api.deps import JobsDep, SettingsDep, require_key
+from api.problems import ProblemError, documented
+from api.schemas import Job, JobList
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def no_such_job(job_id: str) -> ProblemError:
+    return ProblemError(404, "No such job", f"job {job_id!r} does not exist or has expired")
+
+
+@router.get("", response_model=JobList, response_model_exclude_none=True, responses=documented(401),
+            summary="The jobs kept now, newest first (results at /jobs/{id})", dependencies=[Depends(require_key)])
+async def list_jobs(jobs: JobsDep, settings: SettingsDep) -> JobList:
+    return JobList(jobs=await jobs.list(), active=await jobs.active(), max_jobs=settings.max_jobs)
+
+
+@router.get("/{job_id}", response_model=Job, response_model_exclude_none=True, responses=documented(404),
+            summary="Status and result of a job")
+async def get_job(job_id: str, jobs: JobsDep) -> Job:
+    job = await jobs.get(job_id)
+    if job is None:
+        raise no_such_job(job_id)
+    return job
+
+
+@router.delete("/{job_id}", response_model=Job, response_model_exclude_none=True, responses=documented(401, 404),
+               summary="Cancel a job (a running solve's worker is stopped and replaced)",
+               dependencies=[Depends(require_key)])
+async def cancel_job(job_id: str, jobs: JobsDep) -> Job:
+    job = await jobs.cancel(job_id)
+    if job is None:
+        raise no_such_job(job_id)
+    return job

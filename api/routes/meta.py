@@ -1,0 +1,40 @@
+"""Presets, health and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from api.deps import MetricsDep, PoolDep, SettingsDep
+from api.problems import documented, problem_response
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+router = APIRouter(tags=["meta"])
+
+
+@router.get("/presets", summary="Model and hardware presets")
+async def presets() -> dict[str, Any]:
+    return {
+        "models": {name: spec.to_dict() for name, spec in MODEL_PRESETS.items()},
+        "hardware": {name: spec.to_dict() for name, spec in HARDWARE_PRESETS.items()},
+    }
+
+
+@router.get("/healthz", summary="The process is up")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Solvers are ready and the queue has room", responses=documented(503))
+async def readyz(pool: PoolDep, settings: SettingsDep) -> Any:
+    if not pool.has_room():
+        return problem_response(503, "Not ready", "the solver queue is full", "/readyz",
+                                {"Retry-After": str(settings.retry_after_s)})
+    return {"status": "ready", "workers": pool.size, "running": pool.running, "waiting": pool.waiting}
+
+
+@router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
+async def prometheus(metrics: MetricsDep) -> PlainTextResponse:
+    return PlainTextResponse(metrics.render(), media_type=metrics.content_type)

@@ -1,0 +1,136 @@
+"""POST /placement and POST /evaluate: the body goes, as bytes, to a solver process (api/convert.py) that
+parses, validates, solves and serializes; this side only checks the Content-Type and moves bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from api import convert
+from api.deps import Authorized, JobsDep, MetricsDep, PoolDep, SettingsDep
+from api.jobs import JobWork, TooManyJobs
+from api.metrics import Metrics
+from api.pool import QueueFull, SolvePool, WorkerDied
+from api.problems import PROBLEM, ProblemError, documented
+from api.schemas import EvaluateRequest, Job, PlacementRequest
+from api.settings import Settings
+from eplb.schemas import PlacementResponse
+
+router = APIRouter(tags=["placement"], dependencies=Authorized)
+
+JSON = "application/json"
+NPY = "application/x-npy"
+RequestFields = Annotated[
+    str | None,
+    Query(alias="request", description="with an application/x-npy body (the loads): the request's other "
+          "fields as a JSON object, e.g. {\"cluster\": {\"num_gpus\": 32}}"),
+]
+
+
+def body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI requestBody: the model as JSON, or the loads as a .npy array (`api.app` adds the model's
+    schema to the components)."""
+    return {"requestBody": {"required": True, "content": {
+        JSON: {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}},
+        NPY: {"schema": {"type": "string", "format": "binary",
+                         "description": "loads [layers, E] as a NumPy .npy array (integers or floats)"}},
+    }}}
+
+
+async def read_body(request: Request, fields: str | None) -> convert.Body:
+    """The body and its kind; 415 for any Content-Type but JSON and .npy."""
+    content_type = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
+    if content_type in (JSON, "") or content_type.endswith("+json"):
+        if fields is not None:
+            raise ProblemError(422, "Invalid request", "request: only with an application/x-npy body",
+                               errors=[{"field": "request", "message": "only with an application/x-npy body"}])
+        return convert.Body(await request.body(), "json", request.url.path)
+    if content_type == NPY:
+        return convert.Body(await request.body(), "npy", request.url.path, fields)
+    raise ProblemError(415, "Unsupported Media Type",
+                       f"send the request as {JSON} (or the loads as {NPY}), not {content_type}")
+
+
+def busy(settings: Settings) -> ProblemError:
+    return ProblemError(503, "Service busy", "every solver worker is busy and the wait queue is full",
+                        headers={"Retry-After": str(settings.retry_after_s)})
+
+
+async def in_pool(pool: SolvePool, settings: Settings, fn: Any, token: int | None = None,
+                  on_start: Callable[[], None] | None = None, **kwargs: Any) -> convert.Answer:
+    """Run a worker entry point of api/convert.py; pool failures become problems."""
+    try:
+        answer: convert.Answer = await pool.submit(fn, pool.token() if token is None else token, on_start, **kwargs)
+    except QueueFull:
+        raise busy(settings) from None
+    except WorkerDied as exc:
+        raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
+    except RuntimeError as exc:
+        raise ProblemError(500, "Solver failed", str(exc)) from None
+    return answer
+
+
+def respond(answer: convert.Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type=JSON if answer.status < 400 else PROBLEM)
+
+
+@router.post(
+    "/placement",
+    response_model=PlacementResponse,
+    response_model_exclude_none=True,
+    summary="Compute a placement for a load window",
+    openapi_extra=body_doc(PlacementRequest),
+    responses={202: {"model": Job, "description": "accepted as a job; poll Location"},
+               **documented(400, 401, 413, 415, 422, 500, 503)},
+)
+async def placement(request: Request, settings: SettingsDep, pool: PoolDep, jobs: JobsDep, metrics: MetricsDep,
+                    fields: RequestFields = None) -> Response:
+    body = await read_body(request, fields)
+    limits = convert.Limits(settings.milp_default_time_limit_s, settings.async_threshold_s)
+    answer = await in_pool(pool, settings, convert.answer_placement, body=body, limits=limits)
+    if answer.job is None:
+        if answer.solver is not None:
+            metrics.solved(answer.solver, answer.seconds, answer.lb)
+        return respond(answer)
+    if not pool.has_room():
+        raise busy(settings)
+    try:
+        job = await jobs.submit(background(answer.job, pool, settings, metrics))
+    except TooManyJobs:
+        raise ProblemError(503, "Too many jobs", f"{settings.max_jobs} jobs are queued or running; retry later",
+                           headers={"Retry-After": str(settings.retry_after_s)}) from None
+    return Response(orjson.dumps(job.model_dump(mode="json", exclude_none=True)), status_code=202,
+                    media_type=JSON, headers={"Location": f"/jobs/{job.id}"})
+
+
+def background(job: convert.SolveJob, pool: SolvePool, settings: Settings, metrics: Metrics) -> JobWork:
+    """A validated solve as work for the job store."""
+    token = pool.token()
+
+    async def run(started: Callable[[], None]) -> dict[str, Any]:
+        answer = await in_pool(pool, settings, convert.answer_job, token, started, job=job)
+        data: dict[str, Any] = orjson.loads(answer.body)
+        if answer.status != 200:
+            raise ProblemError(answer.status, data["title"], data["detail"], errors=data.get("errors"))
+        metrics.solved(job.solver, answer.seconds, answer.lb)
+        return data
+
+    return JobWork(run=run, cancel=lambda: pool.cancel(token))
+
+
+@router.post(
+    "/evaluate",
+    response_model=PlacementResponse,
+    response_model_exclude_none=True,
+    summary="Balance and predicted time of a given placement",
+    openapi_extra=body_doc(EvaluateRequest),
+    responses=documented(400, 401, 413, 415, 422, 500, 503),
+)
+async def evaluate(request: Request, settings: SettingsDep, pool: PoolDep, fields: RequestFields = None) -> Response:
+    body = await read_body(request, fields)
+    return respond(await in_pool(pool, settings, convert.answer_evaluate, body=body))

@@ -1,0 +1,80 @@
+"""The answer shapes, defined once: `eplb solve|evaluate --json` prints them and `POST /placement|/evaluate`
+returns them (the pydantic models are also the OpenAPI schema). `Outcome.to_model()` in eplb/solve.py builds
+them. Times are in microseconds, loads in tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PlacementOut(BaseModel):
+    """A placement file's object (docs/formats.md)."""
+
+    format: str = Field(description="eplb.placement/v1")
+    num_experts: int
+    num_gpus: int
+    slots_per_gpu: list[int] = Field(description="[G] slots on each GPU")
+    phy2log: list[list[int]] = Field(description="[layers][sum(slots)] logical expert per slot, GPU by GPU")
+    replicas: list[list[int]] = Field(description="[layers][E] replicas per expert")
+    shares: list[list[float]] | None = Field(None, description="[layers][slots] token shares (weighted only)")
+
+
+class Balance(BaseModel):
+    """Per-layer balance, and the predicted per-layer time when a model is known. Times in microseconds."""
+
+    lb: list[float] = Field(description="max GPU load / mean GPU load, per layer (1.0 is perfect)")
+    balancedness: list[float] = Field(description="mean / max per layer (vLLM's and SGLang's number)")
+    imbalance: list[float] = Field(description="(max - mean) / mean per layer (TensorRT-LLM's number)")
+    lb_mean: float
+    lb_max: float
+    time_us: list[float] | None = Field(None, description="predicted layer time: the slowest GPU")
+    compute_us: list[float] | None = None
+    weight_read_us: list[float] | None = None
+    comm_us: list[float] | None = None
+    bottleneck: list[str] | None = Field(None, description="compute, weight_read or comm, per layer")
+    total_time_us: float | None = Field(None, description="sum over layers: MoE time of one step")
+    tokens_per_gpu: list[float] | None = None
+
+
+class Predicted(Balance):
+    """The placement's numbers, with the no-EPLB baseline (contiguous, no redundancy) beside them."""
+
+    baseline: Balance
+
+
+class SolverOut(BaseModel):
+    """What the solver did. bound is a lower bound on lb per layer; gap = (lb - bound) / lb."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    status: str = Field(description="heuristic (greedy), or optimal / feasible / time_limit / greedy_fallback")
+    wall_ms: float
+    bound: list[float]
+    gap: list[float]
+    layer_ms: list[float] | None = None
+    layer_status: list[str] | None = None
+    time_limit_s_per_layer: float | None = None
+
+
+class Moves(BaseModel):
+    """Expert weights copied onto GPUs to go from the current placement to this one."""
+
+    per_layer: list[int]
+    total: int
+    bytes_moved: float | None
+
+
+class PlacementResponse(BaseModel):
+    """The placement, its predicted balance and time next to the no-EPLB baseline, and solver facts."""
+
+    placement: PlacementOut
+    predicted: Predicted
+    solver: SolverOut | None = None
+    moves: Moves | None = None
+    plan: dict[str, Any] | None = Field(None, description="migration plan, when one was asked for")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON object (absent fields left out): what `--json` prints and the API answers."""
+        return self.model_dump(mode="json", exclude_none=True)
