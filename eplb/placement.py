@@ -4,6 +4,10 @@ A placement holds, per MoE layer, `phy2log[layer, slot]`: the logical expert in 
 Slots are numbered GPU by GPU; GPU g owns a contiguous run of `slots_per_gpu[g]` slots (DeepSeek EPLB's
 and vLLM's convention). `log2phy` and `replicas` are derived from it. Optional `shares[layer, slot]`
 say what fraction of its expert's tokens each slot serves (absent: uniform, 1 / replicas).
+
+An entry of -1 (`EMPTY_SLOT`) is an empty slot, as vLLM marks the slots of ranks that are absent while it
+scales EP up or down: it holds no expert's weights, serves no tokens (share 0) and is no replica; it still
+counts in `slots_per_gpu`. Every logical expert still needs a replica in every layer.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from solvers.validation import InvalidPlacement, replica_counts, slot_gpu, validate_placement
+from eplb.io.files import existing_file, output_file
+from solvers.validation import EMPTY_SLOT, InvalidPlacement, replica_counts, slot_gpu, validate_placement
 
 FORMAT = "eplb.placement/v1"
 
@@ -26,7 +31,7 @@ FORMAT = "eplb.placement/v1"
 class Placement:
     """A validated expert placement for every MoE layer.
 
-    phy2log: [layers, num_physical] int64 logical expert per slot; slots_per_gpu: [G] int64;
+    phy2log: [layers, num_physical] int64 logical expert per slot (-1: empty slot); slots_per_gpu: [G] int64;
     num_experts: E; shares: [layers, num_physical] float64 or None for uniform shares.
     """
 
@@ -65,6 +70,11 @@ class Placement:
         return int(self.phy2log.shape[1])
 
     @property
+    def empty_slots(self) -> NDArray[np.bool_]:
+        """Slots that hold no expert (-1 in phy2log): [layers, num_physical]."""
+        return np.asarray(self.phy2log == EMPTY_SLOT)
+
+    @property
     def slot_gpu(self) -> NDArray[np.int64]:
         """GPU of every slot: [num_physical]."""
         return slot_gpu(self.slots_per_gpu)
@@ -76,26 +86,29 @@ class Placement:
 
     @property
     def log2phy(self) -> NDArray[np.int64]:
-        """Slots of each logical expert: [layers, E, max replicas], padded with -1, slots ascending."""
+        """Slots of each logical expert: [layers, E, max replicas], padded with -1, slots ascending
+        (empty slots appear nowhere)."""
         layers, num_physical = self.phy2log.shape
         width = int(self.replicas.max())
-        order = np.argsort(self.phy2log, axis=1, kind="stable")
+        order = np.argsort(self.phy2log, axis=1, kind="stable")  # empty slots (-1) sort first
         sorted_experts = np.take_along_axis(self.phy2log, order, axis=1)
+        held = sorted_experts != EMPTY_SLOT
         first = np.zeros((layers, self.num_experts), dtype=np.int64)
         counts = self.replicas
         first[:, 1:] = np.cumsum(counts, axis=1)[:, :-1]
-        rank = np.arange(num_physical)[None, :] - np.take_along_axis(first, sorted_experts, axis=1)
+        empties = (~held).sum(axis=1, keepdims=True)
+        rank = np.arange(num_physical)[None, :] - empties - np.take_along_axis(first, sorted_experts.clip(0), axis=1)
         out = np.full((layers, self.num_experts, width), -1, dtype=np.int64)
         rows = np.repeat(np.arange(layers), num_physical)
-        out[rows, sorted_experts.ravel(), rank.ravel()] = order.ravel()
+        out[rows[held.ravel()], sorted_experts[held], rank[held]] = order[held]
         return out
 
     def slot_shares(self) -> NDArray[np.float64]:
-        """Fraction of its expert's tokens each slot serves: [layers, num_physical]."""
+        """Fraction of its expert's tokens each slot serves: [layers, num_physical] (0 for empty slots)."""
         if self.shares is not None:
             return self.shares
-        counts = np.take_along_axis(self.replicas, self.phy2log, axis=1)
-        return 1.0 / counts
+        counts = np.take_along_axis(self.replicas, self.phy2log.clip(0), axis=1)
+        return np.where(self.empty_slots, 0.0, 1.0 / counts)
 
     def to_dict(self) -> dict[str, Any]:
         """The placement file's JSON object (see docs/formats.md)."""
@@ -139,14 +152,12 @@ class Placement:
 
 def save_placement(placement: Placement, path: str | Path) -> None:
     """Write a placement file (JSON)."""
-    Path(path).write_text(json.dumps(placement.to_dict()) + "\n")
+    output_file(path).write_text(json.dumps(placement.to_dict()) + "\n")
 
 
 def load_placement(path: str | Path) -> Placement:
     """Read a placement file written by `save_placement` (or any JSON with the same fields)."""
-    p = Path(path)
-    if not p.is_file():
-        raise EplbError(f"placement file not found: {p}")
+    p = existing_file(path, "placement file")
     try:
         data = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+EMPTY_SLOT = -1
+"""phy2log value of an empty slot (vLLM's convention for slots of absent ranks): it holds no expert's weights
+and serves no tokens; it still counts in slots_per_gpu."""
+
 
 class InvalidPlacement(ValueError):
     """A placement that breaks an invariant (missing expert, wrong slot count, bad shares)."""
@@ -17,10 +21,11 @@ def slot_gpu(slots_per_gpu: NDArray[np.int64]) -> NDArray[np.int64]:
 
 
 def replica_counts(phy2log: NDArray[np.int64], num_experts: int) -> NDArray[np.int64]:
-    """Replicas of each logical expert: [layers, E] from phy2log [layers, num_physical]."""
+    """Replicas of each logical expert: [layers, E] from phy2log [layers, num_physical]; empty slots (-1) hold none."""
     layers = phy2log.shape[0]
     flat = phy2log + (np.arange(layers, dtype=np.int64) * num_experts)[:, None]
-    return np.bincount(flat.ravel(), minlength=layers * num_experts).reshape(layers, num_experts)
+    held = phy2log != EMPTY_SLOT
+    return np.bincount(flat[held], minlength=layers * num_experts).reshape(layers, num_experts)
 
 
 def validate_placement(
@@ -31,7 +36,7 @@ def validate_placement(
 ) -> None:
     """Raise InvalidPlacement unless the placement is servable.
 
-    phy2log: [layers, num_physical] logical expert in each slot; slots_per_gpu: [G], each >= 1,
+    phy2log: [layers, num_physical] logical expert in each slot, or -1 for an empty slot; slots_per_gpu: [G], each >= 1,
     summing to num_physical; shares: optional [layers, num_physical] fraction of its expert's tokens
     each slot serves (>= 0, summing to 1 over each expert's replicas).
     """
@@ -46,8 +51,11 @@ def validate_placement(
         )
     if not np.issubdtype(phy2log.dtype, np.integer):
         raise InvalidPlacement(f"phy2log must hold integer expert ids, got {phy2log.dtype}")
-    if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= num_experts):
-        raise InvalidPlacement(f"phy2log holds ids outside 0..{num_experts - 1}")
+    wrong = np.argwhere((phy2log < EMPTY_SLOT) | (phy2log >= num_experts))
+    if wrong.size:
+        layer, slot = (int(v) for v in wrong[0])
+        raise InvalidPlacement(f"phy2log[{layer}][{slot}] is {int(phy2log[layer, slot])}: expert ids run "
+                               f"0..{num_experts - 1} (-1 marks an empty slot)")
     counts = replica_counts(phy2log.astype(np.int64), num_experts)
     missing = np.argwhere(counts == 0)
     if missing.size:
@@ -61,9 +69,14 @@ def validate_placement(
         raise InvalidPlacement(f"shares has shape {shares.shape}, phy2log {phy2log.shape}")
     if not np.all(np.isfinite(shares)) or np.any(shares < 0):
         raise InvalidPlacement("shares must be finite and >= 0")
+    held = phy2log != EMPTY_SLOT
+    if np.any(shares[~held] != 0):
+        layer, slot = (int(v) for v in np.argwhere(~held & (shares != 0))[0])
+        raise InvalidPlacement(f"slot {slot} of layer {layer} is empty (-1) but has share {shares[layer, slot]:g}; "
+                               "an empty slot serves no tokens (share 0)")
     layers = phy2log.shape[0]
     flat = phy2log.astype(np.int64) + (np.arange(layers, dtype=np.int64) * num_experts)[:, None]
-    totals = np.bincount(flat.ravel(), weights=shares.ravel(), minlength=layers * num_experts)
+    totals = np.bincount(flat[held], weights=shares[held], minlength=layers * num_experts)
     bad = np.flatnonzero(np.abs(totals - 1.0) > 1e-6)
     if bad.size:
         layer, expert = divmod(int(bad[0]), num_experts)
@@ -78,5 +91,5 @@ def duplicate_count(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
     gpus = slot_gpu(slots_per_gpu)
     num_experts = int(phy2log.max()) + 1 if phy2log.size else 1
     key = (gpus[None, :] * num_experts + phy2log).astype(np.int64)
-    key = np.sort(key, axis=1)
+    key = np.sort(np.where(phy2log == EMPTY_SLOT, -1 - np.arange(phy2log.shape[1]), key), axis=1)  # empties differ
     return np.asarray((key[:, 1:] == key[:, :-1]).sum(axis=1), dtype=np.int64).reshape(layers)

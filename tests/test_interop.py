@@ -204,6 +204,22 @@ def test_placement_detection_errors(tmp_path: Path) -> None:
         read_placement_any(tmp_path / "missing.json")
 
 
+def test_empty_slots_read_and_export(tmp_path: Path) -> None:
+    """vLLM marks slots of absent ranks with -1: our files and SGLang-style maps keep them; only eplb's own
+    format can carry them out, the serving systems' formats need an expert in every slot."""
+    table = [[0, 1, 2, 3, -1, -1], [3, 2, 1, 0, -1, -1]]
+    (tmp_path / "vllm_map.json").write_text(json.dumps({"physical_to_logical_map": table}))
+    foreign = read_placement_any(tmp_path / "vllm_map.json", num_gpus=3)
+    assert foreign.empty_slots.sum() == 4 and foreign.replicas.tolist() == [[1, 1, 1, 1]] * 2
+    assert json.loads(export_text(foreign, "json"))["phy2log"] == table
+    for target in ("sglang", "trtllm", "vllm-ascend"):
+        with pytest.raises(EplbError, match=r"slot 4 of layer 0 is empty \(-1\); re-solve .* or export --to json"):
+            export_text(foreign, target)
+    (tmp_path / "neg.json").write_text(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, -2, -1]]}))
+    with pytest.raises(EplbError, match=r"or -1 for an empty slot"):
+        read_placement_any(tmp_path / "neg.json", num_gpus=3)
+
+
 # ---------------------------------------------------------------------------------------------- loads in
 
 
@@ -317,6 +333,14 @@ def test_vllm_counts_and_physical_folding(tmp_path: Path) -> None:
     assert folded.window.tolist() == [[6, 8, 3, 4], [1, 1, 2, 2]]
     np.save(tmp_path / "phys.npy", window)
     assert read_vllm_loads([tmp_path / "phys.npy"], phy2log=np.array(PHY2LOG)).window.tolist() == folded.window.tolist()
+    # vLLM's -1 (empty slot, no weights) folds nowhere; a count recorded there means the wrong map
+    empty_map = np.array([[0, 1, 2, 3, -1, -1], PHY2LOG[1]])
+    window_with_empty = np.array([[[1, 2, 3, 4, 0, 0], [1, 1, 1, 1, 1, 1]]])
+    assert fold_physical(window_with_empty.astype(float), empty_map)[0].tolist() == [[1, 2, 3, 4], [1, 1, 2, 2]]
+    with pytest.raises(EplbError, match=r"slot 4 of layer 0 is empty \(-1\) in the map but counted 5 tokens"):
+        fold_physical(window.astype(float), empty_map)
+    with pytest.raises(EplbError, match="physical_to_logical_map holds -2"):
+        fold_physical(window.astype(float), np.array([[0, 1, 2, 3, -2, 0], PHY2LOG[1]]))
     with pytest.raises(EplbError, match="counts have 2 layers x 6 slots but the physical_to_logical_map is"):
         fold_physical(window.astype(float), np.array([PHY2LOG[0]]))
     (tmp_path / "bad.json").write_text(json.dumps({"steps": []}))

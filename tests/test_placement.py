@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eplb.budget import GIB, slots_per_gpu, spread_evenly
+from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.evaluate import balance, contiguous_placement
 from eplb.io.windows import read_window
@@ -29,7 +31,10 @@ def test_derived_views() -> None:
     [
         ([[0, 1, 1, 1]], [2, 2], None, "expert 2 has no replica in layer 0"),
         ([[0, 1, 2]], [2, 2], None, "slots_per_gpu sums to 4"),
-        ([[0, 1, 2, 7]], [2, 2], None, "outside 0..2"),
+        ([[0, 1, 2, 7]], [2, 2], None, r"phy2log\[0\]\[3\] is 7: expert ids run 0..2"),
+        ([[0, 1, 2, -2]], [2, 2], None, r"phy2log\[0\]\[3\] is -2: expert ids run 0..2 \(-1 marks an empty slot\)"),
+        ([[0, 1, -1, -1]], [2, 2], None, "expert 2 has no replica in layer 0"),
+        ([[0, 1, 2, -1]], [2, 2], [[1, 1, 1, 0.5]], r"slot 3 of layer 0 is empty \(-1\) but has share 0.5"),
         ([[0, 1, 2, 2]], [4, 0], None, "counts >= 1"),
         ([[0, 1, 2, 2]], [2, 2], [[1, 1, 0.5, 0.4]], "expert 2 in layer 0 sum to 0.900000"),
     ],
@@ -152,3 +157,98 @@ def test_balance_numbers() -> None:
     assert b.lb.tolist() == pytest.approx([40 / 30, 1.0])
     assert b.balancedness.tolist() == pytest.approx([0.75, 1.0])
     assert b.imbalance.tolist() == pytest.approx([1 / 3, 0.0])
+
+
+def test_empty_slots_follow_vllm() -> None:
+    """-1 in phy2log is an empty slot (vLLM marks the slots of absent ranks so while EP scales, and skips them
+    when moving weights): it holds no expert, gets no tokens and is no replica, but counts in slots_per_gpu."""
+    p = Placement(np.array([[0, -1, 1, 2, 0, -1]]), np.array([2, 2, 2]), 3)
+    assert p.empty_slots.tolist() == [[False, True, False, False, False, True]]
+    assert p.replicas.tolist() == [[2, 1, 1]]
+    assert p.log2phy.tolist() == [[[0, 4], [2, -1], [3, -1]]]
+    assert p.slot_shares().tolist() == [[0.5, 0.0, 1.0, 1.0, 0.5, 0.0]]
+    loads = np.array([[40.0, 30, 10]])
+    b = balance(loads, p)
+    assert b.gpu_loads.tolist() == [[20, 40, 20]]
+    q = Placement.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert q.phy2log.tolist() == p.phy2log.tolist() and q.replicas.tolist() == [[2, 1, 1]]
+    with pytest.raises(EplbError, match=r"expert ids run 0\.\.2"):
+        Placement(np.array([[0, -3, 1, 2, 0, -1]]), np.array([2, 2, 2]), 3)
+
+
+def test_empty_slots_in_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """evaluate judges a placement with empty slots, time included; solve --current refuses one, naming it."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[40, 30, 10, 20, 10, 10, 20, 20]] * 2}))
+    placement = tmp_path / "p.json"
+    phy2log = np.array([[0, 1, 2, -1, 3, 4, 5, 0, 6, 7, -1, -1]] * 2)
+    save_placement(Placement(phy2log, np.array([4, 4, 4]), 8), placement)
+    assert main(["evaluate", "--loads", str(window), "--placement", str(placement), "--model", "mixtral-8x7b",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # GPU loads 20 + 30 + 10, 20 + 10 + 10 + 20, 20 + 20: lb = 60 / (160 / 3)
+    assert out["predicted"]["lb"] == pytest.approx([1.125, 1.125])
+    full = tmp_path / "full.json"  # the same experts per GPU, no empty slots, one slot fewer on each GPU
+    save_placement(Placement(np.array([[0, 1, 2, 3, 4, 5, 0, 6, 7]] * 2), np.array([3, 4, 2]), 8), full)
+    assert main(["evaluate", "--loads", str(window), "--placement", str(full), "--model", "mixtral-8x7b",
+                 "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert out["predicted"]["time_us"] == pytest.approx(same["predicted"]["time_us"])
+    err = _eplb_error(["solve", "--loads", str(window), "--gpus", "3", "--slots-per-gpu", "4", "--current",
+                       str(placement)], capsys)
+    assert "the current placement has empty slots (-1; layer 0, slot 3)" in err
+
+
+def _eplb_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI, expect exit 2 with one error line (no traceback), return it."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("eplb "), err
+    return err
+
+
+def test_cli_bad_input_and_output_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every file-reading and file-writing option of solve, evaluate, export and import-load: empty files,
+    directories and missing output directories get one line saying which (before any solving)."""
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "folder").mkdir()
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[4, 1, 1, 2], [1, 1, 1, 1]]}))
+    placement = tmp_path / "p.json"
+    save_placement(Placement(np.array([[0, 1, 2, 3], [0, 1, 2, 3]]), np.array([2, 2]), 4), placement)
+    folder, empty = str(tmp_path / "folder"), str(tmp_path / "empty.npz")
+    missing_dir = str(tmp_path / "nope" / "out.json")
+    solve = ["solve", "--loads", str(window), "--gpus", "2", "--slots-per-gpu", "2"]
+    cases = [
+        (["solve", "--loads", empty], "load file .*empty.npz is empty \\(0 bytes\\)"),
+        (["solve", "--loads", folder], "load file .*folder is a directory"),
+        ([*solve, "--current", folder], "placement file .*folder is a directory"),
+        ([*solve, "--out", folder], "--out .*folder is a directory; give a file name inside it"),
+        ([*solve, "--out", missing_dir], "directory .*nope does not exist"),
+        (["evaluate", "--loads", str(window), "--placement", folder], "placement file .*folder is a directory"),
+        (["evaluate", "--loads", str(window), "--placement", empty], "placement file .*empty.npz is empty"),
+        (["export", "--placement", str(placement), "--to", "json", "--out", folder], "is a directory"),
+        (["export", "--placement", str(placement), "--to", "json", "--out", missing_dir], "does not exist"),
+        (["import-load", "--from", "vllm", empty, "--out", str(tmp_path / "x.json")], "empty.npz is empty"),
+        (["import-load", "--from", "vllm", folder, "--out", str(tmp_path / "x.json")], "folder is a directory"),
+        (["import-load", "--from", "sglang", str(window), "--out", missing_dir], "does not exist"),
+        (["replay", folder], "routing log .*folder is a directory"),
+        (["replay", empty], "routing log .*empty.npz is empty"),
+    ]
+    for argv, message in cases:
+        assert re.search(message, _eplb_error(argv, capsys)), argv
+    assert not (tmp_path / "nope").exists()
+
+
+def test_evaluate_names_a_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A placement for another model or window: both shapes, not a missing layer id."""
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "sglang6017-dsv3-prefill-in4096.json")
+    big = tmp_path / "dsv3.json"
+    assert main(["solve", "--loads", fixture, "--out", str(big)]) == 0  # rows labelled model layers 3..60
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"loads": [[4, 1, 1, 2], [1, 1, 1, 1]], "layer_ids": [1, 2]}))
+    capsys.readouterr()
+    err = _eplb_error(["evaluate", "--loads", str(small), "--placement", str(big)], capsys)
+    assert "the placement is 58 layers x 288 slots of 256 experts but the loads are 2 layers x 4 experts" in err
+    err = _eplb_error(["solve", "--loads", str(small), "--gpus", "36", "--current", str(big)], capsys)
+    assert "58 layers x 288 slots of 256 experts but the loads are 2 layers x 4 experts" in err

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eplb.errors import EplbError
 from eplb.io.exports import TARGETS, parse_layer_ids, write_export
+from eplb.io.files import output_file
 from eplb.io.foreign import ForeignPlacement, read_placement_file
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, import_loads, write_loads
 from eplb.placement import Placement
@@ -113,6 +114,7 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    output_file(args.out, "--out")
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
     foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=args.layer_ids)
     placement = foreign.placement
@@ -125,6 +127,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import_load(args: argparse.Namespace) -> int:
+    output_file(args.out, "--out")
     phy2log = None
     if args.placement:
         if args.source_format != "vllm":

@@ -13,7 +13,8 @@ from numpy.typing import NDArray
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.io.exports import write_export
-from eplb.io.foreign import read_placement_any
+from eplb.io.files import output_file
+from eplb.io.foreign import read_placement_for
 from eplb.io.logs import LogInfo
 from eplb.io.windows import LoadWindow, read_window
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
@@ -184,13 +185,16 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
 
 
 def run_solve(args: argparse.Namespace) -> int:
+    if args.out:
+        output_file(args.out, "--out")
     window = read_window(args.loads)
     model = model_for(args, window)
     slots = slots_for(args, window.num_experts, model)
     layer_ids = window.meta.get("layer_ids")
     current = None
     if args.current:
-        current = read_placement_any(args.current, num_gpus=args.gpus, layer_ids=layer_ids)
+        current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
+                                     num_gpus=args.gpus)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
     if not 0 <= args.max_lb_slack <= 1:
@@ -224,7 +228,8 @@ def run_solve(args: argparse.Namespace) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     window = read_window(args.loads)
-    placement = read_placement_any(args.placement, layer_ids=window.meta.get("layer_ids"))
+    placement = read_placement_for(args.placement, window.num_layers, window.num_experts,
+                                   layer_ids=window.meta.get("layer_ids"))
     model = model_for(args, window)
     outcome = evaluate(window.loads, placement, cost_setup(args, model))
     if args.json:

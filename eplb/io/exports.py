@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from eplb.errors import EplbError
+from eplb.io.files import output_file
 from eplb.placement import Placement
 
 TARGETS = ("sglang", "trtllm", "vllm-ascend", "json")
@@ -55,13 +56,14 @@ def parse_layer_ids(text: str) -> list[int]:
 def check_exportable(placement: Placement, target: str) -> None:
     """Raise EplbError unless `target` can express `placement`, saying what to change if not.
 
-    sglang, trtllm and vllm-ascend need the same slot count on every GPU and uniform shares;
+    sglang, trtllm and vllm-ascend need an expert in every slot, the same slot count on every GPU and uniform shares;
     vllm-ascend also needs every GPU to hold distinct experts in every layer.
     """
     if target not in TARGETS:
         raise EplbError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
     if target == "json":
         return
+    _require_no_empty_slots(placement, target)
     _require_uniform_shares(placement, target)
     _equal_slots(placement, target)
     if target == "vllm-ascend":
@@ -172,7 +174,7 @@ def write_export(
 ) -> None:
     """Write `export_text` to `path`; SGLang files must be named *.json (SGLang parses any other
     `--init-expert-location` value as inline JSON)."""
-    p = Path(path)
+    p = output_file(path)
     if target == "sglang" and p.suffix.lower() != ".json":
         raise EplbError(
             f"SGLang reads --init-expert-location as a file only when its name ends in .json; "
@@ -190,6 +192,16 @@ def _equal_slots(placement: Placement, target: str) -> int:
     raise EplbError(
         f"{SYSTEM_NAMES[target]} needs the same number of slots on every GPU ({_EQUAL_SLOTS_REASON[target]}); "
         f"this placement has {int(slots.min())}-{int(slots.max())} per GPU; re-solve with --slots-per-gpu {suggest}"
+    )
+
+
+def _require_no_empty_slots(placement: Placement, target: str) -> None:
+    if not placement.empty_slots.any():
+        return
+    layer, slot = (int(v) for v in np.argwhere(placement.empty_slots)[0])
+    raise EplbError(
+        f"{SYSTEM_NAMES[target]} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1); "
+        "re-solve for the GPUs that serve, or export --to json to keep the empty slots"
     )
 
 

@@ -57,8 +57,24 @@ def read_json(p: Path) -> Any:
         raise EplbError(f"{p}: not valid JSON ({exc})") from None
 
 
-def existing_file(raw: str | Path) -> Path:
+def existing_file(raw: str | Path, what: str = "file") -> Path:
+    """The path of a readable, non-empty file; otherwise an EplbError that says which of those it is not."""
     p = Path(raw)
+    if p.is_dir():
+        raise EplbError(f"{what} {p} is a directory; give a file")
     if not p.is_file():
-        raise EplbError(f"file not found: {p}")
+        raise EplbError(f"{what} not found: {p}")
+    if p.stat().st_size == 0:
+        raise EplbError(f"{what} {p} is empty (0 bytes)")
+    return p
+
+
+def output_file(raw: str | Path, what: str = "output file") -> Path:
+    """The path of a file that can be written: not a directory, in a directory that exists. Call it before
+    the work whose result goes there."""
+    p = Path(raw)
+    if p.is_dir():
+        raise EplbError(f"{what} {p} is a directory; give a file name inside it")
+    if not p.parent.is_dir():
+        raise EplbError(f"{what} {p}: directory {p.parent} does not exist; create it first")
     return p

@@ -14,8 +14,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import int_list, int_table
+from eplb.io.files import existing_file, int_list, int_table
 from eplb.placement import Placement
+from solvers.validation import EMPTY_SLOT
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,30 @@ def read_placement_any(
     return read_placement_file(path, num_gpus=num_gpus, layer_ids=layer_ids).placement
 
 
+def read_placement_for(
+    path: str | Path, num_layers: int, num_experts: int, *, layer_ids: Sequence[int] | None = None,
+    num_gpus: int | None = None,
+) -> Placement:
+    """Read a placement to use with a load window of num_layers x num_experts (its model layers `layer_ids`);
+    a placement of another shape is refused naming both shapes."""
+    try:
+        placement = read_placement_any(path, num_gpus=num_gpus, layer_ids=layer_ids)
+        picked: EplbError | None = None
+    except EplbError as exc:
+        if layer_ids is None:
+            raise
+        placement, picked = read_placement_any(path, num_gpus=num_gpus), exc  # the file's own error, if any
+    if (placement.num_layers, placement.num_experts) != (num_layers, num_experts):
+        raise EplbError(
+            f"{path}: the placement is {placement.num_layers} layers x {placement.num_physical} slots of "
+            f"{placement.num_experts} experts but the loads are {num_layers} layers x {num_experts} experts; "
+            "give the placement solved for these loads"
+        )
+    if picked is not None:  # the right shape, but its rows are other model layers than the loads name
+        raise picked
+    return placement
+
+
 def read_placement_file(
     path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
 ) -> ForeignPlacement:
@@ -47,9 +72,7 @@ def read_placement_file(
     TensorRT-LLM keys are model layers, so this picks rows (e.g. 3..60 for DeepSeek-V3); for our files with a
     `layer_ids` field it picks those rows; otherwise it labels the rows and must match their count.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise EplbError(f"placement file not found: {p}")
+    p = existing_file(path, "placement file")
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -167,8 +190,8 @@ def _from_table(table: NDArray[np.int64], num_gpus: int | None, source: str, sys
 
 
 def _num_experts(table: NDArray[np.int64], source: str) -> int:
-    if table.size == 0 or table.min() < 0:
-        raise EplbError(f"{source}: expert ids must be >= 0")
+    if table.size == 0 or table.min() < EMPTY_SLOT:
+        raise EplbError(f"{source}: expert ids must be >= 0 (or -1 for an empty slot)")
     return int(table.max()) + 1
 
 

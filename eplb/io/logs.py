@@ -20,11 +20,9 @@ duplicate or missing layers.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import struct
 import tempfile
 import zipfile
 import zlib
@@ -38,6 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
+from eplb.io.files import existing_file
 
 __all__ = [
     "FORMAT_COUNTS",
@@ -233,70 +232,12 @@ def _read_small(zf: zipfile.ZipFile, name: str, path: str) -> NDArray[Any] | Non
     return np.asarray(arr)
 
 
-def _salvage_steps(path: Path, member: str) -> str:
-    """After a zip without its central directory (a cut-off file): read the member's local header
-    at the start of the file and count the complete steps in what is there. Returns a sentence
-    for the error message, or '' when the member cannot be found that way."""
-    try:
-        with path.open("rb") as f:
-            data_start = 0
-            while True:
-                f.seek(data_start)
-                head = f.read(30)
-                if len(head) < 30 or head[:4] != b"PK\x03\x04":
-                    return ""
-                _, flags, method, _, _, _, csize, _, nlen, xlen = struct.unpack("<HHHHHIIIHH", head[4:30])
-                name = f.read(nlen).decode("utf-8", "replace")
-                extra = f.read(xlen)
-                body = data_start + 30 + nlen + xlen
-                if name == member:
-                    break
-                if flags & 0x08 and csize == 0:
-                    return ""
-                if csize == 0xFFFFFFFF:
-                    csize = _zip64_size(extra)
-                    if csize < 0:
-                        return ""
-                data_start = body + csize
-            f.seek(body)
-            raw = f.read()
-        if method == zipfile.ZIP_DEFLATED:
-            data = zlib.decompressobj(-15).decompress(raw)
-        elif method == zipfile.ZIP_STORED:
-            data = raw
-        else:
-            return ""
-        buf = io.BytesIO(data)
-        shape, _, dtype = _read_npy_header(buf, str(path))
-        step_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if len(shape) > 1 else dtype.itemsize
-        have = (len(data) - buf.tell()) // max(step_bytes, 1)
-        total = shape[0] if shape else 0
-        unit = "token" if member.startswith(_TOPK) else "step"
-        if have >= total:
-            return f"all {total} {unit}s are present but the archive's end (its directory) is missing"
-        return f"the file ends inside {unit} {have} of {total} ({have} complete {unit}s)"
-    except (OSError, zlib.error, EplbError, struct.error, ValueError):
-        return ""
-
-
-def _zip64_size(extra: bytes) -> int:
-    i = 0
-    while i + 4 <= len(extra):
-        tag, size = struct.unpack("<HH", extra[i : i + 4])
-        if tag == 1 and size >= 16:
-            return int(struct.unpack("<Q", extra[i + 12 : i + 20])[0])
-        i += 4 + size
-    return -1
-
-
-def _open_zip(path: Path, member: str) -> zipfile.ZipFile:
+def _open_zip(path: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
-        detail = _salvage_steps(path, member)
-        if detail:
-            raise EplbError(f"{path}: truncated: {detail}; the archive is incomplete (copy it again)") from None
-        raise EplbError(f"{path}: not a readable .npz archive (truncated or corrupt: {exc})") from None
+        raise EplbError(f"{path}: not a readable .npz archive ({exc}); a file cut short loses the archive's "
+                        "directory at its end: copy it again") from None
 
 
 def _meta_from_zip(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
@@ -351,7 +292,7 @@ def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | 
 class _NpzCounts(RoutingLog):
     def __init__(self, path: Path) -> None:
         self._path = path
-        with _open_zip(path, _COUNTS + ".npy") as zf:
+        with _open_zip(path) as zf:
             if _COUNTS + ".npy" not in zf.namelist():
                 raise EplbError(f"{path}: no 'counts' array (found {sorted(n[:-4] for n in zf.namelist())})")
             meta = _meta_from_zip(zf, str(path))
@@ -520,7 +461,7 @@ def _rechunk(blocks: Iterable[NDArray[Any]], size: int) -> Iterator[NDArray[Any]
 class _TopkNpz(RoutingLog):
     def __init__(self, path: Path) -> None:
         self._path = path
-        with _open_zip(path, _TOPK + ".npy") as zf:
+        with _open_zip(path) as zf:
             names = zf.namelist()
             if _OFFSETS + ".npy" not in names:
                 raise EplbError(f"{path}: a token-level log needs 'step_offsets' next to 'topk_ids'")
@@ -850,11 +791,10 @@ def open_log(path: str | Path) -> RoutingLog:
     """Open a routing log by its extension: `.npz` (per-step counts, or token-level `topk_ids`),
     `.npy` (`[steps, layers, E]`), `.jsonl`. Reads metadata only; iterate with `iter_counts`."""
     p = Path(path)
-    if not p.is_file():
-        raise EplbError(f"routing log not found: {p}")
+    existing_file(p, "routing log")
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        with _open_zip(p, _COUNTS + ".npy") as zf:
+        with _open_zip(p) as zf:
             names = zf.namelist()
         if _TOPK + ".npy" in names:
             return _TopkNpz(p)

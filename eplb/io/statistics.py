@@ -25,7 +25,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, int_table, numeric_array, read_json
+from eplb.io.files import existing_file, int_table, numeric_array, output_file, read_json
+from solvers.validation import EMPTY_SLOT
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
 
@@ -204,19 +205,27 @@ def fold_physical(
     counts: NDArray[np.float64], phy2log: NDArray[np.int64], what: str = "counts", num_experts: int | None = None
 ) -> NDArray[np.float64]:
     """Add physical-slot counts [steps, layers, P] up per logical expert with phy2log [layers, P]:
-    returns [steps, layers, E], E = num_experts or max(phy2log) + 1."""
+    returns [steps, layers, E], E = num_experts or max(phy2log) + 1. Empty slots (-1, vLLM's mark for the
+    slots of absent ranks) hold no expert: their counts must be 0."""
     table = np.asarray(phy2log, dtype=np.int64)
     if table.ndim != 2 or table.shape != counts.shape[1:]:
         raise EplbError(f"{what}: counts have {counts.shape[1]} layers x {counts.shape[2]} slots but the "
                         f"physical_to_logical_map is {list(table.shape)}; use the map that was live while recording")
-    if table.min() < 0:
-        raise EplbError(f"{what}: physical_to_logical_map holds negative expert ids")
+    if table.min() < EMPTY_SLOT:
+        raise EplbError(f"{what}: physical_to_logical_map holds {int(table.min())}; expert ids are >= 0 "
+                        "(-1 marks an empty slot)")
+    empty = table == EMPTY_SLOT
+    served = np.argwhere(empty[None] & (counts > 0))
+    if served.size:
+        step, layer, slot = (int(v) for v in served[0])
+        raise EplbError(f"{what}: slot {slot} of layer {layer} is empty (-1) in the map but counted "
+                        f"{counts[step, layer, slot]:g} tokens at step {step}; use the map live while recording")
     experts = int(table.max()) + 1 if num_experts is None else num_experts
     steps, layers, _ = counts.shape
-    flat = table + (np.arange(layers, dtype=np.int64) * experts)[:, None]
+    flat = (table + (np.arange(layers, dtype=np.int64) * experts)[:, None])[~empty]
     out = np.zeros((steps, layers * experts), dtype=np.float64)
     for s in range(steps):
-        out[s] = np.bincount(flat.ravel(), weights=counts[s].ravel(), minlength=layers * experts)
+        out[s] = np.bincount(flat, weights=counts[s][~empty], minlength=layers * experts)
     return out.reshape(steps, layers, experts)
 
 
@@ -224,7 +233,7 @@ def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = Fa
     """Write a load file eplb reads (docs/formats.md): .json `{"loads": [layers][E], "source", "format",
     "layer_ids", "num_steps", ...}`, .npz (`loads`, or `counts` [steps, layers, E] with keep_steps, plus
     `layer_ids`) or .npy (the array alone). keep_steps writes the per-step counts instead of their sum."""
-    p = Path(path)
+    p = output_file(path)
     arr = loads.counts if keep_steps else loads.window
     suffix = p.suffix.lower()
     if suffix == ".json":
@@ -389,8 +398,8 @@ def _read_array(p: Path, keys: tuple[str, ...]) -> NDArray[Any]:
             arrays = [n for n in names if n not in ("layer_ids", "physical_to_logical_map")]
             if len(arrays) == 1:
                 return np.asarray(npz[arrays[0]])
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
-        raise EplbError(f"{p}: not a readable numpy file ({exc})") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise EplbError(f"{p}: not a readable numpy file ({exc or 'cut short'})") from None
     raise EplbError(f"{p}: expected an array named {' or '.join(repr(k) for k in keys)}, found {names}")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
+from eplb.io.files import existing_file
 
 DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
 MAX_LOAD = 1e15  # token counts per expert and window; larger values would overflow sums of squares and products
@@ -96,17 +97,15 @@ def read_window(path: str | Path | None = None) -> LoadWindow:
     if path is None:
         data = json.loads(resources.files("eplb.data").joinpath(DEFAULT_WINDOW).read_text())
         return LoadWindow(check_loads(data["loads"]), f"embedded default ({DEFAULT_WINDOW})", _meta(data))
-    p = Path(path)
-    if not p.is_file():
-        raise EplbError(f"load file not found: {p}")
+    p = existing_file(path, "load file")
     suffix = p.suffix.lower()
     if suffix == ".json":
         return _read_json(p)
     if suffix == ".npy":
         try:
             arr = np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise EplbError(f"{p}: not a readable .npy array ({exc})") from None
+        except (ValueError, OSError, EOFError) as exc:
+            raise EplbError(f"{p}: not a readable .npy array ({exc or 'cut short'})") from None
         return LoadWindow(check_loads(arr, str(p)), str(p))
     if suffix == ".npz":
         return _read_npz(p)
@@ -134,8 +133,8 @@ def _read_npz(p: Path) -> LoadWindow:
                     return LoadWindow(check_loads(npz[key], f"{p}: {key}"), str(p))
             if len(names) == 1:
                 return LoadWindow(check_loads(npz[names[0]], f"{p}: {names[0]}"), str(p))
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
-        raise EplbError(f"{p}: not a readable .npz archive ({exc})") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise EplbError(f"{p}: not a readable .npz archive ({exc or 'cut short'})") from None
     raise EplbError(f"{p}: expected an array named 'loads' or 'counts', found {names}")
 
 
