@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,12 +15,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from eplb.cli import main
+from solvers import registry
 from solvers.bounds import lower_bound
 from solvers.greedy import solve_greedy
 from solvers.loads import gpu_loads, max_gpu_loads
 from solvers.migration import count_moves, relabel_gpus
 from solvers.milp import MilpResult, solve_milp
 from solvers.validation import replica_counts, validate_placement
+
+WINDOW = Path(__file__).resolve().parent.parent / "fixtures" / "sglang6017-dsv3-prefill-in4096.json"
 
 
 def weighted_optimum_for(loads: NDArray[np.float64], member: NDArray[np.bool_]) -> float:
@@ -269,3 +277,112 @@ def test_rejects_inputs_with_a_message_that_says_what_to_fix(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         solve_milp(loads, slots, time_limit_s=1, threads=1)
+
+
+def two_slot_optimum(loads: NDArray[np.float64], num_gpus: int, upper: float) -> float:
+    """Uniform optimum of one layer on ``num_gpus`` GPUs x 2 slots by enumeration, without a solver:
+    every replica-count vector, then every pairing of the replicas into GPUs (two distinct experts on
+    each), memoized on the replicas left; branches at or above ``upper`` (a known placement's max load,
+    or the best found so far) are cut, which keeps the search exhaustive for anything better."""
+    num_experts = loads.size
+    best = upper
+    for extras in itertools.combinations_with_replacement(range(num_experts), 2 * num_gpus - num_experts):
+        replicas = np.bincount(np.array(extras, dtype=np.int64), minlength=num_experts) + 1
+        if replicas.max() > num_gpus:
+            continue
+        pieces = (loads / replicas).tolist()
+        if max(max(pieces), float(loads.sum()) / num_gpus) >= best:
+            continue
+        cutoff = best
+
+        @functools.cache
+        def paired(left: tuple[int, ...], pieces: list[float] = pieces, cutoff: float = cutoff) -> float:
+            first = next((e for e, count in enumerate(left) if count), None)
+            if first is None:
+                return 0.0
+            out = np.inf
+            for other in range(first + 1, num_experts):
+                pair = pieces[first] + pieces[other]
+                if left[other] and pair < cutoff:
+                    rest = list(left)
+                    rest[first] -= 1
+                    rest[other] -= 1
+                    out = min(out, max(pair, paired(tuple(rest))))
+            return out
+
+        best = min(best, paired(tuple(replicas.tolist())))
+    return best
+
+
+@pytest.mark.parametrize(
+    "loads",
+    [
+        np.array([1000.0, 900, 10, 12, 8, 15, 9, 11]),  # two experts far hotter than the rest
+        np.array([5.0, 224, 27, 94, 78, 146, 98, 114, 55, 18]),  # 10 experts
+        np.array([40.0, 3, 350, 7, 66, 12, 180, 25, 9, 31]),
+    ],
+)
+def test_small_layers_are_proven_optimal(loads: NDArray[np.float64]) -> None:
+    """8 GPUs x 2 slots: identical GPUs made the x[e, g] model unprovable in 30 s; the pattern model
+    proves these (in well under a second on an idle core: benchmarks/milp.py --section proofs)."""
+    slots = np.full(8, 2, dtype=np.int64)
+    result = solve_milp(loads[None, :], slots, time_limit_s=20, threads=1)
+    check_result(result, loads[None, :], slots)
+    assert result.status == ["optimal"]
+    assert result.bound[0] == pytest.approx(result.objective[0], rel=1e-6)
+    optimum = two_slot_optimum(loads, 8, float(result.greedy_objective[0]) * (1 + 1e-9))
+    assert result.objective[0] == pytest.approx(optimum, rel=1e-6)
+
+
+def test_pattern_model_matches_enumeration_with_uneven_slots() -> None:
+    loads = np.array([[60.0, 5, 33, 2, 17, 9]])
+    slots = np.array([3, 2, 2, 1], dtype=np.int64)
+    best_uniform, _ = exhaustive(loads[0], slots)
+    result = solve_milp(loads, slots, time_limit_s=10, threads=1)
+    check_result(result, loads, slots)
+    assert result.status == ["optimal"]
+    assert result.objective[0] == pytest.approx(best_uniform, rel=1e-6)
+
+
+def node_of_each_expert(phy2log: NDArray[np.int64], slots: NDArray[np.int64], gpus_per_node: int) -> list[set[int]]:
+    """Per layer, per expert: the set of nodes holding it, as one set per (layer, expert) flattened."""
+    node = np.repeat(np.arange(slots.size) // gpus_per_node, slots)
+    return [set(node[phy2log[layer] == e].tolist()) for layer in range(phy2log.shape[0]) for e in range(256)]
+
+
+def test_hierarchical_policy_keeps_every_group_on_greedys_node() -> None:
+    loads = np.asarray(json.loads(WINDOW.read_text())["loads"], dtype=np.float64)[:2]
+    slots = np.full(32, 9, dtype=np.int64)
+    greedy = solve_greedy(loads, slots, num_groups=8, gpus_per_node=8)
+    result = solve_milp(loads, slots, time_limit_s=2.0, num_groups=8, gpus_per_node=8)
+    check_result(result, loads, slots)
+    nodes = node_of_each_expert(result.phy2log, slots, 8)
+    assert nodes == node_of_each_expert(greedy, slots, 8)
+    assert all(len(n) == 1 for n in nodes)
+    np.testing.assert_allclose(result.greedy_objective, max_gpu_loads(loads, greedy, slots))
+    assert np.all(result.objective <= result.greedy_objective * (1 + 1e-12))
+
+    problem = registry.Problem(loads, slots, num_groups=8, gpus_per_node=8)
+    solution = registry.solve("milp", problem, registry.Options(time_limit_s=1.0))
+    assert node_of_each_expert(solution.phy2log, slots, 8) == nodes
+    with pytest.raises(registry.SolverError, match="not both"):
+        registry.solve("milp", replace(problem, current_phy2log=greedy), registry.Options(time_limit_s=1.0))
+
+
+def test_a_warm_start_across_nodes_is_refused_under_the_hierarchical_policy() -> None:
+    loads = np.arange(1.0, 17.0)[None, :]
+    slots = np.full(4, 5, dtype=np.int64)
+    warm = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3]])  # 0-3 on both nodes
+    with pytest.raises(ValueError, match="two nodes"):
+        solve_milp(loads, slots, num_groups=4, gpus_per_node=2, warm_start=warm, time_limit_s=1)
+
+
+def test_cli_total_time_limit_bounds_the_whole_solve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": json.loads(WINDOW.read_text())["loads"][:6]}))
+    args = ["solve", "--loads", str(window), "--solver", "milp", "--time-limit", "10", "--json"]
+    assert main([*args, "--total-time-limit", "1.5"]) == 0
+    solver = json.loads(capsys.readouterr().out)["solver"]
+    assert solver["wall_ms"] < 1500 + 1000, solver["wall_ms"]
+    assert main([*args, "--total-time-limit", "0"]) == 2
+    assert "--total-time-limit must be > 0" in capsys.readouterr().err

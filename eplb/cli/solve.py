@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -56,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--solver", choices=registry.names(), default="greedy", help="greedy (fast) or milp (exact, "
                    "OR-Tools; default: greedy)")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
+    p.add_argument("--total-time-limit", type=float, metavar="S", help="MILP time limit for the whole solve, "
+                   "seconds, shared by the layers (default: none; with it alone, no per-layer limit)")
     p.add_argument("--split", choices=("uniform", "weighted"), default="uniform",
                    help="MILP: weighted lets replicas serve unequal shares of their expert's tokens (the placement "
                    "file then carries `shares`; the serving system needs weighted replica selection to use them; "
@@ -197,22 +200,26 @@ def run_solve(args: argparse.Namespace) -> int:
                                      num_gpus=args.gpus)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
+    if args.total_time_limit is not None and not args.total_time_limit > 0:
+        raise EplbError("--total-time-limit must be > 0 seconds")
     if not 0 <= args.max_lb_slack <= 1:
         raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
     if args.solver == "milp":
         from solvers.milp import DEFAULT_LAYER_LIMIT_S
 
-        per_layer = args.time_limit or DEFAULT_LAYER_LIMIT_S
+        per_layer = args.time_limit or args.total_time_limit or DEFAULT_LAYER_LIMIT_S
         waves = -(-window.num_layers // max(1, os.cpu_count() or 1))
+        at_most = min(waves * per_layer, args.total_time_limit or math.inf)
         print(f"solving {window.num_layers} layers with the MILP, up to {per_layer:g} s per layer on "
-              f"{os.cpu_count()} cores (about {waves * per_layer:,.0f} s at most)...", file=sys.stderr)
+              f"{os.cpu_count()} cores (about {at_most:,.0f} s at most)...", file=sys.stderr)
     outcome = solve(
         window.loads,
         Cluster(slots, args.gpus_per_node, args.groups),
         solver=args.solver,
         cost=cost_setup(args, model),
         current=current,
-        options=Options(time_limit_s=args.time_limit, max_lb_slack=args.max_lb_slack)
+        options=Options(time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit,
+                        max_lb_slack=args.max_lb_slack)
         if args.solver.startswith("milp") else None,
         split=args.split,
     )

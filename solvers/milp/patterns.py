@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,12 +130,15 @@ def member_from_patterns(data: LayerData, built: PatternModel, values: IntArray)
     return member
 
 
-def solve_pattern_model(data: LayerData, state: State, time_limit_s: float, workers: int, seed: int) -> Solved:
-    """Minimize the max load of a small uniform layer with the pattern model, hinted with ``state``."""
+def solve_pattern_model(
+    data: LayerData, state: State, seconds_left: Callable[[], float], workers: int, seed: int
+) -> Solved:
+    """Minimize the max load of a small uniform layer with the pattern model, hinted with ``state``;
+    ``seconds_left()`` is asked once the model is built."""
     incumbent = int(state.amounts.sum(axis=0).max())
     built = build_pattern_model(data, incumbent)
     hint_pattern_state(built, state)
-    solver = run_cp_sat(built.model, time_limit_s, workers, seed)
+    solver = run_cp_sat(built.model, seconds_left(), workers, seed)
     failed = solved_without_state(solver)
     if failed is not None:
         return failed

@@ -167,30 +167,53 @@ def _parts_for(
     return parts
 
 
-def _task(
-    part: Part, index: int, w: FloatArray, slots: IntArray, warm: IntArray, current: IntArray | None,
-    split: Split, settings: dict[str, float | int], deadline: float, waves_left: int, cancel: threading.Event,
-) -> LayerTask:
-    """The task of one part, in the part's own expert and slot numbering."""
+@dataclass(frozen=True)
+class PartProblem:
+    """One part in its own expert and slot numbering: ``loads [n]`` tokens, ``slots [H]``, ``warm [S]``
+    warm start, a lower bound on its max GPU load and the warm start's max GPU load (tokens)."""
+
+    part: Part
+    loads: FloatArray
+    slots: IntArray
+    warm: IntArray
+    bound_tokens: float
+    warm_max: float
+
+
+def part_problem(part: Part, w: FloatArray, slots: IntArray, warm: IntArray, split: Split) -> PartProblem:
+    """The problem of one part of ``w [L, E]`` with warm start ``warm [L, P]``."""
     loads = w[part.layer, part.experts]
     part_slots = slots[part.gpu_start : part.gpu_stop]
-    local_warm = np.searchsorted(part.experts, warm[part.layer, part.slot_start : part.slot_stop])
-    return LayerTask(
-        index=index,
+    local_warm = np.searchsorted(part.experts, warm[part.layer, part.slot_start : part.slot_stop]).astype(np.int64)
+    return PartProblem(
+        part=part,
         loads=loads,
         slots=part_slots,
-        greedy=local_warm.astype(np.int64),
+        warm=local_warm,
         bound_tokens=float(lower_bound(loads[None, :], part_slots, split=split)[0]),
-        current=None if current is None else current[part.layer],
-        split=split,
-        max_lb_slack=float(settings["max_lb_slack"]),
-        time_limit_s=float(settings["time_limit_s"]),
-        deadline=deadline,
-        workers=int(settings["workers"]),
-        seed=int(settings["seed"]),
-        waves_left=waves_left,
-        cancel=cancel,
+        warm_max=float(max_gpu_loads(loads[None, :], local_warm[None, :], part_slots)[0]),
     )
+
+
+def parts_to_solve(problems: list[PartProblem], has_current: bool) -> list[bool]:
+    """Which parts can change their layer's result. Without a current placement, a part whose warm start
+    is already at or below the layer's bound (the largest of its parts' bounds) cannot lower the layer's
+    max load and keeps its warm start (under the hierarchical policy most nodes of a layer do)."""
+    if has_current:
+        return [True] * len(problems)
+    layer_bound: dict[int, float] = {}
+    for p in problems:
+        layer_bound[p.part.layer] = max(layer_bound.get(p.part.layer, 0.0), p.bound_tokens)
+    return [p.warm_max > layer_bound[p.part.layer] * (1 + 1e-9) for p in problems]
+
+
+def kept_outcome(problem: PartProblem, split: Split) -> LayerOutcome:
+    """A part that keeps its warm start (uniform shares)."""
+    shares = None
+    if split == "weighted":
+        counts = np.bincount(problem.warm, minlength=problem.loads.size)
+        shares = 1.0 / counts[problem.warm]
+    return LayerOutcome(problem.warm, shares, "optimal", problem.warm_max, problem.bound_tokens, 0.0)
 
 
 def run_tasks(tasks: list[LayerTask], threads: int, cancel: threading.Event) -> list[LayerOutcome]:
@@ -280,44 +303,60 @@ def solve_milp(
         validate_placement(current, slots, num_experts)
 
     parts = _parts_for(warm, slots, num_experts, hierarchical, gpus_per_node, warm_start is not None)
-    parts_per_layer = max(1, len(parts) // max(1, num_layers))
+    problems = [part_problem(part, w, slots, warm, split) for part in parts]
+    solve_it = parts_to_solve(problems, current is not None)
+    to_solve = [p for p, chosen in zip(problems, solve_it, strict=True) if chosen]
+    per_layer_parts = np.bincount([p.part.layer for p in to_solve], minlength=num_layers)
     cores = available_cores()
-    threads = max(1, min(len(parts), cores if threads is None else threads))
-    settings: dict[str, float | int] = {
-        "max_lb_slack": max_lb_slack,
-        "time_limit_s": time_limit_s / parts_per_layer,
-        "workers": max(1, cores // threads) if workers is None else max(1, workers),
-        "seed": seed,
-    }
+    threads = max(1, min(len(to_solve), cores if threads is None else threads))
+    workers = max(1, cores // threads) if workers is None else max(1, workers)
     deadline = math.inf if total_time_limit_s is None else started + total_time_limit_s
     cancel = threading.Event()
     tasks = [
-        _task(part, i, w, slots, warm, current, split, settings, deadline,
-              math.ceil((len(parts) - i) / threads), cancel)
-        for i, part in enumerate(parts)
+        LayerTask(
+            index=i,
+            loads=p.loads,
+            slots=p.slots,
+            greedy=p.warm,
+            bound_tokens=p.bound_tokens,
+            current=None if current is None else current[p.part.layer],
+            split=split,
+            max_lb_slack=float(max_lb_slack),
+            time_limit_s=time_limit_s / int(per_layer_parts[p.part.layer]),
+            deadline=deadline,
+            workers=workers,
+            seed=seed,
+            waves_left=math.ceil((len(to_solve) - i) / threads),
+            cancel=cancel,
+        )
+        for i, p in enumerate(to_solve)
     ]
-    outcomes = run_tasks(tasks, threads, cancel)
-    return _assemble(w, slots, split, parts, outcomes, warm, current, started)
+    solved = iter(run_tasks(tasks, threads, cancel))
+    pairs = zip(problems, solve_it, strict=True)
+    outcomes = [next(solved) if chosen else kept_outcome(p, split) for p, chosen in pairs]
+    return _assemble(w, slots, split, parts, outcomes, solve_it, warm, current, started)
 
 
 def _assemble(
     w: FloatArray, slots: IntArray, split: Split, parts: list[Part], outcomes: list[LayerOutcome],
-    warm: IntArray, current: IntArray | None, started: float,
+    solved: list[bool], warm: IntArray, current: IntArray | None, started: float,
 ) -> MilpResult:
-    """The parts' answers put back into whole layers, checked and measured."""
+    """The parts' answers put back into whole layers, checked and measured. A layer's status is the worst
+    of its solved parts' ("optimal" when none needed solving: its warm start is at the bound)."""
     num_layers, num_experts = w.shape
     phy2log = np.zeros((num_layers, int(slots.sum())), dtype=np.int64)
     shares = np.zeros(phy2log.shape) if split == "weighted" else None
     bound = np.zeros(num_layers)
     wall_ms = np.zeros(num_layers)
     statuses: list[list[LayerStatus]] = [[] for _ in range(num_layers)]
-    for part, outcome in zip(parts, outcomes, strict=True):
+    for part, outcome, was_solved in zip(parts, outcomes, solved, strict=True):
         phy2log[part.layer, part.slot_start : part.slot_stop] = part.experts[outcome.phy2log]
         if shares is not None:
             shares[part.layer, part.slot_start : part.slot_stop] = np.asarray(outcome.shares)
         bound[part.layer] = max(bound[part.layer], outcome.bound)
         wall_ms[part.layer] += outcome.wall_ms
-        statuses[part.layer].append(outcome.status)
+        if was_solved:
+            statuses[part.layer].append(outcome.status)
     validate_placement(phy2log, slots, num_experts, shares)
     objective = max_gpu_loads(w, phy2log, slots, shares)
     bound = np.minimum(bound, objective)
@@ -327,7 +366,7 @@ def _assemble(
     return MilpResult(
         phy2log=phy2log,
         shares=shares,
-        status=[_layer_status(s) for s in statuses],
+        status=[_layer_status(s) if s else "optimal" for s in statuses],
         objective=objective,
         bound=bound,
         gap=np.asarray(gap, dtype=np.float64),

@@ -19,7 +19,9 @@ READBACK_MARGIN_S = 0.02
 MIN_SOLVE_S = 0.02
 """Below this much time left, skip the solver and keep what there is."""
 LNS_SUB_TIME_S = 0.1
-"""Time limit of one neighbourhood solve; pairs of GPUs solve in about 15 ms."""
+"""Time limit of one neighbourhood solve; pairs of GPUs solve in about 15 ms. Doubled (up to
+`LNS_MAX_SUB_TIME_S`) after a solve that ends without even the hinted solution, as on a busy machine."""
+LNS_MAX_SUB_TIME_S = 1.0
 LNS_MIN_GPUS, LNS_MAX_GPUS = 2, 8
 LNS_PATIENCE = 6
 """Neighbourhoods without improvement before the search tries one GPU more."""
@@ -141,7 +143,7 @@ def large_neighbourhood_search(
     replaces the incumbent when its exact score is no worse. Runs until the clock ends, until `_done`,
     or hands over to the full model once a neighbourhood would hold every GPU."""
     best, best_score = state, score(data, state, goal)
-    size, failures, seed = LNS_MIN_GPUS, 0, 0
+    size, failures, seed, sub_time = LNS_MIN_GPUS, 0, 0, LNS_SUB_TIME_S
     if goal.kind == "moves":
         stop_at = max(stop_at, 0.0)  # no overload and no copy cannot be improved
     while not _done(best_score, goal, stop_at):
@@ -158,8 +160,10 @@ def large_neighbourhood_search(
             log.timed_out = True
             break
         seed += 1
-        solved = solve_model(data, best, built, min(left, LNS_SUB_TIME_S), 1, seed)
+        solved = solve_model(data, best, built, min(left, sub_time), 1, seed)
         improved = False
+        if solved.state is None and solved.timed_out:
+            sub_time = min(2 * sub_time, LNS_MAX_SUB_TIME_S)
         if solved.state is not None:
             log.solutions += 1
             found = score(data, solved.state, goal)
@@ -172,25 +176,25 @@ def large_neighbourhood_search(
     return best
 
 
-def _solve_whole_layer(data: LayerData, state: State, goal: Goal, seconds: float, workers: int, seed: int) -> Solved:
-    """One full-model run: the pattern model for small uniform balance problems, else the x[e, g] model."""
+def _solve_whole_layer(data: LayerData, state: State, goal: Goal, clock: Clock, workers: int, seed: int) -> Solved:
+    """One full-model run until the clock ends (model building included): the pattern model for small
+    uniform balance problems, else the x[e, g] model."""
     if goal.kind == "balance" and fits_pattern_model(data):
-        return solve_pattern_model(data, state, seconds, workers, seed)
+        return solve_pattern_model(data, state, clock.seconds_left, workers, seed)
     everything = np.arange(data.num_gpus, dtype=np.int64)
     built = build_model(data, state, everything, np.arange(data.num_experts, dtype=np.int64), goal)
     hint_state(built, state)
-    return solve_model(data, state, built, seconds, workers, seed)
+    return solve_model(data, state, built, clock.seconds_left(), workers, seed)
 
 
 def full_solve(
     data: LayerData, state: State, clock: Clock, goal: Goal, workers: int, seed: int, log: SearchLog
 ) -> State:
     """The better of ``state`` and one full-model solve hinted with it."""
-    left = clock.seconds_left()
-    if left < MIN_SOLVE_S:
+    if clock.seconds_left() < MIN_SOLVE_S:
         log.timed_out = True
         return state
-    solved = _solve_whole_layer(data, state, goal, left, workers, seed)
+    solved = _solve_whole_layer(data, state, goal, clock, workers, seed)
     log.timed_out = solved.timed_out
     log.proven = solved.proven
     log.bound_units = solved.bound
