@@ -129,7 +129,7 @@ def to_json(placement: Placement, layer_ids: Sequence[int] | None = None) -> dic
 
 def trtllm_yaml(config: dict[str, Any]) -> str:
     """Write a `to_trtllm` config as YAML: block mapping, one flow list per layer (the layout TensorRT-LLM's
-    generate_eplb_config.py writes). No YAML library needed."""
+    generate_eplb_config.py writes); `parse_trtllm_yaml` (PyYAML) reads it back."""
     lines = [
         "# TensorRT-LLM MoE load balancer config (moe_config.load_balancer), written by eplb.",
         "# Each rank owns num_slots / ep_size consecutive slots of every layer.",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
@@ -222,111 +222,11 @@ def _pick_rows(
 
 
 def parse_trtllm_yaml(text: str, source: str = "config") -> dict[str, Any]:
-    """Parse a TensorRT-LLM load-balancer YAML: `key: value` lines and `initial_global_assignments` as indented
-    `layer: [ids]` flow lists (what `trtllm_yaml` and TensorRT-LLM's generate_eplb_config.py write) or `- id`
-    block lists. Other layouts are read with PyYAML when it is installed."""
-    try:
-        return _parse_simple_yaml(text)
-    except ValueError as exc:
-        problem = str(exc)
-    try:
-        yaml = importlib.import_module("yaml")
-    except ImportError:
-        raise EplbError(f"{source}: cannot read this YAML layout ({problem}); install PyYAML or write "
-                        "initial_global_assignments as `layer: [ids]` lines") from None
+    """Parse a TensorRT-LLM load-balancer YAML (PyYAML's safe_load) into its mapping."""
     try:
         data = yaml.safe_load(text)
-    except Exception as err:  # PyYAML's errors share no public base we can name without importing it
-        raise EplbError(f"{source}: not valid YAML ({err})") from None
+    except yaml.YAMLError as err:
+        raise EplbError(f"{source}: not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
         raise EplbError(f"{source}: expected a YAML mapping with num_slots and initial_global_assignments")
     return data
-
-
-def _parse_simple_yaml(text: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    mapping: dict[int, list[int]] | None = None
-    current: list[int] | None = None
-    pending = ""  # a flow list continued over lines
-    pending_key: int | None = None
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].rstrip()
-        if not line.strip():
-            continue
-        if pending:
-            pending += " " + line.strip()
-            if "]" in line:
-                assert mapping is not None and pending_key is not None
-                mapping[pending_key] = _flow_list(pending, number)
-                pending, pending_key = "", None
-            continue
-        indented = line[0] in " \t"
-        stripped = line.strip()
-        if not indented:
-            mapping, current = None, None
-            key, sep, value = stripped.partition(":")
-            if not sep or not key:
-                raise ValueError(f"line {number}: expected `key: value`")
-            value = value.strip()
-            if value == "":
-                mapping = {}
-                out[key.strip()] = mapping
-            else:
-                out[key.strip()] = _scalar(value, number)
-            continue
-        if mapping is None:
-            raise ValueError(f"line {number}: unexpected indentation")
-        if stripped.startswith("-"):
-            if current is None:
-                raise ValueError(f"line {number}: list item outside a layer")
-            current.append(_int_scalar(stripped[1:].strip(), number))
-            continue
-        key, sep, value = stripped.partition(":")
-        if not sep:
-            raise ValueError(f"line {number}: expected `layer: [ids]`")
-        layer = _int_scalar(key.strip(), number)
-        value = value.strip()
-        if value == "":
-            current = []
-            mapping[layer] = current
-        elif value.startswith("[") and "]" not in value:
-            pending, pending_key, current = value, layer, None
-        else:
-            mapping[layer] = _flow_list(value, number)
-            current = None
-    if pending:
-        raise ValueError("a [ list is never closed")
-    return out
-
-
-def _flow_list(value: str, number: int) -> list[int]:
-    value = value.strip()
-    if not (value.startswith("[") and value.endswith("]")):
-        raise ValueError(f"line {number}: expected a [..] list")
-    body = value[1:-1].strip()
-    return [_int_scalar(v.strip(), number) for v in body.split(",")] if body else []
-
-
-def _scalar(value: str, number: int) -> Any:
-    if value.startswith("[") or value.startswith("{"):
-        raise ValueError(f"line {number}: inline collections are not supported")
-    try:
-        return int(value)
-    except ValueError:
-        lowered = value.lower()
-        if lowered in ("null", "~"):
-            return None
-        if lowered in ("true", "false"):
-            return lowered == "true"
-        return value.strip("'\"")
-
-
-def _int_scalar(value: str, number: int) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"line {number}: {value!r} is not an integer") from None
-
-
-
-

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
+import safetensors.numpy
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
@@ -261,49 +263,12 @@ def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = Fa
 
 
 def read_safetensors(path: str | Path) -> dict[str, NDArray[Any]]:
-    """Read a safetensors file into numpy arrays without the safetensors package: an 8-byte little-endian
-    header length, a JSON header `{name: {dtype, shape, data_offsets: [begin, end]}}` (offsets relative to
-    the data after the header, optional `__metadata__`), then the raw little-endian data."""
+    """Read a safetensors file into numpy arrays (the safetensors package's numpy API)."""
     p = Path(path)
-    blob = p.read_bytes()
-    if len(blob) < 8:
-        raise EplbError(f"{p}: too short to be a safetensors file")
-    size = int.from_bytes(blob[:8], "little")
-    if size > len(blob) - 8:
-        raise EplbError(f"{p}: not a safetensors file (header length {size} exceeds the file)")
     try:
-        header = json.loads(blob[8 : 8 + size])
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise EplbError(f"{p}: not a safetensors file (its header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise EplbError(f"{p}: not a safetensors file (its header is not a JSON object)")
-    data = memoryview(blob)[8 + size :]
-    out: dict[str, NDArray[Any]] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], [int(v) for v in info["shape"]], info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise EplbError(f"{p}: tensor {name!r} has a malformed header entry") from None
-        if dtype not in _SAFETENSORS_DTYPES:
-            raise EplbError(f"{p}: tensor {name!r} has dtype {dtype}, which eplb does not read")
-        np_dtype = np.dtype(_SAFETENSORS_DTYPES[dtype])
-        count = int(np.prod(shape)) if shape else 1
-        if not (0 <= begin <= end <= len(data)) or end - begin != count * np_dtype.itemsize:
-            raise EplbError(f"{p}: tensor {name!r} has data offsets that do not match its shape")
-        arr = np.frombuffer(data[begin:end], dtype=np_dtype).reshape(shape)
-        if dtype == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        out[name] = arr.copy()
-    return out
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
-    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
-}
+        return dict(safetensors.numpy.load_file(p))
+    except (safetensors.SafetensorError, ValueError, TypeError, OSError) as exc:
+        raise EplbError(f"{p}: not a readable safetensors file ({exc})") from None
 
 
 def _trtllm_files(paths: Sequence[str | Path]) -> tuple[Path, list[Path]]:
