@@ -453,10 +453,16 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
     return spec
 
 
+PCIE_BANDWIDTH = 64e9
+"""B/s per direction of a PCIe Gen5 x16 link (32 GT/s x 16 lanes, 128b/130b): the path weights take
+between GPUs without NVLink, or through host memory."""
+
+
 def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
     """Per-GPU, one-direction bandwidth of the all-to-all link, in B/s.
 
-    `link` is "nvlink", "nic", or a number of GB/s (decimal: 100 means 100e9 B/s).
+    `link` is "nvlink", "nic", "pcie" (PCIe Gen5 x16, `PCIE_BANDWIDTH`), or a number of GB/s (decimal:
+    100 means 100e9 B/s).
     """
     if isinstance(link, str):
         key = link.strip().lower()
@@ -464,14 +470,16 @@ def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
             return hw.nvlink_bandwidth
         if key == "nic":
             return hw.nic_bandwidth
+        if key == "pcie":
+            return PCIE_BANDWIDTH
         try:
             gbps = float(key)
         except ValueError:
             raise EplbError(
-                f"link must be 'nvlink', 'nic' or a bandwidth in GB/s per GPU and direction, got {link!r}"
+                f"link must be 'nvlink', 'nic', 'pcie' or a bandwidth in GB/s per GPU and direction, got {link!r}"
             ) from None
     elif isinstance(link, bool) or not isinstance(link, int | float):
-        raise EplbError(f"link must be 'nvlink', 'nic' or a number of GB/s, got {link!r}")
+        raise EplbError(f"link must be 'nvlink', 'nic', 'pcie' or a number of GB/s, got {link!r}")
     else:
         gbps = float(link)
     if not math.isfinite(gbps) or gbps <= 0:

@@ -2,12 +2,12 @@
 costs on given loads (`predict`), and what moving expert weights costs (migration). One implementation
 of each, used by solve, evaluate, replay and reports. Formulas: docs/cost-model.md."""
 
+from eplb.cost.model import LayerPrediction, TimeModel, predict
 from eplb.cost.uniform import (
     DEFAULT_MAP_TOKENS,
     DEFAULT_SWEEP_EPS,
     DEFAULT_SWEEP_TOKENS,
     TERMS,
-    LayerPrediction,
     UniformCost,
     comm_copies_per_token,
     dominance_grid,
@@ -15,7 +15,6 @@ from eplb.cost.uniform import (
     format_sweep_table,
     hot_expert_lb,
     plot_dominance_map,
-    predict,
     reuse_threshold_rows,
     sweep,
     uniform_cost,
@@ -27,6 +26,7 @@ __all__ = [
     "DEFAULT_SWEEP_TOKENS",
     "TERMS",
     "LayerPrediction",
+    "TimeModel",
     "UniformCost",
     "comm_copies_per_token",
     "dominance_grid",
