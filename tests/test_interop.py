@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +379,68 @@ def test_cli_export_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str
                  str(tmp_path / "w.json")]) == 0
     window = read_window(tmp_path / "w.json")
     assert window.loads.tolist() == expected[1:].sum(axis=0).tolist() and window.meta["layer_ids"] == [3, 4]
-    with pytest.raises(EplbError, match="--placement applies to --from vllm only"):
+    with pytest.raises(EplbError, match="--placement applies to --from vllm and trtllm only"):
         _cli(["import-load", "--from", "sglang", str(folder), "--placement", str(tmp_path / "p.json"),
               "--out", str(tmp_path / "x.json")])
+
+
+def test_trtllm_slot_counts_fold_with_the_live_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With its load balancer on, TensorRT-LLM counts slot ids (meta num_experts = slots): the live load-balancer
+    YAML folds them to logical experts; without it, the import says what to pass."""
+    folder, expected = _trtllm_dir(tmp_path)  # 4 "experts" per layer: here 4 slots on 2 GPUs
+    config = tmp_path / "lb.yaml"
+    config.write_text("num_slots: 4\ninitial_global_assignments:\n  3: [0, 1, 2, 0]\n  4: [2, 1, 0, 2]\n")
+    out = tmp_path / "w.json"
+    assert _cli(["import-load", "--from", "trtllm", str(folder), "--placement", str(config), "--gpus", "2",
+                 "--out", str(out)]) == 0
+    slots = expected.sum(axis=0)
+    folded = [[slots[0, 0] + slots[0, 3], slots[0, 1], slots[0, 2]],
+              [slots[1, 2], slots[1, 1], slots[1, 0] + slots[1, 3]]]
+    assert read_window(out).loads.tolist() == folded
+    assert "no known model has" not in capsys.readouterr().err
+    assert _cli(["import-load", "--from", "trtllm", str(folder), "--out", str(out)]) == 0
+    assert "4 experts, which no known model has: if TensorRT-LLM's load balancer was on" in capsys.readouterr().err
+    config.write_text("num_slots: 4\ninitial_global_assignments:\n  5: [0, 1, 2, 0]\n")
+    with pytest.raises(EplbError, match="no row for model layer 3"):
+        _cli(["import-load", "--from", "trtllm", str(folder), "--placement", str(config), "--gpus", "2",
+              "--out", str(out)])
+
+
+def test_sglang_circular_buffer_and_pt_hint(tmp_path: Path) -> None:
+    """SGLang dumps its whole circular buffer: unwritten rows (all zero) are no steps; a full buffer is out of
+    time order, so --steps is refused. The .pt hint runs as printed on a CPU host, with weights_only."""
+    torch = pytest.importorskip("torch")  # in the test extra: never skipped in CI
+    buffer = torch.zeros((5, 2, 3), dtype=torch.int32)
+    buffer[0] = torch.tensor([[1, 2, 3], [0, 1, 0]])
+    buffer[1] = torch.tensor([[2, 0, 0], [4, 4, 4]])
+    dump = tmp_path / "expert_distribution_recorder_1.pt"
+    torch.save({"rank": 0, "logical_count": buffer, "average_utilization_rate_over_window": None}, dump)
+    with pytest.raises(EplbError) as info:
+        read_sglang_loads([dump])
+    command = str(info.value).split("convert once with ", 1)[1]
+    assert "map_location='cpu'" in command and "weights_only=True" in command
+    subprocess.run(shlex.split(command), cwd=tmp_path, check=True)
+    loads = read_sglang_loads([tmp_path / "expert_distribution_recorder_1.npz"])
+    assert loads.num_steps == 2 and loads.in_time_order and loads.window.tolist() == [[3, 2, 3], [4, 5, 4]]
+    assert loads.select_steps(-1, None).window.tolist() == [[2, 0, 0], [4, 4, 4]]
+    np.savez(tmp_path / "full.npz", logical_count=np.ones((3, 2, 3)))
+    full = read_sglang_loads([tmp_path / "full.npz"])
+    assert not full.in_time_order and full.window.tolist() == [[3, 3, 3]] * 2
+    with pytest.raises(EplbError, match=r"not in time order .* circular buffer"):
+        full.select_steps(-1, None)
+
+
+def test_vllm_files_are_ranks_summed(tmp_path: Path) -> None:
+    """vLLM all-reduces expert_load_window over the EP ranks: one file per rank is summed, not stacked; the
+    window's unwritten rows are dropped."""
+    rank0 = np.array([[[1, 2, 0, 0, 1, 0]], [[0, 0, 0, 0, 0, 0]], [[2, 0, 0, 1, 0, 0]]])  # [steps, layers, P]
+    rank1 = np.array([[[0, 0, 3, 0, 0, 2]], [[0, 0, 0, 0, 0, 0]], [[0, 1, 1, 0, 0, 1]]])
+    for rank, window in enumerate((rank0, rank1)):
+        np.savez(tmp_path / f"rank{rank}.npz", expert_load_window=window,
+                 physical_to_logical_map=np.array([PHY2LOG[0]]))
+    loads = read_vllm_loads([tmp_path / "rank0.npz", tmp_path / "rank1.npz"])
+    assert loads.num_steps == 2 and loads.meta["ranks"] == 2 and loads.in_time_order  # it never wrapped
+    assert loads.window.tolist() == [[4, 6, 4, 1]]
+    np.savez(tmp_path / "short.npz", expert_load_window=rank0[:2], physical_to_logical_map=np.array([PHY2LOG[0]]))
+    with pytest.raises(EplbError, match="files are the EP ranks of one recording"):
+        read_vllm_loads([tmp_path / "rank0.npz", tmp_path / "short.npz"])

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 from eplb.errors import EplbError
 from eplb.io.exports import TARGETS, parse_layer_ids, write_export
 from eplb.io.files import output_file
 from eplb.io.foreign import ForeignPlacement, read_placement_file
-from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, import_loads, write_loads
+from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
+from eplb.specs import MODEL_PRESETS
+
+_EXPERT_COUNTS = {spec.num_experts for spec in MODEL_PRESETS.values()}
 
 EXPORT_DESCRIPTION = """\
 Write a placement in the form a serving system loads at start-up:
@@ -43,13 +47,17 @@ Turn the expert statistics a serving system recorded into a load window for `epl
            (or [layers][experts]) as .json, or an .npz/.npy holding logical_count. Layers with no tokens
            at all (dense layers) are dropped and layer_ids records the model layer of each row left.
   trtllm   the folder TensorRT-LLM writes to EXPERT_STATISTIC_PATH: meta_info.json and rank*.safetensors
-           (or rank*.json) with counts keyed "{iteration}_{layer}"; ranks are added up.
-  vllm     per-step counts [steps][layers][experts] (.npy, .npz or .json "counts"). vLLM's own
-           expert_load_window counts physical slots: pass the placement that was live (--placement) or
-           store physical_to_logical_map in the .npz, and slots are added up per logical expert.
+           (or rank*.json) with counts keyed "{iteration}_{layer}"; ranks are added up. With its load
+           balancer on it counts slots, not experts: pass the load-balancer YAML that was live (--placement,
+           with --gpus) and slots are added up per logical expert.
+  vllm     per-step counts [steps][layers][experts] (.npy, .npz or .json "counts"); several files are the
+           EP ranks of one recording and are summed, as vLLM does. vLLM's own expert_load_window counts
+           physical slots: pass the placement that was live (--placement) or store physical_to_logical_map
+           in the .npz, and slots are added up per logical expert.
 
-Several files are stacked along the step axis. The window is the sum over the selected steps; with
---keep-steps the per-step counts are written instead."""
+SGLang files are successive dumps, stacked along the step axis. Steps a circular recorder buffer never
+wrote (all zero) are dropped. The window is the sum over the selected steps; with --keep-steps the per-step
+counts are written instead."""
 
 IMPORT_EPILOG = """\
 examples:
@@ -93,8 +101,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "--steps=-100: keeps the last 100); for TensorRT-LLM, steps are the recorded iterations in order")
     i.add_argument("--keep-steps", action="store_true", help="write [steps][layers][experts] counts, not their sum")
     i.add_argument("--keep-empty-layers", action="store_true", help="SGLang: keep layers that recorded no tokens")
-    i.add_argument("--placement", metavar="FILE", help="vLLM: the placement live while recording, to fold "
-                   "physical-slot counts into logical experts")
+    i.add_argument("--placement", metavar="FILE", help="vLLM and TensorRT-LLM: the placement live while recording, "
+                   "to fold physical-slot counts into logical experts")
     i.add_argument("--gpus", type=int, metavar="N", help="EP size, to read an SGLang or TensorRT-LLM --placement")
     i.set_defaults(func=run_import_load)
 
@@ -128,13 +136,19 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import_load(args: argparse.Namespace) -> int:
     output_file(args.out, "--out")
-    phy2log = None
+    live = None
     if args.placement:
-        if args.source_format != "vllm":
-            raise EplbError("--placement applies to --from vllm only (SGLang and TensorRT-LLM record logical experts)")
-        phy2log = read_placement_file(args.placement, num_gpus=args.gpus).placement.phy2log
+        if args.source_format == "sglang":
+            raise EplbError("--placement applies to --from vllm and trtllm only (SGLang records logical experts)")
+        live = read_placement_file(args.placement, num_gpus=args.gpus)
     loads = import_loads(args.source_format, args.files, drop_empty_layers=not args.keep_empty_layers,
-                         phy2log=phy2log)
+                         phy2log=None if live is None or args.source_format != "vllm" else live.placement.phy2log)
+    if live is not None and args.source_format == "trtllm":
+        loads = fold_slots(loads, live.placement.phy2log, live.layer_ids)
+    elif args.source_format == "trtllm" and loads.counts.shape[2] not in _EXPERT_COUNTS:
+        print(f"note: meta_info.json says {loads.counts.shape[2]} experts, which no known model has: if "
+              "TensorRT-LLM's load balancer was on, these are slots; pass --placement (the load-balancer YAML "
+              "that was live) and --gpus to fold them to logical experts", file=sys.stderr)
     if args.steps is not None:
         loads = loads.select_steps(*args.steps)
     write_loads(loads, args.out, keep_steps=args.keep_steps)

@@ -39,7 +39,8 @@ class ImportedLoads:
 
     counts: [steps, layers, E] tokens routed to each logical expert (token-to-expert assignments);
     layer_ids: model layer of each row; source: where they came from; format: sglang, trtllm or vllm;
-    meta: extra facts from the files (e.g. num_experts_per_token, iterations).
+    meta: extra facts from the files (e.g. num_experts_per_token, iterations); in_time_order: False when the
+    steps come from a full circular buffer that does not record where it wrapped (the sum is still exact).
     """
 
     counts: NDArray[np.float64]
@@ -47,6 +48,7 @@ class ImportedLoads:
     source: str
     format: str
     meta: dict[str, Any] = field(default_factory=dict)
+    in_time_order: bool = True
 
     @property
     def num_steps(self) -> int:
@@ -59,6 +61,10 @@ class ImportedLoads:
 
     def select_steps(self, start: int | None, stop: int | None) -> ImportedLoads:
         """Keep steps[start:stop] (Python slice rules, so -100: keeps the last 100)."""
+        if not self.in_time_order:
+            raise EplbError(f"{self.source}: the steps are not in time order (a full circular buffer, which does "
+                            "not record where it wrapped), so --steps cannot pick recent ones; import them all, "
+                            "or record into an unbounded buffer")
         picked = self.counts[start:stop]
         if picked.shape[0] == 0:
             raise EplbError(f"steps {'' if start is None else start}:{'' if stop is None else stop} select none of "
@@ -98,10 +104,7 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
         p = existing_file(raw)
         suffix = p.suffix.lower()
         if suffix == ".pt":
-            raise EplbError(
-                f"{p}: SGLang's .pt dumps need torch to read; convert once with python -c \"import torch, numpy; "
-                f"d = torch.load('{p.name}'); numpy.savez('{p.stem}.npz', logical_count=d['logical_count'].numpy())\""
-            )
+            raise EplbError(f"{p}: SGLang's .pt dumps need torch to read; convert once with {sglang_pt_hint(p)}")
         if suffix == ".json":
             data = read_json(p)
             if not isinstance(data, dict) or "logical_count" not in data:
@@ -114,6 +117,7 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
             raise EplbError(f"{p}: unknown file type '{suffix}' for SGLang statistics (use .json, .npz or .npy)")
         parts.append(_steps_layers_experts(value, f"{p}: logical_count"))
         names.append(p.name)
+    parts, in_order = _circular_buffer_steps(parts)
     counts = _stack(parts, names)
     layer_ids = list(range(counts.shape[1]))
     if drop_empty_layers:
@@ -124,7 +128,27 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
         counts = counts[:, keep]
         layer_ids = [int(v) for v in keep]
     source = f"SGLang expert distribution ({', '.join(names)}, {counts.shape[0]} step(s))"
-    return ImportedLoads(counts, layer_ids, source, "sglang")
+    return ImportedLoads(counts, layer_ids, source, "sglang", in_time_order=in_order)
+
+
+def sglang_pt_hint(p: Path) -> str:
+    """The one-line command that turns SGLang's .pt stat dump into an .npz eplb reads (CPU host or GPU host)."""
+    return (f"python -c \"import torch, numpy; d = torch.load('{p.name}', map_location='cpu', weights_only=True); "
+            f"numpy.savez('{p.stem}.npz', logical_count=d['logical_count'].numpy())\"")
+
+
+def _circular_buffer_steps(parts: list[NDArray[np.float64]]) -> tuple[list[NDArray[np.float64]], bool]:
+    """SGLang's and vLLM's recorders keep steps in a circular buffer dumped whole: rows never written are all
+    zero, and once full, the rows are rotated by an offset the dump does not record. Drop the all-zero rows
+    (they hold no tokens, so the window is unchanged) and say whether the rest are in time order (a buffer
+    with unwritten rows never wrapped)."""
+    kept, in_order = [], True
+    for part in parts:
+        written = part.reshape(part.shape[0], -1).any(axis=1)
+        if written.all() and part.shape[0] > 1:
+            in_order = False
+        kept.append(part[written] if written.any() else part[:1])
+    return kept, in_order
 
 
 def read_trtllm_loads(paths: Sequence[str | Path]) -> ImportedLoads:
@@ -164,16 +188,38 @@ def read_trtllm_loads(paths: Sequence[str | Path]) -> ImportedLoads:
     return ImportedLoads(counts, layers, source, "trtllm", info)
 
 
+def fold_slots(loads: ImportedLoads, phy2log: NDArray[np.int64], layer_ids: Sequence[int]) -> ImportedLoads:
+    """Slot counts [steps, layers, P] (TensorRT-LLM with its load balancer on counts slot ids, num_experts =
+    slots) folded to logical experts with the placement that was live: phy2log [placement layers, P], its rows
+    being model layers layer_ids; the rows of loads.layer_ids are picked."""
+    rows = {int(layer): i for i, layer in enumerate(layer_ids)}
+    missing = [layer for layer in loads.layer_ids if layer not in rows]
+    if missing:
+        raise EplbError(f"the placement has no row for model layer {missing[0]}, which the statistics count; give "
+                        "the load-balancer config that was live while recording (its keys are model layers)")
+    table = np.asarray(phy2log, dtype=np.int64)[[rows[layer] for layer in loads.layer_ids]]
+    if table.shape[1] != loads.counts.shape[2]:
+        raise EplbError(f"the statistics count {loads.counts.shape[2]} slots or experts per layer but the "
+                        f"placement has {table.shape[1]} slots; give the config that was live while recording")
+    counts = fold_physical(loads.counts, table, "slot counts")
+    meta = {**loads.meta, "num_slots": int(table.shape[1]), "num_experts": int(counts.shape[2])}
+    return replace(loads, counts=counts, meta=meta, source=f"{loads.source}, slots folded to experts")
+
+
 def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] | None = None) -> ImportedLoads:
     """vLLM-style per-step counts: .npy, .npz (array `counts`, `logical_count`, `loads` or
     `expert_load_window`, or a single array) or .json (`{"counts": ...}` or `{"loads": ...}`), shaped
-    [steps, MoE layers, E] or [MoE layers, E]. Several files are stacked along the step axis.
+    [steps, MoE layers, E] or [MoE layers, E]. Several files are the EP ranks of one recording: each rank
+    counts the tokens it dispatched, and vLLM sums the ranks (an all-reduce) before it rebalances, so do we.
 
     vLLM's own `expert_load_window` counts physical slots, [steps, layers, P]: give `phy2log` [layers, P]
     (or store `physical_to_logical_map` in the .npz) and the slot counts are added up per logical expert.
+    That window is a circular buffer: rows never written (all zero) are dropped, and a full one is not in
+    time order.
     """
     parts: list[NDArray[np.float64]] = []
     names: list[str] = []
+    recorder = False
     for raw in paths:
         p = existing_file(raw)
         suffix = p.suffix.lower()
@@ -185,6 +231,7 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
             if key is None:
                 raise EplbError(f"{p}: expected a 'counts' field holding [steps][layers][experts] token counts")
             value: Any = data[key]
+            recorder |= key == "expert_load_window"
             if table is None and "physical_to_logical_map" in data:
                 table = int_table(data["physical_to_logical_map"], f"{p}: physical_to_logical_map")
         elif suffix in (".npz", ".npy"):
@@ -196,11 +243,21 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
         arr = _steps_layers_experts(value, f"{p}: counts")
         if table is not None:
             arr = fold_physical(arr, table, f"{p}")
+            recorder = True
         parts.append(arr)
         names.append(p.name)
-    counts = _stack(parts, names)
-    source = f"vLLM-style counts ({', '.join(names)}, {counts.shape[0]} step(s))"
-    return ImportedLoads(counts, list(range(counts.shape[1])), source, "vllm")
+    for part, name in zip(parts[1:], names[1:], strict=True):
+        if part.shape != parts[0].shape:
+            raise EplbError(f"{name} holds {list(part.shape)} [steps, layers, experts] but {names[0]} holds "
+                            f"{list(parts[0].shape)}; files are the EP ranks of one recording, summed step by step")
+    counts = np.sum(parts, axis=0)
+    in_order = True
+    if recorder:
+        (counts,), in_order = _circular_buffer_steps([counts])
+    ranks = f", {len(names)} ranks summed" if len(names) > 1 else ""
+    source = f"vLLM-style counts ({', '.join(names)}{ranks}, {counts.shape[0]} step(s))"
+    return ImportedLoads(counts, list(range(counts.shape[1])), source, "vllm", {"ranks": len(names)},
+                         in_time_order=in_order)
 
 
 def fold_physical(
