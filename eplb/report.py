@@ -290,7 +290,7 @@ def compare_log(
                 result = replay(
                     view, Cluster(slots), schedule=sched, solver=name, cost=cost,
                     oracle_every=oracle_every if shared is None else 0, time_limit_s=time_limit_s,
-                    on_steps=means, progress=_shifted(bar, bar.done, f"EP{ep} {name}"),
+                    on_steps=means, progress=_shifted(bar, bar.done, f"EP{ep} {name}"), hindsight=False,
                 )  # fmt: skip
                 view.tap = None
                 if means.steps == 0:

@@ -165,11 +165,12 @@ def solve(
     current: Placement | None = None,
     options: Options | None = None,
     split: str = "uniform",
+    scenarios: NDArray[np.float64] | None = None,
 ) -> Outcome:
     """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
     loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
     validated placement, its balance next to the contiguous baseline, a lower bound, and the predicted
-    time when `cost` is given."""
+    time when `cost` is given. scenarios: [S, layers, E] recent sub-windows for `options.robust`."""
     check_shapes(loads, cluster)
     if current is not None:
         _check_current(current, loads, cluster)
@@ -181,6 +182,7 @@ def solve(
         num_groups=cluster.num_groups,
         gpus_per_node=cluster.gpus_per_node,
         current_phy2log=None if current is None else current.phy2log,
+        scenarios=scenarios,
     )
     try:
         solution = registry.solve(name, problem, options or Options())

@@ -55,7 +55,8 @@ class Options:
 
     time_limit_s: per layer, s; total_time_limit_s: whole call, s; max_lb_slack: relative lb a
     migration-aware solve may give up for fewer copies; max_moves: expert copies allowed in the whole
-    model; max_moves_per_layer: the same per layer; target_lb: stop moving once every layer reaches it.
+    model; max_moves_per_layer: the same per layer; target_lb: stop moving once every layer reaches it;
+    robust: after any solver, swap slots so the placement holds up on every scenario (`solvers.robust`).
     """
 
     time_limit_s: float | None = None
@@ -64,6 +65,7 @@ class Options:
     max_moves: int | None = None
     max_moves_per_layer: int | None = None
     target_lb: float | None = None
+    robust: bool = False
 
     def set_names(self) -> list[str]:
         """Names of the options that differ from their defaults."""
@@ -120,6 +122,9 @@ class SolverError(ValueError):
     """A solver name, option or input combination that cannot be honoured; the message says what to change."""
 
 
+EVERY_SOLVER = frozenset({"robust"})
+"""Options every solver takes: the registry applies them after the solver (`solve`)."""
+
 _TABLE: dict[str, str] = {}
 _LOADED: dict[str, type[Solver]] = {}
 
@@ -153,7 +158,7 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
     """Refuse, in one place, every input or option the solver cannot honour. Returns the solver class."""
     cls = get_solver(name)
     caps = cls.capabilities
-    unsupported = [o for o in options.set_names() if o not in cls.options]
+    unsupported = [o for o in options.set_names() if o not in cls.options and o not in EVERY_SOLVER]
     if unsupported:
         takes = ", ".join(sorted(cls.options)) or "none"
         raise SolverError(f"solver {name!r} does not take {', '.join(unsupported)} (it takes: {takes})")
@@ -179,6 +184,8 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
             f"solver {name!r} does not keep expert groups within nodes: drop --groups/--gpus-per-node "
             f"or choose one of {', '.join(n for n in _TABLE if get_solver(n).capabilities.hierarchical)}"
         )
+    if options.robust and (problem.scenarios is None or problem.scenarios.shape[1:] != loads.shape):
+        raise SolverError("robust needs scenarios: [S, layers, experts] recent sub-windows of the loads")
     if caps.requires_current and problem.current_phy2log is None:
         raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
     for opt in ("time_limit_s", "total_time_limit_s", "target_lb"):
@@ -207,6 +214,10 @@ def solve(name: str, problem: Problem, options: Options | None = None) -> Soluti
     cls = check(name, problem, options)
     started = time.perf_counter()
     solution = cls().solve(problem, options)
+    if options.robust:
+        from solvers.robust import refine
+
+        solution = refine(problem, solution)
     validate_placement(solution.phy2log, problem.slots_per_gpu, problem.loads.shape[1], solution.shares)
     if solution.layer_ms is None:
         layers = problem.loads.shape[0]

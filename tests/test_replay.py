@@ -123,7 +123,7 @@ def test_baselines_static_oracle_and_moves() -> None:
     assert first.bytes_moved == first.moves * cost.model.expert_bytes and first.solve_ms > 0
     summary = res.summary
     assert summary["rebalances"]["count"] == 4
-    assert set(summary["results"]) == {"no_eplb", "static", "replay", "oracle"}
+    assert set(summary["results"]) == {"no_eplb", "static", "replay", "hindsight", "oracle"}
     assert summary["results"]["replay"]["lb_mean"] < summary["results"]["static"]["lb_mean"]
     assert summary["results"]["oracle"]["lb_mean"] <= summary["results"]["replay"]["lb_mean"]
 
@@ -286,20 +286,21 @@ def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.Cap
     assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8", "--redundant", "8",
                     "--oracle-every", "2", "--out", str(out), "--progress"]) == 0  # fmt: skip
     captured = capsys.readouterr()
-    assert "replay (greedy)" in captured.out and "rebalances: 2" in captured.out
+    assert "replay (incremental)" in captured.out and "rebalances: 2" in captured.out
     assert "90/90 steps 100%" in captured.err
     with (out / "steps.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["step", "layer", "lb", "oracle_lb", "static_lb", "no_eplb_lb", "time_us"]
+    assert list(rows[0]) == ["step", "layer", "lb", "oracle_lb", "static_lb", "no_eplb_lb", "hindsight_lb", "time_us"]
     assert len(rows) == 90 * 3 and rows[3]["oracle_lb"] == "" and rows[6]["oracle_lb"] != ""
     assert rows[0]["time_us"] == ""  # no model for 32 experts: no time
     with (out / "rebalances.csv").open() as f:
         rebalances = list(csv.DictReader(f))
     assert [r["step"] for r in rebalances] == ["30", "60"] and list(rebalances[0]) == [
-        "step", "moves", "bytes_moved", "solve_ms"
+        "step", "moves", "bytes_moved", "transfer_s", "charge_s", "solve_ms"
     ]  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schedule"]["window"] == 20 and summary["cluster"]["redundant"] == 8
+    assert summary["schedule"]["trigger"] == "periodic"  # no model for 32 experts: the cost trigger cannot run
     assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rebalances"]["count"] == 2
 
@@ -308,7 +309,8 @@ def test_replay_with_a_model_reports_time_and_bytes(tmp_path: Path, capsys: pyte
     log = tmp_path / "log.npz"
     counts = synth_log(SynthConfig(steps=12, layers=58, experts=256, tokens=2048))
     write_counts(log, counts, model="deepseek-v3", top_k=8)
-    assert run_cli(["replay", str(log), "--window", "4", "--interval", "5", "--oracle-every", "0", "--json"]) == 0
+    assert run_cli(["replay", str(log), "--window", "4", "--interval", "5", "--oracle-every", "0", "--json",
+                    "--trigger", "periodic"]) == 0  # fmt: skip
     summary = json.loads(capsys.readouterr().out)
     assert summary["cost"]["model"] == "deepseek-v3"
     rb = summary["rebalances"]["list"][0]
@@ -354,3 +356,159 @@ def test_progress_bar() -> None:
         silent.advance(3)
     assert quiet.getvalue() == ""
 
+
+
+# --------------------------------------------------------------------------------------------
+# One cost model, hindsight, migration, triggers, robust placements
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_replay_time_is_predict_also_per_gpu_and_with_dedup(dedup: bool) -> None:
+    """The replay's per-step time and `eplb.cost.predict` are one model: equal on the same counts, on the
+    extremes path (overlap, no dedup) and on the per-GPU path (dedup)."""
+    from eplb.cost import TimeModel
+    from eplb.replay.evaluate import Evaluator
+
+    rng = np.random.default_rng(5)
+    counts = rng.poisson(rng.gamma(0.5, 40.0, size=(5, 2, 32)))
+    slots = np.full(8, 5)
+    cost = small_cost(32)
+    placement = Placement(solve_greedy(counts.sum(axis=0).astype(float), slots), slots, 32)
+    ev = Evaluator(TimeModel.from_specs(cost.model, cost.hardware, cost.link_bw, 8, None, True, dedup))
+    ev.set_placements([placement])
+    lb, times = ev.evaluate(counts)
+    for t in range(5):
+        ref = predict(counts[t].astype(float), placement.phy2log, slots, cost.model, cost.hardware, cost.link_bw,
+                      dedup=dedup)  # fmt: skip
+        assert times[0, t] == pytest.approx(ref.time_us, rel=1e-5)
+        assert lb[0, t] == pytest.approx(ref.lb, rel=1e-5)
+
+
+def test_hindsight_row_is_a_direct_solve_per_interval() -> None:
+    log = two_regimes(250, shift=120, layers=2)
+    cluster = Cluster(np.full(8, 5))
+    res = replay(log, cluster, schedule=Schedule(window=30, interval=60, first=50), oracle_every=0, collect=True)
+    st = res.steps
+    assert st is not None
+    for lo, hi in ((0, 50), (50, 110), (110, 170), (170, 230), (230, 250)):
+        own = solve(log[lo:hi].sum(axis=0).astype(np.float64), cluster).placement
+        for t in (lo, (lo + hi) // 2, hi - 1):
+            assert st.hindsight_lb[t] == pytest.approx(balance(log[t].astype(float), own).lb, rel=1e-6)
+    ratio = res.summary["results"]["replay"]["hindsight_ratio"]
+    assert ratio == pytest.approx(np.nanmean(st.lb) / np.nanmean(st.hindsight_lb), rel=1e-6) and ratio > 1
+
+
+def test_migration_charge_is_bytes_over_bandwidth() -> None:
+    """Constructed: GPUs 0 and 2 receive two experts each, GPU 1 one: the blocking stall is the busiest
+    destination's bytes over the link; with overlap the copies take 1 / share as long."""
+    from eplb.cost.migration import MigrationSpec, copies_per_gpu
+
+    slots = np.array([2, 2, 2])
+    old = np.array([[0, 1, 2, 3, 4, 5]])
+    new = np.array([[3, 4, 5, 2, 0, 1]])  # GPU 0: {3, 4} new; GPU 1: {5} new, 2 kept; GPU 2: {0, 1} new
+    assert copies_per_gpu(new, old, slots).tolist() == [2, 1, 2]
+    bw, per_copy = 50e9, 44e6
+    cost = MigrationSpec(bw, overlap=False).cost(copies_per_gpu(new, old, slots) * per_copy, comm_fraction=0.5)
+    assert cost.stall_s == pytest.approx(2 * per_copy / bw) and cost.bytes == 5 * per_copy
+    assert cost.charge_s(step_time_s=0.01) == (pytest.approx(2 * per_copy / bw), 0)
+    lap = MigrationSpec(bw, overlap=True, link_share=0.25).cost(np.array([2 * per_copy, 0.0]), comm_fraction=0.9)
+    assert lap.transfer_s == pytest.approx(2 * per_copy / (0.25 * bw)) and lap.stall_s == 0
+    assert lap.slowdown == pytest.approx(0.9 / 0.75 - 1)  # comm 0.9 of the step on 0.75 of the link
+    assert MigrationSpec(bw).cost(np.array([per_copy]), comm_fraction=0.5).slowdown == 0  # comm stays hidden
+    # in a replay: the charge of each rebalance is its busiest GPU's bytes / bandwidth (blocking)
+    log = two_regimes(200, shift=100, layers=2)
+    cluster = Cluster(np.full(8, 5))
+    small = small_cost(32)
+    res = replay(log, cluster, schedule=Schedule(window=30, interval=60), cost=small, oracle_every=0,
+                 migration=MigrationSpec(bw, overlap=False), hindsight=False)  # fmt: skip
+    serving = initial_placement(2, 32, cluster.slots_per_gpu)
+    total = 0.0
+    for rb in res.rebalances:
+        assert rb.transfer_s is not None and rb.charge_s == rb.transfer_s
+        total += rb.charge_s
+    assert res.summary["results"]["replay"]["migration_s"] == pytest.approx(total, abs=1e-6)
+    first = res.rebalances[0]
+    assert res.static is not None
+    copies = copies_per_gpu(res.static.phy2log, serving.phy2log, cluster.slots_per_gpu)
+    expected = copies.max() * small.model.expert_bytes
+    assert first.transfer_s == pytest.approx(expected / bw)
+    r = res.summary["results"]["replay"]
+    assert r["total_time_s"] == pytest.approx(r["serving_s"] + r["migration_s"], abs=1e-5)
+
+
+def test_cost_trigger_never_pays_more_than_it_saves() -> None:
+    """Over a link of 1 kB/s every copy costs hours: the cost trigger keeps the initial placement. Over
+    NVLink the same log rebalances (so the test can fail both ways)."""
+    from eplb.cost.migration import MigrationSpec
+
+    log = two_regimes(200, shift=100, layers=2)
+    cluster = Cluster(np.full(8, 5))
+    cost = small_cost(32, tokens_per_gpu=4096.0)
+    sched = Schedule(window=30, interval=60, trigger="cost")
+    slow = replay(log, cluster, schedule=sched, cost=cost, oracle_every=0, migration=MigrationSpec(1e3, overlap=False))
+    assert slow.rebalances == [] and [c["decision"] for c in slow.checks] == ["keep", "keep", "keep"]
+    fast = replay(log, cluster, schedule=sched, cost=cost, oracle_every=0, migration=MigrationSpec(900e9))
+    assert fast.rebalances and all(r.saving_s is not None and r.saving_s > (r.charge_s or 0) for r in fast.rebalances)
+
+
+def test_threshold_trigger_fires_exactly_above_the_threshold() -> None:
+    """Checks at 60, 120, 180: the first sees vLLM's initial placement (lb well above 1.3) and fires; at 120
+    the new placement serves the old regime (lb near 1): keep; the shift at 130 makes 180 fire."""
+    log = two_regimes(240, shift=130, layers=2)
+    cluster = Cluster(np.full(8, 5))
+    res = replay(log, cluster, schedule=Schedule(window=40, interval=60, trigger="threshold", threshold=1.3),
+                 oracle_every=0, collect=True)  # fmt: skip
+    st = res.steps
+    assert st is not None
+    recent = {c: float(st.lb[c - 40 : c].mean()) for c in (60, 120, 180)}
+    assert recent[60] > 1.3 and recent[120] < 1.3 and recent[180] > 1.3
+    assert [c["decision"] for c in res.checks] == ["rebalance", "keep", "rebalance"]
+    assert [r.position for r in res.rebalances] == [60, 180]
+
+
+def test_no_lookahead_with_the_cost_trigger() -> None:
+    """Two logs equal before step 120 and different after: the decision and placement at 120 match."""
+    a = two_regimes(200, shift=100, layers=2, seed=1)
+    b = a.copy()
+    b[120:] = two_regimes(80, shift=0, layers=2, seed=9)
+    cluster = Cluster(np.full(8, 5))
+    sched = Schedule(window=30, interval=60, trigger="cost")
+    ra, rb_ = (replay(x, cluster, schedule=sched, cost=small_cost(32, tokens_per_gpu=4096.0), oracle_every=0,
+                      hindsight=False) for x in (a, b))  # fmt: skip
+    at_a = [r for r in ra.rebalances if r.position <= 120]
+    at_b = [r for r in rb_.rebalances if r.position <= 120]
+    assert [(r.position, r.moves) for r in at_a] == [(r.position, r.moves) for r in at_b]
+    assert ra.checks[:2] == rb_.checks[:2]
+
+
+def test_robust_refinement_lowers_the_worst_scenario_and_keeps_the_rules() -> None:
+    from solvers import registry
+    from solvers.registry import Options, Problem
+    from solvers.robust import worst_lb
+
+    log = two_regimes(120, shift=60, layers=2, experts=32)
+    scen = np.stack([log[:60].sum(axis=0), log[60:].sum(axis=0)]).astype(np.float64)
+    loads = scen.sum(axis=0)
+    slots = np.full(8, 5)
+    for groups, per_node in ((None, None), (4, 4)):
+        problem = Problem(loads, slots, num_groups=groups, gpus_per_node=per_node, scenarios=scen)
+        plain = registry.solve("greedy", problem)
+        robust = registry.solve("greedy", problem, Options(robust=True))
+        gpu = np.repeat(np.arange(8), 5)
+        for layer in range(2):
+            x = np.concatenate([scen, loads[None]])[:, layer]
+            x = x / (x.sum(axis=1, keepdims=True) / 8)
+            assert worst_lb(x, robust.phy2log[layer], slots) <= worst_lb(x, plain.phy2log[layer], slots) + 1e-12
+            for g in range(8):  # no expert twice on a GPU
+                held = robust.phy2log[layer][gpu == g]
+                assert len(set(held.tolist())) == held.size
+            if groups is not None:  # each expert group stays on its node
+                node_of_slot = gpu // per_node
+                for e in range(32):
+                    before = set(node_of_slot[plain.phy2log[layer] == e].tolist())
+                    assert set(node_of_slot[robust.phy2log[layer] == e].tolist()) == before
+        assert robust.info["robust"]["worst_lb_after"] <= robust.info["robust"]["worst_lb_before"]
+    assert robust.info["robust"]["worst_lb_after"] < robust.info["robust"]["worst_lb_before"]  # it did something
+    with pytest.raises(registry.SolverError, match="robust needs scenarios"):
+        registry.solve("greedy", Problem(loads, slots), Options(robust=True))

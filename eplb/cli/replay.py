@@ -14,11 +14,13 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB
 from eplb.cli.solve import add_cluster_options, add_cost_options, cost_setup, int_list, model_for, slots_for
+from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.progress import Progress
-from eplb.replay import BASELINES, ReplayResult, Schedule, StepBlock, replay
-from eplb.solve import Cluster
+from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock, replay
+from eplb.solve import Cluster, CostSetup
+from eplb.specs import link_bandwidth
 from eplb.synth import StatsAccumulator, SynthConfig, seed004_log, synth_counts, synth_topk
 from solvers import registry
 
@@ -123,12 +125,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     r.add_argument("log", metavar="LOG", help="routing log: .npz (counts or topk_ids), .npy or .jsonl")
     add_schedule_options(r)
-    r.add_argument("--solver", choices=registry.names(), default="greedy", help="greedy (default) or milp")
+    default_solver = "incremental" if "incremental" in registry.names() else "greedy"
+    r.add_argument("--solver", choices=registry.names(), default=default_solver,
+                   help=f"placement solver at each rebalance (default {default_solver})")
     r.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
     add_cluster_options(r)
     r.add_argument("--oracle-every", type=int, default=1, metavar="N",
                    help="solve the oracle on every N-th step (default 1: all; 0: skip the oracle)")
     add_cost_options(r, model_default=LOG_MODEL_DEFAULT, tokens_default=LOG_TOKENS_DEFAULT, tokens_value=None)
+    add_migration_options(r)
     r.add_argument("--out", metavar="DIR", help="write steps.csv, rebalances.csv and summary.json here")
     r.add_argument("--json", action="store_true", help="print summary.json's object instead of the table")
     add_progress_options(r)
@@ -153,11 +158,45 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
                    help="steps before a new placement serves (default 1: from the next step; 0: vLLM's timing)")
     p.add_argument("--ewma", type=float, metavar="ALPHA",
                    help="weight the window: the step j steps before the rebalance counts (1 - ALPHA)^j")
+    p.add_argument("--trigger", choices=TRIGGERS,
+                   help="when a check rebalances: always (periodic), when the recent realized lb exceeds "
+                   "--threshold, or when the predicted time saved over the next interval exceeds the migration "
+                   "cost (cost; needs a model). Default: cost with a model, else periodic")
+    p.add_argument("--threshold", type=float, default=d.threshold, metavar="LB",
+                   help=f"realized lb (mean over the window's steps and layers) above which --trigger threshold "
+                   f"rebalances (default {d.threshold:g})")
+    p.add_argument("--robust-windows", type=int, metavar="K",
+                   help="cut the window into K sub-windows and refine the placement so its worst lb over them "
+                   "is lowest (solvers/robust.py; any solver)")
 
 
-def schedule_from(args: argparse.Namespace) -> Schedule:
+def add_migration_options(p: argparse._ActionsContainer) -> None:
+    """--migration-link, --migration overlap|blocking, --migration-share (read back with `migration_from`)."""
+    d = MigrationSpec(1.0)
+    p.add_argument("--migration-link", default="nvlink", metavar="nvlink|nic|pcie|GBPS",
+                   help="link the expert copies take, per GPU and direction (default nvlink)")
+    p.add_argument("--migration", choices=("overlap", "blocking"), default="overlap",
+                   help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
+                   "default) or stall serving until done (blocking)")
+    p.add_argument("--migration-share", type=float, default=d.link_share, metavar="F",
+                   help=f"with overlap, the fraction of the link the copies take (default {d.link_share:g})")
+
+
+def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> MigrationSpec | None:
+    """The checked MigrationSpec from `add_migration_options` (None without a cost model)."""
+    if cost is None:
+        return None
+    spec = MigrationSpec(link_bandwidth(cost.hardware, args.migration_link), args.migration == "overlap",
+                         args.migration_share)  # fmt: skip
+    spec.check()
+    return spec
+
+
+def schedule_from(args: argparse.Namespace, default_trigger: str = "periodic") -> Schedule:
     """The checked Schedule from `add_schedule_options`' arguments."""
-    schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma)
+    trigger = args.trigger or default_trigger
+    schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma, trigger,
+                        args.threshold, args.robust_windows)  # fmt: skip
     schedule.check()
     return schedule
 
@@ -283,7 +322,7 @@ def _write_counts(out: Path, counts: Any, meta: dict[str, Any], compress: bool) 
 class _CsvSteps:
     """steps.csv, written block by block as the replay goes."""
 
-    HEADER = "step,layer,lb,oracle_lb,static_lb,no_eplb_lb,time_us\n"
+    HEADER = "step,layer,lb,oracle_lb,static_lb,no_eplb_lb,hindsight_lb,time_us\n"
 
     def __init__(self, path: Path, layer_ids: list[int] | None, num_layers: int) -> None:
         self.f = path.open("w")
@@ -294,9 +333,9 @@ class _CsvSteps:
         n, layers = block.lb.shape
         cols = np.column_stack([
             np.repeat(block.steps, layers), np.tile(self.layers, n), block.lb.ravel(), block.oracle_lb.ravel(),
-            block.static_lb.ravel(), block.no_eplb_lb.ravel(), block.time_us.ravel(),
+            block.static_lb.ravel(), block.no_eplb_lb.ravel(), block.hindsight_lb.ravel(), block.time_us.ravel(),
         ])  # fmt: skip
-        fmt = "%d,%d,%.6f,%.6f,%.6f,%.6f,%.3f\n"
+        fmt = "%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.3f\n"
         text = (fmt * cols.shape[0]) % tuple(cols.ravel().tolist())
         self.f.write(text.replace("nan", ""))
 
@@ -312,7 +351,11 @@ def run_replay(args: argparse.Namespace) -> int:
     cost = cost_setup(args, model)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
-    schedule = schedule_from(args)
+    schedule = schedule_from(args, "cost" if cost is not None else "periodic")
+    if schedule.trigger == "cost" and cost is None:
+        raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "
+                        "periodic or threshold")  # fmt: skip
+    migration = migration_from(args, cost)
     out = Path(args.out) if args.out else None
     csv: _CsvSteps | None = None
     if out is not None:
@@ -328,6 +371,7 @@ def run_replay(args: argparse.Namespace) -> int:
             schedule=schedule,
             solver=args.solver,
             cost=cost,
+            migration=migration,
             oracle_every=args.oracle_every,
             time_limit_s=args.time_limit,
             on_steps=csv,
@@ -339,10 +383,12 @@ def run_replay(args: argparse.Namespace) -> int:
             csv.close()
     if out is not None:
         with (out / "rebalances.csv").open("w") as f:
-            f.write("step,moves,bytes_moved,solve_ms\n")
+            f.write("step,moves,bytes_moved,transfer_s,charge_s,solve_ms\n")
             for rb in result.rebalances:
                 moved = "" if rb.bytes_moved is None else f"{rb.bytes_moved:.0f}"
-                f.write(f"{rb.step},{rb.moves},{moved},{rb.solve_ms:.3f}\n")
+                transfer = "" if rb.transfer_s is None else f"{rb.transfer_s:.6f}"
+                charge = "" if rb.charge_s is None else f"{rb.charge_s:.6f}"
+                f.write(f"{rb.step},{rb.moves},{moved},{transfer},{charge},{rb.solve_ms:.3f}\n")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     if args.json:
         json.dump(result.summary, sys.stdout)
@@ -356,6 +402,7 @@ _LABELS = {
     "no_eplb": "no EPLB (id order)",
     "static": "static (first kept)",
     "replay": "replay",
+    "hindsight": "hindsight (per interval)",
     "oracle": "oracle (per step)",
 }
 
@@ -376,7 +423,8 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
     if rb["count"]:
         moved = "" if rb["bytes_moved"] is None else f", {rb['bytes_moved'] / GIB:,.1f} GiB"
         lines.append(
-            f"rebalances: {rb['count']}, {rb['moves']:,} expert copies{moved}; solve "
+            f"rebalances: {rb['count']} of {rb['checks']} checks, {rb['moves']:,} expert copies{moved} "
+            f"({rb['slots_moved_fraction']:.1%} of the slots per rebalance); solve "
             f"{rb['solve_ms_mean']:,.1f} ms mean, {rb['solve_ms_max']:,.1f} ms max"
         )
     else:
@@ -386,20 +434,25 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
         tpg = "each step's own tokens" if c["tokens_per_gpu"] is None else f"T = {c['tokens_per_gpu']:,.0f} per GPU"
         lines.append(f"time model: {c['model']} on {c['hardware']}, {c['link_bandwidth'] / 1e9:g} GB/s link, {tpg}")
     lines.append("")
-    head = f"  {'':<22}{'lb mean':>9}{'lb p50':>9}{'lb p99':>9}{'lb max':>9}{'MoE ms/step':>13}{'vs no EPLB':>12}"
+    head = (f"  {'':<26}{'lb mean':>9}{'lb p50':>9}{'lb p99':>9}{'lb max':>9}{'MoE ms/step':>13}{'migration s':>13}"
+            f"{'total s':>10}{'vs no EPLB':>12}")  # fmt: skip
     lines.append(head)
     for name in BASELINES:
         r = s["results"][name]
         if not r.get("steps"):
-            lines.append(f"  {_LABELS[name]:<22}{'(skipped)':>9}")
+            lines.append(f"  {_LABELS[name]:<26}{'(skipped)':>9}")
             continue
-        t = r.get("step_time_us")
+        t, mig, total = r.get("step_time_us"), r.get("migration_s"), r.get("total_time_s")
         speed = r.get("speedup_vs_no_eplb")
         label = _LABELS[name] if name != "replay" else f"replay ({result.solver})"
         lines.append(
-            f"  {label:<22}{r['lb_mean']:>9.3f}{r['lb_p50']:>9.3f}{r['lb_p99']:>9.3f}{r['lb_max']:>9.3f}"
-            f"{'' if t is None else f'{t / 1000:.3f}':>13}{'' if speed is None else f'{speed:.3f}x':>12}"
+            f"  {label:<26}{r['lb_mean']:>9.3f}{r['lb_p50']:>9.3f}{r['lb_p99']:>9.3f}{r['lb_max']:>9.3f}"
+            f"{'' if t is None else f'{t / 1000:.3f}':>13}{'' if mig is None else f'{mig:.3f}':>13}"
+            f"{'' if total is None else f'{total:.3f}':>10}{'' if speed is None else f'{speed:.3f}x':>12}"
         )
+    ratio = s["results"]["replay"].get("hindsight_ratio")
+    if ratio is not None:
+        lines.append(f"  replay lb / hindsight lb: {ratio:.4f} (1.0: as good as a placement solved on each interval)")
     oe = s["schedule"]["oracle_every"]
     if oe > 1:
         lines.append(f"  (oracle on every {oe}-th step only)")

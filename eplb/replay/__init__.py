@@ -1,19 +1,27 @@
-"""Offline replay of a routing log with rebalancing, next to baselines (docs/replay.md)."""
+"""Offline replay of a routing log with rebalancing, next to baselines (docs/replay.md).
+
+schedule: when to check and rebalance (Schedule, TRIGGERS) and the window buffer; evaluate: every
+placement's lb and time per step (compiled loop in _evaluate.c); run: the replay itself; summary: the
+rows' running statistics.
+"""
 
 from eplb.replay.run import (
-    BASELINES,
+    MOVE_BUDGETS,
     Rebalance,
     ReplayResult,
-    Schedule,
     StepBlock,
     blas_threads,
     initial_placement,
     predict_time_us,
     replay,
 )
+from eplb.replay.schedule import TRIGGERS, Schedule
+from eplb.replay.summary import BASELINES
 
 __all__ = [
     "BASELINES",
+    "MOVE_BUDGETS",
+    "TRIGGERS",
     "Rebalance",
     "ReplayResult",
     "Schedule",

@@ -1,0 +1,111 @@
+"""Every placement's realized lb and predicted layer time for blocks of steps.
+
+One compiled pass per block (eplb/replay/_evaluate.c) gathers each slot's expert counts and sums them per
+GPU for all placements at once, vectorized over steps; the times come from `eplb.cost.TimeModel`, the
+same model `eplb.cost.predict` uses. Memory: a few [layers, placements, steps] float32 arrays per block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.cost import TimeModel
+from eplb.placement import Placement
+from eplb.replay import _evaluate
+from eplb.solve import Cluster, CostSetup
+from solvers.greedy import solve_greedy
+
+__all__ = ["Evaluator", "oracle", "time_model"]
+
+_KINDS = {np.dtype(np.uint8): "B", np.dtype(np.uint16): "H", np.dtype(np.uint32): "I", np.dtype(np.int32): "i",
+          np.dtype(np.int64): "q", np.dtype(np.float32): "f"}  # fmt: skip
+_ORACLE_BATCH_STEPS = 32  # steps per vectorized oracle solve
+
+
+def time_model(cost: CostSetup, gpus: int) -> TimeModel:
+    """The TimeModel of a cost setup on G GPUs (each step's counts are its routed rows)."""
+    return TimeModel.from_specs(cost.model, cost.hardware, cost.link_bw, gpus, cost.tokens_per_gpu, cost.overlap)
+
+
+class Evaluator:
+    """lb and time of K placements (same layers, experts and slots) on blocks of per-step counts."""
+
+    def __init__(self, time: TimeModel | None) -> None:
+        self.time = time
+        self.placements: list[Placement] = []
+        self._expert = np.zeros((0, 0, 0), dtype=np.int64)
+        self._share = np.zeros((0, 0, 0), dtype=np.float32)
+        self._bounds = np.zeros((0, 0), dtype=np.int64)
+
+    def set_placements(self, placements: Sequence[Placement]) -> None:
+        """Placements to evaluate, in the order `evaluate` returns them (slot counts may differ)."""
+        self.placements = list(placements)
+        width = max(p.num_physical for p in placements)
+        layers = placements[0].num_layers
+        expert = np.zeros((layers, len(placements), width), dtype=np.int64)
+        share = np.zeros((layers, len(placements), width), dtype=np.float32)
+        bounds = np.zeros((len(placements), placements[0].num_gpus + 1), dtype=np.int64)
+        for k, p in enumerate(placements):
+            expert[:, k, : p.num_physical] = p.phy2log
+            share[:, k, : p.num_physical] = p.slot_shares()
+            bounds[k, 1:] = np.cumsum(p.slots_per_gpu)
+        self._expert, self._share, self._bounds = expert, share, bounds
+
+    def evaluate(self, counts: NDArray[Any]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """counts [n, L, E] -> (lb [K, n, L], time_us [K, n, L]) per placement; time NaN without a model."""
+        n, layers, experts = counts.shape
+        k, width = self._expert.shape[1], self._expert.shape[2]
+        gpus = self._bounds.shape[1] - 1
+        kind = _KINDS.get(counts.dtype)
+        if kind is None:
+            counts, kind = counts.astype(np.float32), "f"
+        counts = np.ascontiguousarray(counts)
+        rmax, rmin, amax = (np.empty((layers, k, n), dtype=np.float32) for _ in range(3))
+        per_gpu = self.time is not None and not self.time.extremes_suffice
+        rows = np.empty((layers, k, gpus, n), dtype=np.float32) if per_gpu else None
+        active = np.empty_like(rows) if rows is not None else None
+        _evaluate.gpu_loads(counts, kind, n, layers, experts, self._expert, self._share, k, width, self._bounds, gpus,
+                            rmax, rmin, amax, rows, active)  # fmt: skip
+        total = counts.sum(axis=2, dtype=np.float64).T[:, None, :]  # [L, 1, n], exact
+        mean = total / gpus
+        lb = np.divide(rmax, mean, out=np.ones(rmax.shape), where=mean > 0)
+        times = np.full(lb.shape, np.nan)
+        if self.time is not None:
+            if rows is not None and active is not None:
+                times = self.time.layer_time(total[..., None], rows.swapaxes(2, 3), active.swapaxes(2, 3))
+            else:
+                times = self.time.layer_time_from_extremes(total, rmax, rmin, amax)
+        return lb.transpose(1, 2, 0), np.ascontiguousarray(times.transpose(1, 2, 0))
+
+
+def oracle(
+    counts: NDArray[Any], cluster: Cluster, time: TimeModel | None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Greedy on every step's own counts: (lb [n, L], time_us [n, L]). All steps and layers are one
+    batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots)."""
+    n, layers, experts = counts.shape
+    slots = cluster.slots_per_gpu
+    lb = np.empty((n, layers))
+    times = np.full((n, layers), np.nan)
+    starts = np.concatenate([[0], np.cumsum(slots)[:-1]])
+    for a in range(0, n, _ORACLE_BATCH_STEPS):
+        b = min(n, a + _ORACLE_BATCH_STEPS)
+        loads = counts[a:b].reshape(-1, experts).astype(np.float64)
+        p2l = solve_greedy(loads, slots, num_groups=cluster.num_groups, gpus_per_node=cluster.gpus_per_node)
+        flat = p2l + (np.arange(loads.shape[0], dtype=np.int64) * experts)[:, None]
+        replicas = np.bincount(flat.ravel(), minlength=loads.size).astype(np.float64)
+        slot_load = loads.ravel()[flat] / replicas[flat]
+        gpu_rows = np.add.reduceat(slot_load, starts, axis=1)
+        total = loads.sum(axis=1)
+        mean = total / slots.size
+        peak = gpu_rows.max(axis=1)
+        lb[a:b] = np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0).reshape(b - a, layers)
+        if time is not None:
+            active = np.add.reduceat((slot_load > 0).astype(np.float64), starts, axis=1)
+            t = time.layer_time(total[:, None], gpu_rows, active)
+            times[a:b] = t.reshape(b - a, layers)
+    return lb, times

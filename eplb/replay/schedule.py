@@ -1,0 +1,151 @@
+"""When a replay rebalances and what the solver sees: the schedule, the trigger and the window buffer."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+
+__all__ = ["TRIGGERS", "Schedule", "Window"]
+
+TRIGGERS: tuple[str, ...] = ("periodic", "threshold", "cost")
+"""periodic: rebalance at every check; threshold: when the recent realized lb exceeds `threshold`; cost:
+when the predicted time saved over the next interval exceeds the predicted migration cost."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When to rebalance and what the solver sees (positions count logged steps from 0).
+
+    window: steps in the solver's window (vLLM's default 1000); interval: steps between checks (vLLM's
+    default 3000); first: position of the first check (default: interval); delay: steps after a
+    rebalance before its placement serves (default 1: from the next step); ewma: alpha in (0, 1] to
+    weight the window, None for a plain sum; trigger: one of TRIGGERS (a check rebalances always,
+    above `threshold` realized lb, or when it pays for its migration); robust_windows: split the window
+    into this many sub-windows and make the placement hold up on all of them (`solvers.robust`).
+    """
+
+    window: int = 1000
+    interval: int = 3000
+    first: int | None = None
+    delay: int = 1
+    ewma: float | None = None
+    trigger: str = "periodic"
+    threshold: float = 1.1
+    robust_windows: int | None = None
+
+    def check(self) -> None:
+        """Raise EplbError on an impossible schedule."""
+        for name in ("window", "interval"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise EplbError(f"{name} must be a whole number of steps >= 1, got {v!r}")
+        if self.first is not None and (not isinstance(self.first, int) or self.first < 1):
+            raise EplbError(f"the first rebalance needs at least one step before it: got position {self.first!r}")
+        if not isinstance(self.delay, int) or self.delay < 0:
+            raise EplbError(f"delay must be a whole number of steps >= 0, got {self.delay!r}")
+        if self.delay >= self.interval:
+            raise EplbError(
+                f"delay ({self.delay}) must be shorter than the interval ({self.interval}): a placement must "
+                "serve before the next rebalance"
+            )
+        if self.ewma is not None and not (0 < self.ewma <= 1):
+            raise EplbError(f"EWMA alpha must be in (0, 1], got {self.ewma!r}")
+        if self.trigger not in TRIGGERS:
+            raise EplbError(f"trigger must be one of {', '.join(TRIGGERS)}, got {self.trigger!r}")
+        if not (math.isfinite(self.threshold) and self.threshold >= 1):
+            raise EplbError(f"the threshold is a realized lb >= 1, got {self.threshold!r}")
+        if self.robust_windows is not None and not (2 <= self.robust_windows <= self.window):
+            raise EplbError(f"robust windows must be 2 .. the window ({self.window}), got {self.robust_windows!r}")
+
+    @property
+    def first_position(self) -> int:
+        return self.interval if self.first is None else self.first
+
+    def describe(self, solver: str) -> str:
+        weighting = "plain sum" if self.ewma is None else f"EWMA alpha {self.ewma:g}"
+        serve = {0: "the same step", 1: "the next step"}.get(self.delay, f"{self.delay} steps later")
+        when = {
+            "periodic": "every check",
+            "threshold": f"when the recent realized lb exceeds {self.threshold:g}",
+            "cost": "when the predicted time saved over the next interval exceeds the migration cost",
+        }[self.trigger]
+        robust = "" if self.robust_windows is None else f", robust over {self.robust_windows} sub-windows"
+        return (
+            f"{solver}: a check every {self.interval:,} steps from step {self.first_position:,}, rebalancing {when}; "
+            f"window {self.window:,} steps before each ({weighting}{robust}); a new placement serves from {serve}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "interval": self.interval,
+            "first_rebalance": self.first_position,
+            "delay": self.delay,
+            "ewma": self.ewma,
+            "trigger": self.trigger,
+            "threshold": self.threshold if self.trigger == "threshold" else None,
+            "robust_windows": self.robust_windows,
+        }
+
+
+class Window:
+    """Ring buffer of the last `size` steps' counts (memory: size x layers x E of the log's dtype), and
+    of each step's realized lb (mean over layers) for the threshold trigger."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ring: NDArray[Any] | None = None
+        self.lb = np.full(size, np.nan)
+
+    def store_counts(self, start: int, counts: NDArray[Any]) -> None:
+        """Counts [n, L, E] of positions start .. start + n - 1 (only the last `size` are kept)."""
+        if counts.shape[0] > self.size:
+            start, counts = start + counts.shape[0] - self.size, counts[-self.size :]
+        if not counts.shape[0]:
+            return
+        if self.ring is None:
+            self.ring = np.zeros((self.size, *counts.shape[1:]), dtype=counts.dtype)
+        self.ring[np.arange(start, start + counts.shape[0]) % self.size] = counts
+
+    def store_lb(self, start: int, lb: NDArray[np.float64]) -> None:
+        """Realized lb [n] (mean over layers) of positions start .. start + n - 1."""
+        if lb.size > self.size:
+            start, lb = start + lb.size - self.size, lb[-self.size :]
+        self.lb[np.arange(start, start + lb.size) % self.size] = lb
+
+    def loads(self, lo: int, hi: int, ewma: float | None) -> tuple[NDArray[np.float64], float]:
+        """(window loads [L, E] of positions lo .. hi - 1, total weight of its steps): plain or EWMA sum."""
+        assert self.ring is not None
+        out = np.zeros(self.ring.shape[1:], dtype=np.float64)
+        weight = 0.0
+        for a in range(lo, hi, 64):
+            b = min(hi, a + 64)
+            block = self.ring[np.arange(a, b) % self.size]
+            if ewma is None:
+                out += block.sum(axis=0, dtype=np.float64)
+                weight += b - a
+            else:
+                w = (1.0 - ewma) ** (hi - 1 - np.arange(a, b))
+                out += np.tensordot(w, block.astype(np.float64), axes=1)
+                weight += float(w.sum())
+        return out, weight
+
+    def scenarios(self, lo: int, hi: int, parts: int) -> NDArray[np.float64]:
+        """The window lo .. hi - 1 cut into `parts` consecutive sub-windows: [parts, L, E] plain sums."""
+        edges = np.linspace(lo, hi, parts + 1).round().astype(int)
+        return np.stack([self.loads(int(a), int(b), None)[0] for a, b in itertools.pairwise(edges)])
+
+    def recent_lb(self, lo: int, hi: int) -> float:
+        """Mean realized lb of positions lo .. hi - 1 (NaN when none is stored)."""
+        if hi <= lo:
+            return math.nan
+        vals = self.lb[np.arange(lo, hi) % self.size]
+        vals = vals[~np.isnan(vals)]
+        return float(vals.mean()) if vals.size else math.nan

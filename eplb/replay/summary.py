@@ -1,0 +1,80 @@
+"""Streaming statistics of a replay's rows (replay, baselines) with fixed memory."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["BASELINES", "RowStats"]
+
+BASELINES: tuple[str, ...] = ("no_eplb", "static", "replay", "hindsight", "oracle")
+"""Summary rows, in the order the CLI prints them."""
+
+_HIST_BINS = 16_000  # lb histogram for percentiles: bins of 0.001 from 1.0 to 17.0, then overflow
+_HIST_WIDTH = 1e-3
+
+
+@dataclass
+class RowStats:
+    """Running lb and time statistics of one row (memory: a fixed histogram). migration_s: seconds
+    charged for weight moves (stalls, or the slowdown of steps served while copies run)."""
+
+    count: int = 0
+    lb_sum: float = 0.0
+    lb_max: float = 0.0
+    hist: NDArray[np.int64] = field(default_factory=lambda: np.zeros(_HIST_BINS + 1, dtype=np.int64))
+    steps: int = 0
+    step_time_sum: float = 0.0
+    has_time: bool = True
+    migration_s: float = 0.0
+
+    def add(self, lb: NDArray[np.float64], time_us: NDArray[np.float64]) -> None:
+        """lb, time_us: [n, L] of n evaluated steps (rows with NaN lb are skipped)."""
+        keep = ~np.isnan(lb[:, 0])
+        lb, time_us = lb[keep], time_us[keep]
+        if not lb.size:
+            return
+        self.count += lb.size
+        self.lb_sum += float(lb.sum())
+        self.lb_max = max(self.lb_max, float(lb.max()))
+        idx = np.minimum(((lb - 1.0) / _HIST_WIDTH).astype(np.int64), _HIST_BINS)
+        self.hist += np.bincount(np.maximum(idx, 0).ravel(), minlength=_HIST_BINS + 1)
+        self.steps += lb.shape[0]
+        if np.isnan(time_us).any():
+            self.has_time = False
+        else:
+            self.step_time_sum += float(time_us.sum())
+
+    def quantile(self, q: float) -> float:
+        if not self.count:
+            return math.nan
+        rank = q * (self.count - 1)
+        i = int(np.searchsorted(np.cumsum(self.hist), rank, side="right"))
+        return self.lb_max if i >= _HIST_BINS else min(self.lb_max, 1.0 + (i + 1) * _HIST_WIDTH)
+
+    @property
+    def lb_mean(self) -> float:
+        return self.lb_sum / self.count if self.count else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """lb mean and percentiles; mean step time µs (MoE layers), and the total simulated time s =
+        steps' MoE time + migration charges."""
+        if not self.count:
+            return {"steps": 0}
+        timed = self.has_time and self.steps > 0
+        serve_s = self.step_time_sum / 1e6 if timed else None
+        return {
+            "steps": self.steps,
+            "lb_mean": round(self.lb_mean, 6),
+            "lb_p50": round(self.quantile(0.5), 3),
+            "lb_p99": round(self.quantile(0.99), 3),
+            "lb_max": round(self.lb_max, 6),
+            "step_time_us": round(self.step_time_sum / self.steps, 3) if timed else None,
+            "serving_s": None if serve_s is None else round(serve_s, 6),
+            "migration_s": round(self.migration_s, 6) if timed else None,
+            "total_time_s": None if serve_s is None else round(serve_s + self.migration_s, 6),
+        }
