@@ -197,7 +197,7 @@ def test_migration_moves_fewer_experts_than_fresh_greedy() -> None:
     current = solve_greedy(first, slots)
     fresh = relabel_gpus(solve_greedy(second, slots), current, slots)
     fresh_moves = count_moves(fresh, current, slots)
-    result = solve_milp(second, slots, time_limit_s=1.5, threads=1, current_phy2log=current)
+    result = solve_milp(second, slots, time_limit_s=3.0, threads=2, current_phy2log=current)
     check_result(result, second, slots)
     assert result.moves is not None
     np.testing.assert_array_equal(result.moves, count_moves(result.phy2log, current, slots))
