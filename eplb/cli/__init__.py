@@ -10,7 +10,7 @@ from eplb.errors import EplbError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eplb.cli import compare, cost, interop, replay, serve, solve
+    from eplb.cli import compare, cost, interop, logs, replay, serve, solve
 
     parser = argparse.ArgumentParser(
         prog="eplb",
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.register(sub)
     compare.register(sub)
     interop.register(sub)
+    logs.register(sub)
     serve.register(sub)
     return parser
 

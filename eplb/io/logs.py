@@ -789,8 +789,13 @@ def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) ->
 
 def open_log(path: str | Path) -> RoutingLog:
     """Open a routing log by its extension: `.npz` (per-step counts, or token-level `topk_ids`),
-    `.npy` (`[steps, layers, E]`), `.jsonl`. Reads metadata only; iterate with `iter_counts`."""
+    `.npy` (`[steps, layers, E]`), `.jsonl`, `.parquet` or a directory of Parquet shards
+    (`eplb.io.parquet`). Reads metadata only; iterate with `iter_counts`."""
     p = Path(path)
+    if p.suffix.lower() == ".parquet" or p.is_dir():
+        from eplb.io.parquet import open_parquet
+
+        return open_parquet(p)
     existing_file(p, "routing log")
     suffix = p.suffix.lower()
     if suffix == ".npz":
@@ -806,7 +811,7 @@ def open_log(path: str | Path) -> RoutingLog:
         return _NpyCounts(p)
     if suffix in (".jsonl", ".ndjson"):
         return _Jsonl(p)
-    raise EplbError(f"{p}: unknown routing log type '{suffix}' (use .npz, .npy or .jsonl)")
+    raise EplbError(f"{p}: unknown routing log type '{suffix}' (use .npz, .npy, .jsonl or a Parquet directory)")
 
 
 def read_counts(path: str | Path) -> tuple[NDArray[Any], LogInfo]:

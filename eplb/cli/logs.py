@@ -1,0 +1,92 @@
+"""`eplb logs convert IN OUT`: a routing log from one format to another (npz, JSONL, Parquet shards)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+from eplb.io.logs import RoutingLog, open_log, write_counts, write_jsonl
+from eplb.io.parquet import ROW_GROUP_STEPS, SHARD_STEPS, write_parquet
+
+DESCRIPTION = """\
+Convert a routing log between formats, streaming (memory: one chunk of steps). The output's type comes
+from its name: .npz (per-step counts), .jsonl, or a directory of Parquet shards (a name ending in
+.parquet, or any name with --to parquet). Step ids, layer ids, model and top-k are kept. Token-level
+.npz logs (topk_ids) convert to per-step counts. Formats: docs/formats.md."""
+
+EPILOG = """\
+examples:
+  eplb logs convert log.npz log.parquet                      one shard per 10,000 steps
+  eplb logs convert log.jsonl log.parquet --shard-steps 2000
+  eplb logs convert log.parquet log.npz
+  eplb logs convert log.npz shards/ --to parquet"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `logs` subcommand (with `convert`)."""
+    p = subparsers.add_parser("logs", help="routing-log tools: convert between npz, JSONL and Parquet",
+                              description="Routing-log tools.")
+    sub = p.add_subparsers(dest="logs_command", metavar="ACTION", required=True)
+    c = sub.add_parser("convert", help="convert a routing log (npz, JSONL, Parquet)", description=DESCRIPTION,
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("src", metavar="IN", help="routing log: .npz, .npy, .jsonl, .parquet or a Parquet directory")
+    c.add_argument("dst", metavar="OUT", help="file or directory to write")
+    c.add_argument("--to", choices=("npz", "jsonl", "parquet"), help="output format (default: from OUT's name)")
+    c.add_argument("--shard-steps", type=int, default=SHARD_STEPS, metavar="N",
+                   help=f"Parquet: steps per shard file (default {SHARD_STEPS:,})")
+    c.add_argument("--compress", action="store_true", help="npz: deflate the members (smaller, slower to read)")
+    c.set_defaults(func=run_convert)
+
+
+def output_format(dst: Path, to: str | None) -> str:
+    """npz, jsonl or parquet: `to`, else from the name."""
+    if to is not None:
+        return to
+    suffix = dst.suffix.lower()
+    formats = {".npz": "npz", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+    if suffix not in formats:
+        raise EplbError(f"{dst}: cannot tell the output format from '{suffix or dst.name}': name it .npz, .jsonl "
+                        "or .parquet, or give --to")  # fmt: skip
+    return formats[suffix]
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    src, dst = Path(args.src), Path(args.dst)
+    fmt = output_format(dst, args.to)
+    if src.resolve() == dst.resolve():
+        raise EplbError(f"{dst}: is the input; write to another name")
+    log = open_log(src)
+    info = log.info
+    if fmt == "parquet":
+        steps = write_parquet(dst, log.iter_counts(ROW_GROUP_STEPS), model=info.model, top_k=info.top_k,
+                              layer_ids=info.layer_ids, shard_steps=args.shard_steps)  # fmt: skip
+    else:
+        ids = _step_ids(log)
+        steps = int(ids.size)
+        keep = None if np.array_equal(ids, np.arange(steps)) else ids
+        if fmt == "npz":
+            write_counts(dst, _counts(log), model=info.model, top_k=info.top_k, steps=keep, layer_ids=info.layer_ids,
+                         num_steps=steps, compress=args.compress)  # fmt: skip
+        else:
+            write_jsonl(dst, _counts(log), model=info.model, top_k=info.top_k, steps=keep, layer_ids=info.layer_ids,
+                        num_steps=steps)  # fmt: skip
+    out = open_log(dst).info
+    print(f"wrote {out.describe()}" + (f" in {len(list(dst.glob('part-*.parquet')))} shards" if dst.is_dir() else ""))
+    return 0
+
+
+def _step_ids(log: RoutingLog) -> NDArray[np.int64]:
+    """Every step id of the log (one pass: the npz and JSONL writers take the ids before the counts)."""
+    parts = [chunk.steps for chunk in log.iter_counts(4096)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _counts(log: RoutingLog) -> Iterator[NDArray[Any]]:
+    for chunk in log.iter_counts(1024):
+        yield chunk.counts

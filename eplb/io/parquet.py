@@ -1,0 +1,278 @@
+"""Routing logs as a directory of Parquet shards (`eplb.counts-parquet/v1`), for logs too long for one file.
+
+Layout (docs/formats.md, "Parquet"): `LOG/part-00000.parquet`, `part-00001.parquet`, ... each holding
+consecutive steps (a time range; `shard_steps` steps each, the last one shorter). A shard has one row
+per step: `step` (int64 step id) and one column per MoE layer, `layer_0` .. `layer_{L-1}`, each a
+fixed-size list of E counts (the log's integer type). Every shard's schema metadata carries, under the
+key `eplb`, JSON with the format, `num_experts`, `num_layers`, `model`, `top_k`, `layer_ids`, and the
+shard's own `start` (position of its first step in the whole log), so a missing shard is named.
+
+A reader reads only its part: `open_parquet(path, layers=range(a, b))` reads only those layers'
+columns, `positions=range(s, t)` only the shards and row groups holding those steps. Needs pyarrow
+(`pip install 'eplb[parquet]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.errors import EplbError
+from eplb.io.logs import CountsChunk, LogInfo, RoutingLog
+
+__all__ = ["FORMAT_PARQUET", "ParquetLog", "is_parquet", "open_parquet", "write_parquet"]
+
+FORMAT_PARQUET = "eplb.counts-parquet/v1"
+SHARD_STEPS = 10_000
+"""Steps per shard by default (DeepSeek-V3 sized, uint16: about 300 MB before compression)."""
+ROW_GROUP_STEPS = 1_024
+"""Steps per row group: the unit a reader skips or reads."""
+_META_KEY = b"eplb"
+
+
+def _arrow() -> tuple[Any, Any]:
+    """(pyarrow, pyarrow.parquet), or a one-line error saying how to install them."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise EplbError("Parquet routing logs need pyarrow: pip install 'eplb[parquet]'") from None
+    return pyarrow, pyarrow.parquet
+
+
+def is_parquet(path: str | Path) -> bool:
+    """True for a `.parquet` file or a directory (a directory of shards)."""
+    p = Path(path)
+    return p.suffix.lower() == ".parquet" or p.is_dir()
+
+
+def _shard_files(p: Path) -> list[Path]:
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise EplbError(f"{p}: no such file or directory (a Parquet routing log is a directory of part-*.parquet)")
+    files = sorted(p.glob("part-*.parquet"))
+    if not files:
+        raise EplbError(f"{p}: no part-*.parquet shards in this directory")
+    return files
+
+
+class ParquetLog(RoutingLog):
+    """A Parquet routing log, or the part of it a worker reads: `layers` (default all) and `positions`
+    (default all steps; the view's positions restart at 0). Opening reads the shards' footers only."""
+
+    def __init__(self, path: str | Path, layers: range | None = None, positions: range | None = None) -> None:
+        _, pq = _arrow()
+        self.path = Path(path)
+        self.shards: list[tuple[Path, int, int]] = []  # (file, start position, steps)
+        meta: dict[str, Any] | None = None
+        total = 0
+        for f in _shard_files(self.path):
+            try:
+                md = pq.read_metadata(f)
+            except (OSError, ValueError) as exc:
+                raise EplbError(f"{f}: not a readable Parquet file ({exc})") from None
+            raw = (md.metadata or {}).get(_META_KEY)
+            if raw is None:
+                raise EplbError(f"{f}: not an eplb routing log shard (no 'eplb' metadata; write it with eplb logs "
+                                "convert)")  # fmt: skip
+            try:
+                shard_meta = json.loads(raw)
+            except json.JSONDecodeError:
+                raise EplbError(f"{f}: its 'eplb' metadata is not JSON") from None
+            start = shard_meta.pop("start", None)
+            if start != total:
+                raise EplbError(f"{f}: starts at step position {start}, but the shards before it end at {total}: "
+                                "a shard is missing or out of order")  # fmt: skip
+            if meta is None:
+                meta = shard_meta
+            elif shard_meta != meta:
+                raise EplbError(f"{f}: its metadata differs from the first shard's (shards of different logs?)")
+            self.shards.append((f, total, int(md.num_rows)))
+            total += int(md.num_rows)
+        assert meta is not None
+        if meta.get("format") != FORMAT_PARQUET:
+            raise EplbError(f"{self.path}: format {meta.get('format')!r}, expected {FORMAT_PARQUET}")
+        num_layers, num_experts = int(meta["num_layers"]), int(meta["num_experts"])
+        self.layers = range(num_layers) if layers is None else layers
+        self.positions = range(total) if positions is None else positions
+        if not self.layers or self.layers.start < 0 or self.layers.stop > num_layers or self.layers.step != 1:
+            raise EplbError(f"{self.path}: layers {self.layers.start}..{self.layers.stop - 1} are not among the "
+                            f"log's 0..{num_layers - 1}")  # fmt: skip
+        if self.positions.start < 0 or self.positions.stop > total or self.positions.step != 1:
+            raise EplbError(f"{self.path}: step positions {self.positions.start}..{self.positions.stop - 1} are "
+                            f"not in the log's 0..{total - 1}")  # fmt: skip
+        ids = meta.get("layer_ids")
+        self.info = LogInfo(
+            path=str(self.path),
+            kind="parquet",
+            num_steps=len(self.positions),
+            num_layers=len(self.layers),
+            num_experts=num_experts,
+            top_k=meta.get("top_k"),
+            model=meta.get("model"),
+            layer_ids=None if ids is None else [int(ids[i]) for i in self.layers],
+            meta=meta,
+        )
+
+    def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
+        _, pq = _arrow()
+        lo, hi = self.positions.start, self.positions.stop
+        columns = ["step", *(f"layer_{i}" for i in self.layers)]
+        experts = self.info.num_experts
+        for f, start, steps in self.shards:
+            if start + steps <= lo or start >= hi:
+                continue
+            try:
+                pf = pq.ParquetFile(f)
+                row = start
+                for g in range(pf.num_row_groups):
+                    n = pf.metadata.row_group(g).num_rows
+                    a, b = max(lo, row), min(hi, row + n)
+                    if a < b:
+                        table = pf.read_row_group(g, columns=columns).slice(a - row, b - a)
+                        step_ids = table.column("step").to_numpy().astype(np.int64)
+                        counts = np.stack(
+                            [_fixed_lists(table.column(c), experts, f) for c in columns[1:]], axis=1
+                        )
+                        for c in range(0, b - a, chunk_steps):
+                            yield step_ids[c : c + chunk_steps], counts[c : c + chunk_steps]
+                    row += n
+            except (OSError, ValueError, KeyError) as exc:
+                raise EplbError(f"{f}: unreadable Parquet data ({exc})") from None
+
+
+def _fixed_lists(column: Any, experts: int, f: Path) -> NDArray[Any]:
+    """A fixed-size-list column of n rows -> [n, E] array (no nulls allowed)."""
+    arr = column.combine_chunks()
+    if arr.null_count:
+        raise EplbError(f"{f}: column {column!r:.40} holds nulls; every step needs its counts")
+    values: NDArray[Any] = arr.flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(len(arr), experts)
+
+
+def open_parquet(path: str | Path, layers: range | None = None, positions: range | None = None) -> ParquetLog:
+    """Open a Parquet routing log (a directory of shards or one `.parquet` file), or part of it."""
+    return ParquetLog(path, layers, positions)
+
+
+def write_parquet(
+    path: str | Path,
+    chunks: Iterable[CountsChunk] | NDArray[Any],
+    *,
+    model: str | None = None,
+    top_k: int | None = None,
+    layer_ids: list[int] | None = None,
+    shard_steps: int = SHARD_STEPS,
+    compression: str = "zstd",
+) -> int:
+    """Write a routing log as a directory of Parquet shards; returns the steps written.
+
+    chunks: CountsChunks (step ids and counts [n, layers, E]), e.g. `open_log(src).iter_counts()`, or
+    a [steps, layers, E] array (step ids 0..steps-1). shard_steps: steps per shard file. The directory
+    appears under its name only when complete (written to NAME.part, then renamed); an existing one is
+    refused."""
+    pa, pq = _arrow()
+    out = Path(path)
+    if out.exists():
+        raise EplbError(f"{out}: already exists; remove it or choose another name")
+    if shard_steps < 1:
+        raise EplbError(f"shard_steps must be >= 1, got {shard_steps}")
+    if isinstance(chunks, np.ndarray):
+        arr = chunks
+        if arr.ndim != 3:
+            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+        chunks = [CountsChunk(0, np.arange(arr.shape[0], dtype=np.int64), arr)]
+    tmp = out.with_name(out.name + ".part")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        writer = _ShardWriter(pa, pq, tmp, shard_steps, compression, model, top_k, layer_ids)
+        for chunk in chunks:
+            writer.add(chunk.steps, np.asarray(chunk.counts))
+        written = writer.close()
+        if written == 0:
+            raise EplbError("no steps to write")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return written
+
+
+class _ShardWriter:
+    """Rolls shards every `shard_steps` steps; row groups of ROW_GROUP_STEPS steps."""
+
+    def __init__(
+        self, pa: Any, pq: Any, folder: Path, shard_steps: int, compression: str, model: str | None,
+        top_k: int | None, layer_ids: list[int] | None,
+    ) -> None:  # fmt: skip
+        self.pa, self.pq, self.folder, self.shard_steps, self.compression = pa, pq, folder, shard_steps, compression
+        self.meta: dict[str, Any] = {"format": FORMAT_PARQUET, "model": model, "top_k": top_k, "layer_ids": layer_ids}
+        self.writer: Any = None
+        self.schema: Any = None
+        self.in_shard = 0
+        self.shard = 0
+        self.written = 0
+        self.shape: tuple[int, ...] | None = None
+
+    def add(self, steps: NDArray[np.int64], counts: NDArray[Any]) -> None:
+        if counts.ndim != 3:
+            raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(counts.shape)}")
+        if self.shape is None:
+            self.shape = counts.shape[1:]
+            layers, experts = self.shape
+            ids = self.meta["layer_ids"]
+            if ids is not None and len(ids) != layers:
+                raise EplbError(f"layer_ids lists {len(ids)} layers, the counts have {layers}")
+            self.meta.update(num_layers=int(layers), num_experts=int(experts))
+            value = self.pa.from_numpy_dtype(counts.dtype)
+            self.schema = self.pa.schema(
+                [("step", self.pa.int64()), *((f"layer_{i}", self.pa.list_(value, experts)) for i in range(layers))]
+            )
+        elif counts.shape[1:] != self.shape:
+            raise EplbError(f"step {self.written} has shape {list(counts.shape[1:])}, earlier steps {list(self.shape)}")
+        done = 0
+        while done < counts.shape[0]:
+            if self.writer is None or self.in_shard == self.shard_steps:
+                self._roll()
+            n = min(counts.shape[0] - done, self.shard_steps - self.in_shard)
+            self._write(steps[done : done + n], counts[done : done + n])
+            done += n
+
+    def _roll(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        meta = json.dumps({**self.meta, "start": self.written}).encode()
+        schema = self.schema.with_metadata({_META_KEY: meta})
+        name = self.folder / f"part-{self.shard:05d}.parquet"
+        self.writer = self.pq.ParquetWriter(name, schema, compression=self.compression)
+        self.schema_with_meta = schema
+        self.shard += 1
+        self.in_shard = 0
+
+    def _write(self, steps: NDArray[np.int64], counts: NDArray[Any]) -> None:
+        pa = self.pa
+        n, layers, experts = counts.shape
+        block = np.ascontiguousarray(counts)
+        columns = [pa.array(np.asarray(steps, dtype=np.int64))]
+        for i in range(layers):
+            flat = pa.array(block[:, i, :].reshape(-1), type=self.schema.field(f"layer_{i}").type.value_type)
+            columns.append(pa.FixedSizeListArray.from_arrays(flat, experts))
+        table = pa.Table.from_arrays(columns, schema=self.schema_with_meta)
+        self.writer.write_table(table, row_group_size=ROW_GROUP_STEPS)
+        self.in_shard += n
+        self.written += n
+
+    def close(self) -> int:
+        if self.writer is not None:
+            self.writer.close()
+        return self.written

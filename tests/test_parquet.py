@@ -1,0 +1,122 @@
+"""Parquet routing logs: shards by time range, readers of a part, `eplb logs convert` round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from eplb.cli import main
+from eplb.errors import EplbError
+from eplb.io.logs import open_log, read_counts, write_counts, write_jsonl
+from eplb.io.parquet import open_parquet, write_parquet
+from eplb.synth import SynthConfig, synth_log
+
+
+@pytest.fixture(scope="module")
+def counts() -> np.ndarray:
+    return synth_log(SynthConfig(steps=300, layers=5, experts=16, top_k=2, tokens=64, seed=3))
+
+
+def test_shards_hold_time_ranges_and_read_back(tmp_path: Path, counts: np.ndarray) -> None:
+    out = tmp_path / "log.parquet"
+    steps = np.arange(1000, 1000 + 3 * counts.shape[0], 3)
+    chunks = open_log(_npz(tmp_path, counts, steps=steps)).iter_counts(64)
+    assert write_parquet(out, chunks, model="m", top_k=2, layer_ids=[3, 4, 5, 6, 7], shard_steps=128) == 300
+    shards = sorted(out.glob("part-*.parquet"))
+    assert [pq.read_metadata(s).num_rows for s in shards] == [128, 128, 44]
+    first = pq.read_table(shards[1], columns=["step"]).column("step").to_numpy()
+    assert first[0] == steps[128] and first[-1] == steps[255]  # shard 1 is positions 128..255
+    log = open_log(out)
+    assert (log.info.kind, log.info.num_steps, log.info.model, log.info.top_k) == ("parquet", 300, "m", 2)
+    assert log.info.layer_ids == [3, 4, 5, 6, 7]
+    whole = log.read_counts()
+    np.testing.assert_array_equal(whole.counts, counts)
+    np.testing.assert_array_equal(whole.steps, steps)
+
+
+def test_a_worker_reads_only_its_layers_and_steps(tmp_path: Path, counts: np.ndarray) -> None:
+    out = tmp_path / "shards"
+    write_parquet(out, counts, shard_steps=100)
+    part = open_parquet(out, layers=range(1, 3), positions=range(150, 260))
+    assert (part.info.num_layers, part.info.num_steps) == (2, 110)
+    read = part.read_counts()
+    np.testing.assert_array_equal(read.counts, counts[150:260, 1:3])
+    np.testing.assert_array_equal(read.steps, np.arange(150, 260))
+    assert [s for s in part.shards if s[1] + s[2] > 150 and s[1] < 260] == part.shards[1:3]
+    with pytest.raises(EplbError, match=r"layers 4\.\.5 are not among"):
+        open_parquet(out, layers=range(4, 6))
+
+
+def test_a_missing_shard_is_named(tmp_path: Path, counts: np.ndarray) -> None:
+    out = tmp_path / "log.parquet"
+    write_parquet(out, counts, shard_steps=100)
+    (out / "part-00001.parquet").unlink()
+    with pytest.raises(EplbError, match=r"part-00002.parquet: starts at step position 200, but the shards before "
+                       r"it end at 100: a shard is missing"):
+        open_log(out)
+
+
+def test_corrupt_shard_data_is_one_error_naming_the_shard(tmp_path: Path, counts: np.ndarray) -> None:
+    out = tmp_path / "log.parquet"
+    write_parquet(out, counts, shard_steps=100)
+    _corrupt_data_pages(out / "part-00001.parquet")
+    log = open_log(out)  # footers are intact: opening works
+    with pytest.raises(EplbError, match=r"part-00001.parquet: unreadable Parquet data"):
+        log.read_counts()
+
+
+def test_an_existing_output_is_refused(tmp_path: Path, counts: np.ndarray) -> None:
+    (tmp_path / "x.parquet").mkdir()
+    with pytest.raises(EplbError, match="already exists"):
+        write_parquet(tmp_path / "x.parquet", counts)
+
+
+@pytest.mark.parametrize("first", ["npz", "jsonl"])
+def test_convert_round_trips_through_every_format(tmp_path: Path, counts: np.ndarray, first: str) -> None:
+    steps = np.arange(counts.shape[0]) * 2 + 7
+    src = tmp_path / f"src.{first}"
+    if first == "npz":
+        write_counts(src, counts, model="deepseek-v3", top_k=2, steps=steps, layer_ids=[1, 2, 3, 4, 5])
+    else:
+        write_jsonl(src, counts, model="deepseek-v3", top_k=2, steps=steps, layer_ids=[1, 2, 3, 4, 5])
+    shards = tmp_path / "a.parquet"
+    back = tmp_path / ("b.jsonl" if first == "npz" else "b.npz")
+    assert main(["logs", "convert", str(src), str(shards), "--shard-steps", "64"]) == 0
+    assert main(["logs", "convert", str(shards), str(back)]) == 0
+    for path in (shards, back):
+        got, info = read_counts(path)
+        np.testing.assert_array_equal(got, counts)
+        np.testing.assert_array_equal(open_log(path).read_counts().steps, steps)
+        assert (info.model, info.top_k, info.layer_ids) == ("deepseek-v3", 2, [1, 2, 3, 4, 5])
+    assert len(list(shards.glob("part-*.parquet"))) == 5
+
+
+def test_convert_errors_are_one_line(tmp_path: Path, counts: np.ndarray, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _npz(tmp_path, counts)
+    assert main(["logs", "convert", str(src), str(tmp_path / "out.csv")]) == 2
+    assert "cannot tell the output format from '.csv'" in capsys.readouterr().err
+    assert main(["logs", "convert", str(tmp_path / "nope"), str(tmp_path / "o.npz")]) == 2
+    assert "routing log not found" in capsys.readouterr().err
+    assert main(["logs", "convert", str(src), str(tmp_path / "dir"), "--to", "parquet"]) == 0
+    meta = json.loads(pq.read_metadata(tmp_path / "dir" / "part-00000.parquet").metadata[b"eplb"])
+    assert meta["format"] == "eplb.counts-parquet/v1" and meta["start"] == 0 and meta["num_experts"] == 16
+
+
+def _npz(tmp_path: Path, counts: np.ndarray, steps: np.ndarray | None = None) -> Path:
+    path = tmp_path / "log.npz"
+    write_counts(path, counts, steps=steps)
+    return path
+
+
+def _corrupt_data_pages(path: Path) -> None:
+    """Overwrite the first column chunk's pages (the footer, at the end, stays valid)."""
+    md = pq.read_metadata(path)
+    col = md.row_group(0).column(1)
+    start = col.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[start : start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    path.write_bytes(bytes(raw))
