@@ -22,6 +22,7 @@ from eplb.specs import MODEL_PRESETS, HardwareSpec, ModelSpec
 from solvers import registry
 from solvers.bounds import lower_bound
 from solvers.migration import count_moves, relabel_gpus
+from solvers.plan import MigrationPlan, PlanError, build_plan
 from solvers.registry import Options, Problem, SolverError
 from solvers.validation import InvalidPlacement
 
@@ -82,6 +83,7 @@ class Outcome:
     baseline_prediction: LayerPrediction | None = None
     moves: NDArray[np.int64] | None = None
     bytes_per_move: float | None = None
+    plan: MigrationPlan | None = None
 
     def to_model(self) -> schemas.PlacementResponse:
         """The answer `eplb solve --json` prints and `POST /placement` returns (eplb/schemas.py)."""
@@ -103,8 +105,12 @@ class Outcome:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """`to_model()` as a JSON object, absent fields left out."""
-        return self.to_model().to_json_dict()
+        """`to_model()` as a JSON object, absent fields left out; with a current placement, also the
+        migration plan under "plan" (docs/formats.md)."""
+        out = self.to_model().to_json_dict()
+        if self.plan is not None:
+            out["plan"] = self.plan.to_dict()
+        return out
 
 
 def _balance_dict(b: Balance) -> dict[str, Any]:
@@ -160,22 +166,26 @@ def solve(
     loads: NDArray[np.float64],
     cluster: Cluster,
     *,
-    solver: str = "greedy",
+    solver: str | None = None,
     cost: CostSetup | None = None,
     current: Placement | None = None,
     options: Options | None = None,
     split: str = "uniform",
     scenarios: NDArray[np.float64] | None = None,
+    stage_bytes: float | None = None,
 ) -> Outcome:
     """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
     loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
     validated placement, its balance next to the contiguous baseline, a lower bound, and the predicted
-    time when `cost` is given. scenarios: [S, layers, E] recent sub-windows for `options.robust`."""
+    time when `cost` is given. scenarios: [S, layers, E] recent sub-windows for `options.robust`.
+    solver: default "incremental" when `current` is given, else "greedy". With `current`, the outcome
+    carries the moves and the migration plan (stages of at most `stage_bytes` bytes each; needs `cost`
+    for the bytes of one copy)."""
     check_shapes(loads, cluster)
     if current is not None:
         _check_current(current, loads, cluster)
     started = time.perf_counter()
-    name = solver_name(solver, split)
+    name = solver_name(solver or ("incremental" if current is not None else "greedy"), split)
     problem = Problem(
         loads,
         cluster.slots_per_gpu,
@@ -217,6 +227,13 @@ def solve(
     outcome.moves = moves
     if cost is not None and moves is not None:
         outcome.bytes_per_move = cost.model.expert_bytes
+    if current is not None:
+        try:
+            outcome.plan = build_plan(
+                current.phy2log, phy2log, cluster.slots_per_gpu, outcome.bytes_per_move, stage_bytes
+            )
+        except PlanError as exc:
+            raise EplbError(str(exc)) from None
     return outcome
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import linear_sum_assignment
 
-__all__ = ["count_moves", "gpu_membership", "relabel_gpus", "relabel_slot_order"]
+__all__ = ["arrange_slots", "count_moves", "gpu_membership", "relabel_gpus", "relabel_slot_order"]
 
 
 def _check(
@@ -146,13 +146,31 @@ def relabel_slot_order(
         ``np.take_along_axis(shares, source, axis=1)``.
     """
     new, cur, slots = _check(new_phy2log, current_phy2log, slots_per_gpu)
-    num_layers, num_physical = new.shape
-    num_gpus = slots.size
     if new.size == 0:
-        return new.copy(), np.broadcast_to(np.arange(num_physical), new.shape).copy()
+        return new.copy(), np.broadcast_to(np.arange(new.shape[1]), new.shape).copy()
     num_experts = int(max(new.max(), cur.max())) + 1
-    gpu = np.repeat(np.arange(num_gpus), slots)
-    target = _match_all(_overlap(new, cur, gpu, num_gpus, num_experts), slots)
+    gpu = np.repeat(np.arange(slots.size), slots)
+    return _arrange(new, cur, gpu, _match_all(_overlap(new, cur, gpu, slots.size, num_experts), slots), num_experts)
+
+
+def arrange_slots(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.int64]:
+    """Reorder the slots inside each GPU (GPUs keep their labels) so that every expert a GPU keeps stays
+    in its current slot: ``[L, P]``. For placements already aligned with the current one (incremental)."""
+    new, cur, slots = _check(new_phy2log, current_phy2log, slots_per_gpu)
+    if new.size == 0:
+        return new.copy()
+    gpu = np.repeat(np.arange(slots.size), slots)
+    identity = np.broadcast_to(np.arange(slots.size), (new.shape[0], slots.size))
+    return _arrange(new, cur, gpu, identity, int(max(new.max(), cur.max())) + 1)[0]
+
+
+def _arrange(
+    new: NDArray[np.int64], cur: NDArray[np.int64], gpu: NDArray[np.int64], target: NDArray[np.int64], num_experts: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """New GPU g becomes GPU ``target[l, g]``; experts kept on a GPU keep their current slot, the others
+    fill its free slots in order. Returns (relabelled [L, P], source [L, P])."""
+    num_layers, num_physical = new.shape
+    num_gpus = target.shape[1]
     layer = np.arange(num_layers)[:, None]
     new_gpu = target[layer, gpu[None, :]]  # [L, P] label each new slot's GPU gets
     # (layer, GPU, expert, occurrence) keys: a current slot whose key the new placement also has keeps its expert

@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from solvers.greedy import solve_greedy
 from solvers.loads import gpu_loads
-from solvers.migration import count_moves, relabel_gpus, relabel_slot_order
+from solvers.migration import arrange_slots, count_moves, relabel_gpus, relabel_slot_order
 
 
 def gpu_sets(phy2log: NDArray[np.int64], slots: NDArray[np.int64]) -> list[list[frozenset[int]]]:
@@ -109,3 +109,13 @@ def test_rejects_mismatched_shapes() -> None:
         count_moves(np.zeros((1, 4), np.int64), np.zeros((2, 4), np.int64), np.array([2, 2]))
     with pytest.raises(ValueError, match="sum"):
         relabel_gpus(np.zeros((1, 4), np.int64), np.zeros((1, 4), np.int64), np.array([2, 3]))
+
+
+def test_arrange_slots_keeps_gpus_and_puts_kept_experts_back() -> None:
+    slots = np.array([3, 2])
+    current = np.array([[0, 1, 2, 3, 4]])
+    new = np.array([[2, 0, 4, 1, 3]])  # GPU 0 holds {0, 2, 4}: 0 and 2 stay, 4 lands; GPU 1 {1, 3}
+    arranged = arrange_slots(new, current, slots)
+    np.testing.assert_array_equal(arranged, [[0, 4, 2, 3, 1]])
+    assert gpu_sets(arranged, slots) == gpu_sets(new, slots)
+    assert count_moves(arranged, current, slots).tolist() == [2]

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -54,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_loads(p)
     add_cluster_options(p)
-    p.add_argument("--solver", choices=registry.names(), default="greedy", help="greedy (fast) or milp (exact, "
-                   "OR-Tools; default: greedy)")
+    p.add_argument("--solver", choices=registry.names(), help="greedy (fast), milp (exact, OR-Tools) or incremental "
+                   "(edits the --current placement; docs/solvers.md). Default: incremental with --current, else greedy")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
     p.add_argument("--total-time-limit", type=float, metavar="S", help="MILP time limit for the whole solve, "
                    "seconds, shared by the layers (default: none; with it alone, no per-layer limit)")
@@ -68,6 +69,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "experts (default: 0.01)")
     p.add_argument("--current", metavar="FILE", help="the placement serving now (ours, SGLang or TensorRT-LLM "
                    "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported")
+    p.add_argument("--max-moves", type=int, metavar="N", help="incremental: expert copies allowed in the whole "
+                   "model (default: until further copies buy less than 0.1%% of lb)")
+    p.add_argument("--max-moves-per-layer", type=int, metavar="N", help="incremental: expert copies per layer")
+    p.add_argument("--target-lb", type=float, metavar="X", help="incremental: the fewest copies that bring every "
+                   "layer to lb <= X (layers that cannot stop at their best)")
+    p.add_argument("--frontier", action="store_true", help="with --current: print the moves-vs-lb curve of "
+                   "incremental rebalancing for the whole model instead of one placement")
+    p.add_argument("--plan", metavar="FILE", help="with --current: write the migration plan (ordered expert copies "
+                   "in stages, JSON, docs/formats.md)")
+    p.add_argument("--stage-gib", type=float, metavar="X", help="most GiB copied per stage of the plan (default: "
+                   "one stage per layer; needs the model)")
     p.add_argument("--out", metavar="FILE", help="write the placement file here (JSON, docs/formats.md)")
     add_cost_options(p)
     p.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
@@ -190,6 +202,10 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
 def run_solve(args: argparse.Namespace) -> int:
     if args.out:
         output_file(args.out, "--out")
+    if args.plan:
+        output_file(args.plan, "--plan")
+    if (args.plan or args.frontier) and not args.current:
+        raise EplbError("--plan and --frontier need --current: the placement serving now")
     window = read_window(args.loads)
     model = model_for(args, window)
     slots = slots_for(args, window.num_experts, model)
@@ -212,24 +228,58 @@ def run_solve(args: argparse.Namespace) -> int:
         at_most = min(waves * per_layer, args.total_time_limit or math.inf)
         print(f"solving {window.num_layers} layers with the MILP, up to {per_layer:g} s per layer on "
               f"{os.cpu_count()} cores (about {at_most:,.0f} s at most)...", file=sys.stderr)
+    cluster = Cluster(slots, args.gpus_per_node, args.groups)
+    if args.frontier:
+        assert current is not None
+        return _print_frontier(window.loads, cluster, current.phy2log, args.json)
+    options = Options(max_moves=args.max_moves, max_moves_per_layer=args.max_moves_per_layer, target_lb=args.target_lb)
+    if (args.solver or "").startswith("milp"):
+        options = replace(options, time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit,
+                          max_lb_slack=args.max_lb_slack)
+    if args.stage_gib is not None and not args.stage_gib > 0:
+        raise EplbError("--stage-gib must be > 0")
     outcome = solve(
         window.loads,
-        Cluster(slots, args.gpus_per_node, args.groups),
+        cluster,
         solver=args.solver,
         cost=cost_setup(args, model),
         current=current,
-        options=Options(time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit,
-                        max_lb_slack=args.max_lb_slack)
-        if args.solver.startswith("milp") else None,
+        options=options,
         split=args.split,
+        stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
     )
     if args.out:
         write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
+    if args.plan and outcome.plan is not None:
+        with open(args.plan, "w") as f:
+            json.dump(outcome.plan.to_dict(), f)
     if args.json:
         json.dump(outcome.to_dict(), sys.stdout)
         print()
     else:
         print(_summary(window, outcome, model, args.out))
+    return 0
+
+
+def _print_frontier(
+    loads: NDArray[np.float64], cluster: Cluster, current: NDArray[np.int64], as_json: bool
+) -> int:
+    """--frontier: whole-model expert copies vs lb of incremental rebalancing from `current`."""
+    from solvers.incremental import frontier, trajectories
+
+    hierarchical = cluster.num_groups is not None and cluster.gpus_per_node is not None
+    traj = trajectories(loads, current, cluster.slots_per_gpu, num_groups=cluster.num_groups if hierarchical else None,
+                        gpus_per_node=cluster.gpus_per_node if hierarchical else None)
+    curve = frontier(traj)
+    if as_json:
+        json.dump({"frontier": curve.to_dict()}, sys.stdout)
+        print()
+        return 0
+    print(f"{'copies':>8}{'lb mean':>10}{'lb max':>10}   (incremental rebalancing from --current; eplb solve "
+          "--max-moves N gives a point)")
+    shown = np.unique(np.linspace(0, curve.copies.size - 1, num=min(25, curve.copies.size)).round().astype(int))
+    for i in shown.tolist():
+        print(f"{int(curve.copies[i]):>8}{curve.lb_mean[i]:>10.4f}{curve.lb_max[i]:>10.4f}")
     return 0
 
 
@@ -292,7 +342,8 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
     if outcome.moves is not None:
         moved = int(outcome.moves.sum())
         lines.append(f"moves vs current placement: {moved} expert copies" + (
-            f", {moved * outcome.bytes_per_move / GIB:.2f} GiB" if outcome.bytes_per_move else ""))
+            f", {moved * outcome.bytes_per_move / GIB:.2f} GiB" if outcome.bytes_per_move else "") + (
+            f", in {outcome.plan.num_stages} stages" if outcome.plan is not None else ""))
     if out:
         lines.append(f"wrote {out}")
     return "\n".join(lines)

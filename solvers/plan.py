@@ -1,0 +1,260 @@
+"""Migration plans: the ordered expert copies that turn the serving placement into a new one.
+
+Both placements must be aligned (GPU g is the same GPU in both, and an expert a GPU keeps stays in its
+slot; see :mod:`solvers.migration`). Every slot whose expert changes is written once:
+
+* a **copy** when its GPU did not hold that expert in the serving placement: the weights come from a
+  GPU that does (one whose replica stays put when there is one, reads spread over the holders);
+* a **local** write when the GPU already holds the expert in another slot (no transfer between GPUs;
+  only placements with two replicas of one expert on one GPU need it).
+
+Copies are grouped in **stages** of at most ``stage_bytes`` each. A stage is applied as a unit: read
+every source, write every destination, then the stage's local writes. A copy never reads a slot that
+an earlier stage overwrote: when every holder of the expert is overwritten, the copy goes in the same
+stage as the overwrite or an earlier one, and copies that read each other's slots (a cycle) share one
+stage. So every expert keeps a replica after every stage, the cluster can serve between stages, and
+applying the stages in order to the serving placement gives the new one.
+
+Shapes: ``phy2log [L, P]``, ``slots_per_gpu [G]``; a plan holds one row per write, arrays ``[N]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+__all__ = ["MigrationPlan", "PlanError", "apply_plan", "build_plan"]
+
+
+class PlanError(ValueError):
+    """A plan that cannot be built as asked (shapes, alignment, or a stage budget below a cycle)."""
+
+
+@dataclass(frozen=True)
+class MigrationPlan:
+    """One row per slot write, in application order: layer (row of phy2log), expert, source GPU and
+    slot (in the serving placement; the destination GPU for a local write), destination GPU and slot,
+    local (no transfer), stage (0, 1, ...). bytes_per_copy: one expert in one layer, bytes (None when
+    unknown); stage_bytes: the budget of one stage (None: one stage per layer)."""
+
+    layer: IntArray
+    expert: IntArray
+    src_gpu: IntArray
+    src_slot: IntArray
+    dst_gpu: IntArray
+    dst_slot: IntArray
+    local: BoolArray
+    stage: IntArray
+    bytes_per_copy: float | None = None
+    stage_bytes: float | None = None
+
+    @property
+    def num_copies(self) -> int:
+        """Expert weights landing on a GPU that did not hold them (local writes excluded)."""
+        return int((~self.local).sum())
+
+    @property
+    def num_stages(self) -> int:
+        return int(self.stage.max()) + 1 if self.stage.size else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; docs/formats.md, "Migration plans"."""
+        per = self.bytes_per_copy
+        stages: list[dict[str, Any]] = []
+        columns = [a.tolist() for a in (self.layer, self.expert, self.src_gpu, self.src_slot, self.dst_gpu,
+                                        self.dst_slot, self.local, self.stage)]
+        for layer, expert, sg, ss, dg, ds, local, stage in zip(*columns, strict=True):
+            while len(stages) <= stage:
+                stages.append({"bytes": 0.0 if per is not None else None, "copies": []})
+            stages[stage]["copies"].append({
+                "layer": layer, "expert": expert, "src_gpu": sg, "src_slot": ss, "dst_gpu": dg, "dst_slot": ds,
+                "bytes": None if per is None else (0.0 if local else per),
+            })
+            if per is not None and not local:
+                stages[stage]["bytes"] += per
+        return {
+            "num_copies": self.num_copies,
+            "bytes_per_copy": per,
+            "total_bytes": None if per is None else self.num_copies * per,
+            "stage_bytes": self.stage_bytes,
+            "stages": stages,
+        }
+
+
+def _occurrence(key: IntArray) -> IntArray:
+    """For each entry of ``key [N]``, how many equal keys come before it."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    first = np.flatnonzero(np.concatenate([[True], sorted_key[1:] != sorted_key[:-1]]))
+    occ = np.empty_like(key)
+    occ[order] = np.arange(key.size) - np.repeat(first, np.diff(np.append(first, key.size)))
+    return occ
+
+
+def _chains(before: IntArray) -> tuple[IntArray, IntArray]:
+    """before [n]: the copy each copy must not come after (-1: none); one out-edge per node, so chains
+    end in a sink or a cycle. Returns (group [n]: a cycle's smallest member for nodes on a cycle, the
+    node itself otherwise; depth [n]: steps to the chain's end, so sorting by depth descending puts every
+    node before the one it points to). Pointer doubling, log2(n) numpy steps."""
+    n = before.size
+    f = np.where(before >= 0, before, np.arange(n))
+    rounds = max(1, int(np.ceil(np.log2(max(n, 2)))) + 1)
+    jump, low, depth = f.copy(), np.arange(n), np.zeros(n, dtype=np.int64)
+    for _ in range(rounds):
+        jump = jump[jump]
+    on_cycle = np.zeros(n, dtype=bool)
+    on_cycle[jump] = True  # the image of f^(2^rounds): exactly the nodes on cycles (sinks loop on themselves)
+    jump, steps = f.copy(), (~on_cycle).astype(np.int64)
+    for _ in range(rounds):
+        low = np.minimum(low, low[jump])
+        steps = steps + steps[jump]
+        jump = jump[jump]
+    depth = steps
+    group = np.where(on_cycle, low, np.arange(n))
+    return group, depth
+
+
+def build_plan(
+    current_phy2log: ArrayLike,
+    new_phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    bytes_per_copy: float | None = None,
+    stage_bytes: float | None = None,
+) -> MigrationPlan:
+    """The plan from ``current_phy2log [L, P]`` to the aligned ``new_phy2log [L, P]`` (same
+    ``slots_per_gpu [G]``). bytes_per_copy: one expert's weights in one layer, bytes; stage_bytes: most
+    bytes copied per stage (needs bytes_per_copy); None gives each layer with copies a stage."""
+    cur = np.asarray(current_phy2log, dtype=np.int64)
+    new = np.asarray(new_phy2log, dtype=np.int64)
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    if cur.ndim != 2 or cur.shape != new.shape or int(slots.sum()) != cur.shape[1]:
+        raise PlanError(
+            f"current {cur.shape} and new {new.shape} placements must both be [layers, {int(slots.sum())} slots]"
+        )
+    budget = None
+    if stage_bytes is not None:
+        if bytes_per_copy is None:
+            raise PlanError("a stage byte budget needs the bytes of one expert copy (give the model)")
+        if not stage_bytes >= bytes_per_copy:
+            raise PlanError(f"a stage of {stage_bytes:.4g} bytes cannot hold one expert copy "
+                            f"({bytes_per_copy:.4g} bytes)")
+        budget = int(stage_bytes // bytes_per_copy)
+    num_layers, num_physical = cur.shape
+    num_experts = int(max(cur.max(initial=0), new.max(initial=0))) + 1
+    gpu = np.repeat(np.arange(slots.size), slots)
+    layer_all = np.repeat(np.arange(num_layers), num_physical)
+    gpu_all = np.tile(gpu, num_layers)
+    holds = np.zeros((num_layers, slots.size, num_experts), dtype=bool)
+    holds[layer_all, gpu_all, cur.ravel()] = True
+    changed = np.flatnonzero((cur != new).ravel())
+    c_layer, c_slot, c_expert = layer_all[changed], changed % num_physical, new.ravel()[changed]
+    c_gpu = gpu[c_slot]
+    key = (c_layer * slots.size + c_gpu) * num_experts + c_expert
+    held = holds[c_layer, c_gpu, c_expert]
+    local = held | (_occurrence(key) > 0)  # already on the GPU, or a second replica landing on it
+    remote = np.flatnonzero(~local)
+    # sources: the expert's holders in the serving placement, replicas that stay put first, in turn
+    holder_key = layer_all * num_experts + cur.ravel()
+    moved = (cur != new).ravel()
+    order = np.lexsort((np.arange(holder_key.size), moved, holder_key))
+    sorted_key = holder_key[order]
+    want = c_layer[remote] * num_experts + c_expert[remote]
+    first = np.searchsorted(sorted_key, want)
+    n_all = np.searchsorted(sorted_key, want, side="right") - first
+    stable_count = np.bincount(holder_key[~moved], minlength=num_layers * num_experts)[want]
+    turn = _occurrence(want)
+    pick = np.where(stable_count > 0, turn % np.maximum(stable_count, 1), turn % np.maximum(n_all, 1))
+    src_flat = order[first + pick]
+    src_slot = src_flat % num_physical
+    # a copy must not come after the copy that overwrites its source slot
+    writer = np.full(num_layers * num_physical, -1, dtype=np.int64)
+    writer[changed[remote]] = np.arange(remote.size)
+    group, depth = _chains(writer[src_flat])
+    sequence = np.lexsort((c_slot[remote], group, -depth, c_layer[remote]))
+    r_layer, r_group = c_layer[remote][sequence], group[sequence]
+    # units: runs of one cycle; stages: units packed in order, within the budget or one layer each
+    boundary = np.concatenate([[True], (r_group[1:] != r_group[:-1]) | (r_layer[1:] != r_layer[:-1])])
+    starts = np.flatnonzero(boundary[: remote.size])
+    sizes = np.diff(np.append(starts, remote.size))
+    stage_of_unit = np.zeros(starts.size, dtype=np.int64)
+    stage, filled, last_layer = -1, 0, -1
+    for u, (at, size) in enumerate(zip(starts.tolist(), sizes.tolist(), strict=True)):
+        layer = int(r_layer[at])
+        if budget is not None and size > budget:
+            assert bytes_per_copy is not None
+            raise PlanError(
+                f"layer {layer}: {size} copies read each other's slots and must move in one stage; raise the "
+                f"stage budget to at least {size * bytes_per_copy / 2**30:.3g} GiB"
+            )
+        if stage < 0 or (filled + size > budget if budget is not None else layer != last_layer):
+            stage, filled = stage + 1, 0
+        stage_of_unit[u], filled, last_layer = stage, filled + size, layer
+    r_stage = np.repeat(stage_of_unit, sizes)
+    # local writes read a slot of their GPU that holds the expert in the new placement and is not itself
+    # a local destination; they join the stage of their layer's last copy (or a stage after all)
+    lo = np.flatnonzero(local)
+    final = np.ones(num_layers * num_physical, dtype=bool)
+    final[changed[lo]] = False
+    final_idx = np.flatnonzero(final)
+    final_key = (layer_all[final_idx] * slots.size + gpu_all[final_idx]) * num_experts + new.ravel()[final_idx]
+    key_order = np.argsort(final_key, kind="stable")
+    pos = np.searchsorted(final_key[key_order], key[lo]).clip(max=max(final_key.size - 1, 0))
+    found = final_key[key_order[pos]] == key[lo] if final_key.size else np.zeros(lo.size, dtype=bool)
+    if not found.all():
+        layer = int(c_layer[lo][~found][0])
+        raise PlanError(f"layer {layer}: the new placement moves experts between slots of one GPU; align it with "
+                        "the serving placement first (solvers.migration.relabel_gpus or arrange_slots)")
+    lo_src = final_idx[key_order[pos]] % num_physical
+    last_stage = np.full(num_layers, -1, dtype=np.int64)
+    np.maximum.at(last_stage, r_layer, r_stage)
+    lo_stage = last_stage[c_layer[lo]]
+    lo_stage = np.where(lo_stage >= 0, lo_stage, (r_stage.max(initial=-1) + 1))
+    rows_remote = remote[sequence]
+    rows = np.concatenate([rows_remote, lo])
+    stages = np.concatenate([r_stage, lo_stage])
+    src = np.concatenate([src_slot[sequence], lo_src])
+    is_local = np.concatenate([np.zeros(rows_remote.size, dtype=bool), np.ones(lo.size, dtype=bool)])
+    final_order = np.lexsort((is_local, stages), axis=0) if rows.size else np.zeros(0, dtype=np.int64)
+    rows, stages, src, is_local = rows[final_order], stages[final_order], src[final_order], is_local[final_order]
+    return MigrationPlan(
+        layer=c_layer[rows],
+        expert=c_expert[rows],
+        src_gpu=gpu[src],
+        src_slot=src,
+        dst_gpu=c_gpu[rows],
+        dst_slot=c_slot[rows],
+        local=is_local,
+        stage=stages,
+        bytes_per_copy=bytes_per_copy,
+        stage_bytes=stage_bytes,
+    )
+
+
+def apply_plan(current_phy2log: ArrayLike, plan: MigrationPlan) -> IntArray:
+    """Apply ``plan`` stage by stage to ``current_phy2log [L, P]``; returns the result ``[L, P]``.
+    Raises PlanError when a write reads a slot that does not hold its expert, or when an expert has no
+    replica in some layer after a stage (the cluster could not serve between stages)."""
+    state = np.array(current_phy2log, dtype=np.int64, copy=True)
+    num_layers, num_experts = state.shape[0], int(state.max(initial=0)) + 1
+    for k in range(plan.num_stages):
+        in_stage = plan.stage == k
+        for local in (False, True):  # copies read before any write of the stage; local writes after them
+            rows = np.flatnonzero(in_stage & (plan.local == local))
+            bad = state[plan.layer[rows], plan.src_slot[rows]] != plan.expert[rows]
+            if bad.any():
+                i = rows[np.argmax(bad)]
+                raise PlanError(f"stage {k}: expert {plan.expert[i]} of layer {plan.layer[i]} is read from slot "
+                                f"{plan.src_slot[i]}, which holds {state[plan.layer[i], plan.src_slot[i]]}")
+            state[plan.layer[rows], plan.dst_slot[rows]] = plan.expert[rows]
+        counts = np.zeros((num_layers, num_experts), dtype=np.int64)
+        np.add.at(counts, (np.repeat(np.arange(num_layers), state.shape[1]), state.ravel()), 1)
+        if (counts == 0).any():
+            layer, expert = (int(v) for v in np.argwhere(counts == 0)[0])
+            raise PlanError(f"after stage {k}, expert {expert} of layer {layer} has no replica")
+    return state

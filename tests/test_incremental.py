@@ -1,0 +1,214 @@
+"""Incremental rebalancing: moves only where they buy balance, within budgets, keeping every rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from eplb.cli import main
+from eplb.io.windows import read_window
+from solvers import registry
+from solvers.greedy import solve_greedy
+from solvers.incremental import frontier, rebalance, trajectories
+from solvers.loads import gpu_loads
+from solvers.migration import count_moves, relabel_gpus
+from solvers.registry import Options, Problem, SolverError
+from solvers.validation import duplicate_count, replica_counts, validate_placement
+
+PREFILL = "fixtures/sglang6017-dsv3-prefill-in4096.json"
+DECODE = "fixtures/sglang6017-dsv3-decode-in1000out1000.json"
+
+
+def lb(loads: NDArray[np.float64], phy2log: NDArray[np.int64], slots: NDArray[np.int64]) -> NDArray[np.float64]:
+    g = gpu_loads(loads, phy2log, slots)
+    return np.asarray(g.max(axis=1) / g.mean(axis=1))
+
+
+@pytest.fixture(scope="module")
+def drift() -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]:
+    """The real prefill -> decode drift at EP32 / 288 slots: (decode loads, prefill placement, slots)."""
+    slots = np.full(32, 9, dtype=np.int64)
+    current = solve_greedy(read_window(PREFILL).loads, slots)
+    return read_window(DECODE).loads, current, slots
+
+
+def test_a_perfectly_balanced_placement_moves_nothing() -> None:
+    rng = np.random.default_rng(0)
+    slots = np.full(8, 5, dtype=np.int64)
+    current = solve_greedy(rng.gamma(0.5, 100.0, size=(4, 32)), slots)
+    loads = replica_counts(current, 32) * 7.0  # every replica serves 7 tokens: every GPU serves 35
+    assert np.allclose(lb(loads, current, slots), 1.0)
+    new, _, _ = rebalance(loads, current, slots)
+    np.testing.assert_array_equal(new, current)
+
+
+def test_a_placement_greedy_already_balanced_moves_nothing() -> None:
+    loads = read_window(DECODE).loads
+    slots = np.full(32, 9, dtype=np.int64)
+    current = solve_greedy(loads, slots)
+    new, _, _ = rebalance(loads, current, slots)
+    assert count_moves(new, current, slots).sum() == 0
+    np.testing.assert_array_equal(new, current)
+
+
+def test_a_zero_budget_returns_the_current_placement(
+    drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
+) -> None:
+    loads, current, slots = drift
+    for kwargs in ({"max_moves": 0}, {"max_moves_per_layer": 0}, {"max_moves": 0, "target_lb": 1.01}):
+        new, _, _ = rebalance(loads, current, slots, **kwargs)
+        np.testing.assert_array_equal(new, current)
+
+
+def test_budgets_are_respected_and_buy_balance(
+    drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
+) -> None:
+    loads, current, slots = drift
+    before = gpu_loads(loads, current, slots).max(axis=1).sum()
+    spent = []
+    for budget in (10, 200, 1000):
+        new, _, _ = rebalance(loads, current, slots, max_moves=budget)
+        validate_placement(new, slots, loads.shape[1])
+        moves = count_moves(new, current, slots)
+        assert moves.sum() <= budget
+        spent.append((moves.sum(), gpu_loads(loads, new, slots).max(axis=1).sum()))
+    assert spent[0][1] < before and spent[1][1] < spent[0][1] and spent[2][1] < spent[1][1]
+    new, _, _ = rebalance(loads, current, slots, max_moves_per_layer=3)
+    assert count_moves(new, current, slots).max() <= 3
+
+
+def test_target_lb_needs_far_fewer_copies_than_fresh_greedy(
+    drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
+) -> None:
+    loads, current, slots = drift
+    fresh = relabel_gpus(solve_greedy(loads, slots), current, slots)
+    target = float(lb(loads, fresh, slots).max()) * 1.01
+    new, _, _ = rebalance(loads, current, slots, target_lb=target)
+    assert lb(loads, new, slots).max() <= target
+    assert count_moves(new, current, slots).sum() * 5 <= count_moves(fresh, current, slots).sum()
+
+
+def test_without_a_budget_it_gets_within_one_percent_of_fresh_greedy(
+    drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
+) -> None:
+    loads, current, slots = drift
+    fresh = relabel_gpus(solve_greedy(loads, slots), current, slots)
+    new, _, _ = rebalance(loads, current, slots)
+    assert lb(loads, new, slots).mean() <= lb(loads, fresh, slots).mean() * 1.01
+    assert count_moves(new, current, slots).sum() * 4 <= count_moves(fresh, current, slots).sum()
+
+
+def _group_nodes(phy2log: NDArray[np.int64], slots: NDArray[np.int64], groups: int, per_node: int, experts: int) -> (
+    NDArray[np.bool_]
+):
+    """[L, groups, nodes]: the group has a replica on the node."""
+    gpu = np.repeat(np.arange(slots.size), slots)
+    on = np.zeros((phy2log.shape[0], groups, slots.size // per_node), dtype=bool)
+    on[np.arange(phy2log.shape[0])[:, None], phy2log // (experts // groups), (gpu // per_node)[None, :]] = True
+    return on
+
+
+def test_hierarchical_locality_and_no_duplicates_hold() -> None:
+    prefill, decode = read_window(PREFILL).loads, read_window(DECODE).loads
+    slots = np.full(32, 9, dtype=np.int64)
+    current = solve_greedy(prefill, slots, num_groups=8, gpus_per_node=8)
+    where = _group_nodes(current, slots, 8, 8, 256)
+    assert where.sum(axis=2).max() == 1  # greedy's hierarchical policy: each group on one node
+    new, _, _ = rebalance(decode, current, slots, num_groups=8, gpus_per_node=8)
+    assert count_moves(new, current, slots).sum() > 100  # it did work
+    assert not (_group_nodes(new, slots, 8, 8, 256) & ~where).any()
+    assert duplicate_count(new, slots).sum() == 0
+    assert lb(decode, new, slots).mean() < lb(decode, current, slots).mean() - 0.05
+    # the same rebalance without the policy does move experts off their group's node: the rule is doing work
+    free, _, _ = rebalance(decode, current, slots)
+    assert (_group_nodes(free, slots, 8, 8, 256) & ~where).any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.sampled_from([None, 0, 3, 20]))
+def test_rules_hold_on_uneven_slots(seed: int, budget: int | None) -> None:
+    rng = np.random.default_rng(seed)
+    num_gpus = int(rng.integers(2, 7))
+    slots = rng.integers(2, 6, size=num_gpus).astype(np.int64)
+    num_experts = int(rng.integers(max(2, int(slots.sum()) - 6), int(slots.sum()) + 1))
+    old = rng.gamma(0.6, 100.0, size=(3, num_experts))
+    current = solve_greedy(old, slots)
+    loads = old * rng.lognormal(0.0, 1.0, size=old.shape)
+    new, traj, take = rebalance(loads, current, slots, max_moves=budget)
+    validate_placement(new, slots, num_experts)
+    moves = count_moves(new, current, slots)
+    if budget is not None:
+        assert moves.sum() <= budget
+    assert duplicate_count(new, slots).sum() <= duplicate_count(current, slots).sum()
+    # the reported state is the one taken: its copies and busiest GPU match the trajectory
+    rows = np.arange(3)
+    np.testing.assert_array_equal(moves, traj.copies[rows, take])
+    np.testing.assert_allclose(gpu_loads(loads, new, slots).max(axis=1), traj.max_load[rows, take])
+    assert np.all(traj.max_load[rows, take] <= traj.max_load[:, 0] + 1e-9)
+    # an expert a GPU keeps stays in its slot: a changed slot loses an expert the GPU no longer holds and
+    # gains one it did not hold
+    if duplicate_count(current, slots).sum() == 0:
+        starts = np.concatenate([[0], np.cumsum(slots)[:-1]])
+        for row_new, row_cur in zip(new.tolist(), current.tolist(), strict=True):
+            for a, size in zip(starts.tolist(), slots.tolist(), strict=True):
+                n, c = row_new[a : a + size], row_cur[a : a + size]
+                assert all(x not in n and y not in c for x, y in zip(c, n, strict=True) if x != y)
+
+
+def test_frontier_is_a_tradeoff_curve(
+    drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
+) -> None:
+    loads, current, slots = drift
+    curve = frontier(trajectories(loads, current, slots))
+    assert curve.copies[0] == 0 and np.all(np.diff(curve.copies) > 0)
+    assert np.all(np.diff(curve.max_load_sum) < 0)
+    assert curve.lb_mean[0] == pytest.approx(lb(loads, current, slots).mean())
+    # a budget on the curve reaches the curve's balance
+    k = int(np.searchsorted(curve.copies, 800, side="right")) - 1
+    new, _, _ = rebalance(loads, current, slots, max_moves=int(curve.copies[k]))
+    assert gpu_loads(loads, new, slots).max(axis=1).sum() <= curve.max_load_sum[k] * (1 + 1e-9)
+
+
+def test_registered_and_refuses_what_it_cannot_do() -> None:
+    loads = np.ones((1, 8))
+    slots = np.full(4, 2, dtype=np.int64)
+    with pytest.raises(SolverError, match="current placement"):
+        registry.solve("incremental", Problem(loads, slots), Options())
+    with pytest.raises(SolverError, match="does not take"):
+        registry.solve("incremental", Problem(loads, slots, current_phy2log=np.arange(8)[None, :]),
+                       Options(time_limit_s=1.0))
+    solution = registry.solve(
+        "incremental", Problem(loads, slots, current_phy2log=np.arange(8)[None, :]), Options(max_moves=5)
+    )
+    np.testing.assert_array_equal(solution.phy2log, np.arange(8)[None, :])
+
+
+def test_cli_defaults_to_incremental_with_current_and_writes_the_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--loads", DECODE, "--gpus", "32"]
+    assert main(["solve", "--loads", PREFILL, "--gpus", "32", "--out", str(tmp_path / "now.json")]) == 0
+    capsys.readouterr()
+    now = ["--current", str(tmp_path / "now.json")]
+    assert main(["solve", *common, *now, "--max-moves", "700", "--plan", str(tmp_path / "plan.json"),
+                 "--stage-gib", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["solver"]["name"] == "incremental"
+    assert 0 < out["moves"]["total"] <= 700
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan == out["plan"]
+    assert plan["num_copies"] == out["moves"]["total"] == sum(len(s["copies"]) for s in plan["stages"])
+    assert max(s["bytes"] for s in plan["stages"]) <= 2**30
+    assert main(["solve", *common, *now, "--frontier", "--json"]) == 0
+    curve = json.loads(capsys.readouterr().out)["frontier"]
+    assert curve["copies"][0] == 0 and curve["lb_mean"][-1] < curve["lb_mean"][0]
+    assert main(["solve", *common, *now, "--solver", "greedy", "--max-moves", "5"]) == 2
+    assert "does not take max_moves" in capsys.readouterr().err
+    assert main(["solve", *common, "--plan", str(tmp_path / "p.json")]) == 2
+    assert "need --current" in capsys.readouterr().err

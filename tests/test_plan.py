@@ -1,0 +1,114 @@
+"""Migration plans: applied stage by stage they give the new placement, servable after every stage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eplb.io.windows import read_window
+from solvers.greedy import solve_greedy
+from solvers.incremental import rebalance
+from solvers.migration import count_moves, relabel_gpus
+from solvers.plan import PlanError, apply_plan, build_plan
+
+EXPERT_BYTES = 44_040_192.0  # DeepSeek-V3: 3 x 7168 x 2048 fp8 weights
+
+
+def test_a_swap_is_one_stage_and_two_copies() -> None:
+    slots = np.array([2, 2])
+    current = np.array([[0, 1, 2, 3]])
+    new = np.array([[0, 2, 1, 3]])  # experts 1 and 2 trade GPUs: each reads the slot the other overwrites
+    plan = build_plan(current, new, slots, EXPERT_BYTES)
+    assert plan.num_copies == 2 == count_moves(new, current, slots).sum()
+    assert plan.num_stages == 1
+    assert sorted(zip(plan.expert.tolist(), plan.src_gpu.tolist(), plan.dst_gpu.tolist(), strict=True)) == [
+        (1, 0, 1),
+        (2, 1, 0),
+    ]
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+    with pytest.raises(PlanError, match="at least"):
+        build_plan(current, new, slots, EXPERT_BYTES, stage_bytes=EXPERT_BYTES)  # the cycle needs two copies
+
+
+def test_apply_catches_a_plan_in_the_wrong_order() -> None:
+    slots = np.array([2, 2])
+    current = np.array([[0, 1, 2, 3]])
+    new = np.array([[0, 2, 1, 3]])
+    plan = build_plan(current, new, slots, EXPERT_BYTES)
+    broken = type(plan)(**{**plan.__dict__, "stage": np.arange(plan.stage.size)})  # split the cycle
+    with pytest.raises(PlanError, match=r"no replica|read from"):
+        apply_plan(current, broken)
+
+
+def test_sources_prefer_replicas_that_stay() -> None:
+    slots = np.array([2, 2, 2])
+    current = np.array([[0, 1, 0, 2, 3, 4]])  # expert 0 on GPUs 0 and 1
+    new = np.array([[0, 1, 3, 2, 0, 4]])  # GPU 1 trades its 0 for the 3, GPU 2 trades the 3 for a 0
+    plan = build_plan(current, new, slots)
+    copy_of_0 = int(np.flatnonzero(plan.expert == 0)[0])
+    assert plan.src_gpu[copy_of_0] == 0  # GPU 0's replica stays put; GPU 1's slot is overwritten
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+
+
+def test_a_second_replica_on_one_gpu_is_a_local_write() -> None:
+    slots = np.array([3, 3])
+    current = np.array([[0, 1, 2, 3, 4, 0]])
+    new = np.array([[0, 0, 2, 3, 4, 1]])  # GPU 0 doubles expert 0 (local) over the 1, which moves to GPU 1
+    plan = build_plan(current, new, slots, EXPERT_BYTES)
+    assert plan.local.sum() == 1 and plan.num_copies == 1 == count_moves(new, current, slots).sum()
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+    assert plan.to_dict()["total_bytes"] == EXPERT_BYTES
+
+
+@pytest.mark.parametrize("gpus, slots_each", [(32, 9), (64, 5)])
+def test_real_drift_plans_apply_and_respect_the_stage_budget(gpus: int, slots_each: int) -> None:
+    slots = np.full(gpus, slots_each, dtype=np.int64)
+    current = solve_greedy(read_window("fixtures/sglang6017-dsv3-prefill-in4096.json").loads, slots)
+    decode = read_window("fixtures/sglang6017-dsv3-decode-in1000out1000.json").loads
+    fresh = relabel_gpus(solve_greedy(decode, slots), current, slots)
+    incremental, _, _ = rebalance(decode, current, slots, max_moves=1500)
+    for new, stage_bytes in ((fresh, 4 * 2**30), (incremental, 2**30), (incremental, None)):
+        plan = build_plan(current, new, slots, EXPERT_BYTES, stage_bytes)
+        assert plan.num_copies == count_moves(new, current, slots).sum()
+        np.testing.assert_array_equal(apply_plan(current, plan), new)
+        per_stage = np.bincount(plan.stage[~plan.local], minlength=plan.num_stages) * EXPERT_BYTES
+        if stage_bytes is None:  # one stage per layer with copies
+            assert plan.num_stages == np.unique(plan.layer).size
+        else:
+            assert per_stage.max() <= stage_bytes
+            assert plan.num_stages >= plan.num_copies * EXPERT_BYTES / stage_bytes
+        data = plan.to_dict()
+        assert data["num_copies"] == plan.num_copies == sum(len(s["copies"]) for s in data["stages"])
+        assert [s["bytes"] for s in data["stages"]] == per_stage.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 100_000), budget=st.sampled_from([None, 4, 9]))
+def test_random_plans_apply_stage_by_stage(seed: int, budget: int | None) -> None:
+    rng = np.random.default_rng(seed)
+    num_gpus = int(rng.integers(2, 6))
+    slots = rng.integers(1, 5, size=num_gpus).astype(np.int64)
+    num_experts = int(rng.integers(1, int(slots.sum()) + 1))
+    current = solve_greedy(rng.gamma(0.5, 10.0, size=(3, num_experts)), slots)
+    new = relabel_gpus(solve_greedy(rng.gamma(0.5, 10.0, size=(3, num_experts)), slots), current, slots)
+    try:
+        plan = build_plan(current, new, slots, 1.0, None if budget is None else float(budget))
+    except PlanError as exc:  # only a cycle longer than the budget may refuse
+        assert budget is not None and "at least" in str(exc)
+        return
+    assert plan.num_copies == count_moves(new, current, slots).sum()
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+    if budget is not None:
+        assert np.bincount(plan.stage[~plan.local]).max(initial=0) <= budget
+
+
+def test_bad_inputs_are_refused() -> None:
+    slots = np.array([2, 2])
+    with pytest.raises(PlanError, match="layers"):
+        build_plan(np.zeros((1, 4), np.int64), np.zeros((2, 4), np.int64), slots)
+    with pytest.raises(PlanError, match="bytes of one expert"):
+        build_plan(np.array([[0, 1, 2, 3]]), np.array([[0, 2, 1, 3]]), slots, stage_bytes=1e9)
+    with pytest.raises(PlanError, match="align"):
+        build_plan(np.array([[0, 1, 2, 3]]), np.array([[1, 0, 2, 3]]), slots)  # slots swapped inside GPU 0
