@@ -19,7 +19,7 @@ from api.metrics import Metrics
 from api.middleware import Gate
 from api.pool import SolvePool
 from api.problems import PROBLEM, install_handlers
-from api.routes import jobs, meta, placement
+from api.routes import deployments, jobs, meta, placement
 from api.schemas import EvaluateRequest, PlacementRequest
 from api.settings import Settings
 
@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
     )
     app.state.settings, app.state.pool, app.state.jobs, app.state.metrics = settings, pool, store, metrics
     install_handlers(app)
-    for module in (placement, jobs, meta):
+    for module in (placement, jobs, meta, deployments):
         app.include_router(module.router)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     app.add_middleware(Gate, settings=settings, metrics=metrics, router=app.router)

@@ -13,7 +13,10 @@ back; /docs has the interactive OpenAPI docs with examples.
 Settings come from the environment (EPLB_ prefix): EPLB_API_KEY (Bearer key required on POST routes when
 set), EPLB_SOLVER_WORKERS, EPLB_QUEUE_LIMIT, EPLB_MAX_BODY_BYTES, EPLB_ASYNC_THRESHOLD_S,
 EPLB_MILP_DEFAULT_TIME_LIMIT_S, EPLB_MAX_JOBS, EPLB_JOB_TTL_S, EPLB_RETRY_AFTER_S (docs/api.md).
-One server process holds the job table in memory; scale solving with --workers (solver processes)."""
+Deployments, their history and jobs live in a database: SQLite in EPLB_DATA_DIR (default
+~/.local/share/eplb), or PostgreSQL at EPLB_DATABASE_URL, migrated at start; several `eplb serve` processes
+on one database share them (EPLB_JOB_LEASE_S: a dead replica's jobs fail after this many seconds).
+Scale solving with --workers (solver processes)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from api.app import create_app
+    from api.database import create_service
     from api.settings import Settings
 
     if not 0 < args.port < 65536:
@@ -42,5 +45,5 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise EplbError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(create_service(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

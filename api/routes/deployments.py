@@ -1,0 +1,145 @@
+"""Deployments: register a serving cluster, send it load windows, read its history, record what it applied.
+The domain logic is `eplb.deployments`; this module maps it onto HTTP. The database is `api.database.get_db`;
+window solves run in the service's solver pool while the deployment's lock is held."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.database import DbDep, in_db
+from api.deps import Authorized, PoolDep, SettingsDep
+from api.pool import QueueFull, SolvePool, WorkerDied
+from api.problems import ProblemError, documented
+from api.schemas import PlacementIn
+from api.settings import Settings
+from eplb import deployments
+from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, NotFound, WindowResult
+from eplb.io.exports import to_sglang, to_trtllm, to_vllm_ascend
+from eplb.placement import Placement
+from eplb.solve import Outcome, solve
+
+router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized)
+EXPORTS: dict[str, Callable[[Placement], dict[str, Any]]] = {
+    "sglang": to_sglang, "trtllm": to_trtllm, "vllm-ascend": to_vllm_ascend,
+}
+
+
+class WindowIn(BaseModel):
+    """A load window for a registered deployment: what `POST /placement` takes minus what the deployment fixes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"loads": [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]}]})
+    loads: list[list[float]] = Field(description="[layers][E] tokens routed to each expert over the window")
+    force: bool = Field(False, description="rebalance whatever the trigger says")
+
+
+class AppliedIn(BaseModel):
+    """The placement the cluster now serves (a plan applied, refused or delayed)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    placement: PlacementIn
+
+
+class DeploymentList(BaseModel):
+    deployments: list[DeploymentView]
+
+
+async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a blocking `eplb.deployments` call in the database threads; NotFound becomes 404 (EplbError 422)."""
+    try:
+        return await in_db(fn, *args, **kwargs)
+    except NotFound as exc:
+        raise ProblemError(404, "Not found", str(exc)) from None
+
+
+def _pool_solver(pool: SolvePool, settings: Settings, loop: asyncio.AbstractEventLoop) -> Callable[..., Outcome]:
+    """`eplb.solve.solve` run in the solver pool, callable from the thread that holds the deployment's lock."""
+
+    def run(**kwargs: Any) -> Outcome:
+        future = asyncio.run_coroutine_threadsafe(pool.submit(solve, pool.token(), None, **kwargs), loop)
+        try:
+            outcome: Outcome = future.result()
+        except QueueFull:
+            raise ProblemError(503, "Service busy", "every solver worker is busy and the wait queue is full",
+                               headers={"Retry-After": str(settings.retry_after_s)}) from None
+        except WorkerDied as exc:
+            raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
+        return outcome
+
+    return run
+
+
+@router.get("", response_model=DeploymentList, response_model_exclude_none=True, responses=documented(401),
+            summary="Every registered deployment")
+async def list_deployments(db: DbDep) -> DeploymentList:
+    return DeploymentList(deployments=await _call(deployments.list_all, db))
+
+
+@router.put("/{name}", response_model=DeploymentView, response_model_exclude_none=True,
+            responses={201: {"model": DeploymentView, "description": "registered"}, **documented(401, 404, 422)},
+            summary="Register a deployment, or update its config (the serving placement and history stay)")
+async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentView:
+    view, created = await _call(deployments.register, db, name, body)
+    response.status_code = 201 if created else 200
+    result: DeploymentView = view
+    return result
+
+
+@router.get("/{name}", response_model=DeploymentView, response_model_exclude_none=True,
+            responses={200: {"description": "the deployment, or its current placement in `format`"},
+                       **documented(401, 404, 422)},
+            summary="Config and current placement (or the placement exported for a serving system)")
+async def get_deployment(
+    name: str, db: DbDep,
+    format: Annotated[Literal["sglang", "trtllm", "vllm-ascend"] | None, Query(
+        description="export the current placement for this serving system instead")] = None,
+) -> Any:
+    if format is None:
+        return await _call(deployments.get, db, name)
+    placement = await _call(deployments.current_placement, db, name)
+    if placement is None:
+        raise ProblemError(404, "Not found", f"deployment {name!r} has no placement yet: send a window first")
+    return JSONResponse(EXPORTS[format](placement))
+
+
+@router.delete("/{name}", status_code=204, responses=documented(401, 404),
+               summary="Retire a deployment and its history")
+async def delete_deployment(name: str, db: DbDep) -> Response:
+    await _call(deployments.retire, db, name)
+    return Response(status_code=204)
+
+
+@router.post("/{name}/windows", response_model=WindowResult, response_model_exclude_none=True,
+             responses=documented(401, 404, 422, 500, 503),
+             summary="Send a load window: rebalance when the deployment's trigger fires, else 'kept' and why")
+async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, settings: SettingsDep) -> WindowResult:
+    solver = _pool_solver(pool, settings, asyncio.get_running_loop())
+    result: WindowResult = await _call(deployments.process_window, db, name, body.loads, force=body.force,
+                                       run_solve=solver)
+    return result
+
+
+@router.get("/{name}/history", response_model=HistoryPage, response_model_exclude_none=True,
+            responses=documented(401, 404, 422), summary="The deployment's events, newest first, paged")
+async def get_history(
+    name: str, db: DbDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page")] = 50,
+    before: Annotated[int | None, Query(ge=1, description="entries older than this id (a page's `next`)")] = None,
+) -> HistoryPage:
+    page: HistoryPage = await _call(deployments.history, db, name, limit, before)
+    return page
+
+
+@router.post("/{name}/placement", response_model=HistoryEntry, response_model_exclude_none=True,
+             responses=documented(401, 404, 422),
+             summary="Record the placement the cluster applied (it becomes the current placement)")
+async def post_applied(name: str, body: AppliedIn, db: DbDep) -> HistoryEntry:
+    entry: HistoryEntry = await _call(deployments.record_applied, db, name,
+                                      body.placement.model_dump(exclude_none=True))
+    return entry

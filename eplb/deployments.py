@@ -1,0 +1,517 @@
+"""Deployments: named serving clusters the service remembers, with their current placement and history.
+
+A deployment fixes the model, hardware, cluster shape, slot budget, solver and rebalance policy once
+(`DeploymentConfig`). Each load window it sends ([layers, E] tokens) is judged against the placement now
+serving; the policy's trigger decides whether to rebalance; a rebalance is solved from the serving placement
+(the incremental solver when it is registered) and stored with its prediction, moves and plan. What the
+cluster actually applied is recorded separately (`record_applied`): a serving system may refuse or delay a plan.
+
+Every write to one deployment happens in one transaction that holds the deployment's lock (`Store.write`
+plus `Store.lock_deployment`), so two replicas given concurrent windows rebalance once, one after the other.
+The solve runs inside that transaction (a greedy solve takes well under a second; a long MILP holds the lock
+for its time budget)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy import delete, func, select
+
+from eplb.budget import slots_per_gpu
+from eplb.errors import EplbError
+from eplb.io.windows import check_loads
+from eplb.placement import Placement
+from eplb.schemas import PlacementOut, PlacementResponse
+from eplb.solve import Cluster, CostSetup, Outcome, evaluate, solve
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth
+from eplb.store import DeploymentRow, HistoryRow, Store
+from eplb.store.arrays import pack, unpack
+from solvers import registry
+from solvers.migration import count_moves
+from solvers.registry import Options
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+STRICT = ConfigDict(extra="forbid", strict=True)
+MAX_GPUS = 4096
+SlotCount = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+Bytes = Annotated[float, Field(gt=0, le=1e15)]
+Action = Literal["placed", "rebalanced", "kept", "applied"]
+
+
+class NotFound(EplbError):
+    """No deployment of that name (or no such history entry)."""
+
+
+# ----- configuration -------------------------------------------------------------------------------------------
+class ClusterShape(BaseModel):
+    """The EP group and its slot budget: at most one of slots_per_gpu, num_redundant, memory_budget_bytes
+    (none: one redundant expert per GPU)."""
+
+    model_config = STRICT
+    num_gpus: int = Field(ge=1, le=MAX_GPUS)
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="hierarchical policy, with num_groups")
+    num_groups: int | None = Field(None, ge=1, le=65_536)
+    slots_per_gpu: SlotCount | list[SlotCount] | None = Field(None, description="one count or one per GPU")
+    num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
+    memory_budget_bytes: Bytes | list[Bytes] | None = Field(None, description="expert bytes each GPU may hold")
+
+
+class Policy(BaseModel):
+    """When to rebalance and how far.
+
+    trigger: periodic (every `every` windows), threshold (the serving placement's predicted lb on the window,
+    mean over layers, reaches `threshold`) or cost (the predicted time saved over the next window, `steps`
+    steps, exceeds the time to copy the moved weights over the link); max_moves / target_lb: the incremental
+    solver's budget; windows: solve on the sum of the last N windows (robust to one noisy window)."""
+
+    model_config = STRICT
+    trigger: Literal["periodic", "threshold", "cost"] = "threshold"
+    every: int = Field(1, ge=1, le=1_000_000, description="periodic: windows between rebalances")
+    threshold: float = Field(1.10, ge=1.0, le=1000.0, description="threshold: rebalance at this lb or above")
+    steps: int = Field(1000, ge=1, le=10**9, description="cost: forward steps the next window lasts")
+    max_moves: int | None = Field(None, ge=0, le=10**9, description="expert copies allowed per rebalance")
+    target_lb: float | None = Field(None, ge=1.0, le=1000.0, description="stop moving once every layer reaches it")
+    windows: int = Field(1, ge=1, le=1000, description="solve on the sum of the last N windows")
+
+
+class DeploymentConfig(BaseModel):
+    """What `PUT /deployments/{name}` registers. model and hardware are preset names (GET /presets)."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"examples": [{
+            "model": "mixtral-8x7b", "hardware": "h100", "cluster": {"num_gpus": 4, "num_redundant": 4},
+            "tokens_per_gpu": 256, "policy": {"trigger": "threshold", "threshold": 1.05},
+        }]},
+    )
+    model: str = Field(min_length=1, max_length=200)
+    hardware: str = Field("b200", min_length=1, max_length=200)
+    link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s")
+    tokens_per_gpu: float | None = Field(None, gt=0, le=1e9, description="tokens per GPU in one step")
+    overlap: bool = True
+    cluster: ClusterShape
+    solver: str | None = Field(None, description="absent: incremental when registered and a placement serves, "
+                               "else greedy (the first placement)")
+    time_limit_s: float | None = Field(None, gt=0, le=3600, description="MILP: budget per solve, seconds")
+    policy: Policy = Field(default_factory=Policy)
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> DeploymentConfig:
+        given = [n for n in ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
+                 if getattr(self.cluster, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"cluster: give only one of slots_per_gpu, num_redundant, memory_budget_bytes ({given})")
+        return self
+
+
+class Setup:
+    """A config resolved into what solving needs: model spec, cost setup, cluster."""
+
+    def __init__(self, config: DeploymentConfig) -> None:
+        if config.model not in MODEL_PRESETS:
+            raise EplbError(f"model: unknown preset {config.model!r}; known: {', '.join(MODEL_PRESETS)}")
+        if config.hardware not in HARDWARE_PRESETS:
+            raise EplbError(f"hardware: unknown preset {config.hardware!r}; known: {', '.join(HARDWARE_PRESETS)}")
+        self.config = config
+        self.model: ModelSpec = MODEL_PRESETS[config.model]
+        hardware = HARDWARE_PRESETS[config.hardware]
+        self.link_bw = link_bandwidth(hardware, config.link)
+        self.cost = CostSetup(self.model, hardware, self.link_bw, config.tokens_per_gpu, config.overlap)
+        shape = config.cluster
+        slots = slots_per_gpu(shape.num_gpus, self.model.num_experts, slots=shape.slots_per_gpu,
+                              num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
+                              slot_bytes=self.model.expert_bytes_all_layers)
+        self.cluster = Cluster(slots, shape.gpus_per_node, shape.num_groups)
+        try:
+            if config.solver is not None:
+                registry.get_solver(config.solver)  # unknown names fail here, naming the choices
+            for has_current in (False, True):
+                self.options(has_current)
+        except registry.SolverError as exc:
+            raise EplbError(str(exc)) from None
+
+    def solver_name(self, has_current: bool) -> str:
+        if self.config.solver is not None:
+            return self.config.solver
+        return "incremental" if has_current and "incremental" in registry.names() else "greedy"
+
+    def options(self, has_current: bool) -> Options:
+        """The solver's options from the policy; a set option the solver does not take is refused."""
+        name = self.solver_name(has_current)
+        takes = registry.get_solver(name).options
+        wanted: dict[str, Any] = {}
+        if has_current:
+            wanted = {"max_moves": self.config.policy.max_moves, "target_lb": self.config.policy.target_lb}
+        if self.config.time_limit_s is not None:
+            wanted["total_time_limit_s"] = self.config.time_limit_s
+        wanted = {k: v for k, v in wanted.items() if v is not None}
+        refused = sorted(k for k in wanted if k not in takes)
+        if refused:
+            able = [n for n in registry.names() if set(refused) <= registry.get_solver(n).options]
+            raise EplbError(f"solver {name!r} does not take {', '.join(refused)}: choose a solver that does "
+                            f"({', '.join(able) or 'none is registered'})")
+        return Options(**wanted)
+
+    def loads(self, value: Any, what: str = "loads") -> NDArray[np.float64]:
+        loads = check_loads(value, what)
+        if loads.shape[1] != self.model.num_experts:
+            raise EplbError(f"{what}: rows have {loads.shape[1]} experts but model {self.model.name!r} "
+                            f"has {self.model.num_experts}")
+        return loads
+
+
+# ----- answers --------------------------------------------------------------------------------------------------
+class WindowInfo(BaseModel):
+    """A window's identity: sha256 of its float64 [layers, E] bytes, its shape and total tokens."""
+
+    digest: str
+    layers: int
+    experts: int
+    tokens: float
+
+
+class HistoryEntry(BaseModel):
+    """One event of a deployment (see HistoryRow). lb_*: predicted lb on the window, mean over layers;
+    time_*_us: predicted MoE time of one step; bytes_moved: moves x one expert's bytes in one layer."""
+
+    id: int
+    seq: int = Field(description="window number (for applied: the windows received so far)")
+    at: float = Field(description="Unix time, s")
+    action: Action
+    reason: str
+    window: WindowInfo | None = None
+    lb_before: float | None = None
+    lb_after: float | None = None
+    time_before_us: float | None = None
+    time_after_us: float | None = None
+    moves: int | None = None
+    bytes_moved: float | None = None
+    solver: str | None = None
+    solver_status: str | None = None
+    wall_ms: float | None = None
+    plan: dict[str, Any] | None = None
+
+
+class HistoryPage(BaseModel):
+    """Newest first; pass `next` as `before` for the following page (None: no more)."""
+
+    entries: list[HistoryEntry]
+    next: int | None = None
+
+
+class DeploymentView(BaseModel):
+    """A deployment: config, the placement now serving, counters."""
+
+    name: str
+    config: DeploymentConfig
+    placement: PlacementOut | None = Field(None, description="the placement now serving (None until the first)")
+    windows: int = Field(description="windows received")
+    last_rebalance: int | None = Field(None, description="window number of the last new placement")
+    created_at: float
+    updated_at: float
+
+
+class WindowResult(BaseModel):
+    """The answer to a window: `action` placed/rebalanced (with `result`: placement, prediction, moves, plan) or
+    kept (`reason` says why; `before` is the serving placement judged on the window)."""
+
+    deployment: str
+    seq: int
+    action: Action
+    reason: str
+    history_id: int
+    entry: HistoryEntry = Field(description="the stored history entry")
+    result: PlacementResponse | None = None
+
+
+SolveFn = Callable[..., Outcome]
+"""Runs `eplb.solve.solve` with the same keyword arguments (the service runs it in a solver process)."""
+
+
+# ----- operations ------------------------------------------------------------------------------------------------
+def check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise EplbError(f"deployment name {name!r}: use 1-100 letters, digits, '.', '_' or '-', starting with a "
+                        "letter or digit")
+    return name
+
+
+def register(store: Store, name: str, config: DeploymentConfig) -> tuple[DeploymentView, bool]:
+    """Create or update deployment `name`. An update keeps the serving placement and history when the slot
+    layout is unchanged (and drops the placement otherwise). Returns the view and whether it was created."""
+    check_name(name)
+    setup = Setup(config)
+    now = time.time()
+    with store.write() as session:
+        row = store.lock_deployment(session, name)
+        created = row is None
+        if row is None:
+            row = DeploymentRow(name=name, windows=0, created_at=now)
+            session.add(row)
+        elif row.phy2log is not None:
+            old = Setup(DeploymentConfig.model_validate(row.config))
+            if (old.model.num_experts != setup.model.num_experts
+                    or old.cluster.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist()):
+                row.phy2log, row.shares = None, None
+        row.config = config.model_dump(mode="json")
+        row.updated_at = now
+        session.flush()
+        return _view(row), created
+
+
+def get(store: Store, name: str) -> DeploymentView:
+    with store.read() as session:
+        return _view(_row(session.get(DeploymentRow, name), name))
+
+
+def current_placement(store: Store, name: str) -> Placement | None:
+    """The placement now serving, or None."""
+    with store.read() as session:
+        return _placement(_row(session.get(DeploymentRow, name), name))
+
+
+def list_all(store: Store) -> list[DeploymentView]:
+    with store.read() as session:
+        return [_view(r) for r in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
+
+
+def retire(store: Store, name: str) -> None:
+    """Delete the deployment and its history."""
+    with store.write() as session:
+        row = _row(store.lock_deployment(session, name), name)
+        session.execute(delete(HistoryRow).where(HistoryRow.deployment == name))
+        session.delete(row)
+
+
+def history(store: Store, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
+    """Up to `limit` entries older than id `before` (default: the newest), newest first."""
+    if not 1 <= limit <= 1000:
+        raise EplbError(f"limit must be 1-1000, got {limit}")
+    with store.read() as session:
+        _row(session.get(DeploymentRow, name), name)
+        query = select(HistoryRow).where(HistoryRow.deployment == name)
+        if before is not None:
+            query = query.where(HistoryRow.id < before)
+        rows = list(session.scalars(query.order_by(HistoryRow.id.desc()).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return HistoryPage(entries=[_entry(r) for r in rows], next=rows[-1].id if more else None)
+
+
+def history_count(store: Store, name: str) -> int:
+    with store.read() as session:
+        return int(session.scalar(select(func.count()).where(HistoryRow.deployment == name)) or 0)
+
+
+def window_loads(store: Store, history_id: int) -> NDArray[np.float64]:
+    """The stored window of a history entry: [layers, E] tokens."""
+    with store.read() as session:
+        row = session.get(HistoryRow, history_id)
+        if row is None or row.loads is None:
+            raise NotFound(f"history entry {history_id} has no window")
+        return np.asarray(unpack(row.loads), dtype=np.float64)
+
+
+def process_window(store: Store, name: str, loads_value: Any, *, force: bool = False,
+                   run_solve: SolveFn = solve) -> WindowResult:
+    """Judge one window ([layers][E] tokens) for deployment `name`, rebalance when the trigger fires (or
+    `force`), store the event; holds the deployment's lock throughout."""
+    with store.write() as session:
+        row = _row(store.lock_deployment(session, name), name)
+        setup = Setup(DeploymentConfig.model_validate(row.config))
+        policy = setup.config.policy
+        loads = setup.loads(loads_value)
+        current = _placement(row)
+        if current is not None and current.num_layers != loads.shape[0]:
+            raise EplbError(f"loads: {loads.shape[0]} layers, but the serving placement has {current.num_layers}")
+        seq = row.windows + 1
+        now = time.time()
+        entry = HistoryRow(deployment=name, seq=seq, at=now, loads=pack(loads), **_window_columns(loads))
+        before = None if current is None else evaluate(loads, current, setup.cost)
+        if before is not None:
+            entry.lb_before, entry.time_before_us = _lb_time(before)
+        fire, reason = _trigger(policy, seq, row.last_rebalance, before, force)
+        outcome: Outcome | None = None
+        after: Outcome | None = None
+        moves = 0
+        if fire:
+            solve_on = loads
+            if policy.windows > 1:
+                solve_on = loads + _recent_windows(session, name, policy.windows - 1, loads.shape)
+            solver = setup.solver_name(current is not None)
+            outcome = run_solve(loads=solve_on, cluster=setup.cluster, solver=solver, cost=setup.cost,
+                                current=current, options=setup.options(current is not None))
+            after = evaluate(loads, outcome.placement, setup.cost)
+            moves = 0 if current is None else int(count_moves(
+                outcome.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu).sum())
+            if policy.trigger == "cost" and before is not None and not force:
+                fire, reason = _worth_it(before, after, moves, setup, policy.steps)
+        if outcome is not None and after is not None and fire:
+            entry.action = "placed" if current is None else "rebalanced"
+            entry.lb_after, entry.time_after_us = _lb_time(after)
+            entry.moves, entry.bytes_moved = moves, moves * setup.model.expert_bytes
+            entry.solver, entry.solver_status = outcome.solver.get("name"), outcome.solver.get("status")
+            entry.wall_ms = outcome.solver.get("wall_ms")
+            plan: Any = getattr(outcome, "plan", None)
+            entry.plan = plan.to_dict() if plan is not None and hasattr(plan, "to_dict") else plan
+            entry.phy2log = pack(outcome.placement.phy2log)
+            row.phy2log = entry.phy2log
+            row.shares = None if outcome.placement.shares is None else pack(outcome.placement.shares)
+            entry.shares = row.shares
+            row.last_rebalance = seq
+        else:
+            entry.action = "kept"
+            entry.lb_after, entry.time_after_us = entry.lb_before, entry.time_before_us
+            entry.moves, entry.bytes_moved = 0, 0.0
+        entry.reason = reason
+        row.windows, row.updated_at = seq, now
+        session.add(entry)
+        session.flush()
+        result = None
+        if entry.action != "kept" and outcome is not None:
+            result = outcome.to_model()
+            if result.plan is None and isinstance(entry.plan, dict):
+                result.plan = entry.plan
+        return WindowResult(deployment=name, seq=seq, action=entry.action, reason=reason,
+                            history_id=entry.id, entry=_entry(entry), result=result)
+
+
+def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
+    """Record the placement the cluster now serves (a placement object as `POST /placement` returns it): it
+    becomes the current placement; moves are counted from the previous one, lb and time predicted on the
+    last window received."""
+    with store.write() as session:
+        row = _row(store.lock_deployment(session, name), name)
+        setup = Setup(DeploymentConfig.model_validate(row.config))
+        if isinstance(value, dict) and "num_experts" not in value:
+            value = {**value, "num_experts": setup.model.num_experts}
+        applied = Placement.from_dict(value, "placement")
+        if applied.num_experts != setup.model.num_experts:
+            raise EplbError(f"placement: {applied.num_experts} experts, the model has {setup.model.num_experts}")
+        if applied.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
+            raise EplbError(f"placement: slots per GPU {applied.slots_per_gpu.tolist()}, the deployment has "
+                            f"{setup.cluster.slots_per_gpu.tolist()}")
+        previous = _placement(row)
+        entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied",
+                           reason="reported by the cluster")
+        if previous is not None:
+            if previous.num_layers != applied.num_layers:
+                raise EplbError(f"placement: {applied.num_layers} layers, the serving one has {previous.num_layers}")
+            moves = int(count_moves(applied.phy2log, previous.phy2log, setup.cluster.slots_per_gpu).sum())
+            entry.moves, entry.bytes_moved = moves, moves * setup.model.expert_bytes
+        last = session.scalars(select(HistoryRow).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
+                               .order_by(HistoryRow.id.desc()).limit(1)).first()
+        if last is not None and last.loads is not None:
+            loads = np.asarray(unpack(last.loads), dtype=np.float64)
+            if loads.shape[0] == applied.num_layers:
+                entry.window_digest, entry.window_layers = last.window_digest, last.window_layers
+                entry.window_experts, entry.window_tokens = last.window_experts, last.window_tokens
+                if previous is not None:
+                    entry.lb_before, entry.time_before_us = _lb_time(evaluate(loads, previous, setup.cost))
+                entry.lb_after, entry.time_after_us = _lb_time(evaluate(loads, applied, setup.cost))
+        entry.phy2log = pack(applied.phy2log)
+        entry.shares = None if applied.shares is None else pack(applied.shares)
+        row.phy2log, row.shares, row.updated_at = entry.phy2log, entry.shares, entry.at
+        session.add(entry)
+        session.flush()
+        return _entry(entry)
+
+
+# ----- helpers -------------------------------------------------------------------------------------------------
+def _row(row: DeploymentRow | None, name: str) -> DeploymentRow:
+    if row is None:
+        raise NotFound(f"no deployment named {name!r}: register it with PUT /deployments/{name}")
+    return row
+
+
+def _placement(row: DeploymentRow) -> Placement | None:
+    if row.phy2log is None:
+        return None
+    slots = Setup(DeploymentConfig.model_validate(row.config)).cluster.slots_per_gpu
+    model = MODEL_PRESETS[row.config["model"]]
+    shares = None if row.shares is None else unpack(row.shares)
+    return Placement(unpack(row.phy2log), slots, model.num_experts, shares)
+
+
+def _view(row: DeploymentRow) -> DeploymentView:
+    placement = _placement(row)
+    return DeploymentView(
+        name=row.name, config=DeploymentConfig.model_validate(row.config),
+        placement=None if placement is None else PlacementOut.model_validate(placement.to_dict()),
+        windows=row.windows, last_rebalance=row.last_rebalance, created_at=row.created_at, updated_at=row.updated_at,
+    )
+
+
+def _entry(row: HistoryRow) -> HistoryEntry:
+    window = None
+    if row.window_digest is not None:
+        window = WindowInfo(digest=row.window_digest, layers=row.window_layers or 0, experts=row.window_experts or 0,
+                            tokens=row.window_tokens or 0.0)
+    return HistoryEntry(
+        id=row.id, seq=row.seq, at=row.at, action=row.action, reason=row.reason, window=window,
+        lb_before=row.lb_before, lb_after=row.lb_after, time_before_us=row.time_before_us,
+        time_after_us=row.time_after_us, moves=row.moves, bytes_moved=row.bytes_moved, solver=row.solver,
+        solver_status=row.solver_status, wall_ms=row.wall_ms, plan=row.plan,
+    )
+
+
+def _window_columns(loads: NDArray[np.float64]) -> dict[str, Any]:
+    return {
+        "window_digest": hashlib.sha256(np.ascontiguousarray(loads, dtype=np.float64).tobytes()).hexdigest(),
+        "window_layers": int(loads.shape[0]), "window_experts": int(loads.shape[1]),
+        "window_tokens": float(loads.sum()),
+    }
+
+
+def _lb_time(outcome: Outcome) -> tuple[float, float | None]:
+    lb = round(float(outcome.balance.lb.mean()), 6)
+    time_us = None if outcome.prediction is None else round(outcome.prediction.total_time_us, 3)
+    return lb, time_us
+
+
+def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None, force: bool) -> tuple[bool, str]:
+    """Whether to solve for this window, and why (the cost trigger decides again after solving)."""
+    if before is None:
+        return True, "no placement serves yet"
+    if force:
+        return True, "forced by the request"
+    if policy.trigger == "periodic":
+        since = seq - (last or 0)
+        if since >= policy.every:
+            return True, f"periodic: {since} windows since the last rebalance (every {policy.every})"
+        return False, f"periodic: {since} of {policy.every} windows since the last rebalance"
+    lb = float(before.balance.lb.mean())
+    if policy.trigger == "threshold":
+        if lb >= policy.threshold:
+            return True, f"threshold: predicted lb {lb:.4f} >= {policy.threshold}"
+        return False, f"threshold: predicted lb {lb:.4f} < {policy.threshold}"
+    return True, "cost: candidate solved"
+
+
+def _worth_it(before: Outcome, after: Outcome, moves: int, setup: Setup, steps: int) -> tuple[bool, str]:
+    """Cost trigger: time saved over `steps` steps vs. the copy time of the moved weights at link speed."""
+    if before.prediction is None or after.prediction is None:
+        return True, "cost: no time prediction, rebalanced"
+    saved_us = (before.prediction.total_time_us - after.prediction.total_time_us) * steps
+    copy_us = moves * setup.model.expert_bytes / setup.link_bw * 1e6
+    if saved_us > copy_us:
+        return True, f"cost: saves {saved_us:.0f} µs over {steps} steps, copying takes {copy_us:.0f} µs"
+    return False, f"cost: saves {saved_us:.0f} µs over {steps} steps, copying would take {copy_us:.0f} µs"
+
+
+def _recent_windows(session: Any, name: str, count: int, shape: tuple[int, ...]) -> NDArray[np.float64]:
+    query = select(HistoryRow.loads).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
+    rows = session.scalars(query.order_by(HistoryRow.id.desc()).limit(count))
+    total = np.zeros(shape, dtype=np.float64)
+    for blob in rows:
+        loads = unpack(blob)
+        if loads.shape == shape:
+            total += loads
+    return total

@@ -1,0 +1,258 @@
+"""Deployments on real databases (every test runs on a SQLite file and on a throwaway PostgreSQL): register,
+windows through each trigger, history pages, applied placements, retire, one rebalance for concurrent windows,
+and the HTTP routes over the same database."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from eplb import deployments as dep
+from eplb.errors import EplbError
+from eplb.solve import solve
+from eplb.specs import MODEL_PRESETS
+from eplb.store import Store, open_store
+from solvers import registry
+from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
+
+MODEL = "deepseek-v2-lite"  # 64 experts
+EXPERTS = MODEL_PRESETS[MODEL].num_experts
+LAYERS = 4
+
+
+def window(phase: int, seed: int = 0) -> list[list[float]]:
+    """[LAYERS][64] tokens: a few hot experts, which ones set by `phase` (a new phase = the load moved)."""
+    rng = np.random.default_rng(seed)
+    base = 1000.0 / (1.0 + np.arange(EXPERTS)) ** 1.2
+    rows = []
+    for layer in range(LAYERS):
+        order = np.random.default_rng(1000 * phase + layer).permutation(EXPERTS)
+        rows.append(np.floor(base[order] * 100 * rng.uniform(0.95, 1.05, EXPERTS)).tolist())
+    return rows
+
+
+def config(**policy: Any) -> dep.DeploymentConfig:
+    return dep.DeploymentConfig.model_validate({
+        "model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8, "slots_per_gpu": 10},
+        "tokens_per_gpu": 4096.0, "policy": policy,
+    })
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = open_store(db_url)
+    yield s
+    s.close()
+
+
+def test_register_get_update_list_retire(store: Store) -> None:
+    view, created = dep.register(store, "prod-a", config(threshold=1.2))
+    assert created and view.placement is None and view.windows == 0
+    assert dep.get(store, "prod-a").config.policy.threshold == 1.2
+    dep.process_window(store, "prod-a", window(0))
+    view, created = dep.register(store, "prod-a", config(threshold=1.3))  # same shape: placement stays
+    assert not created and view.placement is not None and view.config.policy.threshold == 1.3
+    bigger = config().model_copy(update={"cluster": dep.ClusterShape(num_gpus=8, slots_per_gpu=9)})
+    assert dep.register(store, "prod-a", bigger)[0].placement is None  # new slot layout: placement dropped
+    dep.register(store, "prod-b", config())
+    assert [v.name for v in dep.list_all(store)] == ["prod-a", "prod-b"]
+    dep.retire(store, "prod-a")
+    with pytest.raises(dep.NotFound, match="no deployment named 'prod-a'"):
+        dep.get(store, "prod-a")
+    assert dep.history_count(store, "prod-a") == 0
+    assert [v.name for v in dep.list_all(store)] == ["prod-b"]
+
+
+def test_threshold_trigger_places_keeps_and_rebalances(store: Store) -> None:
+    dep.register(store, "d", config(trigger="threshold", threshold=1.10))
+    first = dep.process_window(store, "d", window(0))
+    assert (first.action, first.seq, first.entry.moves) == ("placed", 1, 0)
+    assert first.result is not None and first.entry.lb_before is None
+    assert first.entry.lb_after is not None and first.entry.lb_after < 1.10
+    assert first.result.predicted.lb_mean == pytest.approx(first.entry.lb_after, abs=1e-6)
+
+    same = dep.process_window(store, "d", window(0, seed=1))  # the same hot experts: nothing to gain
+    assert same.action == "kept" and same.result is None
+    assert same.reason.startswith("threshold: predicted lb") and "< 1.1" in same.reason
+    assert same.entry.lb_before == same.entry.lb_after and same.entry.moves == 0
+
+    moved = dep.process_window(store, "d", window(1))  # the load moved to other experts
+    assert moved.action == "rebalanced" and ">= 1.1" in moved.reason
+    assert moved.entry.lb_before is not None and moved.entry.lb_after is not None
+    assert moved.entry.lb_before > 1.10 > moved.entry.lb_after
+    assert moved.entry.time_before_us is not None and moved.entry.time_after_us is not None
+    assert moved.entry.time_after_us < moved.entry.time_before_us
+    assert moved.entry.moves is not None and moved.entry.moves > 0
+    assert moved.entry.bytes_moved == moved.entry.moves * MODEL_PRESETS[MODEL].expert_bytes
+    assert moved.result is not None and moved.result.moves is not None
+    assert moved.result.moves.total == moved.entry.moves
+    view = dep.get(store, "d")
+    assert view.windows == 3 and view.last_rebalance == 3
+    assert view.placement is not None and view.placement.phy2log == moved.result.placement.phy2log
+
+
+def test_periodic_trigger_counts_windows(store: Store) -> None:
+    dep.register(store, "p", config(trigger="periodic", every=2))
+    actions = [dep.process_window(store, "p", window(i)).action for i in range(5)]
+    assert actions == ["placed", "kept", "rebalanced", "kept", "rebalanced"]
+    assert dep.process_window(store, "p", window(9), force=True).reason == "forced by the request"
+
+
+def test_cost_trigger_weighs_copy_time_against_time_saved(store: Store) -> None:
+    dep.register(store, "short", config(trigger="cost", steps=1))
+    dep.register(store, "long", config(trigger="cost", steps=10**6))
+    for name in ("short", "long"):
+        dep.process_window(store, name, window(0))
+    short = dep.process_window(store, "short", window(1))
+    long = dep.process_window(store, "long", window(1))
+    assert short.action == "kept" and "copying would take" in short.reason
+    assert long.action == "rebalanced" and "copying takes" in long.reason
+
+
+def test_solve_on_the_sum_of_recent_windows(store: Store) -> None:
+    dep.register(store, "r", config(trigger="periodic", every=1, windows=2))
+    dep.process_window(store, "r", window(0))
+    served = dep.current_placement(store, "r")
+    second = dep.process_window(store, "r", window(1))
+    setup = dep.Setup(config())
+    summed = np.asarray(window(0)) + np.asarray(window(1))
+    expected = solve(summed, setup.cluster, solver=setup.solver_name(True), cost=setup.cost, current=served,
+                     options=setup.options(True))
+    assert second.result is not None
+    assert second.result.placement.phy2log == expected.placement.phy2log.tolist()
+
+
+def test_history_pages_newest_first(store: Store) -> None:
+    dep.register(store, "h", config(trigger="periodic", every=1))
+    for i in range(5):
+        dep.process_window(store, "h", window(i))
+    page = dep.history(store, "h", limit=2)
+    assert [e.seq for e in page.entries] == [5, 4] and page.next is not None
+    page2 = dep.history(store, "h", limit=2, before=page.next)
+    assert [e.seq for e in page2.entries] == [3, 2]
+    last = dep.history(store, "h", limit=2, before=page2.next)
+    assert [e.seq for e in last.entries] == [1] and last.next is None
+    entry = page.entries[0]
+    assert entry.window is not None and (entry.window.layers, entry.window.experts) == (LAYERS, EXPERTS)
+    assert entry.window.tokens == pytest.approx(float(np.sum(window(4))))
+    assert len(entry.window.digest) == 64 and entry.solver in registry.names()
+    assert entry.solver_status is not None and entry.wall_ms is not None
+    stored = dep.window_loads(store, entry.id)
+    assert stored.tolist() == window(4)
+
+
+def test_applied_placement_becomes_current(store: Store) -> None:
+    dep.register(store, "a", config(trigger="periodic", every=1))
+    first = dep.process_window(store, "a", window(0))
+    second = dep.process_window(store, "a", window(1))
+    assert first.result is not None and second.result is not None
+    refused = first.result.placement.model_dump(exclude_none=True)  # the cluster kept the old placement
+    entry = dep.record_applied(store, "a", refused)
+    assert entry.action == "applied" and entry.moves == second.entry.moves  # back to where it was
+    assert entry.lb_after == pytest.approx(second.entry.lb_before, abs=1e-6)  # judged on the last window
+    assert dep.get(store, "a").placement == first.result.placement
+    assert dep.history(store, "a", limit=1).entries[0].action == "applied"
+    with pytest.raises(EplbError, match="slots per GPU"):
+        dep.record_applied(store, "a", {"phy2log": [list(range(64))] * LAYERS, "slots_per_gpu": [8] * 8})
+
+
+def test_concurrent_windows_rebalance_once(store: Store) -> None:
+    """Two threads send the same moved window at once: the lock makes the second see the first's placement."""
+    dep.register(store, "c", config(trigger="threshold", threshold=1.10))
+    dep.process_window(store, "c", window(0))
+    results: list[dep.WindowResult] = []
+    barrier = threading.Barrier(2)
+
+    def send() -> None:
+        barrier.wait()
+        results.append(dep.process_window(store, "c", window(1)))
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.action for r in results) == ["kept", "rebalanced"]
+    assert sorted(r.seq for r in results) == [2, 3]
+    assert dep.get(store, "c").windows == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": "gpt-9"}, "model: unknown preset 'gpt-9'"),
+    ({"hardware": "tpu"}, "hardware: unknown preset 'tpu'"),
+    ({"solver": "simplex"}, "unknown solver 'simplex'"),
+    ({"solver": "greedy", "policy": {"max_moves": 10}}, "solver 'greedy' does not take max_moves"),
+    ({"cluster": {"num_gpus": 8, "slots_per_gpu": 7}}, "cannot hold|fewer than"),
+])
+def test_bad_configs_are_one_line_errors(store: Store, change: dict[str, Any], message: str) -> None:
+    body = {**config().model_dump(mode="json", exclude_none=True), **change}
+    with pytest.raises(EplbError, match=message):
+        dep.register(store, "bad", dep.DeploymentConfig.model_validate(body))
+
+
+def test_bad_windows_and_names(store: Store) -> None:
+    dep.register(store, "w", config())
+    with pytest.raises(EplbError, match="rows have 3 experts but model 'deepseek-v2-lite' has 64"):
+        dep.process_window(store, "w", [[1, 2, 3]])
+    with pytest.raises(EplbError, match=r"loads\[0\]\[0\] is -1: loads must be >= 0"):
+        dep.process_window(store, "w", [[-1.0] * EXPERTS])
+    with pytest.raises(dep.NotFound):
+        dep.process_window(store, "nobody", window(0))
+    with pytest.raises(EplbError, match="deployment name"):
+        dep.register(store, "no/slash", config())
+
+
+# ----- over HTTP, in process ---------------------------------------------------------------------------------
+@pytest.fixture
+def client(store: Store) -> Iterator[TestClient]:
+    from api.app import create_app
+    from api.database import SqlJobStore
+    from api.settings import Settings
+
+    settings = Settings(solver_workers=1, api_key="k")
+    app = create_app(settings, job_store=SqlJobStore(store, settings.max_jobs, settings.job_ttl_s))
+    app.state.db = store
+    with TestClient(app, headers={"Authorization": "Bearer k"}) as c:
+        yield c
+
+
+def test_http_walkthrough(client: TestClient) -> None:
+    body = config(threshold=1.1).model_dump(mode="json", exclude_none=True)
+    assert client.put("/deployments/web", json=body).status_code == 201
+    assert client.put("/deployments/web", json=body).status_code == 200
+    placed = client.post("/deployments/web/windows", json={"loads": window(0)}).json()
+    assert placed["action"] == "placed" and placed["result"]["placement"]["num_gpus"] == 8
+    kept = client.post("/deployments/web/windows", json={"loads": window(0, seed=3)}).json()
+    assert kept["action"] == "kept" and "result" not in kept
+    moved = client.post("/deployments/web/windows", json={"loads": window(1)}).json()
+    assert moved["action"] == "rebalanced" and moved["result"]["moves"]["total"] == moved["entry"]["moves"] > 0
+    page = client.get("/deployments/web/history", params={"limit": 2}).json()
+    assert [e["action"] for e in page["entries"]] == ["rebalanced", "kept"] and page["next"]
+    applied = client.post("/deployments/web/placement", json={"placement": placed["result"]["placement"]})
+    assert applied.status_code == 200 and applied.json()["action"] == "applied"
+    got = client.get("/deployments/web").json()
+    assert got["placement"]["phy2log"] == placed["result"]["placement"]["phy2log"] and got["windows"] == 3
+    sglang = client.get("/deployments/web", params={"format": "sglang"}).json()
+    assert sglang["physical_to_logical_map"] == placed["result"]["placement"]["phy2log"]
+    assert [d["name"] for d in client.get("/deployments").json()["deployments"]] == ["web"]
+    assert client.delete("/deployments/web").status_code == 204
+    missing = client.get("/deployments/web")
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("application/problem+json")
+    assert "no deployment named 'web'" in missing.json()["detail"]
+
+    # errors: problem details naming what to fix
+    assert client.put("/deployments/x", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    typo = client.put("/deployments/x", json={**body, "policy": {"trigerr": "cost"}})
+    assert typo.status_code == 422 and typo.json()["errors"][0]["field"] == "policy.trigerr"
+    unknown = client.put("/deployments/x", json={**body, "model": "gpt-9"})
+    assert unknown.status_code == 422 and "unknown preset 'gpt-9'" in unknown.json()["detail"]
+    assert client.post("/deployments/x/windows", json={"loads": window(0)}).status_code == 404
+    client.put("/deployments/x", json=body)
+    assert client.get("/deployments/x", params={"format": "trtllm"}).status_code == 404  # no placement yet
+    short = client.post("/deployments/x/windows", json={"loads": [[1.0, 2.0]]})
+    assert short.status_code == 422 and "64" in short.json()["detail"]
