@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from solvers import _kernels
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.torch_order import argsort_desc_like_torch
 from solvers.validation import slot_gpu, validate_placement
@@ -28,31 +29,23 @@ IntArray = NDArray[np.int64]
 def replicate(
     weight: FloatArray, num_physical: IntArray, max_replicas: int | None = None
 ) -> tuple[IntArray, IntArray, IntArray]:
-    """Give each extra slot to the expert with the largest load per replica.
+    """Give each extra slot to the expert with the largest load per replica (lowest index on ties).
 
     weight: [rows, E] load per expert; num_physical: [rows] slots to fill per row (>= E);
     max_replicas: cap on replicas of one expert (e.g. the GPU count), None for no cap.
     Returns phy2log [rows, max(num_physical)] (experts 0..E-1 first, then the extra replicas in the
     order they were given; -1 pads rows with fewer slots), rank [rows, P] (replica index of each slot)
-    and logcnt [rows, E] (replicas per expert). Arithmetic stays in weight's dtype.
+    and logcnt [rows, E] (replicas per expert). Arithmetic stays in weight's dtype (float32 or float64).
     """
     rows, num_log = weight.shape
+    num_physical = np.ascontiguousarray(num_physical, dtype=np.int64)
     width = int(num_physical.max())
-    phy2log = np.full((rows, width), -1, dtype=np.int64)
-    phy2log[:, :num_log] = np.arange(num_log, dtype=np.int64)
-    rank = np.zeros((rows, width), dtype=np.int64)
-    logcnt = np.ones((rows, num_log), dtype=np.int64)
-    r = np.arange(rows)
-    for slot in range(num_log, width):
-        active = num_physical > slot
-        per_replica = weight / logcnt.astype(weight.dtype)
-        if max_replicas is not None:
-            per_replica = np.where(logcnt >= max_replicas, -np.inf, per_replica)
-        best = np.argmax(per_replica, axis=1)
-        rr, ee = r[active], best[active]
-        phy2log[rr, slot] = ee
-        rank[rr, slot] = logcnt[rr, ee]
-        logcnt[rr, ee] += 1
+    phy2log = np.empty((rows, width), dtype=np.int64)
+    rank = np.empty((rows, width), dtype=np.int64)
+    logcnt = np.empty((rows, num_log), dtype=np.int64)
+    _kernels.replicate(
+        _f64(weight), rows, num_log, num_physical, width, max_replicas or 0, _is_f32(weight), phy2log, rank, logcnt
+    )
     return phy2log, rank, logcnt
 
 
@@ -69,64 +62,56 @@ def pack(
     capacity: [rows, bins] items each bin takes, summing per row to the number of real items;
     experts: [rows, n] logical expert of each item: when given, an item avoids bins that already hold
     its expert unless every bin with room does; order: [rows, n] the item order to pack in
-    (default: heaviest first, ties in index order).
+    (default: heaviest first, ties in index order). Bin loads add up in weight's dtype.
     Returns bin_of_item [rows, n] and rank_in_bin [rows, n] (-1 for padding).
     """
     rows, n = weight.shape
-    bins = capacity.shape[1]
+    capacity = np.ascontiguousarray(capacity, dtype=np.int64)
+    values = _f64(weight)
     if order is None:
-        order = np.argsort(-weight, axis=1, kind="stable")
-    r = np.arange(rows)
-    open_load = np.where(capacity > 0, 0, np.inf).astype(weight.dtype)  # a bin's load while it has room, then inf
-    bin_used = np.zeros((rows, bins), dtype=np.int64)
-    bin_of = np.full((rows, n), -1, dtype=np.int64)
-    rank = np.full((rows, n), -1, dtype=np.int64)
-    holds = np.zeros((rows, num_experts, bins), dtype=bool) if experts is not None else None
-    real_count = (weight != -np.inf).sum(axis=1)  # padding sorts last
-    every_row_real = int(real_count.min())
-    for j in range(int(real_count.max())):
-        item = order[:, j]
-        if holds is not None and experts is not None:
-            spread = np.where(holds[r, experts[r, item]], np.inf, open_load)
-            b = np.argmin(spread, axis=1)
-            stuck = np.isinf(spread[r, b])  # every bin with room holds this expert already
-            if stuck.any():
-                b[stuck] = np.argmin(open_load[stuck], axis=1)
-        else:
-            b = np.argmin(open_load, axis=1)
-        rr, ii, bb = r, item, b
-        if j >= every_row_real:
-            keep = real_count > j
-            rr, ii, bb = r[keep], item[keep], b[keep]
-        if holds is not None and experts is not None:
-            holds[rr, experts[rr, ii], bb] = True
-        bin_of[rr, ii] = bb
-        rank[rr, ii] = bin_used[rr, bb]
-        bin_used[rr, bb] += 1
-        open_load[rr, bb] += weight[rr, ii]
-        full = bin_used[rr, bb] >= capacity[rr, bb]
-        open_load[rr[full], bb[full]] = np.inf
+        order = np.empty((rows, n), dtype=np.int64)
+        _kernels.argsort_desc(values, rows, n, False, order)
+    bin_of = np.empty((rows, n), dtype=np.int64)
+    rank = np.empty((rows, n), dtype=np.int64)
+    _kernels.pack(
+        values,
+        rows,
+        n,
+        np.ascontiguousarray(order, dtype=np.int64),
+        capacity,
+        capacity.shape[1],
+        None if experts is None else np.ascontiguousarray(experts, dtype=np.int64),
+        num_experts,
+        _is_f32(weight),
+        bin_of,
+        rank,
+    )
     return bin_of, rank
+
+
+def _f64(a: FloatArray) -> NDArray[np.float64]:
+    """a as a C-contiguous float64 array (float32 values convert exactly)."""
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def _is_f32(a: FloatArray) -> bool:
+    return bool(a.dtype == np.float32)
 
 
 def _place(
     loads: FloatArray, capacity: IntArray, max_replicas: int | None
-) -> IntArray:
-    """Replicate then pack rows of experts onto rows of bins; returns [rows, max slots] local expert
-    ids in slot order (bin by bin), -1 padding where a row has fewer slots."""
-    rows, _ = loads.shape
-    num_physical = capacity.sum(axis=1)
-    phy2log, _, logcnt = replicate(loads, num_physical, max_replicas)
-    valid = phy2log >= 0
-    safe = np.where(valid, phy2log, 0)
-    r = np.arange(rows)[:, None]
-    item_weight = np.where(valid, loads[r, safe] / logcnt[r, safe], -np.inf)
-    bin_of, rank = pack(item_weight, capacity, np.where(valid, phy2log, 0), loads.shape[1])
-    offsets = np.concatenate([np.zeros((rows, 1), np.int64), np.cumsum(capacity, axis=1)[:, :-1]], axis=1)
-    out = np.full_like(phy2log, -1)
-    rr, ii = np.nonzero(valid)
-    out[rr, offsets[rr, bin_of[rr, ii]] + rank[rr, ii]] = phy2log[rr, ii]
-    return out
+) -> tuple[IntArray, NDArray[np.bool_]]:
+    """Replicate then pack rows of experts onto rows of bins (`replicate` and `pack` in one compiled pass,
+    an expert's replicas packed one after another). loads: [rows, E]; capacity: [rows, bins].
+    Returns [rows, max slots] expert ids in slot order (bin by bin, -1 padding where a row has fewer
+    slots) and stuck [rows]: True where a bin had to take a second replica of one expert."""
+    rows, num_experts = loads.shape
+    capacity = np.ascontiguousarray(capacity, dtype=np.int64)
+    width = int(capacity.sum(axis=1).max())
+    out = np.empty((rows, width), dtype=np.int64)
+    stuck = np.zeros(rows, dtype=np.bool_)
+    _kernels.place(_f64(loads), rows, num_experts, capacity, capacity.shape[1], width, max_replicas or 0, out, stuck)
+    return out, stuck
 
 
 def spread_duplicates(
@@ -167,68 +152,29 @@ def spread_duplicates(
 def refine_swaps(
     loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_rounds: int = 64, light_gpus: int = 4
 ) -> IntArray:
-    """Lower each layer's busiest GPU by swapping one of its replicas with one on a light GPU.
+    """Lower each layer's busiest GPU by swapping one of its replicas with one on another GPU.
 
-    loads: [layers, E]; phy2log: [layers, P] (replica counts are kept, so every replica's load is fixed);
-    each round, in every layer still improving, the busiest GPU trades one replica with one of the
-    `light_gpus` least-loaded GPUs, choosing the swap that lowers the larger of the two new loads most;
-    a swap never puts two replicas of one expert on one GPU. Stops when no layer improves. Vectorized over
-    layers: a round is a few numpy operations on [layers, slots of the busiest GPU, slots of the light GPUs].
+    loads: [layers, E]; phy2log: [layers, P] (replica counts are kept, so every replica's load is fixed).
+    Each round the busiest GPU trades one replica with one on another GPU, the trade that lowers the larger
+    of the two new loads most; GPUs are tried lightest first and the search stops once no heavier GPU can
+    beat the best trade found, so every GPU is in reach (`light_gpus` is kept for callers and not needed).
+    A swap never puts two replicas of one expert on one GPU. At most max_rounds swaps per layer.
+    Returns the refined phy2log [layers, P].
     """
+    del light_gpus
     rows, num_physical = phy2log.shape
-    num_gpus, num_experts = slots_per_gpu.size, loads.shape[1]
-    if num_gpus < 2:
-        return phy2log
-    r = np.arange(rows)
-    counts = np.zeros((rows, num_experts), dtype=np.int64)
-    np.add.at(counts, (np.repeat(r, num_physical), phy2log.ravel()), 1)
-    # one padding slot (index P) with no expert (-1) and no weight (NaN) fills GPUs with fewer slots
-    expert = np.concatenate([phy2log, np.full((rows, 1), -1)], axis=1)
-    weight = np.concatenate(
-        [loads[r[:, None], phy2log] / counts[r[:, None], phy2log], np.full((rows, 1), np.nan)], axis=1
-    )
-    starts = np.concatenate([[0], np.cumsum(slots_per_gpu)[:-1]])
-    gpu_load = np.add.reduceat(weight[:, :num_physical], starts, axis=1)
-    width = int(slots_per_gpu.max())
-    slots_of = np.full((num_gpus, width), num_physical, dtype=np.int64)
-    for g in range(num_gpus):  # over GPUs, once: the slot ids each GPU owns
-        slots_of[g, : slots_per_gpu[g]] = np.arange(starts[g], starts[g] + slots_per_gpu[g])
-    light = min(light_gpus, num_gpus - 1)
-    active = r
-    for _ in range(max_rounds):
-        order = np.argsort(gpu_load[active], axis=1)
-        busiest, lights = order[:, -1], order[:, :light]
-        a = slots_of[busiest]  # [n, width] slots on the busiest GPU
-        b = slots_of[lights].reshape(active.size, -1)  # [n, light * width] slots on the light GPUs
-        gpu_b = np.repeat(lights, width, axis=1)
-        wa, wb = weight[active[:, None], a], weight[active[:, None], b]
-        ea, eb = expert[active[:, None], a], expert[active[:, None], b]
-        peak = gpu_load[active, busiest]
-        new_busiest = peak[:, None, None] - wa[:, :, None] + wb[:, None, :]
-        new_light = gpu_load[active[:, None], gpu_b][:, None, :] - wb[:, None, :] + wa[:, :, None]
-        worse = np.maximum(new_busiest, new_light)
-        # a swap must not bring an expert to a GPU that already holds it (either direction)
-        a_on_light = (ea[:, :, None, None] == eb.reshape(active.size, 1, light, width)).any(axis=3)
-        b_on_busiest = (eb[:, :, None] == ea[:, None, :]).any(axis=2)
-        blocked = np.repeat(a_on_light, width, axis=2) | b_on_busiest[:, None, :]
-        blocked |= (ea[:, :, None] < 0) | (eb[:, None, :] < 0)
-        worse = np.where(blocked | np.isnan(worse), np.inf, worse).reshape(active.size, -1)
-        pick = np.argmin(worse, axis=1)
-        better = worse[np.arange(active.size), pick] < peak * (1 - 1e-12)
-        if not better.any():
-            break
-        k = np.flatnonzero(better)
-        i, j = np.divmod(pick[k], b.shape[1])
-        layer, sa, sb = active[k], a[k, i], b[k, j]
-        ga, gb = busiest[k], gpu_b[k, j]
-        xa, xb = expert[layer, sa], expert[layer, sb]
-        w_a, w_b = weight[layer, sa], weight[layer, sb]
-        expert[layer, sa], expert[layer, sb] = xb, xa
-        weight[layer, sa], weight[layer, sb] = w_b, w_a
-        gpu_load[layer, ga] += w_b - w_a
-        gpu_load[layer, gb] += w_a - w_b
-        active = active[better]
-    return expert[:, :num_physical]
+    slots = np.ascontiguousarray(slots_per_gpu, dtype=np.int64)
+    expert = np.array(phy2log, dtype=np.int64, order="C")
+    if slots.size >= 2 and max_rounds > 0:
+        _kernels.refine(expert, _f64(loads), rows, num_physical, loads.shape[1], slots, slots.size, max_rounds)
+    return expert
+
+
+def _replica_counts(phy2log: IntArray, num_experts: int) -> IntArray:
+    """Replicas of each expert per row: [rows, E]."""
+    rows = phy2log.shape[0]
+    offset = (np.arange(rows) * num_experts)[:, None]
+    return np.bincount((phy2log + offset).ravel(), minlength=rows * num_experts).reshape(rows, num_experts)
 
 
 def _duplicates_per_layer(phy2log: IntArray, gpu: IntArray) -> NDArray[np.bool_]:
@@ -250,7 +196,7 @@ def solve_greedy(
     num_groups: int | None = None,
     gpus_per_node: int | None = None,
     max_replicas: int | None = None,
-    refine_rounds: int = 64,
+    refine_rounds: int = 1000,
 ) -> IntArray:
     """Our greedy placement for every layer at once: replicate, pack, then swap refinement.
 
@@ -259,7 +205,8 @@ def solve_greedy(
     hierarchical policy runs: expert groups are packed onto nodes, replicated inside each node and packed
     onto that node's GPUs, so a token's experts stay within few nodes; otherwise the global policy.
     max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node);
-    refine_rounds bounds the swap refinement (`refine_swaps`; 0 turns it off).
+    refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
+    the busiest GPU cannot improve; 0 turns it off).
     Returns phy2log [layers, sum(slots_per_gpu)], validated.
     """
     loads = np.asarray(loads, dtype=np.float64)
@@ -279,14 +226,18 @@ def solve_greedy(
     )
     if not hierarchical:
         cap = max_replicas if max_replicas is not None else num_gpus
-        phy2log = _place(loads, np.broadcast_to(slots, (layers, num_gpus)), cap)
-        phy2log = refine_swaps(loads, spread_duplicates(loads, phy2log, slots), slots, refine_rounds)
+        phy2log, stuck = _place(loads, np.broadcast_to(slots, (layers, num_gpus)), cap)
     else:
         assert num_groups is not None and gpus_per_node is not None
-        phy2log = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
-        phy2log = _refine_within_nodes(
-            loads, spread_duplicates(loads, phy2log, slots), slots, gpus_per_node, refine_rounds
-        )
+        phy2log, stuck = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
+    if stuck.any():  # rare: a GPU took two replicas of one expert while packing
+        rows = np.flatnonzero(stuck)
+        phy2log[rows] = spread_duplicates(loads[rows], phy2log[rows], slots)
+    if not hierarchical:
+        phy2log = refine_swaps(loads, phy2log, slots, refine_rounds)
+    else:
+        assert gpus_per_node is not None
+        phy2log = _refine_within_nodes(loads, phy2log, slots, gpus_per_node, refine_rounds)
     validate_placement(phy2log, slots, num_experts)
     return phy2log
 
@@ -306,7 +257,8 @@ def _refine_within_nodes(
 
 def _place_hierarchical(
     loads: FloatArray, slots: IntArray, num_groups: int, gpus_per_node: int, max_replicas: int | None
-) -> IntArray:
+) -> tuple[IntArray, NDArray[np.bool_]]:
+    """Groups onto nodes, then `_place` inside each node. Returns phy2log [layers, P] and stuck [layers]."""
     layers, num_experts = loads.shape
     num_nodes = slots.size // gpus_per_node
     group_size = num_experts // num_groups
@@ -327,13 +279,14 @@ def _place_hierarchical(
     node_loads = np.take_along_axis(loads, mlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
     capacity = np.tile(node_slots, (layers, 1))
     cap = max_replicas if max_replicas is not None else gpus_per_node
-    local = _place(node_loads, capacity, cap)
+    local, stuck = _place(node_loads, capacity, cap)
     # Rows of local are padded to the largest node; strip padding node by node, keeping slot order.
     local = local.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * experts_per_node)[None, :, None]
     width = node_slots.sum(axis=1)
     keep = np.arange(local.shape[2])[None, :] < width[:, None]
     mlog = local[:, keep]
-    return np.take_along_axis(mlog2log, mlog, axis=1)
+    stuck_layers = np.asarray(stuck.reshape(layers, num_nodes).any(axis=1), dtype=np.bool_)
+    return np.take_along_axis(mlog2log, mlog, axis=1), stuck_layers
 
 
 def _group_order(node_of_group: IntArray, rank_in_node: IntArray, groups_per_node: int, group_size: int) -> IntArray:

@@ -1,0 +1,771 @@
+/* Compiled inner loops of solvers/greedy.py (built by `pip install -e .`).
+ *
+ * Every function takes C-contiguous buffers (numpy arrays) of float64 or int64, works row by row
+ * (a row is one layer, or one layer x node) and writes its results into output buffers the caller
+ * allocated. No numpy headers: buffers come through the Python buffer protocol.
+ *
+ * Float32 mode (`f32` != 0) reproduces DeepSeek EPLB's float32 arithmetic: values are float32 numbers
+ * held in doubles, and every sum or quotient is rounded back to float32. One double operation on two
+ * float32 operands rounded to float32 equals the float32 operation (53 >= 2 * 24 + 2 bits).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+/* ---------- buffer helpers ---------- */
+
+static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable,
+                   const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
+    if (view->itemsize != itemsize || view->len != itemsize * count) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes, got %zd bytes of items of %zd",
+                     name, count, itemsize, view->len, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------- replicate: each extra slot to the expert with the largest load per replica ---------- */
+
+/* max-heap of experts keyed by (per-replica load desc, index asc): the top is numpy's argmax */
+typedef struct {
+    double *key;
+    i64 *item;
+    i64 size;
+} Heap;
+
+static inline int heap_before(const Heap *h, i64 a, i64 b) {
+    double ka = h->key[h->item[a]], kb = h->key[h->item[b]];
+    return ka > kb || (ka == kb && h->item[a] < h->item[b]);
+}
+
+static void heap_down(Heap *h, i64 i) {
+    for (;;) {
+        i64 l = 2 * i + 1, r = l + 1, best = i;
+        if (l < h->size && heap_before(h, l, best)) best = l;
+        if (r < h->size && heap_before(h, r, best)) best = r;
+        if (best == i) return;
+        i64 t = h->item[i];
+        h->item[i] = h->item[best];
+        h->item[best] = t;
+        i = best;
+    }
+}
+
+static PyObject *py_replicate(PyObject *self, PyObject *args) {
+    PyObject *o_weight, *o_nphy, *o_phy2log, *o_rank, *o_logcnt;
+    Py_ssize_t rows, num_log, width, max_replicas;
+    int f32;
+    if (!PyArg_ParseTuple(args, "OnnOnnpOOO", &o_weight, &rows, &num_log, &o_nphy, &width, &max_replicas, &f32,
+                          &o_phy2log, &o_rank, &o_logcnt))
+        return NULL;
+    Py_buffer bw, bn, bp, br, bc;
+    if (get_buf(o_weight, &bw, 8, rows * num_log, 0, "weight") < 0) return NULL;
+    if (get_buf(o_nphy, &bn, 8, rows, 0, "num_physical") < 0) goto e1;
+    if (get_buf(o_phy2log, &bp, 8, rows * width, 1, "phy2log") < 0) goto e2;
+    if (get_buf(o_rank, &br, 8, rows * width, 1, "rank") < 0) goto e3;
+    if (get_buf(o_logcnt, &bc, 8, rows * num_log, 1, "logcnt") < 0) goto e4;
+    const double *weight = bw.buf;
+    const i64 *nphy = bn.buf;
+    i64 *phy2log = bp.buf, *rank = br.buf, *logcnt = bc.buf;
+    double *key = malloc(sizeof(double) * (num_log + 1));
+    i64 *item = malloc(sizeof(i64) * (num_log + 1));
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        const double *w = weight + row * num_log;
+        i64 *p = phy2log + row * width, *rk = rank + row * width, *cnt = logcnt + row * num_log;
+        for (Py_ssize_t e = 0; e < num_log; e++) {
+            cnt[e] = 1;
+            key[e] = w[e];
+            item[e] = e;
+        }
+        for (Py_ssize_t s = 0; s < width; s++) {
+            p[s] = s < num_log ? s : -1;
+            rk[s] = 0;
+        }
+        Heap h = {key, item, num_log};
+        for (i64 i = h.size / 2 - 1; i >= 0; i--) heap_down(&h, i);
+        if (max_replicas == 1) h.size = 0;
+        for (i64 s = num_log; s < nphy[row]; s++) {
+            i64 e;
+            if (h.size > 0) {
+                e = h.item[0];
+            } else { /* every expert capped: largest load per replica regardless of the cap */
+                e = 0;
+                for (i64 k = 1; k < num_log; k++)
+                    if (w[k] / (double)cnt[k] > w[e] / (double)cnt[e]) e = k;
+            }
+            p[s] = e;
+            rk[s] = cnt[e];
+            cnt[e]++;
+            if (h.size > 0) {
+                double q = w[e] / (double)cnt[e];
+                key[e] = f32 ? (double)(float)q : q;
+                if (max_replicas > 0 && cnt[e] >= max_replicas) {
+                    h.item[0] = h.item[--h.size];
+                }
+                heap_down(&h, 0);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(key);
+    free(item);
+    PyBuffer_Release(&bc);
+    PyBuffer_Release(&br);
+    PyBuffer_Release(&bp);
+    PyBuffer_Release(&bn);
+    PyBuffer_Release(&bw);
+    Py_RETURN_NONE;
+e4:
+    PyBuffer_Release(&br);
+e3:
+    PyBuffer_Release(&bp);
+e2:
+    PyBuffer_Release(&bn);
+e1:
+    PyBuffer_Release(&bw);
+    return NULL;
+}
+
+/* ---------- sorting: heaviest first ---------- */
+
+typedef struct {
+    double key;
+    i64 idx;
+} Pair;
+
+static int cmp_desc_stable(const void *a, const void *b) {
+    const Pair *x = a, *y = b;
+    if (x->key > y->key) return -1;
+    if (x->key < y->key) return 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/* libstdc++'s std::sort (introsort + final insertion sort) on pairs with comp(a, b) = a.key > b.key:
+ * the order torch's CPU sort(descending=True) gives to ties. */
+#define THRESHOLD 16
+static inline int comp(const Pair *a, const Pair *b) { return a->key > b->key; }
+
+static void move_median_to_first(Pair *a, i64 result, i64 x, i64 y, i64 z) {
+    i64 pick;
+    if (comp(&a[x], &a[y])) {
+        if (comp(&a[y], &a[z])) pick = y;
+        else if (comp(&a[x], &a[z])) pick = z;
+        else pick = x;
+    } else if (comp(&a[x], &a[z])) pick = x;
+    else if (comp(&a[y], &a[z])) pick = z;
+    else pick = y;
+    Pair t = a[result];
+    a[result] = a[pick];
+    a[pick] = t;
+}
+
+static i64 partition_pivot(Pair *a, i64 first, i64 last) {
+    i64 mid = first + (last - first) / 2;
+    move_median_to_first(a, first, first + 1, mid, last - 1);
+    i64 lo = first + 1, hi = last;
+    for (;;) {
+        while (comp(&a[lo], &a[first])) lo++;
+        hi--;
+        while (comp(&a[first], &a[hi])) hi--;
+        if (!(lo < hi)) return lo;
+        Pair t = a[lo];
+        a[lo] = a[hi];
+        a[hi] = t;
+        lo++;
+    }
+}
+
+static void adjust_heap(Pair *a, i64 first, i64 hole, i64 len, Pair value) {
+    i64 top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (comp(&a[first + child], &a[first + child - 1])) child--;
+        a[first + hole] = a[first + child];
+        hole = child;
+    }
+    if (len % 2 == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        a[first + hole] = a[first + child - 1];
+        hole = child - 1;
+    }
+    i64 parent = (hole - 1) / 2;
+    while (hole > top && comp(&a[first + parent], &value)) {
+        a[first + hole] = a[first + parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    a[first + hole] = value;
+}
+
+static void heap_sort(Pair *a, i64 first, i64 last) {
+    i64 len = last - first;
+    if (len >= 2) {
+        for (i64 parent = (len - 2) / 2;; parent--) {
+            adjust_heap(a, first, parent, len, a[first + parent]);
+            if (parent == 0) break;
+        }
+    }
+    while (last - first > 1) {
+        last--;
+        Pair v = a[last];
+        a[last] = a[first];
+        adjust_heap(a, first, 0, last - first, v);
+    }
+}
+
+static void introsort_loop(Pair *a, i64 first, i64 last, i64 depth) {
+    while (last - first > THRESHOLD) {
+        if (depth == 0) {
+            heap_sort(a, first, last);
+            return;
+        }
+        depth--;
+        i64 cut = partition_pivot(a, first, last);
+        introsort_loop(a, cut, last, depth);
+        last = cut;
+    }
+}
+
+static void linear_insert(Pair *a, i64 last) {
+    Pair v = a[last];
+    i64 j = last - 1;
+    while (comp(&v, &a[j])) {
+        a[j + 1] = a[j];
+        j--;
+    }
+    a[j + 1] = v;
+}
+
+static void final_insertion_sort(Pair *a, i64 first, i64 last) {
+    i64 head = last < first + THRESHOLD ? last : first + THRESHOLD;
+    for (i64 i = first + 1; i < head; i++) {
+        Pair v = a[i];
+        if (comp(&v, &a[first])) {
+            memmove(&a[first + 1], &a[first], sizeof(Pair) * (i - first));
+            a[first] = v;
+        } else {
+            linear_insert(a, i);
+        }
+    }
+    for (i64 i = head; i < last; i++) linear_insert(a, i);
+}
+
+static void torch_sort_desc(Pair *a, i64 n) {
+    if (n < 2) return;
+    i64 lg = 0;
+    while ((n >> (lg + 1)) > 0) lg++;
+    introsort_loop(a, 0, n, 2 * lg);
+    final_insertion_sort(a, 0, n);
+}
+
+static PyObject *py_argsort_desc(PyObject *self, PyObject *args) {
+    PyObject *o_values, *o_out;
+    Py_ssize_t rows, n;
+    int like_torch;
+    if (!PyArg_ParseTuple(args, "OnnpO", &o_values, &rows, &n, &like_torch, &o_out)) return NULL;
+    Py_buffer bv, bo;
+    if (get_buf(o_values, &bv, 8, rows * n, 0, "values") < 0) return NULL;
+    if (get_buf(o_out, &bo, 8, rows * n, 1, "out") < 0) {
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    const double *values = bv.buf;
+    i64 *out = bo.buf;
+    Pair *a = malloc(sizeof(Pair) * (n + 1));
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        for (Py_ssize_t i = 0; i < n; i++) a[i] = (Pair){values[row * n + i], i};
+        if (like_torch) torch_sort_desc(a, n);
+        else qsort(a, n, sizeof(Pair), cmp_desc_stable);
+        for (Py_ssize_t i = 0; i < n; i++) out[row * n + i] = a[i].idx;
+    }
+    Py_END_ALLOW_THREADS
+    free(a);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bv);
+    Py_RETURN_NONE;
+}
+
+/* ---------- pack: heaviest item first into the least-loaded bin with room ---------- */
+
+static PyObject *py_pack(PyObject *self, PyObject *args) {
+    PyObject *o_weight, *o_order, *o_cap, *o_experts, *o_bin, *o_rank;
+    Py_ssize_t rows, n, bins, num_experts;
+    int f32;
+    if (!PyArg_ParseTuple(args, "OnnOOnOnpOO", &o_weight, &rows, &n, &o_order, &o_cap, &bins, &o_experts,
+                          &num_experts, &f32, &o_bin, &o_rank))
+        return NULL;
+    Py_buffer bw, bord, bc, be, bb, br;
+    int have_experts = o_experts != Py_None;
+    if (get_buf(o_weight, &bw, 8, rows * n, 0, "weight") < 0) return NULL;
+    if (get_buf(o_order, &bord, 8, rows * n, 0, "order") < 0) goto e1;
+    if (get_buf(o_cap, &bc, 8, rows * bins, 0, "capacity") < 0) goto e2;
+    if (have_experts && get_buf(o_experts, &be, 8, rows * n, 0, "experts") < 0) goto e3;
+    if (get_buf(o_bin, &bb, 8, rows * n, 1, "bin_of") < 0) goto e4;
+    if (get_buf(o_rank, &br, 8, rows * n, 1, "rank") < 0) goto e5;
+    const double *weight = bw.buf;
+    const i64 *order = bord.buf, *capacity = bc.buf, *experts = have_experts ? be.buf : NULL;
+    i64 *bin_of = bb.buf, *rank = br.buf;
+    double *load = malloc(sizeof(double) * (bins + 1));
+    i64 *used = malloc(sizeof(i64) * (bins + 1));
+    unsigned char *holds = have_experts ? calloc((size_t)bins * (num_experts + 1), 1) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        const double *w = weight + row * n;
+        const i64 *ord = order + row * n, *cap = capacity + row * bins;
+        const i64 *ex = have_experts ? experts + row * n : NULL;
+        i64 *bo = bin_of + row * n, *rk = rank + row * n;
+        for (Py_ssize_t b = 0; b < bins; b++) {
+            load[b] = 0.0;
+            used[b] = 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            bo[i] = -1;
+            rk[i] = -1;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            i64 it = ord[j];
+            if (w[it] == -INFINITY) continue; /* padding */
+            i64 best = -1, any = -1;
+            for (Py_ssize_t b = 0; b < bins; b++) {
+                if (used[b] >= cap[b]) continue;
+                if (any < 0 || load[b] < load[any]) any = b;
+                if (ex && holds[b * num_experts + ex[it]]) continue;
+                if (best < 0 || load[b] < load[best]) best = b;
+            }
+            if (best < 0) best = any; /* every bin with room holds this expert already */
+            if (best < 0) break;      /* no room left: the caller's capacities were short */
+            bo[it] = best;
+            rk[it] = used[best]++;
+            double l = load[best] + w[it];
+            load[best] = f32 ? (double)(float)l : l;
+            if (ex) holds[best * num_experts + ex[it]] = 1;
+        }
+        if (ex)
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (bo[i] >= 0) holds[bo[i] * num_experts + ex[i]] = 0;
+    }
+    Py_END_ALLOW_THREADS
+    free(load);
+    free(used);
+    free(holds);
+    PyBuffer_Release(&br);
+    PyBuffer_Release(&bb);
+    if (have_experts) PyBuffer_Release(&be);
+    PyBuffer_Release(&bc);
+    PyBuffer_Release(&bord);
+    PyBuffer_Release(&bw);
+    Py_RETURN_NONE;
+e5:
+    PyBuffer_Release(&bb);
+e4:
+    if (have_experts) PyBuffer_Release(&be);
+e3:
+    PyBuffer_Release(&bc);
+e2:
+    PyBuffer_Release(&bord);
+e1:
+    PyBuffer_Release(&bw);
+    return NULL;
+}
+
+/* ---------- place: replicate, then pack heaviest-first, one row at a time ---------- */
+
+/* stable merge sort of pairs by key descending (equal keys keep their input order) */
+static void merge_sort_desc(Pair *a, Pair *tmp, i64 n) {
+    for (i64 i = 1; i < n; i++) { /* insertion sort on runs of 8 */
+        if (i % 8 == 0) continue;
+        Pair v = a[i];
+        i64 j = i - 1, lo = i - i % 8;
+        while (j >= lo && a[j].key < v.key) {
+            a[j + 1] = a[j];
+            j--;
+        }
+        a[j + 1] = v;
+    }
+    for (i64 width = 8; width < n; width *= 2) {
+        for (i64 lo = 0; lo < n; lo += 2 * width) {
+            i64 mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            i64 i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {
+                int right = a[j].key > a[i].key;
+                tmp[k++] = a[right ? j : i];
+                j += right;
+                i += 1 - right;
+            }
+            while (i < mid) tmp[k++] = a[i++];
+            while (j < hi) tmp[k++] = a[j++];
+        }
+        memcpy(a, tmp, sizeof(Pair) * n);
+    }
+}
+
+/* Tournament tree over bins: tree[1] is the bin with the lowest key (lowest index on ties);
+ * key[b] is a bin's load while it may take the current replica, INFINITY otherwise. */
+typedef struct {
+    i64 *tree;
+    double *key;
+    i64 size; /* leaves: a power of two >= bins + 1; leaf `bins` and beyond hold a sentinel */
+} Tourney;
+
+static inline i64 tourney_winner(const Tourney *t, i64 x, i64 y) { return t->key[y] < t->key[x] ? y : x; }
+
+static inline void tourney_update(Tourney *t, i64 b) {
+    for (i64 node = (t->size + b) >> 1; node >= 1; node >>= 1)
+        t->tree[node] = tourney_winner(t, t->tree[2 * node], t->tree[2 * node + 1]);
+}
+
+static void tourney_build(Tourney *t, i64 bins) {
+    for (i64 i = 0; i < t->size; i++) t->tree[t->size + i] = i < bins ? i : bins;
+    for (i64 node = t->size - 1; node >= 1; node--)
+        t->tree[node] = tourney_winner(t, t->tree[2 * node], t->tree[2 * node + 1]);
+}
+
+/* One row: loads [E] over bins with capacity [bins] (sum = slots of the row, >= E). Writes the expert
+ * of each slot, bin by bin, into out [slots]. Returns 1 when some bin had to take a second replica of
+ * one expert (every bin with room already held it), else 0. */
+static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64 max_replicas, i64 *out,
+                     i64 *cnt, double *key, i64 *item, Pair *items, Pair *tmp, double *load, i64 *used,
+                     i64 *tree, double *key_of_bin, i64 *prev, i64 *first_slot) {
+    i64 slots = 0;
+    for (i64 b = 0; b < bins; b++) slots += cap[b];
+    /* replicate: each extra slot to the largest load per replica (lowest index on ties) */
+    for (i64 e = 0; e < num_log; e++) {
+        cnt[e] = 1;
+        key[e] = w[e];
+        item[e] = e;
+    }
+    Heap h = {key, item, num_log};
+    for (i64 i = h.size / 2 - 1; i >= 0; i--) heap_down(&h, i);
+    if (max_replicas == 1) h.size = 0;
+    for (i64 s = num_log; s < slots; s++) {
+        i64 e = 0;
+        if (h.size > 0) {
+            e = h.item[0];
+        } else {
+            for (i64 k = 1; k < num_log; k++)
+                if (w[k] / (double)cnt[k] > w[e] / (double)cnt[e]) e = k;
+        }
+        cnt[e]++;
+        if (h.size > 0) {
+            key[e] = w[e] / (double)cnt[e];
+            if (max_replicas > 0 && cnt[e] >= max_replicas) h.item[0] = h.item[--h.size];
+            heap_down(&h, 0);
+        }
+    }
+    /* experts by load per replica, heaviest first; an expert's replicas go one after another */
+    for (i64 e = 0; e < num_log; e++) items[e] = (Pair){w[e] / (double)cnt[e], e};
+    merge_sort_desc(items, tmp, num_log);
+    /* pack: each replica into the least-loaded bin with room that does not hold its expert yet */
+    Tourney t = {tree, key_of_bin, 1};
+    while (t.size < bins + 1) t.size *= 2;
+    first_slot[0] = 0;
+    for (i64 b = 0; b < bins; b++) {
+        load[b] = 0.0;
+        used[b] = 0;
+        if (b > 0) first_slot[b] = first_slot[b - 1] + cap[b - 1];
+        key_of_bin[b] = cap[b] > 0 ? 0.0 : INFINITY;
+    }
+    key_of_bin[bins] = INFINITY;
+    tourney_build(&t, bins);
+    int stuck = 0;
+    for (i64 k = 0; k < num_log; k++) {
+        i64 e = items[k].idx;
+        double weight = items[k].key;
+        for (i64 c = 0; c < cnt[e]; c++) { /* bins[0..c) of prev hold e already */
+            for (i64 i = 0; i < c; i++) {
+                key_of_bin[prev[i]] = INFINITY;
+                tourney_update(&t, prev[i]);
+            }
+            i64 b = t.tree[1];
+            for (i64 i = 0; i < c; i++) {
+                if (used[prev[i]] < cap[prev[i]]) {
+                    key_of_bin[prev[i]] = load[prev[i]];
+                    tourney_update(&t, prev[i]);
+                }
+            }
+            if (key_of_bin[b] == INFINITY) { /* every bin with room holds e: the least-loaded one */
+                b = t.tree[1];
+                stuck = 1;
+            }
+            prev[c] = b;
+            out[first_slot[b] + used[b]] = e;
+            used[b]++;
+            load[b] += weight;
+            key_of_bin[b] = used[b] < cap[b] ? load[b] : INFINITY;
+            tourney_update(&t, b);
+        }
+    }
+    return stuck;
+}
+
+static PyObject *py_place(PyObject *self, PyObject *args) {
+    PyObject *o_loads, *o_cap, *o_out, *o_stuck;
+    Py_ssize_t rows, num_log, bins, width, max_replicas;
+    if (!PyArg_ParseTuple(args, "OnnOnnnOO", &o_loads, &rows, &num_log, &o_cap, &bins, &width, &max_replicas,
+                          &o_out, &o_stuck))
+        return NULL;
+    Py_buffer bl, bc, bo, bs;
+    if (get_buf(o_loads, &bl, 8, rows * num_log, 0, "loads") < 0) return NULL;
+    if (get_buf(o_cap, &bc, 8, rows * bins, 0, "capacity") < 0) goto e1;
+    if (get_buf(o_out, &bo, 8, rows * width, 1, "out") < 0) goto e2;
+    if (get_buf(o_stuck, &bs, 1, rows, 1, "stuck") < 0) goto e3;
+    const double *loads = bl.buf;
+    const i64 *capacity = bc.buf;
+    i64 *out = bo.buf;
+    unsigned char *stuck = bs.buf;
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        i64 slots = 0;
+        for (Py_ssize_t b = 0; b < bins; b++) slots += capacity[row * bins + b];
+        if (slots < num_log || slots > width) {
+            PyErr_Format(PyExc_ValueError, "row %zd: %lld slots for %zd experts (width %zd)", row, (long long)slots,
+                         num_log, width);
+            goto e4;
+        }
+    }
+    i64 *cnt = malloc(sizeof(i64) * (num_log + 1)), *item = malloc(sizeof(i64) * (num_log + 1));
+    double *key = malloc(sizeof(double) * (num_log + 1)), *load = malloc(sizeof(double) * (bins + 1));
+    Pair *items = malloc(sizeof(Pair) * (num_log + 1)), *tmp = malloc(sizeof(Pair) * (num_log + 1));
+    i64 leaves = 1;
+    while (leaves < bins + 1) leaves *= 2;
+    i64 *used = malloc(sizeof(i64) * (bins + 1)), *tree = malloc(sizeof(i64) * 2 * leaves);
+    double *key_of_bin = malloc(sizeof(double) * (bins + 1));
+    i64 *prev = malloc(sizeof(i64) * (width + 1)), *first_slot = malloc(sizeof(i64) * (bins + 1));
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        i64 *o = out + row * width;
+        for (Py_ssize_t s = 0; s < width; s++) o[s] = -1;
+        stuck[row] = (unsigned char)place_row(loads + row * num_log, num_log, capacity + row * bins, bins,
+                                              max_replicas, o, cnt, key, item, items, tmp, load, used, tree,
+                                              key_of_bin, prev, first_slot);
+    }
+    Py_END_ALLOW_THREADS
+    free(cnt);
+    free(item);
+    free(key);
+    free(load);
+    free(items);
+    free(tmp);
+    free(used);
+    free(tree);
+    free(key_of_bin);
+    free(prev);
+    free(first_slot);
+    PyBuffer_Release(&bs);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bc);
+    PyBuffer_Release(&bl);
+    Py_RETURN_NONE;
+e4:
+    PyBuffer_Release(&bs);
+e3:
+    PyBuffer_Release(&bo);
+e2:
+    PyBuffer_Release(&bc);
+e1:
+    PyBuffer_Release(&bl);
+    return NULL;
+}
+
+/* ---------- refine: lower the busiest GPU by swapping replicas between GPUs ---------- */
+
+/* One layer: expert [P] of each slot (in/out) and w [P] its replica's load. Each round the busiest GPU
+ * trades one replica with one on another GPU: among the trades that lower it without lifting the other
+ * GPU to its old load, the one with the lightest partner GPU, and on that GPU the one leaving the lower
+ * maximum of the two. A trade never brings a second replica of an expert onto a GPU. Replicas are scanned
+ * by weight: a replica of weight wa on the busiest GPU can only trade with lighter replicas within the
+ * gap between the busiest and the lightest GPU, a window found by binary search in a sorted list.
+ * Stops when the busiest GPU has no trade, or after max_rounds trades. Returns the trades made. */
+typedef struct {
+    i64 *slot_item, *item_slot, *sorted, *gpu_of, *by_load, *rank_of;
+    double *sorted_w, *load;
+    unsigned short *holds;
+    Pair *pairs, *tmp;
+} RefineWork;
+
+static i64 refine_layer(i64 *expert, const double *w, const i64 *start, const i64 *count, i64 gpus, i64 slots,
+                        i64 num_experts, i64 max_rounds, RefineWork *k) {
+    /* items are the replicas, numbered by their first slot; they keep weight and expert, change slots */
+    for (i64 s = 0; s < slots; s++) {
+        k->slot_item[s] = s;
+        k->item_slot[s] = s;
+        k->pairs[s] = (Pair){-w[s], s};
+    }
+    merge_sort_desc(k->pairs, k->tmp, slots); /* by -weight descending = weight ascending, stable */
+    for (i64 i = 0; i < slots; i++) {
+        k->sorted[i] = k->pairs[i].idx;
+        k->sorted_w[i] = w[k->pairs[i].idx];
+    }
+    for (i64 g = 0; g < gpus; g++) {
+        double sum = 0.0;
+        for (i64 s = start[g]; s < start[g] + count[g]; s++) {
+            sum += w[s];
+            k->gpu_of[s] = g;
+            k->holds[g * num_experts + expert[s]]++;
+        }
+        k->load[g] = sum;
+        i64 j = g; /* by_load: GPUs by load ascending */
+        for (; j > 0 && k->load[k->by_load[j - 1]] > sum; j--) k->by_load[j] = k->by_load[j - 1];
+        k->by_load[j] = g;
+    }
+    for (i64 j = 0; j < gpus; j++) k->rank_of[k->by_load[j]] = j;
+    i64 rounds = 0;
+    for (; rounds < max_rounds; rounds++) {
+        i64 hot = k->by_load[gpus - 1], cold = k->by_load[0];
+        double peak = k->load[hot], limit = peak * (1 - 1e-12), gap = peak - k->load[cold];
+        double best_partner = INFINITY, best_worse = INFINITY;
+        i64 best_a = -1, best_b = -1;
+        for (i64 a = start[hot]; a < start[hot] + count[hot]; a++) {
+            i64 ia = k->slot_item[a];
+            double wa = w[ia];
+            i64 ea = expert[ia];
+            i64 lo = 0, hi = slots; /* first sorted replica heavier than wa - gap */
+            while (lo < hi) {
+                i64 mid = (lo + hi) / 2;
+                if (k->sorted_w[mid] > wa - gap) hi = mid;
+                else lo = mid + 1;
+            }
+            for (i64 j = lo; j < slots && k->sorted_w[j] < wa; j++) {
+                i64 ib = k->sorted[j], sb = k->item_slot[ib], h = k->gpu_of[sb];
+                double d = wa - k->sorted_w[j], partner = k->load[h] + d;
+                if (h == hot || partner >= limit || k->load[h] > best_partner) continue;
+                double worse = partner > peak - d ? partner : peak - d;
+                if (k->load[h] == best_partner && worse >= best_worse) continue;
+                if (k->holds[h * num_experts + ea] || k->holds[hot * num_experts + expert[ib]]) continue;
+                best_partner = k->load[h];
+                best_worse = worse;
+                best_a = a;
+                best_b = sb;
+            }
+        }
+        if (best_a < 0) break;
+        i64 ia = k->slot_item[best_a], ib = k->slot_item[best_b], h = k->gpu_of[best_b];
+        double d = w[ia] - w[ib];
+        k->holds[hot * num_experts + expert[ia]]--;
+        k->holds[hot * num_experts + expert[ib]]++;
+        k->holds[h * num_experts + expert[ib]]--;
+        k->holds[h * num_experts + expert[ia]]++;
+        k->slot_item[best_a] = ib;
+        k->slot_item[best_b] = ia;
+        k->item_slot[ia] = best_b;
+        k->item_slot[ib] = best_a;
+        k->load[hot] -= d;
+        k->load[h] += d;
+        /* keep by_load sorted: the busiest GPU moves down, its partner up */
+        i64 j = k->rank_of[hot];
+        for (; j > 0 && k->load[k->by_load[j - 1]] > k->load[hot]; j--) {
+            k->by_load[j] = k->by_load[j - 1];
+            k->rank_of[k->by_load[j]] = j;
+        }
+        k->by_load[j] = hot;
+        k->rank_of[hot] = j;
+        j = k->rank_of[h];
+        for (; j + 1 < gpus && k->load[k->by_load[j + 1]] < k->load[h]; j++) {
+            k->by_load[j] = k->by_load[j + 1];
+            k->rank_of[k->by_load[j]] = j;
+        }
+        k->by_load[j] = h;
+        k->rank_of[h] = j;
+    }
+    for (i64 s = 0; s < slots; s++) k->holds[k->gpu_of[s] * num_experts + expert[k->slot_item[s]]] = 0;
+    return rounds;
+}
+
+static PyObject *py_refine(PyObject *self, PyObject *args) {
+    PyObject *o_expert, *o_loads, *o_slots;
+    Py_ssize_t rows, num_physical, gpus, num_experts, max_rounds;
+    if (!PyArg_ParseTuple(args, "OOnnnOnn", &o_expert, &o_loads, &rows, &num_physical, &num_experts, &o_slots,
+                          &gpus, &max_rounds))
+        return NULL;
+    Py_buffer be, bl, bs;
+    if (get_buf(o_expert, &be, 8, rows * num_physical, 1, "expert") < 0) return NULL;
+    if (get_buf(o_loads, &bl, 8, rows * num_experts, 0, "loads") < 0) {
+        PyBuffer_Release(&be);
+        return NULL;
+    }
+    if (get_buf(o_slots, &bs, 8, gpus, 0, "slots_per_gpu") < 0) {
+        PyBuffer_Release(&bl);
+        PyBuffer_Release(&be);
+        return NULL;
+    }
+    i64 *expert = be.buf;
+    const double *loads = bl.buf;
+    const i64 *count = bs.buf;
+    i64 n = num_physical + 1;
+    RefineWork k;
+    k.slot_item = malloc(sizeof(i64) * n);
+    k.item_slot = malloc(sizeof(i64) * n);
+    k.sorted = malloc(sizeof(i64) * n);
+    k.gpu_of = malloc(sizeof(i64) * n);
+    k.by_load = malloc(sizeof(i64) * (gpus + 1));
+    k.rank_of = malloc(sizeof(i64) * (gpus + 1));
+    k.sorted_w = malloc(sizeof(double) * n);
+    k.load = malloc(sizeof(double) * (gpus + 1));
+    k.holds = calloc((size_t)gpus * (num_experts + 1), sizeof(unsigned short));
+    k.pairs = malloc(sizeof(Pair) * n);
+    k.tmp = malloc(sizeof(Pair) * n);
+    i64 *start = malloc(sizeof(i64) * (gpus + 1)), *cnt = calloc(num_experts + 1, sizeof(i64)),
+        *item_expert = malloc(sizeof(i64) * n);
+    double *w = malloc(sizeof(double) * n);
+    i64 total = 0;
+    start[0] = 0;
+    for (i64 g = 1; g < gpus; g++) start[g] = start[g - 1] + count[g - 1];
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        i64 *ex = expert + row * num_physical;
+        const double *l = loads + row * num_experts;
+        for (i64 s = 0; s < num_physical; s++) cnt[ex[s]]++;
+        for (i64 s = 0; s < num_physical; s++) w[s] = l[ex[s]] / (double)cnt[ex[s]];
+        for (i64 s = 0; s < num_physical; s++) cnt[ex[s]] = 0;
+        memcpy(item_expert, ex, sizeof(i64) * num_physical);
+        total += refine_layer(item_expert, w, start, count, gpus, num_physical, num_experts, max_rounds, &k);
+        for (i64 s = 0; s < num_physical; s++) ex[s] = item_expert[k.slot_item[s]];
+    }
+    Py_END_ALLOW_THREADS
+    free(k.slot_item);
+    free(k.item_slot);
+    free(k.sorted);
+    free(k.gpu_of);
+    free(k.by_load);
+    free(k.rank_of);
+    free(k.sorted_w);
+    free(k.load);
+    free(k.holds);
+    free(k.pairs);
+    free(k.tmp);
+    free(start);
+    free(cnt);
+    free(item_expert);
+    free(w);
+    PyBuffer_Release(&bs);
+    PyBuffer_Release(&bl);
+    PyBuffer_Release(&be);
+    return PyLong_FromLongLong(total);
+}
+
+static PyMethodDef methods[] = {
+    {"replicate", py_replicate, METH_VARARGS,
+     "replicate(weight, rows, E, num_physical, width, max_replicas, f32, phy2log, rank, logcnt)"},
+    {"argsort_desc", py_argsort_desc, METH_VARARGS, "argsort_desc(values, rows, n, like_torch, out)"},
+    {"pack", py_pack, METH_VARARGS,
+     "pack(weight, rows, n, order, capacity, bins, experts, num_experts, f32, bin_of, rank)"},
+    {"place", py_place, METH_VARARGS,
+     "place(loads, rows, E, capacity, bins, width, max_replicas, out, stuck): replicate and pack each row"},
+    {"refine", py_refine, METH_VARARGS,
+     "refine(expert, loads, rows, num_physical, num_experts, slots_per_gpu, gpus, max_rounds) -> swaps made"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "Compiled loops of solvers.greedy.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
