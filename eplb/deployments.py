@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import delete, func, select
 
 from eplb.budget import slots_per_gpu
+from eplb.cost.migration import MigrationSpec, copies_per_gpu
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
@@ -67,14 +68,14 @@ class Policy(BaseModel):
     """When to rebalance and how far.
 
     trigger: periodic (every `every` windows), threshold (the serving placement's predicted lb on the window,
-    mean over layers, reaches `threshold`) or cost (the predicted time saved over the next window, `steps`
-    steps, exceeds the time to copy the moved weights over the link); max_moves / target_lb: the incremental
-    solver's budget; windows: solve on the sum of the last N windows (robust to one noisy window)."""
+    mean over layers, above `threshold`) or cost (the predicted time saved over the next window, `steps`
+    steps, exceeds the migration charge: `eplb.cost.migration`, as replay's cost trigger); max_moves /
+    target_lb: the incremental solver's budget; windows: solve on the sum of the last N windows."""
 
     model_config = STRICT
     trigger: Literal["periodic", "threshold", "cost"] = "threshold"
     every: int = Field(1, ge=1, le=1_000_000, description="periodic: windows between rebalances")
-    threshold: float = Field(1.10, ge=1.0, le=1000.0, description="threshold: rebalance at this lb or above")
+    threshold: float = Field(1.10, ge=1.0, le=1000.0, description="threshold: rebalance above this lb")
     steps: int = Field(1000, ge=1, le=10**9, description="cost: forward steps the next window lasts")
     max_moves: int | None = Field(None, ge=0, le=10**9, description="expert copies allowed per rebalance")
     target_lb: float | None = Field(None, ge=1.0, le=1000.0, description="stop moving once every layer reaches it")
@@ -342,25 +343,22 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
         after: Outcome | None = None
         moves = 0
         if fire:
-            solve_on = loads
-            if policy.windows > 1:
-                solve_on = loads + _recent_windows(session, name, policy.windows - 1, loads.shape)
+            recent = [loads, *_recent_windows(session, name, policy.windows - 1, loads.shape)]
             solver = setup.solver_name(current is not None)
-            outcome = run_solve(loads=solve_on, cluster=setup.cluster, solver=solver, cost=setup.cost,
+            outcome = run_solve(loads=np.sum(recent, axis=0), cluster=setup.cluster, solver=solver, cost=setup.cost,
                                 current=current, options=setup.options(current is not None))
             after = evaluate(loads, outcome.placement, setup.cost)
             moves = 0 if current is None else int(count_moves(
                 outcome.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu).sum())
-            if policy.trigger == "cost" and before is not None and not force:
-                fire, reason = _worth_it(before, after, moves, setup, policy.steps)
+            if policy.trigger == "cost" and before is not None and current is not None and not force:
+                fire, reason = _worth_it(before, after, current, setup, policy.steps)
         if outcome is not None and after is not None and fire:
             entry.action = "placed" if current is None else "rebalanced"
             entry.lb_after, entry.time_after_us = _lb_time(after)
             entry.moves, entry.bytes_moved = moves, moves * setup.model.expert_bytes
             entry.solver, entry.solver_status = outcome.solver.get("name"), outcome.solver.get("status")
             entry.wall_ms = outcome.solver.get("wall_ms")
-            plan: Any = getattr(outcome, "plan", None)
-            entry.plan = plan.to_dict() if plan is not None and hasattr(plan, "to_dict") else plan
+            entry.plan = None if outcome.plan is None else outcome.plan.to_dict()
             entry.phy2log = pack(outcome.placement.phy2log)
             row.phy2log = entry.phy2log
             row.shares = None if outcome.placement.shares is None else pack(outcome.placement.shares)
@@ -489,29 +487,35 @@ def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None,
         return False, f"periodic: {since} of {policy.every} windows since the last rebalance"
     lb = float(before.balance.lb.mean())
     if policy.trigger == "threshold":
-        if lb >= policy.threshold:
-            return True, f"threshold: predicted lb {lb:.4f} >= {policy.threshold}"
-        return False, f"threshold: predicted lb {lb:.4f} < {policy.threshold}"
+        if lb > policy.threshold:
+            return True, f"threshold: predicted lb {lb:.4f} > {policy.threshold}"
+        return False, f"threshold: predicted lb {lb:.4f} <= {policy.threshold}"
     return True, "cost: candidate solved"
 
 
-def _worth_it(before: Outcome, after: Outcome, moves: int, setup: Setup, steps: int) -> tuple[bool, str]:
-    """Cost trigger: time saved over `steps` steps vs. the copy time of the moved weights at link speed."""
+def _worth_it(before: Outcome, after: Outcome, current: Placement, setup: Setup, steps: int) -> tuple[bool, str]:
+    """Cost trigger: predicted time saved over `steps` steps vs. the migration charge of copying the new
+    placement's experts over the link while serving (replay's cost model, `eplb.cost.migration`)."""
     if before.prediction is None or after.prediction is None:
         return True, "cost: no time prediction, rebalanced"
-    saved_us = (before.prediction.total_time_us - after.prediction.total_time_us) * steps
-    copy_us = moves * setup.model.expert_bytes / setup.link_bw * 1e6
-    if saved_us > copy_us:
-        return True, f"cost: saves {saved_us:.0f} µs over {steps} steps, copying takes {copy_us:.0f} µs"
-    return False, f"cost: saves {saved_us:.0f} µs over {steps} steps, copying would take {copy_us:.0f} µs"
+    copies = copies_per_gpu(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu)
+    pred = before.prediction
+    comm_fraction = float(np.mean(np.divide(pred.comm_us, pred.time_us, out=np.zeros_like(pred.comm_us),
+                                            where=pred.time_us > 0)))
+    migration = MigrationSpec(setup.link_bw).cost(copies.astype(np.float64) * setup.model.expert_bytes,
+                                                  comm_fraction)
+    charge_s, _ = migration.charge_s(pred.total_time_us * 1e-6)
+    saved_s = (pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps
+    if saved_s > charge_s:
+        return True, f"cost: saves {saved_s * 1e3:.3f} ms over {steps} steps, migration costs {charge_s * 1e3:.3f} ms"
+    return False, f"cost: saves {saved_s * 1e3:.3f} ms over {steps} steps, migration would cost {charge_s * 1e3:.3f} ms"
 
 
-def _recent_windows(session: Any, name: str, count: int, shape: tuple[int, ...]) -> NDArray[np.float64]:
+def _recent_windows(session: Any, name: str, count: int, shape: tuple[int, ...]) -> list[NDArray[np.float64]]:
+    """The last `count` stored windows of this shape, newest first: [layers, E] each."""
+    if count < 1:
+        return []
     query = select(HistoryRow.loads).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
-    rows = session.scalars(query.order_by(HistoryRow.id.desc()).limit(count))
-    total = np.zeros(shape, dtype=np.float64)
-    for blob in rows:
-        loads = unpack(blob)
-        if loads.shape == shape:
-            total += loads
-    return total
+    blobs = session.scalars(query.order_by(HistoryRow.id.desc()).limit(count))
+    windows = [np.asarray(unpack(b), dtype=np.float64) for b in blobs]
+    return [w for w in windows if w.shape == shape]
