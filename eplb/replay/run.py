@@ -255,8 +255,8 @@ class _Policy:
 
     def options_for(self, robust: bool, **budget: Any) -> Options:
         base = self.options or Options()
-        opts = replace(base, time_limit_s=self.time_limit_s or base.time_limit_s, robust=robust, **budget)
-        return applicable(self.solver if self.split == "uniform" else self.name, opts)
+        opts = replace(base, time_limit_s=self.time_limit_s or base.time_limit_s, **budget)
+        return replace(applicable(self.name, opts), robust=robust)  # robust applies to every solver
 
 
 class _Replay:
@@ -432,7 +432,7 @@ class _Replay:
             scenarios = self.window.scenarios(lo, pos, min(sched.robust_windows, pos - lo))
         t0 = time.perf_counter()
         if sched.trigger == "cost":
-            choice = self.cheapest(loads / max(weight, 1e-12), loads, scenarios)
+            choice = self.cheapest(loads / max(weight, 1e-12), loads, scenarios, self.window.steps(lo, pos))
             if choice is None:
                 self.timing["solve_s"] += time.perf_counter() - t0
                 self.checks.append({"position": pos, "decision": "keep", "reason": "no move pays for itself"})
@@ -487,29 +487,35 @@ class _Replay:
         return self.migration.cost(bytes_in, comm_fraction)
 
     def cheapest(
-        self, step_loads: NDArray[np.float64], loads: NDArray[np.float64], scenarios: NDArray[np.float64] | None
+        self,
+        step_loads: NDArray[np.float64],
+        loads: NDArray[np.float64],
+        scenarios: NDArray[np.float64] | None,
+        recent: NDArray[Any],
     ) -> tuple[Outcome, MigrationCost | None, float] | None:
-        """The candidate placement with the largest predicted net saving over the next interval (time
-        saved per step x steps it serves - migration charge), None when none saves more than it costs.
-        With the incremental solver the candidates are move budgets (MOVE_BUDGETS of all slots)."""
+        """The candidate placement with the largest predicted net saving over the next interval (mean time
+        per step saved on the window's own steps `recent` [n, L, E], x the interval, - migration charge),
+        None when none saves more than it costs. Per-step times, not the window mean's: a step's time is
+        its busiest GPU's, so step noise that a placement cannot follow counts. With the incremental
+        solver the candidates are move budgets (MOVE_BUDGETS of all slots, and none)."""
         assert self.cost is not None
-        now = evaluate(step_loads, self.serving, self.cost).prediction
-        assert now is not None
         if self.policy.solver == "incremental":
             total = self.serving.num_layers * self.serving.num_physical
-            budgets = sorted({max(1, round(f * total)) for f in MOVE_BUDGETS})
+            budgets: list[int | None] = [*sorted({max(1, round(f * total)) for f in MOVE_BUDGETS}), None]
             candidates = [self.solve(loads, scenarios, max_moves=b) for b in budgets]
         else:
             candidates = [self.solve(loads, scenarios)]
+        judge = Evaluator(self.evaluator.time)
+        judge.set_placements([self.serving, *(o.placement for o in candidates)])
+        step_s = judge.evaluate(recent)[1].sum(axis=2).mean(axis=1) / 1e6  # [1 + candidates] s per step
         best: tuple[Outcome, MigrationCost | None, float] | None = None
         best_net = 0.0
-        for outcome in candidates:
-            pred = evaluate(step_loads, outcome.placement, self.cost).prediction
-            assert pred is not None
+        for outcome, t_new in zip(candidates, step_s[1:], strict=True):
             cost = self.migration_cost(outcome.placement, step_loads)
-            charge, span = (0.0, 0) if cost is None else cost.charge_s(self.step_time_s)
-            serving_steps = max(0, self.sched.interval - max(self.sched.delay, span))
-            saving = (now.total_time_us - pred.total_time_us) / 1e6 * serving_steps
+            charge, _ = (0.0, 0) if cost is None else cost.charge_s(self.step_time_s)
+            # until the copies land, moving and keeping serve the same placement; after, the new one serves
+            # at least an interval (no check runs while copies are in flight)
+            saving = float(step_s[0] - t_new) * self.sched.interval
             if saving - charge > best_net:
                 best, best_net = (outcome, cost, saving), saving - charge
         return best

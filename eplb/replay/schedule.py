@@ -137,6 +137,11 @@ class Window:
                 weight += float(w.sum())
         return out, weight
 
+    def steps(self, lo: int, hi: int) -> NDArray[Any]:
+        """Stored counts of positions lo .. hi - 1, in order: [hi - lo, L, E]."""
+        assert self.ring is not None
+        return self.ring[np.arange(lo, hi) % self.size]
+
     def scenarios(self, lo: int, hi: int, parts: int) -> NDArray[np.float64]:
         """The window lo .. hi - 1 cut into `parts` consecutive sub-windows: [parts, L, E] plain sums."""
         edges = np.linspace(lo, hi, parts + 1).round().astype(int)
