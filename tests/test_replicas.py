@@ -1,0 +1,145 @@
+"""Two real `eplb serve` processes on one database (a SQLite file, then a throwaway PostgreSQL): a job submitted
+to one is read and cancelled through the other; concurrent windows for one deployment rebalance once; killing
+one replica mid-job leaves the job failed (not running) and the other replica serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from typing import Any
+
+import httpx
+
+from eplb.io.windows import read_window
+from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
+from tests.test_deployments import config, window
+
+V3 = read_window(None).loads[:4]  # 4 real DeepSeek-V3 layers: a MILP on them runs for its whole budget
+LEASE_S = 1.5
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def replica(db_url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`eplb serve` on a free loopback port with the database at `db_url`; stopped (or already killed) after."""
+    port = free_port()
+    env = {**os.environ, "EPLB_DATABASE_URL": db_url, "EPLB_JOB_LEASE_S": str(LEASE_S),
+           "EPLB_SOLVER_WORKERS": "1", "EPLB_ASYNC_THRESHOLD_S": "5"}
+    proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level",
+                             "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise RuntimeError(f"eplb serve did not start: {out}")
+            time.sleep(0.2)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def kill_with_workers(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a replica, then its solver workers (each leads its own process group), as a crash would leave
+    them: the workers are stopped so their solve does not keep the test's CPU."""
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    proc.kill()
+    proc.wait()
+    for pid in map(int, children):
+        for kill in (lambda p: os.killpg(p, signal.SIGKILL), lambda p: os.kill(p, signal.SIGKILL)):
+            with suppress(ProcessLookupError, PermissionError):
+                kill(pid)
+
+
+def long_milp() -> dict[str, Any]:
+    return {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 16, "num_redundant": 16},
+            "loads": V3.tolist(), "tokens_per_gpu": 4096, "solver": "milp", "time_limit_s": 60, "async": True}
+
+
+def poll(base: str, location: str, until: tuple[str, ...], timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job: dict[str, Any] = httpx.get(f"{base}{location}", timeout=30).json()
+        if job["status"] in until:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+
+
+def test_two_replicas_share_deployments_and_jobs(db_url: str) -> None:
+    with ExitStack() as stack:
+        (a, proc_a), (b, _) = stack.enter_context(replica(db_url)), stack.enter_context(replica(db_url))
+
+        # concurrent windows for one deployment: one rebalance, the other window sees its placement
+        body = config(trigger="threshold", threshold=1.1).model_dump(mode="json", exclude_none=True)
+        assert httpx.put(f"{a}/deployments/shared", json=body, timeout=30).status_code == 201
+        assert httpx.get(f"{b}/deployments/shared", timeout=30).json()["windows"] == 0
+        assert httpx.post(f"{b}/deployments/shared/windows", json={"loads": window(0)}, timeout=60).json()[
+            "action"] == "placed"
+        answers: list[dict[str, Any]] = []
+        barrier = threading.Barrier(2)
+
+        def send(base: str) -> None:
+            barrier.wait()
+            r = httpx.post(f"{base}/deployments/shared/windows", json={"loads": window(1)}, timeout=120)
+            answers.append(r.json())
+
+        threads = [threading.Thread(target=send, args=(base,)) for base in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(x["action"] for x in answers) == ["kept", "rebalanced"], answers
+        history = httpx.get(f"{a}/deployments/shared/history", timeout=30).json()["entries"]
+        assert sorted(e["action"] for e in history[:2]) == ["kept", "rebalanced"] and history[2]["action"] == "placed"
+        assert [e["seq"] for e in history] == [3, 2, 1]
+
+        # a job submitted to A is read and cancelled through B
+        submitted = httpx.post(f"{a}/placement", json=long_milp(), timeout=60)
+        assert submitted.status_code == 202, submitted.text
+        location = submitted.headers["location"]
+        assert poll(b, location, ("running",))["status"] == "running"
+        assert httpx.delete(f"{b}{location}", timeout=30).json()["status"] == "cancelled"
+        time.sleep(2 * LEASE_S)  # A's next lease renewal sees the cancel and stops its solver
+        assert httpx.get(f"{a}{location}", timeout=30).json()["status"] == "cancelled"
+        assert httpx.get(f"{a}/readyz", timeout=30).json()["running"] == 0
+
+        # A dies mid-job: the job ends failed (its lease lapses), B keeps serving
+        submitted = httpx.post(f"{a}/placement", json=long_milp(), timeout=60)
+        location = submitted.headers["location"]
+        poll(b, location, ("running",))
+        kill_with_workers(proc_a)
+        failed = poll(b, location, ("failed", "done", "cancelled"), timeout_s=10 * LEASE_S + 10)
+        assert failed["status"] == "failed" and "replica running this job stopped" in failed["error"]["detail"]
+        listed = httpx.get(f"{b}/jobs", timeout=30).json()
+        assert listed["active"] == 0 and all(j["status"] != "running" for j in listed["jobs"])
+        quick = httpx.post(f"{b}/deployments/shared/windows", json={"loads": window(2)}, timeout=60)
+        assert quick.status_code == 200 and quick.json()["action"] == "rebalanced"
+
