@@ -1,0 +1,159 @@
+"""Rebalancing policies side by side on drifting logs: realized lb, hindsight ratio, moves, total time.
+
+Run: python benchmarks/rebalance.py [--steps 3000] [--layers 8] [--milp-layers 4]
+
+Logs (EP32, 9 slots per GPU = 288, DeepSeek-V3 on B200, all-to-all and weight copies over NVLink, copies
+overlapping serving with a quarter of the link):
+- drift: `eplb synth` defaults (slow drift of each expert's popularity), --steps x --layers x 256;
+- shifts: the same with regime shifts (a new hot set) at 1/3 and 2/3 of the log;
+- sglang6017: the two shipped real DeepSeek-V3 windows (fixtures/sglang6017-*.json, prefill then decode)
+  as consecutive intervals of --steps / 2 steps each, every step drawn from its window's expert
+  distribution (4,096 tokens x top-8).
+Policies, each a replay with checks every --interval steps on the --window steps before (no lookahead):
+periodic fresh greedy (GPU relabelling against the serving placement); vLLM-style (fresh greedy, no GPU
+relabelling: an expert keeps its slot only when it stays on its GPU); the migration-aware MILP at 1 s per
+layer (periodic, first --milp-layers layers only: it is slow); incremental with the cost trigger (the
+move budget that pays for itself); robust (greedy refined over 4 sub-windows, periodic). Columns:
+realized lb (mean over steps and layers), hindsight ratio (realized lb / the hindsight row's), expert
+copies and the fraction of all slots per rebalance, GB per rebalance, total simulated time (MoE time of
+every step + migration charges) next to static, no-EPLB and hindsight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from eplb.cost.migration import MigrationSpec
+from eplb.replay import Schedule, replay
+from eplb.solve import Cluster, CostSetup
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
+from eplb.synth import SynthConfig, synth_log
+from solvers import registry
+from solvers.greedy import solve_greedy
+from solvers.migration import arrange_slots
+from solvers.registry import Capabilities, Options, Problem, Solution, Solver
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUS, SLOTS, TOKENS, TOP_K = 32, 9, 4096, 8
+
+
+class VllmStyle(Solver):
+    """Fresh greedy, no GPU relabelling: vLLM's policy with its old placement keeps an expert's slot only
+    when the expert stays on the same GPU (slot order inside a GPU moves no weights)."""
+
+    name: ClassVar[str] = "vllm-style"
+    summary: ClassVar[str] = "fresh greedy without GPU relabelling (benchmark baseline)"
+    capabilities: ClassVar[Capabilities] = Capabilities(current=True, aligned=True)
+
+    def solve(self, problem: Problem, options: Options) -> Solution:
+        fresh = solve_greedy(problem.loads, problem.slots_per_gpu)
+        if problem.current_phy2log is None:
+            return Solution(fresh)
+        return Solution(arrange_slots(fresh, problem.current_phy2log, problem.slots_per_gpu))
+
+
+def real_log(steps: int, seed: int = 0) -> NDArray[np.int64]:
+    """The sglang6017 prefill then decode windows as two intervals of steps // 2 sampled steps."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for name in ("sglang6017-dsv3-prefill-in4096.json", "sglang6017-dsv3-decode-in1000out1000.json"):
+        loads = np.asarray(json.loads((ROOT / "fixtures" / name).read_text())["loads"], dtype=np.float64)
+        p = loads / loads.sum(axis=1, keepdims=True)
+        parts.append(rng.multinomial(TOKENS * TOP_K, p, size=(steps // 2, p.shape[0])))
+    return np.concatenate(parts).astype(np.int64)
+
+
+def policies(milp_layers: int) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("periodic greedy", {"solver": "greedy", "trigger": "periodic"}),
+        ("vLLM-style", {"solver": "vllm-style", "trigger": "periodic"}),
+        (f"MILP 1 s/layer ({milp_layers} layers)", {"solver": "milp", "trigger": "periodic", "time_limit_s": 1.0,
+                                                     "layers": milp_layers}),
+        ("incremental, cost trigger", {"solver": "incremental", "trigger": "cost"}),
+        ("robust greedy (4 windows)", {"solver": "greedy", "trigger": "periodic", "robust_windows": 4}),
+    ]  # fmt: skip
+
+
+def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p: dict[str, Any]) -> dict[str, Any]:
+    layers = p.get("layers")
+    counts = log[:, :layers] if layers else log
+    sched = Schedule(window=window, interval=interval, trigger=p["trigger"], robust_windows=p.get("robust_windows"))
+    t = time.perf_counter()
+    res = replay(counts, Cluster(np.full(GPUS, SLOTS)), schedule=sched, solver=p["solver"], cost=cost,
+                 migration=MigrationSpec(cost.hardware.nvlink_bandwidth), time_limit_s=p.get("time_limit_s"),
+                 oracle_every=0)  # fmt: skip
+    s = res.summary
+    rb = s["rebalances"]
+    n = max(rb["count"], 1)
+    return {
+        "results": s["results"],
+        "rebalances": rb["count"],
+        "checks": rb["checks"],
+        "moves_per_rebalance": rb["moves"] / n,
+        "slots_fraction": rb["slots_moved_fraction"] or 0.0,
+        "gb_per_rebalance": (rb["bytes_moved"] or 0.0) / n / 1e9,
+        "wall_s": time.perf_counter() - t,
+        "layers": counts.shape[1],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--window", type=int, default=300)
+    parser.add_argument("--interval", type=int, default=500)
+    parser.add_argument("--milp-layers", type=int, default=4)
+    parser.add_argument("--json", type=Path, help="also write every number here")
+    args = parser.parse_args()
+    registry.register("vllm-style", "__main__:VllmStyle")
+    hw = HARDWARE_PRESETS["b200"]
+    cost = CostSetup(MODEL_PRESETS["deepseek-v3"], hw, hw.nvlink_bandwidth)
+    base = SynthConfig(steps=args.steps, layers=args.layers, experts=256, top_k=TOP_K, tokens=TOKENS)
+    logs = {
+        "drift": synth_log(base),
+        "shifts": synth_log(SynthConfig(**{**base.__dict__, "shift_at": (args.steps // 3, 2 * args.steps // 3)})),
+        "sglang6017": real_log(args.steps),
+    }
+    everything: dict[str, Any] = {}
+    for name, log in logs.items():
+        print(f"\n{name}: {log.shape[0]:,} steps x {log.shape[1]} layers x {log.shape[2]} experts; EP{GPUS}, "
+              f"{GPUS * SLOTS} slots; checks every {args.interval} steps, window {args.window}")  # fmt: skip
+        head = (f"  {'policy':<30}{'lb':>7}{'/hindsight':>11}{'rebal.':>8}{'copies/rb':>11}{'slots/rb':>10}"
+                f"{'GB/rb':>8}{'total s':>9}{'vs greedy':>10}{'wall s':>8}")  # fmt: skip
+        print(head)
+        rows: dict[str, Any] = {}
+        greedy_total: float | None = None
+        for label, p in policies(args.milp_layers):
+            r = run_policy(log, cost, args.window, args.interval, p)
+            rows[label] = r
+            res = r["results"]
+            total = res["replay"]["total_time_s"]
+            if label == "periodic greedy":
+                greedy_total = total
+                rows["_baselines"] = {k: res[k] for k in ("no_eplb", "static", "hindsight")}
+            ratio = res["replay"].get("hindsight_ratio")
+            vs = "" if greedy_total is None or r["layers"] != log.shape[1] else f"{total / greedy_total:.4f}"
+            print(f"  {label:<30}{res['replay']['lb_mean']:>7.3f}{ratio:>11.4f}{r['rebalances']:>4}/{r['checks']:<3}"
+                  f"{r['moves_per_rebalance']:>11,.0f}{r['slots_fraction']:>10.1%}{r['gb_per_rebalance']:>8.1f}"
+                  f"{total:>9.3f}{vs:>10}{r['wall_s']:>8.1f}")  # fmt: skip
+        for b, title in (("static", "static (first placement kept)"), ("no_eplb", "no EPLB"),
+                         ("hindsight", "hindsight (per interval)")):  # fmt: skip
+            res = rows["_baselines"][b]
+            vs = "" if greedy_total is None else f"{res['total_time_s'] / greedy_total:.4f}"
+            print(f"  {title:<30}{res['lb_mean']:>7.3f}{'':>11}{'':>8}{'':>11}{'':>10}{'':>8}"
+                  f"{res['total_time_s']:>9.3f}{vs:>10}")  # fmt: skip
+        everything[name] = rows
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1, default=float) + "\n")
+
+
+if __name__ == "__main__":
+    main()
