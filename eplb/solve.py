@@ -211,7 +211,8 @@ def solve(
     moves = None
     if current is not None:
         if not registry.get_solver(name).capabilities.aligned:
-            phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu)
+            nodes = cluster.gpus_per_node if cluster.num_groups is not None else None  # keep groups on nodes
+            phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu, nodes)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
     placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
     outcome = evaluate(loads, placement, cost)

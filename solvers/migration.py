@@ -114,7 +114,32 @@ def _match_all(overlap: NDArray[np.int64], slots: NDArray[np.int64]) -> NDArray[
     return target
 
 
-def relabel_gpus(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.int64]:
+def _match_nodes(overlap: NDArray[np.int64], slots: NDArray[np.int64], gpus_per_node: int) -> NDArray[np.int64]:
+    """Like :func:`_match_all`, but whole nodes move together so expert groups stay within nodes: per layer,
+    nodes with the same slot layout are matched on their summed GPU overlap, then GPUs within each matched
+    pair of nodes (exact assignments both; the node step maximizes a proxy of the kept pairs)."""
+    num_layers, num_gpus, _ = overlap.shape
+    num_nodes = num_gpus // gpus_per_node
+    layout = slots.reshape(num_nodes, gpus_per_node)
+    _, node_class = np.unique(layout, axis=0, return_inverse=True)
+    node_overlap = overlap.reshape(num_layers, num_nodes, gpus_per_node, num_nodes, gpus_per_node).sum(axis=(2, 4))
+    classes = [np.flatnonzero(node_class.ravel() == c) for c in np.unique(node_class)]
+    target = np.empty((num_layers, num_gpus), dtype=np.int64)
+    for layer in range(num_layers):
+        for nodes in classes:
+            rows, cols = linear_sum_assignment(node_overlap[layer][np.ix_(nodes, nodes)], maximize=True)
+            for a, b in zip(nodes[rows].tolist(), nodes[cols].tolist(), strict=True):
+                first_a, first_b = a * gpus_per_node, b * gpus_per_node
+                block = overlap[layer, first_a : first_a + gpus_per_node, first_b : first_b + gpus_per_node]
+                for gpus in (np.flatnonzero(layout[a] == count) for count in np.unique(layout[a])):
+                    r, c = linear_sum_assignment(block[np.ix_(gpus, gpus)], maximize=True)
+                    target[layer, first_a + gpus[r]] = first_b + gpus[c]
+    return target
+
+
+def relabel_gpus(
+    new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike, gpus_per_node: int | None = None
+) -> NDArray[np.int64]:
     """Relabel a new placement's GPUs to overlap the current placement the most.
 
     Per layer, whole GPUs of the new placement are permuted among GPUs with the same
@@ -127,16 +152,18 @@ def relabel_gpus(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_g
         new_phy2log: ``[L, P]`` the placement to roll out.
         current_phy2log: ``[L, P]`` the placement now served.
         slots_per_gpu: ``[G]`` slots per GPU, ``sum == P``.
+        gpus_per_node: for hierarchical placements: GPUs only move with their whole node (nodes are runs of
+            this many GPUs), so expert groups kept within nodes stay so.
 
     Returns:
         ``[L, P]`` int64, the relabelled new placement. When per-slot data (weighted
         shares) must follow the slots, use :func:`relabel_slot_order`.
     """
-    return relabel_slot_order(new_phy2log, current_phy2log, slots_per_gpu)[0]
+    return relabel_slot_order(new_phy2log, current_phy2log, slots_per_gpu, gpus_per_node)[0]
 
 
 def relabel_slot_order(
-    new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike
+    new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike, gpus_per_node: int | None = None
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Like :func:`relabel_gpus`, also returning the slot permutation.
 
@@ -150,7 +177,10 @@ def relabel_slot_order(
         return new.copy(), np.broadcast_to(np.arange(new.shape[1]), new.shape).copy()
     num_experts = int(max(new.max(), cur.max())) + 1
     gpu = np.repeat(np.arange(slots.size), slots)
-    return _arrange(new, cur, gpu, _match_all(_overlap(new, cur, gpu, slots.size, num_experts), slots), num_experts)
+    overlap = _overlap(new, cur, gpu, slots.size, num_experts)
+    if gpus_per_node is not None and slots.size % gpus_per_node == 0 and slots.size > gpus_per_node:
+        return _arrange(new, cur, gpu, _match_nodes(overlap, slots, gpus_per_node), num_experts)
+    return _arrange(new, cur, gpu, _match_all(overlap, slots), num_experts)
 
 
 def arrange_slots(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.int64]:

@@ -119,3 +119,23 @@ def test_arrange_slots_keeps_gpus_and_puts_kept_experts_back() -> None:
     np.testing.assert_array_equal(arranged, [[0, 4, 2, 3, 1]])
     assert gpu_sets(arranged, slots) == gpu_sets(new, slots)
     assert count_moves(arranged, current, slots).tolist() == [2]
+
+
+def test_relabel_keeps_hierarchical_groups_on_their_nodes() -> None:
+    rng = np.random.default_rng(3)
+    slots = np.full(8, 5, dtype=np.int64)  # 2 nodes of 4 GPUs, 4 groups of 8 experts
+    old, new = rng.gamma(0.5, 100.0, size=(2, 6, 32))
+    current = solve_greedy(old, slots, num_groups=4, gpus_per_node=4)
+    fresh = solve_greedy(new, slots, num_groups=4, gpus_per_node=4)
+    gpu_node = np.repeat(np.arange(8), 5) // 4
+
+    def spread(p: NDArray[np.int64]) -> int:
+        on = np.zeros((6, 4, 2), dtype=bool)
+        on[np.arange(6)[:, None], p // 8, gpu_node[None, :]] = True
+        return int(on.sum(axis=2).max())
+
+    assert spread(current) == spread(fresh) == 1
+    assert spread(relabel_gpus(fresh, current, slots)) > 1  # free relabelling splits groups across nodes
+    kept = relabel_gpus(fresh, current, slots, gpus_per_node=4)
+    assert spread(kept) == 1
+    assert np.all(count_moves(kept, current, slots) <= count_moves(fresh, current, slots))
