@@ -34,11 +34,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def replica(db_url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`eplb serve` on a free loopback port with the database at `db_url`; stopped (or already killed) after."""
+def replica(db_url: str, **settings: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`eplb serve` on a free loopback port with the database at `db_url` and EPLB_<NAME> `settings`; stopped
+    (or already killed) after."""
     port = free_port()
     env = {**os.environ, "EPLB_DATABASE_URL": db_url, "EPLB_JOB_LEASE_S": str(LEASE_S),
-           "EPLB_SOLVER_WORKERS": "1", "EPLB_ASYNC_THRESHOLD_S": "5"}
+           "EPLB_SOLVER_WORKERS": "1", "EPLB_ASYNC_THRESHOLD_S": "5",
+           **{f"EPLB_{k.upper()}": v for k, v in settings.items()}}
     proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level",
                              "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,351 @@
+"""Python client of the placement service (`eplb serve`): `Client` (sync) and `AsyncClient` (asyncio), on httpx.
+
+    from eplb.client import Client
+    with Client("http://127.0.0.1:8000", api_key="...") as eplb:
+        eplb.put_deployment("prod", {"model": "deepseek-v3", "hardware": "h100",
+                                     "cluster": {"num_gpus": 32, "num_redundant": 32}})
+        answer = eplb.send_window("prod", loads)          # loads: [layers, E] tokens (numpy or lists)
+        if answer.action != "kept":
+            apply(answer.result.placement.phy2log)         # the serving system moves the weights ...
+            eplb.applied("prod", answer.result.placement)  # ... and says what it now serves
+
+Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` for background solves,
+`DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
+raises `ServiceError` with the service's status, title and one-line detail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, WindowResult
+from eplb.errors import EplbError
+from eplb.schemas import PlacementOut, PlacementResponse
+
+T = TypeVar("T")
+Export = Literal["sglang", "trtllm", "vllm-ascend"]
+
+
+class ServiceError(EplbError):
+    """The service answered with a problem (RFC 9457): status, title, detail (and field errors)."""
+
+    def __init__(self, status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(f"{status} {title}: {detail}")
+        self.status, self.title, self.detail, self.errors = status, title, detail, errors or []
+
+
+class JobFailed(EplbError):
+    """`wait` found the job failed or cancelled (`job` has its error)."""
+
+    def __init__(self, job: Job) -> None:
+        detail = job.error.get("detail", "") if job.error else ""
+        super().__init__(f"job {job.id} {job.status}{': ' + detail if detail else ''}")
+        self.job = job
+
+
+class Job(BaseModel):
+    """A background solve: queued, running, done (with `result`), failed (with `error`) or cancelled."""
+
+    id: str
+    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: PlacementResponse | None = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One HTTP exchange: what to send and how to read the answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    params: dict[str, Any] | None = None
+
+
+def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
+    return lambda r: cls.model_validate(r.json())
+
+
+def _lists(value: Any) -> Any:
+    """numpy arrays (and models) as JSON-ready lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    return value
+
+
+def _placement_or_job(r: httpx.Response) -> PlacementResponse | Job:
+    return Job.model_validate(r.json()) if r.status_code == 202 else PlacementResponse.model_validate(r.json())
+
+
+def _check(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ServiceError(response.status_code, response.reason_phrase, response.text[:200])
+    raise ServiceError(response.status_code, str(body.get("title", response.reason_phrase)),
+                       str(body.get("detail", "")), body.get("errors"))
+
+
+class _Api:
+    """The calls, written once for both clients."""
+
+    @staticmethod
+    def placement(request: dict[str, Any], run_async: bool) -> _Call[PlacementResponse | Job]:
+        body = {k: _lists(v) for k, v in request.items()}
+        if run_async:
+            body["async"] = True
+        return _Call("POST", "/placement", _placement_or_job, json=body)
+
+    @staticmethod
+    def evaluate(request: dict[str, Any]) -> _Call[PlacementResponse]:
+        return _Call("POST", "/evaluate", _model(PlacementResponse), json={k: _lists(v) for k, v in request.items()})
+
+    @staticmethod
+    def job(job_id: str) -> _Call[Job]:
+        return _Call("GET", f"/jobs/{job_id}", _model(Job))
+
+    @staticmethod
+    def cancel(job_id: str) -> _Call[Job]:
+        return _Call("DELETE", f"/jobs/{job_id}", _model(Job))
+
+    @staticmethod
+    def put_deployment(name: str, config: DeploymentConfig | dict[str, Any]) -> _Call[DeploymentView]:
+        body = DeploymentConfig.model_validate(_lists(config)).model_dump(mode="json", exclude_none=True)
+        return _Call("PUT", f"/deployments/{name}", _model(DeploymentView), json=body)
+
+    @staticmethod
+    def deployment(name: str) -> _Call[DeploymentView]:
+        return _Call("GET", f"/deployments/{name}", _model(DeploymentView))
+
+    @staticmethod
+    def deployments() -> _Call[list[DeploymentView]]:
+        return _Call("GET", "/deployments",
+                     lambda r: [DeploymentView.model_validate(d) for d in r.json()["deployments"]])
+
+    @staticmethod
+    def export(name: str, format: Export) -> _Call[dict[str, Any]]:
+        return _Call("GET", f"/deployments/{name}", lambda r: dict(r.json()), params={"format": format})
+
+    @staticmethod
+    def delete_deployment(name: str) -> _Call[None]:
+        return _Call("DELETE", f"/deployments/{name}", lambda r: None)
+
+    @staticmethod
+    def send_window(name: str, loads: Any, force: bool) -> _Call[WindowResult]:
+        return _Call("POST", f"/deployments/{name}/windows", _model(WindowResult),
+                     json={"loads": _lists(loads), "force": force})
+
+    @staticmethod
+    def history(name: str, limit: int, before: int | None) -> _Call[HistoryPage]:
+        params: dict[str, Any] = {"limit": limit} if before is None else {"limit": limit, "before": before}
+        return _Call("GET", f"/deployments/{name}/history", _model(HistoryPage), params=params)
+
+    @staticmethod
+    def applied(name: str, placement: PlacementOut | dict[str, Any]) -> _Call[HistoryEntry]:
+        body = _lists(placement)
+        body = {k: body[k] for k in ("phy2log", "slots_per_gpu", "num_experts", "shares") if body.get(k) is not None}
+        return _Call("POST", f"/deployments/{name}/placement", _model(HistoryEntry), json={"placement": body})
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+
+
+def _result(job: Job) -> PlacementResponse:
+    if job.result is None:
+        raise EplbError(f"job {job.id} is done but has no result")
+    return job.result
+
+
+def _backoff(delay: float) -> float:
+    return min(delay * 1.5, 2.0)
+
+
+class Client:
+    """Synchronous client. base_url: e.g. http://127.0.0.1:8000; api_key: the service's EPLB_API_KEY;
+    timeout: seconds per HTTP request (a synchronous MILP answer takes its time budget)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
+                 timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _do(self, call: _Call[T]) -> T:
+        response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+        _check(response)
+        return call.parse(response)
+
+    # placement and jobs
+    def placement(self, **request: Any) -> PlacementResponse:
+        """POST /placement (the fields of the request body as keywords; numpy arrays welcome). An answer the
+        service turns into a job (a long MILP) is waited for."""
+        answer = self._do(_Api.placement(request, run_async=False))
+        return _result(self.wait(answer.id)) if isinstance(answer, Job) else answer
+
+    def submit(self, **request: Any) -> Job:
+        """POST /placement as a background job; `wait` or `cancel` it."""
+        answer = self._do(_Api.placement(request, run_async=True))
+        if not isinstance(answer, Job):
+            raise EplbError("the service answered at once instead of starting a job")
+        return answer
+
+    def evaluate(self, **request: Any) -> PlacementResponse:
+        return self._do(_Api.evaluate(request))
+
+    def job(self, job_id: str) -> Job:
+        return self._do(_Api.job(job_id))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Poll until the job is done (0.1 s, growing to 2 s between polls); JobFailed if it failed or was
+        cancelled, TimeoutError after `timeout` seconds."""
+        deadline, delay = None if timeout is None else time.monotonic() + timeout, 0.1
+        while True:
+            job = self.job(job_id)
+            if job.finished:
+                if job.status != "done":
+                    raise JobFailed(job)
+                return job
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise TimeoutError(f"job {job_id} still {job.status} after {timeout} s")
+            time.sleep(delay)
+            delay = _backoff(delay)
+
+    def cancel(self, job_id: str) -> Job:
+        return self._do(_Api.cancel(job_id))
+
+    # deployments
+    def put_deployment(self, name: str, config: DeploymentConfig | dict[str, Any]) -> DeploymentView:
+        return self._do(_Api.put_deployment(name, config))
+
+    def deployment(self, name: str) -> DeploymentView:
+        return self._do(_Api.deployment(name))
+
+    def deployments(self) -> list[DeploymentView]:
+        return self._do(_Api.deployments())
+
+    def export(self, name: str, format: Export) -> dict[str, Any]:
+        """The current placement in a serving system's format (sglang, trtllm, vllm-ascend)."""
+        return self._do(_Api.export(name, format))
+
+    def delete_deployment(self, name: str) -> None:
+        self._do(_Api.delete_deployment(name))
+
+    def send_window(self, name: str, loads: Any, force: bool = False) -> WindowResult:
+        """Send a load window ([layers, E] tokens); the answer says placed/rebalanced (with the result and
+        plan) or kept (and why)."""
+        return self._do(_Api.send_window(name, loads, force))
+
+    def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
+        return self._do(_Api.history(name, limit, before))
+
+    def applied(self, name: str, placement: PlacementOut | dict[str, Any]) -> HistoryEntry:
+        """Record the placement the cluster now serves."""
+        return self._do(_Api.applied(name, placement))
+
+
+class AsyncClient:
+    """The same calls as `Client`, awaitable."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
+                 timeout: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _do(self, call: _Call[T]) -> T:
+        response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
+        _check(response)
+        return call.parse(response)
+
+    async def placement(self, **request: Any) -> PlacementResponse:
+        answer = await self._do(_Api.placement(request, run_async=False))
+        return _result(await self.wait(answer.id)) if isinstance(answer, Job) else answer
+
+    async def submit(self, **request: Any) -> Job:
+        answer = await self._do(_Api.placement(request, run_async=True))
+        if not isinstance(answer, Job):
+            raise EplbError("the service answered at once instead of starting a job")
+        return answer
+
+    async def evaluate(self, **request: Any) -> PlacementResponse:
+        return await self._do(_Api.evaluate(request))
+
+    async def job(self, job_id: str) -> Job:
+        return await self._do(_Api.job(job_id))
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        deadline, delay = None if timeout is None else time.monotonic() + timeout, 0.1
+        while True:
+            job = await self.job(job_id)
+            if job.finished:
+                if job.status != "done":
+                    raise JobFailed(job)
+                return job
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise TimeoutError(f"job {job_id} still {job.status} after {timeout} s")
+            await asyncio.sleep(delay)
+            delay = _backoff(delay)
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self._do(_Api.cancel(job_id))
+
+    async def put_deployment(self, name: str, config: DeploymentConfig | dict[str, Any]) -> DeploymentView:
+        return await self._do(_Api.put_deployment(name, config))
+
+    async def deployment(self, name: str) -> DeploymentView:
+        return await self._do(_Api.deployment(name))
+
+    async def deployments(self) -> list[DeploymentView]:
+        return await self._do(_Api.deployments())
+
+    async def export(self, name: str, format: Export) -> dict[str, Any]:
+        return await self._do(_Api.export(name, format))
+
+    async def delete_deployment(self, name: str) -> None:
+        await self._do(_Api.delete_deployment(name))
+
+    async def send_window(self, name: str, loads: Any, force: bool = False) -> WindowResult:
+        return await self._do(_Api.send_window(name, loads, force))
+
+    async def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
+        return await self._do(_Api.history(name, limit, before))
+
+    async def applied(self, name: str, placement: PlacementOut | dict[str, Any]) -> HistoryEntry:
+        return await self._do(_Api.applied(name, placement))

@@ -1,0 +1,94 @@
+"""eplb.client against a real `eplb serve` (its database a SQLite file in a temporary directory): typed
+placements, jobs (submit, wait with backoff, cancel), deployments, problems as ServiceError; sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from eplb.client import AsyncClient, Client, JobFailed, ServiceError
+from eplb.deployments import WindowResult
+from eplb.schemas import PlacementResponse
+from tests.test_deployments import config, window
+from tests.test_replicas import V3, replica
+
+KEY = "secret-key"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    db = tmp_path_factory.mktemp("client") / "eplb.db"
+    with replica(f"sqlite:///{db}", api_key=KEY) as (url, _):
+        yield url
+
+
+def request() -> dict[str, object]:
+    return {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 16, "num_redundant": 16},
+            "loads": V3, "tokens_per_gpu": 4096}
+
+
+def test_placement_jobs_and_errors(base: str) -> None:
+    with Client(base, api_key=KEY) as eplb:
+        answer = eplb.placement(**request())  # a numpy array as loads
+        assert isinstance(answer, PlacementResponse) and answer.placement.num_gpus == 16
+        assert answer.predicted.lb_mean < answer.predicted.baseline.lb_mean
+        job = eplb.submit(**request())
+        assert job.status in ("queued", "running", "done")
+        done = eplb.wait(job.id, timeout=120)
+        assert done.status == "done" and done.result is not None
+        assert done.result.placement.phy2log == answer.placement.phy2log  # greedy: the same answer
+        long = eplb.submit(**request(), solver="milp", time_limit_s=60)
+        assert eplb.cancel(long.id).status == "cancelled"
+        with pytest.raises(JobFailed, match=f"job {long.id} cancelled"):
+            eplb.wait(long.id)
+        slow = eplb.submit(**request(), solver="milp", time_limit_s=60)
+        with pytest.raises(TimeoutError, match=f"job {slow.id} still"):
+            eplb.wait(slow.id, timeout=0.5)
+        eplb.cancel(slow.id)
+        judged = eplb.evaluate(model="deepseek-v3", hardware="h100", loads=V3, placement=answer.placement)
+        assert judged.predicted.lb == answer.predicted.lb
+        with pytest.raises(ServiceError) as missing:
+            eplb.job("0" * 32)
+        assert missing.value.status == 404 and "does not exist" in missing.value.detail
+    with Client(base, api_key="wrong") as intruder, pytest.raises(ServiceError, match="401 Unauthorized"):
+        intruder.put_deployment("x", config())
+
+
+def test_deployments_sync(base: str) -> None:
+    with Client(base, api_key=KEY) as eplb:
+        view = eplb.put_deployment("client-sync", config(threshold=1.1))
+        assert view.name == "client-sync" and view.placement is None
+        first = eplb.send_window("client-sync", np.asarray(window(0)))
+        assert isinstance(first, WindowResult) and first.action == "placed" and first.result is not None
+        moved = eplb.send_window("client-sync", window(1))
+        assert moved.action == "rebalanced" and moved.result is not None and moved.result.plan is not None
+        applied = eplb.applied("client-sync", first.result.placement)  # the cluster refused the new one
+        assert applied.action == "applied" and applied.moves == moved.entry.moves
+        assert eplb.deployment("client-sync").placement == first.result.placement
+        page = eplb.history("client-sync", limit=2)
+        assert [e.action for e in page.entries] == ["applied", "rebalanced"] and page.next is not None
+        assert [e.action for e in eplb.history("client-sync", before=page.next).entries] == ["placed"]
+        exported = eplb.export("client-sync", "trtllm")
+        assert exported["num_slots"] == 80
+        assert "client-sync" in [d.name for d in eplb.deployments()]
+        eplb.delete_deployment("client-sync")
+        with pytest.raises(ServiceError, match="404"):
+            eplb.deployment("client-sync")
+
+
+def test_async_client(base: str) -> None:
+    async def run() -> None:
+        async with AsyncClient(base, api_key=KEY) as eplb:
+            await eplb.put_deployment("client-async", config(trigger="periodic", every=2))
+            actions = [(await eplb.send_window("client-async", window(i))).action for i in range(3)]
+            assert actions == ["placed", "kept", "rebalanced"]
+            job = await eplb.submit(**request())
+            assert (await eplb.wait(job.id, timeout=120)).status == "done"
+            answer = await eplb.placement(**request())
+            assert answer.placement.num_gpus == 16
+            await eplb.delete_deployment("client-async")
+
+    asyncio.run(run())
