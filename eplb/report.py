@@ -21,8 +21,8 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, spread_evenly
 from eplb.errors import EplbError
+from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, portable, reopen
 from eplb.io.logs import RoutingLog
-from eplb.progress import Progress
 from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
 from solvers import registry
@@ -126,34 +126,48 @@ def compare_window(
     cost: CostSetup | None,
     time_limit_s: float | None = None,
     progress: bool | None = None,
+    executor: Executor | None = None,
 ) -> list[Run]:
-    """Run every solver on every cluster shape for loads [layers, E]."""
-    runs: list[Run] = []
-    with Progress(len(shapes) * len(solvers), "compare", enabled=progress) as bar:
-        for ep, slots in shapes:
-            for name in solvers:
-                options = applicable(name, Options(time_limit_s=time_limit_s))
-                outcome = solve(loads, Cluster(slots), solver=name, cost=cost, options=options)
-                info = outcome.solver
-                layers = loads.shape[0]
-                run = Run(
-                    solver=name,
-                    ep=ep,
-                    slots_per_gpu=slots.tolist(),
-                    lb=outcome.balance.lb.tolist(),
-                    bound=list(info["bound"]),
-                    solve_ms=list(info.get("layer_ms", [info["wall_ms"] / layers] * layers)),
-                    status=list(info.get("layer_status", [info["status"]] * layers)),
-                    gap=list(info["gap"]),
-                    baseline_lb=outcome.baseline.lb.tolist(),
-                )
-                if outcome.prediction is not None and outcome.baseline_prediction is not None:
-                    run.time_us = outcome.prediction.time_us.tolist()
-                    run.baseline_time_us = outcome.baseline_prediction.time_us.tolist()
-                    run.bottleneck = list(outcome.prediction.bottleneck)
-                runs.append(run)
-                bar.advance(1, f"EP{ep} {name}")
-    return runs
+    """Run every solver on every cluster shape for loads [layers, E]: one task per (shape, solver) on
+    `executor` (default: here, in order); the runs come back in that order whatever the executor."""
+    ex = executor or LocalExecutor()
+    layers = loads.shape[0]
+    tasks = [Task((loads, ep, slots, name, cost, time_limit_s), note=f"EP{ep} {name}", cpus=_cpus(name, layers, ex))
+             for ep, slots in shapes for name in solvers]  # fmt: skip
+    return ex.map(_window_run, tasks, label="compare", progress=progress)
+
+
+def _cpus(solver: str, layers: int, ex: Executor) -> float:
+    """CPUs a task of `solver` on `layers` layers occupies: the MILP solves layers on threads (as many
+    as the cores it sees), the others run on one."""
+    return float(min(layers, ex.node_cpus())) if solver.startswith("milp") else 1.0
+
+
+def _window_run(
+    arg: tuple[NDArray[np.float64], int, NDArray[np.int64], str, CostSetup | None, float | None], report: Report
+) -> Run:
+    """One solver on one cluster shape (a `compare_window` task)."""
+    loads, ep, slots, name, cost, time_limit_s = arg
+    options = applicable(name, Options(time_limit_s=time_limit_s))
+    outcome = solve(loads, Cluster(slots), solver=name, cost=cost, options=options)
+    info = outcome.solver
+    layers = loads.shape[0]
+    run = Run(
+        solver=name,
+        ep=ep,
+        slots_per_gpu=slots.tolist(),
+        lb=outcome.balance.lb.tolist(),
+        bound=list(info["bound"]),
+        solve_ms=list(info.get("layer_ms", [info["wall_ms"] / layers] * layers)),
+        status=list(info.get("layer_status", [info["status"]] * layers)),
+        gap=list(info["gap"]),
+        baseline_lb=outcome.baseline.lb.tolist(),
+    )
+    if outcome.prediction is not None and outcome.baseline_prediction is not None:
+        run.time_us = outcome.prediction.time_us.tolist()
+        run.baseline_time_us = outcome.baseline_prediction.time_us.tolist()
+        run.bottleneck = list(outcome.prediction.bottleneck)
+    return run
 
 
 _STATUS_ORDER = ("greedy_fallback", "time_limit", "feasible", "optimal", "heuristic")
@@ -256,9 +270,11 @@ def compare_log(
     oracle_every: int = 10,
     layers: int | None = None,
     progress: bool | None = None,
+    executor: Executor | None = None,
 ) -> list[Run]:
     """Replay a routing log [steps, L, E] with every solver on every cluster shape, all on the same
     schedule (`eplb.replay.replay`), and summarize each replay as a Run (see Run and ReplayStats).
+    Each (shape, solver) replay is one task on `executor` (default: here, in order).
 
     oracle_every: solve the oracle on every n-th step (0: skip it); it and the no-EPLB baseline do not
     depend on the solver, so only the first solver of each shape computes them and the others share
@@ -277,36 +293,66 @@ def compare_log(
             f"the log has {num_steps:,} steps but the first rebalanced placement serves from step position "
             f"{served_from:,}: lower --interval or --first-rebalance"
         )
-    total = None if num_steps is None else num_steps * len(shapes) * len(solvers)
+    ex = executor or LocalExecutor()
+    sent = portable(log) if isinstance(ex, RayExecutor) else log
+    tasks = [
+        Task(_LogTask(sent, layers, ep, slots, name, cost, time_limit_s, sched, oracle_every, i == 0, served_from),
+             units=num_steps, note=f"EP{ep} {name}", cpus=_cpus(name, view.info.num_layers, ex))
+        for ep, slots in shapes for i, name in enumerate(solvers)
+    ]  # fmt: skip
+    done = iter(ex.map(_log_task, tasks, label="compare", unit="steps", progress=progress))
     runs: list[Run] = []
-    with Progress(total, "compare", enabled=progress, unit="steps") as bar:
-        for ep, slots in shapes:
-            shared: _LayerMeans | None = None
-            bounds = _StepBounds(slots, served_from, view.info.num_layers)
-            for name in solvers:
-                split = "weighted" if registry.get_solver(name).capabilities.shares else "uniform"
-                means = _LayerMeans(served_from, view.info.num_layers)
-                view.tap = bounds if shared is None else None
-                result = replay(
-                    view, Cluster(slots), schedule=sched, solver=name, cost=cost,
-                    oracle_every=oracle_every if shared is None else 0, time_limit_s=time_limit_s,
-                    on_steps=means, progress=_shifted(bar, bar.done, f"EP{ep} {name}"), hindsight=False,
-                )  # fmt: skip
-                view.tap = None
-                if means.steps == 0:
-                    raise EplbError(
-                        f"the log has {means.all_steps:,} steps but the first rebalanced placement serves from "
-                        f"step position {served_from:,}: lower --interval or --first-rebalance"
-                    )
-                runs.append(_log_run(name, ep, slots, split, result.rebalances, means, shared or means, bounds,
-                                     result.summary["schedule"]))  # fmt: skip
-                shared = shared or means
+    for ep, slots in shapes:
+        shared: _LayerMeans | None = None
+        bounds: _StepBounds | None = None
+        for name in solvers:
+            split = "weighted" if registry.get_solver(name).capabilities.shares else "uniform"
+            means, tapped, rebalances, schedule_info = next(done)
+            shared, bounds = shared or means, bounds or tapped
+            assert bounds is not None
+            runs.append(_log_run(name, ep, slots, split, rebalances, means, shared, bounds, schedule_info))
     return runs
 
 
-def _shifted(bar: Progress, offset: int, note: str) -> Callable[[int], None]:
-    """A replay's progress(done) drawn on `bar` after `offset` steps of earlier replays."""
-    return lambda done: bar.update(offset + done, note)
+@dataclass(frozen=True)
+class _LogTask:
+    """One `compare_log` replay: the log (or its path), its first `layers` layers, one solver on one
+    shape; `first`: the shape's first solver, which also computes the oracle and the step bounds."""
+
+    log: RoutingLog | str
+    layers: int | None
+    ep: int
+    slots: NDArray[np.int64]
+    solver: str
+    cost: CostSetup | None
+    time_limit_s: float | None
+    schedule: Schedule
+    oracle_every: int
+    first: bool
+    served_from: int
+
+
+def _log_task(
+    task: _LogTask, report: Report
+) -> tuple[_LayerMeans, _StepBounds | None, list[Rebalance], dict[str, Any]]:
+    """Replay one solver on one shape: (per-layer sums, step bounds of the first solver, rebalances,
+    the summary's schedule)."""
+    view = _LogView(reopen(task.log), task.layers)
+    layers = view.info.num_layers
+    means = _LayerMeans(task.served_from, layers)
+    bounds = _StepBounds(task.slots, task.served_from, layers) if task.first else None
+    view.tap = bounds
+    result = replay(
+        view, Cluster(task.slots), schedule=task.schedule, solver=task.solver, cost=task.cost,
+        oracle_every=task.oracle_every if task.first else 0, time_limit_s=task.time_limit_s,
+        on_steps=means, progress=report, hindsight=False,
+    )  # fmt: skip
+    if means.steps == 0:
+        raise EplbError(
+            f"the log has {means.all_steps:,} steps but the first rebalanced placement serves from "
+            f"step position {task.served_from:,}: lower --interval or --first-rebalance"
+        )
+    return means, bounds, result.rebalances, result.summary["schedule"]
 
 
 def _log_run(

@@ -9,6 +9,7 @@ from typing import Any
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
 from eplb.cli.solve import add_cost_options, cost_setup, model_for
 from eplb.errors import EplbError
+from eplb.executor import add_executor_options, executor_from
 from eplb.io.logs import open_log
 from eplb.io.windows import read_window
 from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
@@ -59,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     replay.add_argument("--oracle-every", type=int, default=10, metavar="N",
                         help="solve the oracle on every N-th step (default 10; 0: skip it)")
     add_progress_options(p)
+    add_executor_options(p)
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise EplbError("--layers must be >= 1")
     eps = _ints(args.ep, "--ep")
     redundant = None if args.redundant is None else _ints(args.redundant, "--redundant")
-    runs, meta = _run_log(args, solvers, eps, redundant) if args.log else _run_window(args, solvers, eps, redundant)
+    with executor_from(args) as args.run_on:
+        runs, meta = _run_log(args, solvers, eps, redundant) if args.log else _run_window(args, solvers, eps, redundant)
     meta["command"] = "eplb " + " ".join(args.argv)
     out = Path(args.out)
     write_report(runs, out, meta)
@@ -96,7 +99,8 @@ def _run_window(
     if args.tokens_per_gpu is None:
         args.tokens_per_gpu = DEFAULT_TOKENS_PER_GPU
     model = model_for(args, window)
-    runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit, progress=args.progress)
+    runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit, progress=args.progress,
+                          executor=args.run_on)  # fmt: skip
     return runs, {
         "title": f"{', '.join(solvers)} on {window.source}",
         "loads": f"{window.source}, {loads.shape[0]} layers x {loads.shape[1]} experts",
@@ -118,7 +122,8 @@ def _run_log(
         raise EplbError("--oracle-every must be >= 0")
     model = model_for(args, info)
     runs = compare_log(log, shapes, solvers, cost_setup(args, model), args.time_limit, schedule=schedule,
-                       oracle_every=args.oracle_every, layers=args.layers, progress=args.progress)  # fmt: skip
+                       oracle_every=args.oracle_every, layers=args.layers, progress=args.progress,
+                       executor=args.run_on)  # fmt: skip
     layers = info.num_layers if args.layers is None else args.layers
     first = runs[0].replay
     return runs, {

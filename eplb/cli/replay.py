@@ -16,9 +16,9 @@ from eplb.budget import GIB
 from eplb.cli.solve import add_cluster_options, add_cost_options, cost_setup, int_list, model_for, slots_for
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
+from eplb.executor import add_executor_options, executor_from, replay_logs
 from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
-from eplb.progress import Progress
-from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock, replay
+from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup
 from eplb.specs import link_bandwidth
 from eplb.synth import StatsAccumulator, SynthConfig, seed004_log, synth_counts, synth_topk
@@ -137,6 +137,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     r.add_argument("--out", metavar="DIR", help="write steps.csv, rebalances.csv and summary.json here")
     r.add_argument("--json", action="store_true", help="print summary.json's object instead of the table")
     add_progress_options(r)
+    add_executor_options(r)
     r.set_defaults(func=run_replay)
 
 
@@ -339,6 +340,10 @@ class _CsvSteps:
         text = (fmt * cols.shape[0]) % tuple(cols.ravel().tolist())
         self.f.write(text.replace("nan", ""))
 
+    def of_log(self, _: int, block: StepBlock) -> None:
+        """`eplb.executor.replay_logs`' on_steps (one log)."""
+        self(block)
+
     def close(self) -> None:
         self.f.close()
 
@@ -363,22 +368,22 @@ def run_replay(args: argparse.Namespace) -> int:
             raise EplbError(f"--out {out}: exists and is not a directory")
         out.mkdir(parents=True, exist_ok=True)
         csv = _CsvSteps(out / "steps.csv", info.layer_ids, info.num_layers)
-    bar = Progress(info.num_steps, "replay", enabled=args.progress, unit="steps")
     try:
-        result = replay(
-            log,
-            Cluster(slots, args.gpus_per_node, args.groups),
-            schedule=schedule,
-            solver=args.solver,
-            cost=cost,
-            migration=migration,
-            oracle_every=args.oracle_every,
-            time_limit_s=args.time_limit,
-            on_steps=csv,
-            progress=bar,
-        )
+        with executor_from(args) as executor:
+            result = replay_logs(
+                executor,
+                [log],
+                Cluster(slots, args.gpus_per_node, args.groups),
+                schedule=schedule,
+                solver=args.solver,
+                cost=cost,
+                migration=migration,
+                oracle_every=args.oracle_every,
+                time_limit_s=args.time_limit,
+                on_steps=None if csv is None else csv.of_log,
+                progress=args.progress,
+            )[0]
     finally:
-        bar.close()
         if csv is not None:
             csv.close()
     if out is not None:

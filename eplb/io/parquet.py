@@ -78,7 +78,7 @@ class ParquetLog(RoutingLog):
             try:
                 md = pq.read_metadata(f)
             except (OSError, ValueError) as exc:
-                raise EplbError(f"{f}: not a readable Parquet file ({exc})") from None
+                raise EplbError(f"{f}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
             raw = (md.metadata or {}).get(_META_KEY)
             if raw is None:
                 raise EplbError(f"{f}: not an eplb routing log shard (no 'eplb' metadata; write it with eplb logs "
@@ -146,7 +146,7 @@ class ParquetLog(RoutingLog):
                             yield step_ids[c : c + chunk_steps], counts[c : c + chunk_steps]
                     row += n
             except (OSError, ValueError, KeyError) as exc:
-                raise EplbError(f"{f}: unreadable Parquet data ({exc})") from None
+                raise EplbError(f"{f}: unreadable Parquet data ({' '.join(str(exc).split())})") from None
 
 
 def _fixed_lists(column: Any, experts: int, f: Path) -> NDArray[Any]:

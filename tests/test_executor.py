@@ -1,0 +1,215 @@
+"""Executors on a real local Ray (2 CPUs, started once for the session): the same numbers as the local
+executor for a compare sweep and a replay split by layers, retries, one clear error for a log a worker
+cannot read, and the command line's --executor."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from eplb.budget import spread_evenly
+from eplb.cli import main
+from eplb.errors import EplbError
+from eplb.executor import LocalExecutor, RayExecutor, Task, layer_parts, make_executor, replay_logs
+from eplb.io.logs import open_log, write_counts
+from eplb.io.parquet import write_parquet
+from eplb.io.windows import read_window
+from eplb.replay import Schedule, StepBlock, replay
+from eplb.report import cluster_shapes, compare_log, compare_window
+from eplb.solve import Cluster
+from eplb.synth import SynthConfig, synth_log
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "fixtures" / "esft-dsv2lite-law.json"
+TIMED = {"solve_ms", "wall_ms", "layer_ms", "timing", "solve_ms_mean", "solve_ms_max", "layer_solve_ms"}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayExecutor]:
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    try:
+        yield RayExecutor()  # uses the instance above, leaves it running
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def log_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    counts = synth_log(SynthConfig(steps=240, layers=6, experts=32, top_k=4, tokens=256, seed=5))
+    path = tmp_path_factory.mktemp("logs") / "log.npz"
+    write_counts(path, counts, model="test", top_k=4)
+    return path
+
+
+def _untimed(value: Any) -> Any:
+    """value without wall-clock fields (they differ run to run whatever the executor)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k not in TIMED}
+    if isinstance(value, list | tuple):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def test_compare_sweep_on_ray_equals_local(ray_cluster: RayExecutor) -> None:
+    loads = read_window(FIXTURE).loads[:3]
+    shapes = cluster_shapes(loads.shape[1], [4, 8], [8])
+    local = compare_window(loads, shapes, ["greedy", "milp"], None, time_limit_s=0.5, progress=False)
+    remote = compare_window(loads, shapes, ["greedy", "milp"], None, time_limit_s=0.5, progress=False,
+                            executor=ray_cluster)  # fmt: skip
+    assert [(r.solver, r.ep, r.slots_per_gpu) for r in remote] == [(r.solver, r.ep, r.slots_per_gpu) for r in local]
+    for a, b in zip(local, remote, strict=True):
+        if a.solver == "greedy":  # deterministic: every number equal
+            assert _untimed(a) == _untimed(b)
+        else:  # MILP under a time limit: never worse than greedy on either executor
+            assert b.baseline_lb == a.baseline_lb and len(b.lb) == 3
+
+
+def test_compare_log_on_ray_equals_local(ray_cluster: RayExecutor, log_path: Path) -> None:
+    log = open_log(log_path)
+    shapes = [(4, spread_evenly(36, 4)), (8, spread_evenly(40, 8))]
+    kwargs: dict[str, Any] = dict(schedule=Schedule(window=40, interval=80), oracle_every=5, progress=False)
+    local = compare_log(log, shapes, ["greedy", "deepseek"], None, **kwargs)
+    remote = compare_log(log, shapes, ["greedy", "deepseek"], None, executor=ray_cluster, **kwargs)
+    assert _untimed(remote) == _untimed(local)
+    assert remote[1].replay is not None and remote[1].replay.oracle_lb is not None  # shared from greedy's task
+
+
+@pytest.mark.parametrize("kind", ["npz", "parquet"])
+def test_replay_split_by_layers_equals_one_replay(
+    ray_cluster: RayExecutor, log_path: Path, tmp_path: Path, kind: str
+) -> None:
+    path = log_path
+    if kind == "parquet":
+        path = tmp_path / "log.parquet"
+        write_parquet(path, open_log(log_path).iter_counts(), model="test", top_k=4, shard_steps=100)
+    cluster = Cluster(spread_evenly(40, 8))
+    schedule = Schedule(window=40, interval=60)
+    whole = replay(open_log(path), cluster, schedule=schedule, solver="greedy", oracle_every=4, collect=True)
+    blocks: list[StepBlock] = []
+    got = replay_logs(ray_cluster, [path, path], cluster, schedule=schedule, solver="greedy", oracle_every=4,
+                      parts=3, on_steps=lambda i, b: blocks.append(b) if i == 0 else None)  # fmt: skip
+    assert got[0].summary["timing"]["parts"] == 3  # each log cut into 3 layer ranges: 6 tasks
+    for result in got:
+        assert _untimed(result.summary) == _untimed(whole.summary)
+        assert _untimed([r.to_dict() for r in result.rebalances]) == _untimed([r.to_dict() for r in whole.rebalances])
+        np.testing.assert_array_equal(result.final.phy2log, whole.final.phy2log)
+        assert result.checks == whole.checks
+    assert whole.steps is not None
+    merged = StepBlock.concat(blocks)
+    for name in ("lb", "oracle_lb", "static_lb", "no_eplb_lb", "hindsight_lb"):
+        np.testing.assert_array_equal(getattr(merged, name), getattr(whole.steps, name))
+    np.testing.assert_array_equal(merged.steps, whole.steps.steps)
+
+
+def test_layer_parts() -> None:
+    assert layer_parts(6, 3) == [range(0, 2), range(2, 4), range(4, 6)]
+    assert layer_parts(2, 5) == [range(0, 1), range(1, 2)]
+    assert layer_parts(5, 1) == [range(0, 5)]
+
+
+def _fails_once(marker: str, report: Any) -> int:
+    """Raise on the first attempt (no marker yet), succeed after; return the attempts."""
+    attempts = Path(marker)
+    count = int(attempts.read_text()) + 1 if attempts.exists() else 1
+    attempts.write_text(str(count))
+    if count == 1:
+        raise OSError("lost the node (first attempt)")
+    return count
+
+
+def test_a_task_that_fails_once_is_retried(ray_cluster: RayExecutor, tmp_path: Path) -> None:
+    markers = [str(tmp_path / f"attempts-{i}") for i in range(3)]
+    got = ray_cluster.map(_fails_once, [Task(m, note=f"task {i}") for i, m in enumerate(markers)], label="t",
+                          progress=False)  # fmt: skip
+    assert got == [2, 2, 2]
+
+
+def _always_fails(arg: int, report: Any) -> int:
+    raise RuntimeError(f"broken task {arg}")
+
+
+def test_a_task_that_keeps_failing_is_one_error(ray_cluster: RayExecutor) -> None:
+    with pytest.raises(EplbError, match=r"task 'boom' failed after 3 attempts: RuntimeError: broken task 7"):
+        ray_cluster.map(_always_fails, [Task(7, note="boom")], label="t", progress=False)
+
+
+def _count_and_open(arg: tuple[str, str], report: Any) -> int:
+    """Count the attempt in a file, then read the whole log."""
+    counter, path = arg
+    with open(counter, "a") as f:
+        f.write("x")
+    return int(open_log(path).read_counts().counts.sum())
+
+
+def test_a_worker_that_cannot_read_the_log_gives_one_clear_error(
+    ray_cluster: RayExecutor, log_path: Path, tmp_path: Path
+) -> None:
+    shards = tmp_path / "log.parquet"
+    write_parquet(shards, open_log(log_path).iter_counts(), shard_steps=100)
+    broken = shards / "part-00001.parquet"
+    col = pq.read_metadata(broken).row_group(0).column(3)
+    raw = bytearray(broken.read_bytes())
+    raw[col.data_page_offset : col.data_page_offset + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    broken.write_bytes(bytes(raw))  # the footer still reads: the driver opens the log, the workers fail
+    with pytest.raises(EplbError, match=r"part-00001\.parquet: unreadable Parquet data") as err:
+        replay_logs(ray_cluster, [shards], Cluster(spread_evenly(40, 8)), schedule=Schedule(window=40, interval=60),
+                    solver="greedy", parts=2)  # fmt: skip
+    assert "\n" not in str(err.value)
+    counter = tmp_path / "attempts"
+    with pytest.raises(EplbError, match=r"part-00001\.parquet"):
+        ray_cluster.map(_count_and_open, [Task((str(counter), str(shards)))], label="t", progress=False)
+    assert counter.read_text() == "x"  # an EplbError is not retried
+
+
+def test_cli_compare_with_ray_writes_the_same_runs(
+    ray_cluster: RayExecutor, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ray"
+    assert main(["compare", "--loads", str(FIXTURE), "--layers", "3", "--solvers", "greedy", "--ep", "4,8",
+                 "--out", str(out), "--no-progress", "--executor", "ray"]) == 0  # fmt: skip
+    loads = read_window(FIXTURE).loads[:3]
+    local = compare_window(loads, cluster_shapes(64, [4, 8], None), ["greedy"], None, progress=False)
+    got = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["lb"] for r in got] == [r.lb for r in local]
+    assert [r["baseline_lb"] for r in got] == [r.baseline_lb for r in local]
+    assert main(["compare", "--solvers", "greedy", "--out", str(tmp_path / "x"), "--ray-address", "auto"]) == 2
+    assert "--ray-address needs --executor ray" in capsys.readouterr().err
+
+
+def test_without_ray_installed_the_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(EplbError, match=r"--executor ray needs Ray: pip install 'eplb\[ray\]'"):
+        make_executor("ray")
+    assert isinstance(make_executor("local"), LocalExecutor)
+
+
+def test_cli_replay_with_ray_starts_a_local_ray(
+    log_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --ray-address: `eplb replay --executor ray` starts its own local Ray (in a fresh process, as a
+    user runs it) and prints the same summary as the local executor."""
+    args = [str(log_path), "--solver", "greedy", "--gpus", "8", "--redundant", "8", "--window", "40", "--interval",
+            "60", "--oracle-every", "4", "--json", "--no-progress"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    proc = subprocess.run([sys.executable, "-m", "eplb.cli", "replay", *args, "--executor", "ray"],
+                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    remote = json.loads(proc.stdout)
+    assert main(["replay", *args]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert remote["timing"]["parts"] >= 2  # split by layers over the local Ray's CPUs
+    assert _untimed(remote) == _untimed(local)
