@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from solvers import _kernels
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
-from solvers.torch_order import argsort_desc_like_torch
+from solvers.torch_order import argsort_desc_like_torch, sum_last_like_torch
 from solvers.validation import slot_gpu, validate_placement
 
 FloatArray = NDArray[np.floating[Any]]
@@ -316,6 +316,8 @@ def rebalance_experts(
 
     weight: [layers, E] load statistics (array-like; torch tensors accepted); num_replicas: physical
     experts, a multiple of num_gpus; hierarchical policy when num_groups % num_nodes == 0, else global.
+    Raises AssertionError where DeepSeek's function asserts (counts that do not divide, fewer physical
+    than logical experts), as callers such as vLLM's tests expect.
     Returns phy2log [layers, num_replicas], log2phy [layers, E, max replicas] (-1 padded) and
     logcnt [layers, E], all int64, identical to DeepSeek's (float32 arithmetic, same tie-breaking).
     """
@@ -335,11 +337,16 @@ def rebalance_experts(
     return phy2log, log2phy.reshape(layers, num_log, maxcnt), logcnt
 
 
+def _require(condition: bool, message: str) -> None:
+    """Fail as DeepSeek's function does where it asserts (AssertionError), also under `python -O`."""
+    if not condition:
+        raise AssertionError(message)
+
+
 def _deepseek_pack(weight: NDArray[np.float32], num_packs: int) -> tuple[IntArray, IntArray]:
     """DeepSeek's balanced_packing: equal item counts per pack; one item per pack keeps item order."""
     rows, n = weight.shape
-    if n % num_packs:
-        raise ValueError(f"{n} items do not split evenly over {num_packs} packs")
+    _require(n % num_packs == 0, f"{n} items do not split evenly over {num_packs} packs")
     if n == num_packs:
         return np.broadcast_to(np.arange(n), (rows, n)).copy(), np.zeros((rows, n), dtype=np.int64)
     capacity = np.full((rows, num_packs), n // num_packs, dtype=np.int64)
@@ -356,12 +363,15 @@ def _deepseek_hierarchical(
         ("GPUs", num_gpus, num_nodes),
         ("physical experts", num_physical, num_gpus),
     ):
-        if a % b:
-            raise ValueError(f"{what} ({a}) must be a multiple of {b}")
+        _require(a % b == 0, f"{what} ({a}) must be a multiple of {b}")
+    _require(num_physical >= num_log, f"{num_physical} physical experts cannot hold {num_log} logical experts")
     group_size = num_log // num_groups
     per_gpu = num_physical // num_gpus
-    group_load = weight.reshape(layers, num_groups, group_size).sum(axis=2, dtype=np.float32)
-    node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
+    if num_groups == num_nodes:  # one group per node: no packing, the sums are not needed
+        node_of_group, rank_in_node = _deepseek_pack(weight[:, :num_groups], num_nodes)
+    else:  # group sums added in torch's order: float32 sums above 2^24 round as DeepSeek's do
+        group_load = sum_last_like_torch(weight.reshape(-1, group_size)).reshape(layers, num_groups)
+        node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
     log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
     mlog2log = _inverse(log2mlog)
     mlog_load = np.take_along_axis(weight, mlog2log, axis=1).reshape(-1, num_log // num_nodes)
@@ -408,5 +418,8 @@ class DeepSeekSolver(Solver):
         nodes = num_gpus // problem.gpus_per_node if problem.gpus_per_node else 1
         groups = problem.num_groups if problem.hierarchical else 1
         assert groups is not None
-        phy2log, _, _ = rebalance_experts(problem.loads, int(slots.sum()), groups, nodes, num_gpus)
+        try:
+            phy2log, _, _ = rebalance_experts(problem.loads, int(slots.sum()), groups, nodes, num_gpus)
+        except AssertionError as exc:  # DeepSeek's way to refuse; callers of a solver expect ValueError
+            raise ValueError(f"deepseek: {exc}") from None
         return Solution(phy2log.astype(np.int64), status="heuristic")

@@ -51,6 +51,13 @@ def test_hierarchical_and_uneven_budget(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["solve", "--memory-budget-gib", budget, "--gpus-per-node", "8", "--groups", "8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["placement"]["slots_per_gpu"] == [8] * 16 + [10] * 16
+    # group-to-node locality: each of the 8 expert groups (32 experts) sits on one node, two groups per node
+    phy2log = np.asarray(data["placement"]["phy2log"])
+    node_of_slot = np.repeat(np.arange(32) // 8, data["placement"]["slots_per_gpu"])
+    for layer in phy2log:
+        nodes_of_group = [set(node_of_slot[layer // 32 == group].tolist()) for group in range(8)]
+        assert all(len(nodes) == 1 for nodes in nodes_of_group)
+        assert sorted(next(iter(nodes)) for nodes in nodes_of_group) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from eplb.placement import Placement
 from eplb.synth import SEED004_TABLE, seed004_counts
 from solvers.bounds import lower_bound
 from solvers.greedy import rebalance_experts, solve_greedy
+from solvers.torch_order import sum_last_like_torch
 from solvers.validation import duplicate_count, validate_placement
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -62,6 +64,36 @@ def test_edge_cases_single_gpu_equal_weights_and_global_fallback() -> None:
     global_policy = rebalance_experts(weight, 20, 1, 1, 4)
     for a, b in zip(fallback, global_policy, strict=True):
         assert a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize(
+    ("num_replicas", "num_groups", "num_nodes", "num_gpus", "message"),
+    [
+        (7, 1, 1, 4, "physical experts (7) must be a multiple of 4"),  # vLLM's test: 7 slots on 4 GPUs
+        (16, 3, 1, 4, "experts (8) must be a multiple of 3"),
+        (16, 4, 2, 3, "GPUs (3) must be a multiple of 2"),
+        (4, 1, 1, 2, "4 physical experts cannot hold 8 logical experts"),
+    ],
+)
+def test_refuses_with_assertion_error_where_deepseek_asserts(
+    num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int, message: str
+) -> None:
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        rebalance_experts(np.ones((2, 8)), num_replicas, num_groups, num_nodes, num_gpus)
+
+
+def test_group_sums_follow_torch_order_above_2_24() -> None:
+    """Groups with the same exact token sum: float32 rounding, in torch's order, decides the node packing."""
+    group = np.array([16777259, 33554467, 50331653, 67108879, 83886091, 100663319, 117440509, 134217689.0])
+    rng = np.random.default_rng(5)
+    weight = np.concatenate([rng.permutation(group) for _ in range(4)])[None, :].astype(np.float32)
+    sums = sum_last_like_torch(weight.reshape(4, 8))
+    # torch adds 8-float rows as one 8-lane vector, then the lanes in order: here that is the plain left fold
+    left_fold = np.zeros(4, dtype=np.float32)
+    for k in range(8):
+        left_fold += weight.reshape(4, 8)[:, k]
+    assert sums.tolist() == left_fold.tolist()
+    assert len(set(sums.tolist())) > 1  # equal exact sums, different float32 sums: the order matters
 
 
 def test_accepts_tensor_like_objects_without_torch() -> None:
