@@ -74,6 +74,9 @@ def test_deployments_sync(base: str) -> None:
         exported = eplb.export("client-sync", "trtllm")
         assert exported["num_slots"] == 80
         assert "client-sync" in [d.name for d in eplb.deployments()]
+        from eplb.cli import main
+
+        assert main(["deployments", "history", "client-sync", "--url", base, "--api-key", KEY, "--json"]) == 0
         eplb.delete_deployment("client-sync")
         with pytest.raises(ServiceError, match="404"):
             eplb.deployment("client-sync")

@@ -4,8 +4,10 @@ and the HTTP routes over the same database."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -259,3 +261,23 @@ def test_http_walkthrough(client: TestClient) -> None:
     short = client.post("/deployments/x/windows", json={"loads": [[1.0, 2.0]]})
     assert short.status_code == 422 and "64" in short.json()["detail"]
 
+
+
+def test_cli_reads_the_database(store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from eplb.cli import main
+
+    dep.register(store, "cli", config(threshold=1.1))
+    for phase in (0, 0, 1):
+        dep.process_window(store, "cli", window(phase))
+    assert main(["deployments", "list", "--database-url", db_url]) == 0
+    assert "cli " in capsys.readouterr().out
+    assert main(["deployments", "show", "cli", "--database-url", db_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["windows"] == 3
+    assert main(["deployments", "history", "cli", "--database-url", db_url, "--limit", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "rebalanced" in out[1] and "kept" in out[2] and "--before" in out[3]
+    png = tmp_path / "history.png"
+    assert main(["history", "cli", "--database-url", db_url, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "3 events" in capsys.readouterr().out
+    assert main(["deployments", "show", "gone", "--database-url", db_url]) == 2
+    assert "no deployment named 'gone'" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from eplb.errors import EplbError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eplb.cli import compare, cost, interop, logs, replay, serve, solve
+    from eplb.cli import compare, cost, deployments, interop, logs, replay, serve, solve
 
     parser = argparse.ArgumentParser(
         prog="eplb",
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     interop.register(sub)
     logs.register(sub)
     serve.register(sub)
+    deployments.register(sub)
     return parser
 
 

@@ -1,0 +1,225 @@
+"""`eplb deployments list|show|history` and `eplb history NAME --plot FILE`: read deployments from a running
+service (--url) or straight from its database (--database-url, default EPLB_DATABASE_URL or the SQLite file
+in EPLB_DATA_DIR)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from eplb.deployments import DeploymentView, HistoryEntry, HistoryPage
+from eplb.errors import EplbError
+
+if TYPE_CHECKING:
+    from eplb.client import Client
+    from eplb.store import Store
+
+GIB = 1024**3
+
+
+class _Source:
+    """Deployments from the service (HTTP) or from the database, as the same models."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.url, self.database_url = args.url, args.database_url
+        self.api_key = args.api_key or os.environ.get("EPLB_API_KEY")
+        if self.url and self.database_url:
+            raise EplbError("give --url or --database-url, not both")
+        self._opened: Store | None = None
+
+    def list(self) -> list[DeploymentView]:
+        if self.url:
+            with self._client() as client:
+                return client.deployments()
+        from eplb import deployments
+
+        return deployments.list_all(self._store())
+
+    def show(self, name: str) -> DeploymentView:
+        if self.url:
+            with self._client() as client:
+                return client.deployment(name)
+        from eplb import deployments
+
+        return deployments.get(self._store(), name)
+
+    def history(self, name: str, limit: int, before: int | None) -> HistoryPage:
+        if self.url:
+            with self._client() as client:
+                return client.history(name, limit, before)
+        from eplb import deployments
+
+        return deployments.history(self._store(), name, limit, before)
+
+    def all_history(self, name: str) -> Iterator[HistoryEntry]:
+        before = None
+        while True:
+            page = self.history(name, 1000, before)
+            yield from page.entries
+            if page.next is None:
+                return
+            before = page.next
+
+    def _client(self) -> Client:
+        from eplb.client import Client
+
+        return Client(self.url, api_key=self.api_key)
+
+    def _store(self) -> Store:
+        from eplb.store import open_store
+
+        if self._opened is None:
+            self._opened = open_store(self.database_url)
+        return self._opened
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("where the deployments are")
+    src.add_argument("--url", metavar="URL", help="a running service, e.g. http://127.0.0.1:8000")
+    src.add_argument("--api-key", metavar="KEY", help="the service's API key (default: EPLB_API_KEY)")
+    src.add_argument("--database-url", metavar="URL",
+                     help="the service's database (default: EPLB_DATABASE_URL, else SQLite in EPLB_DATA_DIR)")
+
+
+def _history_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="deployment name")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="entries to show, newest first (default 50)")
+    p.add_argument("--before", type=int, metavar="ID", help="entries older than this id (a page's next)")
+    p.add_argument("--json", action="store_true", help="print the page as JSON")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `deployments` (list, show, history) and `history`."""
+    p = subparsers.add_parser("deployments", help="list and inspect the deployments the service remembers",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = sub.add_parser("list", help="every deployment: model, GPUs, windows, last rebalance")
+    ls.add_argument("--json", action="store_true", help="print the deployments as JSON")
+    show = sub.add_parser("show", help="one deployment's config and current placement")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="print the deployment (with its placement) as JSON")
+    hist = sub.add_parser("history", help="one deployment's events, newest first")
+    _history_args(hist)
+    for q in (ls, show, hist):
+        _source_args(q)
+    ls.set_defaults(func=run_list)
+    show.set_defaults(func=run_show)
+    hist.set_defaults(func=run_history)
+
+    h = subparsers.add_parser("history", help="a deployment's history; --plot draws predicted lb and moves (PNG)",
+                              description="A deployment's events, newest first; with --plot, a PNG of the "
+                              "predicted lb before and after each window and the expert copies of each rebalance.")
+    _history_args(h)
+    h.add_argument("--plot", metavar="FILE.png", help="draw the whole history into this PNG")
+    _source_args(h)
+    h.set_defaults(func=run_history)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    views = _Source(args).list()
+    if args.json:
+        print(json.dumps([v.model_dump(mode="json", exclude={"placement"}) for v in views], indent=2))
+        return 0
+    if not views:
+        print("no deployments")
+        return 0
+    print(f"{'name':<24} {'model':<20} {'hardware':<9} {'GPUs':>5} {'slots':>6} {'windows':>8} {'rebalanced':>10} "
+          f"{'trigger':<9}")
+    for v in views:
+        slots = "-" if v.placement is None else str(sum(v.placement.slots_per_gpu))
+        last = "-" if v.last_rebalance is None else f"#{v.last_rebalance}"
+        print(f"{v.name:<24} {v.config.model:<20} {v.config.hardware:<9} {v.config.cluster.num_gpus:>5} {slots:>6} "
+              f"{v.windows:>8} {last:>10} {v.config.policy.trigger:<9}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    view = _Source(args).show(args.name)
+    if args.json:
+        print(json.dumps(view.model_dump(mode="json", exclude_none=True), indent=2))
+        return 0
+    print(f"deployment {view.name}: {view.windows} windows, last rebalance "
+          f"{'never' if view.last_rebalance is None else f'at window {view.last_rebalance}'}")
+    print(f"  created {_when(view.created_at)}, updated {_when(view.updated_at)}")
+    print("  config " + json.dumps(view.config.model_dump(mode="json", exclude_none=True)))
+    if view.placement is None:
+        print("  placement: none yet (send a window)")
+    else:
+        p = view.placement
+        print(f"  placement: {len(p.phy2log)} layers, {p.num_experts} experts on {p.num_gpus} GPUs, "
+              f"{sum(p.slots_per_gpu)} slots (show --json prints phy2log)")
+    return 0
+
+
+def run_history(args: argparse.Namespace) -> int:
+    source = _Source(args)
+    if getattr(args, "plot", None):
+        entries = list(source.all_history(args.name))
+        _plot(args.name, entries, args.plot)
+        print(f"wrote {args.plot} ({len(entries)} events)")
+        return 0
+    page = source.history(args.name, args.limit, args.before)
+    if args.json:
+        print(json.dumps(page.model_dump(mode="json", exclude_none=True), indent=2))
+        return 0
+    print(f"{'id':>6} {'window':>6} {'time':<19} {'action':<10} {'lb before':>9} {'lb after':>9} "
+          f"{'step us before':>14} {'after':>9} {'moves':>6} {'GiB':>7} {'solver':<12} reason")
+    for e in page.entries:
+        print(f"{e.id:>6} {e.seq:>6} {_when(e.at):<19} {e.action:<10} {_num(e.lb_before, 4):>9} "
+              f"{_num(e.lb_after, 4):>9} {_num(e.time_before_us, 1):>14} {_num(e.time_after_us, 1):>9} "
+              f"{_num(e.moves, 0):>6} {_num(None if e.bytes_moved is None else e.bytes_moved / GIB, 2):>7} "
+              f"{(e.solver or '-'):<12} {e.reason}")
+    if page.next is not None:
+        print(f"(older: --before {page.next})")
+    return 0
+
+
+def _plot(name: str, entries: list[HistoryEntry], path: str) -> None:
+    """Predicted lb before/after per window (top) and expert copies per event (bottom), oldest first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not entries:
+        raise EplbError(f"deployment {name!r} has no history to plot")
+    entries = sorted(entries, key=lambda e: e.id)
+    windows = [e for e in entries if e.action != "applied"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=[2, 1])
+    top.plot([e.seq for e in windows], [e.lb_before for e in windows], "o-", color="tab:red", ms=3,
+             label="serving placement (before)")
+    top.plot([e.seq for e in windows], [e.lb_after for e in windows], "o-", color="tab:blue", ms=3,
+             label="after the decision")
+    top.axhline(1.0, color="grey", lw=0.8, ls=":")
+    top.set_ylabel("predicted lb (mean over layers)")
+    top.legend(loc="upper right")
+    top.set_title(f"deployment {name}: predicted load balance and expert copies per window")
+    colors = {"placed": "tab:green", "rebalanced": "tab:blue", "kept": "lightgrey", "applied": "tab:orange"}
+    for action, color in colors.items():
+        chosen = [e for e in entries if e.action == action]
+        if chosen:
+            bottom.bar([e.seq for e in chosen], [e.moves or 0 for e in chosen], color=color, label=action, width=0.6)
+    bottom.set_ylabel("expert copies")
+    bottom.set_xlabel("window")
+    bottom.legend(loc="upper right", ncols=4)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise EplbError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _num(value: float | int | None, digits: int) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if digits else str(int(value))
