@@ -34,7 +34,8 @@ class Problem:
     loads: [L, E] tokens per logical expert over the window; slots_per_gpu: [G] slots per GPU;
     num_groups, gpus_per_node: the hierarchical policy (expert groups kept within nodes) when both are set;
     current_phy2log: [L, P] the placement being served (migration-aware and incremental solvers use it);
-    scenarios: [S, L, E] recent sub-windows (robust objectives), None for the window alone.
+    scenarios: [S, L, E] recent sub-windows (robust objectives), None for the window alone;
+    coactivation: [L, E, E] tokens that chose both experts (co-activation-aware solvers), or None.
     """
 
     loads: FloatArray
@@ -43,6 +44,7 @@ class Problem:
     gpus_per_node: int | None = None
     current_phy2log: IntArray | None = None
     scenarios: FloatArray | None = None
+    coactivation: FloatArray | None = None
 
     @property
     def hierarchical(self) -> bool:
@@ -78,7 +80,8 @@ class Capabilities:
     """hierarchical: honours group-to-node locality; uneven_slots: GPUs may have different slot counts;
     current: uses the serving placement; requires_current: cannot run without it; shares: may return
     weighted shares; aligned: its output is already labelled to overlap the serving placement (no GPU
-    relabelling afterwards); ep_beyond_experts: handles more GPUs than experts."""
+    relabelling afterwards); ep_beyond_experts: handles more GPUs than experts; coactivation: needs
+    `Problem.coactivation`."""
 
     hierarchical: bool = False
     uneven_slots: bool = True
@@ -87,6 +90,7 @@ class Capabilities:
     shares: bool = False
     aligned: bool = False
     ep_beyond_experts: bool = True
+    coactivation: bool = False
 
 
 @dataclass
@@ -186,6 +190,9 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
         )
     if options.robust and (problem.scenarios is None or problem.scenarios.shape[1:] != loads.shape):
         raise SolverError("robust needs scenarios: [S, layers, experts] recent sub-windows of the loads")
+    pairs = problem.coactivation
+    if caps.coactivation and (pairs is None or pairs.shape != (loads.shape[0], num_experts, num_experts)):
+        raise SolverError(f"solver {name!r} needs co-activation pair counts [layers, E, E] (from a token-level log)")
     if caps.requires_current and problem.current_phy2log is None:
         raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
     for opt in ("time_limit_s", "total_time_limit_s", "target_lb"):
@@ -232,3 +239,4 @@ register("deepseek", "solvers.greedy:DeepSeekSolver")
 register("milp", "solvers.milp:MilpSolver")
 register("milp-weighted", "solvers.milp:WeightedMilpSolver")
 register("incremental", "solvers.incremental:IncrementalSolver")
+register("greedy-coact", "solvers.coactivation:CoactGreedySolver")

@@ -1,0 +1,349 @@
+"""Expert co-activation: which experts a token chooses together, and what that costs a placement.
+
+A token is dispatched once to every GPU (and, across nodes, once to every node) that holds one of the
+replicas its top-k picks are routed to, so its all-to-all copies are the number of *distinct* GPUs
+its k experts land on, not k. Co-activated experts placed together cut that number.
+
+Three views of the same quantity, from most to least data:
+
+- exact, from token-level routing (`topk_ids [tokens, layers, k]`, docs/formats.md): `copies_per_token`
+  routes every token with a replica-selection rule and counts distinct GPUs and nodes;
+- the pair counts `pair_counts` ([layers, E, E], `eplb.io.logs.coactivation`), the input of the
+  co-activation-aware solver (`solvers/coactivation.py`);
+- a compact `CoactivationSummary` a cluster can send per window: per layer and expert, its load and its
+  `m` most frequent partners with their pair counts (E x m ids and counts instead of E x E), from which
+  `approx_copies_per_token` estimates the expected distinct GPUs (docs/cost-model.md, "Co-activation").
+
+Replica selection (which replica of an expert with several a token uses) changes the copies:
+- "vllm": vLLM's rule, replica (flat position of the pick in topk_ids) mod (replica count);
+- "sglang": SGLang's static dispatch, a replica on the token's own GPU if there is one, else a fixed
+  replica per (source GPU, expert), spread round robin over source GPUs;
+- "coact": ours, a replica on a GPU the token already goes to (its own GPU or one of its single-replica
+  experts' GPUs) if there is one, else vLLM's choice.
+A token's source GPU is its position in its step modulo G (data-parallel ranks own interleaved tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from eplb.errors import EplbError
+from eplb.io.logs import coactivation as _coactivation
+from eplb.io.logs import open_log
+
+__all__ = [
+    "RULES",
+    "CoactivationSummary",
+    "CopyStats",
+    "approx_copies_per_token",
+    "copies_per_token",
+    "pair_counts",
+    "read_topk",
+    "replica_gpus",
+    "summarize",
+]
+
+RULES = ("vllm", "sglang", "coact")
+IntArray = NDArray[np.int64]
+F64 = NDArray[np.float64]
+
+
+def read_topk(path: str | Path) -> tuple[NDArray[np.int16], IntArray]:
+    """A token-level log (eplb.topk/v1 `.npz`, validated by `open_log`) in memory:
+    (topk_ids [tokens, layers, k] int16, step_offsets [steps + 1])."""
+    log = open_log(path)
+    if log.info.kind != "topk":
+        raise EplbError(f"{path}: co-activation needs a token-level log (topk_ids), not {log.info.kind}")
+    for _ in log.iter_counts(4096):  # validates ids and offsets
+        pass
+    with np.load(path) as z:
+        return np.asarray(z["topk_ids"], dtype=np.int16), np.asarray(z["step_offsets"], dtype=np.int64)
+
+
+def pair_counts(topk_ids: ArrayLike, num_experts: int) -> IntArray:
+    """Co-activation [layers, E, E]: (l, i, j), i != j, tokens whose layer-l top-k holds both i and j;
+    the diagonal holds each expert's load. topk_ids: [tokens, layers, k]."""
+    return _coactivation(topk_ids, num_experts)
+
+
+@dataclass(frozen=True)
+class CopyStats:
+    """Dispatch copies per token, means over tokens, per layer ([L] each).
+
+    gpus: distinct GPUs a token's top-k is sent to (its own GPU included); remote_gpus: those other than
+    the token's own GPU (the copies that cross a link); nodes: distinct nodes; remote_nodes: nodes other
+    than the token's own (inter-node copies)."""
+
+    gpus: F64
+    remote_gpus: F64
+    nodes: F64
+    remote_nodes: F64
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k).tolist() for k in ("gpus", "remote_gpus", "nodes", "remote_nodes")}
+
+
+def _gpu_of_slot(slots_per_gpu: IntArray) -> IntArray:
+    return np.repeat(np.arange(slots_per_gpu.size, dtype=np.int64), slots_per_gpu)
+
+
+def _replica_table(phy2log: IntArray, slots_per_gpu: IntArray, num_experts: int) -> tuple[IntArray, IntArray]:
+    """(gpus [E, R] GPU of each replica in slot order, -1 padded; count [E]) of one layer."""
+    gpu = _gpu_of_slot(slots_per_gpu)
+    valid = phy2log >= 0
+    count = np.bincount(phy2log[valid], minlength=num_experts).astype(np.int64)
+    width = max(int(count.max(initial=0)), 1)
+    table = np.full((num_experts, width), -1, dtype=np.int64)
+    order = np.argsort(np.where(valid, phy2log, num_experts), kind="stable")[: int(valid.sum())]
+    experts = phy2log[order]
+    rank = np.arange(order.size) - np.searchsorted(experts, experts, side="left")
+    table[experts, rank] = gpu[order]
+    return table, count
+
+
+def replica_gpus(
+    topk_ids: ArrayLike, phy2log: ArrayLike, slots_per_gpu: ArrayLike, num_experts: int, rule: str = "vllm"
+) -> IntArray:
+    """GPU each pick is served on: [tokens, layers, k] from topk_ids [tokens, layers, k], phy2log [L, P]
+    (one placement per layer) and slots_per_gpu [G], with replica-selection `rule` (module docstring)."""
+    if rule not in RULES:
+        raise EplbError(f"unknown replica rule {rule!r}: choose one of {', '.join(RULES)}")
+    ids = np.asarray(topk_ids).astype(np.int64)
+    p2l = np.asarray(phy2log, dtype=np.int64)
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    if p2l.ndim == 1:
+        p2l = p2l[None, :]
+    if ids.ndim != 3 or ids.shape[1] != p2l.shape[0]:
+        raise EplbError(f"topk_ids must be [tokens, {p2l.shape[0]} layers, k], got shape {list(ids.shape)}")
+    if p2l.shape[1] != int(slots.sum()):
+        raise EplbError(f"slots_per_gpu sums to {int(slots.sum())} but phy2log has {p2l.shape[1]} slots")
+    tokens, layers, k = ids.shape
+    num_gpus = slots.size
+    source = np.arange(tokens, dtype=np.int64) % num_gpus  # [T]
+    out = np.empty_like(ids)
+    flat_pos = (np.arange(tokens, dtype=np.int64)[:, None] * k + np.arange(k)[None, :])  # [T, k]
+    for layer in range(layers):
+        table, count = _replica_table(p2l[layer], slots, num_experts)
+        e = ids[:, layer, :]
+        if (count[e] == 0).any():
+            bad = int(e[count[e] == 0][0])
+            raise EplbError(f"layer {layer}: expert {bad} is routed to but has no slot in phy2log")
+        cnt = count[e]
+        vllm = table[e, flat_pos % cnt]
+        if rule == "vllm" or table.shape[1] == 1:
+            out[:, layer, :] = vllm
+            continue
+        reps = table[e]  # [T, k, R]
+        valid = reps >= 0
+        if rule == "sglang":
+            local = valid & (reps == source[:, None, None])
+            fixed = table[e, source[:, None] % cnt]
+            out[:, layer, :] = np.where(local.any(axis=2), source[:, None], fixed)
+            continue
+        # coact: prefer a GPU the token already visits (own GPU, single-replica experts' GPUs)
+        single = cnt == 1
+        visited = np.zeros((tokens, num_gpus), dtype=bool)
+        visited[np.arange(tokens), source] = True
+        rows = np.broadcast_to(np.arange(tokens)[:, None], e.shape)
+        visited[rows[single], reps[:, :, 0][single]] = True
+        hit = valid & np.take_along_axis(visited, np.where(valid, reps, 0).reshape(tokens, -1), axis=1).reshape(
+            reps.shape
+        )
+        first_hit = np.take_along_axis(reps, np.argmax(hit, axis=2)[:, :, None], axis=2)[:, :, 0]
+        out[:, layer, :] = np.where(hit.any(axis=2), first_hit, vllm)
+    return out
+
+
+def _distinct(a: IntArray) -> IntArray:
+    """Distinct values per row of a [..., k] array: [...]."""
+    s = np.sort(a, axis=-1)
+    out: IntArray = 1 + (np.diff(s, axis=-1) != 0).sum(axis=-1)
+    return out
+
+
+def copies_per_token(
+    topk_ids: ArrayLike,
+    phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    num_experts: int,
+    *,
+    gpus_per_node: int | None = None,
+    rule: str = "vllm",
+) -> CopyStats:
+    """Exact mean dispatch copies per token and layer of a placement on token-level routing.
+
+    topk_ids: [tokens, L, k]; phy2log: [L, P]; slots_per_gpu: [G]; gpus_per_node: None = one node.
+    Each token's picks go to the replicas `rule` chooses; copies = distinct GPUs (nodes) among them."""
+    ids = np.asarray(topk_ids)
+    if ids.ndim != 3 or ids.shape[0] == 0:
+        raise EplbError(f"topk_ids must be a non-empty [tokens, layers, k] array, got shape {list(ids.shape)}")
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    gpus = replica_gpus(ids, phy2log, slots, num_experts, rule)  # [T, L, k]
+    num_gpus = slots.size
+    per_node = gpus_per_node or num_gpus
+    if num_gpus % per_node:
+        raise EplbError(f"{num_gpus} GPUs do not split into nodes of {per_node}")
+    source = (np.arange(ids.shape[0], dtype=np.int64) % num_gpus)[:, None, None]
+    with_src = np.concatenate([gpus, np.broadcast_to(source, (*gpus.shape[:2], 1))], axis=2)
+    n_gpu = _distinct(gpus)
+    n_gpu_src = _distinct(with_src)
+    nodes = gpus // per_node
+    n_node = _distinct(nodes)
+    n_node_src = _distinct(with_src // per_node)
+    # remote = distinct destinations other than the source: |D ∪ {s}| - 1
+    return CopyStats(
+        gpus=n_gpu.mean(axis=0),
+        remote_gpus=(n_gpu_src - 1).mean(axis=0),
+        nodes=n_node.mean(axis=0),
+        remote_nodes=(n_node_src - 1).mean(axis=0),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The compact summary
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoactivationSummary:
+    """What a cluster sends per window instead of E x E pair counts per layer.
+
+    tokens: [L] tokens routed; top_k: k; loads: [L, E] picks per expert; partners: [L, E, m] each expert's
+    m most frequent co-activated experts (most frequent first, -1 where it has fewer); counts: [L, E, m]
+    tokens that chose both. Size: L x E x (2m + 1) numbers (m = 8, E = 256: 17 numbers per expert against 256).
+    """
+
+    tokens: IntArray
+    top_k: int
+    loads: IntArray
+    partners: IntArray
+    counts: IntArray
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.loads.shape[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (lists)."""
+        return {
+            "format": "eplb.coactivation-summary/v1",
+            "tokens": self.tokens.tolist(),
+            "top_k": self.top_k,
+            "loads": self.loads.tolist(),
+            "partners": self.partners.tolist(),
+            "counts": self.counts.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CoactivationSummary:
+        """Inverse of `to_dict`; EplbError naming the field on bad input."""
+        try:
+            tokens = np.asarray(d["tokens"], dtype=np.int64)
+            loads = np.asarray(d["loads"], dtype=np.int64)
+            partners = np.asarray(d["partners"], dtype=np.int64)
+            counts = np.asarray(d["counts"], dtype=np.int64)
+            top_k = int(d["top_k"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EplbError(f"co-activation summary: missing or non-numeric field ({exc})") from None
+        if loads.ndim != 2 or partners.ndim != 3 or partners.shape != counts.shape or partners.shape[:2] != loads.shape:
+            raise EplbError("co-activation summary: loads must be [L, E], partners and counts [L, E, m]")
+        if tokens.shape != (loads.shape[0],):
+            raise EplbError(f"co-activation summary: tokens must be [{loads.shape[0]}] (one per layer)")
+        if partners.size and (partners.min() < -1 or partners.max() >= loads.shape[1]):
+            raise EplbError(f"co-activation summary: partners must be expert ids in 0..{loads.shape[1] - 1} or -1")
+        return cls(tokens, top_k, loads, partners, counts)
+
+    def pair_estimate(self) -> F64:
+        """Estimated pair counts [L, E, E] (zero diagonal): listed pairs exact; each expert's unlisted
+        pair mass (load x (k - 1) minus its listed counts) spread over its unlisted partners in
+        proportion to their loads; the two directions' estimates of an unlisted pair averaged."""
+        layers, num_experts = self.loads.shape
+        est = np.zeros((layers, num_experts, num_experts))
+        listed = np.zeros((layers, num_experts, num_experts), dtype=bool)
+        li, ei, mi = np.nonzero(self.partners >= 0)
+        pj = self.partners[li, ei, mi]
+        listed[li, ei, pj] = True
+        listed[li, pj, ei] = True
+        exact = np.zeros_like(est)
+        exact[li, ei, pj] = self.counts[li, ei, mi]
+        exact[li, pj, ei] = self.counts[li, ei, mi]
+        loads = self.loads.astype(np.float64)
+        listed_sum = np.where(listed, exact, 0.0).sum(axis=2)
+        rest = np.maximum(loads * (self.top_k - 1) - listed_sum, 0.0)  # [L, E]
+        eye = np.eye(num_experts, dtype=bool)[None]
+        weight = np.where(listed | eye, 0.0, loads[:, None, :])
+        denom = weight.sum(axis=2, keepdims=True)
+        spread = np.divide(rest[:, :, None] * weight, denom, out=np.zeros_like(est), where=denom > 0)
+        est = np.where(listed, exact, (spread + spread.transpose(0, 2, 1)) / 2)
+        est[:, eye[0]] = 0.0
+        return est
+
+
+def summarize(topk_ids: ArrayLike, num_experts: int, partners: int = 8) -> CoactivationSummary:
+    """The compact summary of token-level routing topk_ids [tokens, L, k]: top-`partners` per expert."""
+    ids = np.asarray(topk_ids)
+    if ids.ndim != 3:
+        raise EplbError(f"topk_ids must be [tokens, layers, k], got shape {list(ids.shape)}")
+    if partners < 1:
+        raise EplbError(f"partners must be >= 1, got {partners}")
+    pairs = pair_counts(ids, num_experts)
+    idx = np.arange(num_experts)
+    loads = pairs[:, idx, idx].copy()
+    off = pairs.copy()
+    off[:, idx, idx] = -1
+    m = min(partners, num_experts - 1)
+    top = np.argsort(-off, axis=2, kind="stable")[:, :, :m]
+    cnt = np.take_along_axis(off, top, axis=2)
+    top = np.where(cnt > 0, top, -1)
+    cnt = np.maximum(cnt, 0)
+    tokens = np.full(ids.shape[1], ids.shape[0], dtype=np.int64)
+    return CoactivationSummary(tokens, int(ids.shape[2]), loads, top.astype(np.int64), cnt.astype(np.int64))
+
+
+def _replica_fraction(phy2log: IntArray, slots: IntArray, num_experts: int) -> F64:
+    """[L, E, G] fraction of each expert's replicas on each GPU (uniform shares)."""
+    layers = phy2log.shape[0]
+    gpu = _gpu_of_slot(slots)
+    frac = np.zeros((layers, num_experts, slots.size))
+    for layer in range(layers):
+        row = phy2log[layer]
+        ok = row >= 0
+        np.add.at(frac[layer], (row[ok], gpu[ok]), 1.0)
+    total = frac.sum(axis=2, keepdims=True)
+    out: F64 = np.divide(frac, total, out=np.zeros_like(frac), where=total > 0)
+    return out
+
+
+def approx_copies_per_token(
+    summary: CoactivationSummary, phy2log: ArrayLike, slots_per_gpu: ArrayLike, gpus_per_node: int | None = None
+) -> tuple[F64, F64]:
+    """Expected distinct GPUs and nodes per token [L] each, from the summary (uniform replica choice).
+
+    Per GPU (node) g, with p_e = load_e / tokens and f_eg the fraction of e's replicas on g:
+    P(token reaches g) = 1 - prod_e (1 - f_eg p_e) x exp(sum_{i<j} f_ig f_jg (c_ij / tokens - p_i p_j)):
+    independent picks corrected by the pairs' excess co-activation (c_ij from `pair_estimate`)."""
+    p2l = np.asarray(phy2log, dtype=np.int64)
+    if p2l.ndim == 1:
+        p2l = p2l[None, :]
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    if p2l.shape[0] != summary.loads.shape[0]:
+        raise EplbError(f"phy2log has {p2l.shape[0]} layers but the summary has {summary.loads.shape[0]}")
+    frac = _replica_fraction(p2l, slots, summary.num_experts)  # [L, E, G]
+    per_node = gpus_per_node or slots.size
+    node_frac = frac.reshape(frac.shape[0], frac.shape[1], -1, per_node).sum(axis=3)
+    tokens = np.maximum(summary.tokens.astype(np.float64), 1.0)[:, None]
+    p = np.minimum(summary.loads / tokens, 1.0)  # [L, E]
+    excess = summary.pair_estimate() / tokens[:, :, None] - p[:, :, None] * p[:, None, :]  # [L, E, E]
+
+    def reached(f: F64) -> F64:
+        log_none = np.log1p(-np.minimum(f * p[:, :, None], 1 - 1e-12)).sum(axis=1)  # [L, G]
+        pair = np.einsum("lig,lij,ljg->lg", f, excess, f) / 2
+        out: F64 = (1.0 - np.exp(log_none + pair)).clip(0.0, 1.0).sum(axis=1)
+        return out
+
+    return reached(frac), reached(node_frac)
