@@ -1,9 +1,10 @@
 """The placement service: `create_app()` builds the FastAPI app (`eplb serve` runs it with uvicorn).
 
 Layout (FastAPI's full-stack template): routes are APIRouter modules in api/routes/ (placement, jobs, meta);
-the objects they share (settings, solver pool, job store, metrics) are dependencies in api/deps.py, kept on
-`app.state`; api/middleware.py checks the API key and the body size before any body is read; api/convert.py
-is the worker side (parse, validate, solve, serialize); api/problems.py renders every error as RFC 9457."""
+the objects they share (settings, solver pool, parser process, job store, metrics) are dependencies in
+api/deps.py, kept on `app.state`; api/middleware.py checks the API key and the body size before any body is
+read; api/convert.py is the worker side (parse and validate in the parser process, solve and serialize in a
+solver process); api/problems.py renders every error as RFC 9457 problem details."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from api.jobs import JobStore, MemoryJobStore
 from api.metrics import Metrics
 from api.middleware import Gate
 from api.pool import SolvePool
-from api.problems import PROBLEM, install_handlers
+from api.problems import ERRORS, PROBLEM, install_handlers
 from api.routes import deployments, jobs, meta, placement
 from api.schemas import EvaluateRequest, PlacementRequest
 from api.settings import Settings
+
+PARSE_QUEUE = 64  # request bodies that may wait for the parser process before 503
 
 
 def create_app(settings: Settings | None = None, job_store: JobStore | None = None) -> FastAPI:
@@ -29,15 +32,18 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
     settings = settings or Settings()
     metrics = Metrics()
     pool = SolvePool(settings.solver_workers, settings.queue_limit)
+    parsers = SolvePool(1, PARSE_QUEUE)  # bodies are parsed apart from solving: a busy solver delays no 202
     store = job_store or MemoryJobStore(settings.max_jobs, settings.job_ttl_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        await parsers.start()
         try:
             yield
         finally:
             await store.close()
+            await parsers.close()
             await pool.close()
 
     app = FastAPI(
@@ -49,12 +55,13 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
         "mean GPU) and per-layer time, next to the no-EPLB baseline. Errors are RFC 9457 problem details.",
         lifespan=lifespan,
     )
-    app.state.settings, app.state.pool, app.state.jobs, app.state.metrics = settings, pool, store, metrics
+    app.state.settings, app.state.metrics, app.state.jobs = settings, metrics, store
+    app.state.pool, app.state.parsers = pool, parsers
     install_handlers(app)
     for module in (placement, jobs, meta, deployments):
         app.include_router(module.router)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
-    app.add_middleware(Gate, settings=settings, metrics=metrics, router=app.router)
+    app.add_middleware(Gate, settings=settings, metrics=metrics, openapi=app.openapi)
     return app
 
 
@@ -71,6 +78,9 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             components[model.__name__] = body
         for path in schema.get("paths", {}).values():
             for op in path.values():
+                if "requestBody" in op:  # any body may fail to parse
+                    op["responses"].setdefault("400", {"description": ERRORS[400], "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
                 for status, response in op.get("responses", {}).items():
                     content = response.get("content", {})
                     if status.isdigit() and int(status) >= 400 and "application/json" in content:

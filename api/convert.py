@@ -1,8 +1,9 @@
 """Worker side of the service: request bytes in, answer bytes out.
 
-Everything CPU-bound about a request (JSON or .npy parsing, validating 15,000 numbers, solving, building and
-serializing the answer) runs here, in a solver process, so the server's event loop only moves bytes and stays
-free for /healthz and the next client. Errors become problem-details answers naming the field."""
+Everything CPU-bound about a request runs here, in other processes: JSON or .npy parsing and validating 15,000
+numbers in the parser process; solving, building and serializing the answer in a solver process. The server's
+event loop only moves bytes and stays free for /healthz and the next client. Errors become problem-details
+answers naming the field."""
 
 from __future__ import annotations
 
@@ -76,44 +77,31 @@ class SolveJob:
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Service settings the worker needs: the MILP's default budget and the budget above which it is a job."""
-
-    milp_default_time_limit_s: float
-    async_threshold_s: float
-
-
-@dataclass(frozen=True)
 class Answer:
-    """What a worker hands back: a JSON body (an answer or a problem) with its status, or, for a request that
-    runs as a job, the validated job. For /metrics: the solver, its wall time in seconds, and lb (mean, max,
-    baseline mean, baseline max)."""
+    """What a worker hands back: a JSON body (an answer or a problem) with its status, or the validated job.
+    For /metrics: the solver's wall time in seconds and lb (mean, max, baseline mean, baseline max)."""
 
     status: int
     body: bytes = b""
     job: SolveJob | None = None
-    solver: str | None = None
     seconds: float = 0.0
     lb: tuple[float, float, float, float] | None = None
 
 
-# ----- worker entry points (called through api.pool) ---------------------------------------------------------
+# ----- worker entry points (called through api.pool) -------------------------------------------------------------
 
 
-def answer_placement(body: Body, limits: Limits) -> Answer:
-    """POST /placement: solve now, or hand back the job when it must run in the background."""
+def parse_placement(body: Body, milp_default_time_limit_s: float) -> Answer:
+    """POST /placement, first half (in the parser process): the validated job, or the problem with the body."""
     try:
         request, loads = parse(PlacementRequest, body)
-        job = solve_job(request, loads, limits.milp_default_time_limit_s)
+        return Answer(200, job=solve_job(request, loads, milp_default_time_limit_s))
     except ProblemError as exc:
         return _problem(exc, body.path)
-    if job.run_async or (job.solver == "milp" and (job.time_limit_s or 0) > limits.async_threshold_s):
-        return Answer(202, job=job)
-    return answer_job(job, body.path)
 
 
 def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
-    """Solve a validated job."""
+    """POST /placement, second half (in a solver process): solve a validated job, answer with the JSON."""
     started = time.perf_counter()
     try:
         outcome = solve(
@@ -128,7 +116,7 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
         )
     except EplbError as exc:
         return _problem(ProblemError(422, "Invalid request", str(exc)), path)
-    return _answer(outcome.to_model(), job.solver, time.perf_counter() - started)
+    return _answer(outcome.to_model(), time.perf_counter() - started)
 
 
 def answer_evaluate(body: Body) -> Answer:
@@ -145,13 +133,13 @@ def answer_evaluate(body: Body) -> Answer:
         return _problem(exc, body.path)
     except EplbError as exc:
         return _problem(_as_problem(exc), body.path)
-    return _answer(outcome.to_model(), None, 0.0)
+    return _answer(outcome.to_model(), 0.0)
 
 
-def _answer(response: PlacementResponse, solver: str | None, seconds: float) -> Answer:
+def _answer(response: PlacementResponse, seconds: float) -> Answer:
     p = response.predicted
     lb = (p.lb_mean, p.lb_max, p.baseline.lb_mean, p.baseline.lb_max)
-    return Answer(200, orjson.dumps(response.to_json_dict()), solver=solver, seconds=seconds, lb=lb)
+    return Answer(200, orjson.dumps(response.to_json_dict()), seconds=seconds, lb=lb)
 
 
 def _problem(exc: ProblemError, path: str) -> Answer:

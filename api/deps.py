@@ -30,6 +30,11 @@ def get_pool(request: Request) -> SolvePool:
     return pool
 
 
+def get_parsers(request: Request) -> SolvePool:
+    pool: SolvePool = request.app.state.parsers
+    return pool
+
+
 def get_jobs(request: Request) -> JobStore:
     jobs: JobStore = request.app.state.jobs
     return jobs
@@ -42,6 +47,7 @@ def get_metrics(request: Request) -> Metrics:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 PoolDep = Annotated[SolvePool, Depends(get_pool)]
+ParsersDep = Annotated[SolvePool, Depends(get_parsers)]  # one process that parses and validates request bodies
 JobsDep = Annotated[JobStore, Depends(get_jobs)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 

@@ -4,9 +4,12 @@ refuses bodies over the limit while they stream in."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
+from typing import Any
 
-from starlette.routing import Match, Router
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.deps import key_ok
@@ -20,8 +23,10 @@ GUARDED = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # methods that change s
 class Gate:
     """ASGI middleware: metrics, then the API key, then the body limit, then the app."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, router: Router) -> None:
-        self.app, self.settings, self.metrics, self.router = app, settings, metrics, router
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics,
+                 openapi: Callable[[], dict[str, Any]]) -> None:
+        self.app, self.settings, self.metrics, self.openapi = app, settings, metrics, openapi
+        self._templates: list[tuple[re.Pattern[str], str]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,13 +96,12 @@ class Gate:
         await response(scope, receive, send)
 
     def _route(self, scope: Scope) -> str:
-        """The route's path template (the metrics label); for answers given before routing, the route the
-        request would have reached."""
+        """The route's path template (the metrics label); for answers given before routing (401, 413), the
+        documented path the request would have reached."""
         route = scope.get("route")
-        if route is None:
-            for candidate in self.router.routes:
-                match, _ = candidate.matches(scope)
-                if match == Match.FULL:
-                    route = candidate
-                    break
-        return str(getattr(route, "path", "unmatched"))
+        if route is not None:
+            return str(getattr(route, "path", "unmatched"))
+        if self._templates is None:
+            paths = self.openapi().get("paths", {})
+            self._templates = [(compile_path(path)[0], path) for path in paths]
+        return next((path for regex, path in self._templates if regex.match(scope["path"])), "unmatched")

@@ -77,6 +77,10 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        bad_json = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
+        if bad_json is not None:  # FastAPI reports it as a field at a character offset; it is a bad body
+            return problem_response(400, "Body is not JSON", f"the body is not valid JSON: {bad_json.get('msg')}",
+                                    request.url.path)
         error = invalid(field_errors(exc.errors()))
         return problem_response(422, error.title, error.detail, request.url.path, errors=error.errors)
 
@@ -93,13 +97,13 @@ def install_handlers(app: FastAPI) -> None:
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """The methods some route answers on the request's path."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
-    return sorted(methods)
+    """The methods some route answers on the request's path (each method tried against the app's routes)."""
+    allowed = []
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:

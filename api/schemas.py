@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eplb.schemas import PlacementResponse
+from eplb.solve import DEFAULT_TOKENS_PER_GPU
 
 EXAMPLE_LOADS: list[Any] = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]
 EXAMPLE_PHY2LOG: list[Any] = [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
@@ -103,8 +104,9 @@ class CostIn(BaseModel):
     link: str = Field(
         "nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s per GPU per direction"
     )
-    tokens_per_gpu: float | None = Field(
-        None, gt=0, le=1e9, description="tokens per GPU in one step; absent: the window is taken as one step"
+    tokens_per_gpu: float = Field(
+        DEFAULT_TOKENS_PER_GPU, gt=0, le=1e9,
+        description="tokens per GPU in one step, for the time prediction (default 4,096, as `eplb solve`)",
     )
     overlap: bool = Field(True, description="comm overlaps the GEMMs (two micro-batches)")
 

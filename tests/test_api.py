@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +22,7 @@ import pytest
 from eplb.evaluate import balance
 from eplb.io.windows import read_window
 from eplb.placement import Placement
+from tests.conftest import free_port
 
 PROBLEM = "application/problem+json"
 V3 = read_window(None).loads[:6]  # 6 real DeepSeek-V3 layers keep requests small
@@ -193,3 +202,238 @@ def test_long_milp_becomes_a_job_and_can_be_cancelled(server_factory: Callable[.
         time.sleep(0.2)
     assert after.status_code == 200
     assert httpx.get(f"{tight}{location}", timeout=10).json()["status"] == "cancelled"
+
+
+# ----- hardening (issue 12, items 4-12) ----------------------------------------------------------------------
+
+
+def poll_job(base: str, location: str, until: tuple[str, ...], timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job: dict[str, Any] = httpx.get(f"{base}{location}", timeout=60).json()
+        if job["status"] in until:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+
+
+def test_finished_jobs_do_not_count_queued_are_queued_and_jobs_expire(server_factory: Callable[..., str]) -> None:
+    base = server_factory(solver_workers="1", queue_limit="2", max_jobs="2", job_ttl_s="3", async_threshold_s="5")
+    long = httpx.post(f"{base}/placement", json=request_body(loads=V3[:4].tolist(), solver="milp", time_limit_s=60),
+                      timeout=60)
+    assert long.status_code == 202
+    first = long.headers["location"]
+    poll_job(base, first, ("running",))
+    waiting = httpx.post(f"{base}/placement", json=request_body(**{"async": True}), timeout=60)
+    assert waiting.status_code == 202 and waiting.json()["status"] == "queued"
+    second = waiting.headers["location"]
+    assert httpx.get(f"{base}{second}", timeout=60).json()["status"] == "queued"  # not "running": no worker yet
+    full = httpx.post(f"{base}/placement", json=request_body(**{"async": True}), timeout=60)
+    assert full.status_code == 503 and "2 jobs are queued or running" in full.json()["detail"]
+    assert httpx.delete(f"{base}{first}", timeout=60).json()["status"] == "cancelled"
+    assert poll_job(base, second, ("done", "failed"))["status"] == "done"
+    for _ in range(3):  # finished jobs no longer count against the cap
+        r = httpx.post(f"{base}/placement", json=request_body(**{"async": True}), timeout=60)
+        assert r.status_code == 202, r.text
+        poll_job(base, r.headers["location"], ("done",))
+    listed = httpx.get(f"{base}/jobs", timeout=60).json()
+    assert listed["active"] == 0 and listed["max_jobs"] == 2 and len(listed["jobs"]) >= 3
+    assert [j["status"] for j in listed["jobs"]][:3] == ["done"] * 3  # newest first
+    assert all("result" not in j for j in listed["jobs"])
+    deadline = time.monotonic() + 15
+    while httpx.get(f"{base}/jobs", timeout=60).json()["jobs"]:  # finished jobs expire after job_ttl_s
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert httpx.get(f"{base}{second}", timeout=60).status_code == 404
+
+
+def test_api_key_is_checked_before_the_body_is_read(server_factory: Callable[..., str]) -> None:
+    secured = server_factory(api_key="s3cret")
+    host, port = secured.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        head = (f"POST /placement HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {26 * 2**20}\r\n\r\n").encode()
+        sock.sendall(head + b"[" * 2**20)  # 1 MB of a 26 MB body: the answer must not wait for the rest
+        answer = sock.recv(4096).decode("latin-1")
+    assert answer.startswith("HTTP/1.1 401"), answer[:200]
+    bad = httpx.post(f"{secured}/placement", content=b"{not json", headers={"content-type": "application/json"},
+                     timeout=60)
+    assert bad.status_code == 401
+    assert httpx.get(f"{secured}/jobs", timeout=60).status_code == 401
+    assert httpx.get(f"{secured}/jobs", headers={"Authorization": "Bearer s3cret"}, timeout=60).status_code == 200
+
+
+def test_non_json_is_400_and_other_media_types_415(base: str) -> None:
+    r = httpx.post(f"{base}/placement", content=b'{"loads": [[1, 2,', headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400 and r.headers["content-type"] == PROBLEM
+    assert "not valid JSON" in r.json()["detail"] and "errors" not in r.json()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/xml"):
+        r = httpx.post(f"{base}/placement", content=json.dumps(request_body()).encode(),
+                       headers={"content-type": content_type}, timeout=60)
+        assert r.status_code == 415 and content_type in r.json()["detail"], r.text
+    r = httpx.post(f"{base}/evaluate", content=b"nope", headers={"content-type": "application/x-npy"}, timeout=60)
+    assert r.status_code == 400 and "npy" in r.json()["detail"]
+
+
+LOOSE = [
+    ({"time_limit": 5}, "time_limit"),
+    ({"async": "yes"}, "async"),
+    ({"loads": [["1.0"] * 256]}, "loads.0.0"),
+    ({"loads": [[True] + [1.0] * 255]}, "loads.0.0"),
+    ({"cluster": {"num_gpus": "4"}}, "cluster.num_gpus"),
+    ({"cluster": {"num_gpus": 4, "slots": 80}}, "cluster.slots"),
+    ({"overlap": 1}, "overlap"),
+    ({"tokens_per_gpu": "4096"}, "tokens_per_gpu"),
+    ({"cluster": {"num_gpus": 4.0}}, "cluster.num_gpus"),
+    ({"current_placement": {"phy2log": [[0]], "slots_per_gpu": [1], "extra": 1}}, "current_placement.extra"),
+]
+
+
+@pytest.mark.parametrize(("over", "field"), LOOSE, ids=[f for _, f in LOOSE])
+def test_unknown_fields_and_loose_types_are_refused(base: str, over: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{base}/placement", json=request_body(**over), timeout=60)
+    assert r.status_code == 422, r.text
+    assert any(e["field"].startswith(field) for e in r.json()["errors"]), r.json()
+
+
+OVERFLOW = [
+    ({"cluster": {"num_gpus": 16, "memory_budget_bytes": 1e300}}, "cluster.memory_budget_bytes"),
+    ({"cluster": {"num_gpus": 16, "slots_per_gpu": 10**30}}, "cluster.slots_per_gpu"),
+    ({"tokens_per_gpu": 1e300}, "tokens_per_gpu"),
+    ({"link": "1e300"}, "link"),
+    ({"cluster": {"num_gpus": 16, "num_redundant": 10**20}}, "cluster.num_redundant"),
+    ({"time_limit_s": 1e300, "solver": "milp"}, "time_limit_s"),
+]
+
+
+@pytest.mark.parametrize(("over", "field"), OVERFLOW, ids=[f for _, f in OVERFLOW])
+def test_every_number_is_bounded(base: str, over: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{base}/placement", json=request_body(**over), timeout=60)
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert any(e["field"].startswith(field) for e in problem["errors"]), problem
+    assert len(problem["detail"]) < 300 and "\n" not in problem["detail"]
+
+
+def test_docs_example_without_model_follows_the_windows_expert_count(base: str) -> None:
+    schema = httpx.get(f"{base}/openapi.json", timeout=60).json()
+    example = dict(schema["components"]["schemas"]["PlacementRequest"]["examples"][0])
+    del example["model"]  # 8 experts: the Mixtral preset, as `eplb solve` infers it
+    r = httpx.post(f"{base}/placement", json=example, timeout=60)
+    assert r.status_code == 200, r.text
+    with_model = httpx.post(f"{base}/placement", json={**example, "model": "mixtral-8x7b"}, timeout=60).json()
+    assert r.json()["predicted"]["time_us"] == with_model["predicted"]["time_us"]
+    odd = httpx.post(f"{base}/placement", json={"cluster": {"num_gpus": 2}, "loads": [[3, 1, 2]]}, timeout=60)
+    assert odd.status_code == 200, odd.text  # no preset has 3 experts: a placement without a time prediction
+    assert "time_us" not in odd.json()["predicted"]
+    budget = httpx.post(f"{base}/placement", json={"cluster": {"num_gpus": 2, "memory_budget_bytes": 1e9},
+                                                   "loads": [[3, 1, 2]]}, timeout=60)
+    assert budget.status_code == 422 and budget.json()["errors"][0]["field"] == "model"
+
+
+def test_openapi_security_405_allow_and_413_metrics(server_factory: Callable[..., str]) -> None:
+    small = server_factory(max_body_bytes="4096", api_key="k")
+    schema = httpx.get(f"{small}/openapi.json", timeout=60).json()
+    assert schema["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": "the service's API key (EPLB_API_KEY), when it has one"}
+    assert schema["paths"]["/placement"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in schema["paths"]["/healthz"]["get"]
+    r = httpx.put(f"{small}/jobs/abc", headers={"Authorization": "Bearer k"}, timeout=60)
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) >= {"GET", "DELETE"}
+    big = httpx.post(f"{small}/placement", json=request_body(), headers={"Authorization": "Bearer k"}, timeout=60)
+    assert big.status_code == 413
+    httpx.post(f"{small}/placement", json=request_body(), timeout=60)  # 401
+    text = httpx.get(f"{small}/metrics", timeout=60).text
+    assert 'eplb_http_requests_total{method="POST",route="/placement",status="413"} 1.0' in text
+    assert 'eplb_http_requests_total{method="POST",route="/placement",status="401"} 1.0' in text
+
+
+def server_children(base: str) -> list[int]:
+    """Solver worker pids of the `eplb serve` listening at `base` (found through /proc)."""
+    port = base.rsplit(":", 1)[1]
+    procs = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            procs[int(entry)] = (ppid, [c.decode() for c in cmd])
+    server = next(pid for pid, (_, cmd) in procs.items() if "serve" in cmd and port in cmd)
+    return [pid for pid, (ppid, cmd) in procs.items() if ppid == server and any("spawn_main" in c for c in cmd)]
+
+
+def test_a_worker_killed_while_idle_costs_no_request(server_factory: Callable[..., str]) -> None:
+    base = server_factory(solver_workers="1", queue_limit="4")
+    assert httpx.post(f"{base}/placement", json=request_body(), timeout=60).status_code == 200
+    workers = server_children(base)
+    assert len(workers) == 2  # the solver and the parser
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    r = httpx.post(f"{base}/placement", json=request_body(), timeout=60)
+    assert r.status_code == 200, r.text  # retried on the replacement worker
+    assert server_children(base) != workers
+
+
+def test_parsing_a_large_body_leaves_healthz_free(base: str) -> None:
+    rows = np.tile(V3, (400, 1))  # 2,400 layers x 256 experts, about 12 MB of JSON
+    rows[-1, -1] = -1.0  # parsed and validated in full, then refused: the cost is the parsing
+    content = json.dumps(request_body(loads=rows.tolist())).encode()
+    result: dict[str, Any] = {}
+
+    def post() -> None:
+        result["r"] = httpx.post(f"{base}/placement", content=content, headers={"content-type": "application/json"},
+                                 timeout=120)
+
+    worst = 0.0
+    with httpx.Client(base_url=base, timeout=60) as client:  # one client: no per-request TLS context set-up
+        sender = threading.Thread(target=post)
+        sender.start()
+        while sender.is_alive():
+            started = time.perf_counter()
+            assert client.get("/healthz").status_code == 200
+            worst = max(worst, time.perf_counter() - started)
+            time.sleep(0.01)
+        sender.join()
+    assert result["r"].status_code == 422 and "[2399][255] is -1" in result["r"].json()["detail"]
+    assert worst < 0.25, f"/healthz took {worst:.3f} s while a large body was parsed"
+
+
+def test_loads_as_npy(base: str) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, V3.astype(np.int64))
+    fields = {k: v for k, v in request_body().items() if k != "loads"}
+    r = httpx.post(f"{base}/placement", content=buffer.getvalue(), params={"request": json.dumps(fields)},
+                   headers={"content-type": "application/x-npy"}, timeout=60)
+    assert r.status_code == 200, r.text
+    same = httpx.post(f"{base}/placement", json=request_body(), timeout=60).json()
+    assert r.json()["placement"] == same["placement"] and r.json()["predicted"] == same["predicted"]
+    twice = httpx.post(f"{base}/placement", content=buffer.getvalue(), headers={"content-type": "application/x-npy"},
+                       params={"request": json.dumps({**fields, "loads": [[1]]})}, timeout=60)
+    assert twice.status_code == 422 and twice.json()["errors"][0]["field"] == "loads"
+
+
+def test_server_stop_leaks_no_semaphores() -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
+                            env={**os.environ, "EPLB_SOLVER_WORKERS": "2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.2)
+        body = request_body(loads=V3[:2].tolist(), solver="milp", time_limit_s=1)  # the MILP starts its own pool
+        assert httpx.post(f"{base}/placement", json=body, timeout=60).status_code == 200
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "leaked" not in out.decode(), out.decode()

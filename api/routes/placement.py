@@ -1,5 +1,6 @@
-"""POST /placement and POST /evaluate: the body goes, as bytes, to a solver process (api/convert.py) that
-parses, validates, solves and serializes; this side only checks the Content-Type and moves bytes."""
+"""POST /placement and POST /evaluate. The body goes, as bytes, to the parser process (api/convert.py), which
+parses and validates it into a job; a solver process solves the job and serializes the answer. This side only
+checks the Content-Type and moves bytes, so the event loop stays free. (/evaluate runs whole in a solver.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from api import convert
-from api.deps import Authorized, JobsDep, MetricsDep, PoolDep, SettingsDep
+from api.deps import Authorized, JobsDep, MetricsDep, ParsersDep, PoolDep, SettingsDep
 from api.jobs import JobWork, TooManyJobs
 from api.metrics import Metrics
 from api.pool import QueueFull, SolvePool, WorkerDied
@@ -88,24 +89,28 @@ def respond(answer: convert.Answer) -> Response:
     responses={202: {"model": Job, "description": "accepted as a job; poll Location"},
                **documented(400, 401, 413, 415, 422, 500, 503)},
 )
-async def placement(request: Request, settings: SettingsDep, pool: PoolDep, jobs: JobsDep, metrics: MetricsDep,
-                    fields: RequestFields = None) -> Response:
+async def placement(request: Request, settings: SettingsDep, pool: PoolDep, parsers: ParsersDep, jobs: JobsDep,
+                    metrics: MetricsDep, fields: RequestFields = None) -> Response:
     body = await read_body(request, fields)
-    limits = convert.Limits(settings.milp_default_time_limit_s, settings.async_threshold_s)
-    answer = await in_pool(pool, settings, convert.answer_placement, body=body, limits=limits)
-    if answer.job is None:
-        if answer.solver is not None:
-            metrics.solved(answer.solver, answer.seconds, answer.lb)
+    parsed = await in_pool(parsers, settings, convert.parse_placement, body=body,
+                           milp_default_time_limit_s=settings.milp_default_time_limit_s)
+    job = parsed.job
+    if job is None:
+        return respond(parsed)
+    if not (job.run_async or (job.solver == "milp" and (job.time_limit_s or 0) > settings.async_threshold_s)):
+        answer = await in_pool(pool, settings, convert.answer_job, job=job)
+        if answer.status == 200:
+            metrics.solved(job.solver, answer.seconds, answer.lb)
         return respond(answer)
     if not pool.has_room():
         raise busy(settings)
     try:
-        job = await jobs.submit(background(answer.job, pool, settings, metrics))
+        accepted = await jobs.submit(background(job, pool, settings, metrics))
     except TooManyJobs:
         raise ProblemError(503, "Too many jobs", f"{settings.max_jobs} jobs are queued or running; retry later",
                            headers={"Retry-After": str(settings.retry_after_s)}) from None
-    return Response(orjson.dumps(job.model_dump(mode="json", exclude_none=True)), status_code=202,
-                    media_type=JSON, headers={"Location": f"/jobs/{job.id}"})
+    return Response(orjson.dumps(accepted.model_dump(mode="json", exclude_none=True)), status_code=202,
+                    media_type=JSON, headers={"Location": f"/jobs/{accepted.id}"})
 
 
 def background(job: convert.SolveJob, pool: SolvePool, settings: Settings, metrics: Metrics) -> JobWork:

@@ -1,0 +1,156 @@
+"""Load test of the placement service: a real `eplb serve` on loopback, greedy 58 x 256 requests (the embedded
+DeepSeek-V3 window, EP32 with 288 slots), 1 and then 8 concurrent clients, each run bounded in time and in
+requests. Prints latency p50/p90/p99 (ms) and throughput (req/s) per client count, for JSON and for .npy loads,
+and where one request's time goes inside the server (parse + validate, solve, build + serialize).
+
+    python benchmarks/service.py [--seconds 10] [--max-requests 2000] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from api import convert
+from eplb.io.windows import read_window
+from eplb.solve import solve
+
+FIELDS: dict[str, Any] = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 32, "slots_per_gpu": 9},
+                          "tokens_per_gpu": 4096}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_server(workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "EPLB_SOLVER_WORKERS": str(workers), "EPLB_QUEUE_LIMIT": "64"}
+    proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("eplb serve did not start")
+        time.sleep(0.2)
+
+
+def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[str, Any]) -> dict[str, float]:
+    """`clients` threads, each with its own connection, post until the time or the request budget is spent."""
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    budget = [max_requests]
+    stop = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(base_url=base, timeout=60) as http:
+            while time.monotonic() < stop:
+                with lock:
+                    if budget[0] <= 0:
+                        return
+                    budget[0] -= 1
+                started = time.perf_counter()
+                r = http.post("/placement", **send)
+                elapsed = time.perf_counter() - started
+                with lock:
+                    if r.status_code == 200:
+                        latencies.append(elapsed)
+                    else:
+                        errors[0] += 1
+
+    for _ in range(2):  # warm the workers (imports, first solve)
+        httpx.post(f"{base}/placement", timeout=60, **send).raise_for_status()
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+    ms = np.array(latencies) * 1000
+    return {"requests": len(latencies), "errors": errors[0], "p50": float(np.percentile(ms, 50)),
+            "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)), "req_s": len(latencies) / wall}
+
+
+def breakdown(loads: np.ndarray[Any, Any], repeats: int = 20) -> dict[str, float]:
+    """Median ms of each stage of one request, in this process (what the parser and a solver worker do)."""
+    body = convert.Body(json.dumps({**FIELDS, "loads": loads.tolist()}).encode(), "json", "/placement")
+    buffer = io.BytesIO()
+    np.save(buffer, loads)
+    npy = convert.Body(buffer.getvalue(), "npy", "/placement", json.dumps(FIELDS))
+    stages: dict[str, list[float]] = {k: [] for k in ("parse_json", "parse_npy", "solve", "build", "serialize")}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        job = convert.parse_placement(body, 30).job
+        t1 = time.perf_counter()
+        convert.parse_placement(npy, 30)
+        t2 = time.perf_counter()
+        assert job is not None
+        outcome = solve(job.loads, job.cluster, solver="greedy", cost=job.cost)
+        t3 = time.perf_counter()
+        model = outcome.to_model()
+        t4 = time.perf_counter()
+        orjson.dumps(model.to_json_dict())
+        t5 = time.perf_counter()
+        for key, a, b in (("parse_json", t0, t1), ("parse_npy", t1, t2), ("solve", t2, t3), ("build", t3, t4),
+                          ("serialize", t4, t5)):
+            stages[key].append((b - a) * 1000)
+    return {k: statistics.median(v) for k, v in stages.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0, help="time per run (default 10)")
+    p.add_argument("--max-requests", type=int, default=2000, help="requests per run at most (default 2000)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="solver processes (default: CPUs)")
+    args = p.parse_args()
+    loads = read_window(None).loads
+    print(f"window {loads.shape[0]} x {loads.shape[1]}, greedy, 32 GPUs x 9 slots; {os.cpu_count()} CPUs, "
+          f"{args.workers} solver workers")
+    print("in-process stages, median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in breakdown(loads).items()))
+    buffer = io.BytesIO()
+    np.save(buffer, loads)
+    kinds = {
+        "json": {"json": {**FIELDS, "loads": loads.tolist()}},
+        "npy": {"content": buffer.getvalue(), "params": {"request": json.dumps(FIELDS)},
+                "headers": {"content-type": "application/x-npy"}},
+    }
+    proc, base = start_server(args.workers)
+    try:
+        print(f"{'body':5} {'clients':>7} {'requests':>8} {'errors':>6} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} "
+              f"{'req/s':>6}")
+        for kind, send in kinds.items():
+            for clients in (1, 8):
+                r = run(base, clients, args.seconds, args.max_requests, send)
+                print(f"{kind:5} {clients:>7} {r['requests']:>8} {r['errors']:>6} {r['p50']:>7.1f} {r['p90']:>7.1f} "
+                      f"{r['p99']:>7.1f} {r['req_s']:>6.1f}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
