@@ -63,7 +63,7 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
     errors = [0]
     lock = threading.Lock()
     budget = [max_requests]
-    stop = time.monotonic() + seconds
+    stop = 0.0
 
     def client() -> None:
         with httpx.Client(base_url=base, timeout=60) as http:
@@ -83,6 +83,7 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
 
     for _ in range(2):  # warm the workers (imports, first solve)
         httpx.post(f"{base}/placement", timeout=60, **send).raise_for_status()
+    stop = time.monotonic() + seconds
     began = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -90,7 +91,7 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
     for t in threads:
         t.join()
     wall = time.perf_counter() - began
-    ms = np.array(latencies) * 1000
+    ms = np.array(latencies or [float("nan")]) * 1000
     return {"requests": len(latencies), "errors": errors[0], "p50": float(np.percentile(ms, 50)),
             "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)), "req_s": len(latencies) / wall}
 
