@@ -43,6 +43,7 @@ __all__ = [
     "approx_copies_per_token",
     "copies_per_token",
     "pair_counts",
+    "partner_lift",
     "read_topk",
     "replica_gpus",
     "summarize",
@@ -347,3 +348,24 @@ def approx_copies_per_token(
         return out
 
     return reached(frac), reached(node_frac)
+
+
+
+def partner_lift(topk_ids: ArrayLike, num_experts: int, partners: int | None = None) -> float:
+    """How strongly experts are chosen together: for each expert, the tokens shared with its `partners`
+    most frequent partners (default E / 8) over what independent picks with the same loads would share
+    (load_i (k - 1) load_j / (total - load_i) per pair); load-weighted over experts, median over layers.
+    1.0 for independent picks; DeepSeek-V2-Lite's ESFT logs give 1.90 to 2.59 (docs/cost-model.md).
+    topk_ids: [tokens, layers, k]."""
+    ids = np.asarray(topk_ids)
+    m = partners or max(1, num_experts // 8)
+    s = summarize(ids, num_experts, m)
+    loads = s.loads.astype(np.float64)
+    total = loads.sum(axis=1, keepdims=True)
+    flat = np.maximum(s.partners, 0).reshape(loads.shape[0], -1)
+    partner_load = np.take_along_axis(loads, flat, axis=1).reshape(s.partners.shape) * (s.partners >= 0)
+    rest = np.maximum(total - loads, 1.0)
+    expected = loads * (s.top_k - 1) * partner_load.sum(axis=2) / rest
+    ratio = np.divide(s.counts.sum(axis=2), expected, out=np.ones_like(expected), where=expected > 0)
+    weighted = (ratio * loads).sum(axis=1) / np.maximum(total[:, 0], 1.0)
+    return float(np.median(weighted))

@@ -8,6 +8,7 @@ each picking 8 distinct experts out of 256 with Python's `random` seeded with 0.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Iterable, Iterator
@@ -53,6 +54,7 @@ def seed004_counts(
 
 _CALIBRATION_SEED = 20_040_506  # fixed: the exponent a hot ratio maps to does not depend on --seed
 _CALIBRATION_LAYERS = 512
+_PICKS_PER_EXPERT = 780  # ESFT DeepSeek-V2-Lite logs: about 8,300 tokens x 6 picks / 64 experts
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,15 @@ class SynthConfig:
       random times `shift_every` steps apart on average: every layer draws a new ranking and new
       group factors;
     - sampling noise: each step routes `tokens` x `top_k` assignments per layer as a multinomial
-      over p (the distinct-experts-per-token constraint is ignored for counts).
+      over p (the distinct-experts-per-token constraint is ignored for counts);
+    - co-activation (token-level logs, `synth_topk`, only): each token is of one of `coact_clusters`
+      latent types, drawn uniformly per token, and type z adds coact_std x u_l(z, e) to its log
+      popularity (u standard normal per layer, type and expert, fixed for the log), so experts favoured
+      by the same type are chosen together. coact_std is `coact_std`, or solved from `partner_lift`
+      (`eplb.coactivation.partner_lift`: tokens an expert shares with its E/8 most frequent partners over
+      what independent picks would share; 1 = independent); the default 2.27 is the mean of
+      DeepSeek-V2-Lite's four ESFT task logs (1.90 to 2.59, docs/cost-model.md "Co-activation").
+      coact_clusters = 0 gives independent picks.
     Everything is deterministic by `seed`, and a longer log with the same seed starts with the
     shorter one.
     """
@@ -91,6 +101,9 @@ class SynthConfig:
     shift_every: float = 0.0
     seed: int = 0
     model: str | None = "deepseek-v3"
+    coact_clusters: int = 16
+    partner_lift: float = 2.27
+    coact_std: float | None = None
 
     def check(self) -> None:
         """Raise EplbError on settings that cannot make a log."""
@@ -114,12 +127,31 @@ class SynthConfig:
             raise EplbError(f"synth: hot ratio must be >= 1 (hottest / mean), got {self.hot_ratio!r}")
         if any(s < 0 for s in self.shift_at):
             raise EplbError("synth: regime shift steps must be >= 0")
+        if not isinstance(self.coact_clusters, int) or self.coact_clusters < 0:
+            raise EplbError(f"synth: coact_clusters must be an integer >= 0, got {self.coact_clusters!r}")
+        if self.coact_std is not None and not (math.isfinite(self.coact_std) and self.coact_std >= 0):
+            raise EplbError(f"synth: coact_std must be >= 0, got {self.coact_std!r}")
+        if self.coact_std is None and not (math.isfinite(self.partner_lift) and self.partner_lift >= 1):
+            raise EplbError(f"synth: partner_lift must be >= 1 (1 = independent picks), got {self.partner_lift!r}")
 
     def resolved_exponent(self) -> float:
         """The power-law exponent a: `exponent`, or the one that gives `hot_ratio`."""
         if self.exponent is not None:
             return float(self.exponent)
         return exponent_for_hot_ratio(self.hot_ratio, self.experts, self.groups, self.group_std, self.drift_std)
+
+    def resolved_coact_std(self) -> float:
+        """The co-activation strength: `coact_std`, or the one that gives `partner_lift` (0 without clusters)."""
+        if self.coact_clusters == 0:
+            return 0.0
+        if self.coact_std is not None:
+            return float(self.coact_std)
+        key = SynthConfig(
+            experts=self.experts, top_k=self.top_k, exponent=self.exponent, hot_ratio=self.hot_ratio,
+            groups=self.groups, group_std=self.group_std, drift_std=self.drift_std,
+            coact_clusters=self.coact_clusters, partner_lift=self.partner_lift,
+        )
+        return coact_std_for_partner_lift(key)
 
     @property
     def count_dtype(self) -> np.dtype[Any]:
@@ -175,6 +207,60 @@ def exponent_for_hot_ratio(
     for _ in range(50):
         mid = (lo + hi) / 2
         if _median_hot_ratio(mid, draws, group_std, drift_std) < hot_ratio:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _coact_offsets(rng: np.random.Generator, layers: int, clusters: int, experts: int) -> NDArray[np.float64]:
+    """u: [layers, clusters, experts] standard normal log-popularity offsets of the latent token types."""
+    out: NDArray[np.float64] = rng.standard_normal((layers, clusters, experts))
+    return out
+
+
+def _topk_of(keys: NDArray[np.float64], k: int) -> NDArray[np.int64]:
+    """Indices of the k largest keys along the last axis, largest first: [..., k]."""
+    top = np.argpartition(-keys, k - 1, axis=-1)[..., :k]
+    order = np.argsort(-np.take_along_axis(keys, top, axis=-1), axis=-1)
+    out: NDArray[np.int64] = np.take_along_axis(top, order, axis=-1)
+    return out
+
+
+def _calibration_lift(std: float, cfg: SynthConfig, a: float) -> float:
+    from eplb.coactivation import partner_lift
+
+    experts, top_k, clusters = cfg.experts, cfg.top_k, cfg.coact_clusters
+    rng = np.random.default_rng(_CALIBRATION_SEED)
+    layers, tokens = 4, min(8192, -(-_PICKS_PER_EXPERT * experts // top_k))
+    group = rng.standard_normal((layers, cfg.groups))[:, _group_of(experts, cfg.groups)]
+    logp = -a * _log_ranks(rng, layers, experts) + cfg.group_std * group
+    logp += cfg.drift_std * rng.standard_normal((layers, experts))
+    u = _coact_offsets(rng, layers, clusters, experts)
+    z = rng.integers(0, clusters, tokens)
+    keys = logp[None] + std * u[:, z, :].transpose(1, 0, 2) + rng.gumbel(size=(tokens, layers, experts))
+    return partner_lift(_topk_of(keys, top_k), experts)
+
+
+@functools.lru_cache(maxsize=32)
+def coact_std_for_partner_lift(cfg: SynthConfig) -> float:
+    """Co-activation strength at which `partner_lift` of cfg's token-level log is cfg.partner_lift
+    (popularity with cfg's exponent, group and drift effects)
+    (Monte Carlo over 4 layers with a fixed seed at the ESFT logs' sample density, 780 picks per expert,
+    at most 8,192 tokens, since sampling noise alone raises the statistic; then bisection; deterministic).
+    Independent picks already give slightly above 1 (sampling noise): a lower target gives 0; a target
+    out of reach (tiny layers) gives the largest strength tried, 64."""
+    lift, a = cfg.partner_lift, cfg.resolved_exponent()
+    if _calibration_lift(0.0, cfg, a) >= lift:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while _calibration_lift(hi, cfg, a) < lift:
+        hi *= 2
+        if hi >= 64:  # small layers (few experts, k near E / 8) cannot reach it: the strongest we try
+            return hi
+    for _ in range(8):
+        mid = (lo + hi) / 2
+        if _calibration_lift(mid, cfg, a) < lift:
             lo = mid
         else:
             hi = mid
@@ -254,19 +340,23 @@ def synth_log(cfg: SynthConfig) -> NDArray[Any]:
 def synth_topk(cfg: SynthConfig) -> tuple[NDArray[np.int16], NDArray[np.int64]]:
     """Token-level routing for `cfg`: (topk_ids [steps x tokens, layers, top_k] int16, step_offsets
     [steps + 1]). Each token picks top_k distinct experts per layer with probability proportional
-    to the popularity (Gumbel top-k), ordered hottest draw first. Costs tokens x layers x experts
-    random numbers per step: meant for small captures."""
+    to the popularity (Gumbel top-k), ordered hottest draw first; with co-activation (SynthConfig) each
+    token's popularity is shifted by its latent type's offsets. Costs tokens x layers x experts random
+    numbers per step: meant for small captures."""
     if cfg.experts > np.iinfo(np.int16).max + 1:
         raise EplbError(f"synth: {cfg.experts} experts do not fit int16 expert ids")
     proc = _Popularity(cfg)
     k = cfg.top_k
+    std = cfg.resolved_coact_std()
+    rng_coact = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(6)[5])
+    type_shift = _coact_offsets(rng_coact, cfg.layers, max(cfg.coact_clusters, 1), cfg.experts) * std
     out = np.empty((cfg.steps * cfg.tokens, cfg.layers, k), dtype=np.int16)
     for s in range(cfg.steps):
         logp = np.log(proc.next())
         keys = logp[None, :, :] + proc.rng_sample.gumbel(size=(cfg.tokens, cfg.layers, cfg.experts))
-        top = np.argpartition(-keys, k - 1, axis=2)[:, :, :k]
-        order = np.argsort(-np.take_along_axis(keys, top, axis=2), axis=2)
-        out[s * cfg.tokens : (s + 1) * cfg.tokens] = np.take_along_axis(top, order, axis=2)
+        if std > 0:
+            keys += type_shift[:, rng_coact.integers(0, cfg.coact_clusters, cfg.tokens), :].transpose(1, 0, 2)
+        out[s * cfg.tokens : (s + 1) * cfg.tokens] = _topk_of(keys, k)
     offsets = np.arange(cfg.steps + 1, dtype=np.int64) * cfg.tokens
     return out, offsets
 
