@@ -1,21 +1,30 @@
-"""Greedy solver speed and quality, vectorized vs a plain per-layer loop of the same algorithm.
+"""Greedy solver and DeepSeek drop-in: speed next to baselines measured in the same run, and lb quality.
 
 Run: python benchmarks/greedy.py [--repeats N]
-Prints, per case, median wall time of: our vectorized `solve_greedy` (with and without its swap
-refinement), the DeepSeek-compatible
-`rebalance_experts`, and a plain Python loop over layers (replicate, then heaviest-first into the
-least-loaded GPU with room), with the speed ratio and mean/max lb of each placement.
+Speed: for each case, median and range (ms) over N rounds; in each round every implementation runs once, in
+turn, so a busy machine slows all of them alike. Implementations: ours (`solve_greedy`, compiled kernels,
+swap refinement to convergence; `rebalance_experts`, DeepSeek's algorithm with identical results), the
+previous numpy implementation of the same functions (loaded from git, commit PREVIOUS), and a plain Python
+loop over layers (replicate, then heaviest-first into the least-loaded GPU with room) for greedy.
+Quality: lb (max GPU load / mean) per layer on every shipped real window (the embedded DeepSeek-V3 window and
+fixtures/sglang6017-*.json), median and range, for ours, the previous numpy greedy and DeepSeek's algorithm,
+with the number of layers where ours is worse than DeepSeek's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,6 +35,8 @@ from eplb.placement import Placement
 from solvers.greedy import rebalance_experts, solve_greedy
 
 ROOT = Path(__file__).resolve().parents[1]
+PREVIOUS = "f50e3b8"  # last commit with the numpy-only solvers/greedy.py
+Solve = Callable[[], NDArray[np.int64]]
 
 
 def loop_greedy(loads: NDArray[np.float64], slots: int, gpus: int) -> NDArray[np.int64]:
@@ -49,19 +60,6 @@ def loop_greedy(loads: NDArray[np.float64], slots: int, gpus: int) -> NDArray[np
     return np.asarray(out, dtype=np.int64)
 
 
-def _deepseek_phy2log(loads: NDArray[np.float64], replicas: int, gpus: int) -> NDArray[np.int64]:
-    return rebalance_experts(loads, replicas, 1, 1, gpus)[0]
-
-
-def timed(fn: Callable[[], NDArray[np.int64]], repeats: int) -> tuple[float, NDArray[np.int64]]:
-    times, result = [], fn()
-    for _ in range(repeats):
-        t = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1000, result
-
-
 def skewed(layers: int, experts: int, seed: int) -> NDArray[np.float64]:
     """Synthetic loads with the hottest expert about 10x the mean (lognormal popularity)."""
     rng = np.random.default_rng(seed)
@@ -69,35 +67,121 @@ def skewed(layers: int, experts: int, seed: int) -> NDArray[np.float64]:
     return np.asarray(np.round(loads / loads.mean(axis=1, keepdims=True) * 1000), dtype=np.float64)
 
 
+def previous_greedy() -> ModuleType | None:
+    """solvers/greedy.py (and the torch_order.py it imports) as of commit PREVIOUS, or None without git."""
+    try:
+        sources = {
+            name: subprocess.run(
+                ["git", "-C", str(ROOT), "show", f"{PREVIOUS}:solvers/{name}.py"],
+                capture_output=True, text=True, check=True,
+            ).stdout
+            for name in ("greedy", "torch_order")
+        }
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="eplb-previous-"))
+    (folder / "previous_torch_order.py").write_text(sources["torch_order"])
+    (folder / "previous_greedy.py").write_text(
+        sources["greedy"].replace("from solvers.torch_order import", "from previous_torch_order import")
+    )
+    sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location("previous_greedy", folder / "previous_greedy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def interleaved(runs: dict[str, Solve], repeats: dict[str, int]) -> dict[str, list[float]]:
+    """Wall times (ms) of each implementation, run in turn round after round (after one warm-up call each)."""
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(max(repeats.values())):
+        for name, fn in runs.items():
+            if round_ < repeats[name]:
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def windows() -> dict[str, NDArray[np.float64]]:
+    """Every shipped real window: the embedded one and fixtures/sglang6017-*.json."""
+    found = {"embedded (dsv3-prefill-in1024)": read_window(None).loads}
+    for path in sorted((ROOT / "fixtures").glob("sglang6017-*.json")):
+        found[path.stem] = read_window(path).loads
+    return found
+
+
+def lb_of(loads: NDArray[np.float64], phy2log: NDArray[np.int64], slots: NDArray[np.int64]) -> NDArray[np.float64]:
+    return np.asarray(balance(loads, Placement(phy2log, slots, loads.shape[1])).lb)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=31)
     args = parser.parse_args()
-    real = read_window(None).loads
-    cases = [
-        ("DeepSeek-V3 58x256 (SGLang prefill) EP32, 288 slots", real, 32, 9),
-        ("DeepSeek-V3 58x256 (SGLang prefill) EP64, 320 slots", real, 64, 5),
-        ("61x384 synthetic (hot ~10x mean) EP128, 512 slots", skewed(61, 384, 0), 128, 4),
-    ]
-    results = []
-    print(f"{'case':<55}{'impl':<22}{'median ms':>10}{'lb mean':>9}{'lb max':>8}{'vs loop':>9}")
-    for name, loads, gpus, per_gpu in cases:
-        slots = np.full(gpus, per_gpu)
-        num_experts = loads.shape[1]
-        runs: dict[str, Callable[[], NDArray[np.int64]]] = {
-            "solve_greedy (ours)": partial(solve_greedy, loads, slots),
-            "ours without swaps": partial(solve_greedy, loads, slots, refine_rounds=0),
-            "rebalance_experts": partial(_deepseek_phy2log, loads, gpus * per_gpu, gpus),
-            "plain loop": partial(loop_greedy, loads, per_gpu, gpus),
-        }
-        measured = {impl: timed(fn, args.repeats if impl != "plain loop" else max(1, args.repeats // 3))
-                    for impl, fn in runs.items()}
-        loop_ms = measured["plain loop"][0]
-        for impl, (ms, phy2log) in measured.items():
-            lb = balance(loads, Placement(phy2log, slots, num_experts)).lb
-            print(f"{name:<55}{impl:<22}{ms:>10.2f}{lb.mean():>9.4f}{lb.max():>8.4f}{loop_ms / ms:>8.1f}x")
-            results.append({"case": name, "impl": impl, "median_ms": round(ms, 3), "lb_mean": float(lb.mean()),
-                            "lb_max": float(lb.max()), "speedup_vs_loop": round(loop_ms / ms, 2)})
+    previous = previous_greedy()
+    if previous is None:
+        print(f"note: git or commit {PREVIOUS} not available: no previous-implementation rows")
+    real = windows()
+    results: list[dict[str, Any]] = []
+
+    def speed(case: str, runs: dict[str, Solve], repeats: dict[str, int]) -> None:
+        times = interleaved(runs, repeats)
+        base = statistics.median(times["ours"])
+        for impl, ts in times.items():
+            med = statistics.median(ts)
+            print(f"{case:<44}{impl:<26}{med:>10.2f}{min(ts):>9.2f}{max(ts):>9.2f}{med / base:>10.1f}x")
+            results.append({"case": case, "impl": impl, "median_ms": round(med, 3), "min_ms": round(min(ts), 3),
+                            "max_ms": round(max(ts), 3), "slower_than_ours": round(med / base, 2)})
+
+    print(f"speed, ms over {args.repeats} interleaved rounds")
+    print(f"{'case':<44}{'implementation':<26}{'median':>10}{'min':>9}{'max':>9}{'vs ours':>11}")
+    slow = max(1, args.repeats // 10)
+    for name, loads in real.items():
+        for gpus, per_gpu in ((32, 9), (64, 5)):
+            slots = np.full(gpus, per_gpu)
+            runs: dict[str, Solve] = {"ours": lambda loads=loads, slots=slots: solve_greedy(loads, slots)}
+            if previous is not None:
+                runs["previous numpy"] = lambda loads=loads, slots=slots: previous.solve_greedy(loads, slots)
+            runs["plain loop (no swaps)"] = lambda loads=loads, g=gpus, s=per_gpu: loop_greedy(loads, s, g)
+            speed(f"solve_greedy {name[:18]} EP{gpus}/{gpus * per_gpu}", runs,
+                  {"ours": args.repeats, "previous numpy": args.repeats, "plain loop (no swaps)": slow})
+    synthetic = skewed(61, 384, 0)
+    slots = np.full(128, 4)
+    runs = {"ours": lambda: solve_greedy(synthetic, slots)}
+    if previous is not None:
+        runs["previous numpy"] = lambda: previous.solve_greedy(synthetic, slots)
+    runs["plain loop (no swaps)"] = lambda: loop_greedy(synthetic, 4, 128)
+    speed("solve_greedy 61x384 synthetic EP128/512", runs,
+          {"ours": args.repeats, "previous numpy": args.repeats, "plain loop (no swaps)": slow})
+    for name, loads in real.items():
+        for label, groups, nodes in (("global", 1, 1), ("8 groups/4 nodes", 8, 4)):
+            runs = {"ours": lambda loads=loads, g=groups, n=nodes: rebalance_experts(loads, 288, g, n, 32)[0]}
+            if previous is not None:
+                runs["previous numpy"] = lambda loads=loads, g=groups, n=nodes: previous.rebalance_experts(
+                    loads, 288, g, n, 32
+                )[0]
+            speed(f"rebalance_experts {name[:18]} EP32/288 {label}", runs,
+                  {"ours": args.repeats, "previous numpy": args.repeats})
+
+    print("\nquality: lb per layer, median [min, max]; 'worse' = layers where ours > DeepSeek's")
+    print(f"{'window':<40}{'EP/slots':<10}{'ours':>27}{'previous numpy':>27}{'DeepSeek':>27}{'worse':>7}")
+    for name, loads in real.items():
+        for gpus, per_gpu in ((32, 9), (64, 5)):
+            slots = np.full(gpus, per_gpu)
+            ours = lb_of(loads, solve_greedy(loads, slots), slots)
+            deepseek = lb_of(loads, rebalance_experts(loads, gpus * per_gpu, 1, 1, gpus)[0], slots)
+            prev = lb_of(loads, previous.solve_greedy(loads, slots), slots) if previous is not None else None
+            cells = [ours, prev, deepseek]
+            text = ["n/a" if c is None else f"{np.median(c):.5f} [{c.min():.5f}, {c.max():.5f}]" for c in cells]
+            worse = int(np.sum(ours > deepseek + 1e-12))
+            print(f"{name[:38]:<40}{f'{gpus}/{gpus * per_gpu}':<10}{text[0]:>27}{text[1]:>27}{text[2]:>27}{worse:>7}")
+            results.append({"window": name, "gpus": gpus, "slots": gpus * per_gpu, "worse_than_deepseek": worse,
+                            **{f"lb_{k}": None if c is None else [float(np.median(c)), float(c.min()), float(c.max())]
+                               for k, c in zip(("ours", "previous", "deepseek"), cells, strict=True)}})
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
     (ROOT / "benchmarks" / "results" / "greedy.json").write_text(json.dumps(results, indent=1) + "\n")
 

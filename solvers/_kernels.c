@@ -378,6 +378,96 @@ e1:
     return NULL;
 }
 
+/* ---------- DeepSeek EPLB's replicate + balanced_packing, one row (layer x node) at a time ---------- */
+
+/* weight [rows, n_log] float32 values; n_phy replicas per row packed onto `packs` GPUs of n_phy / packs
+ * slots. Float32 arithmetic, argmax ties to the lowest index, torch's sort order, first lightest pack.
+ * Writes, in packed slot order (GPU by GPU), the expert and replica rank of every slot, and logcnt. */
+static PyObject *py_deepseek_rows(PyObject *self, PyObject *args) {
+    PyObject *o_weight, *o_phy2log, *o_rank, *o_logcnt;
+    Py_ssize_t rows, n_log, n_phy, packs;
+    if (!PyArg_ParseTuple(args, "OnnnnOOO", &o_weight, &rows, &n_log, &n_phy, &packs, &o_phy2log, &o_rank,
+                          &o_logcnt))
+        return NULL;
+    if (n_phy < n_log || packs < 1 || n_phy % packs) {
+        PyErr_SetString(PyExc_ValueError, "deepseek_rows: bad sizes");
+        return NULL;
+    }
+    Py_buffer bw, bp, br, bc;
+    if (get_buf(o_weight, &bw, 8, rows * n_log, 0, "weight") < 0) return NULL;
+    if (get_buf(o_phy2log, &bp, 8, rows * n_phy, 1, "phy2log") < 0) goto e1;
+    if (get_buf(o_rank, &br, 8, rows * n_phy, 1, "rank") < 0) goto e2;
+    if (get_buf(o_logcnt, &bc, 8, rows * n_log, 1, "logcnt") < 0) goto e3;
+    const double *weight = bw.buf;
+    i64 *out_p = bp.buf, *out_r = br.buf, *logcnt = bc.buf;
+    i64 per_pack = n_phy / packs;
+    double *key = malloc(sizeof(double) * (n_log + 1)), *pack_load = malloc(sizeof(double) * (packs + 1));
+    i64 *item = malloc(sizeof(i64) * (n_log + 1)), *phy = malloc(sizeof(i64) * n_phy),
+        *rank = malloc(sizeof(i64) * n_phy), *pack_items = malloc(sizeof(i64) * (packs + 1));
+    Pair *order = malloc(sizeof(Pair) * n_phy);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t row = 0; row < rows; row++) {
+        const double *w = weight + row * n_log;
+        i64 *cnt = logcnt + row * n_log, *op = out_p + row * n_phy, *orank = out_r + row * n_phy;
+        for (i64 e = 0; e < n_log; e++) {
+            cnt[e] = 1;
+            key[e] = w[e];
+            item[e] = e;
+            phy[e] = e;
+            rank[e] = 0;
+        }
+        Heap h = {key, item, n_log};
+        for (i64 i = h.size / 2 - 1; i >= 0; i--) heap_down(&h, i);
+        for (i64 s = n_log; s < n_phy; s++) {
+            i64 e = h.item[0];
+            phy[s] = e;
+            rank[s] = cnt[e]++;
+            key[e] = (double)(float)(w[e] / (double)cnt[e]);
+            heap_down(&h, 0);
+        }
+        if (packs == n_phy) { /* one slot per GPU: replicas stay in order */
+            memcpy(op, phy, sizeof(i64) * n_phy);
+            memcpy(orank, rank, sizeof(i64) * n_phy);
+            continue;
+        }
+        for (i64 s = 0; s < n_phy; s++) order[s] = (Pair){(double)(float)(w[phy[s]] / (double)cnt[phy[s]]), s};
+        torch_sort_desc(order, n_phy);
+        for (i64 b = 0; b < packs; b++) {
+            pack_load[b] = 0.0;
+            pack_items[b] = 0;
+        }
+        for (i64 j = 0; j < n_phy; j++) {
+            i64 s = order[j].idx, best = -1;
+            for (i64 b = 0; b < packs; b++)
+                if (pack_items[b] < per_pack && (best < 0 || pack_load[b] < pack_load[best])) best = b;
+            i64 pos = best * per_pack + pack_items[best]++;
+            pack_load[best] = (double)(float)(pack_load[best] + order[j].key);
+            op[pos] = phy[s];
+            orank[pos] = rank[s];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(key);
+    free(pack_load);
+    free(item);
+    free(phy);
+    free(rank);
+    free(pack_items);
+    free(order);
+    PyBuffer_Release(&bc);
+    PyBuffer_Release(&br);
+    PyBuffer_Release(&bp);
+    PyBuffer_Release(&bw);
+    Py_RETURN_NONE;
+e3:
+    PyBuffer_Release(&br);
+e2:
+    PyBuffer_Release(&bp);
+e1:
+    PyBuffer_Release(&bw);
+    return NULL;
+}
+
 /* ---------- place: replicate, then pack heaviest-first, one row at a time ---------- */
 
 /* stable merge sort of pairs by key descending (equal keys keep their input order) */
@@ -578,40 +668,39 @@ e1:
 
 /* ---------- refine: lower the busiest GPU by swapping replicas between GPUs ---------- */
 
-/* One layer: expert [P] of each slot (in/out) and w [P] its replica's load. Each round the busiest GPU
- * trades one replica with one on another GPU: among the trades that lower it without lifting the other
- * GPU to its old load, the one with the lightest partner GPU, and on that GPU the one leaving the lower
- * maximum of the two. A trade never brings a second replica of an expert onto a GPU. Replicas are scanned
- * by weight: a replica of weight wa on the busiest GPU can only trade with lighter replicas within the
- * gap between the busiest and the lightest GPU, a window found by binary search in a sorted list.
+/* One layer: expert [P] of each slot and w [P] its replica's load (both in/out: a trade swaps two slots'
+ * contents). Each round the busiest GPU trades one replica with one on another GPU: the partner is the
+ * lightest GPU with a trade that lowers the busiest without lifting the partner to its old load, and the
+ * trade is the one on that partner leaving the lower maximum of the two. A trade never brings a second
+ * replica of an expert onto a GPU. For one pair of GPUs with gap = load difference, the best trade moves
+ * d = wa - wb closest to gap / 2, found by walking both GPUs' replicas sorted by weight (two pointers).
  * Stops when the busiest GPU has no trade, or after max_rounds trades. Returns the trades made. */
 typedef struct {
-    i64 *slot_item, *item_slot, *sorted, *gpu_of, *by_load, *rank_of;
-    double *sorted_w, *load;
+    i64 *by_load, *rank_of, *sorted; /* sorted: per GPU, its slots by weight ascending (stride `width`) */
+    double *load;
     unsigned short *holds;
-    Pair *pairs, *tmp;
 } RefineWork;
 
-static i64 refine_layer(i64 *expert, const double *w, const i64 *start, const i64 *count, i64 gpus, i64 slots,
+static void sort_gpu(i64 *order, i64 n, const double *w) {
+    for (i64 i = 1; i < n; i++) {
+        i64 s = order[i], j = i;
+        for (; j > 0 && w[order[j - 1]] > w[s]; j--) order[j] = order[j - 1];
+        order[j] = s;
+    }
+}
+
+static i64 refine_layer(i64 *expert, double *w, const i64 *start, const i64 *count, i64 gpus, i64 width,
                         i64 num_experts, i64 max_rounds, RefineWork *k) {
-    /* items are the replicas, numbered by their first slot; they keep weight and expert, change slots */
-    for (i64 s = 0; s < slots; s++) {
-        k->slot_item[s] = s;
-        k->item_slot[s] = s;
-        k->pairs[s] = (Pair){-w[s], s};
-    }
-    merge_sort_desc(k->pairs, k->tmp, slots); /* by -weight descending = weight ascending, stable */
-    for (i64 i = 0; i < slots; i++) {
-        k->sorted[i] = k->pairs[i].idx;
-        k->sorted_w[i] = w[k->pairs[i].idx];
-    }
     for (i64 g = 0; g < gpus; g++) {
         double sum = 0.0;
-        for (i64 s = start[g]; s < start[g] + count[g]; s++) {
+        i64 *order = k->sorted + g * width;
+        for (i64 i = 0; i < count[g]; i++) {
+            i64 s = start[g] + i;
             sum += w[s];
-            k->gpu_of[s] = g;
+            order[i] = s;
             k->holds[g * num_experts + expert[s]]++;
         }
+        sort_gpu(order, count[g], w);
         k->load[g] = sum;
         i64 j = g; /* by_load: GPUs by load ascending */
         for (; j > 0 && k->load[k->by_load[j - 1]] > sum; j--) k->by_load[j] = k->by_load[j - 1];
@@ -620,44 +709,55 @@ static i64 refine_layer(i64 *expert, const double *w, const i64 *start, const i6
     for (i64 j = 0; j < gpus; j++) k->rank_of[k->by_load[j]] = j;
     i64 rounds = 0;
     for (; rounds < max_rounds; rounds++) {
-        i64 hot = k->by_load[gpus - 1], cold = k->by_load[0];
-        double peak = k->load[hot], limit = peak * (1 - 1e-12), gap = peak - k->load[cold];
-        double best_partner = INFINITY, best_worse = INFINITY;
-        i64 best_a = -1, best_b = -1;
-        for (i64 a = start[hot]; a < start[hot] + count[hot]; a++) {
-            i64 ia = k->slot_item[a];
-            double wa = w[ia];
-            i64 ea = expert[ia];
-            i64 lo = 0, hi = slots; /* first sorted replica heavier than wa - gap */
-            while (lo < hi) {
-                i64 mid = (lo + hi) / 2;
-                if (k->sorted_w[mid] > wa - gap) hi = mid;
-                else lo = mid + 1;
-            }
-            for (i64 j = lo; j < slots && k->sorted_w[j] < wa; j++) {
-                i64 ib = k->sorted[j], sb = k->item_slot[ib], h = k->gpu_of[sb];
-                double d = wa - k->sorted_w[j], partner = k->load[h] + d;
-                if (h == hot || partner >= limit || k->load[h] > best_partner) continue;
-                double worse = partner > peak - d ? partner : peak - d;
-                if (k->load[h] == best_partner && worse >= best_worse) continue;
-                if (k->holds[h * num_experts + ea] || k->holds[hot * num_experts + expert[ib]]) continue;
-                best_partner = k->load[h];
-                best_worse = worse;
-                best_a = a;
-                best_b = sb;
+        i64 hot = k->by_load[gpus - 1];
+        double peak = k->load[hot], limit = peak * (1 - 1e-12), best_worse = INFINITY, partner_load = INFINITY;
+        const i64 *hot_order = k->sorted + hot * width;
+        i64 best_a = -1, best_b = -1, partner = -1;
+        for (i64 r = 0; r < gpus - 1; r++) {
+            i64 h = k->by_load[r];
+            double lh = k->load[h], gap = limit - lh;
+            if (lh > partner_load || gap <= 0) break; /* a lighter partner has a trade, or none can */
+            const i64 *order = k->sorted + h * width;
+            i64 n = count[h], j = 0;
+            for (i64 ia = 0; ia < count[hot]; ia++) {
+                i64 a = hot_order[ia];
+                double wa = w[a], target = wa - (peak - lh) * 0.5;
+                if (k->holds[h * num_experts + expert[a]]) continue;
+                while (j < n && w[order[j]] < target) j++;
+                /* nearest unblocked replicas below and at-or-above the target, within 0 < d, lh + d < limit */
+                for (int side = 0; side < 2; side++) {
+                    for (i64 jb = side ? j : j - 1; jb >= 0 && jb < n; jb += side ? 1 : -1) {
+                        i64 b = order[jb];
+                        double d = wa - w[b];
+                        if (d <= 0 || lh + d >= limit) break;
+                        if (k->holds[hot * num_experts + expert[b]]) continue;
+                        double worse = lh + d > peak - d ? lh + d : peak - d;
+                        if (worse < best_worse) {
+                            best_worse = worse;
+                            best_a = a;
+                            best_b = b;
+                            partner = h;
+                            partner_load = lh;
+                        }
+                        break;
+                    }
+                }
             }
         }
         if (best_a < 0) break;
-        i64 ia = k->slot_item[best_a], ib = k->slot_item[best_b], h = k->gpu_of[best_b];
-        double d = w[ia] - w[ib];
-        k->holds[hot * num_experts + expert[ia]]--;
-        k->holds[hot * num_experts + expert[ib]]++;
-        k->holds[h * num_experts + expert[ib]]--;
-        k->holds[h * num_experts + expert[ia]]++;
-        k->slot_item[best_a] = ib;
-        k->slot_item[best_b] = ia;
-        k->item_slot[ia] = best_b;
-        k->item_slot[ib] = best_a;
+        i64 h = partner, ea = expert[best_a], eb = expert[best_b];
+        double d = w[best_a] - w[best_b];
+        k->holds[hot * num_experts + ea]--;
+        k->holds[hot * num_experts + eb]++;
+        k->holds[h * num_experts + eb]--;
+        k->holds[h * num_experts + ea]++;
+        expert[best_a] = eb;
+        expert[best_b] = ea;
+        w[best_a] -= d;
+        w[best_b] += d;
+        w[best_a] = w[best_a] < 0 ? 0 : w[best_a];
+        sort_gpu(k->sorted + hot * width, count[hot], w);
+        sort_gpu(k->sorted + h * width, count[h], w);
         k->load[hot] -= d;
         k->load[h] += d;
         /* keep by_load sorted: the busiest GPU moves down, its partner up */
@@ -676,7 +776,8 @@ static i64 refine_layer(i64 *expert, const double *w, const i64 *start, const i6
         k->by_load[j] = h;
         k->rank_of[h] = j;
     }
-    for (i64 s = 0; s < slots; s++) k->holds[k->gpu_of[s] * num_experts + expert[k->slot_item[s]]] = 0;
+    for (i64 g = 0; g < gpus; g++)
+        for (i64 s = start[g]; s < start[g] + count[g]; s++) k->holds[g * num_experts + expert[s]] = 0;
     return rounds;
 }
 
@@ -700,22 +801,16 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     i64 *expert = be.buf;
     const double *loads = bl.buf;
     const i64 *count = bs.buf;
-    i64 n = num_physical + 1;
+    i64 width = 1;
+    for (i64 g = 0; g < gpus; g++) width = count[g] > width ? count[g] : width;
     RefineWork k;
-    k.slot_item = malloc(sizeof(i64) * n);
-    k.item_slot = malloc(sizeof(i64) * n);
-    k.sorted = malloc(sizeof(i64) * n);
-    k.gpu_of = malloc(sizeof(i64) * n);
     k.by_load = malloc(sizeof(i64) * (gpus + 1));
     k.rank_of = malloc(sizeof(i64) * (gpus + 1));
-    k.sorted_w = malloc(sizeof(double) * n);
+    k.sorted = malloc(sizeof(i64) * gpus * width);
     k.load = malloc(sizeof(double) * (gpus + 1));
     k.holds = calloc((size_t)gpus * (num_experts + 1), sizeof(unsigned short));
-    k.pairs = malloc(sizeof(Pair) * n);
-    k.tmp = malloc(sizeof(Pair) * n);
-    i64 *start = malloc(sizeof(i64) * (gpus + 1)), *cnt = calloc(num_experts + 1, sizeof(i64)),
-        *item_expert = malloc(sizeof(i64) * n);
-    double *w = malloc(sizeof(double) * n);
+    i64 *start = malloc(sizeof(i64) * (gpus + 1)), *cnt = calloc(num_experts + 1, sizeof(i64));
+    double *w = malloc(sizeof(double) * (num_physical + 1));
     i64 total = 0;
     start[0] = 0;
     for (i64 g = 1; g < gpus; g++) start[g] = start[g - 1] + count[g - 1];
@@ -726,25 +821,16 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
         for (i64 s = 0; s < num_physical; s++) cnt[ex[s]]++;
         for (i64 s = 0; s < num_physical; s++) w[s] = l[ex[s]] / (double)cnt[ex[s]];
         for (i64 s = 0; s < num_physical; s++) cnt[ex[s]] = 0;
-        memcpy(item_expert, ex, sizeof(i64) * num_physical);
-        total += refine_layer(item_expert, w, start, count, gpus, num_physical, num_experts, max_rounds, &k);
-        for (i64 s = 0; s < num_physical; s++) ex[s] = item_expert[k.slot_item[s]];
+        total += refine_layer(ex, w, start, count, gpus, width, num_experts, max_rounds, &k);
     }
     Py_END_ALLOW_THREADS
-    free(k.slot_item);
-    free(k.item_slot);
-    free(k.sorted);
-    free(k.gpu_of);
     free(k.by_load);
     free(k.rank_of);
-    free(k.sorted_w);
+    free(k.sorted);
     free(k.load);
     free(k.holds);
-    free(k.pairs);
-    free(k.tmp);
     free(start);
     free(cnt);
-    free(item_expert);
     free(w);
     PyBuffer_Release(&bs);
     PyBuffer_Release(&bl);
@@ -758,6 +844,8 @@ static PyMethodDef methods[] = {
     {"argsort_desc", py_argsort_desc, METH_VARARGS, "argsort_desc(values, rows, n, like_torch, out)"},
     {"pack", py_pack, METH_VARARGS,
      "pack(weight, rows, n, order, capacity, bins, experts, num_experts, f32, bin_of, rank)"},
+    {"deepseek_rows", py_deepseek_rows, METH_VARARGS,
+     "deepseek_rows(weight, rows, n_log, n_phy, packs, phy2log, rank, logcnt): DeepSeek's replicate and pack"},
     {"place", py_place, METH_VARARGS,
      "place(loads, rows, E, capacity, bins, width, max_replicas, out, stuck): replicate and pack each row"},
     {"refine", py_refine, METH_VARARGS,

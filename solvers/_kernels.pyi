@@ -32,6 +32,9 @@ def pack(
     bin_of: _I,
     rank: _I,
 ) -> None: ...
+def deepseek_rows(
+    weight: _F, rows: int, n_log: int, n_phy: int, packs: int, phy2log: _I, rank: _I, logcnt: _I
+) -> None: ...
 def place(
     loads: _F,
     rows: int,

@@ -152,13 +152,14 @@ def spread_duplicates(
 def refine_swaps(
     loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_rounds: int = 64, light_gpus: int = 4
 ) -> IntArray:
-    """Lower each layer's busiest GPU by swapping one of its replicas with one on another GPU.
+    """Lower each layer's busiest GPU by swapping one of its replicas with one on another GPU, to convergence.
 
     loads: [layers, E]; phy2log: [layers, P] (replica counts are kept, so every replica's load is fixed).
-    Each round the busiest GPU trades one replica with one on another GPU, the trade that lowers the larger
-    of the two new loads most; GPUs are tried lightest first and the search stops once no heavier GPU can
-    beat the best trade found, so every GPU is in reach (`light_gpus` is kept for callers and not needed).
-    A swap never puts two replicas of one expert on one GPU. At most max_rounds swaps per layer.
+    Each round the busiest GPU trades one replica with one on its partner: the lightest GPU that has a trade
+    lowering the busiest without lifting the partner to the old peak; of that partner's trades, the one
+    leaving the lower maximum of the two loads. A swap never puts two replicas of one expert on one GPU.
+    Stops when the busiest GPU has no trade, or after max_rounds swaps in a layer. Every GPU is in reach
+    (`light_gpus` is kept for callers and no longer needed). Compiled (`_kernels.refine`).
     Returns the refined phy2log [layers, P].
     """
     del light_gpus
@@ -366,7 +367,6 @@ def _deepseek_hierarchical(
         _require(a % b == 0, f"{what} ({a}) must be a multiple of {b}")
     _require(num_physical >= num_log, f"{num_physical} physical experts cannot hold {num_log} logical experts")
     group_size = num_log // num_groups
-    per_gpu = num_physical // num_gpus
     if num_groups == num_nodes:  # one group per node: no packing, the sums are not needed
         node_of_group, rank_in_node = _deepseek_pack(weight[:, :num_groups], num_nodes)
     else:  # group sums added in torch's order: float32 sums above 2^24 round as DeepSeek's do
@@ -374,21 +374,23 @@ def _deepseek_hierarchical(
         node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
     log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
     mlog2log = _inverse(log2mlog)
-    mlog_load = np.take_along_axis(weight, mlog2log, axis=1).reshape(-1, num_log // num_nodes)
-    rows = mlog_load.shape[0]
-    phy2mlog, phyrank, mlogcnt = replicate(mlog_load, np.full(rows, num_physical // num_nodes))
-    per_replica = np.divide(mlog_load, mlogcnt.astype(np.float32), dtype=np.float32)
-    per_phy = np.take_along_axis(per_replica, phy2mlog, axis=1)
-    pack_index, rank_in_pack = _deepseek_pack(per_phy, num_gpus // num_nodes)
-    pphy2phy = _inverse(pack_index * per_gpu + rank_in_pack)
-    pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1)
-    pphy2mlog = (
-        pphy2mlog.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * (num_log // num_nodes))[None, :, None]
-    ).reshape(layers, -1)
+    mlog_load = np.take_along_axis(weight, mlog2log, axis=1) if num_nodes > 1 or num_groups > 1 else weight
+    # Steps 2 and 3 (rows = layer x node): replicate within the node, pack its replicas onto its GPUs
+    rows, per_node = layers * num_nodes, num_log // num_nodes
+    pphy2mlog = np.empty((rows, num_physical // num_nodes), dtype=np.int64)
+    pphyrank = np.empty_like(pphy2mlog)
+    mlogcnt = np.empty((rows, per_node), dtype=np.int64)
+    _kernels.deepseek_rows(
+        _f64(mlog_load), rows, per_node, num_physical // num_nodes, num_gpus // num_nodes, pphy2mlog, pphyrank, mlogcnt
+    )
+    pphy2mlog = (pphy2mlog.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * per_node)[:, None]).reshape(
+        layers, -1
+    )
+    if mlog_load is weight:  # global policy: mlog is log
+        return pphy2mlog, pphyrank.reshape(layers, -1), mlogcnt
     pphy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)
-    pphyrank = np.take_along_axis(phyrank, pphy2phy, axis=1).reshape(layers, -1)
     logcnt = np.take_along_axis(mlogcnt.reshape(layers, -1), log2mlog, axis=1)
-    return pphy2log, pphyrank, logcnt
+    return pphy2log, pphyrank.reshape(layers, -1), logcnt
 
 
 class GreedySolver(Solver):

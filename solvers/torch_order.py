@@ -85,4 +85,5 @@ def _multi_row_sum(x: NDArray[np.float32]) -> NDArray[np.float32]:
         i += 1
     for j in range(1, _LEVELS):
         acc[0] += acc[j]
-    return acc[0]
+    out: NDArray[np.float32] = acc[0]
+    return out
