@@ -42,7 +42,11 @@ def test_cli_solves_one_expert_per_gpu_beyond_the_expert_count(
     assert all(t > 0 for t in predicted["time_us"])
 
 
-FROM_SCRATCH = [n for n in registry.names() if not registry.get_solver(n).capabilities.requires_current]
+FROM_SCRATCH = [
+    n
+    for n in registry.names()
+    if not registry.get_solver(n).capabilities.requires_current and not registry.get_solver(n).capabilities.coactivation
+]
 
 
 @pytest.mark.parametrize("solver", FROM_SCRATCH)
