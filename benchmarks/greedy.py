@@ -108,9 +108,9 @@ def interleaved(runs: dict[str, Solve], repeats: dict[str, int]) -> dict[str, li
 
 def windows() -> dict[str, NDArray[np.float64]]:
     """Every shipped real window: the embedded one and fixtures/sglang6017-*.json."""
-    found = {"embedded (dsv3-prefill-in1024)": read_window(None).loads}
+    found = {"embedded dsv3-prefill-in1024": read_window(None).loads}
     for path in sorted((ROOT / "fixtures").glob("sglang6017-*.json")):
-        found[path.stem] = read_window(path).loads
+        found[path.stem.replace("sglang6017-dsv3-", "sglang6017 ")] = read_window(path).loads
     return found
 
 
@@ -133,12 +133,12 @@ def main() -> None:
         base = statistics.median(times["ours"])
         for impl, ts in times.items():
             med = statistics.median(ts)
-            print(f"{case:<44}{impl:<26}{med:>10.2f}{min(ts):>9.2f}{max(ts):>9.2f}{med / base:>10.1f}x")
+            print(f"{case:<64}{impl:<23}{med:>10.2f}{min(ts):>9.2f}{max(ts):>9.2f}{med / base:>10.1f}x")
             results.append({"case": case, "impl": impl, "median_ms": round(med, 3), "min_ms": round(min(ts), 3),
                             "max_ms": round(max(ts), 3), "slower_than_ours": round(med / base, 2)})
 
     print(f"speed, ms over {args.repeats} interleaved rounds")
-    print(f"{'case':<44}{'implementation':<26}{'median':>10}{'min':>9}{'max':>9}{'vs ours':>11}")
+    print(f"{'case':<64}{'implementation':<23}{'median':>10}{'min':>9}{'max':>9}{'vs ours':>11}")
     slow = max(1, args.repeats // 10)
     for name, loads in real.items():
         for gpus, per_gpu in ((32, 9), (64, 5)):
@@ -147,7 +147,7 @@ def main() -> None:
             if previous is not None:
                 runs["previous numpy"] = lambda loads=loads, slots=slots: previous.solve_greedy(loads, slots)
             runs["plain loop (no swaps)"] = lambda loads=loads, g=gpus, s=per_gpu: loop_greedy(loads, s, g)
-            speed(f"solve_greedy {name[:18]} EP{gpus}/{gpus * per_gpu}", runs,
+            speed(f"solve_greedy {name} EP{gpus}/{gpus * per_gpu}", runs,
                   {"ours": args.repeats, "previous numpy": args.repeats, "plain loop (no swaps)": slow})
     synthetic = skewed(61, 384, 0)
     slots = np.full(128, 4)
@@ -158,17 +158,17 @@ def main() -> None:
     speed("solve_greedy 61x384 synthetic EP128/512", runs,
           {"ours": args.repeats, "previous numpy": args.repeats, "plain loop (no swaps)": slow})
     for name, loads in real.items():
-        for label, groups, nodes in (("global", 1, 1), ("8 groups/4 nodes", 8, 4)):
+        for label, groups, nodes in (("global", 1, 1), ("8g/4n", 8, 4)):
             runs = {"ours": lambda loads=loads, g=groups, n=nodes: rebalance_experts(loads, 288, g, n, 32)[0]}
             if previous is not None:
                 runs["previous numpy"] = lambda loads=loads, g=groups, n=nodes: previous.rebalance_experts(
                     loads, 288, g, n, 32
                 )[0]
-            speed(f"rebalance_experts {name[:18]} EP32/288 {label}", runs,
+            speed(f"rebalance_experts {name} EP32/288 {label}", runs,
                   {"ours": args.repeats, "previous numpy": args.repeats})
 
     print("\nquality: lb per layer, median [min, max]; 'worse' = layers where ours > DeepSeek's")
-    print(f"{'window':<40}{'EP/slots':<10}{'ours':>27}{'previous numpy':>27}{'DeepSeek':>27}{'worse':>7}")
+    print(f"{'window':<36}{'EP/slots':<10}{'ours':>27}{'previous numpy':>27}{'DeepSeek':>27}{'worse':>7}")
     for name, loads in real.items():
         for gpus, per_gpu in ((32, 9), (64, 5)):
             slots = np.full(gpus, per_gpu)
@@ -178,7 +178,7 @@ def main() -> None:
             cells = [ours, prev, deepseek]
             text = ["n/a" if c is None else f"{np.median(c):.5f} [{c.min():.5f}, {c.max():.5f}]" for c in cells]
             worse = int(np.sum(ours > deepseek + 1e-12))
-            print(f"{name[:38]:<40}{f'{gpus}/{gpus * per_gpu}':<10}{text[0]:>27}{text[1]:>27}{text[2]:>27}{worse:>7}")
+            print(f"{name:<36}{f'{gpus}/{gpus * per_gpu}':<10}{text[0]:>27}{text[1]:>27}{text[2]:>27}{worse:>7}")
             results.append({"window": name, "gpus": gpus, "slots": gpus * per_gpu, "worse_than_deepseek": worse,
                             **{f"lb_{k}": None if c is None else [float(np.median(c)), float(c.min()), float(c.max())]
                                for k, c in zip(("ours", "previous", "deepseek"), cells, strict=True)}})

@@ -331,10 +331,9 @@ def rebalance_experts(
     else:
         phy2log, phyrank, logcnt = _deepseek_hierarchical(w, num_replicas, 1, 1, num_gpus)
     maxcnt = int(logcnt.max())
-    log2phy = np.full((layers, num_log * maxcnt), -1, dtype=np.int64)
-    np.put_along_axis(
-        log2phy, phy2log * maxcnt + phyrank, np.broadcast_to(np.arange(num_replicas), phy2log.shape), axis=1
-    )
+    log2phy = np.full(layers * num_log * maxcnt, -1, dtype=np.int64)
+    at = (np.arange(layers) * (num_log * maxcnt))[:, None] + phy2log * maxcnt + phyrank
+    log2phy[at.ravel()] = np.tile(np.arange(num_replicas), layers)
     return phy2log, log2phy.reshape(layers, num_log, maxcnt), logcnt
 
 
@@ -367,14 +366,17 @@ def _deepseek_hierarchical(
         _require(a % b == 0, f"{what} ({a}) must be a multiple of {b}")
     _require(num_physical >= num_log, f"{num_physical} physical experts cannot hold {num_log} logical experts")
     group_size = num_log // num_groups
-    if num_groups == num_nodes:  # one group per node: no packing, the sums are not needed
-        node_of_group, rank_in_node = _deepseek_pack(weight[:, :num_groups], num_nodes)
-    else:  # group sums added in torch's order: float32 sums above 2^24 round as DeepSeek's do
-        group_load = sum_last_like_torch(weight.reshape(-1, group_size)).reshape(layers, num_groups)
-        node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
-    log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
-    mlog2log = _inverse(log2mlog)
-    mlog_load = np.take_along_axis(weight, mlog2log, axis=1) if num_nodes > 1 or num_groups > 1 else weight
+    log2mlog = mlog2log = None  # experts listed node by node (mlog); the global policy keeps logical order
+    mlog_load = weight
+    if num_nodes > 1 or num_groups > 1:
+        if num_groups == num_nodes:  # one group per node: no packing, the sums are not needed
+            node_of_group, rank_in_node = _deepseek_pack(weight[:, :num_groups], num_nodes)
+        else:  # group sums added in torch's order: float32 sums above 2^24 round as DeepSeek's do
+            group_load = sum_last_like_torch(weight.reshape(-1, group_size)).reshape(layers, num_groups)
+            node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
+        log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
+        mlog2log = _inverse(log2mlog)
+        mlog_load = np.take_along_axis(weight, mlog2log, axis=1)
     # Steps 2 and 3 (rows = layer x node): replicate within the node, pack its replicas onto its GPUs
     rows, per_node = layers * num_nodes, num_log // num_nodes
     pphy2mlog = np.empty((rows, num_physical // num_nodes), dtype=np.int64)
@@ -386,7 +388,7 @@ def _deepseek_hierarchical(
     pphy2mlog = (pphy2mlog.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * per_node)[:, None]).reshape(
         layers, -1
     )
-    if mlog_load is weight:  # global policy: mlog is log
+    if log2mlog is None or mlog2log is None:  # global policy: mlog is log
         return pphy2mlog, pphyrank.reshape(layers, -1), mlogcnt
     pphy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)
     logcnt = np.take_along_axis(mlogcnt.reshape(layers, -1), log2mlog, axis=1)
