@@ -61,8 +61,9 @@ def count_moves(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gp
 
 
 def _occurrence(key: NDArray[np.int64]) -> NDArray[np.int64]:
-    """For each entry of the flat ``key``, a rank among the entries with the same key (0, 1, ...)."""
-    order = np.argsort(key)
+    """For each entry of the flat ``key``, how many equal keys come before it (0 for the first): so the
+    first of several replicas of an expert on a GPU keeps its slot, as vLLM expects."""
+    order = np.argsort(key, kind="stable")
     sorted_key = key[order]
     first = np.flatnonzero(np.concatenate([[True], sorted_key[1:] != sorted_key[:-1]]))
     run_start = np.repeat(first, np.diff(np.append(first, key.size)))
