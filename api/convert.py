@@ -25,7 +25,7 @@ from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.schemas import PlacementResponse
-from eplb.solve import Cluster, CostSetup, evaluate, infer_model, solve
+from eplb.solve import Cluster, CostSetup, evaluate, infer_model, solve, solver_name
 from eplb.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -35,6 +35,7 @@ from eplb.specs import (
     link_bandwidth,
     model_from_dict,
 )
+from solvers import registry
 from solvers.registry import Options
 
 MAX_LINK_BW = 1e15  # B/s: a petabyte per second per GPU is beyond any link
@@ -70,10 +71,10 @@ class SolveJob:
     solver: str
     cost: CostSetup | None
     current: Placement | None
-    time_limit_s: float | None
-    split: str
-    max_lb_slack: float
+    options: Options
+    stage_bytes: float | None
     run_async: bool
+
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,8 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
             solver=job.solver,
             cost=job.cost,
             current=job.current,
-            options=Options(total_time_limit_s=job.time_limit_s, max_lb_slack=job.max_lb_slack)
-            if job.solver == "milp" else None,
-            split=job.split,
+            options=job.options,
+            stage_bytes=job.stage_bytes,
         )
     except EplbError as exc:
         return _problem(ProblemError(422, "Invalid request", str(exc)), path)
@@ -281,12 +281,19 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         current = None
         if req.current_placement is not None:
             current = placement(req.current_placement, "current_placement", window.shape[1])
-        if req.split == "weighted" and req.solver != "milp":
-            raise FieldError("split", "weighted shares need solver 'milp'")
+        name = solver_name(req.solver or ("incremental" if current is not None else "greedy"), req.split)
+        if name not in registry.names():
+            raise FieldError("solver", f"unknown solver {name!r}: choose one of {', '.join(registry.names())}")
     except EplbError as exc:
         raise _as_problem(exc) from None
-    limit = req.time_limit_s
-    if req.solver == "milp" and limit is None:
-        limit = milp_default_time_limit_s
-    return SolveJob(window, the_cluster, req.solver, cost, current, limit, req.split, req.max_lb_slack,
-                    req.run_async)
+    milp = "time_limit_s" in registry.get_solver(name).options
+    limit = req.time_limit_s if req.time_limit_s is not None or not milp else milp_default_time_limit_s
+    options = Options(
+        total_time_limit_s=limit,
+        max_lb_slack=req.max_lb_slack,
+        max_moves=req.max_moves,
+        max_moves_per_layer=req.max_moves_per_layer,
+        target_lb=req.target_lb,
+    )
+    stage_bytes = None if req.stage_gib is None else req.stage_gib * 2**30
+    return SolveJob(window, the_cluster, name, cost, current, options, stage_bytes, req.run_async)

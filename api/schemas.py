@@ -132,9 +132,24 @@ class PlacementRequest(CostIn):
     )
     cluster: ClusterIn
     loads: Loads
-    solver: Literal["greedy", "milp"] = "greedy"
+    solver: str | None = Field(
+        None, max_length=40, description="a registered solver (GET /presets lists them); absent: greedy, or "
+        "incremental when current_placement is given"
+    )
     time_limit_s: float | None = Field(
         None, gt=0, le=3600, description="MILP: time budget for the whole request, seconds"
+    )
+    max_moves: int | None = Field(
+        None, ge=0, le=10_000_000, description="incremental: expert copies allowed in the whole model"
+    )
+    max_moves_per_layer: int | None = Field(
+        None, ge=0, le=1_000_000, description="incremental: expert copies allowed per layer"
+    )
+    target_lb: float | None = Field(
+        None, ge=1, le=1000, description="incremental: fewest copies that bring every layer's lb to this"
+    )
+    stage_gib: float | None = Field(
+        None, gt=0, le=1e6, description="migration plan: bytes copied per stage, GiB (default: one stage)"
     )
     split: Literal["uniform", "weighted"] = Field(
         "uniform", description="weighted: replicas serve unequal shares (MILP only; needs weighted routing)"

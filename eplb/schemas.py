@@ -73,7 +73,9 @@ class PlacementResponse(BaseModel):
     predicted: Predicted
     solver: SolverOut | None = None
     moves: Moves | None = None
-    plan: dict[str, Any] | None = Field(None, description="migration plan, when one was asked for")
+    plan: dict[str, Any] | None = Field(
+        None, description="migration plan from current_placement: ordered copies in byte-budgeted stages"
+    )
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON object (absent fields left out): what `--json` prints and the API answers."""

@@ -102,15 +102,13 @@ class Outcome:
             predicted=schemas.Predicted(**predicted, baseline=schemas.Balance(**baseline)),
             solver=schemas.SolverOut.model_validate(self.solver) if self.solver else None,
             moves=moves,
+            plan=None if self.plan is None else self.plan.to_dict(),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """`to_model()` as a JSON object, absent fields left out; with a current placement, also the
-        migration plan under "plan" (docs/formats.md)."""
-        out = self.to_model().to_json_dict()
-        if self.plan is not None:
-            out["plan"] = self.plan.to_dict()
-        return out
+        """`to_model()` as a JSON object, absent fields left out (with a current placement it carries the
+        migration plan under "plan", docs/formats.md)."""
+        return self.to_model().to_json_dict()
 
 
 def _balance_dict(b: Balance) -> dict[str, Any]:

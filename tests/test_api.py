@@ -437,3 +437,25 @@ def test_server_stop_leaks_no_semaphores() -> None:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert "leaked" not in out.decode(), out.decode()
+
+
+def test_incremental_rebalance_with_a_move_budget_answers_with_its_plan(base: str) -> None:
+    first = httpx.post(f"{base}/placement", json=request_body(), timeout=60).json()
+    shifted = np.roll(V3, 7, axis=1)
+    body = request_body(loads=shifted.tolist(), current_placement=first["placement"], max_moves=40, stage_gib=2)
+    r = httpx.post(f"{base}/placement", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["solver"]["name"] == "incremental"  # the default with a current placement
+    assert 0 < data["moves"]["total"] <= 40
+    plan = data["plan"]
+    copies = [c for stage in plan["stages"] for c in stage["copies"] if c["bytes"] > 0]
+    assert plan["num_copies"] == len(copies) == data["moves"]["total"]
+    assert all(stage["bytes"] <= 2 * 2**30 for stage in plan["stages"])
+    fresh = httpx.post(f"{base}/placement", json={**body, "solver": "greedy", "max_moves": None}, timeout=60)
+    assert fresh.status_code == 200, fresh.text
+    assert fresh.json()["moves"]["total"] > data["moves"]["total"]
+    refused = httpx.post(f"{base}/placement", json={**body, "solver": "greedy"}, timeout=60)
+    assert refused.status_code == 422 and "max_moves" in refused.json()["detail"]
+    solvers = httpx.get(f"{base}/presets", timeout=30).json()["solvers"]
+    assert {"greedy", "milp", "incremental"} <= set(solvers)

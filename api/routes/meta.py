@@ -10,6 +10,7 @@ from fastapi.responses import PlainTextResponse
 from api.deps import MetricsDep, PoolDep, SettingsDep
 from api.problems import documented, problem_response
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
+from solvers import registry
 
 router = APIRouter(tags=["meta"])
 
@@ -19,6 +20,7 @@ async def presets() -> dict[str, Any]:
     return {
         "models": {name: spec.to_dict() for name, spec in MODEL_PRESETS.items()},
         "hardware": {name: spec.to_dict() for name, spec in HARDWARE_PRESETS.items()},
+        "solvers": {name: registry.get_solver(name).summary for name in registry.names()},
     }
 
 

@@ -97,7 +97,7 @@ async def placement(request: Request, settings: SettingsDep, pool: PoolDep, pars
     job = parsed.job
     if job is None:
         return respond(parsed)
-    if not (job.run_async or (job.solver == "milp" and (job.time_limit_s or 0) > settings.async_threshold_s)):
+    if not (job.run_async or (job.options.total_time_limit_s or 0) > settings.async_threshold_s):
         answer = await in_pool(pool, settings, convert.answer_job, job=job)
         if answer.status == 200:
             metrics.solved(job.solver, answer.seconds, answer.lb)
