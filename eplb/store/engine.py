@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +63,7 @@ def make_engine(url: str) -> Engine:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, connect_args={"timeout": 60, "check_same_thread": False})
         _sqlite_transactions(engine)
+        _sqlite_wal(engine)
         return engine
     if parsed.get_backend_name() != "postgresql":
         raise EplbError(f"unsupported database {parsed.get_backend_name()!r}: use SQLite or PostgreSQL")
@@ -74,7 +77,6 @@ def _sqlite_transactions(engine: Engine) -> None:
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.close()
@@ -82,6 +84,24 @@ def _sqlite_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE_LOCK) else "BEGIN")
+
+
+def _sqlite_wal(engine: Engine) -> None:
+    """Switch the file to write-ahead logging (readers never wait for the writer); the mode is kept in the file.
+    The switch needs the file to itself for a moment, so a replica starting beside another retries."""
+    if engine.url.database in (None, "", ":memory:"):
+        return
+    for attempt in range(100):
+        raw = engine.raw_connection()
+        try:
+            raw.cursor().execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if attempt == 99:
+                raise
+            time.sleep(0.05)
+        finally:
+            raw.close()
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:
