@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,9 +25,11 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(**env: str) -> Iterator[str]:
-    """Start `eplb serve` on 127.0.0.1 with EPLB_* settings; yield its base URL; stop it."""
+    """Start `eplb serve` on 127.0.0.1 with EPLB_* settings; yield its base URL; stop it. Each server keeps its
+    jobs and deployments in a database of its own (a fresh EPLB_DATA_DIR) unless the settings name one."""
     port = free_port()
-    environ = {**os.environ, **{f"EPLB_{k.upper()}": v for k, v in env.items()}}
+    data_dir = tempfile.mkdtemp(prefix="eplb-test-")
+    environ = {**os.environ, "EPLB_DATA_DIR": data_dir, **{f"EPLB_{k.upper()}": v for k, v in env.items()}}
     proc = subprocess.Popen(
         [sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
         env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -51,6 +55,7 @@ def running_server(**env: str) -> Iterator[str]:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

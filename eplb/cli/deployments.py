@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from eplb.deployments import DeploymentView, HistoryEntry, HistoryPage
 from eplb.errors import EplbError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
     from eplb.client import Client
+    from eplb.deployments import DeploymentView, HistoryEntry, HistoryPage
     from eplb.store import Store
 
 GIB = 1024**3
