@@ -3,36 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from eplb.errors import EplbError
 
+MODULES = ("solve", "cost", "replay", "compare", "interop", "logs", "serve", "deployments")
+"""The subcommand modules, in the order `eplb --help` lists their commands."""
+COMMANDS = {
+    "solve": "solve", "evaluate": "solve", "cost": "cost", "synth": "replay", "replay": "replay",
+    "compare": "compare", "export": "interop", "import-load": "interop", "logs": "logs", "serve": "serve",
+    "deployments": "deployments", "history": "deployments",
+}  # fmt: skip
+"""Which module registers each command: a run imports only its own (start-up stays short)."""
 
-def build_parser() -> argparse.ArgumentParser:
-    from eplb.cli import compare, cost, deployments, interop, logs, replay, serve, solve
 
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`'s command (every command when argv names none, e.g. for --help)."""
+    words = [w for w in (argv or []) if not w.startswith("-")]
+    wanted = [COMMANDS[words[0]]] if words and words[0] in COMMANDS else list(MODULES)
     parser = argparse.ArgumentParser(
         prog="eplb",
         description="Expert placement for Mixture-of-Experts inference: replicate hot experts and pack "
         "them so every GPU carries about the same load.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    solve.register(sub)
-    cost.register(sub)
-    replay.register(sub)
-    compare.register(sub)
-    interop.register(sub)
-    logs.register(sub)
-    serve.register(sub)
-    deployments.register(sub)
+    for name in wanted:
+        importlib.import_module(f"eplb.cli.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
