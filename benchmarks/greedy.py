@@ -133,12 +133,12 @@ def main() -> None:
         base = statistics.median(times["ours"])
         for impl, ts in times.items():
             med = statistics.median(ts)
-            print(f"{case:<64}{impl:<23}{med:>10.2f}{min(ts):>9.2f}{max(ts):>9.2f}{med / base:>10.1f}x")
+            print(f"{case:<66}{impl:<23}{med:>10.2f}{min(ts):>9.2f}{max(ts):>9.2f}{med / base:>10.1f}x")
             results.append({"case": case, "impl": impl, "median_ms": round(med, 3), "min_ms": round(min(ts), 3),
                             "max_ms": round(max(ts), 3), "slower_than_ours": round(med / base, 2)})
 
     print(f"speed, ms over {args.repeats} interleaved rounds")
-    print(f"{'case':<64}{'implementation':<23}{'median':>10}{'min':>9}{'max':>9}{'vs ours':>11}")
+    print(f"{'case':<66}{'implementation':<23}{'median':>10}{'min':>9}{'max':>9}{'vs ours':>11}")
     slow = max(1, args.repeats // 10)
     for name, loads in real.items():
         for gpus, per_gpu in ((32, 9), (64, 5)):
