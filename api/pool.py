@@ -54,6 +54,10 @@ def _worker_main(conn: Connection) -> None:
     (the MILP solves layers in a pool of its own)."""
     os.setpgrp()
     import eplb.solve  # noqa: F401  (import once, warm)
+    from solvers import registry
+
+    for name in registry.names():  # every solver's module (OR-Tools too) loads now, not in the first request
+        registry.get_solver(name)
 
     while True:
         try:

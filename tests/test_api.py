@@ -173,7 +173,8 @@ def test_milp_sync_respects_time_limit_and_beats_greedy(base: str) -> None:
     elapsed = time.monotonic() - started
     assert r.status_code == 200, r.text
     data = r.json()
-    assert elapsed < 2 + 3  # the request's budget plus overhead
+    assert data["solver"]["wall_ms"] < 2000 * 1.25  # the solver keeps the request's budget
+    assert elapsed < 2 + 8  # plus transport, parsing and a worker that may still be warming up (not the 30 s default)
     assert data["solver"]["name"] == "milp" and data["solver"]["status"] in ("optimal", "time_limit", "feasible")
     greedy = httpx.post(f"{base}/placement", json=request_body(loads=V3[:4].tolist()), timeout=60).json()
     assert all(m <= g + 1e-9 for m, g in zip(data["predicted"]["lb"], greedy["predicted"]["lb"], strict=True))

@@ -232,7 +232,7 @@ def test_cli_bad_input_and_output_paths(tmp_path: Path, capsys: pytest.CaptureFi
         (["import-load", "--from", "vllm", empty, "--out", str(tmp_path / "x.json")], "empty.npz is empty"),
         (["import-load", "--from", "vllm", folder, "--out", str(tmp_path / "x.json")], "folder is a directory"),
         (["import-load", "--from", "sglang", str(window), "--out", missing_dir], "does not exist"),
-        (["replay", folder], "routing log .*folder is a directory"),
+        (["replay", folder], "folder: no part-\\*.parquet shards in this directory"),
         (["replay", empty], "routing log .*empty.npz is empty"),
     ]
     for argv, message in cases:
