@@ -415,6 +415,28 @@ def test_remote_falls_back_when_the_service_has_no_such_deployment(
     assert out.tolist() == EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32).tolist()
 
 
+def test_remote_mode_uses_the_services_deployment(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """End to end against a real `eplb serve`: the window goes to the deployment, its placement comes back."""
+    base = server_factory()
+    config = {"model": "deepseek-v3", "cluster": {"num_gpus": 32, "slots_per_gpu": 9},
+              "solver": "greedy", "policy": {"trigger": "periodic"}}
+    created = httpx.put(f"{base}/deployments/plugin-e2e", json=config, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "plugin-e2e")
+    weight = torch.from_numpy(DECODE[:4])
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        out = EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32)
+    assert "solved locally" not in caplog.text
+    history = httpx.get(f"{base}/deployments/plugin-e2e/history", timeout=60).json()
+    assert [e["action"] for e in history["entries"]] == ["placed"]
+    current = httpx.get(f"{base}/deployments/plugin-e2e", timeout=60).json()
+    phy2log = out[0] if isinstance(out, tuple) else out
+    assert phy2log.tolist() == current["placement"]["phy2log"]  # the engine got the service's placement
+
+
 def test_remote_falls_back_when_the_service_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -440,10 +462,10 @@ def _answering(status: int, body: Any) -> httpx.Client:
 @pytest.mark.parametrize(
     ("status", "body", "expected"),
     [
-        (200, {"placement": {"phy2log": [[0, 1, 2, 3, 0, 0]] * 2}}, np.array([[0, 1, 2, 3, 0, 0]] * 2)),
-        (200, {"placement": None, "reason": "lb within target"}, "unchanged"),
-        (200, {"placement": {"phy2log": [[0, 1, 2, 3]] * 2}}, "the engine needs (2, 6)"),
-        (200, {"placement": {"phy2log": [[0, 1, 2, 2, 0, 0]] * 2}}, "does not place each"),
+        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 3, 0, 0]] * 2}}}, np.array([[0, 1, 2, 3, 0, 0]] * 2)),
+        (200, {"action": "kept", "reason": "lb within target"}, "unchanged"),
+        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 3]] * 2}}}, "the engine needs (2, 6)"),
+        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 2, 0, 0]] * 2}}}, "does not place each"),
         (404, {"detail": "no deployment"}, "answered 404"),
         (503, {"detail": "queue full"}, "answered 503: queue full"),
     ],

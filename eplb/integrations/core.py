@@ -271,7 +271,9 @@ def post_window(
         body = response.json()
     except ValueError:
         return f"{url} answered {response.status_code} with a body that is not JSON"
-    placement = body.get("placement") if isinstance(body, dict) else None
+    # POST /deployments/{name}/windows answers {"action": placed|rebalanced|kept, "result": {"placement": ...}}
+    result = body.get("result") if isinstance(body, dict) else None
+    placement = result.get("placement") if isinstance(result, dict) else None
     if placement is None:
         return "unchanged"
     try:
