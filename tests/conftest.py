@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +22,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def poll_job(base: str, location: str, until: tuple[str, ...], timeout_s: float = 60) -> dict[str, Any]:
+    """GET the job at `location` until its status is one of `until` (fails after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job: dict[str, Any] = httpx.get(f"{base}{location}", timeout=60).json()
+        if job["status"] in until:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import pytest
 from eplb.evaluate import balance
 from eplb.io.windows import read_window
 from eplb.placement import Placement
-from tests.conftest import free_port
+from tests.conftest import free_port, poll_job
 
 PROBLEM = "application/problem+json"
 V3 = read_window(None).loads[:6]  # 6 real DeepSeek-V3 layers keep requests small
@@ -206,16 +206,6 @@ def test_long_milp_becomes_a_job_and_can_be_cancelled(server_factory: Callable[.
 
 
 # ----- hardening (issue 12, items 4-12) ----------------------------------------------------------------------
-
-
-def poll_job(base: str, location: str, until: tuple[str, ...], timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job: dict[str, Any] = httpx.get(f"{base}{location}", timeout=60).json()
-        if job["status"] in until:
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
 
 
 def test_finished_jobs_do_not_count_queued_are_queued_and_jobs_expire(server_factory: Callable[..., str]) -> None:

@@ -17,20 +17,12 @@ from typing import Any
 import httpx
 
 from eplb.io.windows import read_window
+from tests.conftest import free_port, poll_job
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 from tests.test_deployments import config, window
 
 V3 = read_window(None).loads[:4]  # 4 real DeepSeek-V3 layers: a MILP on them runs for its whole budget
 LEASE_S = 1.5
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -85,16 +77,6 @@ def long_milp() -> dict[str, Any]:
             "loads": V3.tolist(), "tokens_per_gpu": 4096, "solver": "milp", "time_limit_s": 60, "async": True}
 
 
-def poll(base: str, location: str, until: tuple[str, ...], timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job: dict[str, Any] = httpx.get(f"{base}{location}", timeout=30).json()
-        if job["status"] in until:
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.1)
-
-
 def test_two_replicas_share_deployments_and_jobs(db_url: str) -> None:
     with ExitStack() as stack:
         (a, proc_a), (b, _) = stack.enter_context(replica(db_url)), stack.enter_context(replica(db_url))
@@ -127,7 +109,7 @@ def test_two_replicas_share_deployments_and_jobs(db_url: str) -> None:
         submitted = httpx.post(f"{a}/placement", json=long_milp(), timeout=60)
         assert submitted.status_code == 202, submitted.text
         location = submitted.headers["location"]
-        assert poll(b, location, ("running",))["status"] == "running"
+        assert poll_job(b, location, ("running",))["status"] == "running"
         assert httpx.delete(f"{b}{location}", timeout=30).json()["status"] == "cancelled"
         time.sleep(2 * LEASE_S)  # A's next lease renewal sees the cancel and stops its solver
         assert httpx.get(f"{a}{location}", timeout=30).json()["status"] == "cancelled"
@@ -136,9 +118,9 @@ def test_two_replicas_share_deployments_and_jobs(db_url: str) -> None:
         # A dies mid-job: the job ends failed (its lease lapses), B keeps serving
         submitted = httpx.post(f"{a}/placement", json=long_milp(), timeout=60)
         location = submitted.headers["location"]
-        poll(b, location, ("running",))
+        poll_job(b, location, ("running",))
         kill_with_workers(proc_a)
-        failed = poll(b, location, ("failed", "done", "cancelled"), timeout_s=10 * LEASE_S + 10)
+        failed = poll_job(b, location, ("failed", "done", "cancelled"), timeout_s=10 * LEASE_S + 10)
         assert failed["status"] == "failed" and "replica running this job stopped" in failed["error"]["detail"]
         listed = httpx.get(f"{b}/jobs", timeout=30).json()
         assert listed["active"] == 0 and all(j["status"] != "running" for j in listed["jobs"])
