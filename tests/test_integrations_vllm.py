@@ -485,3 +485,16 @@ def test_environment_errors_are_one_line() -> None:
         with pytest.raises(core.PolicyInputError, match=word):
             core.Settings.from_env(env)
     assert core.Settings.from_env({"EPLB_SERVICE_URL": "http://h:1/", "EPLB_DEPLOYMENT": "d"}).service_url == "http://h:1"
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_without_a_budget_a_rebalance_never_costs_balance(nodes: int) -> None:
+    """Hierarchical edits cannot move a group to another node; when that costs more than 1% of lb, the fresh
+    (DeepSeek-equal) placement with slot keeping is used instead."""
+    settings = core.Settings()
+    old = core.rebalance(PREFILL, 288, 8, nodes, 32, settings=settings).phy2log
+    result = core.rebalance(DECODE, 288, 8, nodes, 32, old=old, settings=settings)
+    fresh = core.rebalance(DECODE, 288, 8, nodes, 32, settings=settings).phy2log
+    kept_lb = core.layer_lb(DECODE, result.phy2log, 32).mean()
+    assert kept_lb <= core.INCREMENTAL_LB_TOLERANCE * core.layer_lb(DECODE, fresh, 32).mean()
+    assert core.moves(result.phy2log, old, 32).sum() < core.moves(fresh, old, 32).sum()

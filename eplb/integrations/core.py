@@ -28,6 +28,8 @@ FloatArray = NDArray[np.float64]
 
 INCREMENTAL = "incremental"
 """Registry name of the incremental (move-budgeted) solver, used when the engine passes its current map."""
+INCREMENTAL_LB_TOLERANCE = 1.01
+"""Without a move budget, the incremental map is used when its mean lb is at most 1% above a fresh placement's."""
 
 
 class PolicyInputError(ValueError, AssertionError):
@@ -233,6 +235,14 @@ def solve_local(
             how = INCREMENTAL
         except SolverError as err:
             how = f"{settings.solver} ({INCREMENTAL} refused: {err})"
+    if new is not None and settings.max_moves is None:
+        # without a budget, edits must not cost balance: the incremental map stands only when its lb is within
+        # INCREMENTAL_LB_TOLERANCE of a fresh placement's (hierarchical edits cannot move a group to another
+        # node, which a fresh placement may need)
+        candidate, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
+        kept_lb, fresh_lb = (float(layer_lb(weight, m, num_ranks).mean()) for m in (new, candidate))
+        if kept_lb > fresh_lb * INCREMENTAL_LB_TOLERANCE:
+            new, how = None, f"{settings.solver} (incremental lb {kept_lb:.4f} vs fresh {fresh_lb:.4f})"
     if new is None:
         new, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
         new = keep_slots(new, old, num_ranks, blocks)
