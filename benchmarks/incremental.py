@@ -95,6 +95,9 @@ def run_pair(old: NDArray[np.float64], new: NDArray[np.float64], gpus: int, phys
     for name, kwargs in cases:
         placed, wall, cpu = timed(lambda kw=kwargs: rebalance(new, cur, slots, **kw)[0], repeats)
         rows.append(row(name, placed, cur, new, slots, wall, cpu, fresh))
+    default, wall, cpu = timed(lambda: registry.solve("incremental", Problem(new, slots, current_phy2log=cur)).phy2log,
+                               repeats)
+    rows.append(row("incremental solver default (fresh layers >1% off)", default, cur, new, slots, wall, cpu, fresh))
     if milp_layers:
         k = milp_layers
         problem = Problem(new[:k], slots, current_phy2log=cur[:k])

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from solvers import _incremental
-from solvers.migration import arrange_slots
+from solvers.migration import arrange_slots, relabel_gpus
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 
 FloatArray = NDArray[np.float64]
@@ -341,4 +341,33 @@ class IncrementalSolver(Solver):
             max_moves_per_layer=options.max_moves_per_layer,
             target_lb=options.target_lb,
         )
-        return Solution(phy2log, status="heuristic", info={"steps": take.tolist()})
+        info: dict[str, object] = {"steps": take.tolist()}
+        if options.max_moves is None and options.max_moves_per_layer is None and options.target_lb is None:
+            phy2log, info["fresh_layers"] = _fresh_where_edits_fall_short(problem, phy2log)
+        return Solution(phy2log, status="heuristic", info=info)
+
+
+FRESH_LB_TOLERANCE = 1.01
+"""Without a budget, a layer whose edited placement's busiest GPU is more than 1% above a fresh greedy
+placement's takes the fresh one (relabelled onto the serving placement)."""
+
+
+def _fresh_where_edits_fall_short(problem: Problem, edited: IntArray) -> tuple[IntArray, list[int]]:
+    """Edits stop short of a re-solve when the serving placement is far off (e.g. hierarchical edits cannot move
+    a group to another node). Per layer, take fresh greedy (relabelled, node-aware) where its busiest GPU is more
+    than FRESH_LB_TOLERANCE lower. Returns phy2log [L, P] and the layers replaced."""
+    from solvers.greedy import solve_greedy
+    from solvers.loads import gpu_loads
+
+    assert problem.current_phy2log is not None
+    slots = problem.slots_per_gpu
+    fresh = solve_greedy(problem.loads, slots, num_groups=problem.num_groups, gpus_per_node=problem.gpus_per_node)
+    worse = (gpu_loads(problem.loads, edited, slots).max(axis=1)
+             > FRESH_LB_TOLERANCE * gpu_loads(problem.loads, fresh, slots).max(axis=1))  # fmt: skip
+    if not worse.any():
+        return edited, []
+    nodes = problem.gpus_per_node if problem.hierarchical else None
+    layers = np.flatnonzero(worse)
+    out = edited.copy()
+    out[layers] = relabel_gpus(fresh[layers], problem.current_phy2log[layers], slots, nodes)
+    return out, layers.tolist()
