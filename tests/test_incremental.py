@@ -212,3 +212,19 @@ def test_cli_defaults_to_incremental_with_current_and_writes_the_plan(
     assert "does not take max_moves" in capsys.readouterr().err
     assert main(["solve", *common, "--plan", str(tmp_path / "p.json")]) == 2
     assert "need --current" in capsys.readouterr().err
+
+
+def test_default_takes_fresh_greedy_where_edits_fall_short() -> None:
+    """Hierarchical edits cannot move a group to another node: on the real prefill -> decode drift (4 nodes x 8
+    GPUs, 8 groups) the default must not stay far above fresh greedy; with a budget the edits stand."""
+    root = Path(__file__).resolve().parents[1]
+    old, new = (read_window(root / f).loads for f in (PREFILL, DECODE))
+    slots = np.full(32, 9, dtype=np.int64)
+    current = solve_greedy(old, slots, num_groups=8, gpus_per_node=8)
+    problem = Problem(new, slots, num_groups=8, gpus_per_node=8, current_phy2log=current)
+    fresh_max = gpu_loads(new, solve_greedy(new, slots, num_groups=8, gpus_per_node=8), slots).max(axis=1)
+    solution = registry.solve("incremental", problem)
+    assert (gpu_loads(new, solution.phy2log, slots).max(axis=1) <= 1.01 * fresh_max + 1e-6).all()
+    assert solution.info["fresh_layers"]  # the edits alone fall short here
+    budgeted = registry.solve("incremental", problem, Options(max_moves=500))
+    assert count_moves(budgeted.phy2log, current, slots).sum() <= 500 and "fresh_layers" not in budgeted.info
