@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb import schemas
 from eplb.cost import LayerPrediction, predict
 from eplb.errors import EplbError
 from eplb.evaluate import Balance, balance, contiguous_placement
@@ -25,6 +24,9 @@ from solvers.migration import count_moves, relabel_gpus
 from solvers.plan import MigrationPlan, PlanError, build_plan
 from solvers.registry import Options, Problem, SolverError
 from solvers.validation import InvalidPlacement
+
+if TYPE_CHECKING:
+    from eplb import schemas
 
 
 def solver_name(solver: str, split: str = "uniform") -> str:
@@ -87,6 +89,8 @@ class Outcome:
 
     def to_model(self) -> schemas.PlacementResponse:
         """The answer `eplb solve --json` prints and `POST /placement` returns (eplb/schemas.py)."""
+        from eplb import schemas  # pydantic models cost ~0.2 s to build: only answers that are sent need them
+
         predicted: dict[str, Any] = _balance_dict(self.balance)
         baseline: dict[str, Any] = _balance_dict(self.baseline)
         if self.prediction is not None and self.baseline_prediction is not None:
