@@ -12,6 +12,12 @@ from eplb.errors import EplbError
 GIB = 1024**3
 
 
+def describe_slots(slots: NDArray[np.int64]) -> str:
+    """One short phrase for slots per GPU [G]: "32 GPUs x 9 slots" or "32 GPUs, 8-10 slots each"."""
+    lo, hi = int(slots.min()), int(slots.max())
+    return f"{slots.size} GPUs x {lo} slots" if lo == hi else f"{slots.size} GPUs, {lo}-{hi} slots each"
+
+
 def spread_evenly(total: int, num_gpus: int) -> NDArray[np.int64]:
     """total slots over num_gpus GPUs as evenly as possible, the first GPUs taking the remainder: [G]."""
     base, extra = divmod(total, num_gpus)

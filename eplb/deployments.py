@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import delete, func, select
 
-from eplb.budget import slots_per_gpu
+from eplb.budget import describe_slots, slots_per_gpu
 from eplb.cost.migration import MigrationSpec, copies_per_gpu
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
@@ -394,8 +394,8 @@ def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
         if applied.num_experts != setup.model.num_experts:
             raise EplbError(f"placement: {applied.num_experts} experts, the model has {setup.model.num_experts}")
         if applied.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
-            raise EplbError(f"placement: slots per GPU {applied.slots_per_gpu.tolist()}, the deployment has "
-                            f"{setup.cluster.slots_per_gpu.tolist()}")
+            raise EplbError(f"placement: {describe_slots(applied.slots_per_gpu)}, the deployment has "
+                            f"{describe_slots(setup.cluster.slots_per_gpu)}")
         previous = _placement(row)
         entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied",
                            reason="reported by the cluster")

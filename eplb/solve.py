@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from eplb.budget import describe_slots
 from eplb.cost import LayerPrediction, predict
 from eplb.errors import EplbError
 from eplb.evaluate import Balance, balance, contiguous_placement
@@ -248,8 +249,8 @@ def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Clus
         )
     if current.slots_per_gpu.tolist() != cluster.slots_per_gpu.tolist():
         raise EplbError(
-            f"the current placement has slots per GPU {current.slots_per_gpu.tolist()}, the request asks "
-            f"for {cluster.slots_per_gpu.tolist()}: moves are counted between placements of one cluster shape"
+            f"the current placement is for {describe_slots(current.slots_per_gpu)}, the request asks for "
+            f"{describe_slots(cluster.slots_per_gpu)}: moves are counted between placements of one cluster shape"
         )
     if current.empty_slots.any():
         layer, slot = (int(v) for v in np.argwhere(current.empty_slots)[0])

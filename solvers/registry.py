@@ -163,6 +163,9 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
     cls = get_solver(name)
     caps = cls.capabilities
     unsupported = [o for o in options.set_names() if o not in cls.options and o not in EVERY_SOLVER]
+    budget = [o for o in unsupported if o in ("max_moves", "max_moves_per_layer", "target_lb")]
+    if budget and problem.current_phy2log is None:
+        raise SolverError(f"{', '.join(budget)}: a move budget needs the serving placement (give the current one)")
     if unsupported:
         takes = ", ".join(sorted(cls.options)) or "none"
         raise SolverError(f"solver {name!r} does not take {', '.join(unsupported)} (it takes: {takes})")
@@ -195,10 +198,12 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
         raise SolverError(f"solver {name!r} needs co-activation pair counts [layers, E, E] (from a token-level log)")
     if caps.requires_current and problem.current_phy2log is None:
         raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
-    for opt in ("time_limit_s", "total_time_limit_s", "target_lb"):
+    for opt in ("time_limit_s", "total_time_limit_s"):
         value = getattr(options, opt)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise SolverError(f"{opt} must be a positive number, got {value!r}")
+    if options.target_lb is not None and not (math.isfinite(options.target_lb) and options.target_lb >= 1):
+        raise SolverError(f"target_lb must be >= 1 (lb = busiest GPU / mean GPU), got {options.target_lb!r}")
     if options.max_lb_slack < 0 or not math.isfinite(options.max_lb_slack):
         raise SolverError(f"max_lb_slack must be >= 0, got {options.max_lb_slack!r}")
     for opt in ("max_moves", "max_moves_per_layer"):

@@ -71,3 +71,13 @@ def test_solve_validates_what_a_solver_returns(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(greedy, "solve", broken)
     with pytest.raises(InvalidPlacement, match="no replica"):
         solve(np.ones((1, 8)), Cluster(np.array([3, 3, 3])))
+
+
+def test_move_budgets_and_targets_are_checked_once() -> None:
+    loads = np.ones((1, 8))
+    current = np.tile(np.arange(9) % 8, (1, 1))
+    with pytest.raises(SolverError, match="max_moves: a move budget needs the serving placement"):
+        registry.check("greedy", Problem(loads, np.array([3, 3, 3])), Options(max_moves=5))
+    with pytest.raises(SolverError, match="target_lb must be >= 1"):
+        registry.check("incremental", Problem(loads, np.array([3, 3, 3]), current_phy2log=current),
+                       Options(target_lb=0.5))

@@ -115,3 +115,14 @@ def test_milp_weighted_and_migration_from_the_cli(tmp_path: Path, capsys: pytest
     assert moved["moves"]["bytes_moved"] == pytest.approx(moved["moves"]["total"] * 3 * 2048 * 1408 * 2)
     assert main(["solve", *common, "--max-lb-slack", "3"]) == 2
     assert "--max-lb-slack must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_current_placement_of_another_cluster_is_one_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p64.json"
+    assert main(["solve", "--gpus", "64", "--redundant", "64", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["solve", "--gpus", "32", "--current", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is for 64 GPUs x 5 slots, the request asks for 32 GPUs x 9 slots" in err and len(err) < 200
