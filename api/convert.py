@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -31,9 +31,7 @@ from eplb.specs import (
     MODEL_PRESETS,
     HardwareSpec,
     ModelSpec,
-    hardware_from_dict,
     link_bandwidth,
-    model_from_dict,
 )
 from solvers import registry
 from solvers.registry import Options
@@ -205,16 +203,14 @@ def check_window(value: Any) -> NDArray[np.float64]:
 # ----- request fields -> eplb objects ------------------------------------------------------------------------
 
 
-def _spec(field: str, value: Any, presets: Mapping[str, Any], from_dict: Callable[[dict[str, Any]], Any]) -> Any:
-    """A preset by name (never a file path: this is a network service) or a spec object."""
+def _spec(field: str, value: Any, presets: Mapping[str, Any]) -> Any:
+    """A preset by name (never a file path: this is a network service) or the spec object the request carried
+    (already validated: ModelSpec and HardwareSpec are the request's schema)."""
     if isinstance(value, str):
         if value not in presets:
             raise FieldError(field, f"unknown preset {value!r}; known: {', '.join(presets)}")
         return presets[value]
-    try:
-        return from_dict(value.model_dump())
-    except EplbError as exc:
-        raise FieldError(field, str(exc)) from None
+    return value
 
 
 def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:
@@ -222,7 +218,7 @@ def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:
     count (and layer count when several match), as `eplb solve` does; None when none matches."""
     if value is None:
         return infer_model(loads.shape[1], loads.shape[0])
-    model: ModelSpec = _spec("model", value, MODEL_PRESETS, model_from_dict)
+    model: ModelSpec = _spec("model", value, MODEL_PRESETS)
     if loads.shape[1] != model.num_experts:
         raise FieldError(
             "loads", f"rows have {loads.shape[1]} experts but model {model.name!r} has {model.num_experts}"
@@ -232,7 +228,7 @@ def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:
 
 def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
     """The time prediction's setup (None without a model)."""
-    hardware: HardwareSpec = _spec("hardware", req.hardware, HARDWARE_PRESETS, hardware_from_dict)
+    hardware: HardwareSpec = _spec("hardware", req.hardware, HARDWARE_PRESETS)
     try:
         link_bw = link_bandwidth(hardware, req.link)
     except EplbError as exc:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eplb.schemas import PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
+from eplb.specs import HardwareSpec, ModelSpec
 
 EXAMPLE_LOADS: list[Any] = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]
 EXAMPLE_PHY2LOG: list[Any] = [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
@@ -23,35 +24,6 @@ Bytes = Annotated[float, Field(ge=0, le=1e15)]  # at most a petabyte
 Loads = Annotated[
     list[list[float]], Field(description="[layers][E] tokens routed to each expert over the window")
 ]
-
-
-class ModelSpecIn(BaseModel):
-    """A model spec (see docs/cost-model.md); every field is required."""
-
-    model_config = STRICT
-    name: str = Field(min_length=1, max_length=200)
-    num_moe_layers: int = Field(ge=1, le=10_000)
-    num_experts: int = Field(ge=1, le=65_536)
-    top_k: int = Field(ge=1, le=65_536)
-    num_shared_experts: int = Field(ge=0, le=1024)
-    hidden_size: int = Field(ge=1, le=1_000_000)
-    moe_intermediate_size: int = Field(ge=1, le=1_000_000)
-    expert_bytes_per_param: float = Field(gt=0, le=16)
-    shared_bytes_per_param: float = Field(ge=0, le=16)
-    dispatch_bytes_per_copy: float = Field(gt=0, le=1e9)
-    combine_bytes_per_copy: float = Field(gt=0, le=1e9)
-
-
-class HardwareSpecIn(BaseModel):
-    """A GPU spec: FLOP/s, bytes and bytes per second."""
-
-    model_config = STRICT
-    name: str = Field(min_length=1, max_length=200)
-    dense_flops: float = Field(gt=0, le=1e19)
-    hbm_bandwidth: float = Field(gt=0, le=1e15)
-    hbm_capacity: float = Field(gt=0, le=1e15)
-    nvlink_bandwidth: float = Field(gt=0, le=1e15)
-    nic_bandwidth: float = Field(gt=0, le=1e15)
 
 
 class ClusterIn(BaseModel):
@@ -95,12 +67,12 @@ class CostIn(BaseModel):
     """What the time prediction needs."""
 
     model_config = STRICT
-    model: str | ModelSpecIn | None = Field(
+    model: str | ModelSpec | None = Field(
         None,
         description="model preset name (GET /presets) or a full spec object; absent: the preset with the "
         "window's expert count (and layer count when several match), or, when none matches, no time prediction",
     )
-    hardware: str | HardwareSpecIn = Field("b200", description="GPU preset name or a full spec object")
+    hardware: str | HardwareSpec = Field("b200", description="GPU preset name or a full spec object")
     link: str = Field(
         "nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s per GPU per direction"
     )

@@ -8,14 +8,14 @@ docs/cost-model.md; the short `source` notes live in `MODEL_PRESET_SOURCES` and
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eplb.errors import EplbError
 
@@ -35,51 +35,36 @@ __all__ = [
 
 # Optional keys a spec file may carry besides the spec's fields; they are ignored.
 _NOTE_KEYS = frozenset({"source", "notes"})
+SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
-def _check_positive(kind: str, name: str, field: str, value: float) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise EplbError(f"{kind} spec {name!r}: {field} must be a positive number, got {value!r}")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The MoE part of a model: what the cost model needs per MoE layer.
+class ModelSpec(BaseModel):
+    """The MoE part of a model: what the cost model needs per MoE layer (one definition: presets, spec files and
+    the API's request bodies are all validated by it).
 
     Experts are SwiGLU FFNs (gate, up, down), so one expert has 3 x hidden x intermediate
     parameters. Shared experts are assumed to have the routed experts' width
     (DeepSeek-style: n_shared x moe_intermediate_size).
     """
 
-    name: str
-    num_moe_layers: int  # MoE layers (dense-FFN layers excluded)
-    num_experts: int  # routed experts per MoE layer (E)
-    top_k: int  # routed experts chosen per token (k)
-    num_shared_experts: int  # experts every token goes through (0 if none)
-    hidden_size: int  # model width
-    moe_intermediate_size: int  # one expert's FFN width
-    expert_bytes_per_param: float  # routed expert weights, scales included (B/param)
-    shared_bytes_per_param: float  # shared expert weights (B/param)
-    dispatch_bytes_per_copy: float  # bytes sent per token copy at dispatch (B)
-    combine_bytes_per_copy: float  # bytes sent back per token copy at combine (B)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=200)
+    num_moe_layers: int = Field(ge=1, le=10_000, description="MoE layers (dense-FFN layers excluded)")
+    num_experts: int = Field(ge=1, le=65_536, description="routed experts per MoE layer (E)")
+    top_k: int = Field(ge=1, le=65_536, description="routed experts chosen per token (k)")
+    num_shared_experts: int = Field(ge=0, le=1024, description="experts every token goes through (0 if none)")
+    hidden_size: int = Field(ge=1, le=1_000_000, description="model width")
+    moe_intermediate_size: int = Field(ge=1, le=1_000_000, description="one expert's FFN width")
+    expert_bytes_per_param: float = Field(gt=0, le=16, description="routed expert weights, scales included (B/param)")
+    shared_bytes_per_param: float = Field(gt=0, le=16, description="shared expert weights (B/param)")
+    dispatch_bytes_per_copy: float = Field(gt=0, le=1e9, description="bytes sent per token copy at dispatch (B)")
+    combine_bytes_per_copy: float = Field(gt=0, le=1e9, description="bytes sent back per token copy at combine (B)")
 
-    def __post_init__(self) -> None:
-        n = self.name
-        for f in ("num_moe_layers", "num_experts", "top_k", "hidden_size", "moe_intermediate_size"):
-            v = getattr(self, f)
-            if v < 1:
-                raise EplbError(f"model spec {n!r}: {f} must be a positive integer, got {v!r}")
-        if self.num_shared_experts < 0:
-            raise EplbError(f"model spec {n!r}: num_shared_experts must be 0 or more, got {self.num_shared_experts!r}")
-        for f in (
-            "expert_bytes_per_param",
-            "shared_bytes_per_param",
-            "dispatch_bytes_per_copy",
-            "combine_bytes_per_copy",
-        ):
-            _check_positive("model", n, f, getattr(self, f))
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> ModelSpec:
         if self.top_k > self.num_experts:
-            raise EplbError(f"model spec {n!r}: top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
+            raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
+        return self
 
     @property
     def expert_params(self) -> int:
@@ -108,27 +93,23 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a JSON-ready dict with exactly the spec's field names."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
-@dataclass(frozen=True)
-class HardwareSpec:
+class HardwareSpec(BaseModel):
     """One GPU: peak dense compute, HBM, and the two links all-to-all traffic can take."""
 
-    name: str
-    dense_flops: float  # FLOP/s, dense (no sparsity), at the expert GEMM's compute precision
-    hbm_bandwidth: float  # B/s
-    hbm_capacity: float  # B
-    nvlink_bandwidth: float  # B/s, one direction, per GPU
-    nic_bandwidth: float  # B/s, one direction, per GPU (scale-out network)
-
-    def __post_init__(self) -> None:
-        for f in ("dense_flops", "hbm_bandwidth", "hbm_capacity", "nvlink_bandwidth", "nic_bandwidth"):
-            _check_positive("hardware", self.name, f, getattr(self, f))
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=200)
+    dense_flops: float = Field(gt=0, le=1e19, description="FLOP/s, dense, at the expert GEMM's compute precision")
+    hbm_bandwidth: float = Field(gt=0, le=1e15, description="B/s")
+    hbm_capacity: float = Field(gt=0, le=1e15, description="B")
+    nvlink_bandwidth: float = Field(gt=0, le=1e15, description="B/s, one direction, per GPU")
+    nic_bandwidth: float = Field(gt=0, le=1e15, description="B/s, one direction, per GPU (scale-out network)")
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a JSON-ready dict with exactly the spec's field names."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,57 +336,52 @@ HARDWARE_PRESET_SOURCES: dict[str, str] = {
 # Loading and validation
 # --------------------------------------------------------------------------------------------
 
-_INT, _FLOAT, _STR = "integer", "number", "string"
-
-
-def _field_kinds(cls: type[Any]) -> dict[str, str]:
-    kinds: dict[str, str] = {}
-    for f in dataclasses.fields(cls):
-        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        kinds[f.name] = {"int": _INT, "float": _FLOAT, "str": _STR}[t]
-    return kinds
-
-
-def _coerce(kind: str, spec_kind: str, field: str, value: Any) -> Any:
-    if kind == _STR:
-        if not isinstance(value, str) or not value:
-            raise EplbError(f"{spec_kind} spec: {field} must be a non-empty string, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EplbError(f"{spec_kind} spec: {field} must be a {kind}, got {value!r}")
-    if kind == _INT:
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise EplbError(f"{spec_kind} spec: {field} must be an integer, got {value!r}")
-            value = int(value)
-        return value
-    return float(value)
-
-
-def _from_dict(cls: type[Any], spec_kind: str, d: Mapping[str, Any]) -> Any:
+def _from_dict(cls: type[SpecT], spec_kind: str, d: Any) -> SpecT:
+    """Validate a spec dict (its field names, plus optional "source"/"notes") into `cls`; one-line errors."""
     if not isinstance(d, Mapping):
         raise EplbError(f"{spec_kind} spec must be a JSON object, got {type(d).__name__}")
-    kinds = _field_kinds(cls)
-    unknown = sorted(k for k in d if k not in kinds and k not in _NOTE_KEYS)
-    if unknown:
-        raise EplbError(f"{spec_kind} spec: unknown field(s) {', '.join(unknown)}; the fields are {', '.join(kinds)}")
-    missing = [k for k in kinds if k not in d]
-    if missing:
-        raise EplbError(f"{spec_kind} spec: missing field(s) {', '.join(missing)}")
-    values = {k: _coerce(kind, spec_kind, k, d[k]) for k, kind in kinds.items()}
-    return cls(**values)
+    try:
+        return cls.model_validate({k: v for k, v in d.items() if k not in _NOTE_KEYS})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        fields = f"; the fields are {', '.join(cls.model_fields)}"
+        where = ".".join(str(p) for p in first["loc"])
+        raise EplbError(f"{spec_kind} spec: {_explain(first, where, fields)}{more}") from None
+
+
+def _explain(error: Any, field: str, fields: str) -> str:
+    """One pydantic error as the words a spec file's author reads."""
+    kind, ctx, got = error["type"], error.get("ctx", {}), error.get("input")
+    if kind == "missing":
+        return f"missing field {field}{fields}"
+    if kind == "extra_forbidden":
+        return f"unknown field {field}{fields}"
+    if kind == "greater_than":
+        return f"{field} must be a positive number, got {got!r}"
+    if kind == "greater_than_equal":
+        bound = ctx.get("ge")
+        need = {0: "0 or more", 1: "a positive integer"}.get(bound, f">= {bound}")
+        return f"{field} must be {need}, got {got!r}"
+    if kind == "less_than_equal":
+        return f"{field} must be at most {ctx.get('le')}, got {got!r}"
+    if kind.startswith("int"):
+        return f"{field} must be an integer, got {got!r}"
+    if kind.startswith(("float", "bool")):
+        return f"{field} must be a number, got {got!r}"
+    if kind.startswith("string"):
+        return f"{field} must be a non-empty string, got {got!r}"
+    return f"{field + ': ' if field else ''}{str(error['msg']).removeprefix('Value error, ')}"
 
 
 def model_from_dict(d: Mapping[str, Any]) -> ModelSpec:
     """A ModelSpec from a dict with exactly its field names (plus optional "source"/"notes")."""
-    spec: ModelSpec = _from_dict(ModelSpec, "model", d)
-    return spec
+    return _from_dict(ModelSpec, "model", d)
 
 
 def hardware_from_dict(d: Mapping[str, Any]) -> HardwareSpec:
     """A HardwareSpec from a dict with exactly its field names (plus optional "source"/"notes")."""
-    spec: HardwareSpec = _from_dict(HardwareSpec, "hardware", d)
-    return spec
+    return _from_dict(HardwareSpec, "hardware", d)
 
 
 def _read_json(path: Path, spec_kind: str) -> Any:

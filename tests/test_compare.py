@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -111,8 +110,8 @@ def log_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     log, model = d / "log.npz", d / "tiny.json"
     cfg = SynthConfig(steps=60, layers=3, experts=16, top_k=2, tokens=256, groups=1, shift_at=(30,), model=None)
     write_counts(log, synth_log(cfg), top_k=2)
-    tiny = dataclasses.replace(MODEL_PRESETS["deepseek-v3"], num_experts=16, top_k=2, name="tiny")
-    model.write_text(json.dumps(dataclasses.asdict(tiny)))
+    tiny = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": 16, "top_k": 2, "name": "tiny"})
+    model.write_text(json.dumps(tiny.to_dict()))
     out = d / "report"
     code = main(["compare", "--log", str(log), "--model", str(model), "--solvers", "greedy,milp", "--ep", "4",
                  "--window", "10", "--interval", "20", "--oracle-every", "3", "--time-limit", "0.5",

@@ -43,9 +43,8 @@ def two_regimes(steps: int, shift: int, layers: int = 3, experts: int = 32, seed
 
 
 def small_cost(experts: int, top_k: int = 8, tokens_per_gpu: float | None = None, overlap: bool = True) -> CostSetup:
-    import dataclasses
 
-    model = dataclasses.replace(MODEL_PRESETS["deepseek-v3"], num_experts=experts, top_k=top_k, name="small")
+    model = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": experts, "top_k": top_k, "name": "small"})
     hw = HARDWARE_PRESETS["b200"]
     return CostSetup(model, hw, hw.nvlink_bandwidth, tokens_per_gpu, overlap)
 
