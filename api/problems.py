@@ -56,10 +56,18 @@ def unauthorized() -> ProblemError:
 
 def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """pydantic's errors as {field, message}: the dotted path into the body (never 'body' itself)."""
+    def is_union_tag(part: str) -> bool:  # the union member pydantic tried: 'str', 'ModelSpec', 'function-after[..]'
+        return part == "str" or "[" in part or part[:1].isupper()
+
+    def tried_the_string_branch(err: Mapping[str, Any]) -> bool:  # "model": {...} also failed as a preset name
+        return err.get("type") == "string_type" and any(is_union_tag(str(p)) for p in err.get("loc", ()))
+
+    kept = [e for e in errors if not tried_the_string_branch(e)] or list(errors)
     out = []
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        out.append({"field": ".".join(loc) or "body", "message": str(err.get("msg", "invalid"))})
+    for err in kept:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not is_union_tag(str(p))]
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        out.append({"field": ".".join(loc) or "body", "message": message})
     return out
 
 

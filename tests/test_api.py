@@ -450,3 +450,15 @@ def test_incremental_rebalance_with_a_move_budget_answers_with_its_plan(base: st
     assert refused.status_code == 422 and "max_moves" in refused.json()["detail"]
     solvers = httpx.get(f"{base}/presets", timeout=30).json()["solvers"]
     assert {"greedy", "milp", "incremental"} <= set(solvers)
+
+
+def test_a_model_object_is_checked_by_the_one_spec_definition(base: str) -> None:
+    """ModelSpec is the request's schema too: its rule reaches the client as one field error, without the noise
+    of the preset-name branch of `str | ModelSpec`."""
+    from eplb.specs import MODEL_PRESETS
+
+    model = {**MODEL_PRESETS["mixtral-8x7b"].to_dict(), "top_k": 20}
+    r = httpx.post(f"{base}/placement", json={"model": model, "cluster": {"num_gpus": 4}, "loads": [[1.0] * 8]},
+                   timeout=60)
+    assert r.status_code == 422
+    assert r.json()["errors"] == [{"field": "model", "message": "top_k (20) must not exceed num_experts (8)"}]
