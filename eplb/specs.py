@@ -47,7 +47,7 @@ class ModelSpec(BaseModel):
     (DeepSeek-style: n_shared x moe_intermediate_size).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, defer_build=True)
     name: str = Field(min_length=1, max_length=200)
     num_moe_layers: int = Field(ge=1, le=10_000, description="MoE layers (dense-FFN layers excluded)")
     num_experts: int = Field(ge=1, le=65_536, description="routed experts per MoE layer (E)")
@@ -99,7 +99,7 @@ class ModelSpec(BaseModel):
 class HardwareSpec(BaseModel):
     """One GPU: peak dense compute, HBM, and the two links all-to-all traffic can take."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, defer_build=True)
     name: str = Field(min_length=1, max_length=200)
     dense_flops: float = Field(gt=0, le=1e19, description="FLOP/s, dense, at the expert GEMM's compute precision")
     hbm_bandwidth: float = Field(gt=0, le=1e15, description="B/s")
@@ -117,7 +117,7 @@ class HardwareSpec(BaseModel):
 # --------------------------------------------------------------------------------------------
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
-    "deepseek-v4.1-flash": ModelSpec(
+    "deepseek-v4.1-flash": ModelSpec.model_construct(
         name="deepseek-v4.1-flash",
         num_moe_layers=40,
         num_experts=384,
@@ -130,7 +130,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=5376,
         combine_bytes_per_copy=10240,
     ),
-    "deepseek-v3": ModelSpec(
+    "deepseek-v3": ModelSpec.model_construct(
         name="deepseek-v3",
         num_moe_layers=58,
         num_experts=256,
@@ -143,7 +143,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=7392,
         combine_bytes_per_copy=14336,
     ),
-    "kimi-k2": ModelSpec(
+    "kimi-k2": ModelSpec.model_construct(
         name="kimi-k2",
         num_moe_layers=60,
         num_experts=384,
@@ -156,7 +156,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=7392,
         combine_bytes_per_copy=14336,
     ),
-    "qwen3-235b-a22b": ModelSpec(
+    "qwen3-235b-a22b": ModelSpec.model_construct(
         name="qwen3-235b-a22b",
         num_moe_layers=94,
         num_experts=128,
@@ -169,7 +169,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=8192,
         combine_bytes_per_copy=8192,
     ),
-    "mixtral-8x7b": ModelSpec(
+    "mixtral-8x7b": ModelSpec.model_construct(
         name="mixtral-8x7b",
         num_moe_layers=32,
         num_experts=8,
@@ -182,7 +182,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=8192,
         combine_bytes_per_copy=8192,
     ),
-    "deepseek-v2-lite": ModelSpec(
+    "deepseek-v2-lite": ModelSpec.model_construct(
         name="deepseek-v2-lite",
         num_moe_layers=26,
         num_experts=64,
@@ -195,7 +195,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         dispatch_bytes_per_copy=4096,
         combine_bytes_per_copy=4096,
     ),
-    "gpt-oss-120b": ModelSpec(
+    "gpt-oss-120b": ModelSpec.model_construct(
         name="gpt-oss-120b",
         num_moe_layers=36,
         num_experts=128,
@@ -253,7 +253,7 @@ MODEL_PRESET_SOURCES: dict[str, str] = {
 }
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
-    "b200": HardwareSpec(
+    "b200": HardwareSpec.model_construct(
         name="b200",
         dense_flops=4.5e15,
         hbm_bandwidth=8.0e12,
@@ -261,7 +261,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         nvlink_bandwidth=900e9,
         nic_bandwidth=100e9,
     ),
-    "b200-fp4": HardwareSpec(
+    "b200-fp4": HardwareSpec.model_construct(
         name="b200-fp4",
         dense_flops=9.0e15,
         hbm_bandwidth=8.0e12,
@@ -269,7 +269,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         nvlink_bandwidth=900e9,
         nic_bandwidth=100e9,
     ),
-    "h100": HardwareSpec(
+    "h100": HardwareSpec.model_construct(
         name="h100",
         dense_flops=1.979e15,
         hbm_bandwidth=3.35e12,
@@ -277,7 +277,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         nvlink_bandwidth=450e9,
         nic_bandwidth=50e9,
     ),
-    "h200": HardwareSpec(
+    "h200": HardwareSpec.model_construct(
         name="h200",
         dense_flops=1.979e15,
         hbm_bandwidth=4.8e12,
@@ -285,7 +285,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         nvlink_bandwidth=450e9,
         nic_bandwidth=50e9,
     ),
-    "h800": HardwareSpec(
+    "h800": HardwareSpec.model_construct(
         name="h800",
         dense_flops=1.979e15,
         hbm_bandwidth=3.35e12,
@@ -293,7 +293,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         nvlink_bandwidth=200e9,
         nic_bandwidth=50e9,
     ),
-    "h20": HardwareSpec(
+    "h20": HardwareSpec.model_construct(
         name="h20",
         dense_flops=2.96e14,
         hbm_bandwidth=4.0e12,

@@ -522,3 +522,11 @@ def test_cli_plot_writes_png(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["cost", "--plot", str(out), "--tokens-per-gpu", "256,4096,65536"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().out
+
+
+def test_every_preset_passes_the_spec_validation() -> None:
+    """Presets are built without validation (start-up time); they must still be valid specs."""
+    for preset in MODEL_PRESETS.values():
+        assert model_from_dict(preset.to_dict()) == preset
+    for hw in HARDWARE_PRESETS.values():
+        assert hardware_from_dict(hw.to_dict()) == hw
