@@ -89,18 +89,19 @@ def replication_bound(loads: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.
     num_layers, num_experts = w.shape
     extra = int(slots.sum()) - num_experts
     cap = max_replicas_per_expert(num_experts, slots)
-    out = np.empty(num_layers, dtype=np.float64)
-    for layer in range(num_layers):
-        replicas = np.ones(num_experts, dtype=np.int64)
-        ratio = w[layer].copy()
-        for _ in range(extra):
-            hottest = int(np.argmax(ratio))
-            if replicas[hottest] >= cap:
-                break  # the hottest expert is on every GPU it can be on: its ratio is final
-            replicas[hottest] += 1
-            ratio[hottest] = w[layer, hottest] / replicas[hottest]
-        out[layer] = float(ratio.max(initial=0.0))
-    return out
+    replicas = np.ones((num_layers, num_experts), dtype=np.int64)
+    ratio = w.copy()
+    layers = np.arange(num_layers)
+    active = np.ones(num_layers, dtype=bool)  # every layer at once: one argmax per replica, not per layer
+    for _ in range(extra if num_experts else 0):
+        hottest = np.argmax(ratio, axis=1)
+        active &= replicas[layers, hottest] < cap  # at cap, the hottest ratio is final: that layer is done
+        if not active.any():
+            break
+        rows, cols = layers[active], hottest[active]
+        replicas[rows, cols] += 1
+        ratio[rows, cols] = w[rows, cols] / replicas[rows, cols]
+    return np.asarray(ratio.max(axis=1, initial=0.0), dtype=np.float64)
 
 
 def smallest_pieces_bound(loads: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.float64]:
