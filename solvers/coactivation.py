@@ -14,11 +14,13 @@ two of its experts on one GPU); docs/solvers.md ("Co-activation-aware greedy") r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from solvers import _coact
 from solvers.greedy import solve_greedy
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver, SolverError
 
@@ -26,11 +28,22 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
-def _layer(
-    row: IntArray, loads: FloatArray, pairs: FloatArray, slots: IntArray, slack: float, max_swaps: int
-) -> tuple[IntArray, float, float, int]:
-    """Refine one layer. row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows;
-    pairs: [E, E]. Returns (new row [P], co-located pair weight before, after, swaps made)."""
+@dataclass
+class _State:
+    """One layer's search state, as the numpy loop and the compiled one (solvers/_coact.c) share it."""
+
+    row: IntArray  # [P] expert of each slot (fixed: swaps move slots between GPUs)
+    gpu: IntArray  # [P] GPU of each slot
+    w: FloatArray  # [S + 1, P] load of each slot, on the window then the sub-windows
+    gpu_load: FloatArray  # [S + 1, G]
+    cap: FloatArray  # [S + 1] no GPU above this
+    weight: FloatArray  # [P, P] pair weight of two slots
+    affinity: FloatArray  # [P, G] pair weight of slot s with GPU g's slots
+    num_experts: int
+
+
+def _setup(row: IntArray, loads: FloatArray, pairs: FloatArray, slots: IntArray, slack: float) -> _State:
+    """row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows; pairs: [E, E]."""
     num_gpus, num_slots, num_experts = slots.size, row.size, loads.shape[1]
     gpu = np.repeat(np.arange(num_gpus, dtype=np.int64), slots)
     cnt = np.bincount(row, minlength=num_experts).astype(np.float64)
@@ -42,19 +55,26 @@ def _layer(
     weight[row[:, None] == row[None, :]] = 0.0
     onehot = np.zeros((num_slots, num_gpus))
     onehot[np.arange(num_slots), gpu] = 1.0
-    affinity: FloatArray = weight @ onehot  # [P, G] pair weight of slot s with GPU g's slots
-    before = float((affinity[np.arange(num_slots), gpu]).sum() / 2)
-    idx = np.arange(num_slots)
+    affinity: FloatArray = weight @ onehot
+    return _State(row, gpu, w, gpu_load, cap, weight, affinity, num_experts)
+
+
+def _swaps_numpy(st: _State, max_swaps: int) -> int:
+    """The reference loop: each step rebuilds the P x P gains and makes the best admissible swap (the first
+    in row-major (s, t) order among equal gains). Updates st.gpu, st.affinity, st.gpu_load; returns swaps."""
+    row, gpu, weight, affinity, gpu_load = st.row, st.gpu, st.weight, st.affinity, st.gpu_load
+    num_gpus = gpu_load.shape[1]
+    idx = np.arange(row.size)
     swaps = 0
     for _ in range(max_swaps):
         b = affinity[:, gpu]  # b[s, t] = affinity of s with t's GPU
         own = affinity[idx, gpu]
         gain = b - own[:, None] + b.T - own[None, :] - 2.0 * weight
         ok = gpu[:, None] != gpu[None, :]
-        for x, gl, c in zip(w, gpu_load, cap, strict=True):
+        for x, gl, c in zip(st.w, gpu_load, st.cap, strict=True):
             new_s = gl[gpu][:, None] - x[:, None] + x[None, :]  # load of s's GPU after the swap
             ok &= (new_s <= c) & (new_s.T <= c)  # noqa: SIM300
-        holds = np.zeros((num_gpus, num_experts), dtype=bool)
+        holds = np.zeros((num_gpus, st.num_experts), dtype=bool)
         holds[gpu, row] = True
         ok &= ~holds[gpu[None, :], row[:, None]] & ~holds[gpu[:, None], row[None, :]]
         gain = np.where(ok, gain, -np.inf)
@@ -64,12 +84,47 @@ def _layer(
         g, h = gpu[s], gpu[t]
         affinity[:, g] += weight[:, t] - weight[:, s]
         affinity[:, h] += weight[:, s] - weight[:, t]
-        gpu_load[:, g] += w[:, t] - w[:, s]
-        gpu_load[:, h] += w[:, s] - w[:, t]
+        gpu_load[:, g] += st.w[:, t] - st.w[:, s]
+        gpu_load[:, h] += st.w[:, s] - st.w[:, t]
         gpu[s], gpu[t] = h, g
         swaps += 1
-    after = float((affinity[idx, gpu]).sum() / 2)
-    order = np.argsort(gpu, kind="stable")
+    return swaps
+
+
+def _swaps_compiled(st: _State, max_swaps: int) -> int:
+    """The same swaps as `_swaps_numpy` (solvers/_coact.c); inputs must be finite. Updates st.gpu and
+    st.affinity (not st.gpu_load); returns swaps."""
+    (num_rows, num_gpus), num_slots = st.gpu_load.shape, st.row.size
+    c = np.ascontiguousarray
+    affinity, gpu = c(st.affinity), c(st.gpu)  # C-ordered already (matmul, repeat): no copies
+    swaps = _coact.refine(
+        c(st.weight), affinity, c(st.w), c(st.gpu_load), c(st.cap), c(st.row), gpu,
+        num_slots, num_gpus, st.num_experts, num_rows, max_swaps,
+    )  # fmt: skip
+    st.affinity[...] = affinity
+    st.gpu[...] = gpu
+    return swaps
+
+
+def _layer(
+    row: IntArray,
+    loads: FloatArray,
+    pairs: FloatArray,
+    slots: IntArray,
+    slack: float,
+    max_swaps: int,
+    compiled: bool = True,
+) -> tuple[IntArray, float, float, int]:
+    """Refine one layer. row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows;
+    pairs: [E, E]. Returns (new row [P], co-located pair weight before, after, swaps made). compiled:
+    the C loop where the inputs are finite (the numpy loop otherwise, or when False)."""
+    st = _setup(row, loads, pairs, slots, slack)
+    idx = np.arange(row.size)
+    before = float((st.affinity[idx, st.gpu]).sum() / 2)
+    finite = compiled and bool(np.isfinite(st.weight).all() and np.isfinite(st.w).all())
+    swaps = (_swaps_compiled if finite else _swaps_numpy)(st, max(int(max_swaps), 0))
+    after = float((st.affinity[idx, st.gpu]).sum() / 2)
+    order = np.argsort(st.gpu, kind="stable")
     return row[order], before, after, swaps
 
 

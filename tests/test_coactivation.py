@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import solvers.coactivation as coact
 from eplb.coactivation import (
     CoactivationSummary,
     approx_copies_per_token,
@@ -17,6 +20,8 @@ from eplb.coactivation import (
 )
 from eplb.errors import EplbError
 from eplb.io.logs import write_counts, write_topk
+from solvers import _coact
+from solvers.greedy import solve_greedy
 from solvers.registry import Options, Problem, SolverError, solve
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
@@ -160,3 +165,85 @@ def test_synthetic_tokens_carry_calibrated_co_activation() -> None:
     assert partner_lift(independent, 32) < 1.3
     real, _ = read_topk(FIXTURE)
     assert 2.2 < partner_lift(real, 64) < 2.6  # the law task: 2.43
+
+
+# --- the compiled swap loop (solvers/_coact.c) against the numpy loop it replaces ------------------------
+
+
+def _random_case(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """(row [P], loads [S + 1, E], pairs [E, E], slots [G], slack) with ties, 3-replica experts (weights
+    c / 3, not dyadic), replicas of one expert on one GPU, uneven and empty GPUs, asymmetric pairs."""
+    rng = np.random.default_rng(seed)
+    experts, gpus = int(rng.integers(4, 40)), int(rng.integers(1, 9))
+    slots = rng.integers(0, 7, gpus)
+    slots[0] += max(0, experts - int(slots.sum()))
+    extra = rng.choice(experts, int(slots.sum()) - experts, replace=True)
+    row = rng.permutation(np.r_[np.arange(experts), extra]).astype(np.int64)
+    scale = [2, 5, 1000][seed % 3]  # small counts: many equal gains
+    loads = rng.integers(1, scale + 1, (int(rng.integers(1, 5)), experts)).astype(np.float64)
+    pairs = rng.integers(0, scale + 1, (experts, experts)).astype(np.float64)
+    if seed % 2:
+        pairs = pairs + pairs.T
+    slack = [0.0, 0.01, 0.2, 10.0][seed % 4]
+    return row, loads, pairs, slots.astype(np.int64), slack
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_compiled_swaps_equal_the_numpy_loop(seed: int) -> None:
+    _layer = coact._layer
+    row, loads, pairs, slots, slack = _random_case(seed)
+    max_swaps = [1000, 3, 0][seed % 7 // 3] if seed % 7 < 6 else -1
+    fast = _layer(row, loads, pairs, slots, slack, max_swaps)
+    ref = _layer(row, loads, pairs, slots, slack, max_swaps, compiled=False)
+    assert np.array_equal(fast[0], ref[0])
+    assert fast[1:] == ref[1:]  # pair weight before and after (same bits), swaps
+
+
+def _real_problem(slots_per_gpu: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    ids, offsets = read_topk(FIXTURE)
+    half = (offsets.size - 1) // 2
+    pairs = pair_counts(ids[: offsets[half]], 64).astype(np.float64)
+    idx = np.arange(64)
+    loads = pairs[:, idx, idx]
+    bounds = np.linspace(0, half, 5).astype(int)
+    scen = np.stack([pair_counts(ids[offsets[a] : offsets[b]], 64)[:, idx, idx] for a, b in itertools.pairwise(bounds)])
+    slots = np.full(8, slots_per_gpu, dtype=np.int64)
+    return loads, solve_greedy(loads, slots), slots, pairs, scen.astype(np.float64)
+
+
+@pytest.mark.parametrize("slots_per_gpu", [8, 9])
+def test_compiled_refinement_equals_numpy_on_real_routing(slots_per_gpu: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    loads, start, slots, pairs, scen = _real_problem(slots_per_gpu)
+    fast, fast_info = coact.refine_coactivation(loads, start, slots, pairs, scenarios=scen)
+    monkeypatch.setattr(coact, "_swaps_compiled", coact._swaps_numpy)
+    ref, ref_info = coact.refine_coactivation(loads, start, slots, pairs, scenarios=scen)
+    assert np.array_equal(fast, ref)
+    assert fast_info == ref_info
+    assert sum(fast_info["swaps"]) > 100  # the search does run
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_non_finite_inputs_take_the_numpy_loop() -> None:
+    _layer = coact._layer
+    row, loads, pairs, slots, slack = _random_case(5)
+    pairs[0, 1] = np.inf
+    loads[0, 2] = np.nan
+    fast = _layer(row, loads, pairs, slots, slack, 1000)
+    ref = _layer(row, loads, pairs, slots, slack, 1000, compiled=False)
+    assert np.array_equal(fast[0], ref[0]) and fast[3] == ref[3]
+
+
+def test_compiled_loop_checks_its_buffers_and_runs_in_threads() -> None:
+    _layer = coact._layer
+    p, g = 4, 2
+    args = [np.zeros((p, p)), np.zeros((p, g)), np.zeros((1, p)), np.zeros((1, g)), np.ones(1)]
+    ids = [np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64)]
+    with pytest.raises(ValueError, match="affinity"):
+        _coact.refine(args[0], np.zeros((p, g + 1)), *args[2:], *ids, p, g, 1, 1, 10)
+    with pytest.raises(ValueError, match="out of range"):
+        _coact.refine(*args, ids[0], np.full(p, g, dtype=np.int64), p, g, 1, 1, 10)
+    cases = [_random_case(seed) for seed in range(16)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda c: _layer(*c, 1000), cases))
+    for case, out in zip(cases, got, strict=True):
+        assert np.array_equal(out[0], _layer(*case, 1000, compiled=False)[0])

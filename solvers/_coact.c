@@ -1,0 +1,250 @@
+/* Compiled swap loop of solvers/coactivation.py (built by `pip install -e .`).
+ *
+ * refine(): one layer's best-swap local search. Each step makes the admissible slot swap with the
+ * largest gain in co-located pair weight (ties: the first (s, t) in row-major order), exactly as the
+ * numpy loop in solvers/coactivation.py (`_swaps_numpy`) does; the same floating-point operations in the
+ * same order, so both give the same swaps.
+ *
+ * The numpy loop rebuilds the whole P x P gain matrix every step. Here the gains are grouped in blocks,
+ * one per pair of GPUs (a, b): the swaps of a slot on a with a slot on b. A block's gains and
+ * admissibility read only columns a and b of the affinity matrix and the loads, holdings and slots of
+ * a and b, so a swap between GPUs g and h changes only the blocks that involve g or h. Every block keeps
+ * its best admissible entry; a step recomputes 2G - 3 blocks and scans the G (G - 1) / 2 block bests.
+ *
+ * Buffers are C-contiguous int64 / float64 through the buffer protocol (no numpy headers). The numpy
+ * side (`solvers.coactivation._setup`) builds the pair weights, the initial affinity (its matmul) and
+ * the loads, and reads the co-located weight back from the affinity this returns; it sends only finite
+ * inputs here (the numpy loop handles the rest).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+static int buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable,
+                  const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->itemsize != itemsize || view->len != itemsize * count) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes, got %zd bytes", name, count,
+                     itemsize, view->len);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    i64 P, G, E, S; /* slots, GPUs, experts, load rows (window + sub-windows) */
+    const double *W, *WT, *cap; /* W [P, P]; WT its transpose; cap [S] */
+    double *A;                  /* affinity [P, G], updated in place */
+    double *wt, *ld;            /* slot loads [P, S]; GPU loads [G, S] */
+    const i64 *row;             /* expert of each slot [P] */
+    i64 *gpu;                   /* GPU of each slot [P], updated in place */
+    i64 *mem, *first, *pos;     /* slots by GPU: mem[first[g] .. first[g + 1]); pos[s]: s's index in mem */
+    i64 *hc;                    /* [G, E] replicas of expert e on GPU g */
+    double *bv, *ta, *tb; /* bv: best gain per block (a < b) at a * G + b; ta, tb: scratch [P] */
+    i64 *bi;              /* its row-major index s * P + t; -1: none */
+} Coact;
+
+/* (v, idx) beats (bv, bi) when larger, or equal with an earlier row-major index. bi -1 with bv 1e-9:
+ * nothing yet, and a gain must exceed 1e-9 (the numpy loop stops when the best does not). */
+static inline int beats(double v, i64 idx, double bv, i64 bi) { return v > bv || (v == bv && bi >= 0 && idx < bi); }
+
+static inline int admissible(const Coact *c, i64 s, i64 t, i64 a, i64 b) {
+    const i64 E = c->E, S = c->S;
+    if (c->hc[b * E + c->row[s]] || c->hc[a * E + c->row[t]]) return 0;
+    const double *ws = c->wt + s * S, *wt = c->wt + t * S, *la = c->ld + a * S, *lb = c->ld + b * S;
+    for (i64 k = 0; k < S; k++) {
+        if (!(la[k] - ws[k] + wt[k] <= c->cap[k])) return 0; /* load of a after the swap */
+        if (!(lb[k] - wt[k] + ws[k] <= c->cap[k])) return 0; /* load of b */
+    }
+    return 1;
+}
+
+/* best admissible swap between GPUs a < b: entries (s, t) and (t, s), s on a, t on b */
+static void block(Coact *c, i64 a, i64 b) {
+    const i64 P = c->P, G = c->G;
+    const double *A = c->A;
+    const i64 na = c->first[a + 1] - c->first[a], nb = c->first[b + 1] - c->first[b];
+    const i64 *ma = c->mem + c->first[a], *mb = c->mem + c->first[b];
+    double bv = 1e-9;
+    i64 bi = -1;
+    for (i64 j = 0; j < nb; j++) {
+        i64 t = mb[j];
+        c->ta[j] = A[t * G + a];
+        c->tb[j] = A[t * G + b];
+    }
+    for (i64 i = 0; i < na; i++) {
+        i64 s = ma[i];
+        double sa = A[s * G + a], sb = A[s * G + b];
+        const double *ws = c->W + s * P, *wts = c->WT + s * P;
+        for (i64 j = 0; j < nb; j++) {
+            i64 t = mb[j];
+            double ta = c->ta[j], tb = c->tb[j];
+            /* numpy: b - own[:, None] + b.T - own[None, :] - 2.0 * weight, at (s, t) and at (t, s) */
+            double g1 = sb - sa + ta - tb - 2.0 * ws[t];
+            double g2 = ta - tb + sb - sa - 2.0 * wts[t];
+            i64 i1 = s * P + t, i2 = t * P + s;
+            int b1 = beats(g1, i1, bv, bi), b2 = beats(g2, i2, bv, bi);
+            if (!(b1 || b2) || !admissible(c, s, t, a, b)) continue;
+            if (b1) {
+                bv = g1;
+                bi = i1;
+            }
+            if (beats(g2, i2, bv, bi)) {
+                bv = g2;
+                bi = i2;
+            }
+        }
+    }
+    c->bv[a * G + b] = bv;
+    c->bi[a * G + b] = bi;
+}
+
+static void blocks_of(Coact *c, i64 g) {
+    for (i64 x = 0; x < c->G; x++) {
+        if (x < g) block(c, x, g);
+        else if (x > g) block(c, g, x);
+    }
+}
+
+static i64 run(Coact *c, i64 max_swaps) {
+    const i64 P = c->P, G = c->G, E = c->E, S = c->S;
+    for (i64 a = 0; a < G; a++)
+        for (i64 b = a + 1; b < G; b++) block(c, a, b);
+    i64 swaps = 0;
+    for (; swaps < max_swaps; swaps++) {
+        double bv = 1e-9;
+        i64 bi = -1;
+        for (i64 a = 0; a < G; a++)
+            for (i64 b = a + 1; b < G; b++)
+                if (c->bi[a * G + b] >= 0 && beats(c->bv[a * G + b], c->bi[a * G + b], bv, bi)) {
+                    bv = c->bv[a * G + b];
+                    bi = c->bi[a * G + b];
+                }
+        if (bi < 0) break;
+        i64 s = bi / P, t = bi % P, g = c->gpu[s], h = c->gpu[t];
+        /* numpy: affinity[:, g] += weight[:, t] - weight[:, s] (and h), gpu_load likewise */
+        for (i64 r = 0; r < P; r++) {
+            const double *wr = c->W + r * P;
+            c->A[r * G + g] += wr[t] - wr[s];
+            c->A[r * G + h] += wr[s] - wr[t];
+        }
+        const double *ws = c->wt + s * S, *wt = c->wt + t * S;
+        for (i64 k = 0; k < S; k++) {
+            c->ld[g * S + k] += wt[k] - ws[k];
+            c->ld[h * S + k] += ws[k] - wt[k];
+        }
+        c->hc[g * E + c->row[s]]--;
+        c->hc[h * E + c->row[s]]++;
+        c->hc[h * E + c->row[t]]--;
+        c->hc[g * E + c->row[t]]++;
+        i64 ps = c->pos[s], pt = c->pos[t];
+        c->mem[ps] = t;
+        c->mem[pt] = s;
+        c->pos[s] = pt;
+        c->pos[t] = ps;
+        c->gpu[s] = h;
+        c->gpu[t] = g;
+        blocks_of(c, g);
+        blocks_of(c, h);
+    }
+    return swaps;
+}
+
+static PyObject *py_refine(PyObject *self, PyObject *args) {
+    PyObject *o_weight, *o_aff, *o_w, *o_load, *o_cap, *o_row, *o_gpu;
+    Py_ssize_t P, G, E, S, max_swaps;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnn", &o_weight, &o_aff, &o_w, &o_load, &o_cap, &o_row, &o_gpu, &P, &G,
+                          &E, &S, &max_swaps))
+        return NULL;
+    if (P < 0 || G < 1 || E < 1 || S < 1) {
+        PyErr_SetString(PyExc_ValueError, "refine: need P >= 0, G >= 1, E >= 1, S >= 1");
+        return NULL;
+    }
+    Py_buffer b[7];
+    int got = 0;
+    struct {
+        PyObject *o;
+        Py_ssize_t size, count;
+        int writable;
+        const char *name;
+    } spec[7] = {
+        {o_weight, 8, P * P, 0, "weight"}, {o_aff, 8, P * G, 1, "affinity"}, {o_w, 8, S * P, 0, "slot_loads"},
+        {o_load, 8, S * G, 0, "gpu_loads"}, {o_cap, 8, S, 0, "cap"},        {o_row, 8, P, 0, "row"},
+        {o_gpu, 8, P, 1, "gpu"},
+    };
+    for (; got < 7; got++)
+        if (buffer(spec[got].o, &b[got], spec[got].size, spec[got].count, spec[got].writable, spec[got].name) < 0)
+            break;
+    const i64 *row = b[5].buf, *gpu = b[6].buf;
+    int bad = got < 7;
+    for (i64 s = 0; s < P && !bad; s++) bad = row[s] < 0 || row[s] >= E || gpu[s] < 0 || gpu[s] >= G;
+    if (bad) {
+        if (got == 7) PyErr_SetString(PyExc_ValueError, "refine: expert or GPU id out of range");
+        for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    Coact c = {P, G, E, S};
+    c.W = b[0].buf;
+    c.A = b[1].buf;
+    c.cap = b[4].buf;
+    c.row = row;
+    c.gpu = b[6].buf;
+    double *WT = malloc(sizeof(double) * (size_t)(P * P + 1));
+    c.wt = malloc(sizeof(double) * (size_t)(P * S + 1));
+    c.ld = malloc(sizeof(double) * (size_t)(G * S));
+    c.mem = malloc(sizeof(i64) * (size_t)(P + 1));
+    c.first = calloc((size_t)G + 1, sizeof(i64));
+    c.pos = malloc(sizeof(i64) * (size_t)(P + 1));
+    c.hc = calloc((size_t)(G * E), sizeof(i64));
+    c.bv = malloc(sizeof(double) * (size_t)(G * G));
+    c.bi = malloc(sizeof(i64) * (size_t)(G * G));
+    c.ta = malloc(sizeof(double) * (size_t)(P + 1));
+    c.tb = malloc(sizeof(double) * (size_t)(P + 1));
+    i64 swaps = -1;
+    if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ta && c.tb) {
+        Py_BEGIN_ALLOW_THREADS
+        const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
+        for (i64 r = 0; r < P; r++)
+            for (i64 q = 0; q < P; q++) WT[q * P + r] = W[r * P + q];
+        c.WT = WT;
+        for (i64 k = 0; k < S; k++) {
+            for (i64 s = 0; s < P; s++) c.wt[s * S + k] = w[k * P + s];
+            for (i64 g = 0; g < G; g++) c.ld[g * S + k] = load[k * G + g];
+        }
+        for (i64 s = 0; s < P; s++) {
+            c.first[c.gpu[s] + 1]++;
+            c.hc[c.gpu[s] * E + row[s]]++;
+        }
+        for (i64 g = 0; g < G; g++) c.first[g + 1] += c.first[g];
+        i64 *fill = c.bi; /* scratch before run(): next free place per GPU */
+        for (i64 g = 0; g < G; g++) fill[g] = c.first[g];
+        for (i64 s = 0; s < P; s++) {
+            c.pos[s] = fill[c.gpu[s]]++;
+            c.mem[c.pos[s]] = s;
+        }
+        swaps = run(&c, max_swaps);
+        Py_END_ALLOW_THREADS
+    }
+    free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
+    free(c.bv); free(c.bi); free(c.ta); free(c.tb);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    if (swaps < 0) return PyErr_NoMemory();
+    return PyLong_FromLongLong((long long)swaps);
+}
+
+static PyMethodDef methods[] = {
+    {"refine", py_refine, METH_VARARGS,
+     "refine(weight, affinity, slot_loads, gpu_loads, cap, row, gpu, P, G, E, S, max_swaps) -> swaps made"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_coact", "Compiled swap loop of solvers.coactivation.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__coact(void) { return PyModule_Create(&module); }
