@@ -25,6 +25,7 @@ A token's source GPU is its position in its step modulo G (data-parallel ranks o
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +41,20 @@ __all__ = [
     "RULES",
     "CoactivationSummary",
     "CopyStats",
+    "Reach",
     "approx_copies_per_token",
     "copies_per_token",
     "pair_counts",
     "partner_lift",
+    "reach",
+    "read_summary",
     "read_topk",
     "replica_gpus",
     "summarize",
 ]
 
 RULES = ("vllm", "sglang", "coact")
+SUMMARY_FORMAT = "eplb.coactivation-summary/v1"
 IntArray = NDArray[np.int64]
 F64 = NDArray[np.float64]
 
@@ -64,6 +69,33 @@ def read_topk(path: str | Path) -> tuple[NDArray[np.int16], IntArray]:
         pass
     with np.load(path) as z:
         return np.asarray(z["topk_ids"], dtype=np.int16), np.asarray(z["step_offsets"], dtype=np.int64)
+
+
+def read_summary(path: str | Path, num_experts: int, partners: int = 8) -> CoactivationSummary:
+    """A window's co-activation summary from a file: a summary (.json, "eplb.coactivation-summary/v1",
+    `CoactivationSummary.to_dict`) or a token-level log (.npz with topk_ids), summarized with the top
+    `partners` per expert. EplbError with the file's name on anything else."""
+    from eplb.io.files import existing_file
+
+    p = existing_file(path, "co-activation file")
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EplbError(f"{p}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
+            raise EplbError(f"{p}: expected a co-activation summary object with \"format\": \"{SUMMARY_FORMAT}\"")
+        try:
+            summary = CoactivationSummary.from_dict(data)
+        except EplbError as exc:
+            raise EplbError(f"{p}: {exc}") from None
+    elif p.suffix.lower() == ".npz":
+        summary = summarize(read_topk(p)[0], num_experts, partners)
+    else:
+        raise EplbError(f"{p}: a co-activation file is a summary (.json) or a token-level log (.npz with topk_ids)")
+    if summary.num_experts != num_experts:
+        raise EplbError(f"{p}: the co-activation data has {summary.num_experts} experts, the loads {num_experts}")
+    return summary
 
 
 def pair_counts(topk_ids: ArrayLike, num_experts: int) -> IntArray:
@@ -232,7 +264,7 @@ class CoactivationSummary:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (lists)."""
         return {
-            "format": "eplb.coactivation-summary/v1",
+            "format": SUMMARY_FORMAT,
             "tokens": self.tokens.tolist(),
             "top_k": self.top_k,
             "loads": self.loads.tolist(),
@@ -249,8 +281,10 @@ class CoactivationSummary:
             partners = np.asarray(d["partners"], dtype=np.int64)
             counts = np.asarray(d["counts"], dtype=np.int64)
             top_k = int(d["top_k"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise EplbError(f"co-activation summary: missing or non-numeric field ({exc})") from None
+        if top_k < 1 or min(tokens.min(initial=0), loads.min(initial=0), counts.min(initial=0)) < 0:
+            raise EplbError("co-activation summary: top_k must be >= 1 and tokens, loads and counts >= 0")
         if loads.ndim != 2 or partners.ndim != 3 or partners.shape != counts.shape or partners.shape[:2] != loads.shape:
             raise EplbError("co-activation summary: loads must be [L, E], partners and counts [L, E, m]")
         if tokens.shape != (loads.shape[0],):
@@ -307,35 +341,70 @@ def summarize(topk_ids: ArrayLike, num_experts: int, partners: int = 8) -> Coact
 
 
 def _replica_fraction(phy2log: IntArray, slots: IntArray, num_experts: int) -> F64:
-    """[L, E, G] fraction of each expert's replicas on each GPU (uniform shares)."""
-    layers = phy2log.shape[0]
+    """[L, E, G] fraction of each expert's replicas on each GPU (uniform shares; empty slots hold none)."""
+    layers, num_gpus = phy2log.shape[0], slots.size
     gpu = _gpu_of_slot(slots)
-    frac = np.zeros((layers, num_experts, slots.size))
-    for layer in range(layers):
-        row = phy2log[layer]
-        ok = row >= 0
-        np.add.at(frac[layer], (row[ok], gpu[ok]), 1.0)
+    ok = phy2log >= 0
+    layer = np.broadcast_to(np.arange(layers, dtype=np.int64)[:, None], phy2log.shape)
+    flat = (layer * num_experts + phy2log) * num_gpus + gpu[None, :]
+    frac = np.bincount(flat[ok], minlength=layers * num_experts * num_gpus).astype(np.float64)
+    frac = frac.reshape(layers, num_experts, num_gpus)
     total = frac.sum(axis=2, keepdims=True)
     out: F64 = np.divide(frac, total, out=np.zeros_like(frac), where=total > 0)
     return out
 
 
-def approx_copies_per_token(
-    summary: CoactivationSummary, phy2log: ArrayLike, slots_per_gpu: ArrayLike, gpus_per_node: int | None = None
-) -> tuple[F64, F64]:
-    """Expected distinct GPUs and nodes per token [L] each, from the summary (uniform replica choice).
+@dataclass(frozen=True)
+class Reach:
+    """Chance that a token's top-k reaches each GPU and each node, per layer (uniform replica choice).
+
+    gpu: [L, G]; node: [L, N]. Their sums over the last axis are the expected distinct GPUs and nodes per
+    token; a token from GPU s sends to every reached GPU but s, so the expected remote GPUs per token (over
+    source GPUs) is gpu.sum x (1 - 1/G), and likewise for nodes."""
+
+    gpu: F64
+    node: F64
+
+    def copies(self) -> dict[str, F64]:
+        """Expected copies per token [L] each: gpus, remote_gpus, nodes, remote_nodes (`CopyStats`' names)."""
+        g, n = self.gpu.sum(axis=1), self.node.sum(axis=1)
+        return {
+            "gpus": g,
+            "remote_gpus": g * (1.0 - 1.0 / self.gpu.shape[1]),
+            "nodes": n,
+            "remote_nodes": n * (1.0 - 1.0 / self.node.shape[1]),
+        }
+
+
+def reach(
+    summary: CoactivationSummary,
+    phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    gpus_per_node: int | None = None,
+    node_limit: int | None = None,
+) -> Reach:
+    """Expected reach of a token on each GPU and node from the summary (uniform replica choice).
 
     Per GPU (node) g, with p_e = load_e / tokens and f_eg the fraction of e's replicas on g:
     P(token reaches g) = 1 - prod_e (1 - f_eg p_e) x exp(sum_{i<j} f_ig f_jg (c_ij / tokens - p_i p_j)):
-    independent picks corrected by the pairs' excess co-activation (c_ij from `pair_estimate`)."""
+    independent picks corrected by the pairs' excess co-activation (c_ij from `pair_estimate`).
+    node_limit: DeepSeek-style node-limited routing (a token's experts lie on at most M nodes); where the
+    expected nodes per token exceed M, every GPU's and node's reach is scaled down to M nodes.
+    phy2log: [L, P] (-1 = empty slot); slots_per_gpu: [G]."""
     p2l = np.asarray(phy2log, dtype=np.int64)
     if p2l.ndim == 1:
         p2l = p2l[None, :]
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     if p2l.shape[0] != summary.loads.shape[0]:
-        raise EplbError(f"phy2log has {p2l.shape[0]} layers but the summary has {summary.loads.shape[0]}")
-    frac = _replica_fraction(p2l, slots, summary.num_experts)  # [L, E, G]
+        raise EplbError(f"phy2log has {p2l.shape[0]} layers but the co-activation summary has {summary.loads.shape[0]}")
+    if p2l.shape[1] != int(slots.sum()):
+        raise EplbError(f"slots_per_gpu sums to {int(slots.sum())} but phy2log has {p2l.shape[1]} slots")
     per_node = gpus_per_node or slots.size
+    if slots.size % per_node:
+        raise EplbError(f"{slots.size} GPUs do not split into nodes of {per_node}")
+    if node_limit is not None and node_limit < 1:
+        raise EplbError(f"node limit must be >= 1, got {node_limit}")
+    frac = _replica_fraction(p2l, slots, summary.num_experts)  # [L, E, G]
     node_frac = frac.reshape(frac.shape[0], frac.shape[1], -1, per_node).sum(axis=3)
     tokens = np.maximum(summary.tokens.astype(np.float64), 1.0)[:, None]
     p = np.minimum(summary.loads / tokens, 1.0)  # [L, E]
@@ -343,12 +412,23 @@ def approx_copies_per_token(
 
     def reached(f: F64) -> F64:
         log_none = np.log1p(-np.minimum(f * p[:, :, None], 1 - 1e-12)).sum(axis=1)  # [L, G]
-        pair = np.einsum("lig,lij,ljg->lg", f, excess, f) / 2
-        out: F64 = (1.0 - np.exp(log_none + pair)).clip(0.0, 1.0).sum(axis=1)
+        pair = (f * np.matmul(excess, f)).sum(axis=1) / 2  # sum_ij f_ig excess_ij f_jg / 2
+        out: F64 = (1.0 - np.exp(log_none + pair)).clip(0.0, 1.0)
         return out
 
-    return reached(frac), reached(node_frac)
+    gpu, node = reached(frac), reached(node_frac)
+    if node_limit is not None:
+        scale = np.minimum(1.0, node_limit / np.maximum(node.sum(axis=1, keepdims=True), 1e-12))
+        gpu, node = gpu * scale, node * scale
+    return Reach(gpu, node)
 
+
+def approx_copies_per_token(
+    summary: CoactivationSummary, phy2log: ArrayLike, slots_per_gpu: ArrayLike, gpus_per_node: int | None = None
+) -> tuple[F64, F64]:
+    """Expected distinct GPUs and nodes per token [L] each, from the summary (`reach`)."""
+    r = reach(summary, phy2log, slots_per_gpu, gpus_per_node)
+    return r.gpu.sum(axis=1), r.node.sum(axis=1)
 
 
 def partner_lift(topk_ids: ArrayLike, num_experts: int, partners: int | None = None) -> float:

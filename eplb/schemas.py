@@ -21,6 +21,16 @@ class PlacementOut(BaseModel):
     shares: list[list[float]] | None = Field(None, description="[layers][slots] token shares (weighted only)")
 
 
+class CopiesPerToken(BaseModel):
+    """Expected all-to-all copies of one token per layer, from the window's co-activation summary: distinct
+    GPUs (nodes) its top-k reaches, and those other than its own (the copies that cross a link)."""
+
+    gpus: list[float]
+    remote_gpus: list[float]
+    nodes: list[float]
+    remote_nodes: list[float]
+
+
 class Balance(BaseModel):
     """Per-layer balance, and the predicted per-layer time when a model is known. Times in microseconds."""
 
@@ -36,6 +46,9 @@ class Balance(BaseModel):
     bottleneck: list[str] | None = Field(None, description="compute, weight_read or comm, per layer")
     total_time_us: float | None = Field(None, description="sum over layers: MoE time of one step")
     tokens_per_gpu: list[float] | None = None
+    copies_per_token: CopiesPerToken | None = Field(
+        None, description="with a co-activation summary: expected copies per token, which the comm time uses"
+    )
 
 
 class Predicted(Balance):

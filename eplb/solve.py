@@ -17,6 +17,7 @@ from eplb.budget import describe_slots
 from eplb.cost import LayerPrediction, predict
 from eplb.errors import EplbError
 from eplb.evaluate import Balance, balance, contiguous_placement
+from eplb.objective import OBJECTIVES, candidates, choose_by_time
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, HardwareSpec, ModelSpec
 from solvers import registry
@@ -28,6 +29,7 @@ from solvers.validation import InvalidPlacement
 
 if TYPE_CHECKING:
     from eplb import schemas
+    from eplb.coactivation import CoactivationSummary
 
 
 def solver_name(solver: str, split: str = "uniform") -> str:
@@ -65,13 +67,15 @@ sums many steps, so its own total is no step size. 4,096 is a prefill-sized step
 @dataclass(frozen=True)
 class CostSetup:
     """What the time prediction needs: specs, all-to-all link bandwidth (B/s), tokens per GPU in one
-    step (None: the window is taken as one step) and whether comm overlaps the GEMMs."""
+    step (None: the window is taken as one step), whether comm overlaps the GEMMs, and the node limit of
+    node-limited routing (used with co-activation data)."""
 
     model: ModelSpec
     hardware: HardwareSpec
     link_bw: float
     tokens_per_gpu: float | None = None
     overlap: bool = True
+    node_limit: int | None = None  # DeepSeek-style node-limited routing: a token's experts on at most M nodes
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Outcome:
     moves: NDArray[np.int64] | None = None
     bytes_per_move: float | None = None
     plan: MigrationPlan | None = None
+    copies: dict[str, NDArray[np.float64]] | None = None  # expected copies per token [L] (co-activation data)
+    baseline_copies: dict[str, NDArray[np.float64]] | None = None
 
     def to_model(self) -> schemas.PlacementResponse:
         """The answer `eplb solve --json` prints and `POST /placement` returns (eplb/schemas.py)."""
@@ -97,6 +103,9 @@ class Outcome:
         if self.prediction is not None and self.baseline_prediction is not None:
             predicted.update(_time_dict(self.prediction))
             baseline.update(_time_dict(self.baseline_prediction))
+        if self.copies is not None and self.baseline_copies is not None:
+            predicted["copies_per_token"] = {k: _round(v, 4) for k, v in self.copies.items()}
+            baseline["copies_per_token"] = {k: _round(v, 4) for k, v in self.baseline_copies.items()}
         moves = None
         if self.moves is not None:
             total = int(self.moves.sum())
@@ -176,6 +185,8 @@ def solve(
     split: str = "uniform",
     scenarios: NDArray[np.float64] | None = None,
     stage_bytes: float | None = None,
+    objective: str = "lb",
+    coactivation: CoactivationSummary | None = None,
 ) -> Outcome:
     """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
     loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
@@ -183,8 +194,12 @@ def solve(
     time when `cost` is given. scenarios: [S, layers, E] recent sub-windows for `options.robust`.
     solver: default "incremental" when `current` is given, else "greedy". With `current`, the outcome
     carries the moves and the migration plan (stages of at most `stage_bytes` bytes each; needs `cost`
-    for the bytes of one copy)."""
+    for the bytes of one copy). objective: "lb" (the solver's) or "time" (per layer the candidate with
+    the lowest predicted time, `eplb.objective`; needs `cost`). coactivation: the window's co-activation
+    summary: the predicted comm counts one copy per GPU a token reaches, and the time objective may
+    co-locate experts chosen together."""
     check_shapes(loads, cluster)
+    check_objective(objective, cost, coactivation, loads)
     if current is not None:
         _check_current(current, loads, cluster)
     started = time.perf_counter()
@@ -205,6 +220,18 @@ def solve(
         raise EplbError(str(exc)) from None
     phy2log, shares = solution.phy2log, solution.shares
     info: dict[str, Any] = {"name": name, "status": solution.status}
+    if objective == "time":
+        assert cost is not None  # check_objective
+        if shares is not None:
+            raise EplbError(f"the time objective places uniform shares: drop --split weighted (solver {name!r})")
+        choice = choose_by_time(
+            candidates(loads, phy2log, cluster.slots_per_gpu, coactivation=coactivation, scenarios=scenarios,
+                       colocate=not problem.hierarchical, fewer_replicas=current is None),
+            lambda p2l: _predict(loads, Placement(p2l, cluster.slots_per_gpu, loads.shape[1]), cost,
+                                 _reach(coactivation, p2l, cluster, cost)).time_us,
+        )
+        phy2log = choice.phy2log
+        info.update(choice.info())
     if solution.layer_status is not None:
         info["layer_status"] = solution.layer_status
     info["layer_ms"] = solution.layer_ms
@@ -218,7 +245,7 @@ def solve(
             phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu, nodes)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
     placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
-    outcome = evaluate(loads, placement, cost)
+    outcome = evaluate(loads, placement, cost, coactivation=coactivation, gpus_per_node=cluster.gpus_per_node)
     bound_tokens = lower_bound(loads, cluster.slots_per_gpu, split="weighted" if shares is not None else "uniform")
     if "bound_tokens" in info:
         bound_tokens = np.maximum(bound_tokens, np.asarray(info.pop("bound_tokens")))
@@ -258,22 +285,69 @@ def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Clus
                         "served after EP scaling finished, where every slot holds an expert")
 
 
-def evaluate(loads: NDArray[np.float64], placement: Placement, cost: CostSetup | None = None) -> Outcome:
-    """Judge a placement on loads [layers, E]: balance and predicted time, next to the baseline."""
+def evaluate(
+    loads: NDArray[np.float64],
+    placement: Placement,
+    cost: CostSetup | None = None,
+    *,
+    coactivation: CoactivationSummary | None = None,
+    gpus_per_node: int | None = None,
+) -> Outcome:
+    """Judge a placement on loads [layers, E]: balance and predicted time, next to the baseline. With a
+    co-activation summary, also the expected copies per token (GPUs and nodes of `gpus_per_node`), which the
+    predicted comm then uses."""
     if loads.shape[0] != placement.num_layers or loads.shape[1] != placement.num_experts:
         raise EplbError(
             f"the placement is for {placement.num_layers} layers x {placement.num_experts} experts, "
             f"the loads are {loads.shape[0]} x {loads.shape[1]}"
         )
+    check_objective("lb", cost, coactivation, loads)
     base = contiguous_placement(placement.num_layers, placement.num_experts, placement.num_gpus)
     outcome = Outcome(placement, balance(loads, placement), balance(loads, base))
+    q = q_base = None
+    if coactivation is not None:
+        from eplb.coactivation import reach
+
+        node_limit = None if cost is None else cost.node_limit
+        r, r_base = (reach(coactivation, p.phy2log, p.slots_per_gpu, gpus_per_node, node_limit)
+                     for p in (placement, base))
+        outcome.copies, outcome.baseline_copies = r.copies(), r_base.copies()
+        q, q_base = r.gpu, r_base.gpu
     if cost is not None:
-        outcome.prediction = _predict(loads, placement, cost)
-        outcome.baseline_prediction = _predict(loads, base, cost)
+        outcome.prediction = _predict(loads, placement, cost, q)
+        outcome.baseline_prediction = _predict(loads, base, cost, q_base)
     return outcome
 
 
-def _predict(loads: NDArray[np.float64], placement: Placement, cost: CostSetup) -> LayerPrediction:
+def check_objective(
+    objective: str, cost: CostSetup | None, coactivation: CoactivationSummary | None, loads: NDArray[np.float64]
+) -> None:
+    """Raise EplbError for an unknown objective, a time objective without a model, or a co-activation
+    summary of another shape than the loads [layers, E]."""
+    if objective not in OBJECTIVES:
+        raise EplbError(f"unknown objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
+    if objective == "time" and cost is None:
+        raise EplbError("the time objective needs the model and hardware for the cost model (give --model)")
+    if coactivation is not None and coactivation.loads.shape != loads.shape:
+        raise EplbError(
+            f"the co-activation summary is for {coactivation.loads.shape[0]} layers x {coactivation.loads.shape[1]} "
+            f"experts, the loads are {loads.shape[0]} x {loads.shape[1]}"
+        )
+
+
+def _reach(
+    coactivation: CoactivationSummary | None, phy2log: NDArray[np.int64], cluster: Cluster, cost: CostSetup
+) -> NDArray[np.float64] | None:
+    if coactivation is None:
+        return None
+    from eplb.coactivation import reach
+
+    return reach(coactivation, phy2log, cluster.slots_per_gpu, cluster.gpus_per_node, cost.node_limit).gpu
+
+
+def _predict(
+    loads: NDArray[np.float64], placement: Placement, cost: CostSetup, reach: NDArray[np.float64] | None = None
+) -> LayerPrediction:
     empty = bool(placement.empty_slots.any())  # an empty slot (-1) serves nothing: share 0 on any expert id
     return predict(
         loads,
@@ -285,4 +359,5 @@ def _predict(loads: NDArray[np.float64], placement: Placement, cost: CostSetup) 
         tokens_per_gpu=cost.tokens_per_gpu,
         shares=placement.slot_shares() if empty else placement.shares,
         overlap=cost.overlap,
+        reach=reach,
     )

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,10 +20,14 @@ from eplb.io.files import output_file
 from eplb.io.foreign import read_placement_for
 from eplb.io.logs import LogInfo
 from eplb.io.windows import LoadWindow, read_window
+from eplb.objective import OBJECTIVES
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
 from solvers import registry
 from solvers.registry import Options
+
+if TYPE_CHECKING:
+    from eplb.coactivation import CoactivationSummary
 
 SOLVE_DESCRIPTION = """\
 Compute where every logical expert of every MoE layer goes: hot experts get extra replicas and all
@@ -81,7 +86,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--stage-gib", type=float, metavar="X", help="most GiB copied per stage of the plan (default: "
                    "one stage per layer; needs the model)")
     p.add_argument("--out", metavar="FILE", help="write the placement file here (JSON, docs/formats.md)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="lb", help="lb: balance tokens (every solver's own "
+                   "objective); time: per layer, the lowest predicted layer time among the solver's placement, "
+                   "co-located variants (with --coactivation) and one slot per expert (decode, where weight reads "
+                   "bound); needs the model. Default: lb (docs/solvers.md, 'Objectives')")
     add_cost_options(p)
+    add_coactivation_options(p)
     p.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
     p.set_defaults(func=run_solve)
 
@@ -94,7 +104,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_loads(e)
     e.add_argument("--placement", required=True, metavar="FILE", help="placement file (JSON)")
+    e.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for copies per node (with "
+                   "--coactivation)")
     add_cost_options(e)
+    add_coactivation_options(e)
     e.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
     e.set_defaults(func=run_evaluate)
 
@@ -141,6 +154,25 @@ def add_cost_options(
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="all-to-all overlaps the expert GEMMs (two micro-batches, as DeepSeek runs; default), or with "
                    "--no-overlap adds to them")
+
+
+def add_coactivation_options(p: argparse.ArgumentParser) -> None:
+    """--coactivation FILE and --node-limit M (read back with `coactivation_for` and `cost_setup`)."""
+    p.add_argument("--coactivation", metavar="FILE", help="which experts the window's tokens chose together: a "
+                   "summary (.json, eplb.coactivation-summary/v1) or a token-level log (.npz with topk_ids). The "
+                   "predicted comm then counts one copy per GPU a token reaches, and copies per token are printed "
+                   "(docs/cost-model.md, 'Co-activation')")
+    p.add_argument("--node-limit", type=int, metavar="M", help="node-limited routing (DeepSeek-V3: 4): a token's "
+                   "experts lie on at most M nodes of --gpus-per-node GPUs; caps the co-activation copies")
+
+
+def coactivation_for(args: argparse.Namespace, num_experts: int) -> CoactivationSummary | None:
+    """The --coactivation summary, or None."""
+    if not args.coactivation:
+        return None
+    from eplb.coactivation import read_summary
+
+    return read_summary(args.coactivation, num_experts)
 
 
 def int_list(text: str) -> list[int]:
@@ -196,7 +228,11 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
     hardware = load_hardware(args.hardware)
     if args.tokens_per_gpu is not None and not args.tokens_per_gpu > 0:
         raise EplbError("--tokens-per-gpu must be > 0")
-    return CostSetup(model, hardware, link_bandwidth(hardware, args.link), args.tokens_per_gpu, args.overlap)
+    node_limit = getattr(args, "node_limit", None)
+    if node_limit is not None and node_limit < 1:
+        raise EplbError("--node-limit must be >= 1 (nodes a token's experts may lie on)")
+    return CostSetup(model, hardware, link_bandwidth(hardware, args.link), args.tokens_per_gpu, args.overlap,
+                     node_limit)
 
 
 def run_solve(args: argparse.Namespace) -> int:
@@ -247,6 +283,8 @@ def run_solve(args: argparse.Namespace) -> int:
         options=options,
         split=args.split,
         stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
+        objective=args.objective,
+        coactivation=coactivation_for(args, window.num_experts),
     )
     if args.out:
         write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
@@ -288,7 +326,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     placement = read_placement_for(args.placement, window.num_layers, window.num_experts,
                                    layer_ids=window.meta.get("layer_ids"))
     model = model_for(args, window)
-    outcome = evaluate(window.loads, placement, cost_setup(args, model))
+    if args.gpus_per_node is not None and (args.gpus_per_node < 1 or placement.num_gpus % args.gpus_per_node):
+        raise EplbError(f"--gpus-per-node {args.gpus_per_node} does not divide the {placement.num_gpus} GPUs")
+    outcome = evaluate(window.loads, placement, cost_setup(args, model),
+                       coactivation=coactivation_for(args, window.num_experts), gpus_per_node=args.gpus_per_node)
     if args.json:
         json.dump(outcome.to_dict(), sys.stdout)
         print()
@@ -332,6 +373,16 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
         )
         counts = {b: t_new.bottleneck.count(b) for b in sorted(set(t_new.bottleneck))}
         lines.append("  bottleneck per layer: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if outcome.copies is not None and outcome.baseline_copies is not None:
+        c, b = outcome.copies, outcome.baseline_copies
+        lines.append(
+            f"copies per token (co-activation, mean over layers): {c['gpus'].mean():.2f} GPUs "
+            f"({c['remote_gpus'].mean():.2f} remote), {c['nodes'].mean():.2f} nodes; baseline {b['gpus'].mean():.2f} "
+            f"GPUs ({b['remote_gpus'].mean():.2f} remote), {b['nodes'].mean():.2f} nodes"
+        )
+    if outcome.solver.get("objective") == "time":
+        picked = ", ".join(f"{k} {v}" for k, v in outcome.solver["candidates"].items() if v)
+        lines.append(f"time objective, layers taken from: {picked}")
     worst = np.argsort(-new.lb, kind="stable")[:3]
     layer_ids = window.meta.get("layer_ids")
     names = [f"{i}" + (f" (model layer {layer_ids[i]})" if isinstance(layer_ids, list) else "") for i in worst]

@@ -91,15 +91,23 @@ class TimeModel:
         factor = np.divide(g * self.tokens_per_gpu * k, total, out=np.zeros_like(total), where=total > 0)
         return np.full_like(total, self.tokens_per_gpu), factor
 
-    def gpu_terms(self, total: F64, rows: NDArray[Any], active: NDArray[Any]) -> tuple[F64, F64, F64]:
+    def gpu_terms(
+        self, total: F64, rows: NDArray[Any], active: NDArray[Any], reach: NDArray[Any] | None = None
+    ) -> tuple[F64, F64, F64]:
         """(compute, weight_read, comm) µs per GPU from the GPUs' routed rows and active slots
-        [..., G] (GPU last) and the layer's total rows [..., 1]."""
+        [..., G] (GPU last) and the layer's total rows [..., 1]. reach: [..., G] chance that a token's
+        top-k reaches each GPU (co-activation data, `eplb.coactivation.reach`); with it a token is sent
+        once to each GPU it reaches, whatever `dedup` says."""
         tokens, factor = self.scale(total)
         g, k = self.gpus, self.top_k
         r = rows * factor
         compute = (r + self.shared * tokens) * self.us_per_row
         weight = self._weight_read(tokens, factor, active)
-        if self.dedup:
+        if reach is not None:
+            q = np.where(factor > 0, reach, 0.0)
+            received = (g - 1) * tokens * q
+            sent = tokens * (q.sum(axis=-1, keepdims=True) - q)
+        elif self.dedup:
             frac = np.divide(r, g * k * tokens, out=np.zeros(r.shape), where=tokens > 0)
             q = 1.0 - (1.0 - frac) ** k  # chance a token has >= 1 of its experts on that GPU
             received = (g - 1) * tokens * q
@@ -122,9 +130,12 @@ class TimeModel:
         out: F64 = np.maximum(gemm, comm) if self.overlap else gemm + comm
         return out
 
-    def layer_time(self, total: F64, rows: NDArray[Any], active: NDArray[Any]) -> F64:
-        """Layer time µs (slowest GPU) [...] from rows and active slots [..., G] and total [..., 1]."""
-        out: F64 = self.gpu_time(*self.gpu_terms(total, rows, active)).max(axis=-1)
+    def layer_time(
+        self, total: F64, rows: NDArray[Any], active: NDArray[Any], reach: NDArray[Any] | None = None
+    ) -> F64:
+        """Layer time µs (slowest GPU) [...] from rows and active slots [..., G] and total [..., 1]
+        (reach: as in `gpu_terms`)."""
+        out: F64 = self.gpu_time(*self.gpu_terms(total, rows, active, reach)).max(axis=-1)
         return out
 
     def layer_time_from_extremes(self, total: F64, rmax: NDArray[Any], rmin: NDArray[Any], amax: NDArray[Any]) -> F64:
@@ -266,6 +277,7 @@ def predict(
     shares: ArrayLike | None = None,
     overlap: bool = True,
     dedup: bool = False,
+    reach: ArrayLike | None = None,
 ) -> LayerPrediction:
     """Predict per-layer MoE time of a placement for a window of loads (vectorized over L, G).
 
@@ -279,6 +291,8 @@ def predict(
     overlap: True, comm overlaps the GEMMs (two micro-batches): GPU time = max(compute,
         weight_read, comm); False: max(compute, weight_read) + comm.
     dedup: per-GPU dedup of token copies (see docs/cost-model.md for the approximation).
+    reach: [L, G] chance that a token reaches each GPU, from co-activation data (`eplb.coactivation.reach`):
+        comm then counts one copy per reached GPU (co-activated experts on one GPU share a copy).
 
     Per GPU (`TimeModel.gpu_terms`): routed rows = sum of its slots' rows; compute = (rows + shared x
     T) x 2 x params / flops; weight read = (slots with > 0 rows) x expert_bytes + shared bytes; comm
@@ -296,7 +310,12 @@ def predict(
     window_rows = np.bincount(g_flat, weights=slot_rows.ravel(), minlength=lg).reshape(num_layers, num_gpus)
     active = np.bincount(g_flat, weights=(slot_rows > 0).ravel(), minlength=lg).reshape(num_layers, num_gpus)
     total = load.sum(axis=1)[:, None]
-    compute, weight, comm = tm.gpu_terms(total, window_rows, active)
+    q = None
+    if reach is not None:
+        q = np.asarray(reach, dtype=np.float64)
+        if q.shape != (num_layers, num_gpus):
+            raise EplbError(f"reach must be [{num_layers} layers, {num_gpus} GPUs], got shape {list(q.shape)}")
+    compute, weight, comm = tm.gpu_terms(total, window_rows, active, q)
     gpu_time = tm.gpu_time(compute, weight, comm)
     tokens, factor = tm.scale(total)
     slowest = np.argmax(gpu_time, axis=1)

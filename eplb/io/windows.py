@@ -128,6 +128,8 @@ def _read_npz(p: Path) -> LoadWindow:
     try:
         with np.load(p, allow_pickle=False) as npz:
             names = list(npz.files)
+            if "topk_ids" in names:  # a token-level log: the window is its picks per expert, all steps summed
+                return _read_topk_log(p)
             for key in ("loads", "counts"):
                 if key in names:
                     return LoadWindow(check_loads(npz[key], f"{p}: {key}"), str(p))
@@ -136,6 +138,16 @@ def _read_npz(p: Path) -> LoadWindow:
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise EplbError(f"{p}: not a readable .npz archive ({exc or 'cut short'})") from None
     raise EplbError(f"{p}: expected an array named 'loads' or 'counts', found {names}")
+
+
+def _read_topk_log(p: Path) -> LoadWindow:
+    from eplb.io.logs import open_log
+
+    log = open_log(p)
+    total = np.zeros((log.info.num_layers, log.info.num_experts))
+    for chunk in log.iter_counts(4096):
+        total += chunk.counts.sum(axis=0, dtype=np.float64)
+    return LoadWindow(check_loads(total, f"{p}: topk_ids"), f"{p} (token-level log, all steps)")
 
 
 def _meta(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,169 @@
+"""The time objective and the co-activation comm term of the cost model (eplb/objective.py, eplb.cost.predict)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.coactivation import copies_per_token, reach, read_summary, read_topk, summarize
+from eplb.cost import predict
+from eplb.errors import EplbError
+from eplb.io.windows import read_window
+from eplb.solve import Cluster, CostSetup, evaluate, solve
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LAW = FIXTURES / "esft-dsv2lite-law-topk.npz"
+V2 = MODEL_PRESETS["deepseek-v2-lite"]
+H800 = HARDWARE_PRESETS["h800"]
+
+
+def cost(tokens: float, link: str = "nic", node_limit: int | None = None) -> CostSetup:
+    return CostSetup(V2, H800, link_bandwidth(H800, link), tokens, True, node_limit)
+
+
+@pytest.fixture(scope="module")
+def law() -> tuple[np.ndarray, np.ndarray]:
+    ids, _ = read_topk(LAW)
+    return ids, read_window(LAW).loads
+
+
+def test_topk_log_reads_as_its_window(law: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, loads = law
+    counts = np.stack([np.bincount(ids[:, layer].ravel(), minlength=64) for layer in range(ids.shape[1])])
+    assert np.array_equal(loads, counts)
+
+
+def test_time_objective_is_never_slower_and_cuts_comm_bound_layers(law: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, loads = law
+    summary = summarize(ids, 64)
+    cluster = Cluster(np.full(8, 9, dtype=np.int64))
+    setup = cost(4096)  # over the NIC: comm bounds every layer
+    by_lb = solve(loads, cluster, cost=setup, coactivation=summary)
+    by_time = solve(loads, cluster, cost=setup, coactivation=summary, objective="time")
+    assert by_lb.prediction is not None and by_time.prediction is not None
+    assert set(by_lb.prediction.bottleneck) == {"comm"}
+    assert (by_time.prediction.time_us <= by_lb.prediction.time_us * (1 + 1e-9)).all()
+    assert by_time.prediction.total_time_us < 0.95 * by_lb.prediction.total_time_us
+    assert by_time.copies is not None and by_lb.copies is not None
+    assert by_time.copies["gpus"].mean() < 0.9 * by_lb.copies["gpus"].mean()
+    # the chosen candidate per layer is reported, and the exact count on the tokens agrees in direction
+    assert len(by_time.solver["layer_choice"]) == loads.shape[0]
+    slots = cluster.slots_per_gpu
+    exact_lb = copies_per_token(ids, by_lb.placement.phy2log, slots, 64).gpus.mean()
+    exact_time = copies_per_token(ids, by_time.placement.phy2log, slots, 64).gpus.mean()
+    assert exact_time < 0.9 * exact_lb
+
+
+def test_without_coactivation_data_prefill_time_objective_is_todays_placement() -> None:
+    window = read_window(None)  # DeepSeek-V3 prefill window, compute-bound at 4,096 tokens per GPU
+    v3, b200 = MODEL_PRESETS["deepseek-v3"], HARDWARE_PRESETS["b200"]
+    setup = CostSetup(v3, b200, link_bandwidth(b200, "nvlink"), 4096.0)
+    cluster = Cluster(np.full(32, 9, dtype=np.int64))
+    by_lb = solve(window.loads, cluster, cost=setup)
+    by_time = solve(window.loads, cluster, cost=setup, objective="time")
+    assert np.array_equal(by_lb.placement.phy2log, by_time.placement.phy2log)
+    assert set(by_time.solver["layer_choice"]) == {"solver"}
+
+
+def test_weight_read_bound_layers_take_fewer_replicas(law: tuple[np.ndarray, np.ndarray]) -> None:
+    _, loads = law
+    cluster = Cluster(np.full(8, 9, dtype=np.int64))
+    setup = cost(256, link="nvlink")  # decode on NVLink: reading the experts' weights bounds the layer
+    by_lb = solve(loads, cluster, cost=setup)
+    by_time = solve(loads, cluster, cost=setup, objective="time")
+    assert by_lb.prediction is not None and by_time.prediction is not None
+    weight_bound = np.array([b == "weight_read" for b in by_lb.prediction.bottleneck])
+    assert weight_bound.any()
+    assert (by_time.prediction.time_us[weight_bound] < by_lb.prediction.time_us[weight_bound]).all()
+    assert (by_time.prediction.time_us <= by_lb.prediction.time_us * (1 + 1e-9)).all()
+    empty = by_time.placement.empty_slots
+    assert empty[weight_bound].sum(axis=1).min() == 8  # one slot per expert: 64 of the 72 slots used
+    assert (by_time.placement.replicas[weight_bound] == 1).all()
+
+
+def test_reach_comm_counts_one_copy_per_reached_gpu() -> None:
+    # 4 GPUs x 2 slots, 8 experts, k = 2; every token picks a pair (2i, 2i+1) that sits on GPU i
+    tokens = 400
+    pair = np.arange(tokens) % 4
+    ids = np.stack([2 * pair, 2 * pair + 1], axis=1)[:, None, :]  # [tokens, 1 layer, 2]
+    together = np.arange(8, dtype=np.int64)[None, :]
+    apart = np.array([[0, 2, 4, 6, 1, 3, 5, 7]], dtype=np.int64)
+    slots = np.full(4, 2, dtype=np.int64)
+    assert copies_per_token(ids, together, slots, 8).gpus[0] == 1.0
+    assert copies_per_token(ids, apart, slots, 8).gpus[0] == 2.0
+    summary = summarize(ids, 8)
+    r_together, r_apart = reach(summary, together, slots), reach(summary, apart, slots)
+    # the summary's estimate (second order in the pairs) overestimates perfectly paired picks, but orders them
+    assert 1.0 <= r_together.gpu.sum() < r_apart.gpu.sum() == pytest.approx(2.0, rel=0.05)
+    loads = np.full((1, 8), tokens / 4.0)
+    model = MODEL_PRESETS["deepseek-v2-lite"].model_copy(update={"num_experts": 8, "top_k": 2})
+    args = {"model": model, "hw": H800, "link_bw": 50e9, "tokens_per_gpu": 100.0}
+    exact_together = np.full((1, 4), 0.25)  # each GPU is reached by the quarter of tokens whose pair it holds
+    comm_together = predict(loads, together, slots, reach=exact_together, **args).gpu_comm_us  # type: ignore[arg-type]
+    comm_apart = predict(loads, apart, slots, reach=2 * exact_together, **args).gpu_comm_us  # type: ignore[arg-type]
+    per_copy = (model.dispatch_bytes_per_copy + model.combine_bytes_per_copy) / 50e9 * 1e6
+    # a GPU receives the reached share of the 3 other GPUs' 100 tokens, and sends to the reached others
+    assert comm_together == pytest.approx(np.full((1, 4), 3 * 100 * 0.25 * per_copy))
+    assert comm_apart == pytest.approx(2 * comm_together)
+    plain = predict(loads, together, slots, **args).gpu_comm_us  # type: ignore[arg-type]
+    assert plain == pytest.approx(np.full((1, 4), 100 * 2 * 0.75 * per_copy))  # k copies, 1/G of them local
+
+
+def test_node_limit_caps_nodes_per_token(law: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, loads = law
+    summary = summarize(ids, 64)
+    p2l = np.tile(np.arange(64, dtype=np.int64), (loads.shape[0], 1))
+    free = reach(summary, p2l, np.full(8, 8), gpus_per_node=2)
+    assert free.node.sum(axis=1).max() > 2
+    limited = reach(summary, p2l, np.full(8, 8), gpus_per_node=2, node_limit=2)
+    assert limited.node.sum(axis=1).max() <= 2 + 1e-9
+    outcome = evaluate(loads, solve(loads, Cluster(np.full(8, 8, dtype=np.int64))).placement, cost(256, node_limit=2),
+                       coactivation=summary, gpus_per_node=2)
+    assert outcome.copies is not None and outcome.copies["nodes"].max() <= 2 + 1e-9
+
+
+def test_bad_objective_inputs_are_one_clear_error(law: tuple[np.ndarray, np.ndarray], tmp_path: Path) -> None:
+    ids, loads = law
+    cluster = Cluster(np.full(8, 9, dtype=np.int64))
+    with pytest.raises(EplbError, match="needs the model"):
+        solve(loads, cluster, objective="time")
+    with pytest.raises(EplbError, match="unknown objective"):
+        solve(loads, cluster, cost=cost(256), objective="speed")
+    with pytest.raises(EplbError, match="co-activation summary is for 2 layers"):
+        solve(loads, cluster, cost=cost(256), coactivation=summarize(ids[:, :2], 64))
+    bad = tmp_path / "summary.json"
+    bad.write_text(json.dumps({"format": "eplb.coactivation-summary/v1", "tokens": [1], "top_k": 2, "loads": [[-1]],
+                               "partners": [[[0]]], "counts": [[[1]]]}))
+    with pytest.raises(EplbError, match=">= 0"):
+        read_summary(bad, 1)
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(EplbError, match="format"):
+        read_summary(tmp_path / "other.json", 64)
+
+
+def test_cli_reports_copies_and_the_time_objective(tmp_path: Path) -> None:
+    summary_file = tmp_path / "summary.json"
+    ids, _ = read_topk(LAW)
+    summary_file.write_text(json.dumps(summarize(ids, 64).to_dict()))
+    base = [sys.executable, "-m", "eplb.cli", "solve", "--loads", str(LAW), "--gpus", "8", "--slots-per-gpu", "9",
+            "--model", "deepseek-v2-lite", "--hardware", "h800", "--link", "nic", "--coactivation", str(summary_file)]
+    out = subprocess.run([*base, "--objective", "time", "--json"], capture_output=True, text=True, check=True)
+    answer = json.loads(out.stdout)
+    copies = answer["predicted"]["copies_per_token"]
+    assert len(copies["gpus"]) == 26 and len(answer["predicted"]["baseline"]["copies_per_token"]["nodes"]) == 26
+    assert answer["solver"]["objective"] == "time"
+    text = subprocess.run([*base, "--objective", "time"], capture_output=True, text=True, check=True).stdout
+    assert "copies per token (co-activation" in text and "time objective, layers taken from" in text
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"loads": [[5, 1, 3]]}))  # 3 experts: no preset, so no cost model
+    err = subprocess.run([*base[:4], "--objective", "time", "--loads", str(odd), "--gpus", "2", "--slots-per-gpu", "2"],
+                         capture_output=True, text=True)
+    assert err.returncode == 2 and "needs the model" in err.stderr and "Traceback" not in err.stderr
+    missing = subprocess.run([*base[:-1], str(tmp_path / "nope.json")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "nope.json" in missing.stderr and "Traceback" not in missing.stderr
