@@ -293,6 +293,11 @@ class CoactivationSummary:
             raise EplbError(f"co-activation summary: partners must be expert ids in 0..{loads.shape[1] - 1} or -1")
         return cls(tokens, top_k, loads, partners, counts)
 
+    def layers(self, count: int) -> CoactivationSummary:
+        """The summary of the first `count` layers."""
+        return CoactivationSummary(self.tokens[:count], self.top_k, self.loads[:count], self.partners[:count],
+                                   self.counts[:count])
+
     def pair_estimate(self) -> F64:
         """Estimated pair counts [L, E, E] (zero diagonal): listed pairs exact; each expert's unlisted
         pair mass (load x (k - 1) minus its listed counts) spread over its unlisted partners in

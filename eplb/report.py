@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,6 +28,9 @@ from eplb.solve import Cluster, CostSetup, solve
 from solvers import registry
 from solvers.bounds import lower_bound
 from solvers.registry import Options, applicable
+
+if TYPE_CHECKING:
+    from eplb.coactivation import CoactivationSummary
 
 SOLVER_CHOICES = ("greedy", "milp", "milp-weighted")
 
@@ -127,14 +130,22 @@ def compare_window(
     time_limit_s: float | None = None,
     progress: bool | None = None,
     executor: Executor | None = None,
+    objectives: Sequence[str] = ("lb",),
+    coactivation: CoactivationSummary | None = None,
 ) -> list[Run]:
-    """Run every solver on every cluster shape for loads [layers, E]: one task per (shape, solver) on
-    `executor` (default: here, in order); the runs come back in that order whatever the executor."""
+    """Run every solver with every objective on every cluster shape for loads [layers, E]: one task per
+    (shape, solver, objective) on `executor` (default: here, in order); the runs come back in that order
+    whatever the executor. A run with the time objective is named "SOLVER+time"."""
     ex = executor or LocalExecutor()
     layers = loads.shape[0]
-    tasks = [Task((loads, ep, slots, name, cost, time_limit_s), note=f"EP{ep} {name}", cpus=_cpus(name, layers, ex))
-             for ep, slots in shapes for name in solvers]  # fmt: skip
+    tasks = [Task((loads, ep, slots, name, cost, time_limit_s, objective, coactivation),
+                  note=f"EP{ep} {_run_name(name, objective)}", cpus=_cpus(name, layers, ex))
+             for ep, slots in shapes for name in solvers for objective in objectives]  # fmt: skip
     return ex.map(_window_run, tasks, label="compare", progress=progress)
+
+
+def _run_name(solver: str, objective: str) -> str:
+    return solver if objective == "lb" else f"{solver}+{objective}"
 
 
 def _cpus(solver: str, layers: int, ex: Executor) -> float:
@@ -144,16 +155,19 @@ def _cpus(solver: str, layers: int, ex: Executor) -> float:
 
 
 def _window_run(
-    arg: tuple[NDArray[np.float64], int, NDArray[np.int64], str, CostSetup | None, float | None], report: Report
+    arg: tuple[NDArray[np.float64], int, NDArray[np.int64], str, CostSetup | None, float | None, str,
+               CoactivationSummary | None],
+    report: Report,
 ) -> Run:
-    """One solver on one cluster shape (a `compare_window` task)."""
-    loads, ep, slots, name, cost, time_limit_s = arg
+    """One solver with one objective on one cluster shape (a `compare_window` task)."""
+    loads, ep, slots, name, cost, time_limit_s, objective, coactivation = arg
     options = applicable(name, Options(time_limit_s=time_limit_s))
-    outcome = solve(loads, Cluster(slots), solver=name, cost=cost, options=options)
+    outcome = solve(loads, Cluster(slots), solver=name, cost=cost, options=options, objective=objective,
+                    coactivation=coactivation)
     info = outcome.solver
     layers = loads.shape[0]
     run = Run(
-        solver=name,
+        solver=_run_name(name, objective),
         ep=ep,
         slots_per_gpu=slots.tolist(),
         lb=outcome.balance.lb.tolist(),
@@ -167,6 +181,8 @@ def _window_run(
         run.time_us = outcome.prediction.time_us.tolist()
         run.baseline_time_us = outcome.baseline_prediction.time_us.tolist()
         run.bottleneck = list(outcome.prediction.bottleneck)
+    if outcome.copies is not None:
+        run.extra["copies_per_token"] = outcome.copies["gpus"].tolist()
     return run
 
 
@@ -425,12 +441,13 @@ def verdict(runs: Sequence[Run]) -> list[str]:
         if any(r.replay is not None for r in group.values()):
             lines.extend(_log_verdict(label, group))
             continue
+        lines.extend(_objective_verdict(label, group))
         greedy = group.get("greedy")
         if greedy is None:
             continue
         g_max, g_mean = max(greedy.lb), float(np.mean(greedy.lb))
         for name, run in group.items():
-            if name == "greedy":
+            if name == "greedy" or name.endswith("+time"):
                 continue
             better = sum(1 for a, b in zip(run.lb, greedy.lb, strict=True) if a < b - 1e-9)
             worse = sum(1 for a, b in zip(run.lb, greedy.lb, strict=True) if a > b + 1e-9)
@@ -451,6 +468,27 @@ def verdict(runs: Sequence[Run]) -> list[str]:
                 f"(greedy {g_ms:,.2f} ms)."
             )
     return lines or ["Only one solver ran: nothing to compare."]
+
+
+def _objective_verdict(label: str, group: dict[str, Run]) -> list[str]:
+    """Each "SOLVER+time" run against SOLVER's own (lb objective): predicted time per layer, lb, copies."""
+    lines = []
+    for name, run in group.items():
+        base = group.get(name.removesuffix("+time"))
+        if not name.endswith("+time") or base is None or run.time_us is None or base.time_us is None:
+            continue
+        t, b = np.asarray(run.time_us), np.asarray(base.time_us)
+        faster, slower = int((t < b * (1 - 1e-9)).sum()), int((t > b * (1 + 1e-9)).sum())
+        copies = ""
+        if "copies_per_token" in run.extra and "copies_per_token" in base.extra:
+            copies = (f", copies per token {np.mean(run.extra['copies_per_token']):.2f} vs "
+                      f"{np.mean(base.extra['copies_per_token']):.2f}")
+        lines.append(
+            f"{label}: {name} predicted faster than {base.solver} on {faster} of {t.size} layers (slower on "
+            f"{slower}): {t.sum() / 1000:,.3f} ms vs {b.sum() / 1000:,.3f} ms per step, lb mean "
+            f"{np.mean(run.lb):.4f} vs {np.mean(base.lb):.4f}{copies}."
+        )
+    return lines
 
 
 def _moves_text(moves: float, bytes_per_move: float | None) -> str:

@@ -167,3 +167,19 @@ def test_cli_reports_copies_and_the_time_objective(tmp_path: Path) -> None:
     assert err.returncode == 2 and "needs the model" in err.stderr and "Traceback" not in err.stderr
     missing = subprocess.run([*base[:-1], str(tmp_path / "nope.json")], capture_output=True, text=True)
     assert missing.returncode == 2 and "nope.json" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_compare_runs_lb_and_time_side_by_side(law: tuple[np.ndarray, np.ndarray], tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "eplb.cli", "compare", "--loads", str(LAW), "--coactivation", str(LAW),
+                          "--solvers", "greedy", "--objectives", "lb,time", "--ep", "8", "--hardware", "h800",
+                          "--link", "nic", "--tokens-per-gpu", "256", "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "greedy+time predicted faster than greedy on" in run.stdout and "(slower on 0)" in run.stdout
+    runs = {r["solver"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert set(runs) == {"greedy", "greedy+time"}
+    assert sum(runs["greedy+time"]["time_us"]) < sum(runs["greedy"]["time_us"])
+    assert np.mean(runs["greedy+time"]["copies_per_token"]) < np.mean(runs["greedy"]["copies_per_token"])
+    bad = subprocess.run([sys.executable, "-m", "eplb.cli", "compare", "--objectives", "fast", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--objectives takes lb, time" in bad.stderr

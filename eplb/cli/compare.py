@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
-from eplb.cli.solve import add_cost_options, cost_setup, model_for
+from eplb.cli.solve import add_cost_options, coactivation_for, cost_setup, model_for
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from
 from eplb.io.logs import open_log
 from eplb.io.windows import read_window
+from eplb.objective import OBJECTIVES
 from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 
@@ -52,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--redundant", help="redundant experts in all, comma-separated (default: one per GPU)")
     p.add_argument("--time-limit", type=float, default=2.0, metavar="S", help="MILP limit per layer, s (default: 2)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for report.md, report.html, results.json")
+    p.add_argument("--objectives", default="lb", help="with --loads: lb, time or lb,time (each solver once per "
+                   "objective, the time runs named SOLVER+time; docs/solvers.md, 'Objectives'; default: lb)")
+    p.add_argument("--coactivation", metavar="FILE", help="with --loads: the window's co-activation summary (.json) "
+                   "or token-level log (.npz): copies per token and the co-activation comm term")
     add_cost_options(p, model_default="the log's model with --log, else the preset with the expert count",
                      tokens_default=f"{DEFAULT_TOKENS_PER_GPU:.0f} with --loads, each step's own tokens with --log",
                      tokens_value=None)
@@ -99,8 +104,15 @@ def _run_window(
     if args.tokens_per_gpu is None:
         args.tokens_per_gpu = DEFAULT_TOKENS_PER_GPU
     model = model_for(args, window)
+    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
+    if not objectives or any(o not in OBJECTIVES for o in objectives):
+        raise EplbError(f"--objectives takes {', '.join(OBJECTIVES)} (comma-separated), got {args.objectives!r}")
+    coactivation = coactivation_for(args, window.num_experts)
+    if coactivation is not None and args.layers is not None:
+        coactivation = coactivation.layers(args.layers)
     runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit, progress=args.progress,
-                          executor=args.run_on)  # fmt: skip
+                          executor=args.run_on, objectives=list(dict.fromkeys(objectives)),
+                          coactivation=coactivation)  # fmt: skip
     return runs, {
         "title": f"{', '.join(solvers)} on {window.source}",
         "loads": f"{window.source}, {loads.shape[0]} layers x {loads.shape[1]} experts",
@@ -114,6 +126,8 @@ def _run_window(
 def _run_log(
     args: argparse.Namespace, solvers: list[str], eps: list[int], redundant: list[int] | None
 ) -> tuple[list[Run], dict[str, Any]]:
+    if args.objectives != "lb" or args.coactivation:
+        raise EplbError("--objectives and --coactivation compare placements on one window: give --loads, not --log")
     log = open_log(args.log)
     info = log.info
     shapes = cluster_shapes(info.num_experts, eps, redundant)
