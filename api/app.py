@@ -1,10 +1,11 @@
 """The placement service: `create_app()` builds the FastAPI app (`eplb serve` runs it with uvicorn).
 
 Layout (FastAPI's full-stack template): routes are APIRouter modules in api/routes/ (placement, jobs, meta);
-the objects they share (settings, solver pool, parser process, job store, metrics) are dependencies in
-api/deps.py, kept on `app.state`; api/middleware.py checks the API key and the body size before any body is
-read; api/convert.py is the worker side (parse and validate in the parser process, solve and serialize in a
-solver process); api/problems.py renders every error as RFC 9457 problem details."""
+the objects they share (settings, solver pool, parser process, in-process lane, job store, metrics) are
+dependencies in api/deps.py, kept on `app.state`; api/middleware.py checks the API key and the body size before
+any body is read; api/convert.py is the worker side (parse and validate, solve and serialize: in the in-process
+lane for small requests of fast solvers, else in the parser and solver processes); api/problems.py renders every
+error as RFC 9457 problem details."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from api.inline import InlineLane
 from api.jobs import JobStore, MemoryJobStore
 from api.metrics import Metrics
 from api.middleware import Gate
@@ -23,6 +25,7 @@ from api.problems import ERRORS, PROBLEM, install_handlers
 from api.routes import deployments, jobs, meta, placement
 from api.schemas import EvaluateRequest, PlacementRequest
 from api.settings import Settings
+from solvers import registry
 
 PARSE_QUEUE = 64  # request bodies that may wait for the parser process before 503
 
@@ -32,17 +35,22 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
     settings = settings or Settings()
     metrics = Metrics()
     pool = SolvePool(settings.solver_workers, settings.queue_limit)
-    parsers = SolvePool(1, PARSE_QUEUE)  # bodies are parsed apart from solving: a busy solver delays no 202
+    parsers = SolvePool(1, PARSE_QUEUE)  # large bodies are parsed apart from solving: a busy solver delays no 202
+    lane = InlineLane(settings.inline_threads, settings.queue_limit)  # small requests of fast solvers, in-process
     store = job_store or MemoryJobStore(settings.max_jobs, settings.job_ttl_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.start()
         await parsers.start()
+        await lane.start()
+        for name in settings.inline & set(registry.names()):  # the lane's solver modules load now, not in a request
+            registry.get_solver(name)
         try:
             yield
         finally:
             await store.close()
+            await lane.close()
             await parsers.close()
             await pool.close()
 
@@ -56,7 +64,7 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
         lifespan=lifespan,
     )
     app.state.settings, app.state.metrics, app.state.jobs = settings, metrics, store
-    app.state.pool, app.state.parsers = pool, parsers
+    app.state.pool, app.state.parsers, app.state.inline = pool, parsers, lane
     install_handlers(app)
     for module in (placement, jobs, meta, deployments):
         app.include_router(module.router)

@@ -85,6 +85,12 @@ class Answer:
     job: SolveJob | None = None
     seconds: float = 0.0
     lb: tuple[float, float, float, float] | None = None
+    solver: str | None = None  # set on a solved placement's answer
+
+
+def in_background(job: SolveJob, async_threshold_s: float) -> bool:
+    """Whether a validated request runs as a job (asked for, or a time budget over the threshold)."""
+    return job.run_async or (job.options.total_time_limit_s or 0) > async_threshold_s
 
 
 # ----- worker entry points (called through api.pool) -------------------------------------------------------------
@@ -97,6 +103,18 @@ def parse_placement(body: Body, milp_default_time_limit_s: float) -> Answer:
         return Answer(200, job=solve_job(request, loads, milp_default_time_limit_s))
     except ProblemError as exc:
         return _problem(exc, body.path)
+
+
+def placement_inline(body: Body, milp_default_time_limit_s: float, async_threshold_s: float,
+                     inline: frozenset[str]) -> Answer:
+    """POST /placement in the server's own threads (api/inline.py): parse and validate, then solve and serialize
+    when the request is synchronous and its solver is one of `inline`; otherwise the validated job, for the
+    solver processes."""
+    parsed = parse_placement(body, milp_default_time_limit_s)
+    job = parsed.job
+    if job is None or job.solver not in inline or in_background(job, async_threshold_s):
+        return parsed
+    return answer_job(job, body.path)
 
 
 def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
@@ -114,7 +132,7 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
         )
     except EplbError as exc:
         return _problem(ProblemError(422, "Invalid request", str(exc)), path)
-    return _answer(outcome.to_model(), time.perf_counter() - started)
+    return _answer(outcome.to_model(), time.perf_counter() - started, job.solver)
 
 
 def answer_evaluate(body: Body) -> Answer:
@@ -134,10 +152,10 @@ def answer_evaluate(body: Body) -> Answer:
     return _answer(outcome.to_model(), 0.0)
 
 
-def _answer(response: PlacementResponse, seconds: float) -> Answer:
+def _answer(response: PlacementResponse, seconds: float, solver: str | None = None) -> Answer:
     p = response.predicted
     lb = (p.lb_mean, p.lb_max, p.baseline.lb_mean, p.baseline.lb_max)
-    return Answer(200, orjson.dumps(response.to_json_dict()), seconds=seconds, lb=lb)
+    return Answer(200, orjson.dumps(response.to_json_dict()), seconds=seconds, lb=lb, solver=solver)
 
 
 def _problem(exc: ProblemError, path: str) -> Answer:
@@ -158,7 +176,8 @@ def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
     loads array; the model's own `loads` is then empty. Raises ProblemError: 400 for bytes that are not JSON or
     .npy, 422 naming the field otherwise."""
     if body.kind == "json":
-        return _validate(model, body.data), None
+        fast = _fast_json(model, body.data)
+        return fast if fast is not None else (_validate(model, body.data), None)
     loads = _read_npy(body.data)
     try:
         fields = orjson.loads(body.request or "{}")
@@ -169,6 +188,28 @@ def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
     if "loads" in fields:
         raise invalid([{"field": "loads", "message": "given in the .npy body; leave it out of 'request'"}])
     return _validate(model, orjson.dumps({**fields, "loads": []})), loads
+
+
+def _fast_json(model: type[M], data: bytes) -> tuple[M, NDArray[np.float64]] | None:
+    """The common body read fast: orjson parses it, numpy takes the loads as one [layers, E] array, and the model
+    validates only the other fields (pydantic checking 15,000 numbers one by one costs more than the rest of the
+    parse). None when the loads are not plainly a 2-D array of JSON numbers: the caller then validates the whole
+    body with the model, for the exact answer (and the field's name) whatever the input.
+
+    Equivalent to the model's strict `list[list[float]]`: no JSON literal true/false anywhere in the body (a bool
+    is not a load, and numpy would take it as 1), and an int or float dtype (strings, nulls, objects and ragged
+    rows give another dtype or raise); NaN and Infinity are not JSON to orjson, so they take the slow path too."""
+    if b"true" in data or b"false" in data:
+        return None
+    try:
+        fields = orjson.loads(data)
+        loads = fields.pop("loads") if isinstance(fields, dict) else None
+        array = np.array(loads) if isinstance(loads, list) and loads else None
+    except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError):
+        return None
+    if array is None or array.ndim != 2 or array.dtype.kind not in "iuf":
+        return None
+    return _validate(model, orjson.dumps({**fields, "loads": []})), array.astype(np.float64, copy=False)
 
 
 def _validate(model: type[M], data: bytes) -> M:

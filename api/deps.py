@@ -1,6 +1,6 @@
-"""Dependencies routes declare (FastAPI's `Depends`): settings, the solver pool, the job store, metrics, and the
-API-key check. The objects live on `app.state`, set by `api.app.create_app`; a test or another store swaps them
-there."""
+"""Dependencies routes declare (FastAPI's `Depends`): settings, the solver pool, the in-process lane, the job
+store, metrics, and the API-key check. The objects live on `app.state`, set by `api.app.create_app`; a test or
+another store swaps them there."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.inline import InlineLane
 from api.jobs import JobStore
 from api.metrics import Metrics
 from api.pool import SolvePool
@@ -35,6 +36,11 @@ def get_parsers(request: Request) -> SolvePool:
     return pool
 
 
+def get_inline(request: Request) -> InlineLane:
+    lane: InlineLane = request.app.state.inline
+    return lane
+
+
 def get_jobs(request: Request) -> JobStore:
     jobs: JobStore = request.app.state.jobs
     return jobs
@@ -48,6 +54,7 @@ def get_metrics(request: Request) -> Metrics:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 PoolDep = Annotated[SolvePool, Depends(get_pool)]
 ParsersDep = Annotated[SolvePool, Depends(get_parsers)]  # one process that parses and validates request bodies
+InlineDep = Annotated[InlineLane, Depends(get_inline)]  # threads of this process for small, fast requests
 JobsDep = Annotated[JobStore, Depends(get_jobs)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 

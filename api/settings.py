@@ -22,3 +22,16 @@ class Settings(BaseSettings):
     max_jobs: int = Field(64, ge=1, description="jobs kept at once (finished ones count until they expire)")
     job_ttl_s: float = Field(3600.0, gt=0, description="finished jobs are forgotten after this many seconds")
     retry_after_s: int = Field(5, ge=1, description="Retry-After on 503")
+    inline_solvers: str = Field(
+        "greedy,deepseek,incremental",
+        description="comma-separated solvers whose small synchronous requests run in the server process's threads "
+        "(empty: every request goes to the solver processes)",
+    )
+    inline_max_bytes: int = Field(1024 * 1024, ge=0, description="larger bodies go to the parser and solver processes")
+    inline_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1,
+                                description="threads of the in-process lane")
+
+    @property
+    def inline(self) -> frozenset[str]:
+        """The solvers of the in-process lane."""
+        return frozenset(name.strip() for name in self.inline_solvers.split(",") if name.strip())

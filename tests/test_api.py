@@ -192,13 +192,16 @@ def test_long_milp_becomes_a_job_and_can_be_cancelled(server_factory: Callable[.
     while httpx.get(f"{tight}{location}", timeout=10).json()["status"] != "running":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    busy = httpx.post(f"{tight}/placement", json=request_body(), timeout=60)
+    milp = request_body(loads=V3[:4].tolist(), solver="milp", time_limit_s=2)  # synchronous, for a solver process
+    busy = httpx.post(f"{tight}/placement", json=milp, timeout=60)
     assert busy.status_code == 503 and busy.headers["retry-after"] and busy.headers["content-type"] == PROBLEM
     assert httpx.get(f"{tight}/readyz", timeout=10).status_code == 503
+    greedy = httpx.post(f"{tight}/placement", json=request_body(), timeout=60)
+    assert greedy.status_code == 200, greedy.text  # the in-process lane: no wait behind the running MILP
     cancelled = httpx.delete(f"{tight}{location}", timeout=10)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     deadline = time.monotonic() + 30
-    while (after := httpx.post(f"{tight}/placement", json=request_body(), timeout=60)).status_code == 503:
+    while (after := httpx.post(f"{tight}/placement", json=milp, timeout=60)).status_code == 503:
         assert time.monotonic() < deadline  # the replacement worker is starting
         time.sleep(0.2)
     assert after.status_code == 200
@@ -357,7 +360,7 @@ def server_children(base: str) -> list[int]:
 
 
 def test_a_worker_killed_while_idle_costs_no_request(server_factory: Callable[..., str]) -> None:
-    base = server_factory(solver_workers="1", queue_limit="4")
+    base = server_factory(solver_workers="1", queue_limit="4", inline_solvers="")  # every request in the processes
     assert httpx.post(f"{base}/placement", json=request_body(), timeout=60).status_code == 200
     workers = server_children(base)
     assert len(workers) == 2  # the solver and the parser

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from api.deps import MetricsDep, PoolDep, SettingsDep
+from api.deps import InlineDep, MetricsDep, PoolDep, SettingsDep
 from api.problems import documented, problem_response
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from solvers import registry
@@ -30,11 +30,12 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", summary="Solvers are ready and the queue has room", responses=documented(503))
-async def readyz(pool: PoolDep, settings: SettingsDep) -> Any:
-    if not pool.has_room():
+async def readyz(pool: PoolDep, lane: InlineDep, settings: SettingsDep) -> Any:
+    if not (pool.has_room() and lane.has_room()):
         return problem_response(503, "Not ready", "the solver queue is full", "/readyz",
                                 {"Retry-After": str(settings.retry_after_s)})
-    return {"status": "ready", "workers": pool.size, "running": pool.running, "waiting": pool.waiting}
+    return {"status": "ready", "workers": pool.size, "running": pool.running, "waiting": pool.waiting,
+            "inline": {"threads": lane.size, "running": lane.running, "waiting": lane.waiting}}
 
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")

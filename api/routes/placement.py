@@ -1,6 +1,8 @@
-"""POST /placement and POST /evaluate. The body goes, as bytes, to the parser process (api/convert.py), which
-parses and validates it into a job; a solver process solves the job and serializes the answer. This side only
-checks the Content-Type and moves bytes, so the event loop stays free. (/evaluate runs whole in a solver.)"""
+"""POST /placement and POST /evaluate. A small body (at most EPLB_INLINE_MAX_BYTES) is parsed and validated in
+the server's in-process lane (api/inline.py); a synchronous request for one of EPLB_INLINE_SOLVERS is solved
+and serialized there too, in the same thread. Any other validated job goes to a solver process (api/pool.py);
+a larger body is parsed in the parser process first. This side only checks the Content-Type and moves bytes, so
+the event loop stays free. (/evaluate runs whole in the lane, or in a solver process for a large body.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from api import convert
-from api.deps import Authorized, JobsDep, MetricsDep, ParsersDep, PoolDep, SettingsDep
+from api.deps import Authorized, InlineDep, JobsDep, MetricsDep, ParsersDep, PoolDep, SettingsDep
+from api.inline import InlineLane
 from api.jobs import JobWork, TooManyJobs
 from api.metrics import Metrics
 from api.pool import QueueFull, SolvePool, WorkerDied
@@ -76,6 +79,24 @@ async def in_pool(pool: SolvePool, settings: Settings, fn: Any, token: int | Non
     return answer
 
 
+async def in_lane(lane: InlineLane, settings: Settings, fn: Any, **kwargs: Any) -> convert.Answer:
+    """Run a worker entry point of api/convert.py in the in-process lane; failures become problems."""
+    try:
+        answer: convert.Answer = await lane.submit(fn, **kwargs)
+    except QueueFull:
+        raise busy(settings) from None
+    except ProblemError:
+        raise
+    except Exception as exc:  # a bug, not bad input (convert answers that with a problem)
+        raise ProblemError(500, "Solver failed", f"{type(exc).__name__}: {exc}") from None
+    return answer
+
+
+def inline(settings: Settings, body: convert.Body) -> bool:
+    """Whether the body is parsed (and, for an inline solver, solved) in the server's own threads."""
+    return bool(settings.inline) and len(body.data) <= settings.inline_max_bytes
+
+
 def respond(answer: convert.Answer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type=JSON if answer.status < 400 else PROBLEM)
 
@@ -89,19 +110,21 @@ def respond(answer: convert.Answer) -> Response:
     responses={202: {"model": Job, "description": "accepted as a job; poll Location"},
                **documented(400, 401, 413, 415, 422, 500, 503)},
 )
-async def placement(request: Request, settings: SettingsDep, pool: PoolDep, parsers: ParsersDep, jobs: JobsDep,
-                    metrics: MetricsDep, fields: RequestFields = None) -> Response:
+async def placement(request: Request, settings: SettingsDep, pool: PoolDep, parsers: ParsersDep, lane: InlineDep,
+                    jobs: JobsDep, metrics: MetricsDep, fields: RequestFields = None) -> Response:
     body = await read_body(request, fields)
-    parsed = await in_pool(parsers, settings, convert.parse_placement, body=body,
-                           milp_default_time_limit_s=settings.milp_default_time_limit_s)
+    if inline(settings, body):
+        parsed = await in_lane(lane, settings, convert.placement_inline, body=body,
+                               milp_default_time_limit_s=settings.milp_default_time_limit_s,
+                               async_threshold_s=settings.async_threshold_s, inline=settings.inline)
+    else:
+        parsed = await in_pool(parsers, settings, convert.parse_placement, body=body,
+                               milp_default_time_limit_s=settings.milp_default_time_limit_s)
     job = parsed.job
-    if job is None:
-        return respond(parsed)
-    if not (job.run_async or (job.options.total_time_limit_s or 0) > settings.async_threshold_s):
-        answer = await in_pool(pool, settings, convert.answer_job, job=job)
-        if answer.status == 200:
-            metrics.solved(job.solver, answer.seconds, answer.lb)
-        return respond(answer)
+    if job is None:  # a problem, or solved in the lane
+        return respond(solved(parsed, metrics))
+    if not convert.in_background(job, settings.async_threshold_s):
+        return respond(solved(await in_pool(pool, settings, convert.answer_job, job=job), metrics))
     if not pool.has_room():
         raise busy(settings)
     try:
@@ -111,6 +134,13 @@ async def placement(request: Request, settings: SettingsDep, pool: PoolDep, pars
                            headers={"Retry-After": str(settings.retry_after_s)}) from None
     return Response(orjson.dumps(accepted.model_dump(mode="json", exclude_none=True)), status_code=202,
                     media_type=JSON, headers={"Location": f"/jobs/{accepted.id}"})
+
+
+def solved(answer: convert.Answer, metrics: Metrics) -> convert.Answer:
+    """Count a solved placement in /metrics; return the answer."""
+    if answer.status == 200 and answer.solver is not None:
+        metrics.solved(answer.solver, answer.seconds, answer.lb)
+    return answer
 
 
 def background(job: convert.SolveJob, pool: SolvePool, settings: Settings, metrics: Metrics) -> JobWork:
@@ -136,6 +166,9 @@ def background(job: convert.SolveJob, pool: SolvePool, settings: Settings, metri
     openapi_extra=body_doc(EvaluateRequest),
     responses=documented(400, 401, 413, 415, 422, 500, 503),
 )
-async def evaluate(request: Request, settings: SettingsDep, pool: PoolDep, fields: RequestFields = None) -> Response:
+async def evaluate(request: Request, settings: SettingsDep, pool: PoolDep, lane: InlineDep,
+                   fields: RequestFields = None) -> Response:
     body = await read_body(request, fields)
+    if inline(settings, body):
+        return respond(await in_lane(lane, settings, convert.answer_evaluate, body=body))
     return respond(await in_pool(pool, settings, convert.answer_evaluate, body=body))
