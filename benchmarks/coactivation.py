@@ -2,11 +2,13 @@
 
 Solve on the first half of a log's steps, evaluate on the rest: dispatch copies per token (distinct GPUs,
 remote GPUs, nodes; co-activation-aware replica rule and vLLM's), lb on the held-out loads, predicted
-layer time (eplb.cost.predict: its comm term does not yet see co-activation), for contiguous, load-only
-greedy and greedy-coact (1% lb cap on the training window and 8 training sub-windows).
+layer time on the held-out steps (eplb.solve.evaluate: the comm term counts the GPUs a token reaches, from the
+held-out steps' co-activation summary), for contiguous, load-only greedy, greedy-coact (1% lb cap on the
+training window and 8 training sub-windows) and greedy and the MILP (1 s per layer) with --objective time
+(candidates chosen on the training window's summary).
 
     python benchmarks/coactivation.py                     # shipped ESFT law log + a synthetic DeepSeek-V3 case
-    python benchmarks/coactivation.py --log A.npz --ep 8 --slots 72
+    python benchmarks/coactivation.py --log A.npz --ep 8 --slots 72 --link nic
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from eplb.coactivation import (
     read_topk,
     summarize,
 )
-from eplb.cost import predict
 from eplb.io.logs import open_log
+from eplb.placement import Placement
+from eplb.solve import Cluster, CostSetup, evaluate
+from eplb.solve import solve as eplb_solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth
 from eplb.synth import SynthConfig, synth_topk
 from solvers.registry import Options, Problem, solve
@@ -43,16 +47,6 @@ def _loads(ids: NDArray[np.int16], experts: int) -> NDArray[np.float64]:
     return pairs[:, idx, idx].astype(np.float64)
 
 
-def _lb(p2l: NDArray[np.int64], loads: NDArray[np.float64], slots: NDArray[np.int64]) -> NDArray[np.float64]:
-    gpu = np.repeat(np.arange(slots.size), slots)
-    out = []
-    for layer in range(loads.shape[0]):
-        cnt = np.bincount(p2l[layer], minlength=loads.shape[1])
-        per_gpu = np.bincount(gpu, weights=loads[layer][p2l[layer]] / cnt[p2l[layer]], minlength=slots.size)
-        out.append(per_gpu.max() / per_gpu.mean())
-    return np.asarray(out)
-
-
 def _contiguous(loads: NDArray[np.float64], num_slots: int) -> NDArray[np.int64]:
     """Experts in id order, extra slots to the hottest experts (as the engines do without EPLB)."""
     experts = loads.shape[1]
@@ -62,7 +56,7 @@ def _contiguous(loads: NDArray[np.float64], num_slots: int) -> NDArray[np.int64]
 
 def run_case(
     name: str, ids: NDArray[np.int16], offsets: NDArray[np.int64], experts: int, gpus: int, slots_per_gpu: int,
-    gpus_per_node: int, model: str, slack: float,
+    gpus_per_node: int, model: str, slack: float, link_name: str, milp_limit: float,
 ) -> None:
     steps = offsets.size - 1
     half = steps // 2
@@ -73,10 +67,16 @@ def run_case(
     slots = np.full(gpus, slots_per_gpu, dtype=np.int64)
     pairs = pair_counts(train, experts).astype(np.float64)
     spec, hw = MODEL_PRESETS[model], HARDWARE_PRESETS["h800"]
-    link = link_bandwidth(hw, "nvlink" if gpus <= gpus_per_node else "nic")
+    if link_name == "auto":
+        link_name = "nvlink" if gpus <= gpus_per_node else "nic"
+    link = link_bandwidth(hw, link_name)
+    setup = CostSetup(spec, hw, link, 256.0)
+    train_summary, test_summary = summarize(train, experts, 8), summarize(test, experts, 8)
+    nodes = gpus_per_node if gpus > gpus_per_node else None
     print(f"\n## {name}: {ids.shape[1]} layers x {experts} experts, top-{ids.shape[2]}, {steps} steps "
           f"({train.shape[0]} train / {test.shape[0]} test tokens), EP{gpus} x {slots_per_gpu} slots, "
-          f"{gpus_per_node} GPUs per node; partner lift {partner_lift(train, experts):.2f}")
+          f"{gpus_per_node} GPUs per node; partner lift {partner_lift(train, experts):.2f}; {model} on h800, "
+          f"{link_name}, 256 tokens per GPU")
     print("| placement | wall s | copies/token (coact rule) | vLLM rule | remote GPUs | nodes | "
           "test lb median (max) | train lb median | predicted µs/layer (median) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -88,22 +88,36 @@ def run_case(
     problem = Problem(loads, slots, scenarios=scen, coactivation=pairs)
     coact = solve("greedy-coact", problem, Options(max_lb_slack=slack))
     rows[f"greedy-coact ({slack:.0%} cap)"] = (coact.phy2log, time.perf_counter() - t)
+    for solver, options in (("greedy", Options()), ("milp", Options(time_limit_s=milp_limit))):
+        t = time.perf_counter()
+        out = eplb_solve(loads, Cluster(slots, nodes), solver=solver, cost=setup, options=options, objective="time",
+                         coactivation=train_summary, scenarios=scen)
+        rows[f"{solver} --objective time"] = (out.placement.phy2log, time.perf_counter() - t)
     base = None
+    times = {}
     for label, (p2l, wall) in rows.items():
         c = copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node, rule="coact")
         v = copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node, rule="vllm")
-        lb_test, lb_train = _lb(p2l, test_loads, slots), _lb(p2l, loads, slots)
-        pred = predict(test_loads, p2l, slots, spec, hw, link, tokens_per_gpu=256)
+        placement = Placement(p2l, slots, experts)
+        held_out = evaluate(test_loads, placement, setup, coactivation=test_summary, gpus_per_node=nodes)
+        lb_test, lb_train = held_out.balance.lb, evaluate(loads, placement).balance.lb
+        assert held_out.prediction is not None
+        times[label] = held_out.prediction.time_us
         copies = float(c.gpus.mean())
         if label == "greedy":
             base = (copies, float(np.median(lb_test)))
         print(f"| {label} | {wall:.2f} | {copies:.3f} | {v.gpus.mean():.3f} | {c.remote_gpus.mean():.3f} | "
               f"{c.nodes.mean():.3f} | {np.median(lb_test):.4f} ({lb_test.max():.4f}) | {np.median(lb_train):.4f} | "
-              f"{np.median(pred.time_us):.1f} |")
+              f"{np.median(held_out.prediction.time_us):.1f} |")
     assert base is not None
+    for label in ("greedy --objective time", "milp --objective time"):
+        t, g = times[label], times["greedy"]
+        print(f"{label} vs greedy, predicted held-out layer time: faster on {int((t < g).sum())} of {t.size} layers, "
+              f"slower on {int((t > g).sum())}; total {t.sum() / 1000:.3f} ms vs {g.sum() / 1000:.3f} ms per step "
+              f"({t.sum() / g.sum() - 1:+.1%})")
     p2l = coact.phy2log
     copies = float(copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node, rule="coact").gpus.mean())
-    lb = float(np.median(_lb(p2l, test_loads, slots)))
+    lb = float(np.median(evaluate(test_loads, Placement(p2l, slots, experts)).balance.lb))
     print(f"greedy-coact vs greedy on held-out steps: copies/token {copies / base[0] - 1:+.1%}, "
           f"median lb {lb / base[1] - 1:+.2%}")
     exact = copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node).gpus
@@ -120,18 +134,20 @@ def main() -> None:
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--slack", type=float, default=0.01)
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--link", default="auto", help="nvlink, nic or GB/s (default: nvlink within a node, else nic)")
+    ap.add_argument("--milp-time-limit", type=float, default=1.0, help="MILP s per layer (default: 1)")
     args = ap.parse_args()
     for path in args.log or [LAW]:
         ids, offsets = read_topk(path)
         experts = open_log(path).info.num_experts
         for total in args.slots:
             run_case(path.name, ids, offsets, experts, args.ep, total // args.ep, args.gpus_per_node,
-                     "deepseek-v2-lite", args.slack)
+                     "deepseek-v2-lite", args.slack, args.link, args.milp_time_limit)
     if not args.skip_synthetic:
         cfg = SynthConfig(steps=16, layers=6, experts=256, top_k=8, tokens=2048, seed=1)
         ids, offsets = synth_topk(cfg)
         run_case("synthetic DeepSeek-V3-like (eplb.synth, ESFT-calibrated co-activation)", ids, offsets, 256, 32, 9,
-                 8, "deepseek-v3", args.slack)
+                 8, "deepseek-v3", args.slack, args.link, args.milp_time_limit)
 
 
 if __name__ == "__main__":
