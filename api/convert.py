@@ -11,7 +11,7 @@ import io
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import orjson
@@ -35,6 +35,9 @@ from eplb.specs import (
 )
 from solvers import registry
 from solvers.registry import Options
+
+if TYPE_CHECKING:
+    from eplb.coactivation import CoactivationSummary
 
 MAX_LINK_BW = 1e15  # B/s: a petabyte per second per GPU is beyond any link
 M = TypeVar("M", bound=BaseModel)
@@ -72,6 +75,8 @@ class SolveJob:
     options: Options
     stage_bytes: float | None
     run_async: bool
+    objective: str = "lb"
+    coactivation: CoactivationSummary | None = None
 
 
 
@@ -112,8 +117,8 @@ def placement_inline(body: Body, milp_default_time_limit_s: float, async_thresho
     solver processes."""
     parsed = parse_placement(body, milp_default_time_limit_s)
     job = parsed.job
-    if job is None or job.solver not in inline or in_background(job, async_threshold_s):
-        return parsed
+    if job is None or job.solver not in inline or job.objective != "lb" or in_background(job, async_threshold_s):
+        return parsed  # the time objective's candidates take longer: a solver process
     return answer_job(job, body.path)
 
 
@@ -129,6 +134,8 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
             current=job.current,
             options=job.options,
             stage_bytes=job.stage_bytes,
+            objective=job.objective,
+            coactivation=job.coactivation,
         )
     except EplbError as exc:
         return _problem(ProblemError(422, "Invalid request", str(exc)), path)
@@ -144,7 +151,10 @@ def answer_evaluate(body: Body) -> Answer:
         given = placement(request.placement, "placement", window.shape[1])
         if given.num_layers != window.shape[0]:
             raise FieldError("placement", f"has {given.num_layers} layers, the loads have {window.shape[0]}")
-        outcome = evaluate(window, given, cost)
+        if request.gpus_per_node is not None and given.num_gpus % request.gpus_per_node:
+            raise FieldError("gpus_per_node", f"{request.gpus_per_node} does not divide the {given.num_gpus} GPUs")
+        outcome = evaluate(window, given, cost, coactivation=coactivation(request, window),
+                           gpus_per_node=request.gpus_per_node)
     except ProblemError as exc:
         return _problem(exc, body.path)
     except EplbError as exc:
@@ -278,7 +288,23 @@ def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
         raise FieldError("link", f"{req.link} GB/s is beyond any link (at most {MAX_LINK_BW / 1e9:,.0f})")
     if model is None:
         return None
-    return CostSetup(model, hardware, link_bw, req.tokens_per_gpu, req.overlap)
+    return CostSetup(model, hardware, link_bw, req.tokens_per_gpu, req.overlap, req.node_limit)
+
+
+def coactivation(req: CostIn, loads: NDArray[np.float64]) -> CoactivationSummary | None:
+    """The request's co-activation summary, checked against the window [layers, E] (FieldError otherwise)."""
+    if req.coactivation is None:
+        return None
+    from eplb.coactivation import CoactivationSummary
+
+    try:
+        summary = CoactivationSummary.from_dict(req.coactivation.model_dump())
+    except EplbError as exc:
+        raise FieldError("coactivation", str(exc).removeprefix("co-activation summary: ")) from None
+    if summary.loads.shape != loads.shape:
+        raise FieldError("coactivation", f"is for {summary.loads.shape[0]} layers x {summary.loads.shape[1]} experts, "
+                         f"the loads are {loads.shape[0]} x {loads.shape[1]}")
+    return summary
 
 
 def cluster(value: ClusterIn, model: ModelSpec | None, num_experts: int) -> Cluster:
@@ -321,6 +347,10 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         name = solver_name(req.solver or ("incremental" if current is not None else "greedy"), req.split)
         if name not in registry.names():
             raise FieldError("solver", f"unknown solver {name!r}: choose one of {', '.join(registry.names())}")
+        if req.objective == "time" and cost is None:
+            raise FieldError("objective", "time needs a model for the cost model: give model (no preset has "
+                             f"{window.shape[1]} experts)")
+        summary = coactivation(req, window)
     except EplbError as exc:
         raise _as_problem(exc) from None
     milp = "time_limit_s" in registry.get_solver(name).options
@@ -333,4 +363,5 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         target_lb=req.target_lb,
     )
     stage_bytes = None if req.stage_gib is None else req.stage_gib * 2**30
-    return SolveJob(window, the_cluster, name, cost, current, options, stage_bytes, req.run_async)
+    return SolveJob(window, the_cluster, name, cost, current, options, stage_bytes, req.run_async, req.objective,
+                    summary)

@@ -63,6 +63,24 @@ class PlacementIn(BaseModel):
     shares: list[list[float]] | None = None
 
 
+class CoactivationIn(BaseModel):
+    """Which experts the window's tokens chose together: per layer and expert its picks and its most frequent
+    partners with the tokens that chose both (`eplb.coactivation.summarize`; docs/formats.md). L layers, E
+    experts, m partners per expert (8 is plenty)."""
+
+    model_config = STRICT
+    format: Literal["eplb.coactivation-summary/v1"] | None = None
+    tokens: list[Annotated[int, Field(ge=0, le=10**15)]] = Field(description="[L] tokens routed in the window")
+    top_k: int = Field(ge=1, le=1024, description="experts each token chose")
+    loads: list[list[Annotated[int, Field(ge=0, le=10**15)]]] = Field(description="[L][E] picks per expert")
+    partners: list[list[list[Annotated[int, Field(ge=-1, le=65_535)]]]] = Field(
+        description="[L][E][m] each expert's most frequent co-chosen experts, most frequent first, -1 padded"
+    )
+    counts: list[list[list[Annotated[int, Field(ge=0, le=10**15)]]]] = Field(
+        description="[L][E][m] tokens that chose both the expert and that partner"
+    )
+
+
 class CostIn(BaseModel):
     """What the time prediction needs."""
 
@@ -81,6 +99,14 @@ class CostIn(BaseModel):
         description="tokens per GPU in one step, for the time prediction (default 4,096, as `eplb solve`)",
     )
     overlap: bool = Field(True, description="comm overlaps the GEMMs (two micro-batches)")
+    coactivation: CoactivationIn | None = Field(
+        None, description="the window's co-activation summary: the comm time then counts one copy per GPU a token "
+        "reaches, and copies per token are reported (docs/cost-model.md)"
+    )
+    node_limit: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="node-limited routing: a token's experts lie on at most this many nodes "
+        "of cluster.gpus_per_node GPUs (with coactivation)"
+    )
 
 
 class PlacementRequest(CostIn):
@@ -127,6 +153,10 @@ class PlacementRequest(CostIn):
         "uniform", description="weighted: replicas serve unequal shares (MILP only; needs weighted routing)"
     )
     current_placement: PlacementIn | None = Field(None, description="the placement now serving: moves are counted")
+    objective: Literal["lb", "time"] = Field(
+        "lb", description="lb: balance tokens; time: per layer the lowest predicted layer time among the solver's "
+        "placement, co-located variants (with coactivation) and one slot per expert (docs/solvers.md)"
+    )
     max_lb_slack: float = Field(0.01, ge=0, le=1, description="migration-aware MILP: allowed lb above the best")
     run_async: bool = Field(False, alias="async", description="answer 202 with a job to poll")
 
@@ -150,6 +180,7 @@ class EvaluateRequest(CostIn):
     )
     placement: PlacementIn
     loads: Loads
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node, for copies per node")
 
 
 class Problem(BaseModel):

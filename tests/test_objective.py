@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -183,3 +185,35 @@ def test_compare_runs_lb_and_time_side_by_side(law: tuple[np.ndarray, np.ndarray
     bad = subprocess.run([sys.executable, "-m", "eplb.cli", "compare", "--objectives", "fast", "--out", str(out)],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--objectives takes lb, time" in bad.stderr
+
+
+def test_service_takes_the_summary_and_the_time_objective(server_factory: Callable[..., str]) -> None:
+    base = server_factory()
+    ids, _ = read_topk(LAW)
+    loads = read_window(LAW).loads
+    summary = summarize(ids, 64).to_dict()
+    body = {"model": "deepseek-v2-lite", "hardware": "h800", "link": "nic", "tokens_per_gpu": 256,
+            "cluster": {"num_gpus": 8, "slots_per_gpu": 9}, "loads": loads.tolist(), "coactivation": summary}
+    lb = httpx.post(f"{base}/placement", json=body, timeout=120)
+    fast = httpx.post(f"{base}/placement", json={**body, "objective": "time"}, timeout=120)
+    assert lb.status_code == 200 and fast.status_code == 200, (lb.text, fast.text)
+    a, b = lb.json(), fast.json()
+    assert b["solver"]["objective"] == "time"
+    assert sum(b["predicted"]["time_us"]) < sum(a["predicted"]["time_us"])
+    assert np.mean(b["predicted"]["copies_per_token"]["gpus"]) < np.mean(a["predicted"]["copies_per_token"]["gpus"])
+    # what the CLI computes for the same inputs
+    local = solve(loads, Cluster(np.full(8, 9, dtype=np.int64)), cost=cost(256), objective="time",
+                  coactivation=summarize(ids, 64))
+    assert b["placement"]["phy2log"] == local.placement.phy2log.tolist()
+    ev = httpx.post(f"{base}/evaluate", json={"model": "deepseek-v2-lite", "hardware": "h800", "link": "nic",
+                                             "tokens_per_gpu": 256, "loads": loads.tolist(), "coactivation": summary,
+                                             "placement": b["placement"], "gpus_per_node": 4}, timeout=60)
+    assert ev.status_code == 200, ev.text
+    assert ev.json()["predicted"]["time_us"] == b["predicted"]["time_us"]
+    assert max(ev.json()["predicted"]["copies_per_token"]["nodes"]) <= 2
+    for over, field in (({"coactivation": {**summary, "loads": summary["loads"][:2]}}, "coactivation"),
+                        ({"objective": "speed"}, "objective"),
+                        ({"coactivation": {**summary, "top_k": 0}}, "coactivation.top_k")):
+        bad = httpx.post(f"{base}/placement", json={**body, **over}, timeout=60)
+        assert bad.status_code == 422 and bad.headers["content-type"].startswith("application/problem+json")
+        assert field in bad.text, bad.text
