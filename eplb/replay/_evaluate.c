@@ -1,18 +1,46 @@
-/* GPU loads of several placements for a block of steps: the inner loop of replay evaluation
+/* Every placement's GPU-load extremes and lb for a block of steps: the compiled pass of replay evaluation
  * (eplb/replay/evaluate.py; built by `pip install -e .`).
  *
- * Layout: a tile of up to 64 steps of one layer is transposed to x[E][steps] (float32, cache-resident)
- * so that every slot adds one contiguous run of steps, x[e][..] x share, to its GPU's accumulator: a
- * gather of one expert row per slot and a segment sum per GPU, vectorized over steps by the compiler. No numpy headers: buffers
- * come through the Python buffer protocol.
+ * One pass over the block, tile by tile: a tile of TILE steps of one layer is converted and transposed to
+ * x[E][TILE] float32 (16 x 16 register transposes; it stays in cache), then for each placement and GPU the
+ * GPU's slots are gathered and summed, x[expert] x share, TILE steps at once in vector registers, and the
+ * busiest and idlest GPU's rows and the most active slots are kept in registers too. A slot's active count
+ * is 1 per step unless its expert has a zero count somewhere in the tile; only those slots compare. Per
+ * step the kernel also writes the layer's total rows and every placement's lb, so Python only turns the
+ * extremes into times (eplb.cost.TimeModel.layer_time_from_extremes). Sums run in slot order in float32,
+ * multiply then add (no fused multiply-add), as the earlier per-slot loop did, so results do not depend on
+ * the instruction set the loop was compiled for. Layers are split over threads when asked.
+ *
+ * No numpy headers: buffers come through the Python buffer protocol.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 typedef int64_t i64;
+
+#define VW 16                     /* float lanes of one vector (64 bytes) */
+#define NV 4                      /* vectors per tile */
+#define TILE (VW * NV)            /* steps per tile */
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+
+/* One loop body compiled for AVX-512, AVX2 and the baseline, picked at load time (GCC/Clang on x86-64
+ * Linux); elsewhere the compiler's default target. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(EPLB_NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
 
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable,
                    const char *name) {
@@ -27,62 +55,226 @@ static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize
     return 0;
 }
 
-/* One layer, one placement: GPU g sums slots bounds[g] .. bounds[g+1]-1. Writes the busiest and idlest
- * GPU's rows and the most active slots per step, and optionally every GPU's rows and active slots. */
-static void one_placement(const float *x, i64 n, const i64 *expert, const float *share, const i64 *bounds,
-                          i64 gpus, int has_zero, float *acc, float *act, float *rmax, float *rmin, float *amax,
-                          float *rows_out, float *active_out, i64 stride) {
-    for (i64 g = 0; g < gpus; g++) {
-        memset(acc, 0, (size_t)n * sizeof(float));
-        float fixed = 0.0f; /* active slots when no expert has a zero count: slots with a share > 0 */
-        if (has_zero) memset(act, 0, (size_t)n * sizeof(float));
-        for (i64 s = bounds[g]; s < bounds[g + 1]; s++) {
-            const float *xe = x + expert[s] * n;
-            const float w = share[s];
-            if (w <= 0.0f) continue;
-            for (i64 t = 0; t < n; t++) acc[t] += xe[t] * w;
-            if (has_zero) {
-                for (i64 t = 0; t < n; t++) act[t] += xe[t] > 0.0f ? 1.0f : 0.0f;
-            } else {
-                fixed += 1.0f;
-            }
+typedef struct {
+    const void *counts; /* [n, L, E] */
+    int kind;
+    i64 n, L, E, K, P, G;
+    const i64 *expert;  /* [L, K, P] */
+    const float *share; /* [L, K, P] */
+    const i64 *bounds;  /* [K, G + 1] */
+    double *total;      /* [n, L]: written unless have_total */
+    int have_total;
+    double *lb;                /* [K, n, L] */
+    float *rmax, *rmin, *amax; /* [K, n, L] */
+    float *rows, *active;      /* [K, n, L, G] or NULL */
+    i64 l0, l1;                /* this worker's layers */
+    int failed;
+} Job;
+
+/* ---- tile loading: x[e][j] = counts[t0 + j][l][e] as float32 (0 for j >= nt), zero[e] = some step j < nt
+ * has x[e][j] <= 0, total[t0 + j][l] = sum over e (exact for integer kinds) ---- */
+
+static inline void transpose16(vf r[16]) {
+    /* level b swaps the off-diagonal b x b blocks of every 2b x 2b block */
+#define LEVEL(B, LO, HI)                                                  \
+    for (int i = 0; i < 16; i++)                                          \
+        if (!(i & (B))) {                                                 \
+            vf a = r[i], c = r[i | (B)];                                  \
+            r[i] = __builtin_shuffle(a, c, (vi)LO);                       \
+            r[i | (B)] = __builtin_shuffle(a, c, (vi)HI);                 \
         }
-        if (!has_zero)
-            for (i64 t = 0; t < n; t++) act[t] = fixed;
-        if (g == 0) {
-            memcpy(rmax, acc, (size_t)n * sizeof(float));
-            memcpy(rmin, acc, (size_t)n * sizeof(float));
-            memcpy(amax, act, (size_t)n * sizeof(float));
-        } else {
-            for (i64 t = 0; t < n; t++) {
-                rmax[t] = acc[t] > rmax[t] ? acc[t] : rmax[t];
-                rmin[t] = acc[t] < rmin[t] ? acc[t] : rmin[t];
-                amax[t] = act[t] > amax[t] ? act[t] : amax[t];
-            }
-        }
-        if (rows_out) memcpy(rows_out + g * stride, acc, (size_t)n * sizeof(float));
-        if (active_out) memcpy(active_out + g * stride, act, (size_t)n * sizeof(float));
+    LEVEL(8, ((vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+          ((vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))
+    LEVEL(4, ((vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+          ((vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))
+    LEVEL(2, ((vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+          ((vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))
+    LEVEL(1, ((vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+          ((vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
+#undef LEVEL
+}
+
+/* VEC_SUM: the step totals are summed in int32 lanes before the transpose (exact for 8- and 16-bit counts
+ * while E < 2^15 x 16); otherwise in an int64 (or double, for float32) loop over each step's counts. */
+#define LOAD_TILE(NAME, T, ACC, VEC_SUM)                                                                    \
+    typedef T NAME##_v __attribute__((vector_size(sizeof(T) * VW)));                                         \
+    CLONES static void NAME(const T *counts, i64 L, i64 E, i64 l, i64 t0, i64 nt, float *x, unsigned char *zero, \
+                            double *total, int have_total) {                                                 \
+        const vf vzero = {0};                                                                                \
+        const int vec_sum = VEC_SUM && !have_total && E < 16 * 32768;                                        \
+        vi sums[TILE];                                                                                       \
+        if (vec_sum) memset(sums, 0, sizeof sums);                                                           \
+        i64 e16 = E - E % VW;                                                                                \
+        for (i64 e0 = 0; e0 < e16; e0 += VW) {                                                               \
+            vi z = {0};                                                                                      \
+            for (i64 j0 = 0; j0 < TILE; j0 += VW) {                                                          \
+                vf r[VW];                                                                                    \
+                for (int jj = 0; jj < VW; jj++) {                                                            \
+                    if (j0 + jj < nt) {                                                                      \
+                        NAME##_v u;                                                                          \
+                        memcpy(&u, counts + ((t0 + j0 + jj) * L + l) * E + e0, sizeof u);                    \
+                        if (vec_sum) sums[j0 + jj] += __builtin_convertvector(u, vi);                        \
+                        r[jj] = __builtin_convertvector(u, vf);                                              \
+                        z |= r[jj] <= vzero;                                                                 \
+                    } else {                                                                                 \
+                        r[jj] = vzero;                                                                       \
+                    }                                                                                        \
+                }                                                                                            \
+                transpose16(r);                                                                              \
+                for (int i = 0; i < VW; i++) memcpy(x + (e0 + i) * TILE + j0, &r[i], sizeof(vf));            \
+            }                                                                                                \
+            for (int i = 0; i < VW; i++) zero[e0 + i] = z[i] != 0;                                           \
+        }                                                                                                    \
+        for (i64 e = e16; e < E; e++) {                                                                      \
+            unsigned char z = 0;                                                                             \
+            for (i64 j = 0; j < TILE; j++) {                                                                 \
+                float v = j < nt ? (float)counts[((t0 + j) * L + l) * E + e] : 0.0f;                         \
+                x[e * TILE + j] = v;                                                                         \
+                if (j < nt) z |= v <= 0.0f;                                                                  \
+            }                                                                                                \
+            zero[e] = z;                                                                                     \
+        }                                                                                                    \
+        if (have_total) return;                                                                              \
+        for (i64 j = 0; j < nt; j++) {                                                                       \
+            const T *src = counts + ((t0 + j) * L + l) * E;                                                  \
+            ACC s = 0;                                                                                       \
+            if (vec_sum) {                                                                                   \
+                for (int i = 0; i < VW; i++) s += (ACC)sums[j][i];                                           \
+                for (i64 e = e16; e < E; e++) s += (ACC)src[e];                                              \
+            } else {                                                                                         \
+                for (i64 e = 0; e < E; e++) s += (ACC)src[e];                                                \
+            }                                                                                                \
+            total[(t0 + j) * L + l] = (double)s;                                                             \
+        }                                                                                                    \
+    }
+
+LOAD_TILE(load_u8, uint8_t, i64, 1)
+LOAD_TILE(load_u16, uint16_t, i64, 1)
+LOAD_TILE(load_u32, uint32_t, i64, 0)
+LOAD_TILE(load_i32, int32_t, i64, 0)
+LOAD_TILE(load_i64, int64_t, i64, 0)
+LOAD_TILE(load_f32, float, double, 0) /* its total comes from the caller (have_total) */
+
+static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, float *x, unsigned char *zero) {
+    i64 L = jb->L, E = jb->E;
+    double *tot = jb->total;
+    int have = jb->have_total;
+    switch (jb->kind) {
+        case 'B': load_u8((const uint8_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
+        case 'H': load_u16((const uint16_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
+        case 'I': load_u32((const uint32_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
+        case 'i': load_i32((const int32_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
+        case 'q': load_i64((const int64_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
+        default: load_f32((const float *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
     }
 }
 
-#define STEP_TILE 64
+/* ---- one tile of one layer, every placement: GPU g sums slots bounds[g] .. bounds[g+1]-1 ---- */
 
-/* x[e][j] = counts[t0 + j][l][e] as float32, j < nt: one layer's tile of steps, steps last. */
-#define TILE_BODY(T)                                                                               \
-    for (i64 j = 0; j < nt; j++) {                                                                 \
-        const T *src = (const T *)counts + ((t0 + j) * L + l) * E;                                 \
-        for (i64 e = 0; e < E; e++) x[e * nt + j] = (float)src[e];                                 \
-    }
+/* lane-wise a > b ? a : b and a < b ? a : b (macros: 64-byte vectors are not passed to functions) */
+#define VMAX(A, B) ((vf)(((vi)(A) & ((A) > (B))) | ((vi)(B) & ~((A) > (B)))))
+#define VMIN(A, B) ((vf)(((vi)(A) & ((A) < (B))) | ((vi)(B) & ~((A) < (B)))))
 
-static void load_tile(const void *counts, int kind, i64 L, i64 E, i64 l, i64 t0, i64 nt, float *x) {
-    switch (kind) {
-        case 'B': TILE_BODY(uint8_t) break;
-        case 'H': TILE_BODY(uint16_t) break;
-        case 'I': TILE_BODY(uint32_t) break;
-        case 'i': TILE_BODY(int32_t) break;
-        case 'q': TILE_BODY(int64_t) break;
-        default: TILE_BODY(float) break;
+/* Adds slot S, if its share is > 0, to a GPU's rows ACC and active slots ACT (TILE steps); FIXED counts the
+ * slots active at every step of the tile (their expert has no zero count in it). */
+#define ADD_SLOT(ACC, ACT, FIXED, S)                                                                       \
+    do {                                                                                                   \
+        const float w_ = share[S];                                                                         \
+        if (w_ > 0.0f) {                                                                                   \
+            const vf vw_ = vzero + w_;                                                                     \
+            const i64 e_ = expert[S];                                                                      \
+            const vf *xe_ = (const vf *)(x + e_ * TILE);                                                   \
+            for (int v = 0; v < NV; v++) ACC[v] = ACC[v] + xe_[v] * vw_;                                   \
+            if (zero[e_]) {                                                                                \
+                for (int v = 0; v < NV; v++) ACT[v] = ACT[v] + (vf)((vi)vone & (xe_[v] > vzero));          \
+            } else {                                                                                       \
+                FIXED += 1.0f;                                                                             \
+            }                                                                                              \
+        }                                                                                                  \
+    } while (0)
+
+CLONES static void tile_placements(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) {
+    const i64 K = jb->K, P = jb->P, G = jb->G, n = jb->n, L = jb->L;
+    const vf vzero = {0}, vone = vzero + 1.0f;
+    for (i64 k = 0; k < K; k++) {
+        const i64 *expert = jb->expert + (l * K + k) * P;
+        const float *share = jb->share + (l * K + k) * P;
+        const i64 *bounds = jb->bounds + k * (G + 1);
+        vf mx[NV], mn[NV], am[NV];
+        for (i64 g = 0; g < G; g++) {
+            vf acc[NV], act[NV];
+            for (int v = 0; v < NV; v++) acc[v] = act[v] = vzero;
+            float fixed = 0.0f; /* slots whose expert has no zero count in the tile: active at every step */
+            for (i64 s = bounds[g]; s < bounds[g + 1]; s++) ADD_SLOT(acc, act, fixed, s);
+            for (int v = 0; v < NV; v++) act[v] = act[v] + fixed;
+            if (g == 0) {
+                for (int v = 0; v < NV; v++) mx[v] = mn[v] = acc[v], am[v] = act[v];
+            } else {
+                for (int v = 0; v < NV; v++) {
+                    mx[v] = VMAX(acc[v], mx[v]);
+                    mn[v] = VMIN(acc[v], mn[v]);
+                    am[v] = VMAX(act[v], am[v]);
+                }
+            }
+            if (jb->rows) {
+                float a[TILE], c[TILE];
+                memcpy(a, acc, sizeof a);
+                memcpy(c, act, sizeof c);
+                for (i64 j = 0; j < nt; j++) {
+                    i64 o = ((k * n + t0 + j) * L + l) * G + g;
+                    jb->rows[o] = a[j];
+                    jb->active[o] = c[j];
+                }
+            }
+        }
+        float hi[TILE], lo[TILE], most[TILE];
+        memcpy(hi, mx, sizeof hi);
+        memcpy(lo, mn, sizeof lo);
+        memcpy(most, am, sizeof most);
+        for (i64 j = 0; j < nt; j++) {
+            i64 o = (k * n + t0 + j) * L + l;
+            jb->rmax[o] = hi[j];
+            jb->rmin[o] = lo[j];
+            jb->amax[o] = most[j];
+            double mean = jb->total[(t0 + j) * L + l] / (double)G;
+            jb->lb[o] = mean > 0 ? (double)hi[j] / mean : 1.0;
+        }
     }
+}
+
+/* The counts of layer l's tile, one row of E counts per step, rows L x E apart: fetched ahead into cache. */
+static void prefetch_tile(const Job *jb, i64 l, i64 t0, i64 nt) {
+    const char *base = (const char *)jb->counts;
+    i64 size = jb->kind == 'B' ? 1 : jb->kind == 'H' ? 2 : jb->kind == 'q' ? 8 : 4;
+    i64 row = jb->E * size;
+    for (i64 j = 0; j < nt; j++) {
+        const char *src = base + ((t0 + j) * jb->L + l) * row;
+        for (i64 b = 0; b < row; b += 64) __builtin_prefetch(src + b);
+    }
+}
+
+static void *run_job(void *arg) {
+    Job *jb = arg;
+    float *x = NULL;
+    unsigned char *zero = malloc((size_t)jb->E);
+    if (posix_memalign((void **)&x, 64, sizeof(float) * (size_t)jb->E * TILE) != 0) x = NULL;
+    if (!x || !zero) {
+        jb->failed = 1;
+        free(x);
+        free(zero);
+        return NULL;
+    }
+    for (i64 t0 = 0; t0 < jb->n; t0 += TILE) {
+        i64 nt = jb->n - t0 < TILE ? jb->n - t0 : TILE;
+        for (i64 l = jb->l0; l < jb->l1; l++) {
+            load_tile(jb, l, t0, nt, x, zero);
+            if (l + 1 < jb->l1) prefetch_tile(jb, l + 1, t0, nt); /* its rows arrive while this layer sums */
+            tile_placements(jb, x, zero, l, t0, nt);
+        }
+    }
+    free(x);
+    free(zero);
+    return NULL;
 }
 
 static Py_ssize_t kind_size(int kind) {
@@ -95,94 +287,100 @@ static Py_ssize_t kind_size(int kind) {
     }
 }
 
-static const char gpu_loads_doc[] =
-    "gpu_loads(counts, kind, steps, layers, experts, expert, share, placements, slots, bounds, gpus, rmax, "
-    "rmin, amax, rows, active)\n\n"
+#define MAX_THREADS 64
+
+static const char evaluate_doc[] =
+    "evaluate(counts, kind, steps, layers, experts, expert, share, placements, slots, bounds, gpus, total, "
+    "have_total, lb, rmax, rmin, amax, rows, active, threads)\n\n"
     "counts: C-contiguous [n, L, E] of kind 'B' (uint8), 'H' (uint16), 'I' (uint32), 'i' (int32), 'q' (int64) "
     "or 'f' (float32); expert: int64 [L, K, P] expert in each slot of each of K placements (padded); share: "
-    "float32 [L, K, P] (0 for padding); bounds: int64 [K, G + 1] first slot of each GPU. Writes float32 rmax, "
-    "rmin, amax [L, K, n] (busiest and idlest GPU's rows, most active slots) and, unless None, rows and "
-    "active [L, K, G, n].";
+    "float32 [L, K, P] (0 for padding); bounds: int64 [K, G + 1] first slot of each GPU. total: float64 [n, L], "
+    "the layer's summed counts per step, read if have_total else written (kind 'f' needs have_total). Writes "
+    "float64 lb and float32 rmax, rmin, amax [K, n, L] (lb, busiest and idlest GPU's rows, most active slots) "
+    "and, unless None, rows and active [K, n, L, G]. threads: layers are split over this many threads.";
 
-static PyObject *gpu_loads(PyObject *self, PyObject *args) {
+static PyObject *evaluate(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *oc, *oexp, *oshare, *obounds, *ormax, *ormin, *oamax, *orows, *oactive;
-    int kind;
+    PyObject *oc, *oexp, *oshare, *obounds, *ototal, *olb, *ormax, *ormin, *oamax, *orows, *oactive;
+    int kind, have_total, threads;
     Py_ssize_t L, E, n, K, P, G;
-    if (!PyArg_ParseTuple(args, "OCnnnOOnnOnOOOOO", &oc, &kind, &n, &L, &E, &oexp, &oshare, &K, &P, &obounds, &G,
-                          &ormax, &ormin, &oamax, &orows, &oactive))
+    if (!PyArg_ParseTuple(args, "OCnnnOOnnOnOpOOOOOOi", &oc, &kind, &n, &L, &E, &oexp, &oshare, &K, &P, &obounds,
+                          &G, &ototal, &have_total, &olb, &ormax, &ormin, &oamax, &orows, &oactive, &threads))
         return NULL;
     Py_ssize_t size = kind_size(kind);
     if (!size) {
-        PyErr_SetString(PyExc_ValueError, "gpu_loads: kind must be one of B, H, I, i, q, f");
+        PyErr_SetString(PyExc_ValueError, "evaluate: kind must be one of B, H, I, i, q, f");
         return NULL;
     }
-    if (L < 0 || E < 1 || n < 0 || K < 1 || P < 0 || G < 1) {
-        PyErr_SetString(PyExc_ValueError, "gpu_loads: bad sizes");
+    if (L < 0 || E < 1 || n < 0 || K < 1 || P < 0 || G < 1 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "evaluate: bad sizes");
         return NULL;
     }
-    Py_buffer bc, be, bs, bb, bmax, bmin, bam, brows = {0}, bact = {0};
-    int have_rows = orows != Py_None, have_act = oactive != Py_None;
+    if (kind == 'f' && !have_total) {
+        PyErr_SetString(PyExc_ValueError, "evaluate: float32 counts need their totals (have_total)");
+        return NULL;
+    }
+    if ((orows == Py_None) != (oactive == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "evaluate: rows and active are both None or both arrays");
+        return NULL;
+    }
+    Py_buffer bc, be, bs, bb, btot, blb, bmax, bmin, bam, brows = {0}, bact = {0};
+    int have_rows = orows != Py_None;
+    PyObject *ret = NULL;
     if (get_buf(oc, &bc, size, n * L * E, 0, "counts") < 0) return NULL;
     if (get_buf(oexp, &be, 8, L * K * P, 0, "expert") < 0) goto fail_c;
     if (get_buf(oshare, &bs, 4, L * K * P, 0, "share") < 0) goto fail_e;
     if (get_buf(obounds, &bb, 8, K * (G + 1), 0, "bounds") < 0) goto fail_s;
-    if (get_buf(ormax, &bmax, 4, L * K * n, 1, "rmax") < 0) goto fail_b;
-    if (get_buf(ormin, &bmin, 4, L * K * n, 1, "rmin") < 0) goto fail_max;
-    if (get_buf(oamax, &bam, 4, L * K * n, 1, "amax") < 0) goto fail_min;
-    if (have_rows && get_buf(orows, &brows, 4, L * K * G * n, 1, "rows") < 0) goto fail_am;
-    if (have_act && get_buf(oactive, &bact, 4, L * K * G * n, 1, "active") < 0) goto fail_rows;
+    if (get_buf(ototal, &btot, 8, n * L, 1, "total") < 0) goto fail_b;
+    if (get_buf(olb, &blb, 8, K * n * L, 1, "lb") < 0) goto fail_tot;
+    if (get_buf(ormax, &bmax, 4, K * n * L, 1, "rmax") < 0) goto fail_lb;
+    if (get_buf(ormin, &bmin, 4, K * n * L, 1, "rmin") < 0) goto fail_max;
+    if (get_buf(oamax, &bam, 4, K * n * L, 1, "amax") < 0) goto fail_min;
+    if (have_rows && get_buf(orows, &brows, 4, K * n * L * G, 1, "rows") < 0) goto fail_am;
+    if (have_rows && get_buf(oactive, &bact, 4, K * n * L * G, 1, "active") < 0) goto fail_rows;
     const i64 *bounds = (const i64 *)bb.buf;
     for (Py_ssize_t k = 0; k < K; k++)
         for (Py_ssize_t g = 0; g < G; g++)
             if (bounds[k * (G + 1)] != 0 || bounds[k * (G + 1) + g] > bounds[k * (G + 1) + g + 1] ||
                 bounds[k * (G + 1) + G] > P) {
-                PyErr_SetString(PyExc_ValueError, "gpu_loads: bounds must rise from 0 to at most P");
+                PyErr_SetString(PyExc_ValueError, "evaluate: bounds must rise from 0 to at most P");
                 goto fail_all;
             }
     const i64 *expert = (const i64 *)be.buf;
     for (Py_ssize_t i = 0; i < L * K * P; i++)
         if (expert[i] < 0 || expert[i] >= E) {
-            PyErr_SetString(PyExc_ValueError, "gpu_loads: expert ids must be in [0, E)");
+            PyErr_SetString(PyExc_ValueError, "evaluate: expert ids must be in [0, E)");
             goto fail_all;
         }
-    float *work = malloc(sizeof(float) * (size_t)(E + 2) * STEP_TILE);
-    if (!work) {
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > L) threads = L > 0 ? (int)L : 1;
+    Job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (Job){bc.buf, kind, n, L, E, K, P, G, expert, (const float *)bs.buf, bounds,
+                        (double *)btot.buf, have_total, (double *)blb.buf, (float *)bmax.buf, (float *)bmin.buf,
+                        (float *)bam.buf, have_rows ? (float *)brows.buf : NULL,
+                        have_rows ? (float *)bact.buf : NULL, L * i / threads, L * (i + 1) / threads, 0};
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&tid[i], NULL, run_job, &jobs[i]) == 0;
+    for (int i = 1; i < threads; i++)
+        if (!started[i]) run_job(&jobs[i]); /* no thread: this one does its layers */
+    run_job(&jobs[0]);
+    for (int i = 1; i < threads; i++)
+        if (started[i]) pthread_join(tid[i], NULL);
+    Py_END_ALLOW_THREADS;
+    for (int i = 0; i < threads; i++) failed |= jobs[i].failed;
+    if (failed) {
         PyErr_NoMemory();
         goto fail_all;
     }
-    Py_BEGIN_ALLOW_THREADS;
-    const float *share = (const float *)bs.buf;
-    float *x = work, *acc = work + E * STEP_TILE, *act = acc + STEP_TILE;
-    for (i64 t0 = 0; t0 < n; t0 += STEP_TILE) {
-        i64 nt = n - t0 < STEP_TILE ? n - t0 : STEP_TILE;
-        for (i64 l = 0; l < L; l++) {
-            load_tile(bc.buf, kind, L, E, l, t0, nt, x);
-            int has_zero = 0;
-            for (i64 i = 0; i < E * nt; i++) has_zero |= x[i] <= 0.0f;
-            for (i64 k = 0; k < K; k++) {
-                i64 lk = l * K + k;
-                one_placement(x, nt, expert + lk * P, share + lk * P, bounds + k * (G + 1), G, has_zero, acc, act,
-                              (float *)bmax.buf + lk * n + t0, (float *)bmin.buf + lk * n + t0,
-                              (float *)bam.buf + lk * n + t0, have_rows ? (float *)brows.buf + lk * G * n + t0 : NULL,
-                              have_act ? (float *)bact.buf + lk * G * n + t0 : NULL, n);
-            }
-        }
-    }
-    Py_END_ALLOW_THREADS;
-    free(work);
-    if (have_act) PyBuffer_Release(&bact);
-    if (have_rows) PyBuffer_Release(&brows);
-    PyBuffer_Release(&bam);
-    PyBuffer_Release(&bmin);
-    PyBuffer_Release(&bmax);
-    PyBuffer_Release(&bb);
-    PyBuffer_Release(&bs);
-    PyBuffer_Release(&be);
-    PyBuffer_Release(&bc);
-    Py_RETURN_NONE;
+    Py_INCREF(Py_None);
+    ret = Py_None;
 fail_all:
-    if (have_act) PyBuffer_Release(&bact);
+    if (have_rows) PyBuffer_Release(&bact);
 fail_rows:
     if (have_rows) PyBuffer_Release(&brows);
 fail_am:
@@ -191,6 +389,10 @@ fail_min:
     PyBuffer_Release(&bmin);
 fail_max:
     PyBuffer_Release(&bmax);
+fail_lb:
+    PyBuffer_Release(&blb);
+fail_tot:
+    PyBuffer_Release(&btot);
 fail_b:
     PyBuffer_Release(&bb);
 fail_s:
@@ -199,15 +401,16 @@ fail_e:
     PyBuffer_Release(&be);
 fail_c:
     PyBuffer_Release(&bc);
-    return NULL;
+    return ret;
 }
 
 static PyMethodDef methods[] = {
-    {"gpu_loads", gpu_loads, METH_VARARGS, gpu_loads_doc},
+    {"evaluate", evaluate, METH_VARARGS, evaluate_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_evaluate",
-                                    "Replay evaluation inner loop (eplb/replay/_evaluate.c).", -1, methods, NULL, NULL, NULL, NULL};
+                                    "Replay evaluation's compiled pass (eplb/replay/_evaluate.c).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__evaluate(void) { return PyModule_Create(&module); }

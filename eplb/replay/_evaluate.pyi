@@ -1,4 +1,4 @@
-"""Compiled inner loop of eplb.replay.evaluate (eplb/replay/_evaluate.c). Arrays are C-contiguous."""
+"""Compiled pass of eplb.replay.evaluate (eplb/replay/_evaluate.c). Arrays are C-contiguous."""
 
 from typing import Any
 
@@ -6,9 +6,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 _F32 = NDArray[np.float32]
+_F64 = NDArray[np.float64]
 _I64 = NDArray[np.int64]
 
-def gpu_loads(
+def evaluate(
     counts: NDArray[Any],
     kind: str,
     steps: int,
@@ -20,9 +21,13 @@ def gpu_loads(
     slots: int,
     bounds: _I64,
     gpus: int,
+    total: _F64,
+    have_total: bool,
+    lb: _F64,
     rmax: _F32,
     rmin: _F32,
     amax: _F32,
     rows: _F32 | None,
     active: _F32 | None,
+    threads: int,
 ) -> None: ...

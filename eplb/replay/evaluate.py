@@ -1,8 +1,11 @@
 """Every placement's realized lb and predicted layer time for blocks of steps.
 
-One compiled pass per block (eplb/replay/_evaluate.c) gathers each slot's expert counts and sums them per
-GPU for all placements at once, vectorized over steps; the times come from `eplb.cost.TimeModel`, the
-same model `eplb.cost.predict` uses. Memory: a few [layers, placements, steps] float32 arrays per block.
+One compiled pass per block (eplb/replay/_evaluate.c): tile by tile of steps and layer, the counts are
+transposed in cache and every placement's GPU rows are gathered and summed over the GPU's slots in vector
+registers, keeping only the busiest and idlest GPU's rows, the most active slots, the layer's total and the
+lb per step (every GPU's rows and active slots too when the time model needs them). The times come from
+`eplb.cost.TimeModel`, the same model `eplb.cost.predict` uses: `layer_time_from_extremes` on those arrays,
+laid out [placements, steps, layers] as returned. Memory: a few [placements, steps, layers] arrays per block.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ def time_model(cost: CostSetup, gpus: int) -> TimeModel:
 class Evaluator:
     """lb and time of K placements (same layers, experts and slots) on blocks of per-step counts."""
 
-    def __init__(self, time: TimeModel | None) -> None:
+    def __init__(self, time: TimeModel | None, threads: int = 1) -> None:
+        """threads: the compiled pass splits the layers over this many threads."""
         self.time = time
+        self.threads = max(1, threads)
         self.placements: list[Placement] = []
         self._expert = np.zeros((0, 0, 0), dtype=np.int64)
         self._share = np.zeros((0, 0, 0), dtype=np.float32)
@@ -64,22 +69,23 @@ class Evaluator:
         if kind is None:
             counts, kind = counts.astype(np.float32), "f"
         counts = np.ascontiguousarray(counts)
-        rmax, rmin, amax = (np.empty((layers, k, n), dtype=np.float32) for _ in range(3))
+        total = np.empty((n, layers))  # the layer's summed counts per step, exact for integer counts
+        if kind == "f":
+            counts.sum(axis=2, dtype=np.float64, out=total)
+        lb = np.empty((k, n, layers))
+        rmax, rmin, amax = (np.empty((k, n, layers), dtype=np.float32) for _ in range(3))
         per_gpu = self.time is not None and not self.time.extremes_suffice
-        rows = np.empty((layers, k, gpus, n), dtype=np.float32) if per_gpu else None
+        rows = np.empty((k, n, layers, gpus), dtype=np.float32) if per_gpu else None
         active = np.empty_like(rows) if rows is not None else None
-        _evaluate.gpu_loads(counts, kind, n, layers, experts, self._expert, self._share, k, width, self._bounds, gpus,
-                            rmax, rmin, amax, rows, active)  # fmt: skip
-        total = counts.sum(axis=2, dtype=np.float64).T[:, None, :]  # [L, 1, n], exact
-        mean = total / gpus
-        lb = np.divide(rmax, mean, out=np.ones(rmax.shape), where=mean > 0)
-        times = np.full(lb.shape, np.nan)
-        if self.time is not None:
-            if rows is not None and active is not None:
-                times = self.time.layer_time(total[..., None], rows.swapaxes(2, 3), active.swapaxes(2, 3))
-            else:
-                times = self.time.layer_time_from_extremes(total, rmax, rmin, amax)
-        return lb.transpose(1, 2, 0), np.ascontiguousarray(times.transpose(1, 2, 0))
+        _evaluate.evaluate(counts, kind, n, layers, experts, self._expert, self._share, k, width, self._bounds, gpus,
+                           total, kind == "f", lb, rmax, rmin, amax, rows, active, self.threads)  # fmt: skip
+        if self.time is None:
+            return lb, np.full(lb.shape, np.nan)
+        if rows is not None and active is not None:
+            times = self.time.layer_time(total[None, :, :, None], rows, active)
+        else:
+            times = self.time.layer_time_from_extremes(total[None], rmax, rmin, amax)
+        return lb, times
 
 
 def oracle(
