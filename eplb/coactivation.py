@@ -25,6 +25,7 @@ A token's source GPU is its position in its step modulo G (data-parallel ranks o
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,6 +293,19 @@ class CoactivationSummary:
         if partners.size and (partners.min() < -1 or partners.max() >= loads.shape[1]):
             raise EplbError(f"co-activation summary: partners must be expert ids in 0..{loads.shape[1] - 1} or -1")
         return cls(tokens, top_k, loads, partners, counts)
+
+    def to_bytes(self) -> bytes:
+        """Compact binary form (a compressed .npz image, no pickled objects), for storage."""
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, tokens=self.tokens, top_k=np.int64(self.top_k), loads=self.loads,
+                            partners=self.partners, counts=self.counts)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CoactivationSummary:
+        """Inverse of `to_bytes`."""
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return cls(z["tokens"], int(z["top_k"]), z["loads"], z["partners"], z["counts"])
 
     def layers(self, count: int) -> CoactivationSummary:
         """The summary of the first `count` layers."""

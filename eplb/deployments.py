@@ -17,7 +17,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,6 +37,9 @@ from eplb.store.arrays import pack, unpack
 from solvers import registry
 from solvers.migration import count_moves
 from solvers.registry import Options
+
+if TYPE_CHECKING:
+    from eplb.coactivation import CoactivationSummary
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -97,6 +100,10 @@ class DeploymentConfig(BaseModel):
     link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s")
     tokens_per_gpu: float | None = Field(None, gt=0, le=1e9, description="tokens per GPU in one step")
     overlap: bool = True
+    objective: Literal["lb", "time"] = Field("lb", description="lb: balance tokens; time: lowest predicted layer "
+                                             "time (docs/solvers.md, 'Objectives')")
+    node_limit: int | None = Field(None, ge=1, le=MAX_GPUS, description="node-limited routing: nodes a token's "
+                                   "experts may lie on (with windows' co-activation summaries)")
     cluster: ClusterShape
     solver: str | None = Field(None, description="absent: incremental when registered and a placement serves, "
                                "else greedy (the first placement)")
@@ -124,7 +131,8 @@ class Setup:
         self.model: ModelSpec = MODEL_PRESETS[config.model]
         hardware = HARDWARE_PRESETS[config.hardware]
         self.link_bw = link_bandwidth(hardware, config.link)
-        self.cost = CostSetup(self.model, hardware, self.link_bw, config.tokens_per_gpu, config.overlap)
+        self.cost = CostSetup(self.model, hardware, self.link_bw, config.tokens_per_gpu, config.overlap,
+                              config.node_limit)
         shape = config.cluster
         slots = slots_per_gpu(shape.num_gpus, self.model.num_experts, slots=shape.slots_per_gpu,
                               num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
@@ -159,6 +167,18 @@ class Setup:
             raise EplbError(f"solver {name!r} does not take {', '.join(refused)}: choose a solver that does "
                             f"({', '.join(able) or 'none is registered'})")
         return Options(**wanted)
+
+    def coactivation(self, value: dict[str, Any] | None, loads: NDArray[np.float64]) -> CoactivationSummary | None:
+        """A window's co-activation summary (`CoactivationSummary.to_dict`) checked against its loads, or None."""
+        if value is None:
+            return None
+        from eplb.coactivation import CoactivationSummary
+
+        summary = CoactivationSummary.from_dict(value)
+        if summary.loads.shape != loads.shape:
+            raise EplbError(f"coactivation: the summary is for {summary.loads.shape[0]} layers x "
+                            f"{summary.loads.shape[1]} experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
+        return summary
 
     def loads(self, value: Any, what: str = "loads") -> NDArray[np.float64]:
         loads = check_loads(value, what)
@@ -311,6 +331,17 @@ def history_count(store: Store, name: str) -> int:
         return int(session.scalar(select(func.count()).where(HistoryRow.deployment == name)) or 0)
 
 
+def window_coactivation(store: Store, history_id: int) -> CoactivationSummary | None:
+    """The co-activation summary a history entry's window carried, or None."""
+    from eplb.coactivation import CoactivationSummary
+
+    with store.read() as session:
+        row = session.get(HistoryRow, history_id)
+        if row is None:
+            raise NotFound(f"no history entry {history_id}")
+        return None if row.coactivation is None else CoactivationSummary.from_bytes(row.coactivation)
+
+
 def window_loads(store: Store, history_id: int) -> NDArray[np.float64]:
     """The stored window of a history entry: [layers, E] tokens."""
     with store.read() as session:
@@ -321,9 +352,11 @@ def window_loads(store: Store, history_id: int) -> NDArray[np.float64]:
 
 
 def process_window(store: Store, name: str, loads_value: Any, *, force: bool = False,
-                   run_solve: SolveFn = solve) -> WindowResult:
+                   run_solve: SolveFn = solve, coactivation: dict[str, Any] | None = None) -> WindowResult:
     """Judge one window ([layers][E] tokens) for deployment `name`, rebalance when the trigger fires (or
-    `force`), store the event; holds the deployment's lock throughout."""
+    `force`), store the event; holds the deployment's lock throughout. coactivation: the window's summary
+    (`CoactivationSummary.to_dict`): the predictions count the GPUs a token reaches, the time objective may
+    co-locate experts chosen together, and the history keeps it."""
     with store.write() as session:
         row = _row(store.lock_deployment(session, name), name)
         setup = Setup(DeploymentConfig.model_validate(row.config))
@@ -335,7 +368,13 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
         seq = row.windows + 1
         now = time.time()
         entry = HistoryRow(deployment=name, seq=seq, at=now, loads=pack(loads), **_window_columns(loads))
-        before = None if current is None else evaluate(loads, current, setup.cost)
+        summary = setup.coactivation(coactivation, loads)
+        if summary is not None:
+            entry.coactivation = summary.to_bytes()
+        nodes = setup.cluster.gpus_per_node
+        before = None
+        if current is not None:
+            before = evaluate(loads, current, setup.cost, coactivation=summary, gpus_per_node=nodes)
         if before is not None:
             entry.lb_before, entry.time_before_us = _lb_time(before)
         fire, reason = _trigger(policy, seq, row.last_rebalance, before, force)
@@ -346,8 +385,9 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
             recent = [loads, *_recent_windows(session, name, policy.windows - 1, loads.shape)]
             solver = setup.solver_name(current is not None)
             outcome = run_solve(loads=np.sum(recent, axis=0), cluster=setup.cluster, solver=solver, cost=setup.cost,
-                                current=current, options=setup.options(current is not None))
-            after = evaluate(loads, outcome.placement, setup.cost)
+                                current=current, options=setup.options(current is not None),
+                                objective=setup.config.objective, coactivation=summary)
+            after = evaluate(loads, outcome.placement, setup.cost, coactivation=summary, gpus_per_node=nodes)
             moves = 0 if current is None else int(count_moves(
                 outcome.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu).sum())
             if policy.trigger == "cost" and before is not None and current is not None and not force:

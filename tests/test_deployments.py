@@ -260,6 +260,14 @@ def test_http_walkthrough(client: TestClient) -> None:
     assert client.get("/deployments/x", params={"format": "trtllm"}).status_code == 404  # no placement yet
     short = client.post("/deployments/x/windows", json={"loads": [[1.0, 2.0]]})
     assert short.status_code == 422 and "64" in short.json()["detail"]
+    from eplb.coactivation import read_topk, summarize
+
+    ids, _ = read_topk(Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz")
+    summary = summarize(ids[:, :LAYERS], EXPERTS).to_dict()
+    with_pairs = client.post("/deployments/x/windows", json={"loads": window(0), "coactivation": summary}).json()
+    assert with_pairs["action"] == "placed" and len(with_pairs["result"]["predicted"]["copies_per_token"]["gpus"]) == 4
+    bad = client.post("/deployments/x/windows", json={"loads": window(0), "coactivation": {**summary, "top_k": "8"}})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "coactivation.top_k"
 
 
 
@@ -281,3 +289,29 @@ def test_cli_reads_the_database(store: Store, db_url: str, tmp_path: Path, capsy
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "3 events" in capsys.readouterr().out
     assert main(["deployments", "show", "gone", "--database-url", db_url]) == 2
     assert "no deployment named 'gone'" in capsys.readouterr().err
+
+
+def test_windows_carry_coactivation_and_the_history_keeps_it(store: Store) -> None:
+    from eplb.coactivation import read_topk, summarize
+    from eplb.io.windows import read_window
+
+    law = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
+    ids, _ = read_topk(law)
+    loads = read_window(law).loads
+    summary = summarize(ids, EXPERTS)
+    body = {"model": MODEL, "hardware": "h800", "link": "nic", "tokens_per_gpu": 256.0, "objective": "time",
+            "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}
+    dep.register(store, "coact", dep.DeploymentConfig.model_validate(body))
+    placed = dep.process_window(store, "coact", loads.tolist(), coactivation=summary.to_dict())
+    assert placed.action == "placed" and placed.result is not None
+    assert placed.result.solver is not None and placed.result.solver.model_dump()["objective"] == "time"
+    copies = placed.result.predicted.copies_per_token
+    assert copies is not None and len(copies.gpus) == loads.shape[0]
+    kept = dep.window_coactivation(store, placed.history_id)
+    assert kept is not None and kept.to_dict() == summary.to_dict()
+    plain = dep.process_window(store, "coact", loads.tolist(), force=True)
+    assert dep.window_coactivation(store, plain.history_id) is None
+    with pytest.raises(EplbError, match="coactivation: the summary is for 2 layers"):
+        dep.process_window(store, "coact", loads.tolist(), coactivation=summarize(ids[:, :2], EXPERTS).to_dict())
+    with pytest.raises(EplbError, match="co-activation summary"):
+        dep.process_window(store, "coact", loads.tolist(), coactivation={"tokens": "many"})

@@ -66,6 +66,7 @@ class HistoryRow(Base):
     phy2log: Mapped[bytes | None] = mapped_column(LargeBinary)
     shares: Mapped[bytes | None] = mapped_column(LargeBinary)
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    coactivation: Mapped[bytes | None] = mapped_column(LargeBinary)  # the window's summary, if it carried one
 
 
 class JobRow(Base):
