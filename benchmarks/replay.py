@@ -1,4 +1,4 @@
-"""Replay throughput on a DeepSeek-V3-sized log: layer-steps per second, next to the previous implementation.
+"""Replay throughput on a DeepSeek-V3-sized log: layer-steps per second, next to the previous implementations.
 
 Run: python benchmarks/replay.py [--steps 10000] [--repeats 3] [--log FILE]
 
@@ -6,10 +6,13 @@ Builds (once, or reads --log) a synthetic log of 58 MoE layers x 256 experts (th
 statistics, 4,096 tokens per step), then on EP32 with one redundant expert per GPU (288 slots) prints the
 median over --repeats of:
 - evaluation only, in memory, 256-step chunks: the lb and predicted time of four placements (replay,
-  static, no EPLB, hindsight) per step and layer, with the compiled gather + segment sum
-  (eplb/replay/evaluate.py), next to the previous implementation (the float32 batched matmul of three
-  placements and its zero-count path, loaded from git commit PREVIOUS) measured in the same run on the
-  same chunks; a second row with an expert at zero count in every layer-step (the old slow path);
+  static, no EPLB, hindsight) per step and layer with the compiled pass (eplb/replay/evaluate.py,
+  _evaluate.c), next to the two previous implementations measured in the same run on the same chunks:
+  the per-slot compiled loop of commit COMPILED (its evaluate.py and _evaluate.c from git, the C built
+  into a temporary directory; skipped without a C compiler) and the float32 batched matmul of three
+  placements of commit MATMUL (loaded from git). The implementations take turns going first on each chunk,
+  so none is favoured by the chunk being in cache. A second row has an expert at zero count in every
+  layer-step (the zero-count path), a third runs the compiled pass on two threads;
 - the whole replay (periodic greedy every 1,000 steps, window 1,000, hindsight row, no oracle);
 - the oracle (greedy solved on every step's own counts), on a sample of steps, extrapolated.
 """
@@ -17,12 +20,14 @@ median over --repeats of:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,8 @@ from eplb.synth import SynthConfig, synth_counts
 from solvers.greedy import solve_greedy
 
 LAYERS, EXPERTS, GPUS, SLOTS = 58, 256, 32, 9
-PREVIOUS = "50efd89"  # the last commit with the matmul evaluator (eplb/replay/run.py)
+COMPILED = "a570521"  # the last commit with the per-slot compiled loop (eplb/replay/evaluate.py, _evaluate.c)
+MATMUL = "50efd89"  # the last commit with the matmul evaluator (eplb/replay/run.py)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,41 +55,84 @@ def make_log(path: Path, steps: int) -> float:
     return time.perf_counter() - t
 
 
-def previous_module() -> types.ModuleType:
-    """The replay module as of commit PREVIOUS, loaded from git (its evaluator is the baseline)."""
-    source = subprocess.run(["git", "show", f"{PREVIOUS}:eplb/replay/run.py"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
-    module = types.ModuleType("previous_replay")
+def git_show(commit: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+
+
+def matmul_module() -> types.ModuleType:
+    """The replay module as of commit MATMUL, loaded from git (its evaluator is a baseline)."""
+    module = types.ModuleType("matmul_replay")
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{PREVIOUS}:eplb/replay/run.py", "exec"), module.__dict__)
+    exec(compile(git_show(MATMUL, "eplb/replay/run.py"), f"{MATMUL}:eplb/replay/run.py", "exec"), module.__dict__)
     return module
 
 
-def evaluation_rates(chunks: list[np.ndarray], cost: CostSetup, zero: bool) -> tuple[float, float]:
-    """Median layer-steps/s of (new, previous) evaluators on the same in-memory chunks."""
+def compiled_module() -> types.ModuleType | None:
+    """eplb/replay/evaluate.py as of commit COMPILED with its own _evaluate.c, built from git into a temporary
+    directory; None without git or a C compiler."""
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    try:
+        source, c_source = git_show(COMPILED, "eplb/replay/evaluate.py"), git_show(COMPILED, "eplb/replay/_evaluate.c")
+        with tempfile.TemporaryDirectory(prefix="eplb-previous-evaluate-") as tmp:
+            (Path(tmp) / "_evaluate.c").write_text(c_source)
+            ext = Extension("_evaluate", [str(Path(tmp) / "_evaluate.c")], extra_compile_args=["-O3"])
+            cmd = build_ext(Distribution({"name": "previous-evaluate", "ext_modules": [ext]}))
+            cmd.build_lib, cmd.build_temp = tmp, str(Path(tmp) / "build")
+            cmd.ensure_finalized()
+            cmd.run()
+            built = cmd.get_ext_fullpath("_evaluate")
+            spec = importlib.util.spec_from_file_location("previous_evaluate._evaluate", built)
+            assert spec is not None and spec.loader is not None
+            kernel = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(kernel)  # loaded before the directory goes
+    except Exception as exc:  # no git history, no compiler: the row shows no baseline
+        print(f"(the {COMPILED} compiled evaluator could not be built: {exc})")
+        return None
+    module = types.ModuleType("previous_evaluate")
+    module.__dict__["_evaluate"] = kernel
+    source = source.replace("from eplb.replay import _evaluate\n", "")
+    exec(compile(source, f"{COMPILED}:eplb/replay/evaluate.py", "exec"), module.__dict__)
+    return module
+
+
+def evaluation_rates(
+    chunks: list[np.ndarray], cost: CostSetup, zero: bool, threads: int, compiled: types.ModuleType | None,
+    matmul: types.ModuleType,
+) -> dict[str, float]:  # fmt: skip
+    """Median layer-steps/s of the new evaluator and the previous ones on the same in-memory chunks."""
+    from eplb.evaluate import contiguous_placement
+
     slots = np.full(GPUS, SLOTS)
     window = chunks[0].sum(axis=0).astype(np.float64)
     placed = Placement(solve_greedy(window, slots), slots, EXPERTS)
     start = initial_placement(LAYERS, EXPERTS, slots)
     hind = Placement(solve_greedy(chunks[1].sum(axis=0).astype(np.float64), slots), slots, EXPERTS)
-    new = Evaluator(time_model(cost, GPUS))
-    from eplb.evaluate import contiguous_placement
-
-    new.set_placements([placed, start, contiguous_placement(LAYERS, EXPERTS, GPUS), hind])
-    prev_mod = previous_module()
-    old = prev_mod._Evaluator(LAYERS, EXPERTS, slots, cost)
+    four = [placed, start, contiguous_placement(LAYERS, EXPERTS, GPUS), hind]
+    new = Evaluator(time_model(cost, GPUS), threads=threads)
+    new.set_placements(four)
+    runs: dict[str, Callable[[np.ndarray], object]] = {"new": new.evaluate}
+    if compiled is not None:
+        prev = compiled.Evaluator(time_model(cost, GPUS))
+        prev.set_placements(four)
+        runs["compiled"] = prev.evaluate
+    old = matmul._Evaluator(LAYERS, EXPERTS, slots, cost)
     old.set_placements(placed, start)
-    rates: dict[str, list[float]] = {"new": [], "old": []}
+    runs["matmul"] = old.evaluate
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
     with blas_threads(1):
-        for counts in chunks:
+        for i, counts in enumerate(chunks):
             if zero:
                 counts = counts.copy()
                 counts[:, :, 0] = 0
-            for name, ev in (("new", new), ("old", old)):
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # each goes first in turn
                 t = time.perf_counter()
-                ev.evaluate(counts)
+                runs[name](counts)
                 rates[name].append(counts.shape[0] * LAYERS / (time.perf_counter() - t))
-    return statistics.median(rates["new"]), statistics.median(rates["old"])
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 def main() -> None:
@@ -106,34 +155,40 @@ def main() -> None:
         info = log.info
         chunks = [c.counts for c, _ in zip(log.iter_counts(256), range(args.chunks), strict=False)]
         print(f"\nlog: {info.describe()}; EP{GPUS}, {GPUS * SLOTS} slots; medians over {args.repeats} runs")
-        print(f"{'evaluation only (lb + time per step and layer)':<52}{'layer-steps/s':>15}{'previous':>12}{'x':>7}")
-        for zero in (False, True):
-            runs = [evaluation_rates(chunks, cost, zero) for _ in range(args.repeats)]
-            new, old = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        compiled, matmul = compiled_module(), matmul_module()
+        print(f"{'evaluation only (lb + time per step and layer)':<64}{'layer-steps/s':>15}"
+              f"{COMPILED + ' compiled':>18}{'x':>6}{MATMUL + ' matmul':>16}{'x':>6}")  # fmt: skip
+        for zero, threads in ((False, 1), (True, 1), (False, 2)):
+            runs = [evaluation_rates(chunks, cost, zero, threads, compiled, matmul) for _ in range(args.repeats)]
+            med = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
             label = "  4 placements, in memory, 256-step chunks" + (", zero counts" if zero else "")
-            print(f"{label:<52}{new:>15,.0f}{old:>12,.0f}{new / old:>7.1f}")
+            label += ", 2 threads" if threads > 1 else ""
+            prev = f"{'-':>24}"
+            if "compiled" in med:
+                prev = f"{med['compiled']:>18,.0f}{med['new'] / med['compiled']:>6.1f}"
+            print(f"{label:<64}{med['new']:>15,.0f}{prev}{med['matmul']:>16,.0f}{med['new'] / med['matmul']:>6.1f}")
         layer_steps = (info.num_steps or 0) * LAYERS
         cluster = Cluster(np.full(GPUS, SLOTS))
         whole: list[dict[str, Any]] = []
         for _ in range(args.repeats):
             res = replay(path, cluster, schedule=Schedule(window=1000, interval=1000), cost=cost, oracle_every=0)
             whole.append(res.summary["timing"] | {"rebalances": res.summary["rebalances"]["count"]})
-        print(f"\n{'whole replay (periodic greedy, no oracle)':<52}{'seconds':>15}{'layer-steps/s':>15}")
+        print(f"\n{'whole replay (periodic greedy, no oracle)':<64}{'seconds':>15}{'layer-steps/s':>15}")
         wall = statistics.median(r["wall_s"] for r in whole)
-        print(f"{'  total':<52}{wall:>15.2f}{layer_steps / wall:>15,.0f}")
+        print(f"{'  total':<64}{wall:>15.2f}{layer_steps / wall:>15,.0f}")
         parts = (("read_s", "  reading the log"), ("hindsight_s", "  hindsight pass (read + interval solves)"),
                  ("solve_s", f"  {whole[0]['rebalances']} rebalances (solve + relabel)"),
                  ("evaluation_s", "  evaluation"))  # fmt: skip
         for key, label in parts:
             v = statistics.median(r[key] for r in whole)
             rate = f"{layer_steps / v:,.0f}" if key == "evaluation_s" and v > 0 else ""
-            print(f"{label:<52}{v:>15.2f}{rate:>15}")
+            print(f"{label:<64}{v:>15.2f}{rate:>15}")
         counts = chunks[0][: args.oracle_steps]
         with blas_threads(1):
             t = time.perf_counter()
             oracle(counts, cluster, time_model(cost, GPUS))
             rate = counts.shape[0] * LAYERS / (time.perf_counter() - t)
-        print(f"{'oracle (greedy per step), ' + str(counts.shape[0]) + ' steps, extrapolated':<52}"
+        print(f"{'oracle (greedy per step), ' + str(counts.shape[0]) + ' steps, extrapolated':<64}"
               f"{layer_steps / rate:>15.1f}{rate:>15,.0f}")  # fmt: skip
 
 

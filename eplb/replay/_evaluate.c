@@ -175,12 +175,12 @@ static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, float *x, unsigned c
 #define VMAX(A, B) ((vf)(((vi)(A) & ((A) > (B))) | ((vi)(B) & ~((A) > (B)))))
 #define VMIN(A, B) ((vf)(((vi)(A) & ((A) < (B))) | ((vi)(B) & ~((A) < (B)))))
 
-/* Adds slot S, if its share is > 0, to a GPU's rows ACC and active slots ACT (TILE steps); FIXED counts the
+/* Adds slot S, unless its share is <= 0, to a GPU's rows ACC and active slots ACT (TILE steps); FIXED counts the
  * slots active at every step of the tile (their expert has no zero count in it). */
 #define ADD_SLOT(ACC, ACT, FIXED, S)                                                                       \
     do {                                                                                                   \
         const float w_ = share[S];                                                                         \
-        if (w_ > 0.0f) {                                                                                   \
+        if (!(w_ <= 0.0f)) {                                                                               \
             const vf vw_ = vzero + w_;                                                                     \
             const i64 e_ = expert[S];                                                                      \
             const vf *xe_ = (const vf *)(x + e_ * TILE);                                                   \
