@@ -217,3 +217,17 @@ def test_service_takes_the_summary_and_the_time_objective(server_factory: Callab
         bad = httpx.post(f"{base}/placement", json={**body, **over}, timeout=60)
         assert bad.status_code == 422 and bad.headers["content-type"].startswith("application/problem+json")
         assert field in bad.text, bad.text
+
+
+def test_replay_of_a_token_log_reports_copies_per_token(tmp_path: Path) -> None:
+    from eplb.evaluate import contiguous_placement
+
+    subprocess.run([sys.executable, "-m", "eplb.cli", "replay", str(LAW), "--gpus", "8", "--slots-per-gpu", "9",
+                    "--window", "4", "--interval", "4", "--trigger", "periodic", "--out", str(tmp_path / "r")],
+                   capture_output=True, text=True, check=True)
+    results = json.loads((tmp_path / "r" / "summary.json").read_text())["results"]
+    ids, _ = read_topk(LAW)
+    base = contiguous_placement(26, 64, 8)
+    exact = copies_per_token(ids, base.phy2log, base.slots_per_gpu, 64).gpus.mean()
+    assert results["no_eplb"]["copies_per_token"] == pytest.approx(exact, abs=1e-4)
+    assert {"replay", "static", "hindsight"} <= {k for k, v in results.items() if "copies_per_token" in v}

@@ -154,6 +154,23 @@ class ReplayResult:
     checks: list[dict[str, Any]] = field(default_factory=list)
 
 
+COPY_ROWS = ("replay", "static", "no_eplb", "hindsight")
+"""The rows whose copies per token a token-level log's replay counts, in `_Replay.placements` order."""
+
+TOKEN_LOG_MAX = 50_000_000
+"""Picks (tokens x layers x k) of a token-level log held in memory to count copies per token."""
+
+
+def _token_routing(info: LogInfo) -> tuple[NDArray[np.int16], NDArray[np.int64]] | None:
+    """(topk_ids [tokens, L, k], step_offsets [steps + 1]) of a token-level log small enough to hold, else None."""
+    if info.kind != "topk":
+        return None
+    from eplb.coactivation import read_topk
+
+    ids, offsets = read_topk(info.path)
+    return (ids, offsets) if ids.size <= TOKEN_LOG_MAX else None
+
+
 def initial_placement(num_layers: int, num_experts: int, slots_per_gpu: NDArray[np.int64]) -> Placement:
     """vLLM's initial placement: slot s holds expert s mod E (ids in order, then the redundant
     slots hold experts 0, 1, ... again), the same in every layer."""
@@ -288,6 +305,8 @@ class _Replay:
         self.checks: list[dict[str, Any]] = []
         self.next_check = sched.first_position
         self.timing = {"evaluation_s": 0.0, "solve_s": 0.0, "oracle_s": 0.0, "read_s": 0.0, "hindsight_s": 0.0}
+        self.tokens = _token_routing(self.info)  # token-level logs: exact dispatch copies per token per row
+        self.copies = {name: [0.0, 0] for name in COPY_ROWS}  # copies x tokens, tokens
         self.step_time_s = 0.0  # the replay's last predicted step time (MoE layers), for transfer lengths
 
     # ---- hindsight: one pass for each interval's summed counts, one greedy solve per interval ----
@@ -407,6 +426,8 @@ class _Replay:
         )
         for name in BASELINES:
             self.stats[name].add(*block.row(name))
+        if self.tokens is not None:
+            self.count_copies(pos, stop)
         if self.evaluator.time is not None and n:
             self.step_time_s = float(times[0, -1].sum()) / 1e6
         self.window.store_lb(pos, lb[0].mean(axis=1))
@@ -414,6 +435,23 @@ class _Replay:
         if keep_from < stop:
             self.window.store_counts(keep_from, counts[keep_from - pos :])
         return block
+
+    def count_copies(self, pos: int, stop: int) -> None:
+        """Add the exact copies per token (distinct GPUs a token's top-k reaches, vLLM's replica rule, mean
+        over layers) of positions pos .. stop - 1 for every placement row."""
+        from eplb.coactivation import copies_per_token
+
+        assert self.tokens is not None
+        ids, offsets = self.tokens
+        a, b = int(offsets[pos]), int(offsets[stop])
+        if b <= a:
+            return
+        t0 = time.perf_counter()
+        for name, p in zip(COPY_ROWS, self.placements(), strict=False):
+            c = copies_per_token(ids[a:b], p.phy2log, p.slots_per_gpu, self.info.num_experts)
+            self.copies[name][0] += float(c.gpus.mean()) * (b - a)
+            self.copies[name][1] += b - a
+        self.timing["copies_s"] = self.timing.get("copies_s", 0.0) + time.perf_counter() - t0
 
     # ---- checks and rebalances ----
 
@@ -546,6 +584,9 @@ class _Replay:
             if d.get("total_time_s") and base.get("total_time_s"):
                 d["speedup_vs_no_eplb"] = round(base["total_time_s"] / d["total_time_s"], 4)
             results[name] = d
+        for name, (total, tokens) in self.copies.items():
+            if tokens:
+                results[name]["copies_per_token"] = round(total / tokens, 4)
         hs = self.stats["hindsight"]
         if hs.count:
             results["replay"]["hindsight_ratio"] = round(self.stats["replay"].lb_mean / hs.lb_mean, 6)
