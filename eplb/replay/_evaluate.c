@@ -29,8 +29,7 @@
 typedef int64_t i64;
 
 #define VW 16                     /* float lanes of one vector (64 bytes) */
-#define NV 4                      /* vectors per tile */
-#define TILE (VW * NV)            /* steps per tile */
+#define TILE (VW * 4)             /* steps per tile (a block's last tile may be 1 to 3 vectors wide) */
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 
@@ -98,8 +97,8 @@ static inline void transpose16(vf r[16]) {
  * while E < 2^15 x 16); otherwise in an int64 (or double, for float32) loop over each step's counts. */
 #define LOAD_TILE(NAME, T, ACC, VEC_SUM)                                                                    \
     typedef T NAME##_v __attribute__((vector_size(sizeof(T) * VW)));                                         \
-    CLONES static void NAME(const T *counts, i64 L, i64 E, i64 l, i64 t0, i64 nt, float *x, unsigned char *zero, \
-                            double *total, int have_total) {                                                 \
+    CLONES static void NAME(const T *counts, i64 L, i64 E, i64 l, i64 t0, i64 nt, i64 tw, float *x, \
+                            unsigned char *zero, double *total, int have_total) {                            \
         const vf vzero = {0};                                                                                \
         const int vec_sum = VEC_SUM && !have_total && E < 16 * 32768;                                        \
         vi sums[TILE];                                                                                       \
@@ -107,7 +106,7 @@ static inline void transpose16(vf r[16]) {
         i64 e16 = E - E % VW;                                                                                \
         for (i64 e0 = 0; e0 < e16; e0 += VW) {                                                               \
             vi z = {0};                                                                                      \
-            for (i64 j0 = 0; j0 < TILE; j0 += VW) {                                                          \
+            for (i64 j0 = 0; j0 < tw; j0 += VW) {                                                            \
                 vf r[VW];                                                                                    \
                 for (int jj = 0; jj < VW; jj++) {                                                            \
                     if (j0 + jj < nt) {                                                                      \
@@ -121,15 +120,15 @@ static inline void transpose16(vf r[16]) {
                     }                                                                                        \
                 }                                                                                            \
                 transpose16(r);                                                                              \
-                for (int i = 0; i < VW; i++) memcpy(x + (e0 + i) * TILE + j0, &r[i], sizeof(vf));            \
+                for (int i = 0; i < VW; i++) memcpy(x + (e0 + i) * tw + j0, &r[i], sizeof(vf));              \
             }                                                                                                \
             for (int i = 0; i < VW; i++) zero[e0 + i] = z[i] != 0;                                           \
         }                                                                                                    \
         for (i64 e = e16; e < E; e++) {                                                                      \
             unsigned char z = 0;                                                                             \
-            for (i64 j = 0; j < TILE; j++) {                                                                 \
+            for (i64 j = 0; j < tw; j++) {                                                                   \
                 float v = j < nt ? (float)counts[((t0 + j) * L + l) * E + e] : 0.0f;                         \
-                x[e * TILE + j] = v;                                                                         \
+                x[e * tw + j] = v;                                                                           \
                 if (j < nt) z |= v <= 0.0f;                                                                  \
             }                                                                                                \
             zero[e] = z;                                                                                     \
@@ -155,17 +154,17 @@ LOAD_TILE(load_i32, int32_t, i64, 0)
 LOAD_TILE(load_i64, int64_t, i64, 0)
 LOAD_TILE(load_f32, float, double, 0) /* its total comes from the caller (have_total) */
 
-static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, float *x, unsigned char *zero) {
+static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero) {
     i64 L = jb->L, E = jb->E;
     double *tot = jb->total;
     int have = jb->have_total;
     switch (jb->kind) {
-        case 'B': load_u8((const uint8_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
-        case 'H': load_u16((const uint16_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
-        case 'I': load_u32((const uint32_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
-        case 'i': load_i32((const int32_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
-        case 'q': load_i64((const int64_t *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
-        default: load_f32((const float *)jb->counts, L, E, l, t0, nt, x, zero, tot, have); break;
+        case 'B': load_u8((const uint8_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
+        case 'H': load_u16((const uint16_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
+        case 'I': load_u32((const uint32_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
+        case 'i': load_i32((const int32_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
+        case 'q': load_i64((const int64_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
+        default: load_f32((const float *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
     }
 }
 
@@ -175,70 +174,88 @@ static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, float *x, unsigned c
 #define VMAX(A, B) ((vf)(((vi)(A) & ((A) > (B))) | ((vi)(B) & ~((A) > (B)))))
 #define VMIN(A, B) ((vf)(((vi)(A) & ((A) < (B))) | ((vi)(B) & ~((A) < (B)))))
 
-/* Adds slot S, unless its share is <= 0, to a GPU's rows ACC and active slots ACT (TILE steps); FIXED counts the
- * slots active at every step of the tile (their expert has no zero count in it). */
-#define ADD_SLOT(ACC, ACT, FIXED, S)                                                                       \
+/* Adds slot S, unless its share is <= 0, to a GPU's rows ACC and active slots ACT (NVX vectors of steps, x
+ * rows VW x NVX apart); FIXED counts the slots active at every step of the tile (no zero count in it). */
+#define ADD_SLOT(ACC, ACT, FIXED, S, NVX)                                                                  \
     do {                                                                                                   \
         const float w_ = share[S];                                                                         \
         if (!(w_ <= 0.0f)) {                                                                               \
             const vf vw_ = vzero + w_;                                                                     \
             const i64 e_ = expert[S];                                                                      \
-            const vf *xe_ = (const vf *)(x + e_ * TILE);                                                   \
-            for (int v = 0; v < NV; v++) ACC[v] = ACC[v] + xe_[v] * vw_;                                   \
+            const vf *xe_ = (const vf *)(x + e_ * (VW * NVX));                                             \
+            for (int v = 0; v < NVX; v++) ACC[v] = ACC[v] + xe_[v] * vw_;                                  \
             if (zero[e_]) {                                                                                \
-                for (int v = 0; v < NV; v++) ACT[v] = ACT[v] + (vf)((vi)vone & (xe_[v] > vzero));          \
+                for (int v = 0; v < NVX; v++) ACT[v] = ACT[v] + (vf)((vi)vone & (xe_[v] > vzero));         \
             } else {                                                                                       \
                 FIXED += 1.0f;                                                                             \
             }                                                                                              \
         }                                                                                                  \
     } while (0)
 
-CLONES static void tile_placements(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) {
-    const i64 K = jb->K, P = jb->P, G = jb->G, n = jb->n, L = jb->L;
-    const vf vzero = {0}, vone = vzero + 1.0f;
-    for (i64 k = 0; k < K; k++) {
-        const i64 *expert = jb->expert + (l * K + k) * P;
-        const float *share = jb->share + (l * K + k) * P;
-        const i64 *bounds = jb->bounds + k * (G + 1);
-        vf mx[NV], mn[NV], am[NV];
-        for (i64 g = 0; g < G; g++) {
-            vf acc[NV], act[NV];
-            for (int v = 0; v < NV; v++) acc[v] = act[v] = vzero;
-            float fixed = 0.0f; /* slots whose expert has no zero count in the tile: active at every step */
-            for (i64 s = bounds[g]; s < bounds[g + 1]; s++) ADD_SLOT(acc, act, fixed, s);
-            for (int v = 0; v < NV; v++) act[v] = act[v] + fixed;
-            if (g == 0) {
-                for (int v = 0; v < NV; v++) mx[v] = mn[v] = acc[v], am[v] = act[v];
-            } else {
-                for (int v = 0; v < NV; v++) {
-                    mx[v] = VMAX(acc[v], mx[v]);
-                    mn[v] = VMIN(acc[v], mn[v]);
-                    am[v] = VMAX(act[v], am[v]);
-                }
-            }
-            if (jb->rows) {
-                float a[TILE], c[TILE];
-                memcpy(a, acc, sizeof a);
-                memcpy(c, act, sizeof c);
-                for (i64 j = 0; j < nt; j++) {
-                    i64 o = ((k * n + t0 + j) * L + l) * G + g;
-                    jb->rows[o] = a[j];
-                    jb->active[o] = c[j];
-                }
-            }
-        }
-        float hi[TILE], lo[TILE], most[TILE];
-        memcpy(hi, mx, sizeof hi);
-        memcpy(lo, mn, sizeof lo);
-        memcpy(most, am, sizeof most);
-        for (i64 j = 0; j < nt; j++) {
-            i64 o = (k * n + t0 + j) * L + l;
-            jb->rmax[o] = hi[j];
-            jb->rmin[o] = lo[j];
-            jb->amax[o] = most[j];
-            double mean = jb->total[(t0 + j) * L + l] / (double)G;
-            jb->lb[o] = mean > 0 ? (double)hi[j] / mean : 1.0;
-        }
+/* One tile of one layer (nt <= VW x NVX steps), every placement: GPU g sums slots bounds[g] .. bounds[g+1]-1. */
+#define TILE_PLACEMENTS(NAME, NVX)                                                                         \
+    CLONES static void NAME(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) { \
+        const i64 K = jb->K, P = jb->P, G = jb->G, n = jb->n, L = jb->L;                                   \
+        const vf vzero = {0}, vone = vzero + 1.0f;                                                         \
+        for (i64 k = 0; k < K; k++) {                                                                      \
+            const i64 *expert = jb->expert + (l * K + k) * P;                                              \
+            const float *share = jb->share + (l * K + k) * P;                                              \
+            const i64 *bounds = jb->bounds + k * (G + 1);                                                  \
+            vf mx[NVX], mn[NVX], am[NVX];                                                                  \
+            for (int v = 0; v < NVX; v++) mx[v] = mn[v] = am[v] = vzero; /* G >= 1: set by GPU 0 */        \
+            for (i64 g = 0; g < G; g++) {                                                                  \
+                vf acc[NVX], act[NVX];                                                                     \
+                for (int v = 0; v < NVX; v++) acc[v] = act[v] = vzero;                                     \
+                float fixed = 0.0f;                                                                        \
+                for (i64 s = bounds[g]; s < bounds[g + 1]; s++) ADD_SLOT(acc, act, fixed, s, NVX);         \
+                for (int v = 0; v < NVX; v++) act[v] = act[v] + fixed;                                     \
+                if (g == 0) {                                                                              \
+                    for (int v = 0; v < NVX; v++) mx[v] = mn[v] = acc[v], am[v] = act[v];                  \
+                } else {                                                                                   \
+                    for (int v = 0; v < NVX; v++) {                                                        \
+                        mx[v] = VMAX(acc[v], mx[v]);                                                       \
+                        mn[v] = VMIN(acc[v], mn[v]);                                                       \
+                        am[v] = VMAX(act[v], am[v]);                                                       \
+                    }                                                                                      \
+                }                                                                                          \
+                if (jb->rows) {                                                                            \
+                    float a[VW * NVX], c[VW * NVX];                                                        \
+                    memcpy(a, acc, sizeof a);                                                              \
+                    memcpy(c, act, sizeof c);                                                              \
+                    for (i64 j = 0; j < nt; j++) {                                                         \
+                        i64 o = ((k * n + t0 + j) * L + l) * G + g;                                        \
+                        jb->rows[o] = a[j];                                                                \
+                        jb->active[o] = c[j];                                                              \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+            float hi[VW * NVX], lo[VW * NVX], most[VW * NVX];                                              \
+            memcpy(hi, mx, sizeof hi);                                                                     \
+            memcpy(lo, mn, sizeof lo);                                                                     \
+            memcpy(most, am, sizeof most);                                                                 \
+            for (i64 j = 0; j < nt; j++) {                                                                 \
+                i64 o = (k * n + t0 + j) * L + l;                                                          \
+                jb->rmax[o] = hi[j];                                                                       \
+                jb->rmin[o] = lo[j];                                                                       \
+                jb->amax[o] = most[j];                                                                     \
+                double mean = jb->total[(t0 + j) * L + l] / (double)G;                                     \
+                jb->lb[o] = mean > 0 ? (double)hi[j] / mean : 1.0;                                         \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+/* a tile of TILE steps, and narrower ones for a block's last steps */
+TILE_PLACEMENTS(tile_placements_4, 4)
+TILE_PLACEMENTS(tile_placements_3, 3)
+TILE_PLACEMENTS(tile_placements_2, 2)
+TILE_PLACEMENTS(tile_placements_1, 1)
+
+static void tile_placements(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) {
+    switch ((nt + VW - 1) / VW) {
+        case 1: tile_placements_1(jb, x, zero, l, t0, nt); break;
+        case 2: tile_placements_2(jb, x, zero, l, t0, nt); break;
+        case 3: tile_placements_3(jb, x, zero, l, t0, nt); break;
+        default: tile_placements_4(jb, x, zero, l, t0, nt); break;
     }
 }
 
@@ -266,8 +283,9 @@ static void *run_job(void *arg) {
     }
     for (i64 t0 = 0; t0 < jb->n; t0 += TILE) {
         i64 nt = jb->n - t0 < TILE ? jb->n - t0 : TILE;
+        i64 tw = (nt + VW - 1) / VW * VW; /* x[E][tw] */
         for (i64 l = jb->l0; l < jb->l1; l++) {
-            load_tile(jb, l, t0, nt, x, zero);
+            load_tile(jb, l, t0, nt, tw, x, zero);
             if (l + 1 < jb->l1) prefetch_tile(jb, l + 1, t0, nt); /* its rows arrive while this layer sums */
             tile_placements(jb, x, zero, l, t0, nt);
         }
