@@ -35,7 +35,7 @@ import numpy as np
 
 from eplb.io.logs import open_log, write_counts
 from eplb.placement import Placement
-from eplb.replay import Schedule, blas_threads, initial_placement, replay
+from eplb.replay import Schedule, _evaluate, blas_threads, initial_placement, replay
 from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.solve import Cluster, CostSetup
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
@@ -154,7 +154,8 @@ def main() -> None:
         log = open_log(path)
         info = log.info
         chunks = [c.counts for c, _ in zip(log.iter_counts(256), range(args.chunks), strict=False)]
-        print(f"\nlog: {info.describe()}; EP{GPUS}, {GPUS * SLOTS} slots; medians over {args.repeats} runs")
+        print(f"\nlog: {info.describe()}; EP{GPUS}, {GPUS * SLOTS} slots; medians over {args.repeats} runs; "
+              f"compiled pass: {_evaluate.instruction_set} loop bodies")  # fmt: skip
         compiled, matmul = compiled_module(), matmul_module()
         print(f"{'evaluation only (lb + time per step and layer)':<64}{'layer-steps/s':>15}"
               f"{COMPILED + ' compiled':>18}{'x':>6}{MATMUL + ' matmul':>16}{'x':>6}")  # fmt: skip

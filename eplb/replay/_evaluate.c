@@ -1,15 +1,19 @@
 /* Every placement's GPU-load extremes and lb for a block of steps: the compiled pass of replay evaluation
  * (eplb/replay/evaluate.py; built by `pip install -e .`).
  *
- * One pass over the block, tile by tile: a tile of TILE steps of one layer is converted and transposed to
- * x[E][TILE] float32 (16 x 16 register transposes; it stays in cache), then for each placement and GPU the
- * GPU's slots are gathered and summed, x[expert] x share, TILE steps at once in vector registers, and the
- * busiest and idlest GPU's rows and the most active slots are kept in registers too. A slot's active count
- * is 1 per step unless its expert has a zero count somewhere in the tile; only those slots compare. Per
- * step the kernel also writes the layer's total rows and every placement's lb, so Python only turns the
- * extremes into times (eplb.cost.TimeModel.layer_time_from_extremes). Sums run in slot order in float32,
- * multiply then add (no fused multiply-add), as the earlier per-slot loop did, so results do not depend on
- * the instruction set the loop was compiled for. Layers are split over threads when asked.
+ * One pass over the block, tile by tile: a tile of up to TILE steps of one layer is converted and
+ * transposed to x[E][TILE] float32 (W x W register transposes; it stays in cache), then for each placement
+ * and GPU the GPU's slots are gathered and summed, x[expert] x share, TILE steps at once in vector
+ * registers, and the busiest and idlest GPU's rows and the most active slots are kept in registers too. A
+ * slot's active count is 1 per step unless its expert has a zero count somewhere in the tile; only those
+ * slots compare. Per step the kernel also writes the layer's total rows and every placement's lb, so Python
+ * only turns the extremes into times (eplb.cost.TimeModel.layer_time_from_extremes). Sums run in slot
+ * order in float32, multiply then add (no fused multiply-add), as the earlier per-slot loop did, so results
+ * do not depend on the instruction set. Layers are split over threads when asked.
+ *
+ * The loop bodies are instantiated for three vector widths W (float lanes): 16 (AVX-512), 8 (AVX2) and 4
+ * (SSE2, NEON, any target), and the widest the CPU runs is picked at import (x86-64 with GCC or Clang;
+ * elsewhere W = 4). EPLB_EVALUATE_ISA=avx2|base in the environment picks a narrower one (tests).
  *
  * No numpy headers: buffers come through the Python buffer protocol.
  */
@@ -26,20 +30,21 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(EPLB_BASE_ONLY)
+#define EPLB_X86 1
+#endif
+
 typedef int64_t i64;
 
-#define VW 16                     /* float lanes of one vector (64 bytes) */
-#define TILE (VW * 4)             /* steps per tile (a block's last tile may be 1 to 3 vectors wide) */
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+#define UNIT 16           /* steps per unit of tile width */
+#define TILE (UNIT * 4)   /* steps per tile (a block's last tile may be 1 to 3 units wide) */
 
-/* One loop body compiled for AVX-512, AVX2 and the baseline, picked at load time (GCC/Clang on x86-64
- * Linux); elsewhere the compiler's default target. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(EPLB_NO_CLONES)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CLONES
-#endif
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int32_t vi4 __attribute__((vector_size(16)));
 
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable,
                    const char *name) {
@@ -70,156 +75,145 @@ typedef struct {
     int failed;
 } Job;
 
-/* ---- tile loading: x[e][j] = counts[t0 + j][l][e] as float32 (0 for j >= nt), zero[e] = some step j < nt
- * has x[e][j] <= 0, total[t0 + j][l] = sum over e (exact for integer kinds) ---- */
+/* ---- W x W transposes of r[0..W-1]: level B swaps the off-diagonal B x B blocks of every 2B x 2B block ---- */
 
-static inline void transpose16(vf r[16]) {
-    /* level b swaps the off-diagonal b x b blocks of every 2b x 2b block */
-#define LEVEL(B, LO, HI)                                                  \
-    for (int i = 0; i < 16; i++)                                          \
-        if (!(i & (B))) {                                                 \
-            vf a = r[i], c = r[i | (B)];                                  \
-            r[i] = __builtin_shuffle(a, c, (vi)LO);                       \
-            r[i | (B)] = __builtin_shuffle(a, c, (vi)HI);                 \
+#define SWAP_LEVEL(VF, W, B, LO, HI)                                                                       \
+    for (int i_ = 0; i_ < (W); i_++)                                                                       \
+        if (!(i_ & (B))) {                                                                                 \
+            VF a_ = r[i_], c_ = r[i_ | (B)];                                                               \
+            r[i_] = __builtin_shuffle(a_, c_, LO);                                                         \
+            r[i_ | (B)] = __builtin_shuffle(a_, c_, HI);                                                   \
         }
-    LEVEL(8, ((vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
-          ((vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))
-    LEVEL(4, ((vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
-          ((vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))
-    LEVEL(2, ((vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
-          ((vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))
-    LEVEL(1, ((vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
-          ((vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
-#undef LEVEL
-}
 
-/* VEC_SUM: the step totals are summed in int32 lanes before the transpose (exact for 8- and 16-bit counts
- * while E < 2^15 x 16); otherwise in an int64 (or double, for float32) loop over each step's counts. */
-#define LOAD_TILE(NAME, T, ACC, VEC_SUM)                                                                    \
-    typedef T NAME##_v __attribute__((vector_size(sizeof(T) * VW)));                                         \
-    CLONES static void NAME(const T *counts, i64 L, i64 E, i64 l, i64 t0, i64 nt, i64 tw, float *x, \
-                            unsigned char *zero, double *total, int have_total) {                            \
-        const vf vzero = {0};                                                                                \
-        const int vec_sum = VEC_SUM && !have_total && E < 16 * 32768;                                        \
-        vi sums[TILE];                                                                                       \
-        if (vec_sum) memset(sums, 0, sizeof sums);                                                           \
-        i64 e16 = E - E % VW;                                                                                \
-        for (i64 e0 = 0; e0 < e16; e0 += VW) {                                                               \
-            vi z = {0};                                                                                      \
-            for (i64 j0 = 0; j0 < tw; j0 += VW) {                                                            \
-                vf r[VW];                                                                                    \
-                for (int jj = 0; jj < VW; jj++) {                                                            \
-                    if (j0 + jj < nt) {                                                                      \
-                        NAME##_v u;                                                                          \
-                        memcpy(&u, counts + ((t0 + j0 + jj) * L + l) * E + e0, sizeof u);                    \
-                        if (vec_sum) sums[j0 + jj] += __builtin_convertvector(u, vi);                        \
-                        r[jj] = __builtin_convertvector(u, vf);                                              \
-                        z |= r[jj] <= vzero;                                                                 \
-                    } else {                                                                                 \
-                        r[jj] = vzero;                                                                       \
-                    }                                                                                        \
-                }                                                                                            \
-                transpose16(r);                                                                              \
-                for (int i = 0; i < VW; i++) memcpy(x + (e0 + i) * tw + j0, &r[i], sizeof(vf));              \
-            }                                                                                                \
-            for (int i = 0; i < VW; i++) zero[e0 + i] = z[i] != 0;                                           \
-        }                                                                                                    \
-        for (i64 e = e16; e < E; e++) {                                                                      \
-            unsigned char z = 0;                                                                             \
-            for (i64 j = 0; j < tw; j++) {                                                                   \
-                float v = j < nt ? (float)counts[((t0 + j) * L + l) * E + e] : 0.0f;                         \
-                x[e * tw + j] = v;                                                                           \
-                if (j < nt) z |= v <= 0.0f;                                                                  \
-            }                                                                                                \
-            zero[e] = z;                                                                                     \
-        }                                                                                                    \
-        if (have_total) return;                                                                              \
-        for (i64 j = 0; j < nt; j++) {                                                                       \
-            const T *src = counts + ((t0 + j) * L + l) * E;                                                  \
-            ACC s = 0;                                                                                       \
-            if (vec_sum) {                                                                                   \
-                for (int i = 0; i < VW; i++) s += (ACC)sums[j][i];                                           \
-                for (i64 e = e16; e < E; e++) s += (ACC)src[e];                                              \
-            } else {                                                                                         \
-                for (i64 e = 0; e < E; e++) s += (ACC)src[e];                                                \
-            }                                                                                                \
-            total[(t0 + j) * L + l] = (double)s;                                                             \
-        }                                                                                                    \
+#define TRANSPOSE16                                                                                        \
+    SWAP_LEVEL(vf16, 16, 8, ((vi16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),              \
+               ((vi16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))                     \
+    SWAP_LEVEL(vf16, 16, 4, ((vi16){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),            \
+               ((vi16){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))                       \
+    SWAP_LEVEL(vf16, 16, 2, ((vi16){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),            \
+               ((vi16){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))                       \
+    SWAP_LEVEL(vf16, 16, 1, ((vi16){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),           \
+               ((vi16){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
+
+#define TRANSPOSE8                                                                                         \
+    SWAP_LEVEL(vf8, 8, 4, ((vi8){0, 1, 2, 3, 8, 9, 10, 11}), ((vi8){4, 5, 6, 7, 12, 13, 14, 15}))          \
+    SWAP_LEVEL(vf8, 8, 2, ((vi8){0, 1, 8, 9, 4, 5, 12, 13}), ((vi8){2, 3, 10, 11, 6, 7, 14, 15}))          \
+    SWAP_LEVEL(vf8, 8, 1, ((vi8){0, 8, 2, 10, 4, 12, 6, 14}), ((vi8){1, 9, 3, 11, 5, 13, 7, 15}))
+
+#define TRANSPOSE4                                                                                         \
+    SWAP_LEVEL(vf4, 4, 2, ((vi4){0, 1, 4, 5}), ((vi4){2, 3, 6, 7}))                                        \
+    SWAP_LEVEL(vf4, 4, 1, ((vi4){0, 4, 2, 6}), ((vi4){1, 5, 3, 7}))
+
+/* ---- tile loading: x[e][j] = counts[t0 + j][l][e] as float32 (0 for nt <= j < tw), zero[e] = some step
+ * j < nt has x[e][j] <= 0, total[t0 + j][l] = sum over e (exact for integer kinds). VEC_SUM: the totals
+ * are summed in int32 lanes before the transpose (exact for 8- and 16-bit counts while E < W x 2^15);
+ * otherwise in an int64 loop over each step's counts (float32: the caller's totals, have_total) ---- */
+
+#define LOAD_TILE(NAME, T, VEC_SUM, W, ATTR)                                                               \
+    ATTR static void NAME(const T *counts, i64 L, i64 E, i64 l, i64 t0, i64 nt, i64 tw, float *x,          \
+                          unsigned char *zero, double *total, int have_total) {                            \
+        typedef T tv_ __attribute__((vector_size(sizeof(T) * W)));                                         \
+        const vf##W vzero = {0};                                                                           \
+        const int vec_sum = VEC_SUM && !have_total && E < (W) * 32768;                                     \
+        vi##W sums[TILE];                                                                                  \
+        if (vec_sum) memset(sums, 0, sizeof sums);                                                         \
+        i64 ew = E - E % (W);                                                                              \
+        for (i64 e0 = 0; e0 < ew; e0 += W) {                                                               \
+            vi##W z = {0};                                                                                 \
+            for (i64 j0 = 0; j0 < tw; j0 += W) {                                                           \
+                vf##W r[W];                                                                                \
+                for (int jj = 0; jj < (W); jj++) {                                                         \
+                    if (j0 + jj < nt) {                                                                    \
+                        tv_ u;                                                                             \
+                        memcpy(&u, counts + ((t0 + j0 + jj) * L + l) * E + e0, sizeof u);                  \
+                        if (vec_sum) sums[j0 + jj] += __builtin_convertvector(u, vi##W);                   \
+                        r[jj] = __builtin_convertvector(u, vf##W);                                         \
+                        z |= r[jj] <= vzero;                                                               \
+                    } else {                                                                               \
+                        r[jj] = vzero;                                                                     \
+                    }                                                                                      \
+                }                                                                                          \
+                TRANSPOSE##W                                                                               \
+                for (int i = 0; i < (W); i++) memcpy(x + (e0 + i) * tw + j0, &r[i], sizeof r[i]);          \
+            }                                                                                              \
+            for (int i = 0; i < (W); i++) zero[e0 + i] = z[i] != 0;                                        \
+        }                                                                                                  \
+        for (i64 e = ew; e < E; e++) {                                                                     \
+            unsigned char z = 0;                                                                           \
+            for (i64 j = 0; j < tw; j++) {                                                                 \
+                float v = j < nt ? (float)counts[((t0 + j) * L + l) * E + e] : 0.0f;                       \
+                x[e * tw + j] = v;                                                                         \
+                if (j < nt) z |= v <= 0.0f;                                                                \
+            }                                                                                              \
+            zero[e] = z;                                                                                   \
+        }                                                                                                  \
+        if (have_total) return;                                                                            \
+        for (i64 j = 0; j < nt; j++) {                                                                     \
+            const T *src = counts + ((t0 + j) * L + l) * E;                                                \
+            i64 s = 0;                                                                                     \
+            if (vec_sum) {                                                                                 \
+                for (int i = 0; i < (W); i++) s += (i64)sums[j][i];                                        \
+                for (i64 e = ew; e < E; e++) s += (i64)src[e];                                             \
+            } else {                                                                                       \
+                for (i64 e = 0; e < E; e++) s += (i64)src[e];                                              \
+            }                                                                                              \
+            total[(t0 + j) * L + l] = (double)s;                                                           \
+        }                                                                                                  \
     }
 
-LOAD_TILE(load_u8, uint8_t, i64, 1)
-LOAD_TILE(load_u16, uint16_t, i64, 1)
-LOAD_TILE(load_u32, uint32_t, i64, 0)
-LOAD_TILE(load_i32, int32_t, i64, 0)
-LOAD_TILE(load_i64, int64_t, i64, 0)
-LOAD_TILE(load_f32, float, double, 0) /* its total comes from the caller (have_total) */
-
-static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero) {
-    i64 L = jb->L, E = jb->E;
-    double *tot = jb->total;
-    int have = jb->have_total;
-    switch (jb->kind) {
-        case 'B': load_u8((const uint8_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
-        case 'H': load_u16((const uint16_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
-        case 'I': load_u32((const uint32_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
-        case 'i': load_i32((const int32_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
-        case 'q': load_i64((const int64_t *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
-        default: load_f32((const float *)jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;
-    }
-}
-
-/* ---- one tile of one layer, every placement: GPU g sums slots bounds[g] .. bounds[g+1]-1 ---- */
-
-/* lane-wise a > b ? a : b and a < b ? a : b (macros: 64-byte vectors are not passed to functions) */
-#define VMAX(A, B) ((vf)(((vi)(A) & ((A) > (B))) | ((vi)(B) & ~((A) > (B)))))
-#define VMIN(A, B) ((vf)(((vi)(A) & ((A) < (B))) | ((vi)(B) & ~((A) < (B)))))
+/* lane-wise a > b ? a : b and a < b ? a : b */
+#define VMAX(VI, VF, A, B) ((VF)(((VI)(A) & ((A) > (B))) | ((VI)(B) & ~((A) > (B)))))
+#define VMIN(VI, VF, A, B) ((VF)(((VI)(A) & ((A) < (B))) | ((VI)(B) & ~((A) < (B)))))
 
 /* Adds slot S, unless its share is <= 0, to a GPU's rows ACC and active slots ACT (NVX vectors of steps, x
- * rows VW x NVX apart); FIXED counts the slots active at every step of the tile (no zero count in it). */
-#define ADD_SLOT(ACC, ACT, FIXED, S, NVX)                                                                  \
+ * rows STRIDE floats apart); FIXED counts the slots active at every step of the tile (no zero count in it). */
+#define ADD_SLOT(VI, VF, ACC, ACT, FIXED, S, NVX, STRIDE)                                                  \
     do {                                                                                                   \
         const float w_ = share[S];                                                                         \
         if (!(w_ <= 0.0f)) {                                                                               \
-            const vf vw_ = vzero + w_;                                                                     \
+            const VF vw_ = vzero + w_;                                                                     \
             const i64 e_ = expert[S];                                                                      \
-            const vf *xe_ = (const vf *)(x + e_ * (VW * NVX));                                             \
-            for (int v = 0; v < NVX; v++) ACC[v] = ACC[v] + xe_[v] * vw_;                                  \
+            const VF *xe_ = (const VF *)(x + e_ * (STRIDE));                                               \
+            for (int v = 0; v < (NVX); v++) ACC[v] = ACC[v] + xe_[v] * vw_;                                \
             if (zero[e_]) {                                                                                \
-                for (int v = 0; v < NVX; v++) ACT[v] = ACT[v] + (vf)((vi)vone & (xe_[v] > vzero));         \
+                for (int v = 0; v < (NVX); v++) ACT[v] = ACT[v] + (VF)((VI)vone & (xe_[v] > vzero));       \
             } else {                                                                                       \
                 FIXED += 1.0f;                                                                             \
             }                                                                                              \
         }                                                                                                  \
     } while (0)
 
-/* One tile of one layer (nt <= VW x NVX steps), every placement: GPU g sums slots bounds[g] .. bounds[g+1]-1. */
-#define TILE_PLACEMENTS(NAME, NVX)                                                                         \
-    CLONES static void NAME(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) { \
+/* One tile of one layer (nt <= UNITS x UNIT steps, x rows UNITS x UNIT floats), every placement: GPU g sums
+ * slots bounds[g] .. bounds[g+1]-1. */
+#define TILE_PLACEMENTS(NAME, UNITS, W, ATTR)                                                              \
+    ATTR static void NAME(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) { \
+        enum { NVX = (UNITS) * UNIT / (W) };                                                               \
         const i64 K = jb->K, P = jb->P, G = jb->G, n = jb->n, L = jb->L;                                   \
-        const vf vzero = {0}, vone = vzero + 1.0f;                                                         \
+        const vf##W vzero = {0}, vone = vzero + 1.0f;                                                      \
         for (i64 k = 0; k < K; k++) {                                                                      \
             const i64 *expert = jb->expert + (l * K + k) * P;                                              \
             const float *share = jb->share + (l * K + k) * P;                                              \
             const i64 *bounds = jb->bounds + k * (G + 1);                                                  \
-            vf mx[NVX], mn[NVX], am[NVX];                                                                  \
+            vf##W mx[NVX], mn[NVX], am[NVX];                                                               \
             for (int v = 0; v < NVX; v++) mx[v] = mn[v] = am[v] = vzero; /* G >= 1: set by GPU 0 */        \
             for (i64 g = 0; g < G; g++) {                                                                  \
-                vf acc[NVX], act[NVX];                                                                     \
+                vf##W acc[NVX], act[NVX];                                                                  \
                 for (int v = 0; v < NVX; v++) acc[v] = act[v] = vzero;                                     \
                 float fixed = 0.0f;                                                                        \
-                for (i64 s = bounds[g]; s < bounds[g + 1]; s++) ADD_SLOT(acc, act, fixed, s, NVX);         \
+                for (i64 s = bounds[g]; s < bounds[g + 1]; s++)                                            \
+                    ADD_SLOT(vi##W, vf##W, acc, act, fixed, s, NVX, (UNITS) * UNIT);                       \
                 for (int v = 0; v < NVX; v++) act[v] = act[v] + fixed;                                     \
                 if (g == 0) {                                                                              \
                     for (int v = 0; v < NVX; v++) mx[v] = mn[v] = acc[v], am[v] = act[v];                  \
                 } else {                                                                                   \
                     for (int v = 0; v < NVX; v++) {                                                        \
-                        mx[v] = VMAX(acc[v], mx[v]);                                                       \
-                        mn[v] = VMIN(acc[v], mn[v]);                                                       \
-                        am[v] = VMAX(act[v], am[v]);                                                       \
+                        mx[v] = VMAX(vi##W, vf##W, acc[v], mx[v]);                                         \
+                        mn[v] = VMIN(vi##W, vf##W, acc[v], mn[v]);                                         \
+                        am[v] = VMAX(vi##W, vf##W, act[v], am[v]);                                         \
                     }                                                                                      \
                 }                                                                                          \
                 if (jb->rows) {                                                                            \
-                    float a[VW * NVX], c[VW * NVX];                                                        \
+                    float a[(UNITS) * UNIT], c[(UNITS) * UNIT];                                            \
                     memcpy(a, acc, sizeof a);                                                              \
                     memcpy(c, act, sizeof c);                                                              \
                     for (i64 j = 0; j < nt; j++) {                                                         \
@@ -229,7 +223,7 @@ static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, un
                     }                                                                                      \
                 }                                                                                          \
             }                                                                                              \
-            float hi[VW * NVX], lo[VW * NVX], most[VW * NVX];                                              \
+            float hi[(UNITS) * UNIT], lo[(UNITS) * UNIT], most[(UNITS) * UNIT];                            \
             memcpy(hi, mx, sizeof hi);                                                                     \
             memcpy(lo, mn, sizeof lo);                                                                     \
             memcpy(most, am, sizeof most);                                                                 \
@@ -244,19 +238,66 @@ static void load_tile(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, un
         }                                                                                                  \
     }
 
-/* a tile of TILE steps, and narrower ones for a block's last steps */
-TILE_PLACEMENTS(tile_placements_4, 4)
-TILE_PLACEMENTS(tile_placements_3, 3)
-TILE_PLACEMENTS(tile_placements_2, 2)
-TILE_PLACEMENTS(tile_placements_1, 1)
+typedef void (*load_fn)(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero);
+typedef void (*place_fn)(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt);
 
-static void tile_placements(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) {
-    switch ((nt + VW - 1) / VW) {
-        case 1: tile_placements_1(jb, x, zero, l, t0, nt); break;
-        case 2: tile_placements_2(jb, x, zero, l, t0, nt); break;
-        case 3: tile_placements_3(jb, x, zero, l, t0, nt); break;
-        default: tile_placements_4(jb, x, zero, l, t0, nt); break;
+/* Everything for one vector width: loaders per count type, placements per tile width, and dispatchers. */
+#define ISA(SUF, W, ATTR)                                                                                  \
+    LOAD_TILE(load_u8_##SUF, uint8_t, 1, W, ATTR)                                                          \
+    LOAD_TILE(load_u16_##SUF, uint16_t, 1, W, ATTR)                                                        \
+    LOAD_TILE(load_u32_##SUF, uint32_t, 0, W, ATTR)                                                        \
+    LOAD_TILE(load_i32_##SUF, int32_t, 0, W, ATTR)                                                         \
+    LOAD_TILE(load_i64_##SUF, int64_t, 0, W, ATTR)                                                         \
+    LOAD_TILE(load_f32_##SUF, float, 0, W, ATTR)                                                           \
+    TILE_PLACEMENTS(place1_##SUF, 1, W, ATTR)                                                              \
+    TILE_PLACEMENTS(place2_##SUF, 2, W, ATTR)                                                              \
+    TILE_PLACEMENTS(place3_##SUF, 3, W, ATTR)                                                              \
+    TILE_PLACEMENTS(place4_##SUF, 4, W, ATTR)                                                              \
+    static void load_##SUF(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero) {  \
+        i64 L = jb->L, E = jb->E;                                                                          \
+        double *tot = jb->total;                                                                           \
+        int have = jb->have_total;                                                                         \
+        switch (jb->kind) {                                                                                \
+            case 'B': load_u8_##SUF(jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;           \
+            case 'H': load_u16_##SUF(jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;          \
+            case 'I': load_u32_##SUF(jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;          \
+            case 'i': load_i32_##SUF(jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;          \
+            case 'q': load_i64_##SUF(jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;          \
+            default: load_f32_##SUF(jb->counts, L, E, l, t0, nt, tw, x, zero, tot, have); break;           \
+        }                                                                                                  \
+    }                                                                                                      \
+    static void place_##SUF(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) { \
+        switch ((nt + UNIT - 1) / UNIT) {                                                                  \
+            case 1: place1_##SUF(jb, x, zero, l, t0, nt); break;                                           \
+            case 2: place2_##SUF(jb, x, zero, l, t0, nt); break;                                           \
+            case 3: place3_##SUF(jb, x, zero, l, t0, nt); break;                                           \
+            default: place4_##SUF(jb, x, zero, l, t0, nt); break;                                          \
+        }                                                                                                  \
     }
+
+ISA(base, 4, )
+#ifdef EPLB_X86
+ISA(avx2, 8, __attribute__((target("avx2"))))
+ISA(avx512, 16, __attribute__((target("avx512f"))))
+#endif
+
+static load_fn load_tile = load_base;
+static place_fn tile_placements = place_base;
+static const char *isa_name = "base";
+
+static void pick_isa(void) {
+#ifdef EPLB_X86
+    const char *want = getenv("EPLB_EVALUATE_ISA");
+    int cap = 2; /* 0 base, 1 avx2, 2 avx512 */
+    if (want && !strcmp(want, "base")) cap = 0;
+    if (want && !strcmp(want, "avx2")) cap = 1;
+    __builtin_cpu_init();
+    if (cap >= 2 && __builtin_cpu_supports("avx512f")) {
+        load_tile = load_avx512, tile_placements = place_avx512, isa_name = "avx512";
+    } else if (cap >= 1 && __builtin_cpu_supports("avx2")) {
+        load_tile = load_avx2, tile_placements = place_avx2, isa_name = "avx2";
+    }
+#endif
 }
 
 /* The counts of layer l's tile, one row of E counts per step, rows L x E apart: fetched ahead into cache. */
@@ -283,7 +324,7 @@ static void *run_job(void *arg) {
     }
     for (i64 t0 = 0; t0 < jb->n; t0 += TILE) {
         i64 nt = jb->n - t0 < TILE ? jb->n - t0 : TILE;
-        i64 tw = (nt + VW - 1) / VW * VW; /* x[E][tw] */
+        i64 tw = (nt + UNIT - 1) / UNIT * UNIT; /* x[E][tw] */
         for (i64 l = jb->l0; l < jb->l1; l++) {
             load_tile(jb, l, t0, nt, tw, x, zero);
             if (l + 1 < jb->l1) prefetch_tile(jb, l + 1, t0, nt); /* its rows arrive while this layer sums */
@@ -431,4 +472,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_evaluate",
                                     "Replay evaluation's compiled pass (eplb/replay/_evaluate.c).", -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__evaluate(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__evaluate(void) {
+    pick_isa();
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddStringConstant(m, "instruction_set", isa_name) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
