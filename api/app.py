@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.inline import InlineLane
+from api.inline import FastLane
 from api.jobs import JobStore, MemoryJobStore
 from api.metrics import Metrics
 from api.middleware import Gate
@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
     metrics = Metrics()
     pool = SolvePool(settings.solver_workers, settings.queue_limit)
     parsers = SolvePool(1, PARSE_QUEUE)  # large bodies are parsed apart from solving: a busy solver delays no 202
-    lane = InlineLane(settings.inline_threads, settings.queue_limit)  # small requests of fast solvers, in-process
+    lane = FastLane(settings.inline_threads, settings.queue_limit, pool)  # small requests of the fast solvers
     store = job_store or MemoryJobStore(settings.max_jobs, settings.job_ttl_s)
 
     @asynccontextmanager

@@ -186,8 +186,7 @@ def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
     loads array; the model's own `loads` is then empty. Raises ProblemError: 400 for bytes that are not JSON or
     .npy, 422 naming the field otherwise."""
     if body.kind == "json":
-        fast = _fast_json(model, body.data)
-        return fast if fast is not None else (_validate(model, body.data), None)
+        return _validate(model, body.data), None
     loads = _read_npy(body.data)
     try:
         fields = orjson.loads(body.request or "{}")
@@ -198,28 +197,6 @@ def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
     if "loads" in fields:
         raise invalid([{"field": "loads", "message": "given in the .npy body; leave it out of 'request'"}])
     return _validate(model, orjson.dumps({**fields, "loads": []})), loads
-
-
-def _fast_json(model: type[M], data: bytes) -> tuple[M, NDArray[np.float64]] | None:
-    """The common body read fast: orjson parses it, numpy takes the loads as one [layers, E] array, and the model
-    validates only the other fields (pydantic checking 15,000 numbers one by one costs more than the rest of the
-    parse). None when the loads are not plainly a 2-D array of JSON numbers: the caller then validates the whole
-    body with the model, for the exact answer (and the field's name) whatever the input.
-
-    Equivalent to the model's strict `list[list[float]]`: no JSON literal true/false anywhere in the body (a bool
-    is not a load, and numpy would take it as 1), and an int or float dtype (strings, nulls, objects and ragged
-    rows give another dtype or raise); NaN and Infinity are not JSON to orjson, so they take the slow path too."""
-    if b"true" in data or b"false" in data:
-        return None
-    try:
-        fields = orjson.loads(data)
-        loads = fields.pop("loads") if isinstance(fields, dict) else None
-        array = np.array(loads) if isinstance(loads, list) and loads else None
-    except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, OverflowError):
-        return None
-    if array is None or array.ndim != 2 or array.dtype.kind not in "iuf":
-        return None
-    return _validate(model, orjson.dumps({**fields, "loads": []})), array.astype(np.float64, copy=False)
 
 
 def _validate(model: type[M], data: bytes) -> M:

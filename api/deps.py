@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.inline import InlineLane
+from api.inline import FastLane
 from api.jobs import JobStore
 from api.metrics import Metrics
 from api.pool import SolvePool
@@ -36,8 +36,8 @@ def get_parsers(request: Request) -> SolvePool:
     return pool
 
 
-def get_inline(request: Request) -> InlineLane:
-    lane: InlineLane = request.app.state.inline
+def get_inline(request: Request) -> FastLane:
+    lane: FastLane = request.app.state.inline
     return lane
 
 
@@ -54,7 +54,7 @@ def get_metrics(request: Request) -> Metrics:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 PoolDep = Annotated[SolvePool, Depends(get_pool)]
 ParsersDep = Annotated[SolvePool, Depends(get_parsers)]  # one process that parses and validates request bodies
-InlineDep = Annotated[InlineLane, Depends(get_inline)]  # threads of this process for small, fast requests
+InlineDep = Annotated[FastLane, Depends(get_inline)]  # small requests of the fast solvers: a thread, else a worker
 JobsDep = Annotated[JobStore, Depends(get_jobs)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 

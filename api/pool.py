@@ -91,6 +91,7 @@ class SolvePool:
         self._running: dict[int, _Worker] = {}
         self._closed = False
         self._tokens = itertools.count(1)
+        self._listeners: list[Callable[[], None]] = []
 
     def token(self) -> int:
         """A new task id for `submit` and `cancel`."""
@@ -115,6 +116,15 @@ class SolvePool:
         self._idle = asyncio.Queue()
         for _ in range(self.size):
             self._idle.put_nowait(self._spawn())
+
+    @property
+    def free(self) -> int:
+        """Idle workers no waiting task has a claim on: this many tasks submitted now start at once."""
+        return 0 if self._idle is None or self._closed else max(0, self._idle.qsize() - self._waiting)
+
+    def on_release(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` (in the event loop) whenever a worker becomes idle."""
+        self._listeners.append(listener)
 
     def has_room(self) -> bool:
         return self._waiting < self.queue_limit or (self._idle is not None and not self._idle.empty())
@@ -187,6 +197,8 @@ class SolvePool:
     def _release(self, worker: _Worker) -> None:
         if self._idle is not None and not self._closed:
             self._idle.put_nowait(worker)
+            for listener in self._listeners:
+                listener()
 
     def _replace(self, worker: _Worker) -> None:
         _kill_tree(worker.process)

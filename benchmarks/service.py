@@ -1,9 +1,16 @@
-"""Load test of the placement service: a real `eplb serve` on loopback, greedy 58 x 256 requests (the embedded
-DeepSeek-V3 window, EP32 with 288 slots), 1 and then 8 concurrent clients, each run bounded in time and in
-requests. Prints latency p50/p90/p99 (ms) and throughput (req/s) per client count, for JSON and for .npy loads,
-and where one request's time goes inside the server (parse + validate, solve, build + serialize).
+"""Load test of the placement service: real `eplb serve` processes on loopback, greedy 58 x 256 requests (the
+embedded DeepSeek-V3 window, EP32 with 288 slots), 1 and then 8 concurrent clients, each run bounded in time and
+in requests. Prints latency p50/p90/p99 (ms) and throughput (req/s) per client count, for JSON and for .npy
+loads, the server's CPU time per request (its process and its solver processes), and where one request's time
+goes inside the server (parse + validate, solve, build + serialize).
 
-    python benchmarks/service.py [--seconds 10] [--max-requests 2000] [--workers 2]
+Two servers run side by side and take turns, so both see the same machine: `inline` (the default fast lane: the
+request is parsed, solved and serialized in a thread of the server process, or in one idle solver process when
+that thread is busy) and `processes` (EPLB_INLINE_SOLVERS empty: a parser process, then a solver process, the
+path every request took before). Bodies are encoded once, so the client's JSON encoding is not part of the
+latency.
+
+    python benchmarks/service.py [--seconds 10] [--max-requests 2000] [--workers 2] [--paths inline,processes]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,9 +47,12 @@ def free_port() -> int:
         return port
 
 
-def start_server(workers: int) -> tuple[subprocess.Popen[bytes], str]:
+PATHS = {"inline": {}, "processes": {"EPLB_INLINE_SOLVERS": ""}}  # extra environment of each server
+
+
+def start_server(workers: int, extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "EPLB_SOLVER_WORKERS": str(workers), "EPLB_QUEUE_LIMIT": "64"}
+    env = {**os.environ, "EPLB_SOLVER_WORKERS": str(workers), "EPLB_QUEUE_LIMIT": "64", **extra}
     proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -57,7 +68,20 @@ def start_server(workers: int) -> tuple[subprocess.Popen[bytes], str]:
         time.sleep(0.2)
 
 
-def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[str, Any]) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its live descendants, from /proc (0 where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [int(c) for task in os.listdir(f"/proc/{pid}/task")
+                    for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(c) for c in children)
+
+
+def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[str, Any],
+        pid: int = 0) -> dict[str, float]:
     """`clients` threads, each with its own connection, post until the time or the request budget is spent."""
     latencies: list[float] = []
     errors = [0]
@@ -84,6 +108,7 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
     for _ in range(2):  # warm the workers (imports, first solve)
         httpx.post(f"{base}/placement", timeout=60, **send).raise_for_status()
     stop = time.monotonic() + seconds
+    cpu = cpu_seconds(pid)
     began = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -91,13 +116,16 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
     for t in threads:
         t.join()
     wall = time.perf_counter() - began
+    cpu = cpu_seconds(pid) - cpu
     ms = np.array(latencies or [float("nan")]) * 1000
     return {"requests": len(latencies), "errors": errors[0], "p50": float(np.percentile(ms, 50)),
-            "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)), "req_s": len(latencies) / wall}
+            "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)), "req_s": len(latencies) / wall,
+            "cpu_ms": cpu * 1000 / max(1, len(latencies) + errors[0])}
 
 
-def breakdown(loads: np.ndarray[Any, Any], repeats: int = 20) -> dict[str, float]:
-    """Median ms of each stage of one request, in this process (what the parser and a solver worker do)."""
+def breakdown(loads: np.ndarray[Any, Any], repeats: int = 30) -> dict[str, float]:
+    """Median ms of each stage of one request, in this process (what the fast lane, or the parser and a solver
+    worker, do)."""
     body = convert.Body(json.dumps({**FIELDS, "loads": loads.tolist()}).encode(), "json", "/placement")
     buffer = io.BytesIO()
     np.save(buffer, loads)
@@ -127,7 +155,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="time per run (default 10)")
     p.add_argument("--max-requests", type=int, default=2000, help="requests per run at most (default 2000)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="solver processes (default: CPUs)")
+    p.add_argument("--paths", default="inline,processes",
+                   help=f"servers to measure, taking turns (default inline,processes; of {', '.join(PATHS)})")
     args = p.parse_args()
+    paths = [name.strip() for name in args.paths.split(",") if name.strip()]
+    if not paths or any(name not in PATHS for name in paths):
+        raise SystemExit(f"--paths: choose among {', '.join(PATHS)}")
     loads = read_window(None).loads
     print(f"window {loads.shape[0]} x {loads.shape[1]}, greedy, 32 GPUs x 9 slots; {os.cpu_count()} CPUs, "
           f"{args.workers} solver workers")
@@ -135,22 +168,28 @@ def main() -> None:
     buffer = io.BytesIO()
     np.save(buffer, loads)
     kinds = {
-        "json": {"json": {**FIELDS, "loads": loads.tolist()}},
+        "json": {"content": orjson.dumps({**FIELDS, "loads": loads.tolist()}),
+                 "headers": {"content-type": "application/json"}},
         "npy": {"content": buffer.getvalue(), "params": {"request": json.dumps(FIELDS)},
                 "headers": {"content-type": "application/x-npy"}},
     }
-    proc, base = start_server(args.workers)
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     try:
-        print(f"{'body':5} {'clients':>7} {'requests':>8} {'errors':>6} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} "
-              f"{'req/s':>6}")
+        for name in paths:
+            servers[name] = start_server(args.workers, PATHS[name])
+        print(f"{'path':9} {'body':5} {'clients':>7} {'requests':>8} {'errors':>6} {'p50 ms':>7} {'p90 ms':>7} "
+              f"{'p99 ms':>7} {'req/s':>6} {'cpu ms/req':>10}")
         for kind, send in kinds.items():
             for clients in (1, 8):
-                r = run(base, clients, args.seconds, args.max_requests, send)
-                print(f"{kind:5} {clients:>7} {r['requests']:>8} {r['errors']:>6} {r['p50']:>7.1f} {r['p90']:>7.1f} "
-                      f"{r['p99']:>7.1f} {r['req_s']:>6.1f}")
+                for name, (proc, base) in servers.items():
+                    r = run(base, clients, args.seconds, args.max_requests, send, proc.pid)
+                    print(f"{name:9} {kind:5} {clients:>7} {r['requests']:>8} {r['errors']:>6} {r['p50']:>7.1f} "
+                          f"{r['p90']:>7.1f} {r['p99']:>7.1f} {r['req_s']:>6.1f} {r['cpu_ms']:>10.2f}")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for proc, _ in servers.values():
+            proc.terminate()
+        for proc, _ in servers.values():
+            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
 
+from api.inline import FastLane
 from api.pool import QueueFull, SolvePool, TaskCancelled, WorkerDied
 from eplb.errors import EplbError
 
@@ -62,6 +64,71 @@ def test_queue_full_and_cancel() -> None:
             assert time.monotonic() - started < 10  # stopped, not waited out
             assert await pool.submit(add, 12, a=1, b=1) == 2
         finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def where(_: int) -> int:
+    return os.getpid()  # the server's pid in a lane thread, a worker's in a solver process
+
+
+def test_fast_lane_takes_its_thread_then_idle_workers_then_queues_in_order() -> None:
+    async def scenario() -> None:
+        pool = SolvePool(workers=1, queue_limit=0)
+        lane = FastLane(threads=1, queue_limit=2, pool=pool)
+        await pool.start()
+        await lane.start()
+        try:
+            assert await lane.submit(where, _=0) == os.getpid()  # idle: the thread, no hop
+            assert await pool.submit(add, 1, a=1, b=1) == 2  # the worker is up
+            blocker = threading.Event()
+            first = asyncio.create_task(lane.submit(blocker.wait, timeout=30))  # holds the thread
+            await asyncio.sleep(0.05)
+            assert lane.running == 1
+            assert await lane.submit(where, _=1) != os.getpid()  # thread busy, worker idle: the worker
+            slow = asyncio.create_task(lane.submit(sleep, seconds=0.5))  # the worker, busy now
+            await asyncio.sleep(0.05)
+            assert pool.free == 0
+            order: list[int] = []
+
+            async def queued(n: int) -> None:
+                await lane.submit(add, a=n, b=0)
+                order.append(n)
+
+            waiting = [asyncio.create_task(queued(n)) for n in (1, 2)]
+            await asyncio.sleep(0.05)
+            assert lane.waiting == 2 and not lane.has_room()
+            with pytest.raises(QueueFull):
+                await lane.submit(add, a=0, b=0)
+            blocker.set()
+            await asyncio.gather(first, slow, *waiting)
+            assert order == [1, 2] and lane.waiting == 0 and lane.running == 0  # first come, first served
+        finally:
+            await lane.close()
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_fast_lane_never_waits_behind_a_long_task_in_the_pool() -> None:
+    async def scenario() -> None:
+        pool = SolvePool(workers=1, queue_limit=1)
+        lane = FastLane(threads=1, queue_limit=1, pool=pool)
+        await pool.start()
+        await lane.start()
+        try:
+            long = asyncio.create_task(pool.submit(sleep, 1, seconds=30))  # a MILP-like job holds the worker
+            while pool.running == 0:
+                await asyncio.sleep(0.05)
+            started = time.monotonic()
+            assert await lane.submit(where, _=0) == os.getpid()
+            assert time.monotonic() - started < 5
+            assert pool.cancel(1)
+            with pytest.raises(TaskCancelled):
+                await long
+        finally:
+            await lane.close()
             await pool.close()
 
     asyncio.run(scenario())

@@ -35,7 +35,7 @@ async def readyz(pool: PoolDep, lane: InlineDep, settings: SettingsDep) -> Any:
         return problem_response(503, "Not ready", "the solver queue is full", "/readyz",
                                 {"Retry-After": str(settings.retry_after_s)})
     return {"status": "ready", "workers": pool.size, "running": pool.running, "waiting": pool.waiting,
-            "inline": {"threads": lane.size, "running": lane.running, "waiting": lane.waiting}}
+            "lane": {"threads": lane.size, "running": lane.running, "waiting": lane.waiting}}
 
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")

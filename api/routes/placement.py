@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from api import convert
 from api.deps import Authorized, InlineDep, JobsDep, MetricsDep, ParsersDep, PoolDep, SettingsDep
-from api.inline import InlineLane
+from api.inline import FastLane
 from api.jobs import JobWork, TooManyJobs
 from api.metrics import Metrics
 from api.pool import QueueFull, SolvePool, WorkerDied
@@ -79,14 +79,19 @@ async def in_pool(pool: SolvePool, settings: Settings, fn: Any, token: int | Non
     return answer
 
 
-async def in_lane(lane: InlineLane, settings: Settings, fn: Any, **kwargs: Any) -> convert.Answer:
-    """Run a worker entry point of api/convert.py in the in-process lane; failures become problems."""
+async def in_lane(lane: FastLane, settings: Settings, fn: Any, **kwargs: Any) -> convert.Answer:
+    """Run a worker entry point of api/convert.py in the fast lane (a thread here, else a solver process);
+    failures become problems."""
     try:
         answer: convert.Answer = await lane.submit(fn, **kwargs)
     except QueueFull:
         raise busy(settings) from None
+    except WorkerDied as exc:
+        raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
     except ProblemError:
         raise
+    except RuntimeError as exc:  # the worker's report of an unexpected exception
+        raise ProblemError(500, "Solver failed", str(exc)) from None
     except Exception as exc:  # a bug, not bad input (convert answers that with a problem)
         raise ProblemError(500, "Solver failed", f"{type(exc).__name__}: {exc}") from None
     return answer
