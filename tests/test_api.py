@@ -465,3 +465,31 @@ def test_a_model_object_is_checked_by_the_one_spec_definition(base: str) -> None
                    timeout=60)
     assert r.status_code == 422
     assert r.json()["errors"] == [{"field": "model", "message": "top_k (20) must not exceed num_experts (8)"}]
+
+
+def test_the_answer_built_without_the_models_is_byte_for_byte_theirs() -> None:
+    """api.convert.answer_json writes the answer straight from the outcome (no pydantic models on the hot path):
+    the bytes equal the models' dump, whatever the outcome carries (time prediction or none, moves and a plan,
+    a bytes-less plan, a solver's own facts, hierarchy, no solver at all)."""
+    import orjson
+
+    from api.convert import answer_json
+    from eplb.solve import Cluster, CostSetup, evaluate, solve
+    from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
+    from solvers.registry import Options
+
+    cost = CostSetup(MODEL_PRESETS["deepseek-v3"], HARDWARE_PRESETS["h100"], 450e9, 4096.0)
+    cluster = Cluster(np.full(16, 17))
+    first = solve(V3, cluster, cost=cost)
+    shifted = np.roll(V3, 7, axis=1)
+    outcomes = [
+        first,
+        solve(np.array([[3.0, 1, 2]]), Cluster(np.full(2, 2))),
+        solve(V3, cluster, solver="deepseek", cost=cost),
+        solve(V3, Cluster(np.full(16, 17), 4, 8), cost=cost),
+        solve(shifted, cluster, cost=cost, current=first.placement, options=Options(max_moves=40), stage_bytes=2**31),
+        solve(shifted, cluster, current=first.placement),
+        evaluate(V3, first.placement, cost),
+    ]
+    for outcome in outcomes:
+        assert answer_json(outcome) == orjson.dumps(outcome.to_model().to_json_dict())
