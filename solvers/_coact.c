@@ -9,12 +9,15 @@
  * one per pair of GPUs (a, b): the swaps of a slot on a with a slot on b. A block's gains and
  * admissibility read only columns a and b of the affinity matrix and the loads, holdings and slots of
  * a and b, so a swap between GPUs g and h changes only the blocks that involve g or h. Every block keeps
- * its best admissible entry; a step recomputes 2G - 3 blocks and scans the G (G - 1) / 2 block bests.
+ * its best admissible entry. A changed block first gets only a cheap upper bound on its gains (O(slots)
+ * instead of O(slots^2), see bound()); the blocks sit in a max-heap by best entry or bound, and a step
+ * evaluates changed blocks from the top down only until a clean block is on top: its best entry is then
+ * the step's swap.
  *
  * Buffers are C-contiguous int64 / float64 through the buffer protocol (no numpy headers). The numpy
  * side (`solvers.coactivation._setup`) builds the pair weights, the initial affinity (its matmul) and
- * the loads, and reads the co-located weight back from the affinity this returns; it sends only finite
- * inputs here (the numpy loop handles the rest).
+ * the loads, and reads the co-located weight back from the affinity this returns. A non-finite input
+ * makes refine() return None without doing anything (the numpy loop handles those).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,6 +51,10 @@ typedef struct {
     i64 *hc;                    /* [G, E] replicas of expert e on GPU g */
     double *bv, *ta, *tb; /* bv: best gain per block (a < b) at a * G + b; ta, tb: scratch [P] */
     i64 *bi;              /* its row-major index s * P + t; -1: none */
+    double *ub;           /* per block, when dirty: no gain in it exceeds this */
+    unsigned char *dirty; /* per block: bv, bi stale (the block changed since computed) */
+    i64 *heap, *hpos, nheap; /* the blocks by best gain or bound (see sift) */
+    double w2min;         /* min of 2 W */
 } Coact;
 
 /* (v, idx) beats (bv, bi) when larger, or equal with an earlier row-major index. bi -1 with bv 1e-9:
@@ -65,9 +72,10 @@ static inline int admissible(const Coact *c, i64 s, i64 t, i64 a, i64 b) {
     return 1;
 }
 
-/* best admissible swap between GPUs a < b: entries (s, t) and (t, s), s on a, t on b */
+/* Block (a, b), a < b: its best admissible entry, over (s, t) and (t, s), s on a, t on b. An entry is
+ * checked for admissibility only when it beats the best admissible one so far. */
 static void block(Coact *c, i64 a, i64 b) {
-    const i64 P = c->P, G = c->G;
+    const i64 P = c->P, G = c->G, k = a * G + b;
     const double *A = c->A;
     const i64 na = c->first[a + 1] - c->first[a], nb = c->first[b + 1] - c->first[b];
     const i64 *ma = c->mem + c->first[a], *mb = c->mem + c->first[b];
@@ -101,31 +109,116 @@ static void block(Coact *c, i64 a, i64 b) {
             }
         }
     }
-    c->bv[a * G + b] = bv;
-    c->bi[a * G + b] = bi;
+    c->bv[k] = bv;
+    c->bi[k] = bi;
+    c->dirty[k] = 0;
 }
 
-static void blocks_of(Coact *c, i64 g) {
+/* An upper bound on every gain of block (a, b), from columns a and b of the affinity alone. Rounding to
+ * nearest is monotone, so evaluating a gain's expression (same operations, same order) with each operand
+ * replaced by one at least as favourable (the largest first difference, the smallest 2 W) gives a value
+ * at least as large: the bound is exact-safe, not approximate. */
+static double bound(const Coact *c, i64 a, i64 b) {
+    const i64 G = c->G;
+    const double *A = c->A;
+    const i64 na = c->first[a + 1] - c->first[a], nb = c->first[b + 1] - c->first[b];
+    const i64 *ma = c->mem + c->first[a], *mb = c->mem + c->first[b];
+    double U = -INFINITY, X = -INFINITY, ub = -INFINITY;
+    for (i64 i = 0; i < na; i++) {
+        double u = A[ma[i] * G + b] - A[ma[i] * G + a];
+        U = u > U ? u : U;
+    }
+    for (i64 j = 0; j < nb; j++) {
+        double x = A[mb[j] * G + a] - A[mb[j] * G + b];
+        X = x > X ? x : X;
+    }
+    for (i64 j = 0; j < nb; j++) {
+        double v = U + A[mb[j] * G + a] - A[mb[j] * G + b] - c->w2min; /* g1 = sb - sa + ta - tb - 2 w */
+        ub = v > ub ? v : ub;
+    }
+    for (i64 i = 0; i < na; i++) {
+        double v = X + A[ma[i] * G + b] - A[ma[i] * G + a] - c->w2min; /* g2 = ta - tb + sb - sa - 2 w */
+        ub = v > ub ? v : ub;
+    }
+    return ub;
+}
+
+/* The blocks in one max-heap (heap[0] on top; hpos[k]: block k's place). Order: a clean block by its best
+ * (gain, then the earlier index first), a dirty one by its bound; on equal values a dirty block comes
+ * first, so when the top is clean no dirty block can hold an entry that beats it. */
+static inline double key(const Coact *c, i64 k) { return c->dirty[k] ? c->ub[k] : c->bi[k] >= 0 ? c->bv[k] : -INFINITY; }
+
+static inline int above(const Coact *c, i64 k, i64 m) {
+    double u = key(c, k), v = key(c, m);
+    if (u != v) return u > v;
+    if (c->dirty[k] != c->dirty[m]) return c->dirty[k];
+    return !c->dirty[k] && c->bi[k] >= 0 && c->bi[k] < c->bi[m];
+}
+
+static void sift_down(Coact *c, i64 i) {
+    i64 *h = c->heap, n = c->nheap, k = h[i];
+    for (;;) {
+        i64 l = 2 * i + 1, m = i, top = k;
+        if (l < n && above(c, h[l], top)) m = l, top = h[l];
+        if (l + 1 < n && above(c, h[l + 1], top)) m = l + 1;
+        if (m == i) break;
+        h[i] = h[m];
+        c->hpos[h[i]] = i;
+        i = m;
+    }
+    h[i] = k;
+    c->hpos[k] = i;
+}
+
+/* block heap[i] has a new key: move it up or down */
+static void sift(Coact *c, i64 i) {
+    i64 *h = c->heap, k = h[i];
+    while (i > 0 && above(c, k, h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        c->hpos[h[i]] = i;
+        i = (i - 1) / 2;
+    }
+    h[i] = k;
+    c->hpos[k] = i;
+    sift_down(c, i);
+}
+
+/* block (a, b) changed: keep only its bound until a step needs it (none above 1e-9: no entry can win) */
+static void touch(Coact *c, i64 a, i64 b) {
+    i64 k = a * c->G + b;
+    double ub = bound(c, a, b);
+    c->ub[k] = ub;
+    c->dirty[k] = ub > 1e-9;
+    if (!c->dirty[k]) c->bi[k] = -1;
+}
+
+static void touch_all_of(Coact *c, i64 g) {
     for (i64 x = 0; x < c->G; x++) {
-        if (x < g) block(c, x, g);
-        else if (x > g) block(c, g, x);
+        i64 k = x < g ? x * c->G + g : g * c->G + x;
+        if (x == g) continue;
+        touch(c, x < g ? x : g, x < g ? g : x);
+        sift(c, c->hpos[k]);
     }
 }
 
 static i64 run(Coact *c, i64 max_swaps) {
     const i64 P = c->P, G = c->G, E = c->E, S = c->S;
+    c->nheap = 0;
     for (i64 a = 0; a < G; a++)
-        for (i64 b = a + 1; b < G; b++) block(c, a, b);
+        for (i64 b = a + 1; b < G; b++) {
+            touch(c, a, b);
+            c->heap[c->nheap] = a * G + b;
+            c->hpos[a * G + b] = c->nheap++;
+        }
+    for (i64 i = c->nheap / 2; i >= 0 && c->nheap > 0; i--) sift_down(c, i);
     i64 swaps = 0;
-    for (; swaps < max_swaps; swaps++) {
-        double bv = 1e-9;
-        i64 bi = -1;
-        for (i64 a = 0; a < G; a++)
-            for (i64 b = a + 1; b < G; b++)
-                if (c->bi[a * G + b] >= 0 && beats(c->bv[a * G + b], c->bi[a * G + b], bv, bi)) {
-                    bv = c->bv[a * G + b];
-                    bi = c->bi[a * G + b];
-                }
+    for (; swaps < max_swaps && c->nheap > 0; swaps++) {
+        while (c->dirty[c->heap[0]]) { /* the best bound first: evaluate it, it sinks to its exact place */
+            i64 k = c->heap[0];
+            block(c, k / G, k % G);
+            sift_down(c, 0);
+        }
+        i64 bi = c->bi[c->heap[0]];
         if (bi < 0) break;
         i64 s = bi / P, t = bi % P, g = c->gpu[s], h = c->gpu[t];
         /* numpy: affinity[:, g] += weight[:, t] - weight[:, s] (and h), gpu_load likewise */
@@ -150,8 +243,8 @@ static i64 run(Coact *c, i64 max_swaps) {
         c->pos[t] = ps;
         c->gpu[s] = h;
         c->gpu[t] = g;
-        blocks_of(c, g);
-        blocks_of(c, h);
+        touch_all_of(c, g);
+        touch_all_of(c, h);
     }
     return swaps;
 }
@@ -204,18 +297,32 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     c.hc = calloc((size_t)(G * E), sizeof(i64));
     c.bv = malloc(sizeof(double) * (size_t)(G * G));
     c.bi = malloc(sizeof(i64) * (size_t)(G * G));
+    c.ub = malloc(sizeof(double) * (size_t)(G * G));
+    c.dirty = malloc((size_t)(G * G));
+    c.heap = malloc(sizeof(i64) * (size_t)(G * G));
+    c.hpos = malloc(sizeof(i64) * (size_t)(G * G));
     c.ta = malloc(sizeof(double) * (size_t)(P + 1));
     c.tb = malloc(sizeof(double) * (size_t)(P + 1));
-    i64 swaps = -1;
-    if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ta && c.tb) {
+    i64 swaps = -2; /* -2: out of memory; -1: a non-finite input (nothing done) */
+    if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ub && c.dirty && c.heap && c.hpos &&
+        c.ta && c.tb) {
         Py_BEGIN_ALLOW_THREADS
         const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
+        int finite = 1;
+        c.w2min = INFINITY;
         for (i64 r = 0; r < P; r++)
-            for (i64 q = 0; q < P; q++) WT[q * P + r] = W[r * P + q];
+            for (i64 q = 0; q < P; q++) {
+                double x = W[r * P + q];
+                finite &= isfinite(x) != 0;
+                c.w2min = 2.0 * x < c.w2min ? 2.0 * x : c.w2min;
+                WT[q * P + r] = x;
+            }
         c.WT = WT;
+        for (i64 i = 0; i < P * G; i++) finite &= isfinite(c.A[i]) != 0;
         for (i64 k = 0; k < S; k++) {
-            for (i64 s = 0; s < P; s++) c.wt[s * S + k] = w[k * P + s];
-            for (i64 g = 0; g < G; g++) c.ld[g * S + k] = load[k * G + g];
+            finite &= isfinite(c.cap[k]) != 0;
+            for (i64 s = 0; s < P; s++) finite &= isfinite(c.wt[s * S + k] = w[k * P + s]) != 0;
+            for (i64 g = 0; g < G; g++) finite &= isfinite(c.ld[g * S + k] = load[k * G + g]) != 0;
         }
         for (i64 s = 0; s < P; s++) {
             c.first[c.gpu[s] + 1]++;
@@ -228,19 +335,21 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
             c.pos[s] = fill[c.gpu[s]]++;
             c.mem[c.pos[s]] = s;
         }
-        swaps = run(&c, max_swaps);
+        swaps = finite ? run(&c, max_swaps) : -1;
         Py_END_ALLOW_THREADS
     }
     free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
-    free(c.bv); free(c.bi); free(c.ta); free(c.tb);
+    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
-    if (swaps < 0) return PyErr_NoMemory();
+    if (swaps == -2) return PyErr_NoMemory();
+    if (swaps == -1) Py_RETURN_NONE;
     return PyLong_FromLongLong((long long)swaps);
 }
 
 static PyMethodDef methods[] = {
     {"refine", py_refine, METH_VARARGS,
-     "refine(weight, affinity, slot_loads, gpu_loads, cap, row, gpu, P, G, E, S, max_swaps) -> swaps made"},
+     "refine(weight, affinity, slot_loads, gpu_loads, cap, row, gpu, P, G, E, S, max_swaps) -> swaps made, or None "
+     "(a non-finite input: nothing done)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -91,9 +91,9 @@ def _swaps_numpy(st: _State, max_swaps: int) -> int:
     return swaps
 
 
-def _swaps_compiled(st: _State, max_swaps: int) -> int:
-    """The same swaps as `_swaps_numpy` (solvers/_coact.c); inputs must be finite. Updates st.gpu and
-    st.affinity (not st.gpu_load); returns swaps."""
+def _swaps_compiled(st: _State, max_swaps: int) -> int | None:
+    """The same swaps as `_swaps_numpy` (solvers/_coact.c). Updates st.gpu and st.affinity (not
+    st.gpu_load); returns swaps, or None (nothing done) when an input is not finite."""
     (num_rows, num_gpus), num_slots = st.gpu_load.shape, st.row.size
     c = np.ascontiguousarray
     affinity, gpu = c(st.affinity), c(st.gpu)  # C-ordered already (matmul, repeat): no copies
@@ -101,8 +101,10 @@ def _swaps_compiled(st: _State, max_swaps: int) -> int:
         c(st.weight), affinity, c(st.w), c(st.gpu_load), c(st.cap), c(st.row), gpu,
         num_slots, num_gpus, st.num_experts, num_rows, max_swaps,
     )  # fmt: skip
-    st.affinity[...] = affinity
-    st.gpu[...] = gpu
+    if affinity is not st.affinity:
+        st.affinity[...] = affinity
+    if gpu is not st.gpu:
+        st.gpu[...] = gpu
     return swaps
 
 
@@ -117,12 +119,13 @@ def _layer(
 ) -> tuple[IntArray, float, float, int]:
     """Refine one layer. row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows;
     pairs: [E, E]. Returns (new row [P], co-located pair weight before, after, swaps made). compiled:
-    the C loop where the inputs are finite (the numpy loop otherwise, or when False)."""
+    the C loop where the inputs are finite (the numpy loop otherwise, or when False: the reference)."""
     st = _setup(row, loads, pairs, slots, slack)
     idx = np.arange(row.size)
     before = float((st.affinity[idx, st.gpu]).sum() / 2)
-    finite = compiled and bool(np.isfinite(st.weight).all() and np.isfinite(st.w).all())
-    swaps = (_swaps_compiled if finite else _swaps_numpy)(st, max(int(max_swaps), 0))
+    swaps = _swaps_compiled(st, max(max_swaps, 0)) if compiled else None
+    if swaps is None:
+        swaps = _swaps_numpy(st, max_swaps)
     after = float((st.affinity[idx, st.gpu]).sum() / 2)
     order = np.argsort(st.gpu, kind="stable")
     return row[order], before, after, swaps
