@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,15 @@ class CoactivationSummary:
         return CoactivationSummary(self.tokens[:count], self.top_k, self.loads[:count], self.partners[:count],
                                    self.counts[:count])
 
+    @cached_property
+    def pick_terms(self) -> tuple[F64, F64]:
+        """(p [L, E] chance a token picks each expert, excess [L, E, E] co-activation beyond independent picks:
+        c_ij / tokens - p_i p_j), computed once per summary for `reach`."""
+        tokens = np.maximum(self.tokens.astype(np.float64), 1.0)[:, None]
+        p = np.minimum(self.loads / tokens, 1.0)
+        excess: F64 = self.pair_estimate() / tokens[:, :, None] - p[:, :, None] * p[:, None, :]
+        return p, excess
+
     def pair_estimate(self) -> F64:
         """Estimated pair counts [L, E, E] (zero diagonal): listed pairs exact; each expert's unlisted
         pair mass (load x (k - 1) minus its listed counts) spread over its unlisted partners in
@@ -425,9 +435,7 @@ def reach(
         raise EplbError(f"node limit must be >= 1, got {node_limit}")
     frac = _replica_fraction(p2l, slots, summary.num_experts)  # [L, E, G]
     node_frac = frac.reshape(frac.shape[0], frac.shape[1], -1, per_node).sum(axis=3)
-    tokens = np.maximum(summary.tokens.astype(np.float64), 1.0)[:, None]
-    p = np.minimum(summary.loads / tokens, 1.0)  # [L, E]
-    excess = summary.pair_estimate() / tokens[:, :, None] - p[:, :, None] * p[:, None, :]  # [L, E, E]
+    p, excess = summary.pick_terms
 
     def reached(f: F64) -> F64:
         log_none = np.log1p(-np.minimum(f * p[:, :, None], 1 - 1e-12)).sum(axis=1)  # [L, G]
