@@ -13,13 +13,14 @@
  *
  * The loop bodies are instantiated for three vector widths W (float lanes): 16 (AVX-512), 8 (AVX2) and 4
  * (SSE2, NEON, any target), and the widest the CPU runs is picked at import (x86-64 with GCC or Clang;
- * elsewhere W = 4). EPLB_EVALUATE_ISA=avx2|base in the environment picks a narrower one (tests).
+ * elsewhere W = 4). EPLB_EVALUATE_ISA=avx2|base in the environment picks a narrower one (tests). Without
+ * GCC/Clang vector extensions (or with -DEPLB_SCALAR) a scalar loop computes the same sums; without
+ * pthreads (Windows) the layers are not split over threads.
  *
  * No numpy headers: buffers come through the Python buffer protocol.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,18 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(EPLB_BASE_ONLY)
+/* GCC and Clang: vector extensions; any other compiler (or -DEPLB_SCALAR): the same sums, one step at a time */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(EPLB_SCALAR)
+#define EPLB_VECTORS 1
+#endif
+#if defined(EPLB_VECTORS) && defined(__x86_64__) && !defined(EPLB_BASE_ONLY)
 #define EPLB_X86 1
+#endif
+#if defined(_WIN32)
+#include <malloc.h> /* _aligned_malloc; layers are not split over threads */
+#else
+#include <pthread.h>
+#define EPLB_THREADS 1
 #endif
 
 typedef int64_t i64;
@@ -39,12 +50,14 @@ typedef int64_t i64;
 #define UNIT 16           /* steps per unit of tile width */
 #define TILE (UNIT * 4)   /* steps per tile (a block's last tile may be 1 to 3 units wide) */
 
+#ifdef EPLB_VECTORS
 typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef float vf8 __attribute__((vector_size(32)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 typedef int32_t vi4 __attribute__((vector_size(16)));
+#endif
 
 static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable,
                    const char *name) {
@@ -75,34 +88,48 @@ typedef struct {
     int failed;
 } Job;
 
+typedef void (*load_fn)(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero);
+typedef void (*place_fn)(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt);
+
+#ifdef EPLB_VECTORS
+
 /* ---- W x W transposes of r[0..W-1]: level B swaps the off-diagonal B x B blocks of every 2B x 2B block ---- */
 
-#define SWAP_LEVEL(VF, W, B, LO, HI)                                                                       \
+/* LO, HI: parenthesized lane lists; lanes W.. pick from the second vector (GCC: __builtin_shuffle takes a
+ * mask vector, Clang: __builtin_shufflevector takes the indices) */
+#define LANES(...) __VA_ARGS__
+#if defined(__clang__)
+#define SHUFFLE(VI, A, C, IDX) __builtin_shufflevector(A, C, LANES IDX)
+#else
+#define SHUFFLE(VI, A, C, IDX) __builtin_shuffle(A, C, (VI){LANES IDX})
+#endif
+
+#define SWAP_LEVEL(VF, VI, W, B, LO, HI)                                                                   \
     for (int i_ = 0; i_ < (W); i_++)                                                                       \
         if (!(i_ & (B))) {                                                                                 \
             VF a_ = r[i_], c_ = r[i_ | (B)];                                                               \
-            r[i_] = __builtin_shuffle(a_, c_, LO);                                                         \
-            r[i_ | (B)] = __builtin_shuffle(a_, c_, HI);                                                   \
+            r[i_] = SHUFFLE(VI, a_, c_, LO);                                                               \
+            r[i_ | (B)] = SHUFFLE(VI, a_, c_, HI);                                                         \
         }
 
 #define TRANSPOSE16                                                                                        \
-    SWAP_LEVEL(vf16, 16, 8, ((vi16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),              \
-               ((vi16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))                     \
-    SWAP_LEVEL(vf16, 16, 4, ((vi16){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),            \
-               ((vi16){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))                       \
-    SWAP_LEVEL(vf16, 16, 2, ((vi16){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),            \
-               ((vi16){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))                       \
-    SWAP_LEVEL(vf16, 16, 1, ((vi16){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),           \
-               ((vi16){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
+    SWAP_LEVEL(vf16, vi16, 16, 8, (0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),                \
+               (8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))                             \
+    SWAP_LEVEL(vf16, vi16, 16, 4, (0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),              \
+               (4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))                               \
+    SWAP_LEVEL(vf16, vi16, 16, 2, (0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),              \
+               (2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))                               \
+    SWAP_LEVEL(vf16, vi16, 16, 1, (0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),             \
+               (1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
 
 #define TRANSPOSE8                                                                                         \
-    SWAP_LEVEL(vf8, 8, 4, ((vi8){0, 1, 2, 3, 8, 9, 10, 11}), ((vi8){4, 5, 6, 7, 12, 13, 14, 15}))          \
-    SWAP_LEVEL(vf8, 8, 2, ((vi8){0, 1, 8, 9, 4, 5, 12, 13}), ((vi8){2, 3, 10, 11, 6, 7, 14, 15}))          \
-    SWAP_LEVEL(vf8, 8, 1, ((vi8){0, 8, 2, 10, 4, 12, 6, 14}), ((vi8){1, 9, 3, 11, 5, 13, 7, 15}))
+    SWAP_LEVEL(vf8, vi8, 8, 4, (0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15))                   \
+    SWAP_LEVEL(vf8, vi8, 8, 2, (0, 1, 8, 9, 4, 5, 12, 13), (2, 3, 10, 11, 6, 7, 14, 15))                   \
+    SWAP_LEVEL(vf8, vi8, 8, 1, (0, 8, 2, 10, 4, 12, 6, 14), (1, 9, 3, 11, 5, 13, 7, 15))
 
 #define TRANSPOSE4                                                                                         \
-    SWAP_LEVEL(vf4, 4, 2, ((vi4){0, 1, 4, 5}), ((vi4){2, 3, 6, 7}))                                        \
-    SWAP_LEVEL(vf4, 4, 1, ((vi4){0, 4, 2, 6}), ((vi4){1, 5, 3, 7}))
+    SWAP_LEVEL(vf4, vi4, 4, 2, (0, 1, 4, 5), (2, 3, 6, 7))                                                 \
+    SWAP_LEVEL(vf4, vi4, 4, 1, (0, 4, 2, 6), (1, 5, 3, 7))
 
 /* ---- tile loading: x[e][j] = counts[t0 + j][l][e] as float32 (0 for nt <= j < tw), zero[e] = some step
  * j < nt has x[e][j] <= 0, total[t0 + j][l] = sum over e (exact for integer kinds). VEC_SUM: the totals
@@ -238,9 +265,6 @@ typedef struct {
         }                                                                                                  \
     }
 
-typedef void (*load_fn)(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero);
-typedef void (*place_fn)(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt);
-
 /* Everything for one vector width: loaders per count type, placements per tile width, and dispatchers. */
 #define ISA(SUF, W, ATTR)                                                                                  \
     LOAD_TILE(load_u8_##SUF, uint8_t, 1, W, ATTR)                                                          \
@@ -281,9 +305,93 @@ ISA(avx2, 8, __attribute__((target("avx2"))))
 ISA(avx512, 16, __attribute__((target("avx512f"))))
 #endif
 
+#else /* no vector extensions */
+
+/* x[e][j], zero[e] and total[t0 + j][l] as LOAD_TILE, one step at a time */
+#define LOAD_ROW(T, ACC)                                                                                   \
+    {                                                                                                      \
+        const T *src = (const T *)jb->counts + ((t0 + j) * jb->L + l) * E;                                 \
+        ACC s = 0;                                                                                         \
+        for (i64 e = 0; e < E; e++) {                                                                      \
+            float v = (float)src[e];                                                                       \
+            x[e * tw + j] = v;                                                                             \
+            zero[e] |= v <= 0.0f;                                                                          \
+            s += (ACC)src[e];                                                                              \
+        }                                                                                                  \
+        if (!jb->have_total) jb->total[(t0 + j) * jb->L + l] = (double)s;                                  \
+    }
+
+static void load_base(const Job *jb, i64 l, i64 t0, i64 nt, i64 tw, float *x, unsigned char *zero) {
+    const i64 E = jb->E;
+    memset(zero, 0, (size_t)E);
+    for (i64 j = 0; j < tw; j++) {
+        if (j >= nt) {
+            for (i64 e = 0; e < E; e++) x[e * tw + j] = 0.0f;
+            continue;
+        }
+        switch (jb->kind) {
+            case 'B': LOAD_ROW(uint8_t, i64) break;
+            case 'H': LOAD_ROW(uint16_t, i64) break;
+            case 'I': LOAD_ROW(uint32_t, i64) break;
+            case 'i': LOAD_ROW(int32_t, i64) break;
+            case 'q': LOAD_ROW(int64_t, i64) break;
+            default: LOAD_ROW(float, double) break;
+        }
+    }
+}
+
+static void place_base(const Job *jb, const float *x, const unsigned char *zero, i64 l, i64 t0, i64 nt) {
+    const i64 K = jb->K, P = jb->P, G = jb->G, n = jb->n, L = jb->L, tw = (nt + UNIT - 1) / UNIT * UNIT;
+    for (i64 k = 0; k < K; k++) {
+        const i64 *expert = jb->expert + (l * K + k) * P;
+        const float *share = jb->share + (l * K + k) * P;
+        const i64 *bounds = jb->bounds + k * (G + 1);
+        float mx[TILE], mn[TILE], am[TILE];
+        for (i64 g = 0; g < G; g++) {
+            float acc[TILE] = {0}, act[TILE] = {0}, fixed = 0.0f;
+            for (i64 s = bounds[g]; s < bounds[g + 1]; s++) {
+                const float w = share[s];
+                if (w <= 0.0f) continue;
+                const float *xe = x + expert[s] * tw;
+                for (i64 j = 0; j < nt; j++) acc[j] = acc[j] + xe[j] * w;
+                if (zero[expert[s]]) {
+                    for (i64 j = 0; j < nt; j++) act[j] += xe[j] > 0.0f ? 1.0f : 0.0f;
+                } else {
+                    fixed += 1.0f;
+                }
+            }
+            for (i64 j = 0; j < nt; j++) {
+                act[j] += fixed;
+                mx[j] = g == 0 || acc[j] > mx[j] ? acc[j] : mx[j];
+                mn[j] = g == 0 || acc[j] < mn[j] ? acc[j] : mn[j];
+                am[j] = g == 0 || act[j] > am[j] ? act[j] : am[j];
+                if (jb->rows) {
+                    i64 o = ((k * n + t0 + j) * L + l) * G + g;
+                    jb->rows[o] = acc[j];
+                    jb->active[o] = act[j];
+                }
+            }
+        }
+        for (i64 j = 0; j < nt; j++) {
+            i64 o = (k * n + t0 + j) * L + l;
+            jb->rmax[o] = mx[j];
+            jb->rmin[o] = mn[j];
+            jb->amax[o] = am[j];
+            double mean = jb->total[(t0 + j) * L + l] / (double)G;
+            jb->lb[o] = mean > 0 ? (double)mx[j] / mean : 1.0;
+        }
+    }
+}
+
+#endif /* EPLB_VECTORS */
+
 static load_fn load_tile = load_base;
 static place_fn tile_placements = place_base;
+#ifdef EPLB_VECTORS
 static const char *isa_name = "base";
+#else
+static const char *isa_name = "scalar";
+#endif
 
 static void pick_isa(void) {
 #ifdef EPLB_X86
@@ -307,18 +415,35 @@ static void prefetch_tile(const Job *jb, i64 l, i64 t0, i64 nt) {
     i64 row = jb->E * size;
     for (i64 j = 0; j < nt; j++) {
         const char *src = base + ((t0 + j) * jb->L + l) * row;
+#ifdef EPLB_VECTORS
         for (i64 b = 0; b < row; b += 64) __builtin_prefetch(src + b);
+#else
+        (void)src;
+#endif
     }
+}
+
+static void free_tile(float *x) {
+#ifdef _WIN32
+    _aligned_free(x);
+#else
+    free(x);
+#endif
 }
 
 static void *run_job(void *arg) {
     Job *jb = arg;
+    size_t bytes = sizeof(float) * (size_t)jb->E * TILE;
+#ifdef _WIN32
+    float *x = _aligned_malloc(bytes, 64);
+#else
     float *x = NULL;
+    if (posix_memalign((void **)&x, 64, bytes) != 0) x = NULL;
+#endif
     unsigned char *zero = malloc((size_t)jb->E);
-    if (posix_memalign((void **)&x, 64, sizeof(float) * (size_t)jb->E * TILE) != 0) x = NULL;
     if (!x || !zero) {
         jb->failed = 1;
-        free(x);
+        free_tile(x);
         free(zero);
         return NULL;
     }
@@ -331,7 +456,7 @@ static void *run_job(void *arg) {
             tile_placements(jb, x, zero, l, t0, nt);
         }
     }
-    free(x);
+    free_tile(x);
     free(zero);
     return NULL;
 }
@@ -413,9 +538,10 @@ static PyObject *evaluate(PyObject *self, PyObject *args) {
         }
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > L) threads = L > 0 ? (int)L : 1;
+#ifndef EPLB_THREADS
+    threads = 1;
+#endif
     Job jobs[MAX_THREADS];
-    pthread_t tid[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     for (int i = 0; i < threads; i++) {
         jobs[i] = (Job){bc.buf, kind, n, L, E, K, P, G, expert, (const float *)bs.buf, bounds,
                         (double *)btot.buf, have_total, (double *)blb.buf, (float *)bmax.buf, (float *)bmin.buf,
@@ -424,12 +550,18 @@ static PyObject *evaluate(PyObject *self, PyObject *args) {
     }
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS;
+#ifdef EPLB_THREADS
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
     for (int i = 1; i < threads; i++) started[i] = pthread_create(&tid[i], NULL, run_job, &jobs[i]) == 0;
     for (int i = 1; i < threads; i++)
         if (!started[i]) run_job(&jobs[i]); /* no thread: this one does its layers */
     run_job(&jobs[0]);
     for (int i = 1; i < threads; i++)
         if (started[i]) pthread_join(tid[i], NULL);
+#else
+    run_job(&jobs[0]);
+#endif
     Py_END_ALLOW_THREADS;
     for (int i = 0; i < threads; i++) failed |= jobs[i].failed;
     if (failed) {

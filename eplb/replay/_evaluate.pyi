@@ -9,7 +9,7 @@ _F32 = NDArray[np.float32]
 _F64 = NDArray[np.float64]
 _I64 = NDArray[np.int64]
 
-instruction_set: str  # the loop bodies in use: "avx512", "avx2" or "base"
+instruction_set: str  # the loop bodies in use: "avx512", "avx2", "base" (4 lanes) or "scalar" (no vector extensions)
 
 def evaluate(
     counts: NDArray[Any],
