@@ -386,7 +386,8 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
             solver = setup.solver_name(current is not None)
             outcome = run_solve(loads=np.sum(recent, axis=0), cluster=setup.cluster, solver=solver, cost=setup.cost,
                                 current=current, options=setup.options(current is not None),
-                                objective=setup.config.objective, coactivation=summary)
+                                objective=setup.config.objective, coactivation=summary,
+                                empty_slots=False)  # the placement serves as the next window's current one
             after = evaluate(loads, outcome.placement, setup.cost, coactivation=summary, gpus_per_node=nodes)
             moves = 0 if current is None else int(count_moves(
                 outcome.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu).sum())

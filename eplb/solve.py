@@ -187,6 +187,7 @@ def solve(
     stage_bytes: float | None = None,
     objective: str = "lb",
     coactivation: CoactivationSummary | None = None,
+    empty_slots: bool = True,
 ) -> Outcome:
     """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
     loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
@@ -197,7 +198,8 @@ def solve(
     for the bytes of one copy). objective: "lb" (the solver's) or "time" (per layer the candidate with
     the lowest predicted time, `eplb.objective`; needs `cost`). coactivation: the window's co-activation
     summary: the predicted comm counts one copy per GPU a token reaches, and the time objective may
-    co-locate experts chosen together."""
+    co-locate experts chosen together. empty_slots: whether the time objective may leave slots empty (one
+    slot per expert); False where the placement will serve as the next `current` (deployments)."""
     check_shapes(loads, cluster)
     check_objective(objective, cost, coactivation, loads)
     if current is not None:
@@ -226,7 +228,7 @@ def solve(
             raise EplbError(f"the time objective places uniform shares: drop --split weighted (solver {name!r})")
         choice = choose_by_time(
             candidates(loads, phy2log, cluster.slots_per_gpu, coactivation=coactivation, scenarios=scenarios,
-                       colocate=not problem.hierarchical, fewer_replicas=current is None),
+                       colocate=not problem.hierarchical, fewer_replicas=empty_slots and current is None),
             lambda p2l: _predict(loads, Placement(p2l, cluster.slots_per_gpu, loads.shape[1]), cost,
                                  _reach(coactivation, p2l, cluster, cost)).time_us,
         )

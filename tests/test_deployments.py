@@ -315,3 +315,14 @@ def test_windows_carry_coactivation_and_the_history_keeps_it(store: Store) -> No
         dep.process_window(store, "coact", loads.tolist(), coactivation=summarize(ids[:, :2], EXPERTS).to_dict())
     with pytest.raises(EplbError, match="co-activation summary"):
         dep.process_window(store, "coact", loads.tolist(), coactivation={"tokens": "many"})
+
+
+def test_time_objective_deployment_never_serves_empty_slots(store: Store) -> None:
+    body = {"model": MODEL, "hardware": "h800", "tokens_per_gpu": 256.0, "objective": "time",
+            "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}  # NVLink decode: weight reads bound the layers
+    dep.register(store, "decode", dep.DeploymentConfig.model_validate(body))
+    first = dep.process_window(store, "decode", window(0))
+    second = dep.process_window(store, "decode", window(1), force=True)  # the first one is now the current one
+    assert first.action == "placed" and second.action == "rebalanced"
+    for result in (first.result, second.result):
+        assert result is not None and min(min(row) for row in result.placement.phy2log) >= 0
