@@ -320,9 +320,16 @@ def test_windows_carry_coactivation_and_the_history_keeps_it(store: Store) -> No
 def test_time_objective_deployment_never_serves_empty_slots(store: Store) -> None:
     body = {"model": MODEL, "hardware": "h800", "tokens_per_gpu": 256.0, "objective": "time",
             "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}  # NVLink decode: weight reads bound the layers
+    from eplb.io.windows import read_window
+    from eplb.solve import Cluster, solve
+
+    loads = read_window(Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz").loads
+    setup = dep.Setup(dep.DeploymentConfig.model_validate(body))
+    stateless = solve(loads, Cluster(np.full(8, 9, dtype=np.int64)), cost=setup.cost, objective="time")
+    assert stateless.placement.empty_slots.any()  # what a one-off solve picks for these layers
     dep.register(store, "decode", dep.DeploymentConfig.model_validate(body))
-    first = dep.process_window(store, "decode", window(0))
-    second = dep.process_window(store, "decode", window(1), force=True)  # the first one is now the current one
+    first = dep.process_window(store, "decode", loads.tolist())
+    second = dep.process_window(store, "decode", (loads[::-1] + 0).tolist(), force=True)  # first is now current
     assert first.action == "placed" and second.action == "rebalanced"
     for result in (first.result, second.result):
         assert result is not None and min(min(row) for row in result.placement.phy2log) >= 0
