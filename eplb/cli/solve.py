@@ -15,10 +15,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
-from eplb.io.exports import write_export
 from eplb.io.files import output_file
-from eplb.io.foreign import read_placement_for
-from eplb.io.logs import LogInfo
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
@@ -28,6 +25,7 @@ from solvers.registry import Options
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
+    from eplb.io.logs import LogInfo
 
 SOLVE_DESCRIPTION = """\
 Compute where every logical expert of every MoE layer goes: hot experts get extra replicas and all
@@ -194,7 +192,7 @@ def float_list(text: str) -> list[float]:
 def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec | None:
     """The model for memory and time: --model; else, for a routing log, the preset its header names;
     else the preset with the data's expert and layer count (None when there is none)."""
-    named = data.model.strip().lower() if isinstance(data, LogInfo) and data.model else None
+    named = data.model.strip().lower() if not isinstance(data, LoadWindow) and data.model else None
     if args.model:
         model = load_model(args.model)
     elif named in MODEL_PRESETS:
@@ -202,7 +200,7 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
     else:
         return infer_model(data.num_experts, data.num_layers)
     if model.num_experts != data.num_experts:
-        what = "the log has" if isinstance(data, LogInfo) else "the loads have"
+        what = "the loads have" if isinstance(data, LoadWindow) else "the log has"
         raise EplbError(f"model {model.name!r} has {model.num_experts} experts, {what} {data.num_experts}")
     return model
 
@@ -248,6 +246,8 @@ def run_solve(args: argparse.Namespace) -> int:
     layer_ids = window.meta.get("layer_ids")
     current = None
     if args.current:
+        from eplb.io.foreign import read_placement_for  # lazy: YAML support costs start-up time
+
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
                                      num_gpus=args.gpus)
     if args.time_limit is not None and not args.time_limit > 0:
@@ -287,6 +287,8 @@ def run_solve(args: argparse.Namespace) -> int:
         coactivation=coactivation_for(args, window.num_experts),
     )
     if args.out:
+        from eplb.io.exports import write_export
+
         write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
     if args.plan and outcome.plan is not None:
         with open(args.plan, "w") as f:
@@ -322,6 +324,8 @@ def _print_frontier(
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    from eplb.io.foreign import read_placement_for
+
     window = read_window(args.loads)
     placement = read_placement_for(args.placement, window.num_layers, window.num_experts,
                                    layer_ids=window.meta.get("layer_ids"))
