@@ -41,6 +41,11 @@ static int buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_
 }
 
 typedef struct {
+    double key;
+    i64 tie, k; /* tie: -1 dirty, else the best entry's index; k: the block */
+} Node;
+
+typedef struct {
     i64 P, G, E, S; /* slots, GPUs, experts, load rows (window + sub-windows) */
     const double *W, *WT, *cap; /* W [P, P]; WT its transpose; cap [S] */
     double *A;                  /* affinity [P, G], updated in place */
@@ -49,11 +54,12 @@ typedef struct {
     i64 *gpu;                   /* GPU of each slot [P], updated in place */
     i64 *mem, *first, *pos;     /* slots by GPU: mem[first[g] .. first[g + 1]); pos[s]: s's index in mem */
     i64 *hc;                    /* [G, E] replicas of expert e on GPU g */
-    double *bv, *ta, *tb; /* bv: best gain per block (a < b) at a * G + b; ta, tb: scratch [P] */
+    double *bv, *ta, *tb, *xt; /* bv: best gain per block (a < b) at a * G + b; ta, tb, xt: scratch [P] */
     i64 *bi;              /* its row-major index s * P + t; -1: none */
     double *ub;           /* per block, when dirty: no gain in it exceeds this */
     unsigned char *dirty; /* per block: bv, bi stale (the block changed since computed) */
-    i64 *heap, *hpos, nheap; /* the blocks by best gain or bound (see sift) */
+    Node *heap;              /* the blocks by best gain or bound (see sift) */
+    i64 *hpos, nheap;
     double w2min;         /* min of 2 W */
 } Coact;
 
@@ -81,21 +87,24 @@ static void block(Coact *c, i64 a, i64 b) {
     const i64 *ma = c->mem + c->first[a], *mb = c->mem + c->first[b];
     double bv = 1e-9;
     i64 bi = -1;
+    double *ta = c->ta, *tb = c->tb, *xt = c->xt;
     for (i64 j = 0; j < nb; j++) {
         i64 t = mb[j];
-        c->ta[j] = A[t * G + a];
-        c->tb[j] = A[t * G + b];
+        ta[j] = A[t * G + a];
+        tb[j] = A[t * G + b];
+        xt[j] = ta[j] - tb[j];
     }
     for (i64 i = 0; i < na; i++) {
         i64 s = ma[i];
-        double sa = A[s * G + a], sb = A[s * G + b];
+        double sa = A[s * G + a], sb = A[s * G + b], us = sb - sa;
         const double *ws = c->W + s * P, *wts = c->WT + s * P;
         for (i64 j = 0; j < nb; j++) {
             i64 t = mb[j];
-            double ta = c->ta[j], tb = c->tb[j];
-            /* numpy: b - own[:, None] + b.T - own[None, :] - 2.0 * weight, at (s, t) and at (t, s) */
-            double g1 = sb - sa + ta - tb - 2.0 * ws[t];
-            double g2 = ta - tb + sb - sa - 2.0 * wts[t];
+            /* numpy: b - own[:, None] + b.T - own[None, :] - 2.0 * weight, at (s, t) and at (t, s):
+             * ((sb - sa) + ta) - tb - 2 w and ((ta - tb) + sb) - sa - 2 w' (us, xt: the first terms) */
+            double g1 = us + ta[j] - tb[j] - 2.0 * ws[t];
+            double g2 = xt[j] + sb - sa - 2.0 * wts[t];
+            if (g1 < bv && g2 < bv) continue; /* the common case: neither can beat the best so far */
             i64 i1 = s * P + t, i2 = t * P + s;
             int b1 = beats(g1, i1, bv, bi), b2 = beats(g2, i2, bv, bi);
             if (!(b1 || b2) || !admissible(c, s, t, a, b)) continue;
@@ -143,42 +152,53 @@ static double bound(const Coact *c, i64 a, i64 b) {
     return ub;
 }
 
-/* The blocks in one max-heap (heap[0] on top; hpos[k]: block k's place). Order: a clean block by its best
- * (gain, then the earlier index first), a dirty one by its bound; on equal values a dirty block comes
- * first, so when the top is clean no dirty block can hold an entry that beats it. */
-static inline double key(const Coact *c, i64 k) { return c->dirty[k] ? c->ub[k] : c->bi[k] >= 0 ? c->bv[k] : -INFINITY; }
+/* The blocks in one max-heap of nodes (heap[0] on top; hpos[k]: block k's place). A clean block sits by its
+ * best (gain, then the earlier index first), a dirty one by its bound; on equal values a dirty block
+ * comes first (tie -1), so when the top is clean no dirty block can hold an entry that beats it. */
+static inline int above(const Node *x, const Node *y) { return x->key > y->key || (x->key == y->key && x->tie < y->tie); }
 
-static inline int above(const Coact *c, i64 k, i64 m) {
-    double u = key(c, k), v = key(c, m);
-    if (u != v) return u > v;
-    if (c->dirty[k] != c->dirty[m]) return c->dirty[k];
-    return !c->dirty[k] && c->bi[k] >= 0 && c->bi[k] < c->bi[m];
+static inline void set_node(Coact *c, i64 k) {
+    Node *n = c->heap + c->hpos[k];
+    if (c->dirty[k]) {
+        n->key = c->ub[k];
+        n->tie = -1;
+    } else if (c->bi[k] >= 0) {
+        n->key = c->bv[k];
+        n->tie = c->bi[k];
+    } else {
+        n->key = -INFINITY;
+        n->tie = INT64_MAX;
+    }
 }
 
 static void sift_down(Coact *c, i64 i) {
-    i64 *h = c->heap, n = c->nheap, k = h[i];
+    Node *h = c->heap, x = h[i];
+    const i64 n = c->nheap;
     for (;;) {
-        i64 l = 2 * i + 1, m = i, top = k;
-        if (l < n && above(c, h[l], top)) m = l, top = h[l];
-        if (l + 1 < n && above(c, h[l + 1], top)) m = l + 1;
+        i64 l = 2 * i + 1, m = i;
+        const Node *top = &x;
+        if (l < n && above(&h[l], top)) m = l, top = &h[l];
+        if (l + 1 < n && above(&h[l + 1], top)) m = l + 1;
         if (m == i) break;
         h[i] = h[m];
-        c->hpos[h[i]] = i;
+        c->hpos[h[i].k] = i;
         i = m;
     }
-    h[i] = k;
-    c->hpos[k] = i;
+    h[i] = x;
+    c->hpos[x.k] = i;
 }
 
-/* block heap[i] has a new key: move it up or down */
-static void sift(Coact *c, i64 i) {
-    i64 *h = c->heap, k = h[i];
-    while (i > 0 && above(c, k, h[(i - 1) / 2])) {
+/* block k has a new key: move it up or down */
+static void sift(Coact *c, i64 k) {
+    set_node(c, k);
+    Node *h = c->heap, x = h[c->hpos[k]];
+    i64 i = c->hpos[k];
+    while (i > 0 && above(&x, &h[(i - 1) / 2])) {
         h[i] = h[(i - 1) / 2];
-        c->hpos[h[i]] = i;
+        c->hpos[h[i].k] = i;
         i = (i - 1) / 2;
     }
-    h[i] = k;
+    h[i] = x;
     c->hpos[k] = i;
     sift_down(c, i);
 }
@@ -194,10 +214,9 @@ static void touch(Coact *c, i64 a, i64 b) {
 
 static void touch_all_of(Coact *c, i64 g) {
     for (i64 x = 0; x < c->G; x++) {
-        i64 k = x < g ? x * c->G + g : g * c->G + x;
         if (x == g) continue;
         touch(c, x < g ? x : g, x < g ? g : x);
-        sift(c, c->hpos[k]);
+        sift(c, x < g ? x * c->G + g : g * c->G + x);
     }
 }
 
@@ -207,25 +226,27 @@ static i64 run(Coact *c, i64 max_swaps) {
     for (i64 a = 0; a < G; a++)
         for (i64 b = a + 1; b < G; b++) {
             touch(c, a, b);
-            c->heap[c->nheap] = a * G + b;
+            c->heap[c->nheap].k = a * G + b;
             c->hpos[a * G + b] = c->nheap++;
+            set_node(c, a * G + b);
         }
     for (i64 i = c->nheap / 2; i >= 0 && c->nheap > 0; i--) sift_down(c, i);
     i64 swaps = 0;
     for (; swaps < max_swaps && c->nheap > 0; swaps++) {
-        while (c->dirty[c->heap[0]]) { /* the best bound first: evaluate it, it sinks to its exact place */
-            i64 k = c->heap[0];
+        while (c->heap[0].tie == -1) { /* the best bound first: evaluate it, it sinks to its exact place */
+            i64 k = c->heap[0].k;
             block(c, k / G, k % G);
+            set_node(c, k);
             sift_down(c, 0);
         }
-        i64 bi = c->bi[c->heap[0]];
+        i64 bi = c->bi[c->heap[0].k];
         if (bi < 0) break;
         i64 s = bi / P, t = bi % P, g = c->gpu[s], h = c->gpu[t];
         /* numpy: affinity[:, g] += weight[:, t] - weight[:, s] (and h), gpu_load likewise */
+        const double *wcs = c->WT + s * P, *wct = c->WT + t * P; /* columns s and t of W */
         for (i64 r = 0; r < P; r++) {
-            const double *wr = c->W + r * P;
-            c->A[r * G + g] += wr[t] - wr[s];
-            c->A[r * G + h] += wr[s] - wr[t];
+            c->A[r * G + g] += wct[r] - wcs[r];
+            c->A[r * G + h] += wcs[r] - wct[r];
         }
         const double *ws = c->wt + s * S, *wt = c->wt + t * S;
         for (i64 k = 0; k < S; k++) {
@@ -299,13 +320,14 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     c.bi = malloc(sizeof(i64) * (size_t)(G * G));
     c.ub = malloc(sizeof(double) * (size_t)(G * G));
     c.dirty = malloc((size_t)(G * G));
-    c.heap = malloc(sizeof(i64) * (size_t)(G * G));
+    c.heap = malloc(sizeof(Node) * (size_t)(G * G));
     c.hpos = malloc(sizeof(i64) * (size_t)(G * G));
     c.ta = malloc(sizeof(double) * (size_t)(P + 1));
     c.tb = malloc(sizeof(double) * (size_t)(P + 1));
+    c.xt = malloc(sizeof(double) * (size_t)(P + 1));
     i64 swaps = -2; /* -2: out of memory; -1: a non-finite input (nothing done) */
     if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ub && c.dirty && c.heap && c.hpos &&
-        c.ta && c.tb) {
+        c.ta && c.tb && c.xt) {
         Py_BEGIN_ALLOW_THREADS
         const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
         int finite = 1;
@@ -339,14 +361,57 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
-    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb);
+    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     if (swaps == -2) return PyErr_NoMemory();
     if (swaps == -1) Py_RETURN_NONE;
     return PyLong_FromLongLong((long long)swaps);
 }
 
+/* weights(pairs [R, C], row [P], rep [P], out [P, P]): out[s, u] = pairs[row[s], row[u]] / (rep[s] * rep[u]),
+ * 0 where row[s] == row[u]: numpy's `pairs[row][:, row] / (rep[:, None] * rep[None, :])` and mask, the same
+ * operations, without the two gathers' temporaries. */
+static PyObject *py_weights(PyObject *self, PyObject *args) {
+    PyObject *o_pairs, *o_row, *o_rep, *o_out;
+    Py_ssize_t R, C, P;
+    if (!PyArg_ParseTuple(args, "OOOOnnn", &o_pairs, &o_row, &o_rep, &o_out, &R, &C, &P)) return NULL;
+    if (R < 0 || C < 0 || P < 0) {
+        PyErr_SetString(PyExc_ValueError, "weights: negative size");
+        return NULL;
+    }
+    Py_buffer b[4];
+    int got = 0;
+    struct {
+        PyObject *o;
+        Py_ssize_t count;
+        int writable;
+        const char *name;
+    } spec[4] = {{o_pairs, R * C, 0, "pairs"}, {o_row, P, 0, "row"}, {o_rep, P, 0, "rep"}, {o_out, P * P, 1, "out"}};
+    for (; got < 4; got++)
+        if (buffer(spec[got].o, &b[got], 8, spec[got].count, spec[got].writable, spec[got].name) < 0) break;
+    int bad = got < 4;
+    const i64 *row = got > 1 ? b[1].buf : NULL;
+    for (i64 s = 0; s < P && !bad; s++) bad = row[s] < 0 || row[s] >= R || row[s] >= C;
+    if (bad) {
+        if (got == 4) PyErr_SetString(PyExc_ValueError, "weights: expert id out of range");
+        for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+        return NULL;
+    }
+    const double *pairs = b[0].buf, *rep = b[2].buf;
+    double *out = b[3].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (i64 s = 0; s < P; s++) {
+        const double *pr = pairs + row[s] * C;
+        double *o = out + s * P;
+        for (i64 u = 0; u < P; u++) o[u] = row[u] == row[s] ? 0.0 : pr[row[u]] / (rep[s] * rep[u]);
+    }
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"weights", py_weights, METH_VARARGS, "weights(pairs, row, rep, out, R, C, P): pair weight of every two slots"},
     {"refine", py_refine, METH_VARARGS,
      "refine(weight, affinity, slot_loads, gpu_loads, cap, row, gpu, P, G, E, S, max_swaps) -> swaps made, or None "
      "(a non-finite input: nothing done)"},

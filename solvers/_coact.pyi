@@ -6,6 +6,7 @@ from numpy.typing import NDArray
 _F = NDArray[np.float64]
 _I = NDArray[np.int64]
 
+def weights(pairs: _F, row: _I, rep: _F, out: _F, rows: int, cols: int, num_slots: int) -> None: ...
 def refine(
     weight: _F,
     affinity: _F,

@@ -46,8 +46,11 @@ class _State:
     num_experts: int
 
 
-def _setup(row: IntArray, loads: FloatArray, pairs: FloatArray, slots: IntArray, slack: float) -> _State:
-    """row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows; pairs: [E, E]."""
+def _setup(
+    row: IntArray, loads: FloatArray, pairs: FloatArray, slots: IntArray, slack: float, compiled: bool = False
+) -> _State:
+    """row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows; pairs: [E, E]. compiled:
+    the pair weights from solvers/_coact.c (the same values, faster)."""
     num_gpus, num_slots, num_experts = slots.size, row.size, loads.shape[1]
     gpu = np.repeat(np.arange(num_gpus, dtype=np.int64), slots)
     cnt = np.bincount(row, minlength=num_experts).astype(np.float64)
@@ -55,8 +58,13 @@ def _setup(row: IntArray, loads: FloatArray, pairs: FloatArray, slots: IntArray,
     w = loads[:, row] / rep  # [S + 1, P] load of each slot
     gpu_load: FloatArray = np.stack([np.bincount(gpu, weights=x, minlength=num_gpus) for x in w])  # [S + 1, G]
     cap = gpu_load.max(axis=1) * (1.0 + slack) + 1e-9
-    weight = pairs[row][:, row] / (rep[:, None] * rep[None, :])
-    weight[row[:, None] == row[None, :]] = 0.0
+    if compiled:
+        weight = np.empty((num_slots, num_slots))
+        pc = np.ascontiguousarray(pairs, dtype=np.float64)
+        _coact.weights(pc, np.ascontiguousarray(row), rep, weight, pc.shape[0], pc.shape[1], num_slots)
+    else:
+        weight = pairs[row][:, row] / (rep[:, None] * rep[None, :])
+        weight[row[:, None] == row[None, :]] = 0.0
     onehot = np.zeros((num_slots, num_gpus))
     onehot[np.arange(num_slots), gpu] = 1.0
     affinity: FloatArray = weight @ onehot
@@ -143,7 +151,7 @@ def _layer(
     pairs: [E, E]. Returns (new row [P], co-located pair weight before, after, swaps made). compiled:
     the C loop where the inputs are finite (the numpy loop otherwise, or when False: the reference)."""
     with _one_blas_thread() if compiled else contextlib.nullcontext():
-        st = _setup(row, loads, pairs, slots, slack)
+        st = _setup(row, loads, pairs, slots, slack, compiled)
     idx = np.arange(row.size)
     before = float((st.affinity[idx, st.gpu]).sum() / 2)
     swaps = _swaps_compiled(st, max(max_swaps, 0)) if compiled else None
