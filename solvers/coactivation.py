@@ -10,6 +10,11 @@ Pair weight of two slots holding experts i != j with r_i, r_j replicas: c_ij / (
 that chose both (`pairs [L, E, E]`); replicas of one expert have none. Maximising the co-located pair
 weight is the second-order form of minimising distinct GPUs per token (exact while no token puts more than
 two of its experts on one GPU); docs/solvers.md ("Co-activation-aware greedy") reports the measured copies.
+
+The search runs in C (solvers/_coact.c: gains kept per pair of GPUs, only the blocks a swap touches are
+re-bounded, exact upper bounds decide which to re-evaluate), with the numpy loop's floating-point
+operations in the same order, so it makes the same swaps; `_swaps_numpy` is that numpy loop, kept as the
+reference (tests compare the two) and for non-finite inputs.
 """
 
 from __future__ import annotations

@@ -222,6 +222,20 @@ def test_compiled_refinement_equals_numpy_on_real_routing(slots_per_gpu: int, mo
     assert sum(fast_info["swaps"]) > 100  # the search does run
 
 
+def test_compiled_swaps_equal_the_numpy_loop_at_deepseek_v3_size() -> None:
+    # 288 slots on 32 GPUs, 256 experts, 9 load rows: the reference's matmul runs on several BLAS threads,
+    # the compiled path's on one; a capped number of swaps keeps the numpy loop short
+    rng = np.random.default_rng(7)
+    loads = rng.integers(50, 400, (9, 256)).astype(np.float64)
+    pairs = rng.poisson(3.0, (256, 256)).astype(np.float64)
+    pairs = pairs + pairs.T
+    row = solve_greedy(loads[:1], np.full(32, 9))[0]
+    fast = coact._layer(row, loads, pairs, np.full(32, 9), 0.01, 40)
+    ref = coact._layer(row, loads, pairs, np.full(32, 9), 0.01, 40, compiled=False)
+    assert fast[3] == ref[3] == 40
+    assert np.array_equal(fast[0], ref[0]) and fast[1:] == ref[1:]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def test_non_finite_inputs_take_the_numpy_loop() -> None:
     _layer = coact._layer
