@@ -676,9 +676,11 @@ e1:
  * d = wa - wb closest to gap / 2, found by walking both GPUs' replicas sorted by weight (two pointers).
  * Stops when the busiest GPU has no trade, or after max_rounds trades. Returns the trades made. */
 typedef struct {
-    i64 *by_load, *rank_of, *sorted; /* sorted: per GPU, its slots by weight ascending (stride `width`) */
+    i64 *by_load;         /* GPUs by load ascending (the busiest last) */
+    i64 *slot, *ex;       /* per GPU (stride `width`): its slots by weight ascending, and their experts */
+    double *sw;           /* the same slots' weights, contiguous for the pair search */
     double *load;
-    unsigned short *holds;
+    unsigned short *holds; /* [gpus, E]: replicas of each expert on each GPU */
 } RefineWork;
 
 static void sort_gpu(i64 *order, i64 n, const double *w) {
@@ -689,63 +691,105 @@ static void sort_gpu(i64 *order, i64 n, const double *w) {
     }
 }
 
+/* Entry i of one GPU's sorted lists changed weight: move it to its place (stable, as a re-sort would). */
+static void resort_entry(i64 *slot, i64 *ex, double *sw, i64 n, i64 i) {
+    i64 s = slot[i], e = ex[i];
+    double v = sw[i];
+    for (; i > 0 && sw[i - 1] > v; i--) {
+        slot[i] = slot[i - 1];
+        ex[i] = ex[i - 1];
+        sw[i] = sw[i - 1];
+    }
+    for (; i + 1 < n && sw[i + 1] < v; i++) {
+        slot[i] = slot[i + 1];
+        ex[i] = ex[i + 1];
+        sw[i] = sw[i + 1];
+    }
+    slot[i] = s;
+    ex[i] = e;
+    sw[i] = v;
+}
+
 static i64 refine_layer(i64 *expert, double *w, const i64 *start, const i64 *count, i64 gpus, i64 width,
                         i64 num_experts, i64 max_rounds, RefineWork *k) {
     for (i64 g = 0; g < gpus; g++) {
         double sum = 0.0;
-        i64 *order = k->sorted + g * width;
+        i64 *order = k->slot + g * width;
+        unsigned short *hold = k->holds + g * num_experts;
         for (i64 i = 0; i < count[g]; i++) {
             i64 s = start[g] + i;
             sum += w[s];
             order[i] = s;
-            k->holds[g * num_experts + expert[s]]++;
+            hold[expert[s]]++;
         }
         sort_gpu(order, count[g], w);
+        for (i64 i = 0; i < count[g]; i++) {
+            k->ex[g * width + i] = expert[order[i]];
+            k->sw[g * width + i] = w[order[i]];
+        }
         k->load[g] = sum;
         i64 j = g; /* by_load: GPUs by load ascending */
         for (; j > 0 && k->load[k->by_load[j - 1]] > sum; j--) k->by_load[j] = k->by_load[j - 1];
         k->by_load[j] = g;
     }
-    for (i64 j = 0; j < gpus; j++) k->rank_of[k->by_load[j]] = j;
+    i64 *by_load = k->by_load;
+    double *load = k->load;
     i64 rounds = 0;
     for (; rounds < max_rounds; rounds++) {
-        i64 hot = k->by_load[gpus - 1];
-        double peak = k->load[hot], limit = peak * (1 - 1e-12), best_worse = INFINITY, partner_load = INFINITY;
-        const i64 *hot_order = k->sorted + hot * width;
-        i64 best_a = -1, best_b = -1, partner = -1;
+        i64 hot = by_load[gpus - 1];
+        double peak = load[hot], limit = peak * (1 - 1e-12), best_worse = INFINITY, partner_load = INFINITY;
+        const double *hw = k->sw + hot * width;
+        const i64 *he = k->ex + hot * width, nh = count[hot];
+        const unsigned short *hold_hot = k->holds + hot * num_experts;
+        i64 best_ia = -1, best_jb = -1, partner = -1, partner_rank = -1;
         for (i64 r = 0; r < gpus - 1; r++) {
-            i64 h = k->by_load[r];
-            double lh = k->load[h], gap = limit - lh;
+            i64 h = by_load[r];
+            double lh = load[h], gap = limit - lh, half = (peak - lh) * 0.5;
             if (lh > partner_load || gap <= 0) break; /* a lighter partner has a trade, or none can */
-            const i64 *order = k->sorted + h * width;
+            const double *pw = k->sw + h * width;
+            const i64 *pe = k->ex + h * width;
+            const unsigned short *hold_h = k->holds + h * num_experts;
             i64 n = count[h], j = 0;
-            for (i64 ia = 0; ia < count[hot]; ia++) {
-                i64 a = hot_order[ia];
-                double wa = w[a], target = wa - (peak - lh) * 0.5;
-                if (k->holds[h * num_experts + expert[a]]) continue;
-                while (j < n && w[order[j]] < target) j++;
+            for (i64 ia = 0; ia < nh; ia++) {
+                double wa = hw[ia], target = wa - half;
+                if (hold_h[he[ia]]) continue;
+                while (j < n && pw[j] < target) j++;
                 /* nearest unblocked replicas below and at-or-above the target, within 0 < d, lh + d < limit */
-                for (int side = 0; side < 2; side++) {
-                    for (i64 jb = side ? j : j - 1; jb >= 0 && jb < n; jb += side ? 1 : -1) {
-                        i64 b = order[jb];
-                        double d = wa - w[b];
-                        if (d <= 0 || lh + d >= limit) break;
-                        if (k->holds[hot * num_experts + expert[b]]) continue;
-                        double worse = lh + d > peak - d ? lh + d : peak - d;
-                        if (worse < best_worse) {
-                            best_worse = worse;
-                            best_a = a;
-                            best_b = b;
-                            partner = h;
-                            partner_load = lh;
-                        }
-                        break;
+                for (i64 jb = j - 1; jb >= 0; jb--) {
+                    double d = wa - pw[jb];
+                    if (d <= 0 || lh + d >= limit) break;
+                    if (hold_hot[pe[jb]]) continue;
+                    double worse = lh + d > peak - d ? lh + d : peak - d;
+                    if (worse < best_worse) {
+                        best_worse = worse;
+                        best_ia = ia;
+                        best_jb = jb;
+                        partner = h;
+                        partner_rank = r;
+                        partner_load = lh;
                     }
+                    break;
+                }
+                for (i64 jb = j; jb < n; jb++) {
+                    double d = wa - pw[jb];
+                    if (d <= 0 || lh + d >= limit) break;
+                    if (hold_hot[pe[jb]]) continue;
+                    double worse = lh + d > peak - d ? lh + d : peak - d;
+                    if (worse < best_worse) {
+                        best_worse = worse;
+                        best_ia = ia;
+                        best_jb = jb;
+                        partner = h;
+                        partner_rank = r;
+                        partner_load = lh;
+                    }
+                    break;
                 }
             }
         }
-        if (best_a < 0) break;
-        i64 h = partner, ea = expert[best_a], eb = expert[best_b];
+        if (best_ia < 0) break;
+        i64 h = partner, ia = hot * width + best_ia, jb = h * width + best_jb;
+        i64 best_a = k->slot[ia], best_b = k->slot[jb], ea = expert[best_a], eb = expert[best_b];
         double d = w[best_a] - w[best_b];
         k->holds[hot * num_experts + ea]--;
         k->holds[hot * num_experts + eb]++;
@@ -756,29 +800,53 @@ static i64 refine_layer(i64 *expert, double *w, const i64 *start, const i64 *cou
         w[best_a] -= d;
         w[best_b] += d;
         w[best_a] = w[best_a] < 0 ? 0 : w[best_a];
-        sort_gpu(k->sorted + hot * width, count[hot], w);
-        sort_gpu(k->sorted + h * width, count[h], w);
-        k->load[hot] -= d;
-        k->load[h] += d;
-        /* keep by_load sorted: the busiest GPU moves down, its partner up */
-        i64 j = k->rank_of[hot];
-        for (; j > 0 && k->load[k->by_load[j - 1]] > k->load[hot]; j--) {
-            k->by_load[j] = k->by_load[j - 1];
-            k->rank_of[k->by_load[j]] = j;
-        }
-        k->by_load[j] = hot;
-        k->rank_of[hot] = j;
-        j = k->rank_of[h];
-        for (; j + 1 < gpus && k->load[k->by_load[j + 1]] < k->load[h]; j++) {
-            k->by_load[j] = k->by_load[j + 1];
-            k->rank_of[k->by_load[j]] = j;
-        }
-        k->by_load[j] = h;
-        k->rank_of[h] = j;
+        k->ex[ia] = eb;
+        k->sw[ia] = w[best_a];
+        k->ex[jb] = ea;
+        k->sw[jb] = w[best_b];
+        resort_entry(k->slot + hot * width, k->ex + hot * width, k->sw + hot * width, count[hot], best_ia);
+        resort_entry(k->slot + h * width, k->ex + h * width, k->sw + h * width, count[h], best_jb);
+        load[hot] -= d;
+        load[h] += d;
+        /* keep by_load sorted: the busiest GPU (last) moves down, its partner up */
+        i64 j = gpus - 1;
+        for (; j > 0 && load[by_load[j - 1]] > load[hot]; j--) by_load[j] = by_load[j - 1];
+        by_load[j] = hot;
+        j = partner_rank + (j <= partner_rank); /* the partner moved up one when the busiest passed it */
+        for (; j + 1 < gpus && load[by_load[j + 1]] < load[h]; j++) by_load[j] = by_load[j + 1];
+        by_load[j] = h;
     }
     for (i64 g = 0; g < gpus; g++)
         for (i64 s = start[g]; s < start[g] + count[g]; s++) k->holds[g * num_experts + expert[s]] = 0;
     return rounds;
+}
+
+/* Work buffers of refine_layer for `gpus` GPUs of at most `width` slots and E experts (NULL when short of
+ * memory). */
+static int refine_alloc(RefineWork *k, i64 gpus, i64 width, i64 num_experts) {
+    k->by_load = malloc(sizeof(i64) * (gpus + 1));
+    k->slot = malloc(sizeof(i64) * gpus * width);
+    k->ex = malloc(sizeof(i64) * gpus * width);
+    k->sw = malloc(sizeof(double) * gpus * width);
+    k->load = malloc(sizeof(double) * (gpus + 1));
+    k->holds = calloc((size_t)gpus * (num_experts + 1), sizeof(unsigned short));
+    return k->by_load && k->slot && k->ex && k->sw && k->load && k->holds;
+}
+
+static void refine_free(RefineWork *k) {
+    free(k->by_load);
+    free(k->slot);
+    free(k->ex);
+    free(k->sw);
+    free(k->load);
+    free(k->holds);
+}
+
+/* One row's replica weights w [P] (expert's load / its replica count); cnt [E] zeroed, left zeroed. */
+static void replica_weights(const i64 *ex, const double *l, i64 num_physical, i64 *cnt, double *w) {
+    for (i64 s = 0; s < num_physical; s++) cnt[ex[s]]++;
+    for (i64 s = 0; s < num_physical; s++) w[s] = l[ex[s]] / (double)cnt[ex[s]];
+    for (i64 s = 0; s < num_physical; s++) cnt[ex[s]] = 0;
 }
 
 static PyObject *py_refine(PyObject *self, PyObject *args) {
@@ -804,37 +872,29 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     i64 width = 1;
     for (i64 g = 0; g < gpus; g++) width = count[g] > width ? count[g] : width;
     RefineWork k;
-    k.by_load = malloc(sizeof(i64) * (gpus + 1));
-    k.rank_of = malloc(sizeof(i64) * (gpus + 1));
-    k.sorted = malloc(sizeof(i64) * gpus * width);
-    k.load = malloc(sizeof(double) * (gpus + 1));
-    k.holds = calloc((size_t)gpus * (num_experts + 1), sizeof(unsigned short));
+    int ok = refine_alloc(&k, gpus, width, num_experts);
     i64 *start = malloc(sizeof(i64) * (gpus + 1)), *cnt = calloc(num_experts + 1, sizeof(i64));
     double *w = malloc(sizeof(double) * (num_physical + 1));
     i64 total = 0;
-    start[0] = 0;
-    for (i64 g = 1; g < gpus; g++) start[g] = start[g - 1] + count[g - 1];
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t row = 0; row < rows; row++) {
-        i64 *ex = expert + row * num_physical;
-        const double *l = loads + row * num_experts;
-        for (i64 s = 0; s < num_physical; s++) cnt[ex[s]]++;
-        for (i64 s = 0; s < num_physical; s++) w[s] = l[ex[s]] / (double)cnt[ex[s]];
-        for (i64 s = 0; s < num_physical; s++) cnt[ex[s]] = 0;
-        total += refine_layer(ex, w, start, count, gpus, width, num_experts, max_rounds, &k);
+    if (ok && start && cnt && w) {
+        start[0] = 0;
+        for (i64 g = 1; g < gpus; g++) start[g] = start[g - 1] + count[g - 1];
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t row = 0; row < rows; row++) {
+            i64 *ex = expert + row * num_physical;
+            replica_weights(ex, loads + row * num_experts, num_physical, cnt, w);
+            total += refine_layer(ex, w, start, count, gpus, width, num_experts, max_rounds, &k);
+        }
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
-    free(k.by_load);
-    free(k.rank_of);
-    free(k.sorted);
-    free(k.load);
-    free(k.holds);
+    refine_free(&k);
     free(start);
     free(cnt);
     free(w);
     PyBuffer_Release(&bs);
     PyBuffer_Release(&bl);
     PyBuffer_Release(&be);
+    if (!(ok && start && cnt && w)) return PyErr_NoMemory();
     return PyLong_FromLongLong(total);
 }
 
