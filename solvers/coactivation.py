@@ -125,6 +125,7 @@ def _swaps_compiled(st: _State, max_swaps: int) -> int | None:
     return swaps
 
 
+_BLAS_THREADED = 4 * 65536  # OpenBLAS multiplies on one thread up to this many m x n x k
 _blas: list[ThreadpoolController] = []  # made on first use (it inspects the loaded libraries)
 _blas_lock = threading.Lock()
 
@@ -155,7 +156,8 @@ def _layer(
     """Refine one layer. row: [P] experts by slot; loads: [S + 1, E] the window then sub-windows;
     pairs: [E, E]. Returns (new row [P], co-located pair weight before, after, swaps made). compiled:
     the C loop where the inputs are finite (the numpy loop otherwise, or when False: the reference)."""
-    with _one_blas_thread() if compiled else contextlib.nullcontext():
+    threaded = row.size * row.size * slots.size > _BLAS_THREADED  # else BLAS keeps it on one thread itself
+    with _one_blas_thread() if compiled and threaded else contextlib.nullcontext():
         st = _setup(row, loads, pairs, slots, slack, compiled)
     idx = np.arange(row.size)
     before = float((st.affinity[idx, st.gpu]).sum() / 2)
