@@ -378,6 +378,27 @@ e1:
     return NULL;
 }
 
+/* Tournament tree over bins: tree[1] is the bin with the lowest key (lowest index on ties);
+ * key[b] is a bin's load while it may take the current replica, INFINITY otherwise. */
+typedef struct {
+    i64 *tree;
+    double *key;
+    i64 size; /* leaves: a power of two >= bins; leaves `bins` and beyond hold a sentinel (key INFINITY) */
+} Tourney;
+
+static inline i64 tourney_winner(const Tourney *t, i64 x, i64 y) { return t->key[y] < t->key[x] ? y : x; }
+
+static inline void tourney_update(Tourney *t, i64 b) {
+    for (i64 node = (t->size + b) >> 1; node >= 1; node >>= 1)
+        t->tree[node] = tourney_winner(t, t->tree[2 * node], t->tree[2 * node + 1]);
+}
+
+static void tourney_build(Tourney *t, i64 bins) {
+    for (i64 i = 0; i < t->size; i++) t->tree[t->size + i] = i < bins ? i : bins;
+    for (i64 node = t->size - 1; node >= 1; node--)
+        t->tree[node] = tourney_winner(t, t->tree[2 * node], t->tree[2 * node + 1]);
+}
+
 /* ---------- DeepSeek EPLB's replicate + balanced_packing, one row (layer x node) at a time ---------- */
 
 /* weight [rows, n_log] float32 values; n_phy replicas per row packed onto `packs` GPUs of n_phy / packs
@@ -405,6 +426,11 @@ static PyObject *py_deepseek_rows(PyObject *self, PyObject *args) {
     i64 *item = malloc(sizeof(i64) * (n_log + 1)), *phy = malloc(sizeof(i64) * n_phy),
         *rank = malloc(sizeof(i64) * n_phy), *pack_items = malloc(sizeof(i64) * (packs + 1));
     Pair *order = malloc(sizeof(Pair) * n_phy);
+    i64 leaves = 1;
+    while (leaves < packs) leaves *= 2;
+    i64 *tree = malloc(sizeof(i64) * 2 * leaves);
+    double *key_of_pack = malloc(sizeof(double) * (packs + 1));
+    Tourney t = {tree, key_of_pack, leaves};
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t row = 0; row < rows; row++) {
         const double *w = weight + row * n_log;
@@ -432,16 +458,26 @@ static PyObject *py_deepseek_rows(PyObject *self, PyObject *args) {
         }
         for (i64 s = 0; s < n_phy; s++) order[s] = (Pair){(double)(float)(w[phy[s]] / (double)cnt[phy[s]]), s};
         torch_sort_desc(order, n_phy);
+        int finite = 1; /* the tournament picks what the scan picks when every load is finite */
+        for (i64 e = 0; e < n_log; e++) finite &= isfinite(w[e]) != 0;
         for (i64 b = 0; b < packs; b++) {
             pack_load[b] = 0.0;
             pack_items[b] = 0;
+            key_of_pack[b] = 0.0;
         }
+        key_of_pack[packs] = INFINITY;
+        tourney_build(&t, packs);
         for (i64 j = 0; j < n_phy; j++) {
-            i64 s = order[j].idx, best = -1;
-            for (i64 b = 0; b < packs; b++)
-                if (pack_items[b] < per_pack && (best < 0 || pack_load[b] < pack_load[best])) best = b;
+            i64 s = order[j].idx, best = t.tree[1];
+            if (!finite) { /* the first least-loaded pack with room, by a scan */
+                best = -1;
+                for (i64 b = 0; b < packs; b++)
+                    if (pack_items[b] < per_pack && (best < 0 || pack_load[b] < pack_load[best])) best = b;
+            }
             i64 pos = best * per_pack + pack_items[best]++;
             pack_load[best] = (double)(float)(pack_load[best] + order[j].key);
+            key_of_pack[best] = pack_items[best] < per_pack ? pack_load[best] : INFINITY;
+            tourney_update(&t, best);
             op[pos] = phy[s];
             orank[pos] = rank[s];
         }
@@ -454,6 +490,8 @@ static PyObject *py_deepseek_rows(PyObject *self, PyObject *args) {
     free(rank);
     free(pack_items);
     free(order);
+    free(tree);
+    free(key_of_pack);
     PyBuffer_Release(&bc);
     PyBuffer_Release(&br);
     PyBuffer_Release(&bp);
@@ -499,27 +537,6 @@ static void merge_sort_desc(Pair *a, Pair *tmp, i64 n) {
     }
 }
 
-/* Tournament tree over bins: tree[1] is the bin with the lowest key (lowest index on ties);
- * key[b] is a bin's load while it may take the current replica, INFINITY otherwise. */
-typedef struct {
-    i64 *tree;
-    double *key;
-    i64 size; /* leaves: a power of two >= bins + 1; leaf `bins` and beyond hold a sentinel */
-} Tourney;
-
-static inline i64 tourney_winner(const Tourney *t, i64 x, i64 y) { return t->key[y] < t->key[x] ? y : x; }
-
-static inline void tourney_update(Tourney *t, i64 b) {
-    for (i64 node = (t->size + b) >> 1; node >= 1; node >>= 1)
-        t->tree[node] = tourney_winner(t, t->tree[2 * node], t->tree[2 * node + 1]);
-}
-
-static void tourney_build(Tourney *t, i64 bins) {
-    for (i64 i = 0; i < t->size; i++) t->tree[t->size + i] = i < bins ? i : bins;
-    for (i64 node = t->size - 1; node >= 1; node--)
-        t->tree[node] = tourney_winner(t, t->tree[2 * node], t->tree[2 * node + 1]);
-}
-
 /* One row: loads [E] over bins with capacity [bins] (sum = slots of the row, >= E). Writes the expert
  * of each slot, bin by bin, into out [slots]. Returns 1 when some bin had to take a second replica of
  * one expert (every bin with room already held it), else 0. */
@@ -557,7 +574,7 @@ static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64
     merge_sort_desc(items, tmp, num_log);
     /* pack: each replica into the least-loaded bin with room that does not hold its expert yet */
     Tourney t = {tree, key_of_bin, 1};
-    while (t.size < bins + 1) t.size *= 2;
+    while (t.size < bins) t.size *= 2;
     first_slot[0] = 0;
     for (i64 b = 0; b < bins; b++) {
         load[b] = 0.0;
@@ -626,7 +643,7 @@ static PyObject *py_place(PyObject *self, PyObject *args) {
     double *key = malloc(sizeof(double) * (num_log + 1)), *load = malloc(sizeof(double) * (bins + 1));
     Pair *items = malloc(sizeof(Pair) * (num_log + 1)), *tmp = malloc(sizeof(Pair) * (num_log + 1));
     i64 leaves = 1;
-    while (leaves < bins + 1) leaves *= 2;
+    while (leaves < bins) leaves *= 2;
     i64 *used = malloc(sizeof(i64) * (bins + 1)), *tree = malloc(sizeof(i64) * 2 * leaves);
     double *key_of_bin = malloc(sizeof(double) * (bins + 1));
     i64 *prev = malloc(sizeof(i64) * (width + 1)), *first_slot = malloc(sizeof(i64) * (bins + 1));
@@ -898,6 +915,176 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(total);
 }
 
+/* ---------- greedy: place, then refine, each row in one pass (the global policy of solve_greedy) ---------- */
+
+static PyObject *py_greedy(PyObject *self, PyObject *args) {
+    PyObject *o_loads, *o_slots, *o_out, *o_stuck;
+    Py_ssize_t rows, num_log, gpus, max_replicas, max_rounds;
+    if (!PyArg_ParseTuple(args, "OnnOnnnOO", &o_loads, &rows, &num_log, &o_slots, &gpus, &max_replicas,
+                          &max_rounds, &o_out, &o_stuck))
+        return NULL;
+    Py_buffer bl, bc, bo, bs;
+    if (get_buf(o_slots, &bc, 8, gpus, 0, "slots_per_gpu") < 0) return NULL;
+    const i64 *count = bc.buf;
+    i64 width = 0, most = 1;
+    for (i64 g = 0; g < gpus; g++) {
+        width += count[g];
+        most = count[g] > most ? count[g] : most;
+        if (count[g] < 1) {
+            PyErr_SetString(PyExc_ValueError, "greedy: every GPU needs at least one slot");
+            PyBuffer_Release(&bc);
+            return NULL;
+        }
+    }
+    if (gpus < 1 || width < num_log) {
+        PyErr_Format(PyExc_ValueError, "greedy: %lld slots for %zd experts", (long long)width, num_log);
+        PyBuffer_Release(&bc);
+        return NULL;
+    }
+    if (get_buf(o_loads, &bl, 8, rows * num_log, 0, "loads") < 0) goto e1;
+    if (get_buf(o_out, &bo, 8, rows * width, 1, "out") < 0) goto e2;
+    if (get_buf(o_stuck, &bs, 1, rows, 1, "stuck") < 0) goto e3;
+    const double *loads = bl.buf;
+    i64 *out = bo.buf;
+    unsigned char *stuck = bs.buf;
+    i64 leaves = 1;
+    while (leaves < gpus) leaves *= 2;
+    i64 *cnt = malloc(sizeof(i64) * (num_log + 1)), *item = malloc(sizeof(i64) * (num_log + 1));
+    double *key = malloc(sizeof(double) * (num_log + 1)), *load = malloc(sizeof(double) * (gpus + 1));
+    Pair *items = malloc(sizeof(Pair) * (num_log + 1)), *tmp = malloc(sizeof(Pair) * (num_log + 1));
+    i64 *used = malloc(sizeof(i64) * (gpus + 1)), *tree = malloc(sizeof(i64) * 2 * leaves);
+    double *key_of_bin = malloc(sizeof(double) * (gpus + 1)), *w = malloc(sizeof(double) * (width + 1));
+    i64 *prev = malloc(sizeof(i64) * (width + 1)), *first_slot = malloc(sizeof(i64) * (gpus + 1));
+    RefineWork k;
+    int ok = refine_alloc(&k, gpus, most, num_log) && cnt && item && key && load && items && tmp && used && tree &&
+             key_of_bin && w && prev && first_slot;
+    i64 total = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t row = 0; row < rows; row++) {
+            i64 *o = out + row * width;
+            const double *l = loads + row * num_log;
+            for (i64 s = 0; s < width; s++) o[s] = -1;
+            stuck[row] = (unsigned char)place_row(l, num_log, count, gpus, max_replicas, o, cnt, key, item, items,
+                                                  tmp, load, used, tree, key_of_bin, prev, first_slot);
+            if (stuck[row] || gpus < 2 || max_rounds <= 0) continue; /* the caller spreads duplicates first */
+            for (i64 s = 0; s < width; s++) w[s] = l[o[s]] / (double)cnt[o[s]];
+            total += refine_layer(o, w, first_slot, count, gpus, most, num_log, max_rounds, &k);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    refine_free(&k);
+    free(cnt);
+    free(item);
+    free(key);
+    free(load);
+    free(items);
+    free(tmp);
+    free(used);
+    free(tree);
+    free(key_of_bin);
+    free(w);
+    free(prev);
+    free(first_slot);
+    PyBuffer_Release(&bs);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bl);
+    PyBuffer_Release(&bc);
+    if (!ok) return PyErr_NoMemory();
+    return PyLong_FromLongLong(total);
+e3:
+    PyBuffer_Release(&bo);
+e2:
+    PyBuffer_Release(&bl);
+e1:
+    PyBuffer_Release(&bc);
+    return NULL;
+}
+
+/* ---------- log2phy: the physical slots of each logical expert, by replica rank ---------- */
+
+static PyObject *py_log2phy(PyObject *self, PyObject *args) {
+    PyObject *o_phy2log, *o_rank, *o_out;
+    Py_ssize_t rows, n_phy, n_log, maxcnt;
+    if (!PyArg_ParseTuple(args, "OOnnnnO", &o_phy2log, &o_rank, &rows, &n_phy, &n_log, &maxcnt, &o_out)) return NULL;
+    Py_buffer bp, br, bo;
+    if (get_buf(o_phy2log, &bp, 8, rows * n_phy, 0, "phy2log") < 0) return NULL;
+    if (get_buf(o_rank, &br, 8, rows * n_phy, 0, "rank") < 0) {
+        PyBuffer_Release(&bp);
+        return NULL;
+    }
+    if (get_buf(o_out, &bo, 8, rows * n_log * maxcnt, 1, "out") < 0) {
+        PyBuffer_Release(&br);
+        PyBuffer_Release(&bp);
+        return NULL;
+    }
+    const i64 *phy2log = bp.buf, *rank = br.buf;
+    i64 *out = bo.buf;
+    int bad = 0;
+    memset(out, 0xff, sizeof(i64) * (size_t)(rows * n_log * maxcnt)); /* -1 everywhere */
+    for (i64 row = 0; row < rows && !bad; row++)
+        for (i64 s = 0; s < n_phy; s++) {
+            i64 e = phy2log[row * n_phy + s], r = rank[row * n_phy + s];
+            if (e < 0 || e >= n_log || r < 0 || r >= maxcnt) {
+                bad = 1;
+                break;
+            }
+            out[(row * n_log + e) * maxcnt + r] = s;
+        }
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&br);
+    PyBuffer_Release(&bp);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "log2phy: expert or replica rank out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---------- take: out[row, i] = src[row, idx[row, i]] for 8-byte items (take_along_axis on rows) ---------- */
+
+static PyObject *py_take(PyObject *self, PyObject *args) {
+    PyObject *o_src, *o_idx, *o_out;
+    Py_ssize_t rows, n_src, n_idx;
+    int inverse;
+    if (!PyArg_ParseTuple(args, "OOnnnpO", &o_src, &o_idx, &rows, &n_src, &n_idx, &inverse, &o_out)) return NULL;
+    Py_buffer bs, bi, bo;
+    if (get_buf(o_src, &bs, 8, rows * n_src, 0, "src") < 0) return NULL;
+    if (get_buf(o_idx, &bi, 8, rows * n_idx, 0, "idx") < 0) {
+        PyBuffer_Release(&bs);
+        return NULL;
+    }
+    if (get_buf(o_out, &bo, 8, rows * (inverse ? n_src : n_idx), 1, "out") < 0) {
+        PyBuffer_Release(&bi);
+        PyBuffer_Release(&bs);
+        return NULL;
+    }
+    const uint64_t *src = bs.buf;
+    const i64 *idx = bi.buf;
+    uint64_t *out = bo.buf;
+    int bad = 0;
+    for (i64 row = 0; row < rows && !bad; row++) {
+        const i64 *ix = idx + row * n_idx;
+        for (i64 i = 0; i < n_idx; i++) {
+            i64 j = ix[i];
+            if (j < 0 || j >= n_src) {
+                bad = 1;
+                break;
+            }
+            if (inverse) out[row * n_src + j] = (uint64_t)i; /* src unused: out[row, idx[row, i]] = i */
+            else out[row * n_idx + i] = src[row * n_src + j];
+        }
+    }
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bi);
+    PyBuffer_Release(&bs);
+    if (bad) {
+        PyErr_SetString(PyExc_IndexError, "take: index out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"replicate", py_replicate, METH_VARARGS,
      "replicate(weight, rows, E, num_physical, width, max_replicas, f32, phy2log, rank, logcnt)"},
@@ -908,6 +1095,14 @@ static PyMethodDef methods[] = {
      "deepseek_rows(weight, rows, n_log, n_phy, packs, phy2log, rank, logcnt): DeepSeek's replicate and pack"},
     {"place", py_place, METH_VARARGS,
      "place(loads, rows, E, capacity, bins, width, max_replicas, out, stuck): replicate and pack each row"},
+    {"log2phy", py_log2phy, METH_VARARGS,
+     "log2phy(phy2log, rank, rows, n_phy, n_log, maxcnt, out): out[row, e, r] = slot of replica r of e, else -1"},
+    {"take", py_take, METH_VARARGS,
+     "take(src, idx, rows, n_src, n_idx, inverse, out): out[r, i] = src[r, idx[r, i]] (8-byte items); inverse: "
+     "out[r, idx[r, i]] = i"},
+    {"greedy", py_greedy, METH_VARARGS,
+     "greedy(loads, rows, E, slots_per_gpu, gpus, max_replicas, max_rounds, out, stuck) -> swaps made: place "
+     "and refine each row (rows marked stuck are placed, not refined)"},
     {"refine", py_refine, METH_VARARGS,
      "refine(expert, loads, rows, num_physical, num_experts, slots_per_gpu, gpus, max_rounds) -> swaps made"},
     {NULL, NULL, 0, NULL},

@@ -56,3 +56,16 @@ def refine(
     gpus: int,
     max_rounds: int,
 ) -> int: ...
+def greedy(
+    loads: _F,
+    rows: int,
+    num_log: int,
+    slots_per_gpu: _I,
+    gpus: int,
+    max_replicas: int,
+    max_rounds: int,
+    out: _I,
+    stuck: NDArray[np.bool_],
+) -> int: ...
+def log2phy(phy2log: _I, rank: _I, rows: int, n_phy: int, n_log: int, maxcnt: int, out: _I) -> None: ...
+def take(src: _F | _I, idx: _I, rows: int, n_src: int, n_idx: int, inverse: bool, out: _F | _I) -> None: ...

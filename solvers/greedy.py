@@ -12,7 +12,7 @@ Two entry points:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -225,19 +225,23 @@ def solve_greedy(
         and num_experts % num_groups == 0
         and num_groups % num_nodes == 0
     )
-    if not hierarchical:
+    if not hierarchical:  # one compiled pass per layer: replicate, pack, refine
         cap = max_replicas if max_replicas is not None else num_gpus
-        phy2log, stuck = _place(loads, np.broadcast_to(slots, (layers, num_gpus)), cap)
+        slots = np.ascontiguousarray(slots)
+        loads = _f64(loads)
+        phy2log = np.empty((layers, int(slots.sum())), dtype=np.int64)
+        stuck = np.zeros(layers, dtype=np.bool_)
+        _kernels.greedy(loads, layers, num_experts, slots, num_gpus, cap or 0, refine_rounds, phy2log, stuck)
+        if stuck.any():  # rare: a GPU took two replicas of one expert while packing; refined after the spread
+            rows = np.flatnonzero(stuck)
+            spread = spread_duplicates(loads[rows], phy2log[rows], slots)
+            phy2log[rows] = refine_swaps(loads[rows], spread, slots, refine_rounds)
     else:
         assert num_groups is not None and gpus_per_node is not None
         phy2log, stuck = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
-    if stuck.any():  # rare: a GPU took two replicas of one expert while packing
-        rows = np.flatnonzero(stuck)
-        phy2log[rows] = spread_duplicates(loads[rows], phy2log[rows], slots)
-    if not hierarchical:
-        phy2log = refine_swaps(loads, phy2log, slots, refine_rounds)
-    else:
-        assert gpus_per_node is not None
+        if stuck.any():
+            rows = np.flatnonzero(stuck)
+            phy2log[rows] = spread_duplicates(loads[rows], phy2log[rows], slots)
         phy2log = _refine_within_nodes(loads, phy2log, slots, gpus_per_node, refine_rounds)
     validate_placement(phy2log, slots, num_experts)
     return phy2log
@@ -277,7 +281,7 @@ def _place_hierarchical(
     log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
     mlog2log = _inverse(log2mlog)
     # Step 2 and 3: replicate within each node and pack onto its GPUs (rows = layer x node).
-    node_loads = np.take_along_axis(loads, mlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
+    node_loads = _take(_f64(loads), mlog2log).reshape(layers * num_nodes, experts_per_node)
     capacity = np.tile(node_slots, (layers, 1))
     cap = max_replicas if max_replicas is not None else gpus_per_node
     local, stuck = _place(node_loads, capacity, cap)
@@ -287,7 +291,7 @@ def _place_hierarchical(
     keep = np.arange(local.shape[2])[None, :] < width[:, None]
     mlog = local[:, keep]
     stuck_layers = np.asarray(stuck.reshape(layers, num_nodes).any(axis=1), dtype=np.bool_)
-    return np.take_along_axis(mlog2log, mlog, axis=1), stuck_layers
+    return _take(mlog2log, mlog), stuck_layers
 
 
 def _group_order(node_of_group: IntArray, rank_in_node: IntArray, groups_per_node: int, group_size: int) -> IntArray:
@@ -298,9 +302,22 @@ def _group_order(node_of_group: IntArray, rank_in_node: IntArray, groups_per_nod
 
 def _inverse(perm: IntArray) -> IntArray:
     """Inverse of each row's permutation: [rows, n]."""
+    perm = np.ascontiguousarray(perm, dtype=np.int64)
     inv = np.empty_like(perm)
-    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(perm.shape[1]), perm.shape), axis=1)
+    _kernels.take(perm, perm, perm.shape[0], perm.shape[1], perm.shape[1], True, inv)
     return inv
+
+
+_A = TypeVar("_A", NDArray[np.float64], NDArray[np.int64])
+
+
+def _take(src: _A, idx: IntArray) -> _A:
+    """np.take_along_axis(src, idx, axis=1) for 2-D float64 or int64 src (compiled, no index broadcasting)."""
+    src = np.ascontiguousarray(src)
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    out = np.empty(idx.shape, dtype=src.dtype)
+    _kernels.take(src, idx, src.shape[0], src.shape[1], idx.shape[1], False, out)
+    return out
 
 
 def _as_numpy(weight: Any) -> NDArray[np.float32]:
@@ -331,10 +348,9 @@ def rebalance_experts(
     else:
         phy2log, phyrank, logcnt = _deepseek_hierarchical(w, num_replicas, 1, 1, num_gpus)
     maxcnt = int(logcnt.max())
-    log2phy = np.full(layers * num_log * maxcnt, -1, dtype=np.int64)
-    at = (np.arange(layers) * (num_log * maxcnt))[:, None] + phy2log * maxcnt + phyrank
-    log2phy[at.ravel()] = np.tile(np.arange(num_replicas), layers)
-    return phy2log, log2phy.reshape(layers, num_log, maxcnt), logcnt
+    log2phy = np.empty((layers, num_log, maxcnt), dtype=np.int64)
+    _kernels.log2phy(phy2log, phyrank, layers, num_replicas, num_log, maxcnt, log2phy)
+    return phy2log, log2phy, logcnt
 
 
 def _require(condition: bool, message: str) -> None:
@@ -367,7 +383,7 @@ def _deepseek_hierarchical(
     _require(num_physical >= num_log, f"{num_physical} physical experts cannot hold {num_log} logical experts")
     group_size = num_log // num_groups
     log2mlog = mlog2log = None  # experts listed node by node (mlog); the global policy keeps logical order
-    mlog_load = weight
+    mlog_load: FloatArray = weight
     if num_nodes > 1 or num_groups > 1:
         if num_groups == num_nodes:  # one group per node: no packing, the sums are not needed
             node_of_group, rank_in_node = _deepseek_pack(weight[:, :num_groups], num_nodes)
@@ -376,7 +392,7 @@ def _deepseek_hierarchical(
             node_of_group, rank_in_node = _deepseek_pack(group_load, num_nodes)
         log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
         mlog2log = _inverse(log2mlog)
-        mlog_load = np.take_along_axis(weight, mlog2log, axis=1)
+        mlog_load = _take(_f64(weight), mlog2log)
     # Steps 2 and 3 (rows = layer x node): replicate within the node, pack its replicas onto its GPUs
     rows, per_node = layers * num_nodes, num_log // num_nodes
     pphy2mlog = np.empty((rows, num_physical // num_nodes), dtype=np.int64)
@@ -390,8 +406,9 @@ def _deepseek_hierarchical(
     )
     if log2mlog is None or mlog2log is None:  # global policy: mlog is log
         return pphy2mlog, pphyrank.reshape(layers, -1), mlogcnt
-    pphy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)
-    logcnt = np.take_along_axis(mlogcnt.reshape(layers, -1), log2mlog, axis=1)
+    pphy2log = _take(mlog2log, pphy2mlog)
+    counts: IntArray = mlogcnt.reshape(layers, -1)
+    logcnt = _take(counts, log2mlog)
     return pphy2log, pphyrank.reshape(layers, -1), logcnt
 
 
