@@ -339,7 +339,8 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
                 c.w2min = 2.0 * x < c.w2min ? 2.0 * x : c.w2min;
                 WT[q * P + r] = x;
             }
-        c.WT = WT;
+        /* bitwise symmetric weights (pair counts give them): W serves as its own transpose, less memory traffic */
+        c.WT = memcmp(WT, W, sizeof(double) * (size_t)(P * P)) == 0 ? W : WT;
         for (i64 i = 0; i < P * G; i++) finite &= isfinite(c.A[i]) != 0;
         for (i64 k = 0; k < S; k++) {
             finite &= isfinite(c.cap[k]) != 0;
