@@ -58,9 +58,28 @@ LogSource = RoutingLog | str | Path | NDArray[Any] | Iterable[NDArray[Any]]
 MOVE_BUDGETS: tuple[float, ...] = (0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 """Move budgets the cost trigger tries with the incremental solver, as fractions of all slots."""
 NET_TOLERANCE = 0.05
-"""The cost trigger takes the most balanced candidate whose net saving is within this fraction of the best
-(the estimate's error: on the benchmark logs the window's own steps overstate the next interval's saving by
-5-40%)."""
+"""The cost trigger considers the candidates whose net saving is within this fraction of the best (the
+estimate's error: on the benchmark logs the window's own steps overstate the next interval's saving by
+5-40%)..."""
+LB_TOLERANCE = 0.01
+"""... and of those takes the one with the fewest copies whose realized lb on the window's steps is within
+this fraction of the most balanced one's."""
+
+
+def _moves(outcome: Outcome) -> int:
+    return 0 if outcome.moves is None else int(outcome.moves.sum())
+
+
+def choose_candidate(net_s: list[float], lb: list[float], moves: list[int]) -> int | None:
+    """The cost trigger's choice among candidates (net saving s, realized lb on the window's steps, copies each):
+    of those within NET_TOLERANCE of the best net saving, the fewest copies whose lb is within LB_TOLERANCE of
+    the most balanced one's (ties: the lower lb); None when no candidate saves more than it costs."""
+    best = max(net_s, default=0.0)
+    if best <= 0:
+        return None
+    near = [i for i, n in enumerate(net_s) if n >= best * (1 - NET_TOLERANCE)]
+    balanced = min(lb[i] for i in near)
+    return min((i for i in near if lb[i] <= balanced * (1 + LB_TOLERANCE)), key=lambda i: (moves[i], lb[i]))
 
 
 @dataclass(frozen=True)
@@ -555,8 +574,8 @@ class _Replay:
     ) -> tuple[Outcome, MigrationCost | None, float] | None:
         """The candidate to rebalance with, None when none saves more than it costs. A candidate's net
         saving = mean time per step saved on the window's own steps `recent` [n, L, E] x the interval -
-        its migration charge. Of the candidates whose net saving is within NET_TOLERANCE of the best, the
-        one with the lowest mean realized lb on those steps wins.
+        its migration charge; `choose_candidate` picks: among the near-best net savings, the fewest copies
+        that come within LB_TOLERANCE of the most balanced.
 
         Why not simply the best net: judged on the steps it was fitted to, every candidate past a few
         percent of moves puts those steps at the weight-read floor of the step time, so their savings tie
@@ -579,11 +598,10 @@ class _Replay:
             # at least an interval (no check runs while copies are in flight)
             saving = float(step_s[0] - t_new) * self.sched.interval
             scored.append((saving - charge, float(b), cost, outcome, saving))
-        best_net = max(s[0] for s in scored)
-        if best_net <= 0:
+        pick = choose_candidate([s[0] for s in scored], [s[1] for s in scored], [_moves(s[3]) for s in scored])
+        if pick is None:
             return None
-        near = [s for s in scored if s[0] >= best_net * (1 - NET_TOLERANCE)]
-        _, _, cost, outcome, saving = min(near, key=lambda s: (s[1], -s[0]))
+        _, _, cost, outcome, saving = scored[pick]
         return outcome, cost, saving
 
     # ---- the summary ----
