@@ -5,8 +5,9 @@ balance for something the cost model says is worth more:
 - co-location: with a co-activation summary, `solvers.coactivation.refine_coactivation` swaps slots so
   experts chosen together share a GPU (fewer all-to-all copies), within lb caps of `SLACKS` above the
   solver's busiest GPU (global placements only: the swaps may cross nodes);
-- fewer replicas: from scratch (no serving placement), greedy on one slot per expert, the extra slots left
-  empty (-1), so no GPU reads a redundant replica's weights (decode, where weight reads bound the layer).
+- fewer replicas: from scratch (no serving placement; global placements only), greedy on one slot per expert,
+  the extra slots left empty (-1), so no GPU reads a redundant replica's weights (decode, where weight reads
+  bound the layer).
 Each layer keeps the candidate with the lowest predicted layer time (`eplb.cost.predict`, with the summary's
 copies per GPU when there is one) if it is at least `MIN_GAIN` faster than the solver's own, so the time
 objective is never predicted slower than `lb` on any layer, and without co-activation data it changes only

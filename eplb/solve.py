@@ -228,7 +228,8 @@ def solve(
             raise EplbError(f"the time objective places uniform shares: drop --split weighted (solver {name!r})")
         choice = choose_by_time(
             candidates(loads, phy2log, cluster.slots_per_gpu, coactivation=coactivation, scenarios=scenarios,
-                       colocate=not problem.hierarchical, fewer_replicas=empty_slots and current is None),
+                       colocate=not problem.hierarchical,  # both global: they would move groups off their nodes
+                       fewer_replicas=empty_slots and current is None and not problem.hierarchical),
             lambda p2l: _predict(loads, Placement(p2l, cluster.slots_per_gpu, loads.shape[1]), cost,
                                  _reach(coactivation, p2l, cluster, cost)).time_us,
         )

@@ -231,3 +231,12 @@ def test_replay_of_a_token_log_reports_copies_per_token(tmp_path: Path) -> None:
     exact = copies_per_token(ids, base.phy2log, base.slots_per_gpu, 64).gpus.mean()
     assert results["no_eplb"]["copies_per_token"] == pytest.approx(exact, abs=1e-4)
     assert {"replay", "static", "hindsight"} <= {k for k, v in results.items() if "copies_per_token" in v}
+
+
+def test_time_objective_keeps_groups_on_their_nodes(law: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, loads = law
+    cluster = Cluster(np.full(8, 9, dtype=np.int64), gpus_per_node=4, num_groups=4)
+    for setup in (cost(256, link="nvlink"), cost(4096)):
+        lb = solve(loads, cluster, cost=setup, coactivation=summarize(ids, 64))
+        by_time = solve(loads, cluster, cost=setup, coactivation=summarize(ids, 64), objective="time")
+        assert np.array_equal(by_time.placement.phy2log, lb.placement.phy2log)  # no global candidate applies
