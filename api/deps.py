@@ -1,6 +1,7 @@
 """Dependencies routes declare (FastAPI's `Depends`): settings, the solver pool, the in-process lane, the job
 store, metrics, and the API-key check. The objects live on `app.state`, set by `api.app.create_app`; a test or
-another store swaps them there."""
+another store swaps them there. Every dependency is `async def`: FastAPI runs a plain `def` one in a worker
+thread, a thread hop per dependency per request."""
 
 from __future__ import annotations
 
@@ -21,32 +22,32 @@ bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
                     description="the service's API key (EPLB_API_KEY), when it has one")
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_pool(request: Request) -> SolvePool:
+async def get_pool(request: Request) -> SolvePool:
     pool: SolvePool = request.app.state.pool
     return pool
 
 
-def get_parsers(request: Request) -> SolvePool:
+async def get_parsers(request: Request) -> SolvePool:
     pool: SolvePool = request.app.state.parsers
     return pool
 
 
-def get_inline(request: Request) -> FastLane:
+async def get_inline(request: Request) -> FastLane:
     lane: FastLane = request.app.state.inline
     return lane
 
 
-def get_jobs(request: Request) -> JobStore:
+async def get_jobs(request: Request) -> JobStore:
     jobs: JobStore = request.app.state.jobs
     return jobs
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 

@@ -2,7 +2,7 @@
 embedded DeepSeek-V3 window, EP32 with 288 slots), 1 and then 8 concurrent clients, each run bounded in time and
 in requests. Prints latency p50/p90/p99 (ms) and throughput (req/s) per client count, for JSON and for .npy
 loads, the server's CPU time per request (its process and its solver processes), and where one request's time
-goes inside the server (parse + validate, solve, build + serialize).
+goes inside the server (parse + validate, solve, answer bytes).
 
 Two servers run side by side and take turns, so both see the same machine: `inline` (the default fast lane: the
 request is parsed, solved and serialized in a thread of the server process, or in one idle solver process when
@@ -125,12 +125,13 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
 
 def breakdown(loads: np.ndarray[Any, Any], repeats: int = 30) -> dict[str, float]:
     """Median ms of each stage of one request, in this process (what the fast lane, or the parser and a solver
-    worker, do)."""
+    worker, do). answer: the bytes the service sends (api.convert.answer_json); answer_models: the same bytes
+    through the pydantic answer models, as before."""
     body = convert.Body(json.dumps({**FIELDS, "loads": loads.tolist()}).encode(), "json", "/placement")
     buffer = io.BytesIO()
     np.save(buffer, loads)
     npy = convert.Body(buffer.getvalue(), "npy", "/placement", json.dumps(FIELDS))
-    stages: dict[str, list[float]] = {k: [] for k in ("parse_json", "parse_npy", "solve", "build", "serialize")}
+    stages: dict[str, list[float]] = {k: [] for k in ("parse_json", "parse_npy", "solve", "answer", "answer_models")}
     for _ in range(repeats):
         t0 = time.perf_counter()
         job = convert.parse_placement(body, 30).job
@@ -140,12 +141,12 @@ def breakdown(loads: np.ndarray[Any, Any], repeats: int = 30) -> dict[str, float
         assert job is not None
         outcome = solve(job.loads, job.cluster, solver="greedy", cost=job.cost)
         t3 = time.perf_counter()
-        model = outcome.to_model()
+        convert.answer_json(outcome)
         t4 = time.perf_counter()
-        orjson.dumps(model.to_json_dict())
+        orjson.dumps(outcome.to_model().to_json_dict())
         t5 = time.perf_counter()
-        for key, a, b in (("parse_json", t0, t1), ("parse_npy", t1, t2), ("solve", t2, t3), ("build", t3, t4),
-                          ("serialize", t4, t5)):
+        for key, a, b in (("parse_json", t0, t1), ("parse_npy", t1, t2), ("solve", t2, t3), ("answer", t3, t4),
+                          ("answer_models", t4, t5)):
             stages[key].append((b - a) * 1000)
     return {k: statistics.median(v) for k, v in stages.items()}
 
