@@ -698,7 +698,44 @@ typedef struct {
     double *sw;           /* the same slots' weights, contiguous for the pair search */
     double *load;
     unsigned short *holds; /* [gpus, E]: replicas of each expert on each GPU */
+    Pair *pairs, *tmp;     /* [gpus]: for sorting GPUs by load */
 } RefineWork;
+
+/* by_load [gpus] sorted ascending by load except the partner at `rank`, whose load rose, and the busiest
+ * GPU (last), whose load fell: move the busiest down, then the partner up, each after (busiest) or before
+ * (partner) equal loads, exactly as one-step insertion would. Loads must be finite (binary searches). */
+static void reorder_gpus(i64 *by_load, const double *load, i64 gpus, i64 rank) {
+    i64 top = gpus - 1, hot = by_load[top], h = by_load[rank];
+    double lhot = load[hot], lh = load[h];
+    i64 lo = rank + 1, hi = top; /* above the partner: the first load > lhot */
+    while (lo < hi) {
+        i64 mid = (lo + hi) / 2;
+        if (load[by_load[mid]] > lhot) hi = mid;
+        else lo = mid + 1;
+    }
+    if (lo == rank + 1 && lh > lhot) { /* the busiest passes the partner too */
+        lo = 0;
+        hi = rank;
+        while (lo < hi) {
+            i64 mid = (lo + hi) / 2;
+            if (load[by_load[mid]] > lhot) hi = mid;
+            else lo = mid + 1;
+        }
+    }
+    i64 j = lo;
+    memmove(by_load + j + 1, by_load + j, sizeof(i64) * (size_t)(top - j));
+    by_load[j] = hot;
+    j = rank + (j <= rank);
+    lo = j + 1;
+    hi = gpus; /* above the partner: the first load >= lh */
+    while (lo < hi) {
+        i64 mid = (lo + hi) / 2;
+        if (load[by_load[mid]] < lh) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(by_load + j, by_load + j + 1, sizeof(i64) * (size_t)(lo - 1 - j));
+    by_load[lo - 1] = h;
+}
 
 static void sort_gpu(i64 *order, i64 n, const double *w) {
     for (i64 i = 1; i < n; i++) {
@@ -745,9 +782,19 @@ static i64 refine_layer(i64 *expert, double *w, const i64 *start, const i64 *cou
             k->sw[g * width + i] = w[order[i]];
         }
         k->load[g] = sum;
-        i64 j = g; /* by_load: GPUs by load ascending */
-        for (; j > 0 && k->load[k->by_load[j - 1]] > sum; j--) k->by_load[j] = k->by_load[j - 1];
-        k->by_load[j] = g;
+    }
+    int finite = 1;
+    for (i64 g = 0; g < gpus; g++) finite &= isfinite(k->load[g]) != 0;
+    if (finite && gpus >= 64) { /* by_load: GPUs by load ascending, ties in GPU order (a stable sort) */
+        for (i64 g = 0; g < gpus; g++) k->pairs[g] = (Pair){-k->load[g], g};
+        merge_sort_desc(k->pairs, k->tmp, gpus);
+        for (i64 g = 0; g < gpus; g++) k->by_load[g] = k->pairs[g].idx;
+    } else {
+        for (i64 g = 0; g < gpus; g++) {
+            i64 j = g;
+            for (; j > 0 && k->load[k->by_load[j - 1]] > k->load[g]; j--) k->by_load[j] = k->by_load[j - 1];
+            k->by_load[j] = g;
+        }
     }
     i64 *by_load = k->by_load;
     double *load = k->load;
@@ -826,6 +873,11 @@ static i64 refine_layer(i64 *expert, double *w, const i64 *start, const i64 *cou
         load[hot] -= d;
         load[h] += d;
         /* keep by_load sorted: the busiest GPU (last) moves down, its partner up */
+        if (finite && isfinite(load[hot]) && isfinite(load[h])) {
+            reorder_gpus(by_load, load, gpus, partner_rank);
+            continue;
+        }
+        finite = 0;
         i64 j = gpus - 1;
         for (; j > 0 && load[by_load[j - 1]] > load[hot]; j--) by_load[j] = by_load[j - 1];
         by_load[j] = hot;
@@ -847,7 +899,9 @@ static int refine_alloc(RefineWork *k, i64 gpus, i64 width, i64 num_experts) {
     k->sw = malloc(sizeof(double) * gpus * width);
     k->load = malloc(sizeof(double) * (gpus + 1));
     k->holds = calloc((size_t)gpus * (num_experts + 1), sizeof(unsigned short));
-    return k->by_load && k->slot && k->ex && k->sw && k->load && k->holds;
+    k->pairs = malloc(sizeof(Pair) * (gpus + 1));
+    k->tmp = malloc(sizeof(Pair) * (gpus + 1));
+    return k->by_load && k->slot && k->ex && k->sw && k->load && k->holds && k->pairs && k->tmp;
 }
 
 static void refine_free(RefineWork *k) {
@@ -857,6 +911,8 @@ static void refine_free(RefineWork *k) {
     free(k->sw);
     free(k->load);
     free(k->holds);
+    free(k->pairs);
+    free(k->tmp);
 }
 
 /* One row's replica weights w [P] (expert's load / its replica count); cnt [E] zeroed, left zeroed. */
