@@ -54,7 +54,8 @@ typedef struct {
     i64 *gpu;                   /* GPU of each slot [P], updated in place */
     i64 *mem, *first, *pos;     /* slots by GPU: mem[first[g] .. first[g + 1]); pos[s]: s's index in mem */
     i64 *hc;                    /* [G, E] replicas of expert e on GPU g */
-    double *bv, *ta, *tb, *xt; /* bv: best gain per block (a < b) at a * G + b; ta, tb, xt: scratch [P] */
+    double *bv, *ta, *tb, *xt, *t0, *tl; /* bv: best gain per block (a < b) at a * G + b; the rest: scratch [P] */
+    unsigned char *th;
     i64 *bi;              /* its row-major index s * P + t; -1: none */
     double *ub;           /* per block, when dirty: no gain in it exceeds this */
     unsigned char *dirty; /* per block: bv, bi stale (the block changed since computed) */
@@ -87,16 +88,23 @@ static void block(Coact *c, i64 a, i64 b) {
     const i64 *ma = c->mem + c->first[a], *mb = c->mem + c->first[b];
     double bv = 1e-9;
     i64 bi = -1;
-    double *ta = c->ta, *tb = c->tb, *xt = c->xt;
+    double *ta = c->ta, *tb = c->tb, *xt = c->xt, *t0 = c->t0, *tl = c->tl;
+    const double la0 = c->ld[a * c->S], lb0 = c->ld[b * c->S], cap0 = c->cap[0];
+    unsigned char *th = c->th;
     for (i64 j = 0; j < nb; j++) {
         i64 t = mb[j];
         ta[j] = A[t * G + a];
         tb[j] = A[t * G + b];
         xt[j] = ta[j] - tb[j];
+        t0[j] = c->wt[t * c->S];
+        tl[j] = lb0 - t0[j];                        /* admissible()'s first load row, b's side: tl + ws0 */
+        th[j] = c->hc[a * c->E + c->row[t]] == 0; /* a does not hold t's expert */
     }
     for (i64 i = 0; i < na; i++) {
         i64 s = ma[i];
+        if (c->hc[b * c->E + c->row[s]]) continue; /* b holds s's expert: no swap of s with b */
         double sa = A[s * G + a], sb = A[s * G + b], us = sb - sa;
+        const double s0 = c->wt[s * c->S], sl = la0 - s0; /* a's side: sl + t0 */
         const double *ws = c->W + s * P, *wts = c->WT + s * P;
         for (i64 j = 0; j < nb; j++) {
             i64 t = mb[j];
@@ -104,7 +112,9 @@ static void block(Coact *c, i64 a, i64 b) {
              * ((sb - sa) + ta) - tb - 2 w and ((ta - tb) + sb) - sa - 2 w' (us, xt: the first terms) */
             double g1 = us + ta[j] - tb[j] - 2.0 * ws[t];
             double g2 = xt[j] + sb - sa - 2.0 * wts[t];
-            if (g1 < bv && g2 < bv) continue; /* the common case: neither can beat the best so far */
+            /* the common cases, tested without branches: neither gain can beat the best so far, or the
+             * swap fails admissible()'s first checks (holdings, the window's loads) */
+            if (!(((g1 >= bv) | (g2 >= bv)) & th[j] & (sl + t0[j] <= cap0) & (tl[j] + s0 <= cap0))) continue;
             i64 i1 = s * P + t, i2 = t * P + s;
             int b1 = beats(g1, i1, bv, bi), b2 = beats(g2, i2, bv, bi);
             if (!(b1 || b2) || !admissible(c, s, t, a, b)) continue;
@@ -325,9 +335,12 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     c.ta = malloc(sizeof(double) * (size_t)(P + 1));
     c.tb = malloc(sizeof(double) * (size_t)(P + 1));
     c.xt = malloc(sizeof(double) * (size_t)(P + 1));
+    c.t0 = malloc(sizeof(double) * (size_t)(P + 1));
+    c.tl = malloc(sizeof(double) * (size_t)(P + 1));
+    c.th = malloc((size_t)P + 1);
     i64 swaps = -2; /* -2: out of memory; -1: a non-finite input (nothing done) */
     if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ub && c.dirty && c.heap && c.hpos &&
-        c.ta && c.tb && c.xt) {
+        c.ta && c.tb && c.xt && c.t0 && c.tl && c.th) {
         Py_BEGIN_ALLOW_THREADS
         const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
         int finite = 1;
@@ -362,7 +375,7 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
-    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt);
+    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt); free(c.t0); free(c.tl); free(c.th);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     if (swaps == -2) return PyErr_NoMemory();
     if (swaps == -1) Py_RETURN_NONE;
