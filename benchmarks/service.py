@@ -11,6 +11,7 @@ path every request took before). Bodies are encoded once, so the client's JSON e
 latency.
 
     python benchmarks/service.py [--seconds 10] [--max-requests 2000] [--workers 2] [--paths inline,processes]
+                                 [--before DIR]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,11 +52,15 @@ def free_port() -> int:
 PATHS = {"inline": {}, "processes": {"EPLB_INLINE_SOLVERS": ""}}  # extra environment of each server
 
 
-def start_server(workers: int, extra: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(workers: int, extra: dict[str, str], tree: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """`eplb serve` with `extra` environment; from the checkout at `tree` (its own code first on the path)."""
     port = free_port()
-    env = {**os.environ, "EPLB_SOLVER_WORKERS": str(workers), "EPLB_QUEUE_LIMIT": "64", **extra}
+    env = {**os.environ, "EPLB_SOLVER_WORKERS": str(workers), "EPLB_QUEUE_LIMIT": "64",
+           "EPLB_DATA_DIR": tempfile.mkdtemp(prefix="eplb-bench-"), **extra}  # a database of its own
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tree)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -158,6 +164,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="solver processes (default: CPUs)")
     p.add_argument("--paths", default="inline,processes",
                    help=f"servers to measure, taking turns (default inline,processes; of {', '.join(PATHS)})")
+    p.add_argument("--before", metavar="DIR", help="also measure a server run from the checkout DIR (e.g. "
+                   "`git worktree add --detach /tmp/before COMMIT`, kernels built there with "
+                   "`python -c 'from setuptools import setup; setup()' build_ext --inplace`), as the path 'before'")
     args = p.parse_args()
     paths = [name.strip() for name in args.paths.split(",") if name.strip()]
     if not paths or any(name not in PATHS for name in paths):
@@ -176,6 +185,8 @@ def main() -> None:
     }
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     try:
+        if args.before:
+            servers["before"] = start_server(args.workers, {}, os.path.abspath(args.before))
         for name in paths:
             servers[name] = start_server(args.workers, PATHS[name])
         print(f"{'path':9} {'body':5} {'clients':>7} {'requests':>8} {'errors':>6} {'p50 ms':>7} {'p90 ms':>7} "
