@@ -407,7 +407,7 @@ static PyObject *py_weights(PyObject *self, PyObject *args) {
     const i64 *row = got > 1 ? b[1].buf : NULL;
     for (i64 s = 0; s < P && !bad; s++) bad = row[s] < 0 || row[s] >= R || row[s] >= C;
     if (bad) {
-        if (got == 4) PyErr_SetString(PyExc_ValueError, "weights: expert id out of range");
+        if (got == 4) PyErr_SetString(PyExc_IndexError, "weights: expert id out of range");
         for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
         return NULL;
     }
