@@ -7,6 +7,11 @@
  * arithmetic operations. The numpy version of the same loop took 0.6 to 2 s on a DeepSeek-V3-sized
  * model (one numpy round per step); this one takes milliseconds.
  *
+ * Ranking: a move must lower the busiest GPU by min_gain; among those, the best value per copy, where value is
+ * the drop of the summed excess above `level` of every GPU it touches (receivers and the other holders of the
+ * experts whose replica counts change included) plus alpha x the busiest GPU's drop. Without a target, level
+ * is inf and alpha 1 (the busiest GPU alone); with one, level is the target and alpha 0.
+ *
  * Buffers are C-contiguous int64 / float64 through the buffer protocol (no numpy headers).
  */
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +42,8 @@ typedef struct {
     /* scratch, one layer at a time */
     i64 *ex, *cnt, *top_gpu, *lights, *red_slot;
     double *load, *share, *top_load, *add, *rise, *red_base, *red_nx;
+    double level, alpha; /* excess: load above level (inf: none); a move's rank: excess drop + alpha x peak drop */
+    double *gain_more, *cost_less; /* [E] excess change of all holders if the expert gains / loses a replica */
     unsigned char *holds, *orig; /* [G * E] */
 } Walk;
 
@@ -91,17 +98,30 @@ static inline double holder_max(const Walk *c, i64 x, i64 not1, i64 not2) {
     return -INFINITY;
 }
 
+static inline double exc(const Walk *c, double v) { return v > c->level ? v - c->level : 0.0; }
+
+/* gain_more[e]: change of the holders' summed excess if e gains a replica (<= 0); cost_less[e]: if it loses one */
+static void holder_excess(Walk *c) {
+    for (i64 e = 0; e < c->E; e++) c->gain_more[e] = c->cost_less[e] = 0.0;
+    for (i64 s = 0; s < c->P; s++) {
+        i64 x = c->ex[s];
+        double l = c->load[c->gpu_of[s]], base = exc(c, l);
+        c->gain_more[x] += exc(c, l - (c->share[x] - c->add[x])) - base;
+        c->cost_less[x] += c->cnt[x] >= 2 ? exc(c, l + c->rise[x]) - base : 0.0;
+    }
+}
+
 typedef struct {
     double value;
     i64 cost, slot[2], expert[2];
 } Move;
 
-static inline void consider(Move *best, double peak, double score, i64 cost, double min_gain, i64 budget_left,
-                            i64 s0, i64 e0, i64 s1, i64 e1) {
+static inline void consider(Move *best, double peak, double score, double drop, double alpha, i64 cost,
+                            double min_gain, i64 budget_left, i64 s0, i64 e0, i64 s1, i64 e1) {
     double gain = peak - score;
     if (!(gain >= min_gain)) return;
     if (budget_left >= 0 && cost > budget_left) return;
-    double value = gain / (cost > 0 ? (double)cost : 0.1);
+    double value = (drop + alpha * gain) / (cost > 0 ? (double)cost : 0.1);
     if (value > best->value) {
         best->value = value;
         best->cost = cost;
@@ -124,6 +144,8 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
     }
     memcpy(c->orig, c->holds, (size_t)G * E);
     for (i64 e = 0; e < E; e++) expert_terms(c, w, e);
+    if (isinf(c->level)) /* no excess anywhere: moves ranked by the busiest GPU's drop alone */
+        for (i64 e = 0; e < E; e++) c->gain_more[e] = c->cost_less[e] = 0.0;
     i64 copies = 0, step = 0;
     double peak = compute_loads(c);
     out_max[0] = peak;
@@ -135,6 +157,8 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
             if (c->load[g] > c->load[h]) h = g;
         peak = c->load[h];
         holder_tops(c);
+        if (!isinf(c->level)) holder_excess(c);
+        const double exc_h = exc(c, peak), alpha = c->alpha;
         /* the lightest GPUs other than h, by selection */
         i64 nl = 0;
         for (i64 g = 0; g < G; g++) {
@@ -195,18 +219,28 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
                 double score = nh > nt ? nh : nt;
                 score = score > c->red_nx[r] ? score : c->red_nx[r];
                 i64 cost = (i64)!c->orig[g * E + e] - (i64)!c->orig[g * E + x];
-                consider(&best, peak, score, cost, min_gain, left, t, e, -1, -1);
+                double lg = c->load[g];
+                double drop = exc_h - exc(c, nh) + exc(c, lg) - exc(c, nt)
+                              - (c->gain_more[e] - (exc(c, peak - drop_e) - exc_h))
+                              - (c->cost_less[x] - (exc(c, lg + c->rise[x]) - exc(c, lg))
+                                 - (hold_h[x] ? exc(c, peak + c->rise[x]) - exc_h : 0.0));
+                consider(&best, peak, score, drop, alpha, cost, min_gain, left, t, e, -1, -1);
             }
             /* replace: a redundant replica on h gives its slot to a cold expert */
             if (c->cnt[e] >= 2) {
                 double nx = holder_max(c, e, h, h) + c->rise[e];
+                double others = c->cost_less[e] - (exc(c, peak + c->rise[e]) - exc_h);
                 if (cold_paid >= 0) {
                     double nh = peak - c->share[e] + cold_paid_share;
-                    consider(&best, peak, nh > nx ? nh : nx, 1 - away_e, min_gain, left, a, cold_paid, -1, -1);
+                    double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_paid];
+                    consider(&best, peak, nh > nx ? nh : nx, drop, alpha, 1 - away_e, min_gain, left, a, cold_paid,
+                             -1, -1);
                 }
                 if (cold_free >= 0) {
                     double nh = peak - c->share[e] + cold_free_share;
-                    consider(&best, peak, nh > nx ? nh : nx, -away_e, min_gain, left, a, cold_free, -1, -1);
+                    double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_free];
+                    consider(&best, peak, nh > nx ? nh : nx, drop, alpha, -away_e, min_gain, left, a, cold_free, -1,
+                             -1);
                 }
             }
             /* swap: e trades places with a replica on one of the lightest GPUs */
@@ -219,7 +253,8 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
                     double nh = peak - c->share[e] + c->share[x];
                     double nb = c->load[b] - c->share[x] + c->share[e];
                     i64 cost = (i64)!c->orig[b * E + e] - (i64)!c->orig[b * E + x] + (i64)!orig_h[x] - away_e;
-                    consider(&best, peak, nh > nb ? nh : nb, cost, min_gain, left, t, e, a, x);
+                    double drop = exc_h - exc(c, nh) + exc(c, c->load[b]) - exc(c, nb);
+                    consider(&best, peak, nh > nb ? nh : nb, drop, alpha, cost, min_gain, left, t, e, a, x);
                 }
             }
         }
@@ -258,20 +293,21 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
 
 static PyObject *py_walk(PyObject *self, PyObject *args) {
     PyObject *o_w, *o_phy, *o_slots, *o_node_ok, *o_target, *o_min_gain, *o_max, *o_copies, *o_steps, *o_slot,
-        *o_expert;
+        *o_expert, *o_level;
+    double alpha;
     Py_ssize_t L, E, P, G, K, light, group_size, node_size, num_groups, num_nodes, max_copies;
-    if (!PyArg_ParseTuple(args, "OOOnnnnnnOnnnnOnOOOOOO", &o_w, &o_phy, &o_slots, &L, &E, &P, &G, &K, &light,
+    if (!PyArg_ParseTuple(args, "OOOnnnnnnOnnnnOnOOOOOOOd", &o_w, &o_phy, &o_slots, &L, &E, &P, &G, &K, &light,
                           &o_node_ok, &group_size, &node_size, &num_groups, &num_nodes, &o_target, &max_copies,
-                          &o_min_gain, &o_max, &o_copies, &o_steps, &o_slot, &o_expert))
+                          &o_min_gain, &o_max, &o_copies, &o_steps, &o_slot, &o_expert, &o_level, &alpha))
         return NULL;
-    Py_buffer b[11];
+    Py_buffer b[12];
     int got = 0, ok = 1, has_nodes = o_node_ok != Py_None;
     struct {
         PyObject *o;
         Py_ssize_t size, count;
         int writable;
         const char *name;
-    } spec[11] = {
+    } spec[12] = {
         {o_w, 8, L * E, 0, "loads"},
         {o_phy, 8, L * P, 0, "phy2log"},
         {o_slots, 8, G, 0, "slots_per_gpu"},
@@ -282,10 +318,11 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
         {o_steps, 8, L, 1, "out_steps"},
         {o_slot, 8, L * K * 2, 1, "out_slot"},
         {o_expert, 8, L * K * 2, 1, "out_expert"},
+        {o_level, 8, L, 0, "level"},
         {o_node_ok, 8, L * num_nodes * num_groups, 0, "node_ok"},
     };
-    for (int i = 0; i < 11 && ok; i++) {
-        if (i == 10 && !has_nodes) break;
+    for (int i = 0; i < 12 && ok; i++) {
+        if (i == 11 && !has_nodes) break;
         if (buffer(spec[i].o, &b[i], spec[i].size, spec[i].count, spec[i].writable, spec[i].name) < 0)
             ok = 0;
         else
@@ -296,7 +333,8 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
         return NULL;
     }
     const double *w = b[0].buf, *target = b[3].buf, *min_gain = b[4].buf;
-    const i64 *phy = b[1].buf, *slots = b[2].buf, *node_ok = has_nodes ? b[10].buf : NULL;
+    const i64 *phy = b[1].buf, *slots = b[2].buf, *node_ok = has_nodes ? b[11].buf : NULL;
+    const double *level = b[10].buf;
     Walk c = {E, P, G, K, light > 0 ? light : 1, group_size, node_size, num_groups};
     i64 *gpu_of = malloc(sizeof(i64) * P), *start = malloc(sizeof(i64) * G);
     for (i64 g = 0, s = 0; g < G; g++) {
@@ -319,10 +357,14 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
     c.red_base = malloc(sizeof(double) * P);
     c.red_nx = malloc(sizeof(double) * P);
     c.holds = malloc((size_t)G * E);
+    c.gain_more = malloc(sizeof(double) * E);
+    c.cost_less = malloc(sizeof(double) * E);
+    c.alpha = alpha;
     c.orig = malloc((size_t)G * E);
     Py_BEGIN_ALLOW_THREADS
     for (i64 l = 0; l < L; l++) {
         c.node_ok = node_ok ? node_ok + l * num_nodes * num_groups : NULL;
+        c.level = level[l];
         walk_layer(&c, w + l * E, phy + l * P, target[l], max_copies, min_gain[l], (double *)b[5].buf + l * (K + 1),
                    (i64 *)b[6].buf + l * (K + 1), (i64 *)b[7].buf + l, (i64 *)b[8].buf + l * K * 2,
                    (i64 *)b[9].buf + l * K * 2);
@@ -330,7 +372,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     free(gpu_of); free(start); free(c.ex); free(c.cnt); free(c.top_gpu); free(c.lights);
     free(c.load); free(c.share); free(c.top_load); free(c.holds); free(c.orig);
-    free(c.red_slot); free(c.add); free(c.rise); free(c.red_base); free(c.red_nx);
+    free(c.red_slot); free(c.add); free(c.rise); free(c.red_base); free(c.red_nx); free(c.gain_more); free(c.cost_less);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     Py_RETURN_NONE;
 }
@@ -338,7 +380,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS,
      "walk(loads, phy2log, slots, L, E, P, G, K, light, node_ok, group_size, node_size, num_groups, num_nodes, "
-     "target, max_copies, min_gain, out_max, out_copies, out_steps, out_slot, out_expert)"},
+     "target, max_copies, min_gain, out_max, out_copies, out_steps, out_slot, out_expert, level, alpha)"},
     {NULL, NULL, 0, NULL},
 };
 

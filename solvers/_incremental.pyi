@@ -29,4 +29,6 @@ def walk(
     out_steps: _I,
     out_slot: _I,
     out_expert: _I,
+    level: _F,
+    rank_by_peak: float,
 ) -> None: ...

@@ -9,6 +9,10 @@ busiest GPU the most per copy:
 * replace: overwrite a redundant replica on ``h`` with a replica of a colder expert (1 copy);
 * swap: exchange a replica on ``h`` with one on a light GPU (2 copies).
 
+With a target, a move is ranked instead by how much it lowers the summed excess above the target of every GPU
+it touches, per copy: fixing ``h`` by lifting a light GPU over the target is charged for the new overload, and
+spreading an expert that sits on several overloaded GPUs is credited for all of them.
+
 A copy is one expert's weights landing on a GPU that did not hold it in the serving placement (a move
 that puts an expert back where it was serving costs nothing). Every expert keeps >= 1 replica, no GPU
 gets a second replica of an expert, GPUs keep their slot counts and, for hierarchical placements, an
@@ -49,6 +53,8 @@ BALANCED = 5e-4
 """A layer whose busiest GPU is within this fraction of the mean load stops: nothing left to buy."""
 _LIGHT_GPUS = 4
 """Swap partners of the busiest GPU: the slots of this many lightest GPUs."""
+_LIGHT_GPUS_TARGET = 8
+"""With a target, this many (moves ranked by excess over the target rarely fill the very lightest GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -127,17 +133,24 @@ def trajectories(
         node_ok = _node_groups(phy, gpu, num_groups, gpus_per_node, num_experts)
         group_size, node_size, groups, nodes = num_experts // num_groups, gpus_per_node, num_groups, node_ok.shape[1]
     target = mean * (1 + BALANCED)
+    # without a target, a move is ranked by how far it lowers the busiest GPU per copy; with one, by how far it
+    # lowers the summed excess of all GPUs above the target per copy (its receivers and the other holders of
+    # the experts whose replica counts change included), so a fix of the busiest GPU that lifts another GPU
+    # over the target is charged for it; a move must still lower the busiest GPU by MIN_GAIN
+    level, rank_by_peak, light = np.full(num_layers, np.inf), 1.0, _LIGHT_GPUS
     if target_max_load is not None:
         target = np.maximum(target, np.asarray(target_max_load, dtype=np.float64))
+        level, rank_by_peak, light = target, 0.0, _LIGHT_GPUS_TARGET
     out_max = np.empty((num_layers, steps_cap + 1))
     out_copies = np.empty((num_layers, steps_cap + 1), dtype=np.int64)
     steps = np.empty(num_layers, dtype=np.int64)
     out_slot = np.full((num_layers, steps_cap, 2), -1, dtype=np.int64)
     out_expert = np.full((num_layers, steps_cap, 2), -1, dtype=np.int64)
     _incremental.walk(
-        w, phy, slots, num_layers, num_experts, num_physical, num_gpus, steps_cap, _LIGHT_GPUS, node_ok,
+        w, phy, slots, num_layers, num_experts, num_physical, num_gpus, steps_cap, light, node_ok,
         group_size, node_size, groups, nodes, target, -1 if max_copies is None else max_copies,
         np.ascontiguousarray(MIN_GAIN * mean), out_max, out_copies, steps, out_slot, out_expert,
+        np.ascontiguousarray(level), rank_by_peak,
     )
     layer, step, col = np.nonzero(out_slot >= 0)
     return Trajectory(
