@@ -8,7 +8,7 @@
  * held in doubles, and every sum or quotient is rounded back to float32. One double operation on two
  * float32 operands rounded to float32 equals the float32 operation (53 >= 2 * 24 + 2 bits).
  */
-#pragma GCC optimize("O3")
+
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
