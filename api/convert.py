@@ -1,9 +1,11 @@
 """Worker side of the service: request bytes in, answer bytes out.
 
-Everything CPU-bound about a request runs here, in other processes: JSON or .npy parsing and validating 15,000
-numbers in the parser process; solving, building and serializing the answer in a solver process. The server's
-event loop only moves bytes and stays free for /healthz and the next client. Errors become problem-details
-answers naming the field."""
+Everything CPU-bound about a request runs here, never in the event loop: JSON or .npy parsing and validating
+15,000 numbers, solving, and writing the answer. A small request of a fast solver runs all of it in one go
+(`placement_inline`) in the fast lane (api/inline.py: a thread of the server, or an idle solver process); a large
+body is parsed in the parser process and every other job solved in a solver process. The event loop only moves
+bytes and stays free for /healthz and the next client. Errors become problem-details answers naming the
+field."""
 
 from __future__ import annotations
 
