@@ -145,7 +145,10 @@ def test_presets_health_docs(base: str) -> None:
     presets = httpx.get(f"{base}/presets", timeout=10).json()
     assert presets["models"]["deepseek-v3"]["num_experts"] == 256 and "h100" in presets["hardware"]
     assert httpx.get(f"{base}/healthz", timeout=10).json() == {"status": "ok"}
-    assert httpx.get(f"{base}/readyz", timeout=10).json()["status"] == "ready"
+    assert httpx.post(f"{base}/placement", json=request_body(), timeout=60).status_code == 200
+    ready = httpx.get(f"{base}/readyz", timeout=10).json()
+    assert ready["status"] == "ready" and ready["lane"]["threads"] == 1
+    assert ready["lane"]["ran_in_threads"] >= 1  # that greedy request ran in the server's lane thread
     assert "swagger" in httpx.get(f"{base}/docs", timeout=10).text.lower()
     schema = httpx.get(f"{base}/openapi.json", timeout=10).json()
     post = schema["paths"]["/placement"]["post"]

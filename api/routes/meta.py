@@ -35,7 +35,8 @@ async def readyz(pool: PoolDep, lane: InlineDep, settings: SettingsDep) -> Any:
         return problem_response(503, "Not ready", "the solver queue is full", "/readyz",
                                 {"Retry-After": str(settings.retry_after_s)})
     return {"status": "ready", "workers": pool.size, "running": pool.running, "waiting": pool.waiting,
-            "lane": {"threads": lane.size, "running": lane.running, "waiting": lane.waiting}}
+            "lane": {"threads": lane.size, "running": lane.running, "waiting": lane.waiting,
+                     "ran_in_threads": lane.in_threads, "ran_in_workers": lane.in_workers}}
 
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
