@@ -77,7 +77,7 @@ def run_case(
           f"({train.shape[0]} train / {test.shape[0]} test tokens), EP{gpus} x {slots_per_gpu} slots, "
           f"{gpus_per_node} GPUs per node; partner lift {partner_lift(train, experts):.2f}; {model} on h800, "
           f"{link_name}, 256 tokens per GPU")
-    print("| placement | wall s | copies/token (coact rule) | vLLM rule | remote GPUs | nodes | "
+    print("| placement | wall ms | copies/token (coact rule) | vLLM rule | remote GPUs | nodes | "
           "test lb median (max) | train lb median | predicted µs/layer (median) |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = {}
@@ -106,10 +106,11 @@ def run_case(
         copies = float(c.gpus.mean())
         if label == "greedy":
             base = (copies, float(np.median(lb_test)))
-        print(f"| {label} | {wall:.2f} | {copies:.3f} | {v.gpus.mean():.3f} | {c.remote_gpus.mean():.3f} | "
+        print(f"| {label} | {wall * 1000:,.1f} | {copies:.3f} | {v.gpus.mean():.3f} | {c.remote_gpus.mean():.3f} | "
               f"{c.nodes.mean():.3f} | {np.median(lb_test):.4f} ({lb_test.max():.4f}) | {np.median(lb_train):.4f} | "
               f"{np.median(held_out.prediction.time_us):.1f} |")
     assert base is not None
+    _refine_speed(loads, rows["greedy"][0], slots, pairs, scen, slack)
     for label in ("greedy --objective time", "milp --objective time"):
         t, g = times[label], times["greedy"]
         print(f"{label} vs greedy, predicted held-out layer time: faster on {int((t < g).sum())} of {t.size} layers, "
@@ -124,6 +125,26 @@ def run_case(
     est, _ = approx_copies_per_token(summarize(train, experts, 8), p2l, slots, gpus_per_node)
     print(f"summary (top-8 partners, train) estimate of greedy-coact's held-out copies/token: mean {est.mean():.3f} "
           f"against exact {exact.mean():.3f} (vLLM rule), largest layer error {np.abs(est - exact).max():.3f}")
+
+
+def _refine_speed(loads: NDArray[np.float64], start: NDArray[np.int64], slots: NDArray[np.int64],
+                  pairs: NDArray[np.float64], scen: NDArray[np.float64], slack: float) -> None:
+    """greedy-coact's refinement of every layer: the compiled swap loop next to the numpy reference loop."""
+    from solvers.coactivation import _layer
+
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    same = True
+    for layer in range(loads.shape[0]):
+        rows = np.concatenate([loads[layer][None, :], scen[:, layer, :]])
+        out = {}
+        for compiled in (True, False):
+            t = time.perf_counter()
+            out[compiled] = _layer(start[layer], rows, pairs[layer], slots, slack, 1000, compiled=compiled)[0]
+            walls[compiled].append(time.perf_counter() - t)
+        same &= bool(np.array_equal(out[True], out[False]))
+    fast, ref = sum(walls[True]), sum(walls[False])
+    print(f"greedy-coact refinement, all {loads.shape[0]} layers: compiled {fast * 1000:,.1f} ms, numpy reference "
+          f"loop {ref * 1000:,.1f} ms ({ref / fast:,.0f}x), identical placements: {same}")
 
 
 def main() -> None:
