@@ -20,6 +20,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -49,6 +50,7 @@ def free_port() -> int:
         return port
 
 
+DATA = tempfile.mkdtemp(prefix="eplb-bench-")  # the servers' databases, removed at exit
 PATHS = {"inline": {}, "processes": {"EPLB_INLINE_SOLVERS": ""}}  # extra environment of each server
 
 
@@ -56,7 +58,7 @@ def start_server(workers: int, extra: dict[str, str], tree: str | None = None) -
     """`eplb serve` with `extra` environment; from the checkout at `tree` (its own code first on the path)."""
     port = free_port()
     env = {**os.environ, "EPLB_SOLVER_WORKERS": str(workers), "EPLB_QUEUE_LIMIT": "64",
-           "EPLB_DATA_DIR": tempfile.mkdtemp(prefix="eplb-bench-"), **extra}  # a database of its own
+           "EPLB_DATA_DIR": tempfile.mkdtemp(prefix="eplb-bench-", dir=DATA), **extra}  # a database of its own
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
@@ -84,6 +86,19 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return own + sum(cpu_seconds(c) for c in children)
+
+
+def settle(pids: list[int], timeout_s: float = 120.0) -> None:
+    """Wait until the servers and their solver processes are idle (a spawned worker imports for seconds after
+    /readyz answers; it must not take CPU from the run being measured)."""
+    deadline = time.monotonic() + timeout_s
+    last = sum(cpu_seconds(pid) for pid in pids)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = sum(cpu_seconds(pid) for pid in pids)
+        if now - last < 0.05:
+            return
+        last = now
 
 
 def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[str, Any],
@@ -189,6 +204,7 @@ def main() -> None:
             servers["before"] = start_server(args.workers, {}, os.path.abspath(args.before))
         for name in paths:
             servers[name] = start_server(args.workers, PATHS[name])
+        settle([proc.pid for proc, _ in servers.values()])
         print(f"{'path':9} {'body':5} {'clients':>7} {'requests':>8} {'errors':>6} {'p50 ms':>7} {'p90 ms':>7} "
               f"{'p99 ms':>7} {'req/s':>6} {'cpu ms/req':>10}")
         for kind, send in kinds.items():
@@ -202,6 +218,7 @@ def main() -> None:
             proc.terminate()
         for proc, _ in servers.values():
             proc.wait(timeout=30)
+        shutil.rmtree(DATA, ignore_errors=True)
 
 
 if __name__ == "__main__":
