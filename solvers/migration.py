@@ -72,8 +72,20 @@ def _occurrence(key: NDArray[np.int64]) -> NDArray[np.int64]:
     return occ
 
 
+def _gpu_occurrence(key: NDArray[np.int64], p2l: NDArray[np.int64], slots: NDArray[np.int64]) -> NDArray[np.int64]:
+    """`_occurrence` of flat (layer, GPU, expert) keys of placement p2l [L, P]: all zeros, without a sort of
+    every key, when no GPU holds an expert twice (the rule every solver keeps where it can), checked by
+    sorting each GPU's few slots when all GPUs have the same slot count."""
+    if np.all(slots == slots[0]):
+        per_gpu = np.sort(p2l.reshape(-1, int(slots[0])), axis=1)
+        if not (per_gpu[:, 1:] == per_gpu[:, :-1]).any():
+            return np.zeros_like(key)
+    return _occurrence(key)
+
+
 def _overlap(
-    new: NDArray[np.int64], cur: NDArray[np.int64], gpu: NDArray[np.int64], num_gpus: int, num_experts: int
+    new: NDArray[np.int64], cur: NDArray[np.int64], gpu: NDArray[np.int64], num_gpus: int, num_experts: int,
+    slots: NDArray[np.int64],
 ) -> NDArray[np.int64]:
     """``[L, G new, G current]`` experts the two GPUs have in common (as sets), all layers at once:
     every (new replica, current replica) pair of one expert in one layer is counted once per GPU pair."""
@@ -82,8 +94,8 @@ def _overlap(
     gpus = np.tile(gpu, num_layers)
     new_e, cur_e = new.ravel(), cur.ravel()
     # one entry per (layer, GPU, expert): a GPU holding two replicas of an expert holds it once as a set
-    new_first = _occurrence((layer * num_gpus + gpus) * num_experts + new_e) == 0
-    cur_first = np.flatnonzero(_occurrence((layer * num_gpus + gpus) * num_experts + cur_e) == 0)
+    new_first = _gpu_occurrence((layer * num_gpus + gpus) * num_experts + new_e, new, slots) == 0
+    cur_first = np.flatnonzero(_gpu_occurrence((layer * num_gpus + gpus) * num_experts + cur_e, cur, slots) == 0)
     # current GPUs of each (layer, expert), padded: [L * E, R]
     expert_key = layer[cur_first] * num_experts + cur_e[cur_first]
     rank = _occurrence(expert_key)
@@ -101,8 +113,9 @@ def _match_all(overlap: NDArray[np.int64], slots: NDArray[np.int64]) -> NDArray[
     take that (it is optimal); the others are solved exactly (scipy's linear sum assignment, one per
     layer and slot count, tens of microseconds each)."""
     num_gpus = overlap.shape[1]
-    same = slots[:, None] == slots[None, :]
-    target = np.asarray(np.argmax(np.where(same[None], overlap, -1), axis=2), dtype=np.int64)
+    uniform = bool(np.all(slots == slots[0]))
+    masked = overlap if uniform else np.where((slots[:, None] == slots[None, :])[None], overlap, -1)
+    target = np.asarray(np.argmax(masked, axis=2), dtype=np.int64)
     if num_gpus == 1:
         return target
     ordered = np.sort(target, axis=1)
@@ -184,10 +197,10 @@ def relabel_slot_order(
         return new.copy(), np.broadcast_to(np.arange(new.shape[1]), new.shape).copy()
     num_experts = int(max(new.max(), cur.max())) + 1
     gpu = np.repeat(np.arange(slots.size), slots)
-    overlap = _overlap(new, cur, gpu, slots.size, num_experts)
+    overlap = _overlap(new, cur, gpu, slots.size, num_experts, slots)
     if gpus_per_node is not None and slots.size % gpus_per_node == 0 and slots.size > gpus_per_node:
-        return _arrange(new, cur, gpu, _match_nodes(overlap, slots, gpus_per_node), num_experts)
-    return _arrange(new, cur, gpu, _match_all(overlap, slots), num_experts)
+        return _arrange(new, cur, slots, _match_nodes(overlap, slots, gpus_per_node), num_experts)
+    return _arrange(new, cur, slots, _match_all(overlap, slots), num_experts)
 
 
 def arrange_slots(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.int64]:
@@ -196,25 +209,26 @@ def arrange_slots(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_
     new, cur, slots = _check(new_phy2log, current_phy2log, slots_per_gpu)
     if new.size == 0:
         return new.copy()
-    gpu = np.repeat(np.arange(slots.size), slots)
     identity = np.broadcast_to(np.arange(slots.size), (new.shape[0], slots.size))
-    return _arrange(new, cur, gpu, identity, int(max(new.max(), cur.max())) + 1)[0]
+    return _arrange(new, cur, slots, identity, int(max(new.max(), cur.max())) + 1)[0]
 
 
 def _arrange(
-    new: NDArray[np.int64], cur: NDArray[np.int64], gpu: NDArray[np.int64], target: NDArray[np.int64], num_experts: int
+    new: NDArray[np.int64], cur: NDArray[np.int64], slots: NDArray[np.int64], target: NDArray[np.int64],
+    num_experts: int,
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """New GPU g becomes GPU ``target[l, g]``; experts kept on a GPU keep their current slot, the others
     fill its free slots in order. Returns (relabelled [L, P], source [L, P])."""
     num_layers, num_physical = new.shape
     num_gpus = target.shape[1]
+    gpu = np.repeat(np.arange(num_gpus), slots)
     layer = np.arange(num_layers)[:, None]
     new_gpu = target[layer, gpu[None, :]]  # [L, P] label each new slot's GPU gets
     # (layer, GPU, expert, occurrence) keys: a current slot whose key the new placement also has keeps its expert
     base_new = ((layer * num_gpus + new_gpu) * num_experts + new).ravel()
     base_cur = ((layer * num_gpus + gpu[None, :]) * num_experts + cur).ravel()
-    key_new = base_new * num_physical + _occurrence(base_new)
-    key_cur = base_cur * num_physical + _occurrence(base_cur)
+    key_new = base_new * num_physical + _gpu_occurrence(base_new, new, slots)
+    key_cur = base_cur * num_physical + _gpu_occurrence(base_cur, cur, slots)
     order_new = np.argsort(key_new)
     pos = np.searchsorted(key_new[order_new], key_cur).clip(max=key_new.size - 1)
     kept = key_new[order_new[pos]] == key_cur
