@@ -21,19 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int64_t i64;
+#include "_buffer.h"
 
-static int buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, int writable,
-                  const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize || view->len != itemsize * count) {
-        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes, got %zd bytes", name, count,
-                     itemsize, view->len);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
+typedef int64_t i64;
 
 typedef struct {
     /* problem */
