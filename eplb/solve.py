@@ -206,6 +206,8 @@ def solve(
         _check_current(current, loads, cluster)
     started = time.perf_counter()
     name = solver_name(solver or ("incremental" if current is not None else "greedy"), split)
+    if objective == "time" and name in registry.names() and registry.get_solver(name).capabilities.shares:
+        raise EplbError(f"the time objective places uniform shares: drop --split weighted (solver {name!r})")
     problem = Problem(
         loads,
         cluster.slots_per_gpu,
@@ -224,8 +226,6 @@ def solve(
     info: dict[str, Any] = {"name": name, "status": solution.status}
     if objective == "time":
         assert cost is not None  # check_objective
-        if shares is not None:
-            raise EplbError(f"the time objective places uniform shares: drop --split weighted (solver {name!r})")
         choice = choose_by_time(
             candidates(loads, phy2log, cluster.slots_per_gpu, coactivation=coactivation, scenarios=scenarios,
                        colocate=not problem.hierarchical,  # both global: they would move groups off their nodes

@@ -135,6 +135,8 @@ def test_bad_objective_inputs_are_one_clear_error(law: tuple[np.ndarray, np.ndar
     cluster = Cluster(np.full(8, 9, dtype=np.int64))
     with pytest.raises(EplbError, match="needs the model"):
         solve(loads, cluster, objective="time")
+    with pytest.raises(EplbError, match="uniform shares"):  # refused before the MILP runs
+        solve(loads, cluster, cost=cost(256), objective="time", solver="milp", split="weighted")
     with pytest.raises(EplbError, match="unknown objective"):
         solve(loads, cluster, cost=cost(256), objective="speed")
     with pytest.raises(EplbError, match="co-activation summary is for 2 layers"):
