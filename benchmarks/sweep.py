@@ -28,7 +28,7 @@ from eplb.budget import spread_evenly  # noqa: E402
 from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, _Part, _replay_part, layer_parts  # noqa: E402
 from eplb.io.windows import read_window  # noqa: E402
 from eplb.replay import Schedule  # noqa: E402
-from eplb.report import _cpus, _window_run, cluster_shapes  # noqa: E402
+from eplb.report import _window_run, cluster_shapes, window_tasks  # noqa: E402
 from eplb.solve import Cluster  # noqa: E402
 from eplb.synth import SynthConfig, synth_log  # noqa: E402
 
@@ -45,9 +45,8 @@ def _timed(arg: tuple[Callable[[Any, Report], Any], Any], report: Report) -> tup
 def sweep_tasks() -> list[tuple[str, list[Task[Any]]]]:
     loads = read_window(FIXTURE).loads[:8]
     shapes = cluster_shapes(loads.shape[1], [4, 8, 16], None)
-    window = [Task((_window_run, (loads, ep, slots, name, None, 0.5)), note=f"EP{ep} {name}",
-                   cpus=_cpus(name, 8, LocalExecutor()))
-              for ep, slots in shapes for name in ("greedy", "milp")]  # fmt: skip
+    window = [Task((_window_run, t.arg), note=t.note, cpus=t.cpus)
+              for t in window_tasks(loads, shapes, ("greedy", "milp"), None, 0.5, ("lb",), None, LocalExecutor())]
     counts = synth_log(SynthConfig(steps=2000, layers=16, experts=64, top_k=6, tokens=2048, seed=1))
     args = dict(schedule=Schedule(window=200, interval=250), solver="greedy", oracle_every=5)
     cluster = Cluster(spread_evenly(80, 16))

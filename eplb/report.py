@@ -137,11 +137,29 @@ def compare_window(
     (shape, solver, objective) on `executor` (default: here, in order); the runs come back in that order
     whatever the executor. A run with the time objective is named "SOLVER+time"."""
     ex = executor or LocalExecutor()
-    layers = loads.shape[0]
-    tasks = [Task((loads, ep, slots, name, cost, time_limit_s, objective, coactivation),
-                  note=f"EP{ep} {_run_name(name, objective)}", cpus=_cpus(name, layers, ex))
-             for ep, slots in shapes for name in solvers for objective in objectives]  # fmt: skip
+    tasks = window_tasks(loads, shapes, solvers, cost, time_limit_s, objectives, coactivation, ex)
     return ex.map(_window_run, tasks, label="compare", progress=progress)
+
+
+WindowTask = tuple[NDArray[np.float64], int, NDArray[np.int64], str, "CostSetup | None", "float | None", str,
+                   "CoactivationSummary | None"]
+
+
+def window_tasks(
+    loads: NDArray[np.float64],
+    shapes: Sequence[tuple[int, NDArray[np.int64]]],
+    solvers: Sequence[str],
+    cost: CostSetup | None,
+    time_limit_s: float | None,
+    objectives: Sequence[str],
+    coactivation: CoactivationSummary | None,
+    executor: Executor,
+) -> list[Task[WindowTask]]:
+    """`compare_window`'s tasks for `_window_run`, one per (shape, solver, objective), with CPU hints."""
+    layers = loads.shape[0]
+    return [Task((loads, ep, slots, name, cost, time_limit_s, objective, coactivation),
+                 note=f"EP{ep} {_run_name(name, objective)}", cpus=_cpus(name, layers, executor))
+            for ep, slots in shapes for name in solvers for objective in objectives]  # fmt: skip
 
 
 def _run_name(solver: str, objective: str) -> str:
@@ -154,11 +172,7 @@ def _cpus(solver: str, layers: int, ex: Executor) -> float:
     return float(min(layers, ex.node_cpus())) if solver.startswith("milp") else 1.0
 
 
-def _window_run(
-    arg: tuple[NDArray[np.float64], int, NDArray[np.int64], str, CostSetup | None, float | None, str,
-               CoactivationSummary | None],
-    report: Report,
-) -> Run:
+def _window_run(arg: WindowTask, report: Report) -> Run:
     """One solver with one objective on one cluster shape (a `compare_window` task)."""
     loads, ep, slots, name, cost, time_limit_s, objective, coactivation = arg
     options = applicable(name, Options(time_limit_s=time_limit_s))
