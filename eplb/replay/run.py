@@ -188,8 +188,14 @@ def _token_routing(info: LogInfo) -> tuple[NDArray[np.int16], NDArray[np.int64]]
     """(topk_ids [tokens, L, k], step_offsets [steps + 1]) of a token-level log small enough to hold, else None."""
     if info.kind != "topk":
         return None
+    import zipfile
+
     from eplb.coactivation import read_topk
 
+    with zipfile.ZipFile(info.path) as archive:  # the array's size before reading it (the log is validated already)
+        stored = archive.getinfo("topk_ids.npy").file_size
+    if stored > TOKEN_LOG_MAX * 8:  # at most 8 bytes per pick in the file
+        return None
     ids, offsets = read_topk(info.path)
     return (ids, offsets) if ids.size <= TOKEN_LOG_MAX else None
 
