@@ -300,20 +300,21 @@ def rebalance(
     gpus_per_node: int | None = None,
     max_moves: int | None = None,
     max_moves_per_layer: int | None = None,
-    target_lb: float | None = None,
+    target_lb: float | FloatArray | None = None,
 ) -> tuple[IntArray, Trajectory, IntArray]:
     """Incremental rebalance of every layer. Returns (phy2log [L, P] aligned with the serving placement:
     experts that stay keep their slots, trajectory, steps taken per layer [L]).
 
     max_moves: expert copies in the whole model; max_moves_per_layer: per layer; target_lb: per layer,
-    the fewest copies that reach it (layers that cannot stop at their best). None of them: every layer
+    the fewest copies that reach it (layers that cannot stop at their best); one value for every layer or
+    [L], one per layer (e.g. 1.01 x a fresh placement's lb of each layer). None of them: every layer
     stops once further moves gain less than DEFAULT_TOLERANCE of lb.
     """
     w = np.asarray(loads, dtype=np.float64)
     cur = np.asarray(current_phy2log, dtype=np.int64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     mean = w.sum(axis=1) / slots.size
-    target = None if target_lb is None else target_lb * mean
+    target = None if target_lb is None else np.broadcast_to(np.asarray(target_lb, dtype=np.float64), mean.shape) * mean
     cap = max_moves_per_layer
     if max_moves is not None:
         cap = max_moves if cap is None else min(cap, max_moves)

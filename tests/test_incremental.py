@@ -94,6 +94,21 @@ def test_target_lb_needs_far_fewer_copies_than_fresh_greedy(
     assert count_moves(new, current, slots).sum() * 5 <= count_moves(fresh, current, slots).sum()
 
 
+def test_a_target_per_layer_is_reached_on_every_layer(
+    drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
+) -> None:
+    loads, current, slots = drift
+    fresh = relabel_gpus(solve_greedy(loads, slots), current, slots)
+    target = lb(loads, fresh, slots) * 1.01  # [L]: within 1% of fresh greedy on each layer
+    new, _, _ = rebalance(loads, current, slots, target_lb=target)
+    assert (lb(loads, new, slots) <= target * (1 + 1e-9)).all()
+    assert lb(loads, new, slots).mean() <= lb(loads, fresh, slots).mean() * 1.01
+    assert count_moves(new, current, slots).sum() * 5 <= count_moves(fresh, current, slots).sum()
+    # one value per layer, all equal, is the scalar target
+    same, _, _ = rebalance(loads, current, slots, target_lb=np.full(loads.shape[0], 1.02))
+    np.testing.assert_array_equal(same, rebalance(loads, current, slots, target_lb=1.02)[0])
+
+
 def test_without_a_budget_it_gets_within_one_percent_of_fresh_greedy(
     drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
 ) -> None:
