@@ -220,8 +220,36 @@ static void touch_all_of(Coact *c, i64 g) {
     }
 }
 
-static i64 run(Coact *c, i64 max_swaps) {
-    const i64 P = c->P, G = c->G, E = c->E, S = c->S;
+/* numpy: affinity[:, g] += weight[:, t] - weight[:, s] (and h), gpu_load likewise; the holdings and slot
+ * lists follow. The blocks are not touched here. */
+static void apply_swap(Coact *c, i64 s, i64 t) {
+    const i64 P = c->P, G = c->G, E = c->E, S = c->S, g = c->gpu[s], h = c->gpu[t];
+    const double *wcs = c->WT + s * P, *wct = c->WT + t * P; /* columns s and t of W */
+    for (i64 r = 0; r < P; r++) {
+        c->A[r * G + g] += wct[r] - wcs[r];
+        c->A[r * G + h] += wcs[r] - wct[r];
+    }
+    const double *ws = c->wt + s * S, *wt = c->wt + t * S;
+    for (i64 k = 0; k < S; k++) {
+        c->ld[g * S + k] += wt[k] - ws[k];
+        c->ld[h * S + k] += ws[k] - wt[k];
+    }
+    c->hc[g * E + c->row[s]]--;
+    c->hc[h * E + c->row[s]]++;
+    c->hc[h * E + c->row[t]]--;
+    c->hc[g * E + c->row[t]]++;
+    i64 ps = c->pos[s], pt = c->pos[t];
+    c->mem[ps] = t;
+    c->mem[pt] = s;
+    c->pos[s] = pt;
+    c->pos[t] = ps;
+    c->gpu[s] = h;
+    c->gpu[t] = g;
+}
+
+/* every block bounded afresh, the heap built from scratch */
+static void rebuild(Coact *c) {
+    const i64 G = c->G;
     c->nheap = 0;
     for (i64 a = 0; a < G; a++)
         for (i64 b = a + 1; b < G; b++) {
@@ -231,50 +259,108 @@ static i64 run(Coact *c, i64 max_swaps) {
             set_node(c, a * G + b);
         }
     for (i64 i = c->nheap / 2; i >= 0 && c->nheap > 0; i--) sift_down(c, i);
+}
+
+/* best-swap descent from the current state (heap up to date), at most `budget` swaps; *val += each gain */
+static i64 descend(Coact *c, i64 budget, double *val) {
+    const i64 P = c->P, G = c->G;
     i64 swaps = 0;
-    for (; swaps < max_swaps && c->nheap > 0; swaps++) {
+    for (; swaps < budget && c->nheap > 0; swaps++) {
         while (c->heap[0].tie == -1) { /* the best bound first: evaluate it, it sinks to its exact place */
             i64 k = c->heap[0].k;
             block(c, k / G, k % G);
             set_node(c, k);
             sift_down(c, 0);
         }
-        i64 bi = c->bi[c->heap[0].k];
+        i64 k = c->heap[0].k, bi = c->bi[k];
         if (bi < 0) break;
         i64 s = bi / P, t = bi % P, g = c->gpu[s], h = c->gpu[t];
-        /* numpy: affinity[:, g] += weight[:, t] - weight[:, s] (and h), gpu_load likewise */
-        const double *wcs = c->WT + s * P, *wct = c->WT + t * P; /* columns s and t of W */
-        for (i64 r = 0; r < P; r++) {
-            c->A[r * G + g] += wct[r] - wcs[r];
-            c->A[r * G + h] += wcs[r] - wct[r];
-        }
-        const double *ws = c->wt + s * S, *wt = c->wt + t * S;
-        for (i64 k = 0; k < S; k++) {
-            c->ld[g * S + k] += wt[k] - ws[k];
-            c->ld[h * S + k] += ws[k] - wt[k];
-        }
-        c->hc[g * E + c->row[s]]--;
-        c->hc[h * E + c->row[s]]++;
-        c->hc[h * E + c->row[t]]--;
-        c->hc[g * E + c->row[t]]++;
-        i64 ps = c->pos[s], pt = c->pos[t];
-        c->mem[ps] = t;
-        c->mem[pt] = s;
-        c->pos[s] = pt;
-        c->pos[t] = ps;
-        c->gpu[s] = h;
-        c->gpu[t] = g;
+        *val += c->bv[k];
+        apply_swap(c, s, t);
         touch_all_of(c, g);
         touch_all_of(c, h);
     }
     return swaps;
 }
 
+/* xorshift64 (Marsaglia): the kicks' random numbers, the same sequence as solvers/coactivation.py's */
+static inline uint64_t xorshift(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* `kick` random admissible swaps (each from up to KICK_TRIES random slot pairs); *val += each gain */
+#define KICK_TRIES 50
+static void kick(Coact *c, i64 kick, uint64_t *rng, double *val) {
+    const i64 P = c->P, G = c->G;
+    const double *A = c->A;
+    for (i64 n = 0; n < kick; n++)
+        for (int tries = 0; tries < KICK_TRIES; tries++) {
+            i64 s = (i64)(xorshift(rng) % (uint64_t)P), t = (i64)(xorshift(rng) % (uint64_t)P);
+            i64 a = c->gpu[s], b = c->gpu[t];
+            if (a == b || !admissible(c, s, t, a, b)) continue;
+            *val += ((A[s * G + b] - A[s * G + a]) + A[t * G + a]) - A[t * G + b] - 2.0 * c->W[s * P + t];
+            apply_swap(c, s, t);
+            break;
+        }
+}
+
+typedef struct {
+    double *A, *ld;
+    i64 *hc, *gpu, *mem, *pos;
+} Snap;
+
+static void save(const Coact *c, Snap *b) {
+    memcpy(b->A, c->A, sizeof(double) * (size_t)(c->P * c->G));
+    memcpy(b->ld, c->ld, sizeof(double) * (size_t)(c->G * c->S));
+    memcpy(b->hc, c->hc, sizeof(i64) * (size_t)(c->G * c->E));
+    memcpy(b->gpu, c->gpu, sizeof(i64) * (size_t)c->P);
+    memcpy(b->mem, c->mem, sizeof(i64) * (size_t)c->P);
+    memcpy(b->pos, c->pos, sizeof(i64) * (size_t)c->P);
+}
+
+static void restore(Coact *c, const Snap *b) {
+    memcpy(c->A, b->A, sizeof(double) * (size_t)(c->P * c->G));
+    memcpy(c->ld, b->ld, sizeof(double) * (size_t)(c->G * c->S));
+    memcpy(c->hc, b->hc, sizeof(i64) * (size_t)(c->G * c->E));
+    memcpy(c->gpu, b->gpu, sizeof(i64) * (size_t)c->P);
+    memcpy(c->mem, b->mem, sizeof(i64) * (size_t)c->P);
+    memcpy(c->pos, b->pos, sizeof(i64) * (size_t)c->P);
+}
+
+/* The descent, then `rounds` of iterated local search: from the best state, `kick` random admissible swaps
+ * and a descent; the result kept if its co-located weight beats the best by more than 1e-9, else undone.
+ * max_swaps bounds the descents' swaps over all rounds (the kicks not counted). Returns descent swaps. */
+static i64 run(Coact *c, i64 max_swaps, i64 rounds, i64 kick_size, Snap *best) {
+    double val = 0.0;
+    rebuild(c);
+    i64 swaps = descend(c, max_swaps, &val);
+    if (rounds <= 0 || kick_size <= 0 || c->P < 2 || c->G < 2) return swaps;
+    uint64_t rng = 0x9E3779B97F4A7C15ULL;
+    double best_val = val;
+    save(c, best);
+    for (i64 r = 0; r < rounds && swaps < max_swaps; r++) {
+        kick(c, kick_size, &rng, &val);
+        rebuild(c);
+        swaps += descend(c, max_swaps - swaps, &val);
+        if (val > best_val + 1e-9) {
+            best_val = val;
+            save(c, best);
+        } else {
+            restore(c, best);
+            val = best_val;
+        }
+    }
+    return swaps;
+}
+
 static PyObject *py_refine(PyObject *self, PyObject *args) {
     PyObject *o_weight, *o_aff, *o_w, *o_load, *o_cap, *o_row, *o_gpu;
-    Py_ssize_t P, G, E, S, max_swaps;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnn", &o_weight, &o_aff, &o_w, &o_load, &o_cap, &o_row, &o_gpu, &P, &G,
-                          &E, &S, &max_swaps))
+    Py_ssize_t P, G, E, S, max_swaps, rounds = 0, kick_size = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnnn|nn", &o_weight, &o_aff, &o_w, &o_load, &o_cap, &o_row, &o_gpu, &P, &G,
+                          &E, &S, &max_swaps, &rounds, &kick_size))
         return NULL;
     if (P < 0 || G < 1 || E < 1 || S < 1) {
         PyErr_SetString(PyExc_ValueError, "refine: need P >= 0, G >= 1, E >= 1, S >= 1");
@@ -328,9 +414,13 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     c.t0 = malloc(sizeof(double) * (size_t)(P + 1));
     c.tl = malloc(sizeof(double) * (size_t)(P + 1));
     c.th = malloc((size_t)P + 1);
+    Snap best = {malloc(sizeof(double) * (size_t)(P * G + 1)), malloc(sizeof(double) * (size_t)(G * S)),
+                 malloc(sizeof(i64) * (size_t)(G * E)), malloc(sizeof(i64) * (size_t)(P + 1)),
+                 malloc(sizeof(i64) * (size_t)(P + 1)), malloc(sizeof(i64) * (size_t)(P + 1))};
     i64 swaps = -2; /* -2: out of memory; -1: a non-finite input (nothing done) */
     if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ub && c.dirty && c.heap && c.hpos &&
-        c.ta && c.tb && c.xt && c.t0 && c.tl && c.th) {
+        c.ta && c.tb && c.xt && c.t0 && c.tl && c.th && best.A && best.ld && best.hc && best.gpu && best.mem &&
+        best.pos) {
         Py_BEGIN_ALLOW_THREADS
         const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
         int finite = 1;
@@ -361,11 +451,12 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
             c.pos[s] = fill[c.gpu[s]]++;
             c.mem[c.pos[s]] = s;
         }
-        swaps = finite ? run(&c, max_swaps) : -1;
+        swaps = finite ? run(&c, max_swaps, rounds, kick_size, &best) : -1;
         Py_END_ALLOW_THREADS
     }
     free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
     free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt); free(c.t0); free(c.tl); free(c.th);
+    free(best.A); free(best.ld); free(best.hc); free(best.gpu); free(best.mem); free(best.pos);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     if (swaps == -2) return PyErr_NoMemory();
     if (swaps == -1) Py_RETURN_NONE;
@@ -417,8 +508,8 @@ static PyObject *py_weights(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"weights", py_weights, METH_VARARGS, "weights(pairs, row, rep, out, R, C, P): pair weight of every two slots"},
     {"refine", py_refine, METH_VARARGS,
-     "refine(weight, affinity, slot_loads, gpu_loads, cap, row, gpu, P, G, E, S, max_swaps) -> swaps made, or None "
-     "(a non-finite input: nothing done)"},
+     "refine(weight, affinity, slot_loads, gpu_loads, cap, row, gpu, P, G, E, S, max_swaps, rounds=0, kick=0) -> "
+     "swaps made, or None (a non-finite input: nothing done)"},
     {NULL, NULL, 0, NULL},
 };
 
