@@ -8,7 +8,9 @@ fixtures/sglang6017-*.json prefill-in4096 and decode-in1000out1000) at EP32 / 28
 slots. Per pair and method: expert copies (after relabelling), lb mean and max on B, and time (median of
 --repeats runs: wall ms, and CPU ms of this process, which other processes on a busy machine do not
 inflate). Methods: fresh greedy + relabel; incremental with budgets, with no budget, and with
---target-lb = fresh greedy's worst layer x 1.01; with --milp-layers K, the migration-aware MILP at 1 s per
+target_lb = fresh greedy's lb x 1.01 on each layer (per layer: every layer ends within 1% of fresh greedy's
+lb on it, so the lb mean does too; a single target of fresh greedy's worst layer x 1.01, used before, let
+every layer end up to ~1.2% above fresh greedy's mean); with --milp-layers K, the migration-aware MILP at 1 s per
 layer on the first K layers next to incremental on the same layers (slow). Then the medians and ranges
 over all pairs, and the issue's goals checked against them.
 """
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -95,13 +98,15 @@ def run_pair(old: NDArray[np.float64], new: NDArray[np.float64], gpus: int, phys
     unlabelled = solve_greedy(new, slots)
     relabelled, wall, cpu = timed(lambda: relabel_gpus(unlabelled, cur, slots), repeats)
     rows.append(row("  the GPU relabelling alone", relabelled, cur, new, slots, wall, cpu, fresh))
-    target = float(lb(new, fresh, slots).max()) * 1.01
-    cases: list[tuple[str, dict[str, float | int | None]]] = [(f"incremental max_moves={b}", {"max_moves": b})
-                                                               for b in BUDGETS]
-    cases += [("incremental (no budget)", {}), ("incremental target=fresh max x1.01", {"target_lb": target}),
+    target = lb(new, fresh, slots) * 1.01  # per layer
+    cases: list[tuple[str, dict[str, Any]]] = [
+        (f"incremental max_moves={b}", {"max_moves": b}) for b in BUDGETS]
+    cases += [("incremental (no budget)", {}), ("incremental target=fresh lb x1.01 per layer", {"target_lb": target}),
               ("incremental target_lb=1.01", {"target_lb": 1.01})]
     for name, kwargs in cases:
-        placed, wall, cpu = timed(lambda kw=kwargs: rebalance(new, cur, slots, **kw)[0], repeats)
+        def incremental(kw: dict[str, Any] = kwargs) -> NDArray[np.int64]:
+            return rebalance(new, cur, slots, **kw)[0]
+        placed, wall, cpu = timed(incremental, repeats)
         rows.append(row(name, placed, cur, new, slots, wall, cpu, fresh))
     default, wall, cpu = timed(lambda: registry.solve("incremental", Problem(new, slots, current_phy2log=cur)).phy2log,
                                repeats)
@@ -158,10 +163,10 @@ def main() -> None:
                   f"{spread([r.lb_mean / r.fresh_lb_mean for r in rs], '.4f'):>26}"
                   f"{spread([r.lb_max for r in rs], '.4f'):>26}{spread([r.cpu_ms for r in rs], '.1f'):>24}"
                   f"{spread([r.wall_ms for r in rs], '.1f'):>24}")
-        target = [by_name(p, "incremental target=fresh max x1.01") for p in pairs]
+        target = [by_name(p, "incremental target=fresh lb x1.01 per layer") for p in pairs]
         ok = [t.lb_mean <= t.fresh_lb_mean * 1.01 and t.fresh_copies >= 5 * t.copies and t.cpu_ms < 50 for t in target]
-        print(f"  goal (target = fresh max x1.01): lb within 1% of fresh, >= 5x fewer copies, < 50 ms CPU: "
-              f"met on {sum(ok)} of {len(ok)} pairs")
+        print(f"  goal (target = fresh lb x1.01 per layer): lb mean within 1% of fresh, >= 5x fewer copies, "
+              f"< 50 ms CPU: met on {sum(ok)} of {len(ok)} pairs")
     key = (32, "prefill-in4096 -> decode-in1000out1000")
     rows = results[key][0]
     at_101 = by_name(rows, "incremental target_lb=1.01")
