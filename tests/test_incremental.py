@@ -176,6 +176,31 @@ def test_rules_hold_on_uneven_slots(seed: int, budget: int | None) -> None:
                 assert all(x not in n and y not in c for x, y in zip(c, n, strict=True) if x != y)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_rules_hold_with_a_target_per_layer(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    num_gpus = int(rng.integers(2, 40))  # below and above the 16 swap partners a target uses
+    slots = rng.integers(2, 6, size=num_gpus).astype(np.int64)
+    num_experts = int(rng.integers(max(2, int(slots.sum()) - 8), int(slots.sum()) + 1))
+    old = rng.gamma(0.6, 100.0, size=(3, num_experts))
+    current = solve_greedy(old, slots)
+    loads = old * rng.lognormal(0.0, 1.0, size=old.shape)
+    target = rng.uniform(1.0, 1.3, size=3)
+    new, traj, take = rebalance(loads, current, slots, target_lb=target)
+    validate_placement(new, slots, num_experts)
+    assert duplicate_count(new, slots).sum() <= duplicate_count(current, slots).sum()
+    rows = np.arange(3)
+    np.testing.assert_array_equal(count_moves(new, current, slots), traj.copies[rows, take])
+    busiest = gpu_loads(loads, new, slots).max(axis=1)
+    np.testing.assert_allclose(busiest, traj.max_load[rows, take])
+    # a layer that reaches its target stops at the first state that does
+    reached = busiest <= target * loads.sum(axis=1) / num_gpus * (1 + 1e-12)
+    for layer in np.flatnonzero(reached):
+        before = traj.max_load[layer, : take[layer]]
+        assert (before > target[layer] * loads[layer].sum() / num_gpus * (1 + 1e-12)).all()
+
+
 def test_frontier_is_a_tradeoff_curve(
     drift: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]],
 ) -> None:
