@@ -22,7 +22,7 @@ from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, HardwareSpec, ModelSpec
 from solvers import registry
 from solvers.bounds import lower_bound
-from solvers.migration import count_moves, relabel_gpus
+from solvers.migration import arrange_slots, count_moves, relabel_gpus
 from solvers.plan import MigrationPlan, PlanError, build_plan
 from solvers.registry import Options, Problem, SolverError
 from solvers.validation import InvalidPlacement
@@ -246,6 +246,8 @@ def solve(
         if not registry.get_solver(name).capabilities.aligned:
             nodes = cluster.gpus_per_node if cluster.num_groups is not None else None  # keep groups on nodes
             phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu, nodes)
+        elif objective == "time":  # co-location swaps move experts between GPUs: back to their serving slots
+            phy2log = arrange_slots(phy2log, current.phy2log, cluster.slots_per_gpu)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
     placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
     outcome = evaluate(loads, placement, cost, coactivation=coactivation, gpus_per_node=cluster.gpus_per_node)
@@ -323,7 +325,10 @@ def evaluate(
 
 
 def check_objective(
-    objective: str, cost: CostSetup | None, coactivation: CoactivationSummary | None, loads: NDArray[np.float64]
+    objective: str,
+    cost: CostSetup | None,
+    coactivation: CoactivationSummary | None = None,
+    loads: NDArray[np.float64] | None = None,
 ) -> None:
     """Raise EplbError for an unknown objective, a time objective without a model, or a co-activation
     summary of another shape than the loads [layers, E]."""
@@ -331,7 +336,7 @@ def check_objective(
         raise EplbError(f"unknown objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
     if objective == "time" and cost is None:
         raise EplbError("the time objective needs the model and hardware for the cost model (give --model)")
-    if coactivation is not None and coactivation.loads.shape != loads.shape:
+    if coactivation is not None and loads is not None and coactivation.loads.shape != loads.shape:
         raise EplbError(
             f"the co-activation summary is for {coactivation.loads.shape[0]} layers x {coactivation.loads.shape[1]} "
             f"experts, the loads are {loads.shape[0]} x {loads.shape[1]}"

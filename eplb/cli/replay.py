@@ -18,6 +18,7 @@ from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
 from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
+from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup
 from eplb.specs import link_bandwidth
@@ -129,6 +130,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     r.add_argument("--solver", choices=registry.names(), default=default_solver,
                    help=f"placement solver at each rebalance (default {default_solver})")
     r.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
+    r.add_argument("--objective", choices=OBJECTIVES, default="lb",
+                   help="lb: balance tokens; time: each rebalance also tries co-locating experts chosen together "
+                   "in the window's tokens and keeps, per layer, the lowest predicted time (token-level logs; needs "
+                   "the model). Default: lb")
     add_cluster_options(r)
     r.add_argument("--oracle-every", type=int, default=1, metavar="N",
                    help="solve the oracle on every N-th step (default 1: all; 0: skip the oracle)")
@@ -376,6 +381,7 @@ def run_replay(args: argparse.Namespace) -> int:
                 Cluster(slots, args.gpus_per_node, args.groups),
                 schedule=schedule,
                 solver=args.solver,
+                objective=args.objective,
                 cost=cost,
                 migration=migration,
                 oracle_every=args.oracle_every,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,8 +40,11 @@ from eplb.placement import Placement
 from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.replay.schedule import Schedule, Window
 from eplb.replay.summary import BASELINES, RowStats
-from eplb.solve import Cluster, CostSetup, Outcome, evaluate, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_objective, evaluate, solve
 from solvers.registry import Options, applicable
+
+if TYPE_CHECKING:
+    from eplb.coactivation import CoactivationSummary
 
 __all__ = [
     "BASELINES",
@@ -242,6 +245,7 @@ def replay(
     oracle_every: int = 1,
     hindsight: bool = True,
     time_limit_s: float | None = None,
+    objective: str = "lb",
     chunk_steps: int = 256,
     collect: bool = False,
     on_steps: Callable[[StepBlock], None] | None = None,
@@ -257,6 +261,8 @@ def replay(
     0: none). hindsight: add the hindsight row (reads the log twice). on_steps: called with each
     evaluated StepBlock; progress: called with the number of steps done; collect: keep every step's
     results in ReplayResult.steps (for tests and small logs); threads: BLAS threads (None: unchanged).
+    objective: "lb" or "time" (`eplb.objective`: each rebalance also tries co-locating experts chosen
+    together, from the window's tokens; needs `cost` and a token-level log).
     """
     sched = schedule or Schedule()
     sched.check()
@@ -271,8 +277,14 @@ def replay(
     if migration is not None:
         migration.check()
     _check_shapes(src.info, cluster, cost)
+    check_objective(objective, cost)
+    if objective == "time" and src.info.kind != "topk":
+        raise EplbError(
+            f"{src.info.path}: the time objective co-locates experts chosen together, which needs a token-level "
+            "log (topk_ids); this log has per-step counts only: use --objective lb"
+        )
     with blas_threads(threads):
-        run = _Replay(src, cluster, sched, _Policy(solver, split, options, time_limit_s), cost, migration)
+        run = _Replay(src, cluster, sched, _Policy(solver, split, options, time_limit_s, objective), cost, migration)
         if hindsight and not one_shot:
             run.plan_hindsight(chunk_steps)
         return run.run(chunk_steps, oracle_every, collect, on_steps, progress)
@@ -288,12 +300,14 @@ def _check_shapes(info: LogInfo, cluster: Cluster, cost: CostSetup | None) -> No
 
 @dataclass(frozen=True)
 class _Policy:
-    """What a rebalance solves with: registry name, share split, options, MILP time limit."""
+    """What a rebalance solves with: registry name, share split, options, MILP time limit, objective ("lb" or
+    "time": `eplb.objective`, with the window's co-activation summary of a token-level log)."""
 
     solver: str
     split: str
     options: Options | None
     time_limit_s: float | None
+    objective: str = "lb"
 
     @property
     def name(self) -> str:
@@ -336,7 +350,13 @@ class _Replay:
         self.timing = {"evaluation_s": 0.0, "solve_s": 0.0, "oracle_s": 0.0, "read_s": 0.0, "hindsight_s": 0.0}
         self.tokens = _token_routing(self.info)  # token-level logs: exact dispatch copies per token per row
         self.copies = {name: [0.0, 0] for name in COPY_ROWS}  # copies x tokens, tokens
+        if policy.objective == "time" and self.tokens is None:
+            raise EplbError(f"{self.info.path}: the time objective needs the log's tokens in memory, and it has more "
+                            f"than {TOKEN_LOG_MAX:,} picks: cut the log or use --objective lb")  # fmt: skip
         self.step_time_s = 0.0  # the replay's last predicted step time (MoE layers), for transfer lengths
+        self.window_span: tuple[int, int] | None = None  # the current check's window: positions lo .. hi - 1
+        self.window_summary: CoactivationSummary | None = None  # its co-activation summary (time objective) ...
+        self.summary_of: tuple[int, int] | None = None  # ... and the window it is of
 
     # ---- hindsight: one pass for each interval's summed counts, one greedy solve per interval ----
 
@@ -488,6 +508,7 @@ class _Replay:
         """Decide at check position `pos` from the steps before it, and schedule the new placement."""
         sched = self.sched
         lo = max(0, pos - sched.window)
+        self.window_span = (lo, pos)
         if sched.trigger == "threshold":
             recent = self.window.recent_lb(lo, pos)
             if not recent > sched.threshold:
@@ -542,12 +563,31 @@ class _Replay:
         """The policy's solve of `loads` against the serving placement; fresh: greedy instead of the policy's
         solver (the cost trigger's fresh candidate), relabelled onto the serving placement."""
         robust = scenarios is not None
+        by_time = self.policy.objective == "time"
+        cost, summary = (self.cost, self.window_coactivation()) if by_time else (None, None)
+        common: dict[str, Any] = {"current": self.serving, "scenarios": scenarios, "objective": self.policy.objective,
+                                  "cost": cost, "coactivation": summary,
+                                  "empty_slots": False}  # a replay's placement is the next check's serving one
         if fresh:
             opts = replace(applicable("greedy", self.policy.options or Options()), robust=robust)
-            return solve(loads, self.cluster, solver="greedy", current=self.serving, options=opts, scenarios=scenarios)
+            return solve(loads, self.cluster, solver="greedy", options=opts, **common)
         options = self.policy.options_for(robust, **budget)
-        return solve(loads, self.cluster, solver=self.policy.solver, split=self.policy.split, current=self.serving,
-                     options=options, scenarios=scenarios)  # fmt: skip
+        return solve(loads, self.cluster, solver=self.policy.solver, split=self.policy.split, options=options,
+                     **common)  # fmt: skip
+
+    def window_coactivation(self) -> CoactivationSummary | None:
+        """The co-activation summary of the tokens of the current check's window (token-level logs held in
+        memory), cached per check."""
+        if self.tokens is None or self.window_span is None:
+            return None
+        if self.summary_of != self.window_span:
+            from eplb.coactivation import summarize
+
+            ids, offsets = self.tokens
+            lo, hi = self.window_span
+            self.window_summary = summarize(ids[offsets[lo] : offsets[hi]], self.info.num_experts)
+            self.summary_of = self.window_span
+        return self.window_summary
 
     def migration_cost(self, new: Placement, step_loads: NDArray[np.float64]) -> MigrationCost | None:
         """What copying `new`'s experts onto the serving placement costs (None without a cost model)."""

@@ -1,0 +1,71 @@
+"""Replay with the time objective (`eplb replay --objective time`) and the time objective against a serving
+placement (eplb.solve.solve with `current`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.cli import main
+from eplb.coactivation import read_topk, summarize
+from eplb.errors import EplbError
+from eplb.io.windows import read_window
+from eplb.replay import Schedule, replay
+from eplb.solve import Cluster, CostSetup, solve
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth
+from solvers.migration import count_moves
+from solvers.plan import apply_plan
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LAW = FIXTURES / "esft-dsv2lite-law-topk.npz"
+H800 = HARDWARE_PRESETS["h800"]
+SETUP = CostSetup(MODEL_PRESETS["deepseek-v2-lite"], H800, link_bandwidth(H800, "nic"), 4096)
+CLUSTER = Cluster(np.full(8, 9, dtype=np.int64))
+
+
+@pytest.mark.parametrize("solver", ["incremental", "greedy"])
+def test_time_objective_against_a_serving_placement_is_aligned_and_planned(solver: str) -> None:
+    """Co-location swaps move experts between GPUs; against a serving placement the answer must still keep every
+    expert that stays on a GPU in its slot, so its plan applies (the plan builder refused it before)."""
+    ids, offsets = read_topk(LAW)
+    half = int(offsets[offsets.size // 2])
+    first = np.stack([np.bincount(ids[:half, layer].ravel(), minlength=64) for layer in range(ids.shape[1])])
+    current = solve(first.astype(np.float64), CLUSTER).placement
+    loads = read_window(LAW).loads
+    out = solve(loads, CLUSTER, solver=solver, current=current, cost=SETUP, coactivation=summarize(ids[half:], 64),
+                objective="time", empty_slots=False)  # fmt: skip
+    assert out.solver["objective"] == "time"
+    assert set(out.solver["layer_choice"]) != {"solver"}  # some layer took a co-located candidate
+    assert out.plan is not None and out.moves is not None
+    moved = count_moves(out.placement.phy2log, current.phy2log, CLUSTER.slots_per_gpu)
+    assert np.array_equal(out.moves, moved)
+    assert np.array_equal(apply_plan(current.phy2log, out.plan), out.placement.phy2log)
+
+
+def test_replay_with_the_time_objective_cuts_copies_per_token() -> None:
+    sched = Schedule(window=16, interval=16, trigger="periodic")
+    by_lb = replay(LAW, CLUSTER, schedule=sched, solver="greedy", cost=SETUP, oracle_every=0)
+    by_time = replay(LAW, CLUSTER, schedule=sched, solver="greedy", cost=SETUP, oracle_every=0, objective="time")
+    assert [r.solver_info["objective"] for r in by_time.rebalances] == ["time"] * len(by_time.rebalances)
+    assert all("objective" not in r.solver_info for r in by_lb.rebalances)
+    copies = {name: s["results"]["replay"]["copies_per_token"] for name, s in (("lb", by_lb.summary),
+                                                                               ("time", by_time.summary))}
+    assert copies["time"] < copies["lb"]
+
+
+def test_replay_time_objective_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    counts = np.ones((4, 2, 64), dtype=np.int64)
+    with pytest.raises(EplbError, match="token-level log"):
+        replay(counts, CLUSTER, schedule=Schedule(window=2, interval=2), cost=SETUP, objective="time")
+    with pytest.raises(EplbError, match="needs the model"):
+        replay(LAW, CLUSTER, schedule=Schedule(window=2, interval=2, trigger="periodic"), objective="time")
+    with pytest.raises(EplbError, match="unknown objective"):
+        replay(LAW, CLUSTER, schedule=Schedule(window=2, interval=2), cost=SETUP, objective="fast")
+    log = tmp_path / "counts.npz"
+    np.savez(log, counts=counts)
+    assert main(["replay", str(log), "--gpus", "8", "--slots", "9", "--model", "deepseek-v2-lite",
+                 "--objective", "time", "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "token-level log" in err and "Traceback" not in err
