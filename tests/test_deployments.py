@@ -311,6 +311,14 @@ def test_windows_carry_coactivation_and_the_history_keeps_it(store: Store) -> No
     assert kept is not None and kept.to_dict() == summary.to_dict()
     plain = dep.process_window(store, "coact", loads.tolist(), force=True)
     assert dep.window_coactivation(store, plain.history_id) is None
+    # against the serving placement (incremental), co-located layers still keep staying experts in their slots
+    again = dep.process_window(store, "coact", loads[::-1].tolist(), coactivation=summarize(ids[:, ::-1], EXPERTS)
+                               .to_dict(), force=True)  # fmt: skip
+    assert again.action == "rebalanced" and again.result is not None and again.result.solver is not None
+    assert set(again.result.solver.model_dump()["layer_choice"]) != {"solver"}
+    plan = again.result.plan
+    assert isinstance(plan, dict) and again.result.moves is not None
+    assert again.result.moves.total == sum(len(stage["copies"]) for stage in plan["stages"])
     with pytest.raises(EplbError, match="coactivation: the summary is for 2 layers"):
         dep.process_window(store, "coact", loads.tolist(), coactivation=summarize(ids[:, :2], EXPERTS).to_dict())
     with pytest.raises(EplbError, match="co-activation summary"):
