@@ -52,6 +52,7 @@ typedef struct {
     Node *heap;              /* the blocks by best gain or bound (see sift) */
     i64 *hpos, nheap;
     double w2min;         /* min of 2 W */
+    unsigned char *moved; /* [G] GPUs a swap changed since the round began (iterated local search) */
 } Coact;
 
 /* (v, idx) beats (bv, bi) when larger, or equal with an earlier row-major index. bi -1 with bv 1e-9:
@@ -245,6 +246,14 @@ static void apply_swap(Coact *c, i64 s, i64 t) {
     c->pos[t] = ps;
     c->gpu[s] = h;
     c->gpu[t] = g;
+    c->moved[g] = c->moved[h] = 1;
+}
+
+/* the blocks of every GPU a swap changed since the round began get fresh bounds (the others' best entries
+ * and bounds still hold: a block reads only its two GPUs' columns, loads, holdings and slots) */
+static void touch_moved(Coact *c) {
+    for (i64 g = 0; g < c->G; g++)
+        if (c->moved[g]) touch_all_of(c, g);
 }
 
 /* every block bounded afresh, the heap built from scratch */
@@ -342,14 +351,16 @@ static i64 run(Coact *c, i64 max_swaps, i64 rounds, i64 kick_size, Snap *best) {
     double best_val = val;
     save(c, best);
     for (i64 r = 0; r < rounds && swaps < max_swaps; r++) {
+        memset(c->moved, 0, (size_t)c->G);
         kick(c, kick_size, &rng, &val);
-        rebuild(c);
+        touch_moved(c);
         swaps += descend(c, max_swaps - swaps, &val);
         if (val > best_val + 1e-9) {
             best_val = val;
             save(c, best);
         } else {
             restore(c, best);
+            touch_moved(c); /* back to the best state: the GPUs the round changed are stale again */
             val = best_val;
         }
     }
@@ -414,12 +425,13 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     c.t0 = malloc(sizeof(double) * (size_t)(P + 1));
     c.tl = malloc(sizeof(double) * (size_t)(P + 1));
     c.th = malloc((size_t)P + 1);
+    c.moved = calloc((size_t)G, 1);
     Snap best = {malloc(sizeof(double) * (size_t)(P * G + 1)), malloc(sizeof(double) * (size_t)(G * S)),
                  malloc(sizeof(i64) * (size_t)(G * E)), malloc(sizeof(i64) * (size_t)(P + 1)),
                  malloc(sizeof(i64) * (size_t)(P + 1)), malloc(sizeof(i64) * (size_t)(P + 1))};
     i64 swaps = -2; /* -2: out of memory; -1: a non-finite input (nothing done) */
     if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ub && c.dirty && c.heap && c.hpos &&
-        c.ta && c.tb && c.xt && c.t0 && c.tl && c.th && best.A && best.ld && best.hc && best.gpu && best.mem &&
+        c.ta && c.tb && c.xt && c.t0 && c.tl && c.th && c.moved && best.A && best.ld && best.hc && best.gpu && best.mem &&
         best.pos) {
         Py_BEGIN_ALLOW_THREADS
         const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
@@ -455,7 +467,7 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
-    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt); free(c.t0); free(c.tl); free(c.th);
+    free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt); free(c.t0); free(c.tl); free(c.th); free(c.moved);
     free(best.A); free(best.ld); free(best.hc); free(best.gpu); free(best.mem); free(best.pos);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     if (swaps == -2) return PyErr_NoMemory();
