@@ -350,7 +350,8 @@ def coactivation(req: CostIn, loads: NDArray[np.float64]) -> CoactivationSummary
     from eplb.coactivation import CoactivationSummary
 
     try:
-        summary = CoactivationSummary.from_dict(req.coactivation.model_dump())
+        value = req.coactivation
+        summary = CoactivationSummary.parse(value if isinstance(value, str) else value.model_dump())
     except EplbError as exc:
         raise FieldError("coactivation", str(exc).removeprefix("co-activation summary: ")) from None
     if summary.loads.shape != loads.shape:

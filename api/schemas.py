@@ -81,6 +81,10 @@ class CoactivationIn(BaseModel):
     )
 
 
+CoactivationBinary = Annotated[str, Field(max_length=64 * 2**20, description="base64 (no line breaks) of the "
+                                          "summary's .npz image, `CoactivationSummary.to_bytes` (docs/formats.md)")]
+
+
 class CostIn(BaseModel):
     """What the time prediction needs."""
 
@@ -99,9 +103,10 @@ class CostIn(BaseModel):
         description="tokens per GPU in one step, for the time prediction (default 4,096, as `eplb solve`)",
     )
     overlap: bool = Field(True, description="comm overlaps the GEMMs (two micro-batches)")
-    coactivation: CoactivationIn | None = Field(
-        None, description="the window's co-activation summary: the comm time then counts one copy per GPU a token "
-        "reaches, and copies per token are reported (docs/cost-model.md)"
+    coactivation: CoactivationIn | CoactivationBinary | None = Field(
+        None, description="the window's co-activation summary, as an object or base64 of its .npz image (4x smaller, "
+        "8x faster to read): the comm time then counts one copy per GPU a token reaches, and copies per token are "
+        "reported (docs/cost-model.md)"
     )
     node_limit: int | None = Field(
         None, ge=1, le=MAX_GPUS, description="node-limited routing: a token's experts lie on at most this many nodes "

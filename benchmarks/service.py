@@ -17,6 +17,7 @@ latency.
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import os
@@ -36,8 +37,10 @@ import numpy as np
 import orjson
 
 from api import convert
+from eplb.coactivation import summarize
 from eplb.io.windows import read_window
 from eplb.solve import solve
+from eplb.synth import SynthConfig, synth_topk
 
 FIELDS: dict[str, Any] = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 32, "slots_per_gpu": 9},
                           "tokens_per_gpu": 4096}
@@ -147,13 +150,29 @@ def run(base: str, clients: int, seconds: float, max_requests: int, send: dict[s
 def breakdown(loads: np.ndarray[Any, Any], repeats: int = 30) -> dict[str, float]:
     """Median ms of each stage of one request, in this process (what the fast lane, or the parser and a solver
     worker, do). answer: the bytes the service sends (api.convert.answer_json); answer_models: the same bytes
-    through the pydantic answer models, as before."""
+    through the pydantic answer models, as before. parse_json+summary / parse_json+summary_b64: parse_json of a
+    body that also carries a co-activation summary of the window's shape (one synthetic step, 8 partners per
+    expert), as its JSON object and as base64 of its .npz image."""
     body = convert.Body(json.dumps({**FIELDS, "loads": loads.tolist()}).encode(), "json", "/placement")
     buffer = io.BytesIO()
     np.save(buffer, loads)
     npy = convert.Body(buffer.getvalue(), "npy", "/placement", json.dumps(FIELDS))
-    stages: dict[str, list[float]] = {k: [] for k in ("parse_json", "parse_npy", "solve", "answer", "answer_models")}
+    ids, _ = synth_topk(SynthConfig(steps=1, layers=loads.shape[0], experts=loads.shape[1], tokens=4096))
+    summary = summarize(ids, loads.shape[1])
+    with_summary = {
+        form: convert.Body(json.dumps({**FIELDS, "loads": loads.tolist(), "coactivation": value}).encode(), "json",
+                           "/placement")
+        for form, value in (("parse_json+summary", summary.to_dict()),
+                            ("parse_json+summary_b64", base64.b64encode(summary.to_bytes()).decode()))
+    }  # fmt: skip
+    stages: dict[str, list[float]] = {k: [] for k in ("parse_json", "parse_npy", "solve", "answer", "answer_models",
+                                                      *with_summary)}  # fmt: skip
     for _ in range(repeats):
+        for form, sent in with_summary.items():
+            t0 = time.perf_counter()
+            parsed = convert.parse_placement(sent, 30).job
+            stages[form].append((time.perf_counter() - t0) * 1000)
+            assert parsed is not None and parsed.coactivation is not None
         t0 = time.perf_counter()
         job = convert.parse_placement(body, 30).job
         t1 = time.perf_counter()

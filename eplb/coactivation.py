@@ -25,8 +25,11 @@ A token's source GPU is its position in its step modulo G (data-parallel ranks o
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
+import zipfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -57,6 +60,8 @@ __all__ = [
 
 RULES = ("vllm", "sglang", "coact")
 SUMMARY_FORMAT = "eplb.coactivation-summary/v1"
+BINARY_MAX = 256 * 2**20
+"""Most bytes a binary summary may unpack to (DeepSeek-V3, 58 x 256 experts x 8 partners: 2 MB)."""
 IntArray = NDArray[np.int64]
 F64 = NDArray[np.float64]
 
@@ -239,6 +244,15 @@ def copies_per_token(
     )
 
 
+def _narrow(a: IntArray) -> NDArray[np.signedinteger[Any]]:
+    """`a` in the smallest of int16, int32 and int64 that holds it (a smaller image, faster to unpack)."""
+    for dtype in (np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if a.size == 0 or (int(a.min()) >= info.min and int(a.max()) <= info.max):
+            return a.astype(dtype)
+    return a
+
+
 # --------------------------------------------------------------------------------------------
 # The compact summary
 # --------------------------------------------------------------------------------------------
@@ -278,35 +292,62 @@ class CoactivationSummary:
     def from_dict(cls, d: dict[str, Any]) -> CoactivationSummary:
         """Inverse of `to_dict`; EplbError naming the field on bad input."""
         try:
-            tokens = np.asarray(d["tokens"], dtype=np.int64)
-            loads = np.asarray(d["loads"], dtype=np.int64)
-            partners = np.asarray(d["partners"], dtype=np.int64)
-            counts = np.asarray(d["counts"], dtype=np.int64)
-            top_k = int(d["top_k"])
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            return cls._checked(d["tokens"], d["top_k"], d["loads"], d["partners"], d["counts"])
+        except KeyError as exc:
+            raise EplbError(f"co-activation summary: missing field {exc}") from None
+
+    @classmethod
+    def _checked(cls, tokens: Any, top_k: Any, loads: Any, partners: Any, counts: Any) -> CoactivationSummary:
+        """The summary of these fields as int64 arrays, or EplbError saying what is wrong."""
+        try:
+            t, l_, p, c = (np.asarray(v, dtype=np.int64) for v in (tokens, loads, partners, counts))
+            k = int(top_k)
+        except (TypeError, ValueError, OverflowError) as exc:
             raise EplbError(f"co-activation summary: missing or non-numeric field ({exc})") from None
-        if top_k < 1 or min(tokens.min(initial=0), loads.min(initial=0), counts.min(initial=0)) < 0:
+        if k < 1 or min(t.min(initial=0), l_.min(initial=0), c.min(initial=0)) < 0:
             raise EplbError("co-activation summary: top_k must be >= 1 and tokens, loads and counts >= 0")
-        if loads.ndim != 2 or partners.ndim != 3 or partners.shape != counts.shape or partners.shape[:2] != loads.shape:
+        if l_.ndim != 2 or p.ndim != 3 or p.shape != c.shape or p.shape[:2] != l_.shape:
             raise EplbError("co-activation summary: loads must be [L, E], partners and counts [L, E, m]")
-        if tokens.shape != (loads.shape[0],):
-            raise EplbError(f"co-activation summary: tokens must be [{loads.shape[0]}] (one per layer)")
-        if partners.size and (partners.min() < -1 or partners.max() >= loads.shape[1]):
-            raise EplbError(f"co-activation summary: partners must be expert ids in 0..{loads.shape[1] - 1} or -1")
-        return cls(tokens, top_k, loads, partners, counts)
+        if t.shape != (l_.shape[0],):
+            raise EplbError(f"co-activation summary: tokens must be [{l_.shape[0]}] (one per layer)")
+        if p.size and (p.min() < -1 or p.max() >= l_.shape[1]):
+            raise EplbError(f"co-activation summary: partners must be expert ids in 0..{l_.shape[1] - 1} or -1")
+        return cls(t, k, l_, p, c)
 
     def to_bytes(self) -> bytes:
-        """Compact binary form (a compressed .npz image, no pickled objects), for storage."""
+        """Compact binary form: a compressed .npz image (arrays tokens, top_k, loads, partners, counts; no pickled
+        objects), about a quarter of the JSON's size (docs/formats.md)."""
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, tokens=self.tokens, top_k=np.int64(self.top_k), loads=self.loads,
-                            partners=self.partners, counts=self.counts)
+        np.savez_compressed(buffer, tokens=self.tokens, top_k=np.int64(self.top_k), loads=_narrow(self.loads),
+                            partners=_narrow(self.partners), counts=_narrow(self.counts))
         return buffer.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> CoactivationSummary:
-        """Inverse of `to_bytes`."""
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            return cls(z["tokens"], int(z["top_k"]), z["loads"], z["partners"], z["counts"])
+        """Inverse of `to_bytes`, checked as `from_dict` (EplbError on anything else, including an archive whose
+        arrays would unpack to more than BINARY_MAX bytes)."""
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                if sum(info.file_size for info in archive.infolist()) > BINARY_MAX:
+                    raise EplbError(f"co-activation summary: unpacks to more than {BINARY_MAX:,} bytes")
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                fields = [z[name] for name in ("tokens", "top_k", "loads", "partners", "counts")]
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise EplbError(f"co-activation summary: not a .npz image of one ({exc})") from None
+        except KeyError as exc:
+            raise EplbError(f"co-activation summary: missing array {exc}") from None
+        return cls._checked(*fields)
+
+    @classmethod
+    def parse(cls, value: dict[str, Any] | str) -> CoactivationSummary:
+        """A summary as a request carries it: the JSON object (`to_dict`) or a base64 string of `to_bytes`."""
+        if isinstance(value, str):
+            try:
+                data = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                raise EplbError("co-activation summary: a string must be base64 of its .npz image") from None
+            return cls.from_bytes(data)
+        return cls.from_dict(value)
 
     def layers(self, count: int) -> CoactivationSummary:
         """The summary of the first `count` layers."""

@@ -168,13 +168,15 @@ class Setup:
                             f"({', '.join(able) or 'none is registered'})")
         return Options(**wanted)
 
-    def coactivation(self, value: dict[str, Any] | None, loads: NDArray[np.float64]) -> CoactivationSummary | None:
-        """A window's co-activation summary (`CoactivationSummary.to_dict`) checked against its loads, or None."""
+    def coactivation(
+        self, value: dict[str, Any] | str | None, loads: NDArray[np.float64]
+    ) -> CoactivationSummary | None:
+        """A window's co-activation summary (`CoactivationSummary.parse`) checked against its loads, or None."""
         if value is None:
             return None
         from eplb.coactivation import CoactivationSummary
 
-        summary = CoactivationSummary.from_dict(value)
+        summary = CoactivationSummary.parse(value)
         if summary.loads.shape != loads.shape:
             raise EplbError(f"coactivation: the summary is for {summary.loads.shape[0]} layers x "
                             f"{summary.loads.shape[1]} experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
@@ -352,11 +354,11 @@ def window_loads(store: Store, history_id: int) -> NDArray[np.float64]:
 
 
 def process_window(store: Store, name: str, loads_value: Any, *, force: bool = False,
-                   run_solve: SolveFn = solve, coactivation: dict[str, Any] | None = None) -> WindowResult:
+                   run_solve: SolveFn = solve, coactivation: dict[str, Any] | str | None = None) -> WindowResult:
     """Judge one window ([layers][E] tokens) for deployment `name`, rebalance when the trigger fires (or
     `force`), store the event; holds the deployment's lock throughout. coactivation: the window's summary
-    (`CoactivationSummary.to_dict`): the predictions count the GPUs a token reaches, the time objective may
-    co-locate experts chosen together, and the history keeps it."""
+    (`CoactivationSummary.parse`: its object or base64 of its .npz image): the predictions count the GPUs a
+    token reaches, the time objective may co-locate experts chosen together, and the history keeps it."""
     with store.write() as session:
         row = _row(store.lock_deployment(session, name), name)
         setup = Setup(DeploymentConfig.model_validate(row.config))

@@ -16,7 +16,7 @@ from api.database import DbDep, in_db
 from api.deps import Authorized, PoolDep, SettingsDep
 from api.pool import QueueFull, SolvePool, WorkerDied
 from api.problems import ProblemError, documented
-from api.schemas import CoactivationIn, PlacementIn
+from api.schemas import CoactivationBinary, CoactivationIn, PlacementIn
 from api.settings import Settings
 from eplb import deployments
 from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, NotFound, WindowResult
@@ -37,7 +37,8 @@ class WindowIn(BaseModel):
         {"loads": [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]}]})
     loads: list[list[float]] = Field(description="[layers][E] tokens routed to each expert over the window")
     force: bool = Field(False, description="rebalance whatever the trigger says")
-    coactivation: CoactivationIn | None = Field(None, description="the window's co-activation summary (as POST "
+    coactivation: CoactivationIn | CoactivationBinary | None = Field(None, description="the window's co-activation "
+                                                "summary (object or base64 of its .npz image, as POST "
                                                 "/placement takes it): kept in the history, used by the predictions "
                                                 "and the time objective")
 
@@ -123,7 +124,8 @@ async def delete_deployment(name: str, db: DbDep) -> Response:
              summary="Send a load window: rebalance when the deployment's trigger fires, else 'kept' and why")
 async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, settings: SettingsDep) -> WindowResult:
     solver = _pool_solver(pool, settings, asyncio.get_running_loop())
-    coactivation = None if body.coactivation is None else body.coactivation.model_dump()
+    value = body.coactivation
+    coactivation = value if value is None or isinstance(value, str) else value.model_dump()
     result: WindowResult = await _call(deployments.process_window, db, name, body.loads, force=body.force,
                                        run_solve=solver, coactivation=coactivation)
     return result
