@@ -20,4 +20,6 @@ def refine(
     num_experts: int,
     num_rows: int,
     max_swaps: int,
+    rounds: int = 0,
+    kick: int = 0,
 ) -> int | None: ...

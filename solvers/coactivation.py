@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +118,6 @@ def _apply_swap(st: _State, s: int, t: int) -> None:
     st.gpu[s], st.gpu[t] = h, g
 
 
-# _coact.refine takes rounds and kick after max_swaps (solvers/_coact.c); its stub (solvers/_coact.pyi) does
-# not list them yet
-_refine: Callable[..., int | None] = _coact.refine
 _MASK = (1 << 64) - 1
 _SEED = 0x9E3779B97F4A7C15
 _KICK_TRIES = 50
@@ -188,7 +185,7 @@ def _swaps_compiled(st: _State, max_swaps: int, rounds: int = 0, kick: int = 0) 
     (num_rows, num_gpus), num_slots = st.gpu_load.shape, st.row.size
     c = np.ascontiguousarray
     affinity, gpu = c(st.affinity), c(st.gpu)  # C-ordered already (matmul, repeat): no copies
-    swaps = _refine(
+    swaps = _coact.refine(
         c(st.weight), affinity, c(st.w), c(st.gpu_load), c(st.cap), c(st.row), gpu,
         num_slots, num_gpus, st.num_experts, num_rows, max_swaps, rounds, kick,
     )  # fmt: skip
