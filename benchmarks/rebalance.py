@@ -86,9 +86,9 @@ def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p
     counts = log[:, :layers] if layers else log
     sched = Schedule(window=window, interval=interval, trigger=p["trigger"], robust_windows=p.get("robust_windows"))
     t = time.perf_counter()
+    migration = MigrationSpec(cost.hardware.nvlink_bandwidth, hbm_bw=cost.hardware.hbm_bandwidth)
     res = replay(counts, Cluster(np.full(GPUS, SLOTS)), schedule=sched, solver=p["solver"], cost=cost,
-                 migration=MigrationSpec(cost.hardware.nvlink_bandwidth), time_limit_s=p.get("time_limit_s"),
-                 oracle_every=0)  # fmt: skip
+                 migration=migration, time_limit_s=p.get("time_limit_s"), oracle_every=0)
     s = res.summary
     rb = s["rebalances"]
     n = max(rb["count"], 1)

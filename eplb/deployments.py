@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import delete, func, select
 
 from eplb.budget import describe_slots, slots_per_gpu
-from eplb.cost.migration import MigrationSpec, copies_per_gpu
+from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
@@ -541,12 +541,10 @@ def _worth_it(before: Outcome, after: Outcome, current: Placement, setup: Setup,
     placement's experts over the link while serving (replay's cost model, `eplb.cost.migration`)."""
     if before.prediction is None or after.prediction is None:
         return True, "cost: no time prediction, rebalanced"
-    copies = copies_per_gpu(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu)
     pred = before.prediction
-    comm_fraction = float(np.mean(np.divide(pred.comm_us, pred.time_us, out=np.zeros_like(pred.comm_us),
-                                            where=pred.time_us > 0)))
-    migration = MigrationSpec(setup.link_bw).cost(copies.astype(np.float64) * setup.model.expert_bytes,
-                                                  comm_fraction)
+    spec = MigrationSpec(setup.link_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
+    migration = spec.rebalance_cost(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu,
+                                    setup.model.expert_bytes, pred)  # fmt: skip
     charge_s, _ = migration.charge_s(pred.total_time_us * 1e-6)
     saved_s = (pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps
     if saved_s > charge_s:

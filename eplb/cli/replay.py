@@ -193,7 +193,7 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     if cost is None:
         return None
     spec = MigrationSpec(link_bandwidth(cost.hardware, args.migration_link), args.migration == "overlap",
-                         args.migration_share)  # fmt: skip
+                         args.migration_share, cost.hardware.hbm_bandwidth)  # fmt: skip
     spec.check()
     return spec
 

@@ -8,61 +8,104 @@ the busiest destination: `max_g bytes_in[g] / link_bw`. Two ways to apply them (
 - blocking: serving stops while the weights move; the stall adds to the simulated time;
 - overlap (vLLM's layer-by-layer moves while serving): the copies take a share of the link for
   `bytes / (share x link_bw)`; meanwhile the all-to-all runs on the rest, so a step whose comm
-  is the fraction c of its layer time slows by max(0, c / (1 - share) - 1) of itself; the new
-  placement serves only once the copies are done.
+  is the fraction c of its layer time slows by max(0, c / (1 - share) - 1) of itself; and every copy
+  is read from a source GPU's HBM and written to the destination's, HBM time taken from the weight
+  reads of the steps served meanwhile: the busiest GPU's copy bytes (in + out) / HBM bandwidth, charged
+  in proportion to the fraction w of the layer time that weight reads bound. The new placement serves
+  only once the copies are done.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
 
-__all__ = ["MigrationCost", "MigrationSpec", "copies_per_gpu"]
+if TYPE_CHECKING:
+    from eplb.cost.model import LayerPrediction
+
+__all__ = ["MigrationCost", "MigrationSpec", "copies_from_gpu", "copies_per_gpu"]
 
 
 @dataclass(frozen=True)
 class MigrationSpec:
     """How weights move. link_bw: B/s per GPU and direction for the copies (`eplb.specs.link_bandwidth`:
     nvlink, nic, pcie or GB/s); overlap: copies run while serving (True) or stall it (False);
-    link_share: with overlap, the fraction of the link the copies take from the all-to-all (0, 1)."""
+    link_share: with overlap, the fraction of the link the copies take from the all-to-all (0, 1);
+    hbm_bw: a GPU's HBM B/s, for the copies' reads and writes that the weight reads of the steps served
+    meanwhile wait for (with overlap; None: not charged)."""
 
     link_bw: float
     overlap: bool = True
     link_share: float = 0.25
+    hbm_bw: float | None = None
 
     def check(self) -> None:
         if not (math.isfinite(self.link_bw) and self.link_bw > 0):
             raise EplbError(f"migration link bandwidth must be positive (B/s), got {self.link_bw!r}")
         if not (0 < self.link_share < 1):
             raise EplbError(f"migration link share must be in (0, 1), got {self.link_share!r}")
+        if self.hbm_bw is not None and not (math.isfinite(self.hbm_bw) and self.hbm_bw > 0):
+            raise EplbError(f"HBM bandwidth must be positive (B/s), got {self.hbm_bw!r}")
 
-    def cost(self, bytes_in: NDArray[np.float64], comm_fraction: float) -> MigrationCost:
-        """The cost of copying bytes_in [G] bytes into each GPU while serving steps whose comm term is
-        `comm_fraction` (0..1) of their layer time."""
+    def cost(
+        self,
+        bytes_in: NDArray[np.float64],
+        comm_fraction: float,
+        bytes_out: NDArray[np.float64] | None = None,
+        weight_fraction: float = 0.0,
+    ) -> MigrationCost:
+        """The cost of copying bytes_in [G] bytes into each GPU (read from bytes_out [G] of each GPU, None: not
+        known) while serving steps whose comm term is `comm_fraction` (0..1) of their layer time and whose
+        weight reads bound `weight_fraction` (0..1) of it."""
         peak = float(bytes_in.max()) if bytes_in.size else 0.0
-        if not self.overlap:
+        if not self.overlap:  # at link speed the copies' HBM traffic fits in the stall
             seconds = peak / self.link_bw
             return MigrationCost(float(bytes_in.sum()), seconds, stall_s=seconds, slowdown=0.0)
         seconds = peak / (self.link_share * self.link_bw)
         slowdown = max(0.0, min(1.0, comm_fraction) / (1.0 - self.link_share) - 1.0)
-        return MigrationCost(float(bytes_in.sum()), seconds, stall_s=0.0, slowdown=slowdown)
+        hbm_s = 0.0
+        if self.hbm_bw is not None and bytes_out is not None and bytes_in.size:
+            hbm_s = float((bytes_in + bytes_out).max()) / self.hbm_bw * min(1.0, max(0.0, weight_fraction))
+        return MigrationCost(float(bytes_in.sum()), seconds, stall_s=0.0, slowdown=slowdown, hbm_s=hbm_s)
+
+    def rebalance_cost(
+        self,
+        new: NDArray[np.int64],
+        old: NDArray[np.int64],
+        slots_per_gpu: NDArray[np.int64],
+        expert_bytes: float,
+        serving: LayerPrediction,
+    ) -> MigrationCost:
+        """What turning the serving placement `old` into `new` (phy2log [L, P], aligned) costs while steps like
+        the one `serving` predicts (the serving placement on the recent mean step) are served."""
+        bytes_in = copies_per_gpu(new, old, slots_per_gpu).astype(np.float64) * expert_bytes
+        bytes_out = copies_from_gpu(new, old, slots_per_gpu) * expert_bytes
+        t = serving.time_us
+
+        def share(term: NDArray[np.float64]) -> float:
+            return float(np.mean(np.divide(term, t, out=np.zeros_like(term), where=t > 0)))
+
+        return self.cost(bytes_in, share(serving.comm_us), bytes_out, share(serving.weight_read_us))
 
 
 @dataclass(frozen=True)
 class MigrationCost:
     """One rebalance's weight moves. bytes: all copies; transfer_s: how long they take; stall_s: serving
     time lost outright (blocking); slowdown: with overlap, the relative slowdown of the steps served
-    while the copies run (their extra time = slowdown x their time, at most transfer_s x slowdown)."""
+    while the copies run (their extra time = slowdown x their time, at most transfer_s x slowdown);
+    hbm_s: with overlap, the weight-read time the steps served meanwhile lose to the copies' HBM traffic."""
 
     bytes: float
     transfer_s: float
     stall_s: float
     slowdown: float
+    hbm_s: float = 0.0
 
     def charge_s(self, step_time_s: float) -> tuple[float, int]:
         """(seconds charged, steps the copies span) when steps take step_time_s each."""
@@ -71,7 +114,18 @@ class MigrationCost:
         if self.stall_s > 0:
             return self.stall_s, 0
         steps = math.ceil(self.transfer_s / step_time_s) if step_time_s > 0 else 0
-        return self.transfer_s * self.slowdown, steps
+        return self.transfer_s * self.slowdown + self.hbm_s, steps
+
+
+def _holds(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], experts: int) -> NDArray[np.bool_]:
+    """[L, G, E] True where the GPU holds the expert in that layer."""
+    layers = phy2log.shape[0]
+    gpus = slots_per_gpu.size
+    gpu = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu)
+    base = (np.arange(layers, dtype=np.int64)[:, None] * gpus + gpu[None, :]) * experts
+    held = np.bincount((base + phy2log).ravel(), minlength=layers * gpus * experts) > 0
+    out: NDArray[np.bool_] = held.reshape(layers, gpus, experts)
+    return out
 
 
 def copies_per_gpu(
@@ -79,13 +133,31 @@ def copies_per_gpu(
 ) -> NDArray[np.int64]:
     """Expert copies each GPU receives: [G], summed over layers. new, old: phy2log [L, P] on the same
     slots; a copy is an expert a GPU holds in `new` but not in `old` (same layer)."""
-    layers, _ = new.shape
-    gpus = slots_per_gpu.size
     experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    gpu = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu)
-    base = (np.arange(layers, dtype=np.int64)[:, None] * gpus + gpu[None, :]) * experts
-    size = layers * gpus * experts
-    has_new = np.bincount((base + new).ravel(), minlength=size) > 0
-    has_old = np.bincount((base + old).ravel(), minlength=size) > 0
-    out: NDArray[np.int64] = (has_new & ~has_old).reshape(layers, gpus, experts).sum(axis=(0, 2)).astype(np.int64)
+    copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)
+    out: NDArray[np.int64] = copied.sum(axis=(0, 2)).astype(np.int64)
+    return out
+
+
+def copies_from_gpu(
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """Expert copies each GPU sends: [G], summed over layers. As the migration plan reads them
+    (`solvers.plan`), an expert's copies come from its replicas in `old` whose slot keeps it in `new`, or from
+    all of its replicas in `old` when none stays; here spread evenly over those (the plan takes them in turn,
+    so its count per source differs by less than one per expert and layer)."""
+    layers = old.shape[0]
+    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
+    copies = (_holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)).sum(axis=1)  # [L, E]
+    stays = new == old  # [L, P] slots whose replica stays put
+    flat = (np.arange(layers, dtype=np.int64)[:, None] * experts + old).ravel()
+    staying = np.bincount(flat, weights=stays.ravel(), minlength=layers * experts).reshape(layers, experts)
+    holders = np.bincount(flat, minlength=layers * experts).reshape(layers, experts)
+    layer = np.arange(layers)[:, None]
+    reads = np.where(staying[layer, old] > 0, stays, True)  # [L, P] the slots the copies read
+    per_read = np.divide(copies, np.where(staying > 0, staying, holders), out=np.zeros(copies.shape),
+                         where=holders > 0)[layer, old]  # fmt: skip
+    gpu = np.repeat(np.arange(slots_per_gpu.size), slots_per_gpu)
+    sent = np.bincount(np.tile(gpu, layers), weights=(per_read * reads).ravel(), minlength=slots_per_gpu.size)
+    out: NDArray[np.float64] = sent.astype(np.float64)
     return out

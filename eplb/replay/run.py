@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
-from eplb.cost.migration import MigrationCost, MigrationSpec, copies_per_gpu
+from eplb.cost.migration import MigrationCost, MigrationSpec
 from eplb.errors import EplbError
 from eplb.evaluate import contiguous_placement
 from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, as_log
@@ -273,7 +273,7 @@ def replay(
     one_shot = not isinstance(log, RoutingLog | str | Path | np.ndarray)
     src = as_log(log)
     if migration is None and cost is not None:
-        migration = MigrationSpec(cost.link_bw)
+        migration = MigrationSpec(cost.link_bw, hbm_bw=cost.hardware.hbm_bandwidth)
     if migration is not None:
         migration.check()
     _check_shapes(src.info, cluster, cost)
@@ -593,13 +593,10 @@ class _Replay:
         """What copying `new`'s experts onto the serving placement costs (None without a cost model)."""
         if self.cost is None or self.migration is None:
             return None
-        copies = copies_per_gpu(new.phy2log, self.serving.phy2log, self.cluster.slots_per_gpu)
-        bytes_in = copies.astype(np.float64) * self.cost.model.expert_bytes
         pred = evaluate(step_loads, self.serving, self.cost).prediction
         assert pred is not None
-        comm_fraction = float(np.mean(np.divide(pred.comm_us, pred.time_us, out=np.zeros_like(pred.comm_us),
-                                                where=pred.time_us > 0)))  # fmt: skip
-        return self.migration.cost(bytes_in, comm_fraction)
+        return self.migration.rebalance_cost(new.phy2log, self.serving.phy2log, self.cluster.slots_per_gpu,
+                                             self.cost.model.expert_bytes, pred)  # fmt: skip
 
     def candidates(self) -> list[dict[str, Any]]:
         """The cost trigger's candidates as `solve` keyword arguments: with the incremental solver, every move
