@@ -316,27 +316,43 @@ static void kick(Coact *c, i64 kick, uint64_t *rng, double *val) {
         }
 }
 
+/* A state of the search: the placement and everything derived from it, the blocks' best entries, bounds and
+ * heap included (so restoring it needs no re-bounding: they were exact or valid bounds for that state) */
 typedef struct {
-    double *A, *ld;
-    i64 *hc, *gpu, *mem, *pos;
+    double *A, *ld, *bv, *ub;
+    i64 *hc, *gpu, *mem, *pos, *bi, *hpos;
+    unsigned char *dirty;
+    Node *heap;
 } Snap;
 
+static void copy_state(Coact *to, const Coact *from) {
+    const size_t P = (size_t)from->P, G = (size_t)from->G, E = (size_t)from->E, S = (size_t)from->S;
+    memcpy(to->A, from->A, sizeof(double) * P * G);
+    memcpy(to->ld, from->ld, sizeof(double) * G * S);
+    memcpy(to->hc, from->hc, sizeof(i64) * G * E);
+    memcpy(to->gpu, from->gpu, sizeof(i64) * P);
+    memcpy(to->mem, from->mem, sizeof(i64) * P);
+    memcpy(to->pos, from->pos, sizeof(i64) * P);
+    memcpy(to->bv, from->bv, sizeof(double) * G * G);
+    memcpy(to->ub, from->ub, sizeof(double) * G * G);
+    memcpy(to->bi, from->bi, sizeof(i64) * G * G);
+    memcpy(to->hpos, from->hpos, sizeof(i64) * G * G);
+    memcpy(to->dirty, from->dirty, G * G);
+    memcpy(to->heap, from->heap, sizeof(Node) * (size_t)from->nheap);
+}
+
 static void save(const Coact *c, Snap *b) {
-    memcpy(b->A, c->A, sizeof(double) * (size_t)(c->P * c->G));
-    memcpy(b->ld, c->ld, sizeof(double) * (size_t)(c->G * c->S));
-    memcpy(b->hc, c->hc, sizeof(i64) * (size_t)(c->G * c->E));
-    memcpy(b->gpu, c->gpu, sizeof(i64) * (size_t)c->P);
-    memcpy(b->mem, c->mem, sizeof(i64) * (size_t)c->P);
-    memcpy(b->pos, c->pos, sizeof(i64) * (size_t)c->P);
+    Coact to = *c;
+    to.A = b->A, to.ld = b->ld, to.hc = b->hc, to.gpu = b->gpu, to.mem = b->mem, to.pos = b->pos;
+    to.bv = b->bv, to.ub = b->ub, to.bi = b->bi, to.hpos = b->hpos, to.dirty = b->dirty, to.heap = b->heap;
+    copy_state(&to, c);
 }
 
 static void restore(Coact *c, const Snap *b) {
-    memcpy(c->A, b->A, sizeof(double) * (size_t)(c->P * c->G));
-    memcpy(c->ld, b->ld, sizeof(double) * (size_t)(c->G * c->S));
-    memcpy(c->hc, b->hc, sizeof(i64) * (size_t)(c->G * c->E));
-    memcpy(c->gpu, b->gpu, sizeof(i64) * (size_t)c->P);
-    memcpy(c->mem, b->mem, sizeof(i64) * (size_t)c->P);
-    memcpy(c->pos, b->pos, sizeof(i64) * (size_t)c->P);
+    Coact from = *c;
+    from.A = b->A, from.ld = b->ld, from.hc = b->hc, from.gpu = b->gpu, from.mem = b->mem, from.pos = b->pos;
+    from.bv = b->bv, from.ub = b->ub, from.bi = b->bi, from.hpos = b->hpos, from.dirty = b->dirty, from.heap = b->heap;
+    copy_state(c, &from);
 }
 
 /* The descent, then `rounds` of iterated local search: from the best state, `kick` random admissible swaps
@@ -359,8 +375,7 @@ static i64 run(Coact *c, i64 max_swaps, i64 rounds, i64 kick_size, Snap *best) {
             best_val = val;
             save(c, best);
         } else {
-            restore(c, best);
-            touch_moved(c); /* back to the best state: the GPUs the round changed are stale again */
+            restore(c, best); /* back to the best state, its blocks' entries and bounds with it */
             val = best_val;
         }
     }
@@ -427,12 +442,15 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     c.th = malloc((size_t)P + 1);
     c.moved = calloc((size_t)G, 1);
     Snap best = {malloc(sizeof(double) * (size_t)(P * G + 1)), malloc(sizeof(double) * (size_t)(G * S)),
+                 malloc(sizeof(double) * (size_t)(G * G)), malloc(sizeof(double) * (size_t)(G * G)),
                  malloc(sizeof(i64) * (size_t)(G * E)), malloc(sizeof(i64) * (size_t)(P + 1)),
-                 malloc(sizeof(i64) * (size_t)(P + 1)), malloc(sizeof(i64) * (size_t)(P + 1))};
+                 malloc(sizeof(i64) * (size_t)(P + 1)), malloc(sizeof(i64) * (size_t)(P + 1)),
+                 malloc(sizeof(i64) * (size_t)(G * G)), malloc(sizeof(i64) * (size_t)(G * G)),
+                 malloc((size_t)(G * G)), malloc(sizeof(Node) * (size_t)(G * G))};
     i64 swaps = -2; /* -2: out of memory; -1: a non-finite input (nothing done) */
     if (WT && c.wt && c.ld && c.mem && c.first && c.pos && c.hc && c.bv && c.bi && c.ub && c.dirty && c.heap && c.hpos &&
         c.ta && c.tb && c.xt && c.t0 && c.tl && c.th && c.moved && best.A && best.ld && best.hc && best.gpu && best.mem &&
-        best.pos) {
+        best.pos && best.bv && best.ub && best.bi && best.hpos && best.dirty && best.heap) {
         Py_BEGIN_ALLOW_THREADS
         const double *W = c.W, *w = b[2].buf, *load = b[3].buf;
         int finite = 1;
@@ -469,6 +487,7 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     free(WT); free(c.wt); free(c.ld); free(c.mem); free(c.first); free(c.pos); free(c.hc);
     free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt); free(c.t0); free(c.tl); free(c.th); free(c.moved);
     free(best.A); free(best.ld); free(best.hc); free(best.gpu); free(best.mem); free(best.pos);
+    free(best.bv); free(best.ub); free(best.bi); free(best.hpos); free(best.dirty); free(best.heap);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     if (swaps == -2) return PyErr_NoMemory();
     if (swaps == -1) Py_RETURN_NONE;
