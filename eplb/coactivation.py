@@ -199,6 +199,42 @@ def replica_gpus(
     return out
 
 
+STEP_REACH_PICKS = 8_000_000
+"""Picks (tokens x layers x k) routed at once by `step_reach` (bounds its memory)."""
+
+
+def step_reach(
+    topk_ids: ArrayLike,
+    step_offsets: ArrayLike,
+    phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    num_experts: int,
+    rule: str = "vllm",
+) -> F64:
+    """Exact per-step reach: [n, L, G] the fraction of each step's tokens whose top-k picks, routed with `rule`,
+    land on each GPU (the `reach` of `eplb.cost.TimeModel.gpu_terms`, from the tokens instead of a summary).
+    topk_ids: [tokens, L, k]; step_offsets: [n + 1] token offsets of the steps (from 0); phy2log: [L, P]."""
+    ids = np.asarray(topk_ids)
+    offsets = np.asarray(step_offsets, dtype=np.int64)
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    tokens, layers, k = ids.shape
+    num_gpus = slots.size
+    reached = np.zeros((offsets.size - 1, layers, num_gpus))
+    step_of = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))  # [T]
+    block = max(1, STEP_REACH_PICKS // max(layers * k, 1))
+    for a in range(0, tokens, block):
+        b = min(tokens, a + block)
+        gpus = replica_gpus(ids[a:b], phy2log, slots, num_experts, rule)  # [t, L, k]
+        hit = np.zeros((b - a, layers, num_gpus), dtype=bool)
+        hit[np.arange(b - a)[:, None, None], np.arange(layers)[None, :, None], gpus] = True
+        steps = step_of[a:b]
+        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        reached[steps[starts]] += np.add.reduceat(hit.view(np.uint8), starts, axis=0, dtype=np.int64)
+    per_step = np.maximum(np.diff(offsets), 1).astype(np.float64)[:, None, None]
+    out: F64 = reached / per_step
+    return out
+
+
 def _distinct(a: IntArray) -> IntArray:
     """Distinct values per row of a [..., k] array: [...]."""
     s = np.sort(a, axis=-1)

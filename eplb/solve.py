@@ -228,7 +228,8 @@ def solve(
         assert cost is not None  # check_objective
         choice = choose_by_time(
             candidates(loads, phy2log, cluster.slots_per_gpu, coactivation=coactivation, scenarios=scenarios,
-                       colocate=not problem.hierarchical,  # both global: they would move groups off their nodes
+                       # global swaps would move groups off their nodes, and copy beyond a move budget
+                       colocate=not problem.hierarchical and not _budgeted(options),
                        fewer_replicas=empty_slots and current is None and not problem.hierarchical),
             lambda p2l: _predict(loads, Placement(p2l, cluster.slots_per_gpu, loads.shape[1]), cost,
                                  _reach(coactivation, p2l, cluster, cost)).time_us,
@@ -322,6 +323,11 @@ def evaluate(
         outcome.prediction = _predict(loads, placement, cost, q)
         outcome.baseline_prediction = _predict(loads, base, cost, q_base)
     return outcome
+
+
+def _budgeted(options: Options | None) -> bool:
+    """True when the solve has a move budget (the time objective's co-location swaps do not count copies)."""
+    return options is not None and (options.max_moves is not None or options.max_moves_per_layer is not None)
 
 
 def check_objective(

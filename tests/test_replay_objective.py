@@ -69,3 +69,37 @@ def test_replay_time_objective_errors(tmp_path: Path, capsys: pytest.CaptureFixt
                  "--objective", "time", "--no-progress"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "token-level log" in err and "Traceback" not in err
+
+
+def test_token_log_replay_times_count_the_gpus_tokens_reach(tmp_path: Path) -> None:
+    """A token whose two experts share a GPU is dispatched once: on a token-level log the replay's comm term
+    counts the GPUs each step's tokens reach (eplb.coactivation.step_reach), as `predict` does with that
+    reach, not one copy per pick."""
+    from eplb.coactivation import step_reach
+    from eplb.cost import predict
+    from eplb.replay.run import initial_placement, predict_time_us
+
+    rng = np.random.default_rng(0)
+    steps, tokens, layers = 6, 256, 2
+    pair = rng.integers(0, 8, size=(steps * tokens, layers))  # each token picks experts 2i and 2i + 1
+    ids = np.stack([2 * pair, 2 * pair + 1], axis=2).astype(np.int16)
+    offsets = np.arange(0, steps * tokens + 1, tokens, dtype=np.int64)
+    log = tmp_path / "pairs.npz"
+    np.savez(log, topk_ids=ids, step_offsets=offsets, num_experts=np.int64(16))
+    model = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": 16, "top_k": 2, "name": "pairs"})
+    setup = CostSetup(model, H800, link_bandwidth(H800, "nic"), 64.0)
+    cluster = Cluster(np.full(8, 2, dtype=np.int64))
+    out = replay(log, cluster, schedule=Schedule(window=2, interval=2, first=100), cost=setup, oracle_every=0,
+                 collect=True)  # fmt: skip
+    assert out.steps is not None and not out.rebalances  # the initial placement serves: GPU g holds 2g, 2g + 1
+    serving = initial_placement(layers, 16, cluster.slots_per_gpu)
+    reach = step_reach(ids, offsets, serving.phy2log, cluster.slots_per_gpu, 16)
+    assert np.allclose(reach.sum(axis=2), 1.0)  # every token reaches exactly one GPU
+    counts = np.stack([[np.bincount(ids[offsets[s] : offsets[s + 1], layer].ravel(), minlength=16)
+                        for layer in range(layers)] for s in range(steps)])  # fmt: skip
+    for s in range(steps):
+        expected = predict(counts[s], serving.phy2log, cluster.slots_per_gpu, model, H800, setup.link_bw, 64.0,
+                           reach=reach[s]).time_us  # fmt: skip
+        assert np.allclose(out.steps.time_us[s], expected, rtol=1e-5)
+    per_pick = predict_time_us(counts, serving, setup)  # the comm term from counts: one copy per pick
+    assert (out.steps.time_us < per_pick * 0.9).all()

@@ -439,7 +439,8 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
             f"{rb['solve_ms_mean']:,.1f} ms mean, {rb['solve_ms_max']:,.1f} ms max"
         )
     else:
-        lines.append(f"rebalances: none (the log ends before step {result.schedule.first_position:,})")
+        lines.append(f"rebalances: none in {rb['checks']} checks (the trigger kept the placement)" if rb["checks"]
+                     else f"rebalances: none (the log ends before step {result.schedule.first_position:,})")
     if s["cost"]:
         c = s["cost"]
         tpg = "each step's own tokens" if c["tokens_per_gpu"] is None else f"T = {c['tokens_per_gpu']:,.0f} per GPU"

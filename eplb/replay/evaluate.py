@@ -60,8 +60,12 @@ class Evaluator:
             bounds[k, 1:] = np.cumsum(p.slots_per_gpu)
         self._expert, self._share, self._bounds = expert, share, bounds
 
-    def evaluate(self, counts: NDArray[Any]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """counts [n, L, E] -> (lb [K, n, L], time_us [K, n, L]) per placement; time NaN without a model."""
+    def evaluate(
+        self, counts: NDArray[Any], reach: NDArray[np.float64] | None = None
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """counts [n, L, E] -> (lb [K, n, L], time_us [K, n, L]) per placement; time NaN without a model.
+        reach: [K, n, L, G] each step's fraction of tokens reaching each GPU (token-level logs,
+        `eplb.coactivation.step_reach`): the comm term counts one copy per GPU a token reaches."""
         n, layers, experts = counts.shape
         k, width = self._expert.shape[1], self._expert.shape[2]
         gpus = self._bounds.shape[1] - 1
@@ -74,7 +78,7 @@ class Evaluator:
             counts.sum(axis=2, dtype=np.float64, out=total)
         lb = np.empty((k, n, layers))
         rmax, rmin, amax = (np.empty((k, n, layers), dtype=np.float32) for _ in range(3))
-        per_gpu = self.time is not None and not self.time.extremes_suffice
+        per_gpu = self.time is not None and (reach is not None or not self.time.extremes_suffice)
         rows = np.empty((k, n, layers, gpus), dtype=np.float32) if per_gpu else None
         active = np.empty_like(rows) if rows is not None else None
         _evaluate.evaluate(counts, kind, n, layers, experts, self._expert, self._share, k, width, self._bounds, gpus,
@@ -82,7 +86,7 @@ class Evaluator:
         if self.time is None:
             return lb, np.full(lb.shape, np.nan)
         if rows is not None and active is not None:
-            times = self.time.layer_time(total[None, :, :, None], rows, active)
+            times = self.time.layer_time(total[None, :, :, None], rows, active, reach)
         else:
             times = self.time.layer_time_from_extremes(total[None], rmax, rmin, amax)
         return lb, times

@@ -447,7 +447,7 @@ class _Replay:
         counts = chunk.counts[pos - chunk.start : stop - chunk.start]
         n, layers = counts.shape[0], counts.shape[1]
         t0 = time.perf_counter()
-        lb, times = self.evaluator.evaluate(counts)
+        lb, times = self.evaluator.evaluate(counts, self.step_reach(self.placements(), pos, stop))
         self.timing["evaluation_s"] += time.perf_counter() - t0
         nan = np.full((n, layers), np.nan)
         o_lb, o_time = nan, nan
@@ -484,6 +484,22 @@ class _Replay:
         if keep_from < stop:
             self.window.store_counts(keep_from, counts[keep_from - pos :])
         return block
+
+    def step_reach(self, placements: list[Placement], lo: int, hi: int) -> NDArray[np.float64] | None:
+        """Token-level logs with a time model: [K, hi - lo, L, G] each placement's exact per-step reach of positions
+        lo .. hi - 1 (`eplb.coactivation.step_reach`, vLLM's replica rule), for the co-activation comm term; else
+        None (the comm term from counts)."""
+        if self.tokens is None or self.evaluator.time is None or hi <= lo:
+            return None
+        from eplb.coactivation import step_reach
+
+        t0 = time.perf_counter()
+        ids, offsets = self.tokens
+        a, b = int(offsets[lo]), int(offsets[hi])
+        out = np.stack([step_reach(ids[a:b], offsets[lo : hi + 1] - a, p.phy2log, p.slots_per_gpu,
+                                   self.info.num_experts) for p in placements])  # fmt: skip
+        self.timing["copies_s"] = self.timing.get("copies_s", 0.0) + time.perf_counter() - t0
+        return out
 
     def count_copies(self, pos: int, stop: int) -> None:
         """Add the exact copies per token (distinct GPUs a token's top-k reaches, vLLM's replica rule, mean
@@ -625,12 +641,15 @@ class _Replay:
         and the cheapest won, while the later steps it serves, which drift off the floor, kept paying for
         its worse balance (fresh greedy saved more over the next interval at most checks of the benchmark
         logs). Balance is what absorbs the drift the window cannot show. Per-step times, not the window
-        mean's: a step's time is its busiest GPU's, so step noise that a placement cannot follow counts."""
+        mean's: a step's time is its busiest GPU's, so step noise that a placement cannot follow counts. On a
+        token-level log the comm term counts the GPUs each step's tokens reach (`step_reach`)."""
         assert self.cost is not None
         candidates = [self.solve(loads, scenarios, **k) for k in self.candidates()]
         judge = Evaluator(self.evaluator.time)
-        judge.set_placements([self.serving, *(o.placement for o in candidates)])
-        lb, times = judge.evaluate(recent)
+        placements = [self.serving, *(o.placement for o in candidates)]
+        judge.set_placements(placements)
+        assert self.window_span is not None
+        lb, times = judge.evaluate(recent, self.step_reach(placements, *self.window_span))
         step_s = times.sum(axis=2).mean(axis=1) / 1e6  # [1 + candidates] s per step
         balance = lb.mean(axis=(1, 2))  # [1 + candidates] mean realized lb
         scored: list[tuple[float, float, MigrationCost | None, Outcome, float]] = []
