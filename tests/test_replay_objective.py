@@ -103,3 +103,22 @@ def test_token_log_replay_times_count_the_gpus_tokens_reach(tmp_path: Path) -> N
         assert np.allclose(out.steps.time_us[s], expected, rtol=1e-5)
     per_pick = predict_time_us(counts, serving, setup)  # the comm term from counts: one copy per pick
     assert (out.steps.time_us < per_pick * 0.9).all()
+
+
+def test_time_objective_keeps_a_move_budget() -> None:
+    """Under max_moves the time objective adds no co-located variant (its swaps would copy past the budget)."""
+    from solvers.registry import Options
+
+    ids, offsets = read_topk(LAW)
+    half = int(offsets[offsets.size // 2])
+    first = np.stack([np.bincount(ids[:half, layer].ravel(), minlength=64) for layer in range(ids.shape[1])])
+    current = solve(first.astype(np.float64), CLUSTER).placement
+    summary = summarize(ids[half:], 64)
+    loads = summary.loads.astype(np.float64)
+    for budget in (0, 5, 40):
+        out = solve(loads, CLUSTER, current=current, cost=SETUP, coactivation=summary, objective="time",
+                    empty_slots=False, options=Options(max_moves=budget))  # fmt: skip
+        assert out.moves is not None and int(out.moves.sum()) <= budget
+        assert set(out.solver["layer_choice"]) == {"solver"}
+    free = solve(loads, CLUSTER, current=current, cost=SETUP, coactivation=summary, objective="time", empty_slots=False)
+    assert set(free.solver["layer_choice"]) != {"solver"}  # without a budget it co-locates
