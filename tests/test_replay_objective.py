@@ -122,3 +122,24 @@ def test_time_objective_keeps_a_move_budget() -> None:
         assert set(out.solver["layer_choice"]) == {"solver"}
     free = solve(loads, CLUSTER, current=current, cost=SETUP, coactivation=summary, objective="time", empty_slots=False)
     assert set(free.solver["layer_choice"]) != {"solver"}  # without a budget it co-locates
+
+
+def test_token_log_oracle_row_counts_the_gpus_tokens_reach(tmp_path: Path) -> None:
+    """The per-step oracle of a token-level log is timed with its own placement's reach, as every other row."""
+    from eplb.coactivation import step_reach
+    from eplb.cost import predict
+    from solvers.greedy import solve_greedy
+
+    ids, offsets = read_topk(LAW)
+    out = replay(LAW, CLUSTER, schedule=Schedule(window=4, interval=4), cost=SETUP, oracle_every=5, collect=True)
+    assert out.steps is not None
+    for s in (0, 5, 10):
+        counts = np.stack([np.bincount(ids[offsets[s] : offsets[s + 1], layer].ravel(), minlength=64)
+                           for layer in range(ids.shape[1])]).astype(np.float64)  # fmt: skip
+        own = solve_greedy(counts, CLUSTER.slots_per_gpu)
+        reach = step_reach(ids[offsets[s] : offsets[s + 1]], [0, offsets[s + 1] - offsets[s]], own,
+                           CLUSTER.slots_per_gpu, 64)[0]  # fmt: skip
+        expected = predict(counts, own, CLUSTER.slots_per_gpu, SETUP.model, H800, SETUP.link_bw, 4096,
+                           reach=reach).time_us  # fmt: skip
+        assert np.allclose(out.steps.oracle_time_us[s], expected, rtol=1e-5)
+    assert np.isnan(out.steps.oracle_time_us[1]).all()

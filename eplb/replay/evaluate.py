@@ -10,7 +10,7 @@ laid out [placements, steps, layers] as returned. Memory: a few [placements, ste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,10 +93,14 @@ class Evaluator:
 
 
 def oracle(
-    counts: NDArray[Any], cluster: Cluster, time: TimeModel | None
+    counts: NDArray[Any],
+    cluster: Cluster,
+    time: TimeModel | None,
+    reach_of: Callable[[int, NDArray[np.int64]], NDArray[np.float64]] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Greedy on every step's own counts: (lb [n, L], time_us [n, L]). All steps and layers are one
-    batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots)."""
+    batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots). reach_of(i, phy2log
+    [L, P]): step i's reach [L, G] of the step's own placement (token-level logs), for the comm term."""
     n, layers, experts = counts.shape
     slots = cluster.slots_per_gpu
     lb = np.empty((n, layers))
@@ -116,6 +120,10 @@ def oracle(
         lb[a:b] = np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0).reshape(b - a, layers)
         if time is not None:
             active = np.add.reduceat((slot_load > 0).astype(np.float64), starts, axis=1)
-            t = time.layer_time(total[:, None], gpu_rows, active)
+            reach = None
+            if reach_of is not None:
+                per_step = p2l.reshape(b - a, layers, -1)
+                reach = np.concatenate([reach_of(a + i, per_step[i]) for i in range(b - a)])  # [(b - a) L, G]
+            t = time.layer_time(total[:, None], gpu_rows, active, reach)
             times[a:b] = t.reshape(b - a, layers)
     return lb, times

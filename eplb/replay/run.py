@@ -180,6 +180,8 @@ class ReplayResult:
     checks: list[dict[str, Any]] = field(default_factory=list)
 
 
+ReachOf = Callable[[int, NDArray[np.int64]], NDArray[np.float64]]
+"""(i, phy2log [L, P]) -> the reach [L, G] of step i under that placement (`oracle`'s reach_of)."""
 COPY_ROWS = ("replay", "static", "no_eplb", "hindsight")
 """The rows whose copies per token a token-level log's replay counts, in `_Replay.placements` order."""
 
@@ -456,7 +458,8 @@ class _Replay:
             if picked.size:
                 t0 = time.perf_counter()
                 o_lb, o_time = nan.copy(), nan.copy()
-                o_lb[picked], o_time[picked] = oracle(counts[picked], self.cluster, self.evaluator.time)
+                o_lb[picked], o_time[picked] = oracle(counts[picked], self.cluster, self.evaluator.time,
+                                                      self.oracle_reach(pos + picked))  # fmt: skip
                 self.timing["oracle_s"] += time.perf_counter() - t0
         has_h = lb.shape[0] > 3
         block = StepBlock(
@@ -500,6 +503,24 @@ class _Replay:
                                    self.info.num_experts) for p in placements])  # fmt: skip
         self.timing["copies_s"] = self.timing.get("copies_s", 0.0) + time.perf_counter() - t0
         return out
+
+    def oracle_reach(self, positions: NDArray[np.int64]) -> ReachOf | None:
+        """For the oracle row of a token-level log: (i, phy2log [L, P]) -> the reach [L, G] of the step at
+        positions[i] under that placement; None without tokens or a time model."""
+        if self.tokens is None or self.evaluator.time is None:
+            return None
+        from eplb.coactivation import step_reach
+
+        ids, offsets = self.tokens
+        slots = self.cluster.slots_per_gpu
+
+        def reach_of(i: int, phy2log: NDArray[np.int64]) -> NDArray[np.float64]:
+            a, b = int(offsets[positions[i]]), int(offsets[positions[i] + 1])
+            out: NDArray[np.float64] = step_reach(ids[a:b], np.array([0, b - a]), phy2log, slots,
+                                                  self.info.num_experts)[0]  # fmt: skip
+            return out
+
+        return reach_of
 
     def count_copies(self, pos: int, stop: int) -> None:
         """Add the exact copies per token (distinct GPUs a token's top-k reaches, vLLM's replica rule, mean
