@@ -2,9 +2,10 @@
 
 `time` takes the solver's placement as the first candidate and adds, per layer, placements that trade token
 balance for something the cost model says is worth more:
-- co-location: with a co-activation summary, `solvers.coactivation.refine_coactivation` swaps slots so
-  experts chosen together share a GPU (fewer all-to-all copies), within lb caps of `SLACKS` above the
-  solver's busiest GPU (global placements only: the swaps may cross nodes);
+- co-location: with a co-activation summary, `solvers.coactivation.refine_coactivation_chain` swaps slots
+  so experts chosen together share a GPU (fewer all-to-all copies), within lb caps of `SLACKS` above the
+  solver's busiest GPU, each cap's search starting from the tighter one's result (global placements only:
+  the swaps may cross nodes);
 - fewer replicas: from scratch (no serving placement; global placements only), greedy on one slot per expert,
   the extra slots left empty (-1), so no GPU reads a redundant replica's weights (decode, where weight reads
   bound the layer).
@@ -105,14 +106,13 @@ def candidates(
     """The time objective's candidates [(name, phy2log [L, P])], the solver's own placement first.
     colocate: add co-location swaps (needs `coactivation`; not for hierarchical placements);
     fewer_replicas: add `one_slot_per_expert` (from scratch only: it does not start from the serving one)."""
-    from solvers.coactivation import refine_coactivation
+    from solvers.coactivation import refine_coactivation_chain
 
     out: list[tuple[str, IntArray]] = [("solver", phy2log)]
     if coactivation is not None and colocate:
         pairs = coactivation.pair_estimate()
-        for slack in SLACKS:
-            refined, _ = refine_coactivation(loads, phy2log, slots_per_gpu, pairs, scenarios=scenarios,
-                                             max_lb_slack=slack)
+        chain = refine_coactivation_chain(loads, phy2log, slots_per_gpu, pairs, SLACKS, scenarios=scenarios)
+        for slack, (refined, _) in zip(SLACKS, chain, strict=True):
             out.append((f"co-locate lb+{slack:.1%}", refined))
     if fewer_replicas and int(slots_per_gpu.sum()) > loads.shape[1]:
         out.append(("one slot per expert", one_slot_per_expert(loads, slots_per_gpu)))

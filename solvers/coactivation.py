@@ -24,8 +24,11 @@ operations in the same order and the same xorshift64 draws for the kicks, so it 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +203,29 @@ ROUNDS = 50
 """Iterated local search rounds per layer after the first descent (`refine_coactivation`'s default)."""
 KICK = 4
 """Random admissible swaps that start each round."""
+CHAIN_WORK = 3600
+"""Rounds x slots of each later search of `refine_coactivation_chain` (twice that for the first): a round's
+work (its kick, its descent's swaps, each re-bounding every slot's block) grows with the slots, so large
+layers get fewer rounds (DeepSeek-V3's 288 slots: 25 and 12; 64-72 slots: `ROUNDS`)."""
+CHAIN_KICK = 24
+"""Random swaps that start each round of a later search of a chain (`KICK`'s 4 seldom leave the tighter
+cap's optimum it starts from: at DeepSeek-V3 size those searches co-locate less than from scratch)."""
+
+
+_THREADED_SLOTS = 128
+"""Layers of at least this many slots are refined on several threads (smaller ones: too short to gain)."""
+
+
+def _workers() -> int:
+    """Threads for the layers: the CPUs this process may run on, at most 8."""
+    return min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def chain_rounds(num_slots: int, searches: int) -> list[int]:
+    """Rounds of each search of a chain of `searches` on layers of `num_slots` slots (`CHAIN_WORK`)."""
+    first, later = (min(ROUNDS, work // max(num_slots, 1)) for work in (2 * CHAIN_WORK, CHAIN_WORK))
+    return [first] + [later] * (searches - 1) if searches else []
+
 
 _BLAS_THREADED = 4 * 65536  # OpenBLAS multiplies on one thread up to this many m x n x k
 _blas: list[ThreadpoolController] = []  # made on first use (it inspects the loaded libraries)
@@ -235,17 +261,48 @@ def _layer(
     pairs: [E, E]. Returns (new row [P], co-located pair weight before, after, swaps made). compiled:
     the C loop where the inputs are finite (the numpy loop otherwise, or when False: the reference);
     rounds, kick: iterated local search after the descent (`_swaps_numpy`; 0 rounds: the descent alone)."""
+    return _layer_chain(row, loads, pairs, slots, (slack,), max_swaps, compiled, rounds, kick)[0]
+
+
+def _layer_chain(
+    row: IntArray,
+    loads: FloatArray,
+    pairs: FloatArray,
+    slots: IntArray,
+    slacks: Sequence[float],
+    max_swaps: int,
+    compiled: bool = True,
+    rounds: int | Sequence[int] = 0,
+    kick: int | Sequence[int] = KICK,
+) -> list[tuple[IntArray, float, float, int]]:
+    """`_layer` at each of `slacks` in turn (ascending), one setup: the first search starts from `row`,
+    each later one from the previous one's result, its caps still relative to the busiest GPU of `row`
+    (a result within a tighter cap is admissible under a looser one, so the later searches start near
+    their optimum). The GPU loads are recomputed from the placement between searches, in both loops.
+    rounds, kick: for every search, or one per slack. Returns one (new row [P], pair weight before,
+    after, swaps) per slack, before: of `row`."""
+    per_search = [rounds] * len(slacks) if isinstance(rounds, int) else list(rounds)
+    kicks = [kick] * len(slacks) if isinstance(kick, int) else list(kick)
+    if not len(per_search) == len(kicks) == len(slacks):
+        raise ValueError(f"{len(per_search)} rounds and {len(kicks)} kicks for {len(slacks)} slacks")
     threaded = row.size * row.size * slots.size > _BLAS_THREADED  # else BLAS keeps it on one thread itself
     with _one_blas_thread() if compiled and threaded else contextlib.nullcontext():
-        st = _setup(row, loads, pairs, slots, slack, compiled)
+        st = _setup(row, loads, pairs, slots, slacks[0] if slacks else 0.0, compiled)
+    ref = st.gpu_load.max(axis=1)
     idx = np.arange(row.size)
     before = float((st.affinity[idx, st.gpu]).sum() / 2)
-    swaps = _swaps_compiled(st, max(max_swaps, 0), rounds, kick) if compiled else None
-    if swaps is None:
-        swaps = _swaps_numpy(st, max_swaps, rounds, kick)
-    after = float((st.affinity[idx, st.gpu]).sum() / 2)
-    order = np.argsort(st.gpu, kind="stable")
-    return row[order], before, after, swaps
+    out = []
+    for i, (slack, num_rounds, num_kick) in enumerate(zip(slacks, per_search, kicks, strict=True)):
+        if i:
+            st.cap = ref * (1.0 + slack) + 1e-9
+            st.gpu_load = np.stack([np.bincount(st.gpu, weights=x, minlength=slots.size) for x in st.w])
+        swaps = _swaps_compiled(st, max(max_swaps, 0), num_rounds, num_kick) if compiled else None
+        if swaps is None:
+            swaps = _swaps_numpy(st, max_swaps, num_rounds, num_kick)
+        after = float((st.affinity[idx, st.gpu]).sum() / 2)
+        order = np.argsort(st.gpu, kind="stable")
+        out.append((row[order], before, after, swaps))
+    return out
 
 
 def refine_coactivation(
@@ -267,22 +324,60 @@ def refine_coactivation(
     None; max_swaps: per layer, over the descents of all rounds; rounds: of iterated local search after the
     first descent (None: `ROUNDS`; 0: the descent alone). Returns (phy2log [L, P], info: co-located pair
     weight before and after and swaps per layer)."""
-    loads = np.asarray(loads, dtype=np.float64)
+    return refine_coactivation_chain(loads, phy2log, slots_per_gpu, pairs, (max_lb_slack,), scenarios=scenarios,
+                                     max_swaps=max_swaps, rounds=ROUNDS if rounds is None else rounds, kick=KICK)[0]
+
+
+def refine_coactivation_chain(
+    loads: FloatArray,
+    phy2log: IntArray,
+    slots_per_gpu: IntArray,
+    pairs: FloatArray,
+    slacks: Sequence[float],
+    *,
+    scenarios: FloatArray | None = None,
+    max_swaps: int = 1000,
+    rounds: int | Sequence[int] | None = None,
+    kick: int | Sequence[int] | None = None,
+) -> list[tuple[IntArray, dict[str, Any]]]:
+    """`refine_coactivation` at several lb caps at once, chained: per layer, the search at the tightest
+    slack starts from `phy2log`, each looser one from the previous result (caps always relative to the
+    busiest GPU of `phy2log`), on one setup of the pair weights. slacks: ascending; max_swaps: per
+    search; rounds, kick: for every search, or one per slack (None: `chain_rounds`, `KICK` for the first
+    search and `CHAIN_KICK` for each later one). Returns one (phy2log [L, P], info) per slack, as
+    `refine_coactivation`'s."""
+    if any(b < a for a, b in itertools.pairwise(slacks)):
+        raise ValueError("refine_coactivation_chain: slacks must be ascending")
     p2l = np.asarray(phy2log, dtype=np.int64)
+    per_search = chain_rounds(p2l.shape[1], len(slacks)) if rounds is None else rounds
+    kicks = [KICK] + [CHAIN_KICK] * (len(slacks) - 1) if kick is None else kick
+    loads = np.asarray(loads, dtype=np.float64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
-    out = p2l.copy()
-    before, after, swaps = [], [], []
-    for layer in range(loads.shape[0]):
-        rows = loads[layer][None, :]
-        if scenarios is not None:
-            rows = np.concatenate([rows, np.asarray(scenarios, dtype=np.float64)[:, layer, :]])
+    outs = [p2l.copy() for _ in slacks]
+    infos: list[dict[str, list[Any]]] = [
+        {"colocated_pairs_before": [], "colocated_pairs_after": [], "swaps": []} for _ in slacks
+    ]
+    scen = None if scenarios is None else np.asarray(scenarios, dtype=np.float64)
+
+    def one(layer: int) -> list[tuple[IntArray, float, float, int]]:
+        rows = loads[layer][None, :] if scen is None else np.concatenate([loads[layer][None, :], scen[:, layer, :]])
         pair = np.asarray(pairs[layer], dtype=np.float64)
-        out[layer], b, a, n = _layer(p2l[layer], rows, pair, slots, max_lb_slack, max_swaps,
-                                     rounds=ROUNDS if rounds is None else rounds)
-        before.append(b)
-        after.append(a)
-        swaps.append(n)
-    return out, {"colocated_pairs_before": before, "colocated_pairs_after": after, "swaps": swaps}
+        return _layer_chain(p2l[layer], rows, pair, slots, slacks, max_swaps, rounds=per_search, kick=kicks)
+
+    num_layers = loads.shape[0]
+    workers = min(_workers(), num_layers)
+    if workers > 1 and p2l.shape[1] >= _THREADED_SLOTS:  # the compiled search runs without the GIL
+        with ThreadPoolExecutor(workers) as pool:
+            by_layer = list(pool.map(one, range(num_layers)))
+    else:
+        by_layer = [one(layer) for layer in range(num_layers)]
+    for layer, results in enumerate(by_layer):
+        for out, info, (new_row, b, a, n) in zip(outs, infos, results, strict=True):
+            out[layer] = new_row
+            info["colocated_pairs_before"].append(b)
+            info["colocated_pairs_after"].append(a)
+            info["swaps"].append(n)
+    return [(out, dict(info)) for out, info in zip(outs, infos, strict=True)]
 
 
 class CoactGreedySolver(Solver):

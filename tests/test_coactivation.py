@@ -299,3 +299,55 @@ def test_compiled_loop_checks_its_buffers_and_runs_in_threads() -> None:
         got = list(pool.map(lambda c: _layer(*c, 1000), cases))
     for case, out in zip(cases, got, strict=True):
         assert np.array_equal(out[0], _layer(*case, 1000, compiled=False)[0])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_compiled_chain_equals_the_numpy_loop(seed: int) -> None:
+    row, loads, pairs, slots, _ = _random_case(seed)
+    slacks, rounds, kicks = (0.0, 0.01, 0.05, 0.2), [5, 3, 0, 8], [2, 6, 4, 1 + seed % 5]
+    fast = coact._layer_chain(row, loads, pairs, slots, slacks, 1000, rounds=rounds, kick=kicks)
+    ref = coact._layer_chain(row, loads, pairs, slots, slacks, 1000, compiled=False, rounds=rounds, kick=kicks)
+    for (f_row, *f_rest), (r_row, *r_rest) in zip(fast, ref, strict=True):
+        assert np.array_equal(f_row, r_row)
+        assert f_rest == r_rest
+    # the first search is `_layer`'s own; with symmetric pairs each later one co-locates at least as much
+    assert np.array_equal(fast[0][0], coact._layer(row, loads, pairs, slots, 0.0, 1000, rounds=5, kick=2)[0])
+    if seed % 2:
+        after = [a for _, _, a, _ in fast]
+        assert all(b >= a - 1e-9 * max(1.0, abs(a)) for a, b in itertools.pairwise(after))
+
+
+def test_chained_caps_keep_replicas_and_every_cap_relative_to_the_start() -> None:
+    loads, start, slots, pairs, scen = _real_problem(9)
+    slacks = (0.005, 0.01, 0.02, 0.05)
+    chain = coact.refine_coactivation_chain(loads, start, slots, pairs, slacks, scenarios=scen)
+    assert coact.chain_rounds(72, 3) == [coact.ROUNDS] * 3 and coact.chain_rounds(288, 4) == [25, 12, 12, 12]
+    gpu = np.repeat(np.arange(8), 9)
+    for slack, (p2l, info) in zip(slacks, chain, strict=True):
+        for layer in range(loads.shape[0]):
+            assert np.array_equal(np.sort(p2l[layer]), np.sort(start[layer]))  # replica counts kept
+            for g in range(8):  # no GPU holds an expert twice
+                held = p2l[layer][gpu == g]
+                assert np.unique(held).size == held.size
+            rep = np.bincount(start[layer], minlength=64)
+            for x in np.concatenate([loads[layer][None], scen[:, layer]]):  # the window and every sub-window
+                after, before = (float(np.bincount(gpu, weights=x[p] / rep[p]).max())
+                                 for p in (p2l[layer], start[layer]))
+                assert after <= before * (1 + slack) + 1e-9
+        assert info["colocated_pairs_before"] == chain[0][1]["colocated_pairs_before"]
+    # one search alone is refine_coactivation's
+    single, info = coact.refine_coactivation(loads, start, slots, pairs, scenarios=scen, max_lb_slack=0.005)
+    assert np.array_equal(single, chain[0][0]) and info == chain[0][1]
+    with pytest.raises(ValueError, match="ascending"):
+        coact.refine_coactivation_chain(loads, start, slots, pairs, (0.02, 0.01))
+
+
+def test_chain_on_threads_equals_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    loads, start, slots, pairs, scen = _real_problem(9)
+    monkeypatch.setattr(coact, "_THREADED_SLOTS", 1)
+    monkeypatch.setattr(coact, "_workers", lambda: 4)
+    threaded = coact.refine_coactivation_chain(loads, start, slots, pairs, (0.01, 0.02), scenarios=scen)
+    monkeypatch.setattr(coact, "_workers", lambda: 1)
+    serial = coact.refine_coactivation_chain(loads, start, slots, pairs, (0.01, 0.02), scenarios=scen)
+    for (a, ia), (b, ib) in zip(threaded, serial, strict=True):
+        assert np.array_equal(a, b) and ia == ib
