@@ -165,6 +165,10 @@ def breakdown(loads: np.ndarray[Any, Any], repeats: int = 30) -> dict[str, float
         for form, value in (("parse_json+summary", summary.to_dict()),
                             ("parse_json+summary_b64", base64.b64encode(summary.to_bytes()).decode()))
     }  # fmt: skip
+    image = summary.to_bytes()
+    print(f"co-activation summary {loads.shape[0]} x {loads.shape[1]} x 8 partners: JSON "
+          f"{len(json.dumps(summary.to_dict())):,} bytes, .npz image {len(image):,} (base64 "
+          f"{len(base64.b64encode(image)):,})")
     stages: dict[str, list[float]] = {k: [] for k in ("parse_json", "parse_npy", "solve", "answer", "answer_models",
                                                       *with_summary)}  # fmt: skip
     for _ in range(repeats):
