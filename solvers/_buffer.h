@@ -18,4 +18,26 @@ static int buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_
     return 0;
 }
 
+/* One argument's buffer: object, item size, items, writable, name for errors. */
+typedef struct {
+    PyObject *obj;
+    Py_ssize_t itemsize, count;
+    int writable;
+    const char *name;
+} BufferSpec;
+
+static void release_buffers(Py_buffer *views, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&views[i]);
+}
+
+/* The n buffers of `spec` into views[0 .. n-1]; on failure none is held and -1 is returned with the error set. */
+static int buffers(const BufferSpec *spec, int n, Py_buffer *views) {
+    for (int i = 0; i < n; i++)
+        if (buffer(spec[i].obj, &views[i], spec[i].itemsize, spec[i].count, spec[i].writable, spec[i].name) < 0) {
+            release_buffers(views, i);
+            return -1;
+        }
+    return 0;
+}
+
 #endif

@@ -393,26 +393,18 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer b[7];
-    int got = 0;
-    struct {
-        PyObject *o;
-        Py_ssize_t size, count;
-        int writable;
-        const char *name;
-    } spec[7] = {
+    const BufferSpec spec[7] = {
         {o_weight, 8, P * P, 0, "weight"}, {o_aff, 8, P * G, 1, "affinity"}, {o_w, 8, S * P, 0, "slot_loads"},
         {o_load, 8, S * G, 0, "gpu_loads"}, {o_cap, 8, S, 0, "cap"},        {o_row, 8, P, 0, "row"},
         {o_gpu, 8, P, 1, "gpu"},
     };
-    for (; got < 7; got++)
-        if (buffer(spec[got].o, &b[got], spec[got].size, spec[got].count, spec[got].writable, spec[got].name) < 0)
-            break;
+    if (buffers(spec, 7, b) < 0) return NULL;
     const i64 *row = b[5].buf, *gpu = b[6].buf;
-    int bad = got < 7;
+    int bad = 0;
     for (i64 s = 0; s < P && !bad; s++) bad = row[s] < 0 || row[s] >= E || gpu[s] < 0 || gpu[s] >= G;
     if (bad) {
-        if (got == 7) PyErr_SetString(PyExc_ValueError, "refine: expert or GPU id out of range");
-        for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+        PyErr_SetString(PyExc_ValueError, "refine: expert or GPU id out of range");
+        release_buffers(b, 7);
         return NULL;
     }
     Coact c = {P, G, E, S};
@@ -488,7 +480,7 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     free(c.bv); free(c.bi); free(c.ub); free(c.dirty); free(c.heap); free(c.hpos); free(c.ta); free(c.tb); free(c.xt); free(c.t0); free(c.tl); free(c.th); free(c.moved);
     free(best.A); free(best.ld); free(best.hc); free(best.gpu); free(best.mem); free(best.pos);
     free(best.bv); free(best.ub); free(best.bi); free(best.hpos); free(best.dirty); free(best.heap);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    release_buffers(b, 7);
     if (swaps == -2) return PyErr_NoMemory();
     if (swaps == -1) Py_RETURN_NONE;
     return PyLong_FromLongLong((long long)swaps);
@@ -506,21 +498,15 @@ static PyObject *py_weights(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer b[4];
-    int got = 0;
-    struct {
-        PyObject *o;
-        Py_ssize_t count;
-        int writable;
-        const char *name;
-    } spec[4] = {{o_pairs, R * C, 0, "pairs"}, {o_row, P, 0, "row"}, {o_rep, P, 0, "rep"}, {o_out, P * P, 1, "out"}};
-    for (; got < 4; got++)
-        if (buffer(spec[got].o, &b[got], 8, spec[got].count, spec[got].writable, spec[got].name) < 0) break;
-    int bad = got < 4;
-    const i64 *row = got > 1 ? b[1].buf : NULL;
+    const BufferSpec spec[4] = {
+        {o_pairs, 8, R * C, 0, "pairs"}, {o_row, 8, P, 0, "row"}, {o_rep, 8, P, 0, "rep"}, {o_out, 8, P * P, 1, "out"}};
+    if (buffers(spec, 4, b) < 0) return NULL;
+    const i64 *row = b[1].buf;
+    int bad = 0;
     for (i64 s = 0; s < P && !bad; s++) bad = row[s] < 0 || row[s] >= R || row[s] >= C;
     if (bad) {
-        if (got == 4) PyErr_SetString(PyExc_IndexError, "weights: expert id out of range");
-        for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+        PyErr_SetString(PyExc_IndexError, "weights: expert id out of range");
+        release_buffers(b, 4);
         return NULL;
     }
     const double *pairs = b[0].buf, *rep = b[2].buf;
@@ -532,7 +518,7 @@ static PyObject *py_weights(PyObject *self, PyObject *args) {
         for (i64 u = 0; u < P; u++) o[u] = row[u] == row[s] ? 0.0 : pr[row[u]] / (rep[s] * rep[u]);
     }
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    release_buffers(b, 4);
     Py_RETURN_NONE;
 }
 

@@ -291,13 +291,8 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
                           &o_min_gain, &o_max, &o_copies, &o_steps, &o_slot, &o_expert, &o_level, &alpha))
         return NULL;
     Py_buffer b[12];
-    int got = 0, ok = 1, has_nodes = o_node_ok != Py_None;
-    struct {
-        PyObject *o;
-        Py_ssize_t size, count;
-        int writable;
-        const char *name;
-    } spec[12] = {
+    int has_nodes = o_node_ok != Py_None, held = has_nodes ? 12 : 11;  /* node_ok last, only when given */
+    const BufferSpec spec[12] = {
         {o_w, 8, L * E, 0, "loads"},
         {o_phy, 8, L * P, 0, "phy2log"},
         {o_slots, 8, G, 0, "slots_per_gpu"},
@@ -311,17 +306,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
         {o_level, 8, L, 0, "level"},
         {o_node_ok, 8, L * num_nodes * num_groups, 0, "node_ok"},
     };
-    for (int i = 0; i < 12 && ok; i++) {
-        if (i == 11 && !has_nodes) break;
-        if (buffer(spec[i].o, &b[i], spec[i].size, spec[i].count, spec[i].writable, spec[i].name) < 0)
-            ok = 0;
-        else
-            got++;
-    }
-    if (!ok) {
-        for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
-        return NULL;
-    }
+    if (buffers(spec, held, b) < 0) return NULL;
     const double *w = b[0].buf, *target = b[3].buf, *min_gain = b[4].buf;
     const i64 *phy = b[1].buf, *slots = b[2].buf, *node_ok = has_nodes ? b[11].buf : NULL;
     const double *level = b[10].buf;
@@ -363,7 +348,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
     free(gpu_of); free(start); free(c.ex); free(c.cnt); free(c.top_gpu); free(c.lights);
     free(c.load); free(c.share); free(c.top_load); free(c.holds); free(c.orig);
     free(c.red_slot); free(c.add); free(c.rise); free(c.red_base); free(c.red_nx); free(c.gain_more); free(c.cost_less);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    release_buffers(b, held);
     Py_RETURN_NONE;
 }
 
