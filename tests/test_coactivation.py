@@ -236,21 +236,27 @@ def test_compiled_refinement_equals_numpy_on_real_routing(slots_per_gpu: int, mo
     assert sum(fast_info["swaps"]) > 100  # the search does run
 
 
+def assert_refined_within_cap(p2l: np.ndarray, start: np.ndarray, loads: np.ndarray, scen: np.ndarray,
+                              slack: float) -> None:
+    """On the 8 x 9-slot real problem: replica counts kept, no GPU holds an expert twice, and no GPU above the
+    start's busiest x (1 + slack) on the window or any sub-window."""
+    gpu = np.repeat(np.arange(8), 9)
+    for layer in range(loads.shape[0]):
+        assert np.array_equal(np.sort(p2l[layer]), np.sort(start[layer]))  # replica counts kept
+        for g in range(8):  # no GPU holds an expert twice
+            held = p2l[layer][gpu == g]
+            assert np.unique(held).size == held.size
+        rep = np.bincount(start[layer], minlength=64)
+        for x in np.concatenate([loads[layer][None], scen[:, layer]]):  # the window and every sub-window
+            after, before = (float(np.bincount(gpu, weights=x[p] / rep[p]).max()) for p in (p2l[layer], start[layer]))
+            assert after <= before * (1 + slack) + 1e-9
+
+
 def test_local_search_rounds_cut_copies_within_the_caps() -> None:
     loads, start, slots, pairs, scen = _real_problem(9)
     descent, _ = coact.refine_coactivation(loads, start, slots, pairs, scenarios=scen, rounds=0)
     searched, info = coact.refine_coactivation(loads, start, slots, pairs, scenarios=scen)
-    gpu = np.repeat(np.arange(8), 9)
-    for layer in range(loads.shape[0]):
-        assert np.array_equal(np.sort(searched[layer]), np.sort(start[layer]))  # replica counts kept
-        for g in range(8):  # no GPU holds an expert twice
-            held = searched[layer][gpu == g]
-            assert np.unique(held).size == held.size
-        rep = np.bincount(start[layer], minlength=64)
-        for x in np.concatenate([loads[layer][None], scen[:, layer]]):
-            after, before = (float(np.bincount(gpu, weights=x[p] / rep[p]).max())
-                             for p in (searched[layer], start[layer]))
-            assert after <= before * 1.01 + 1e-9
+    assert_refined_within_cap(searched, start, loads, scen, 0.01)
     ids, offsets = read_topk(FIXTURE)
     half = (offsets.size - 1) // 2
     test = ids[offsets[half] :]
@@ -322,18 +328,8 @@ def test_chained_caps_keep_replicas_and_every_cap_relative_to_the_start() -> Non
     slacks = (0.005, 0.01, 0.02, 0.05)
     chain = coact.refine_coactivation_chain(loads, start, slots, pairs, slacks, scenarios=scen)
     assert coact.chain_rounds(72, 3) == [coact.ROUNDS] * 3 and coact.chain_rounds(288, 4) == [25, 12, 12, 12]
-    gpu = np.repeat(np.arange(8), 9)
     for slack, (p2l, info) in zip(slacks, chain, strict=True):
-        for layer in range(loads.shape[0]):
-            assert np.array_equal(np.sort(p2l[layer]), np.sort(start[layer]))  # replica counts kept
-            for g in range(8):  # no GPU holds an expert twice
-                held = p2l[layer][gpu == g]
-                assert np.unique(held).size == held.size
-            rep = np.bincount(start[layer], minlength=64)
-            for x in np.concatenate([loads[layer][None], scen[:, layer]]):  # the window and every sub-window
-                after, before = (float(np.bincount(gpu, weights=x[p] / rep[p]).max())
-                                 for p in (p2l[layer], start[layer]))
-                assert after <= before * (1 + slack) + 1e-9
+        assert_refined_within_cap(p2l, start, loads, scen, slack)
         assert info["colocated_pairs_before"] == chain[0][1]["colocated_pairs_before"]
     # one search alone is refine_coactivation's
     single, info = coact.refine_coactivation(loads, start, slots, pairs, scenarios=scen, max_lb_slack=0.005)
