@@ -336,10 +336,25 @@ class CoactivationSummary:
     def _checked(cls, tokens: Any, top_k: Any, loads: Any, partners: Any, counts: Any) -> CoactivationSummary:
         """The summary of these fields as int64 arrays, or EplbError saying what is wrong."""
         try:
-            t, l_, p, c = (np.asarray(v, dtype=np.int64) for v in (tokens, loads, partners, counts))
-            k = int(top_k)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise EplbError(f"co-activation summary: missing or non-numeric field ({exc})") from None
+            raw = {"tokens": np.asarray(tokens), "loads": np.asarray(loads), "partners": np.asarray(partners),
+                   "counts": np.asarray(counts)}  # fmt: skip
+            top = np.asarray(top_k)
+        except (TypeError, ValueError, OverflowError):
+            raise EplbError("co-activation summary: tokens, loads, partners and counts must be rectangular arrays "
+                            "of whole numbers (one row per layer, one per expert)") from None
+        for name, v in raw.items():
+            if v.size and v.dtype.kind not in "iu":
+                raise EplbError(f"co-activation summary: {name} must be whole numbers, got {v.dtype}")
+        if top.ndim or top.dtype.kind not in "iu":
+            raise EplbError(f"co-activation summary: top_k must be a whole number, got {top.tolist()!r}")
+        k = int(top)
+        try:
+            t, l_, p, c = (v.astype(np.int64) for v in raw.values())
+        except OverflowError as exc:
+            raise EplbError(f"co-activation summary: a count is out of range ({exc})") from None
+        big = max((int(v.max()) for v in raw.values() if v.size and v.dtype == np.uint64), default=0)
+        if big > np.iinfo(np.int64).max:
+            raise EplbError(f"co-activation summary: a count is out of range ({big})")
         if k < 1 or min(t.min(initial=0), l_.min(initial=0), c.min(initial=0)) < 0:
             raise EplbError("co-activation summary: top_k must be >= 1 and tokens, loads and counts >= 0")
         if l_.ndim != 2 or p.ndim != 3 or p.shape != c.shape or p.shape[:2] != l_.shape:

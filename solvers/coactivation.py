@@ -7,8 +7,7 @@ weight, as long as no GPU's load rises above the start's busiest GPU x (1 + max_
 and on every recent sub-window given (so the placement keeps its balance on steps it has not seen). The
 swaps stop at a local optimum; then `ROUNDS` rounds of iterated local search each start from the best
 placement so far, make `KICK` random swaps within the caps and descend again, keeping the result only if it
-co-locates more pair weight (single swaps alone stop early: on the ESFT law log at a 1% cap the rounds
-raise the co-located weight 15% and cut held-out copies per token 17.8% from greedy instead of 14.4%).
+co-locates more pair weight (single swaps alone stop early in local optima; measured: docs/solvers.md).
 
 Pair weight of two slots holding experts i != j with r_i, r_j replicas: c_ij / (r_i r_j), c_ij the tokens
 that chose both (`pairs [L, E, E]`); replicas of one expert have none. Maximising the co-located pair

@@ -52,10 +52,17 @@ def test_binary_summary_is_checked_like_the_json_one(summary: CoactivationSummar
         (b64(npz(**bad_partner)), "partners must be expert ids in 0..63"),
         (b64(npz(**{**fields, "loads": summary.loads[:2]})), "loads must be [L, E]"),
         (b64(npz(**{**fields, "top_k": np.int64(0)})), "top_k must be >= 1"),
+        (b64(npz(**{**fields, "top_k": np.float64(2.5)})), "top_k must be a whole number"),
+        (b64(npz(**{**fields, "loads": summary.loads + 0.5})), "loads must be whole numbers"),
+        (b64(npz(**{**fields, "loads": np.where(summary.loads > 0, summary.loads, np.nan)})), "whole numbers"),
+        (b64(npz(**{**fields, "counts": summary.counts.astype(np.uint64) + np.uint64(2**63)})), "out of range"),
     ]
     for value, message in cases:
         with pytest.raises(EplbError, match=message.replace("[", r"\[").replace("]", r"\]")):
             CoactivationSummary.parse(value)
+    ragged = {**summary.to_dict(), "loads": [[1, 2], [3]]}
+    with pytest.raises(EplbError, match="rectangular arrays of whole numbers"):
+        CoactivationSummary.parse(ragged)
     # an archive that would unpack to more than BINARY_MAX is refused before any array is read
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
