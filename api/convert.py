@@ -45,7 +45,7 @@ from eplb.specs import (
     MODEL_PRESETS,
     HardwareSpec,
     ModelSpec,
-    link_bandwidth,
+    all_to_all_links,
 )
 from solvers import registry
 from solvers.registry import Options
@@ -333,14 +333,14 @@ def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
     """The time prediction's setup (None without a model)."""
     hardware: HardwareSpec = _spec("hardware", req.hardware, HARDWARE_PRESETS)
     try:
-        link_bw = link_bandwidth(hardware, req.link)
+        within, between = all_to_all_links(hardware, req.link)
     except EplbError as exc:
         raise FieldError("link", str(exc)) from None
-    if link_bw > MAX_LINK_BW:
+    if max(within, between or 0.0) > MAX_LINK_BW:
         raise FieldError("link", f"{req.link} GB/s is beyond any link (at most {MAX_LINK_BW / 1e9:,.0f})")
     if model is None:
         return None
-    return CostSetup(model, hardware, link_bw, req.tokens_per_gpu, req.overlap, req.node_limit)
+    return CostSetup(model, hardware, within, req.tokens_per_gpu, req.overlap, req.node_limit, between)
 
 
 def coactivation(req: CostIn, loads: NDArray[np.float64]) -> CoactivationSummary | None:

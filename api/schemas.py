@@ -96,7 +96,8 @@ class CostIn(BaseModel):
     )
     hardware: str | HardwareSpec = Field("b200", description="GPU preset name or a full spec object")
     link: str = Field(
-        "nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s per GPU per direction"
+        "nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s per GPU per direction; or "
+        "within + between nodes, e.g. nvlink+nic (DeepEP's dispatch across nodes; needs gpus_per_node)"
     )
     tokens_per_gpu: float = Field(
         DEFAULT_TOKENS_PER_GPU, gt=0, le=1e9,

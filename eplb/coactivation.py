@@ -210,16 +210,22 @@ def step_reach(
     slots_per_gpu: ArrayLike,
     num_experts: int,
     rule: str = "vllm",
+    gpus_per_node: int | None = None,
 ) -> F64:
     """Exact per-step reach: [n, L, G] the fraction of each step's tokens whose top-k picks, routed with `rule`,
-    land on each GPU (the `reach` of `eplb.cost.TimeModel.gpu_terms`, from the tokens instead of a summary).
+    land on each GPU (the `reach` of `eplb.cost.TimeModel.gpu_terms`, from the tokens instead of a summary);
+    with gpus_per_node [n, L, G + N]: then the fraction landing on each node (two links).
     topk_ids: [tokens, L, k]; step_offsets: [n + 1] token offsets of the steps (from 0); phy2log: [L, P]."""
     ids = np.asarray(topk_ids)
     offsets = np.asarray(step_offsets, dtype=np.int64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     tokens, layers, k = ids.shape
     num_gpus = slots.size
-    reached = np.zeros((offsets.size - 1, layers, num_gpus))
+    per_node = gpus_per_node or num_gpus
+    if num_gpus % per_node:
+        raise EplbError(f"{num_gpus} GPUs do not split into nodes of {per_node}")
+    nodes = num_gpus // per_node if gpus_per_node else 0
+    reached = np.zeros((offsets.size - 1, layers, num_gpus + nodes))
     step_of = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))  # [T]
     block = max(1, STEP_REACH_PICKS // max(layers * k, 1))
     for a in range(0, tokens, block):
@@ -227,6 +233,8 @@ def step_reach(
         gpus = replica_gpus(ids[a:b], phy2log, slots, num_experts, rule)  # [t, L, k]
         hit = np.zeros((b - a, layers, num_gpus), dtype=bool)
         hit[np.arange(b - a)[:, None, None], np.arange(layers)[None, :, None], gpus] = True
+        if nodes:
+            hit = np.concatenate([hit, hit.reshape(b - a, layers, nodes, per_node).any(axis=3)], axis=2)
         steps = step_of[a:b]
         starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
         reached[steps[starts]] += np.add.reduceat(hit.view(np.uint8), starts, axis=0, dtype=np.int64)

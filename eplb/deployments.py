@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import delete, func, select
 
 from eplb.budget import describe_slots, slots_per_gpu
+from eplb.cost import TimeModel
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.schemas import PlacementOut, PlacementResponse
 from eplb.solve import Cluster, CostSetup, Outcome, evaluate, solve
-from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
 from solvers import registry
@@ -97,7 +98,8 @@ class DeploymentConfig(BaseModel):
     )
     model: str = Field(min_length=1, max_length=200)
     hardware: str = Field("b200", min_length=1, max_length=200)
-    link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s")
+    link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s; or within + "
+                      "between nodes, e.g. nvlink+nic (DeepEP across nodes; needs cluster.gpus_per_node)")
     tokens_per_gpu: float | None = Field(None, gt=0, le=1e9, description="tokens per GPU in one step")
     overlap: bool = True
     objective: Literal["lb", "time"] = Field("lb", description="lb: balance tokens; time: lowest predicted layer "
@@ -130,14 +132,21 @@ class Setup:
         self.config = config
         self.model: ModelSpec = MODEL_PRESETS[config.model]
         hardware = HARDWARE_PRESETS[config.hardware]
-        self.link_bw = link_bandwidth(hardware, config.link)
-        self.cost = CostSetup(self.model, hardware, self.link_bw, config.tokens_per_gpu, config.overlap,
-                              config.node_limit)
+        within, between = all_to_all_links(hardware, config.link)
+        self.migration_bw = between or within  # expert copies between nodes cross the NIC with two links
+        self.cost = CostSetup(self.model, hardware, within, config.tokens_per_gpu, config.overlap,
+                              config.node_limit, between)
         shape = config.cluster
         slots = slots_per_gpu(shape.num_gpus, self.model.num_experts, slots=shape.slots_per_gpu,
                               num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
                               slot_bytes=self.model.expert_bytes_all_layers)
         self.cluster = Cluster(slots, shape.gpus_per_node, shape.num_groups)
+        if between is not None:  # a '+' link needs nodes: refused here, by name, not at the first window
+            try:
+                TimeModel.from_specs(self.model, hardware, within, shape.num_gpus, inter_node_bw=between,
+                                     gpus_per_node=shape.gpus_per_node)  # fmt: skip
+            except EplbError as exc:
+                raise EplbError(f"link: {exc}") from None
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
@@ -454,9 +463,12 @@ def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
             if loads.shape[0] == applied.num_layers:
                 entry.window_digest, entry.window_layers = last.window_digest, last.window_layers
                 entry.window_experts, entry.window_tokens = last.window_experts, last.window_tokens
+                nodes = setup.cluster.gpus_per_node
                 if previous is not None:
-                    entry.lb_before, entry.time_before_us = _lb_time(evaluate(loads, previous, setup.cost))
-                entry.lb_after, entry.time_after_us = _lb_time(evaluate(loads, applied, setup.cost))
+                    before = evaluate(loads, previous, setup.cost, gpus_per_node=nodes)
+                    entry.lb_before, entry.time_before_us = _lb_time(before)
+                after = evaluate(loads, applied, setup.cost, gpus_per_node=nodes)
+                entry.lb_after, entry.time_after_us = _lb_time(after)
         entry.phy2log = pack(applied.phy2log)
         entry.shares = None if applied.shares is None else pack(applied.shares)
         row.phy2log, row.shares, row.updated_at = entry.phy2log, entry.shares, entry.at
@@ -542,7 +554,7 @@ def _worth_it(before: Outcome, after: Outcome, current: Placement, setup: Setup,
     if before.prediction is None or after.prediction is None:
         return True, "cost: no time prediction, rebalanced"
     pred = before.prediction
-    spec = MigrationSpec(setup.link_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
+    spec = MigrationSpec(setup.migration_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
     migration = spec.rebalance_cost(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu,
                                     setup.model.expert_bytes, pred)  # fmt: skip
     charge_s, _ = migration.charge_s(pred.total_time_us * 1e-6)

@@ -29,7 +29,7 @@ from solvers.validation import InvalidPlacement
 
 if TYPE_CHECKING:
     from eplb import schemas
-    from eplb.coactivation import CoactivationSummary
+    from eplb.coactivation import CoactivationSummary, Reach
 
 
 def solver_name(solver: str, split: str = "uniform") -> str:
@@ -76,6 +76,7 @@ class CostSetup:
     tokens_per_gpu: float | None = None
     overlap: bool = True
     node_limit: int | None = None  # DeepSeek-style node-limited routing: a token's experts on at most M nodes
+    inter_node_bw: float | None = None  # B/s between nodes (a '+' link, DeepEP): link_bw is then within a node
 
 
 @dataclass
@@ -232,7 +233,7 @@ def solve(
                        colocate=not problem.hierarchical and not _budgeted(options),
                        fewer_replicas=empty_slots and current is None and not problem.hierarchical),
             lambda p2l: _predict(loads, Placement(p2l, cluster.slots_per_gpu, loads.shape[1]), cost,
-                                 _reach(coactivation, p2l, cluster, cost)).time_us,
+                                 _reach(coactivation, p2l, cluster, cost), cluster.gpus_per_node).time_us,
         )
         phy2log = choice.phy2log
         info.update(choice.info())
@@ -318,10 +319,10 @@ def evaluate(
         r, r_base = (reach(coactivation, p.phy2log, p.slots_per_gpu, gpus_per_node, node_limit)
                      for p in (placement, base))
         outcome.copies, outcome.baseline_copies = r.copies(), r_base.copies()
-        q, q_base = r.gpu, r_base.gpu
+        q, q_base = _comm_reach(r, cost), _comm_reach(r_base, cost)
     if cost is not None:
-        outcome.prediction = _predict(loads, placement, cost, q)
-        outcome.baseline_prediction = _predict(loads, base, cost, q_base)
+        outcome.prediction = _predict(loads, placement, cost, q, gpus_per_node)
+        outcome.baseline_prediction = _predict(loads, base, cost, q_base, gpus_per_node)
     return outcome
 
 
@@ -356,11 +357,23 @@ def _reach(
         return None
     from eplb.coactivation import reach
 
-    return reach(coactivation, phy2log, cluster.slots_per_gpu, cluster.gpus_per_node, cost.node_limit).gpu
+    return _comm_reach(reach(coactivation, phy2log, cluster.slots_per_gpu, cluster.gpus_per_node, cost.node_limit),
+                       cost)  # fmt: skip
+
+
+def _comm_reach(r: Reach, cost: CostSetup | None) -> NDArray[np.float64]:
+    """The reach the comm term takes: [L, G] each GPU's, with two links [L, G + N] each GPU's then each node's."""
+    if cost is None or cost.inter_node_bw is None:
+        return r.gpu
+    return np.concatenate([r.gpu, r.node], axis=1)
 
 
 def _predict(
-    loads: NDArray[np.float64], placement: Placement, cost: CostSetup, reach: NDArray[np.float64] | None = None
+    loads: NDArray[np.float64],
+    placement: Placement,
+    cost: CostSetup,
+    reach: NDArray[np.float64] | None = None,
+    gpus_per_node: int | None = None,
 ) -> LayerPrediction:
     empty = bool(placement.empty_slots.any())  # an empty slot (-1) serves nothing: share 0 on any expert id
     return predict(
@@ -374,4 +387,6 @@ def _predict(
         shares=placement.slot_shares() if empty else placement.shares,
         overlap=cost.overlap,
         reach=reach,
+        inter_node_bw=cost.inter_node_bw,
+        gpus_per_node=gpus_per_node,
     )

@@ -26,6 +26,7 @@ __all__ = [
     "MODEL_PRESET_SOURCES",
     "HardwareSpec",
     "ModelSpec",
+    "all_to_all_links",
     "hardware_from_dict",
     "link_bandwidth",
     "load_hardware",
@@ -432,6 +433,18 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
 PCIE_BANDWIDTH = 64e9
 """B/s per direction of a PCIe Gen5 x16 link (32 GT/s x 16 lanes, 128b/130b): the path weights take
 between GPUs without NVLink, or through host memory."""
+
+
+def all_to_all_links(hw: HardwareSpec, link: str | float) -> tuple[float, float | None]:
+    """(B/s within a node, B/s between nodes or None) of an all-to-all `link`: one link ("nvlink", "nic",
+    "pcie", GB/s: every copy crosses it), or two joined by "+" ("nvlink+nic": DeepEP's dispatch, copies within
+    a node over the first, between nodes over the second; docs/cost-model.md)."""
+    if isinstance(link, str) and "+" in link:
+        parts = link.split("+")
+        if len(parts) != 2:
+            raise EplbError(f"link {link!r}: give one link, or two joined by '+' (within a node + between nodes)")
+        return link_bandwidth(hw, parts[0]), link_bandwidth(hw, parts[1])
+    return link_bandwidth(hw, link), None
 
 
 def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:

@@ -496,3 +496,19 @@ def test_the_answer_built_without_the_models_is_byte_for_byte_theirs() -> None:
     ]
     for outcome in outcomes:
         assert answer_json(outcome) == orjson.dumps(outcome.to_model().to_json_dict())
+
+
+def test_two_links_within_and_between_nodes(base: str) -> None:
+    """"link": "nvlink+nic" (DeepEP across nodes) needs cluster.gpus_per_node; with it, the predicted comm lies
+    between every copy over NVLink and every copy over the NIC."""
+    r = httpx.post(f"{base}/placement", json=request_body(link="nvlink+nic"), timeout=60)
+    assert r.status_code == 422, r.text
+    assert "GPUs per node" in r.json()["detail"]
+    total = {}
+    for link in ("nvlink", "nvlink+nic", "nic"):
+        cluster = {"num_gpus": 16, "num_redundant": 16, "gpus_per_node": 8}
+        r = httpx.post(f"{base}/placement", json=request_body(link=link, cluster=cluster, tokens_per_gpu=256),
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        total[link] = sum(r.json()["predicted"]["comm_us"])
+    assert total["nvlink"] < total["nvlink+nic"] < total["nic"]

@@ -192,6 +192,7 @@ def test_concurrent_windows_rebalance_once(store: Store) -> None:
     ({"solver": "simplex"}, "unknown solver 'simplex'"),
     ({"solver": "greedy", "policy": {"max_moves": 10}}, "solver 'greedy' does not take max_moves"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 7}}, "cannot hold|fewer than"),
+    ({"link": "nvlink+nic"}, "link: .*GPUs per node"),
 ])
 def test_bad_configs_are_one_line_errors(store: Store, change: dict[str, Any], message: str) -> None:
     body = {**config().model_dump(mode="json", exclude_none=True), **change}

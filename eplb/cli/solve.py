@@ -19,7 +19,7 @@ from eplb.io.files import output_file
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
-from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, link_bandwidth, load_hardware, load_model
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links, load_hardware, load_model
 from solvers import registry
 from solvers.registry import Options
 
@@ -146,7 +146,9 @@ def add_cost_options(
                    f"{', '.join(MODEL_PRESETS)}) or JSON file (default: {model_default})")
     p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
                    help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: b200)")
-    p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic or GB/s per GPU (default: nvlink)")
+    p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic, pcie or GB/s per GPU and direction "
+                   "(default: nvlink), or two joined by '+', within + between nodes: nvlink+nic is DeepEP's dispatch "
+                   "across nodes (once per node over the NIC, then NVLink; needs --gpus-per-node)")
     p.add_argument("--tokens-per-gpu", type=float, metavar="T", default=tokens_value,
                    help=f"tokens per GPU in one step for the time prediction (default: {tokens_default})")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
@@ -229,8 +231,8 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
     node_limit = getattr(args, "node_limit", None)
     if node_limit is not None and node_limit < 1:
         raise EplbError("--node-limit must be >= 1 (nodes a token's experts may lie on)")
-    return CostSetup(model, hardware, link_bandwidth(hardware, args.link), args.tokens_per_gpu, args.overlap,
-                     node_limit)
+    within, between = all_to_all_links(hardware, args.link)
+    return CostSetup(model, hardware, within, args.tokens_per_gpu, args.overlap, node_limit, between)
 
 
 def run_solve(args: argparse.Namespace) -> int:

@@ -33,7 +33,9 @@ class TimeModel:
     routed expert's / all shared experts' weights; comm_us_per_copy: µs per token copy (dispatch +
     combine); tokens_per_gpu: T of one step, None to take the loads as one step; overlap: comm hidden
     under the GEMMs (max of the terms) or added; dedup: a token goes once to each GPU holding any of
-    its k experts.
+    its k experts. nic_us_per_copy with gpus_per_node (two links, DeepEP's dispatch): a token crosses the NIC
+    once to each other node it reaches and is forwarded over NVLink (comm_us_per_copy) to the GPUs it reaches
+    there (`_two_link_comm`); copies are then always one per reached GPU and node, whatever `dedup` says.
     """
 
     gpus: int
@@ -46,6 +48,8 @@ class TimeModel:
     tokens_per_gpu: float | None = None
     overlap: bool = True
     dedup: bool = False
+    gpus_per_node: int | None = None
+    nic_us_per_copy: float | None = None
 
     @classmethod
     def from_specs(
@@ -57,12 +61,25 @@ class TimeModel:
         tokens_per_gpu: float | None = None,
         overlap: bool = True,
         dedup: bool = False,
+        inter_node_bw: float | None = None,
+        gpus_per_node: int | None = None,
     ) -> TimeModel:
-        """link_bw: all-to-all B/s per GPU and direction; tokens_per_gpu > 0 or None."""
-        if not math.isfinite(link_bw) or link_bw <= 0:
-            raise EplbError(f"link bandwidth must be positive (B/s), got {link_bw!r}")
+        """link_bw: all-to-all B/s per GPU and direction (within a node when inter_node_bw is given: the NIC's
+        B/s per GPU and direction between nodes of gpus_per_node GPUs); tokens_per_gpu > 0 or None."""
+        bytes_per_copy = model.dispatch_bytes_per_copy + model.combine_bytes_per_copy
+        for bw in (link_bw, inter_node_bw):
+            if bw is not None and (not math.isfinite(bw) or bw <= 0):
+                raise EplbError(f"link bandwidth must be positive (B/s), got {bw!r}")
         if tokens_per_gpu is not None and not (math.isfinite(tokens_per_gpu) and tokens_per_gpu > 0):
             raise EplbError(f"tokens per GPU must be a positive number, got {tokens_per_gpu!r}")
+        nic_us = None
+        if inter_node_bw is not None:
+            if gpus_per_node is None or gpus_per_node >= gpus or gpus % gpus_per_node:
+                raise EplbError(
+                    f"a link within and one between nodes (a '+' link) needs the GPUs per node (--gpus-per-node) and "
+                    f"more than one node: {gpus} GPUs, {gpus_per_node or 'no'} GPUs per node"
+                )
+            nic_us = bytes_per_copy / inter_node_bw * _US
         return cls(
             gpus=gpus,
             top_k=model.top_k,
@@ -70,17 +87,26 @@ class TimeModel:
             us_per_row=model.flops_per_row / hw.dense_flops * _US,
             expert_read_us=model.expert_bytes / hw.hbm_bandwidth * _US,
             shared_read_us=model.shared_expert_bytes / hw.hbm_bandwidth * _US,
-            comm_us_per_copy=(model.dispatch_bytes_per_copy + model.combine_bytes_per_copy) / link_bw * _US,
+            comm_us_per_copy=bytes_per_copy / link_bw * _US,
             tokens_per_gpu=tokens_per_gpu,
             overlap=overlap,
             dedup=dedup,
+            gpus_per_node=gpus_per_node if nic_us is not None else None,
+            nic_us_per_copy=nic_us,
         )
+
+    @property
+    def reach_width(self) -> int:
+        """Width of the reach array `gpu_terms` takes: G, or G + N (GPUs then nodes) with two links."""
+        if self.nic_us_per_copy is None or self.gpus_per_node is None:
+            return self.gpus
+        return self.gpus + self.gpus // self.gpus_per_node
 
     @property
     def extremes_suffice(self) -> bool:
         """True when the layer time depends only on the busiest and idlest GPU's rows and the most
         active slots (comm overlapped, no dedup): see `layer_time_from_extremes`."""
-        return self.overlap and not self.dedup
+        return self.overlap and not self.dedup and self.nic_us_per_copy is None
 
     def scale(self, total: F64) -> tuple[F64, F64]:
         """(T tokens per GPU, factor turning the loads into rows of one step), both shaped like total
@@ -96,13 +122,16 @@ class TimeModel:
     ) -> tuple[F64, F64, F64]:
         """(compute, weight_read, comm) µs per GPU from the GPUs' routed rows and active slots
         [..., G] (GPU last) and the layer's total rows [..., 1]. reach: [..., G] chance that a token's
-        top-k reaches each GPU (co-activation data, `eplb.coactivation.reach`); with it a token is sent
-        once to each GPU it reaches, whatever `dedup` says."""
+        top-k reaches each GPU (co-activation data, `eplb.coactivation.reach`), with two links [..., G + N]:
+        each GPU's, then each node's; with it a token is sent once to each GPU it reaches, whatever `dedup`
+        says."""
         tokens, factor = self.scale(total)
         g, k = self.gpus, self.top_k
         r = rows * factor
         compute = (r + self.shared * tokens) * self.us_per_row
         weight = self._weight_read(tokens, factor, active)
+        if self.nic_us_per_copy is not None:
+            return compute, weight, self._two_link_comm(tokens, factor, r, reach)
         if reach is not None:
             q = np.where(factor > 0, reach, 0.0)
             received = (g - 1) * tokens * q
@@ -117,6 +146,35 @@ class TimeModel:
             sent = k * tokens - r / g
         comm = np.maximum(sent, received) * self.comm_us_per_copy
         return compute, weight, comm
+
+    def _two_link_comm(self, tokens: F64, factor: F64, r: F64, reach: NDArray[Any] | None) -> F64:
+        """µs per GPU of DeepEP's dispatch and combine over two links, every GPU's T tokens routing like the
+        layer. With q_g a token's chance to reach GPU g and Q_v node v (from `reach`, else from independent
+        picks of the rows), N nodes of n GPUs, GPU g on node v:
+        NIC: sends T (sum Q - Q_v) (once to each other node reached, to the GPU with its own index there) and
+        receives (N - 1) T Q_v (from its own index on each other node); NVLink: sends N T (sum_{h in v} q_h - q_g)
+        (its own tokens, and those it received over the NIC, to the other GPUs they reach on its node) and
+        receives N (n - 1) T q_g. The two links run at once: comm = max of the two links' max(sent, received)
+        x their µs per copy. One node (N = 1) gives the one-link reach terms."""
+        assert self.gpus_per_node is not None and self.nic_us_per_copy is not None
+        g, n, k = self.gpus, self.gpus_per_node, self.top_k
+        nodes = g // n
+        if reach is None:
+            frac = np.divide(r, g * k * tokens, out=np.zeros(r.shape), where=tokens > 0)
+            node_frac = frac.reshape(*frac.shape[:-1], nodes, n).sum(axis=-1)
+            q, big_q = 1.0 - (1.0 - frac) ** k, 1.0 - (1.0 - node_frac) ** k
+        else:
+            if reach.shape[-1] != g + nodes:
+                raise ValueError(f"two links need reach [..., {g} GPUs + {nodes} nodes], got {reach.shape}")
+            both = np.where(factor > 0, reach, 0.0)
+            q, big_q = both[..., :g], both[..., g:]
+        on_node = q.reshape(*q.shape[:-1], nodes, n)
+        others_on_node = (on_node.sum(axis=-1, keepdims=True) - on_node).reshape(q.shape)
+        own_node = np.repeat(big_q, n, axis=-1)  # [..., G] Q of each GPU's node
+        nic = np.maximum(tokens * (big_q.sum(axis=-1, keepdims=True) - own_node), (nodes - 1) * tokens * own_node)
+        nvlink = np.maximum(nodes * tokens * others_on_node, nodes * (n - 1) * tokens * q)
+        out: F64 = np.maximum(nic * self.nic_us_per_copy, nvlink * self.comm_us_per_copy)
+        return out
 
     def _weight_read(self, tokens: F64, factor: F64, active: NDArray[Any]) -> F64:
         """µs to read the active routed experts' and the shared experts' weights (none on an empty layer)."""
@@ -278,6 +336,8 @@ def predict(
     overlap: bool = True,
     dedup: bool = False,
     reach: ArrayLike | None = None,
+    inter_node_bw: float | None = None,
+    gpus_per_node: int | None = None,
 ) -> LayerPrediction:
     """Predict per-layer MoE time of a placement for a window of loads (vectorized over L, G).
 
@@ -292,7 +352,11 @@ def predict(
         weight_read, comm); False: max(compute, weight_read) + comm.
     dedup: per-GPU dedup of token copies (see docs/cost-model.md for the approximation).
     reach: [L, G] chance that a token reaches each GPU, from co-activation data (`eplb.coactivation.reach`):
-        comm then counts one copy per reached GPU (co-activated experts on one GPU share a copy).
+        comm then counts one copy per reached GPU (co-activated experts on one GPU share a copy); with two
+        links [L, G + N], each GPU's then each node's.
+    inter_node_bw, gpus_per_node: two links (DeepEP's dispatch): copies between nodes of gpus_per_node GPUs
+        cross the NIC at inter_node_bw B/s once per reached node, copies within a node link_bw
+        (`TimeModel._two_link_comm`).
 
     Per GPU (`TimeModel.gpu_terms`): routed rows = sum of its slots' rows; compute = (rows + shared x
     T) x 2 x params / flops; weight read = (slots with > 0 rows) x expert_bytes + shared bytes; comm
@@ -302,7 +366,8 @@ def predict(
     """
     load, p2l, slots, share = _checked_inputs(loads, phy2log, slots_per_gpu, model, shares)
     num_layers, num_gpus = load.shape[0], slots.size
-    tm = TimeModel.from_specs(model, hw, link_bw, num_gpus, tokens_per_gpu, overlap, dedup)
+    tm = TimeModel.from_specs(model, hw, link_bw, num_gpus, tokens_per_gpu, overlap, dedup, inter_node_bw,
+                              gpus_per_node)  # fmt: skip
     slot_rows = np.take_along_axis(load, p2l, axis=1) * share  # [L, P] tokens of the window
     gpu_of_slot = np.repeat(np.arange(num_gpus, dtype=np.int64), slots)
     g_flat = (gpu_of_slot[None, :] + (np.arange(num_layers, dtype=np.int64) * num_gpus)[:, None]).ravel()
@@ -313,8 +378,9 @@ def predict(
     q = None
     if reach is not None:
         q = np.asarray(reach, dtype=np.float64)
-        if q.shape != (num_layers, num_gpus):
-            raise EplbError(f"reach must be [{num_layers} layers, {num_gpus} GPUs], got shape {list(q.shape)}")
+        if q.shape != (num_layers, tm.reach_width):
+            what = f"{num_gpus} GPUs" + ("" if tm.reach_width == num_gpus else f" + {tm.reach_width - num_gpus} nodes")
+            raise EplbError(f"reach must be [{num_layers} layers, {what}], got shape {list(q.shape)}")
     compute, weight, comm = tm.gpu_terms(total, window_rows, active, q)
     gpu_time = tm.gpu_time(compute, weight, comm)
     tokens, factor = tm.scale(total)

@@ -29,9 +29,10 @@ _KINDS = {np.dtype(np.uint8): "B", np.dtype(np.uint16): "H", np.dtype(np.uint32)
 _ORACLE_BATCH_STEPS = 32  # steps per vectorized oracle solve
 
 
-def time_model(cost: CostSetup, gpus: int) -> TimeModel:
+def time_model(cost: CostSetup, gpus: int, gpus_per_node: int | None = None) -> TimeModel:
     """The TimeModel of a cost setup on G GPUs (each step's counts are its routed rows)."""
-    return TimeModel.from_specs(cost.model, cost.hardware, cost.link_bw, gpus, cost.tokens_per_gpu, cost.overlap)
+    return TimeModel.from_specs(cost.model, cost.hardware, cost.link_bw, gpus, cost.tokens_per_gpu, cost.overlap,
+                                inter_node_bw=cost.inter_node_bw, gpus_per_node=gpus_per_node)  # fmt: skip
 
 
 class Evaluator:
@@ -65,7 +66,8 @@ class Evaluator:
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """counts [n, L, E] -> (lb [K, n, L], time_us [K, n, L]) per placement; time NaN without a model.
         reach: [K, n, L, G] each step's fraction of tokens reaching each GPU (token-level logs,
-        `eplb.coactivation.step_reach`): the comm term counts one copy per GPU a token reaches."""
+        `eplb.coactivation.step_reach`; [K, n, L, G + N] with two links, then each node's): the comm term counts
+        one copy per GPU a token reaches."""
         n, layers, experts = counts.shape
         k, width = self._expert.shape[1], self._expert.shape[2]
         gpus = self._bounds.shape[1] - 1
@@ -100,7 +102,8 @@ def oracle(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Greedy on every step's own counts: (lb [n, L], time_us [n, L]). All steps and layers are one
     batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots). reach_of(i, phy2log
-    [L, P]): step i's reach [L, G] of the step's own placement (token-level logs), for the comm term."""
+    [L, P]): step i's reach [L, G] (or [L, G + N], `TimeModel.reach_width`) of the step's own placement
+    (token-level logs), for the comm term."""
     n, layers, experts = counts.shape
     slots = cluster.slots_per_gpu
     lb = np.empty((n, layers))
@@ -123,7 +126,7 @@ def oracle(
             reach = None
             if reach_of is not None:
                 per_step = p2l.reshape(b - a, layers, -1)
-                reach = np.concatenate([reach_of(a + i, per_step[i]) for i in range(b - a)])  # [(b - a) L, G]
+                reach = np.concatenate([reach_of(a + i, per_step[i]) for i in range(b - a)])  # [(b - a) L, width]
             t = time.layer_time(total[:, None], gpu_rows, active, reach)
             times[a:b] = t.reshape(b - a, layers)
     return lb, times

@@ -213,10 +213,12 @@ def initial_placement(num_layers: int, num_experts: int, slots_per_gpu: NDArray[
     return Placement(np.tile(row, (num_layers, 1)), slots_per_gpu, num_experts)
 
 
-def predict_time_us(counts: NDArray[Any], placement: Placement, cost: CostSetup) -> NDArray[np.float64]:
+def predict_time_us(
+    counts: NDArray[Any], placement: Placement, cost: CostSetup, gpus_per_node: int | None = None
+) -> NDArray[np.float64]:
     """Predicted layer time µs [steps, layers] of `placement` for per-step counts [steps, layers, E]:
     `eplb.cost.predict` applied to each step on its own, vectorized (float32 GPU loads)."""
-    ev = Evaluator(time_model(cost, placement.num_gpus))
+    ev = Evaluator(time_model(cost, placement.num_gpus, gpus_per_node))
     ev.set_placements([placement])
     out: NDArray[np.float64] = ev.evaluate(np.asarray(counts))[1][0]
     return out
@@ -343,7 +345,7 @@ class _Replay:
         self.pending: tuple[int, Placement] | None = None
         self.hindsight: list[Placement] = []
         self.segment = 0
-        self.evaluator = Evaluator(None if cost is None else time_model(cost, cluster.num_gpus))
+        self.evaluator = Evaluator(None if cost is None else time_model(cost, cluster.num_gpus, cluster.gpus_per_node))
         self.window = Window(sched.window)
         self.stats = {name: RowStats() for name in BASELINES}
         self.rebalances: list[Rebalance] = []
@@ -499,10 +501,17 @@ class _Replay:
         t0 = time.perf_counter()
         ids, offsets = self.tokens
         a, b = int(offsets[lo]), int(offsets[hi])
+        nodes = self.reach_nodes
         out = np.stack([step_reach(ids[a:b], offsets[lo : hi + 1] - a, p.phy2log, p.slots_per_gpu,
-                                   self.info.num_experts) for p in placements])  # fmt: skip
+                                   self.info.num_experts, gpus_per_node=nodes) for p in placements])  # fmt: skip
         self.timing["copies_s"] = self.timing.get("copies_s", 0.0) + time.perf_counter() - t0
         return out
+
+    @property
+    def reach_nodes(self) -> int | None:
+        """GPUs per node when the time model's comm has two links (step reach then covers the nodes too)."""
+        time = self.evaluator.time
+        return None if time is None or time.reach_width == time.gpus else time.gpus_per_node
 
     def oracle_reach(self, positions: NDArray[np.int64]) -> ReachOf | None:
         """For the oracle row of a token-level log: (i, phy2log [L, P]) -> the reach [L, G] of the step at
@@ -517,7 +526,7 @@ class _Replay:
         def reach_of(i: int, phy2log: NDArray[np.int64]) -> NDArray[np.float64]:
             a, b = int(offsets[positions[i]]), int(offsets[positions[i] + 1])
             out: NDArray[np.float64] = step_reach(ids[a:b], np.array([0, b - a]), phy2log, slots,
-                                                  self.info.num_experts)[0]  # fmt: skip
+                                                  self.info.num_experts, gpus_per_node=self.reach_nodes)[0]  # fmt: skip
             return out
 
         return reach_of
@@ -630,7 +639,7 @@ class _Replay:
         """What copying `new`'s experts onto the serving placement costs (None without a cost model)."""
         if self.cost is None or self.migration is None:
             return None
-        pred = evaluate(step_loads, self.serving, self.cost).prediction
+        pred = evaluate(step_loads, self.serving, self.cost, gpus_per_node=self.cluster.gpus_per_node).prediction
         assert pred is not None
         return self.migration.rebalance_cost(new.phy2log, self.serving.phy2log, self.cluster.slots_per_gpu,
                                              self.cost.model.expert_bytes, pred)  # fmt: skip
