@@ -444,7 +444,10 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
     if s["cost"]:
         c = s["cost"]
         tpg = "each step's own tokens" if c["tokens_per_gpu"] is None else f"T = {c['tokens_per_gpu']:,.0f} per GPU"
-        lines.append(f"time model: {c['model']} on {c['hardware']}, {c['link_bandwidth'] / 1e9:g} GB/s link, {tpg}")
+        link = f"{c['link_bandwidth'] / 1e9:g} GB/s link"
+        if c.get("inter_node_bandwidth"):
+            link = f"{c['link_bandwidth'] / 1e9:g} GB/s within a node, {c['inter_node_bandwidth'] / 1e9:g} GB/s between"
+        lines.append(f"time model: {c['model']} on {c['hardware']}, {link}, {tpg}")
     lines.append("")
     head = (f"  {'':<26}{'lb mean':>9}{'lb p50':>9}{'lb p99':>9}{'lb max':>9}{'MoE ms/step':>13}{'migration s':>13}"
             f"{'total s':>10}{'vs no EPLB':>12}")  # fmt: skip

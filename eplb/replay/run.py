@@ -741,6 +741,7 @@ class _Replay:
             "schedule": {**self.sched.to_dict(), "solver": self.policy.name, "oracle_every": oracle_every},
             "cost": None if cost is None else {
                 "model": cost.model.name, "hardware": cost.hardware.name, "link_bandwidth": cost.link_bw,
+                "inter_node_bandwidth": cost.inter_node_bw,
                 "tokens_per_gpu": cost.tokens_per_gpu, "overlap": cost.overlap,
             },
             "migration": None if self.migration is None else {
