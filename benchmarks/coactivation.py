@@ -7,7 +7,7 @@ held-out steps' co-activation summary), for contiguous, load-only greedy, greedy
 training window and 8 training sub-windows) and greedy and the MILP (1 s per layer) with --objective time
 (candidates chosen on the training window's summary).
 
-    python benchmarks/coactivation.py                     # shipped ESFT law log + a synthetic DeepSeek-V3 case
+    python benchmarks/coactivation.py                     # the 4 shipped ESFT logs + a synthetic DeepSeek-V3 case
     python benchmarks/coactivation.py --log A.npz --ep 8 --slots 72 --link nic
 """
 
@@ -33,12 +33,12 @@ from eplb.io.logs import open_log
 from eplb.placement import Placement
 from eplb.solve import Cluster, CostSetup, evaluate
 from eplb.solve import solve as eplb_solve
-from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, all_to_all_links
 from eplb.synth import SynthConfig, synth_topk
 from solvers.registry import Options, Problem, solve
 
 ROOT = Path(__file__).parents[1]
-LAW = ROOT / "fixtures" / "esft-dsv2lite-law-topk.npz"
+ESFT = [ROOT / "fixtures" / f"esft-dsv2lite-{task}-topk.npz" for task in ("law", "intent", "summary", "translation")]
 
 
 def _loads(ids: NDArray[np.int16], experts: int) -> NDArray[np.float64]:
@@ -57,7 +57,9 @@ def _contiguous(loads: NDArray[np.float64], num_slots: int) -> NDArray[np.int64]
 def run_case(
     name: str, ids: NDArray[np.int16], offsets: NDArray[np.int64], experts: int, gpus: int, slots_per_gpu: int,
     gpus_per_node: int, model: str, slack: float, link_name: str, milp_limit: float,
-) -> None:
+) -> dict[str, tuple[float, float, int, int]]:
+    """Print one case's table; per placement its held-out (copies/token change, median lb change, layers
+    predicted faster, slower) against load-only greedy."""
     steps = offsets.size - 1
     half = steps // 2
     train, test = ids[: offsets[half]], ids[offsets[half] :]
@@ -68,9 +70,11 @@ def run_case(
     pairs = pair_counts(train, experts).astype(np.float64)
     spec, hw = MODEL_PRESETS[model], HARDWARE_PRESETS["h800"]
     if link_name == "auto":
-        link_name = "nvlink" if gpus <= gpus_per_node else "nic"
-    link = link_bandwidth(hw, link_name)
-    setup = CostSetup(spec, hw, link, 256.0)
+        link_name = "nvlink" if gpus <= gpus_per_node else "nvlink+nic"
+    if "+" in link_name and gpus <= gpus_per_node:
+        link_name = link_name.split("+")[0]  # one node: only the link within it
+    within, between = all_to_all_links(hw, link_name)
+    setup = CostSetup(spec, hw, within, 256.0, inter_node_bw=between)
     train_summary, test_summary = summarize(train, experts, 8), summarize(test, experts, 8)
     nodes = gpus_per_node if gpus > gpus_per_node else None
     print(f"\n## {name}: {ids.shape[1]} layers x {experts} experts, top-{ids.shape[2]}, {steps} steps "
@@ -94,7 +98,7 @@ def run_case(
                          coactivation=train_summary, scenarios=scen)
         rows[f"{solver} --objective time"] = (out.placement.phy2log, time.perf_counter() - t)
     base = None
-    times = {}
+    times, held = {}, {}
     for label, (p2l, wall) in rows.items():
         c = copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node, rule="coact")
         v = copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node, rule="vllm")
@@ -106,6 +110,7 @@ def run_case(
         copies = float(c.gpus.mean())
         if label == "greedy":
             base = (copies, float(np.median(lb_test)))
+        held[label] = (copies, float(np.median(lb_test)))
         print(f"| {label} | {wall * 1000:,.1f} | {copies:.3f} | {v.gpus.mean():.3f} | {c.remote_gpus.mean():.3f} | "
               f"{c.nodes.mean():.3f} | {np.median(lb_test):.4f} ({lb_test.max():.4f}) | {np.median(lb_train):.4f} | "
               f"{np.median(held_out.prediction.time_us):.1f} |")
@@ -125,6 +130,28 @@ def run_case(
     est, _ = approx_copies_per_token(summarize(train, experts, 8), p2l, slots, gpus_per_node)
     print(f"summary (top-8 partners, train) estimate of greedy-coact's held-out copies/token: mean {est.mean():.3f} "
           f"against exact {exact.mean():.3f} (vLLM rule), largest layer error {np.abs(est - exact).max():.3f}")
+    g = times["greedy"]
+    return {label: (c / base[0] - 1, m / base[1] - 1, int((times[label] < g).sum()), int((times[label] > g).sum()))
+            for label, (c, m) in held.items() if label not in ("greedy", "contiguous")}
+
+
+def _spread(values: list[float], fmt: str = "+.1%") -> str:
+    return f"{np.median(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
+
+
+def print_goals(cases: dict[str, dict[str, tuple[float, float, int, int]]]) -> None:
+    """Across cases, per placement: held-out copies/token and median lb against greedy (median [min, max]),
+    and on how many cases the issue's goals hold (>= 20% fewer copies at lb within 1%; never predicted
+    slower than greedy on a layer)."""
+    print(f"\n## Held-out, against load-only greedy, over {len(cases)} cases: median [min, max]")
+    print("| placement | copies/token | test lb median | >= 20% fewer copies at lb within 1% | "
+          "no layer predicted slower |")
+    print("|---|---|---|---|---|")
+    for label in next(iter(cases.values())):
+        rows = [case[label] for case in cases.values()]
+        met = [name for name, case in cases.items() if case[label][0] <= -0.2 and case[label][1] <= 0.01]
+        print(f"| {label} | {_spread([r[0] for r in rows])} | {_spread([r[1] for r in rows], '+.2%')} | "
+              f"{len(met)} of {len(rows)} | {sum(r[3] == 0 for r in rows)} of {len(rows)} |")
 
 
 def _refine_speed(loads: NDArray[np.float64], start: NDArray[np.int64], slots: NDArray[np.int64],
@@ -156,26 +183,31 @@ def _refine_speed(loads: NDArray[np.float64], start: NDArray[np.int64], slots: N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--log", type=Path, action="append", help="token-level log(s) (default: the shipped ESFT law log)")
+    ap.add_argument("--log", type=Path, action="append", help="token-level log(s) (default: the 4 ESFT logs)")
     ap.add_argument("--ep", type=int, default=8)
     ap.add_argument("--slots", type=int, nargs="+", default=[64, 72], help="total slots (one case each)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--slack", type=float, default=0.01)
     ap.add_argument("--skip-synthetic", action="store_true")
-    ap.add_argument("--link", default="auto", help="nvlink, nic or GB/s (default: nvlink within a node, else nic)")
+    ap.add_argument("--link", default="auto", help="nvlink, nic, GB/s, or within+between nodes: nvlink+nic "
+                    "(default: nvlink on one node, else nvlink+nic)")
     ap.add_argument("--milp-time-limit", type=float, default=1.0, help="MILP s per layer (default: 1)")
     args = ap.parse_args()
-    for path in args.log or [LAW]:
+    cases = {}
+    for path in args.log or ESFT:
         ids, offsets = read_topk(path)
         experts = open_log(path).info.num_experts
         for total in args.slots:
-            run_case(path.name, ids, offsets, experts, args.ep, total // args.ep, args.gpus_per_node,
-                     "deepseek-v2-lite", args.slack, args.link, args.milp_time_limit)
+            cases[f"{path.name} x{total // args.ep}"] = run_case(
+                path.name, ids, offsets, experts, args.ep, total // args.ep, args.gpus_per_node, "deepseek-v2-lite",
+                args.slack, args.link, args.milp_time_limit)  # fmt: skip
+    print_goals(cases)
     if not args.skip_synthetic:
         cfg = SynthConfig(steps=16, layers=6, experts=256, top_k=8, tokens=2048, seed=1)
         ids, offsets = synth_topk(cfg)
-        run_case("synthetic DeepSeek-V3-like (eplb.synth, ESFT-calibrated co-activation)", ids, offsets, 256, 32, 9,
-                 8, "deepseek-v3", args.slack, args.link, args.milp_time_limit)
+        synthetic = run_case("synthetic DeepSeek-V3-like (eplb.synth, ESFT-calibrated co-activation)", ids, offsets,
+                             256, 32, 9, 8, "deepseek-v3", args.slack, args.link, args.milp_time_limit)
+        print_goals({"synthetic": synthetic})
 
 
 if __name__ == "__main__":
