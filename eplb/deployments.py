@@ -17,6 +17,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
@@ -24,6 +25,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import delete, func, select
 
+from eplb import trigger
 from eplb.budget import describe_slots, slots_per_gpu
 from eplb.cost import TimeModel
 from eplb.cost.migration import MigrationSpec
@@ -37,7 +39,7 @@ from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
 from solvers import registry
 from solvers.migration import count_moves
-from solvers.registry import Options
+from solvers.registry import Options, applicable
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -73,8 +75,10 @@ class Policy(BaseModel):
 
     trigger: periodic (every `every` windows), threshold (the serving placement's predicted lb on the window,
     mean over layers, above `threshold`) or cost (the predicted time saved over the next window, `steps`
-    steps, exceeds the migration charge: `eplb.cost.migration`, as replay's cost trigger); max_moves /
-    target_lb: the incremental solver's budget; windows: solve on the sum of the last N windows."""
+    steps, exceeds the migration charge: `eplb.cost.migration`; with the incremental solver and no budget of
+    its own, the move budgets, no budget and fresh greedy are judged and `eplb.trigger.choose_candidate`
+    picks, as in replay); max_moves / target_lb: the incremental solver's budget; windows: solve on the sum
+    of the last N windows."""
 
     model_config = STRICT
     trigger: Literal["periodic", "threshold", "cost"] = "threshold"
@@ -176,6 +180,31 @@ class Setup:
             raise EplbError(f"solver {name!r} does not take {', '.join(refused)}: choose a solver that does "
                             f"({', '.join(able) or 'none is registered'})")
         return Options(**wanted)
+
+    def candidates(self, judged: bool, layers: int) -> list[dict[str, Any]]:
+        """What to solve for a window: the policy's one solve, or, when the cost trigger judges a rebalance of
+        the incremental solver with no budget of its own, `eplb.trigger.candidates` (move budgets, no budget,
+        fresh greedy), as in replay."""
+        policy = self.config.policy
+        budgeted = policy.max_moves is not None or policy.target_lb is not None
+        if not judged or budgeted or self.solver_name(True) != "incremental":
+            return [{}]
+        return trigger.candidates(layers * int(self.cluster.slots_per_gpu.sum()))
+
+    def solve(
+        self, run_solve: SolveFn, loads: NDArray[np.float64], current: Placement | None,
+        summary: CoactivationSummary | None, fresh: bool = False, **budget: Any,
+    ) -> Outcome:
+        """One candidate: the policy's solver (budget: max_moves overriding the policy's), or with fresh greedy,
+        against the serving placement. The placement serves as the next window's current one: no empty slots."""
+        options = self.options(current is not None)
+        if budget:
+            options = replace(options, **budget)
+        if fresh:
+            options = applicable("greedy", options)
+        return run_solve(loads=loads, cluster=self.cluster, solver="greedy" if fresh else self.solver_name(
+            current is not None), cost=self.cost, current=current, options=options, objective=self.config.objective,
+            coactivation=summary, empty_slots=False)  # fmt: skip
 
     def coactivation(
         self, value: dict[str, Any] | str | None, loads: NDArray[np.float64]
@@ -394,16 +423,21 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
         moves = 0
         if fire:
             recent = [loads, *_recent_windows(session, name, policy.windows - 1, loads.shape)]
-            solver = setup.solver_name(current is not None)
-            outcome = run_solve(loads=np.sum(recent, axis=0), cluster=setup.cluster, solver=solver, cost=setup.cost,
-                                current=current, options=setup.options(current is not None),
-                                objective=setup.config.objective, coactivation=summary,
-                                empty_slots=False)  # the placement serves as the next window's current one
-            after = evaluate(loads, outcome.placement, setup.cost, coactivation=summary, gpus_per_node=nodes)
-            moves = 0 if current is None else int(count_moves(
-                outcome.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu).sum())
-            if policy.trigger == "cost" and before is not None and current is not None and not force:
-                fire, reason = _worth_it(before, after, current, setup, policy.steps)
+            summed = np.sum(recent, axis=0)
+            judged = policy.trigger == "cost" and before is not None and current is not None and not force
+            tried = []
+            for kwargs in setup.candidates(judged, loads.shape[0]):
+                out = setup.solve(run_solve, summed, current, summary, **kwargs)
+                judge = evaluate(loads, out.placement, setup.cost, coactivation=summary, gpus_per_node=nodes)
+                copies = 0 if current is None else int(count_moves(
+                    out.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu).sum())
+                tried.append((out, judge, copies, kwargs))
+            pick = 0
+            if judged:
+                assert before is not None and current is not None
+                pick, fire, reason = _worth_it(before, [(a, c, k) for _, a, c, k in tried], current, setup,
+                                               policy.steps)  # fmt: skip
+            outcome, after, moves, _ = tried[pick]
         if outcome is not None and after is not None and fire:
             entry.action = "placed" if current is None else "rebalanced"
             entry.lb_after, entry.time_after_us = _lb_time(after)
@@ -548,20 +582,39 @@ def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None,
     return True, "cost: candidate solved"
 
 
-def _worth_it(before: Outcome, after: Outcome, current: Placement, setup: Setup, steps: int) -> tuple[bool, str]:
-    """Cost trigger: predicted time saved over `steps` steps vs. the migration charge of copying the new
-    placement's experts over the link while serving (replay's cost model, `eplb.cost.migration`)."""
-    if before.prediction is None or after.prediction is None:
-        return True, "cost: no time prediction, rebalanced"
+def _worth_it(
+    before: Outcome, tried: list[tuple[Outcome, int, dict[str, Any]]], current: Placement, setup: Setup, steps: int
+) -> tuple[int, bool, str]:
+    """Cost trigger: for each candidate (its judged outcome, copies, solve arguments), the predicted time saved
+    over `steps` steps minus the migration charge of copying its experts while serving (replay's cost model,
+    `eplb.cost.migration`); `eplb.trigger.choose_candidate` picks one. Returns (candidate, rebalance?, why)."""
     pred = before.prediction
+    if pred is None or any(after.prediction is None for after, _, _ in tried):
+        return 0, True, "cost: no time prediction, rebalanced"
     spec = MigrationSpec(setup.migration_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
-    migration = spec.rebalance_cost(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu,
-                                    setup.model.expert_bytes, pred)  # fmt: skip
-    charge_s, _ = migration.charge_s(pred.total_time_us * 1e-6)
-    saved_s = (pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps
-    if saved_s > charge_s:
-        return True, f"cost: saves {saved_s * 1e3:.3f} ms over {steps} steps, migration costs {charge_s * 1e3:.3f} ms"
-    return False, f"cost: saves {saved_s * 1e3:.3f} ms over {steps} steps, migration would cost {charge_s * 1e3:.3f} ms"
+    saved, charge = [], []
+    for after, _, _ in tried:
+        assert after.prediction is not None
+        migration = spec.rebalance_cost(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu,
+                                        setup.model.expert_bytes, pred)  # fmt: skip
+        charge.append(migration.charge_s(pred.total_time_us * 1e-6)[0])
+        saved.append((pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps)
+    lbs = [float(after.balance.lb.mean()) for after, _, _ in tried]
+    pick = trigger.choose_candidate([s - c for s, c in zip(saved, charge, strict=True)], lbs,
+                                    [copies for _, copies, _ in tried])  # fmt: skip
+    shown = max(range(len(tried)), key=lambda i: saved[i] - charge[i]) if pick is None else pick
+    which = "" if len(tried) == 1 else f" ({_describe(tried[shown][2])}, of {len(tried)} candidates)"
+    verb = "costs" if pick is not None else "would cost"
+    why = f"cost: saves {saved[shown] * 1e3:.3f} ms over {steps} steps, migration {verb} {charge[shown] * 1e3:.3f} ms"
+    return shown, pick is not None, why + which
+
+
+def _describe(kwargs: dict[str, Any]) -> str:
+    if kwargs.get("fresh"):
+        return "fresh greedy"
+    if kwargs.get("max_moves") is not None:
+        return f"incremental, max_moves={kwargs['max_moves']}"
+    return "incremental, no budget"
 
 
 def _recent_windows(session: Any, name: str, count: int, shape: tuple[int, ...]) -> list[NDArray[np.float64]]:

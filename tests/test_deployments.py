@@ -16,10 +16,11 @@ from fastapi.testclient import TestClient
 
 from eplb import deployments as dep
 from eplb.errors import EplbError
-from eplb.solve import solve
+from eplb.solve import evaluate, solve
 from eplb.specs import MODEL_PRESETS
 from eplb.store import Store, open_store
 from solvers import registry
+from solvers.migration import count_moves
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 
 MODEL = "deepseek-v2-lite"  # 64 experts
@@ -115,6 +116,40 @@ def test_cost_trigger_weighs_copy_time_against_time_saved(store: Store) -> None:
     long = dep.process_window(store, "long", window(1))
     assert short.action == "kept" and "migration would cost" in short.reason
     assert long.action == "rebalanced" and "migration costs" in long.reason
+
+
+def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store) -> None:
+    """With the incremental solver and no budget of its own, the cost trigger judges the move budgets, no budget
+    and fresh greedy (`eplb.trigger.candidates`) and takes `eplb.trigger.choose_candidate`'s pick: here a
+    budget that saves as much as fresh greedy for a fraction of its copies."""
+    from eplb.trigger import candidates, choose_candidate
+
+    dep.register(store, "c", config(trigger="cost", steps=10**6))
+    dep.process_window(store, "c", window(0))
+    served = dep.current_placement(store, "c")
+    moved = dep.process_window(store, "c", window(1))
+    setup = dep.Setup(config(trigger="cost", steps=10**6))
+    tried = candidates(LAYERS * 80)
+    assert moved.action == "rebalanced" and f"of {len(tried)} candidates" in moved.reason
+    loads = np.asarray(window(1), dtype=np.float64)
+    before = evaluate(loads, served, setup.cost)
+    assert before.prediction is not None
+    spec = dep.MigrationSpec(setup.migration_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
+    net, lbs, copies = [], [], []
+    for kwargs in tried:
+        out = setup.solve(solve, loads, served, None, **kwargs)
+        judged = evaluate(loads, out.placement, setup.cost)
+        assert judged.prediction is not None
+        charge, _ = spec.rebalance_cost(out.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu,
+                                        setup.model.expert_bytes, before.prediction).charge_s(
+                                            before.prediction.total_time_us * 1e-6)  # fmt: skip
+        net.append((before.prediction.total_time_us - judged.prediction.total_time_us) * 1e-6 * 10**6 - charge)
+        lbs.append(float(judged.balance.lb.mean()))
+        copies.append(int(count_moves(out.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu).sum()))
+    pick = choose_candidate(net, lbs, copies)
+    assert pick is not None and moved.entry.moves == copies[pick] and moved.result is not None
+    assert moved.result.moves is not None and moved.result.moves.total == copies[pick]
+    assert copies[pick] < copies[-1]  # fewer copies than fresh greedy
 
 
 def test_solve_on_the_sum_of_recent_windows(store: Store) -> None:

@@ -560,7 +560,7 @@ def test_cost_trigger_takes_the_fewest_copies_near_the_best_balance() -> None:
     """Candidates whose net saving ties at the step-time floor: the fewest copies that come within 1% of the
     most balanced one's lb, not simply the cheapest (it served the next interval worse) nor the most balanced
     (it moved every slot for a hair of balance); nothing when nothing pays."""
-    from eplb.replay.run import choose_candidate
+    from eplb.trigger import choose_candidate
 
     # net s:          small budget, mid budget, none, fresh greedy
     net = [1.00, 0.99, 0.98, 0.99]

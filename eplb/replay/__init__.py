@@ -6,7 +6,6 @@ rows' running statistics.
 """
 
 from eplb.replay.run import (
-    MOVE_BUDGETS,
     Rebalance,
     ReplayResult,
     StepBlock,
@@ -20,7 +19,6 @@ from eplb.replay.summary import BASELINES
 
 __all__ = [
     "BASELINES",
-    "MOVE_BUDGETS",
     "TRIGGERS",
     "Rebalance",
     "ReplayResult",

@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
+from eplb import trigger
 from eplb.cost.migration import MigrationCost, MigrationSpec
 from eplb.errors import EplbError
 from eplb.evaluate import contiguous_placement
@@ -58,31 +59,8 @@ __all__ = [
 ]
 
 LogSource = RoutingLog | str | Path | NDArray[Any] | Iterable[NDArray[Any]]
-MOVE_BUDGETS: tuple[float, ...] = (0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
-"""Move budgets the cost trigger tries with the incremental solver, as fractions of all slots."""
-NET_TOLERANCE = 0.05
-"""The cost trigger considers the candidates whose net saving is within this fraction of the best (the
-estimate's error: on the benchmark logs the window's own steps overstate the next interval's saving by
-5-40%)..."""
-LB_TOLERANCE = 0.01
-"""... and of those takes the one with the fewest copies whose realized lb on the window's steps is within
-this fraction of the most balanced one's."""
-
-
 def _moves(outcome: Outcome) -> int:
     return 0 if outcome.moves is None else int(outcome.moves.sum())
-
-
-def choose_candidate(net_s: list[float], lb: list[float], moves: list[int]) -> int | None:
-    """The cost trigger's choice among candidates (net saving s, realized lb on the window's steps, copies each):
-    of those within NET_TOLERANCE of the best net saving, the fewest copies whose lb is within LB_TOLERANCE of
-    the most balanced one's (ties: the lower lb); None when no candidate saves more than it costs."""
-    best = max(net_s, default=0.0)
-    if best <= 0:
-        return None
-    near = [i for i, n in enumerate(net_s) if n >= best * (1 - NET_TOLERANCE)]
-    balanced = min(lb[i] for i in near)
-    return min((i for i in near if lb[i] <= balanced * (1 + LB_TOLERANCE)), key=lambda i: (moves[i], lb[i]))
 
 
 @dataclass(frozen=True)
@@ -645,14 +623,12 @@ class _Replay:
                                              self.cost.model.expert_bytes, pred)  # fmt: skip
 
     def candidates(self) -> list[dict[str, Any]]:
-        """The cost trigger's candidates as `solve` keyword arguments: with the incremental solver, every move
-        budget (MOVE_BUDGETS of all slots), no budget (the solver's own stop rule) and a fresh greedy placement;
-        with any other solver, its one fresh placement."""
+        """The cost trigger's candidates as `solve` keyword arguments: with the incremental solver
+        `eplb.trigger.candidates` (move budgets, no budget, a fresh greedy placement); with any other solver,
+        its one fresh placement."""
         if self.policy.solver != "incremental":
             return [{}]
-        total = self.serving.num_layers * self.serving.num_physical
-        budgets = sorted({max(1, round(f * total)) for f in MOVE_BUDGETS})
-        return [*({"max_moves": b} for b in budgets), {"max_moves": None}, {"fresh": True}]
+        return trigger.candidates(self.serving.num_layers * self.serving.num_physical)
 
     def cheapest(
         self,
@@ -663,7 +639,7 @@ class _Replay:
     ) -> tuple[Outcome, MigrationCost | None, float] | None:
         """The candidate to rebalance with, None when none saves more than it costs. A candidate's net
         saving = mean time per step saved on the window's own steps `recent` [n, L, E] x the interval -
-        its migration charge; `choose_candidate` picks: among the near-best net savings, the fewest copies
+        its migration charge; `eplb.trigger.choose_candidate` picks: among the near-best net savings, the fewest copies
         that come within LB_TOLERANCE of the most balanced.
 
         Why not simply the best net: judged on the steps it was fitted to, every candidate past a few
@@ -690,7 +666,7 @@ class _Replay:
             # at least an interval (no check runs while copies are in flight)
             saving = float(step_s[0] - t_new) * self.sched.interval
             scored.append((saving - charge, float(b), cost, outcome, saving))
-        pick = choose_candidate([s[0] for s in scored], [s[1] for s in scored], [_moves(s[3]) for s in scored])
+        pick = trigger.choose_candidate([s[0] for s in scored], [s[1] for s in scored], [_moves(s[3]) for s in scored])
         if pick is None:
             return None
         _, _, cost, outcome, saving = scored[pick]
