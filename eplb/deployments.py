@@ -63,7 +63,8 @@ class ClusterShape(BaseModel):
 
     model_config = STRICT
     num_gpus: int = Field(ge=1, le=MAX_GPUS)
-    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="hierarchical policy, with num_groups")
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node: hierarchical policy "
+                                      "(with num_groups), and a '+' link")
     num_groups: int | None = Field(None, ge=1, le=65_536)
     slots_per_gpu: SlotCount | list[SlotCount] | None = Field(None, description="one count or one per GPU")
     num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.budget import describe_slots
-from eplb.cost import LayerPrediction, predict
+from eplb.cost import LayerPrediction, TimeModel, predict
 from eplb.errors import EplbError
 from eplb.evaluate import Balance, balance, contiguous_placement
 from eplb.objective import OBJECTIVES, candidates, choose_by_time
@@ -160,6 +160,12 @@ def infer_model(num_experts: int, num_layers: int) -> ModelSpec | None:
     return matches[0] if len(matches) == 1 else None
 
 
+def check_links(cost: CostSetup | None, cluster: Cluster) -> None:
+    """EplbError for two links (within and between nodes) on a cluster without nodes: before any solve."""
+    if cost is not None and cost.inter_node_bw is not None:
+        TimeModel.check_nodes(cluster.num_gpus, cluster.gpus_per_node)
+
+
 def check_shapes(loads: NDArray[np.float64], cluster: Cluster) -> None:
     """Raise EplbError when the cluster cannot hold the window's experts."""
     num_experts = loads.shape[1]
@@ -202,6 +208,7 @@ def solve(
     co-locate experts chosen together. empty_slots: whether the time objective may leave slots empty (one
     slot per expert); False where the placement will serve as the next `current` (deployments)."""
     check_shapes(loads, cluster)
+    check_links(cost, cluster)
     check_objective(objective, cost, coactivation, loads)
     if current is not None:
         _check_current(current, loads, cluster)

@@ -501,9 +501,11 @@ def test_the_answer_built_without_the_models_is_byte_for_byte_theirs() -> None:
 def test_two_links_within_and_between_nodes(base: str) -> None:
     """"link": "nvlink+nic" (DeepEP across nodes) needs cluster.gpus_per_node; with it, the predicted comm lies
     between every copy over NVLink and every copy over the NIC."""
-    r = httpx.post(f"{base}/placement", json=request_body(link="nvlink+nic"), timeout=60)
-    assert r.status_code == 422, r.text
-    assert "GPUs per node" in r.json()["detail"]
+    for run_async in (False, True):  # refused before a job is queued
+        r = httpx.post(f"{base}/placement", json=request_body(link="nvlink+nic", **{"async": run_async}), timeout=60)
+        assert r.status_code == 422, r.text
+        assert "GPUs per node" in r.json()["detail"]
+        assert [e["field"] for e in r.json()["errors"]] == ["cluster.gpus_per_node"]
     total = {}
     for link in ("nvlink", "nvlink+nic", "nic"):
         cluster = {"num_gpus": 16, "num_redundant": 16, "gpus_per_node": 8}

@@ -15,12 +15,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from eplb import deployments as dep
+from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.solve import evaluate, solve
-from eplb.specs import MODEL_PRESETS
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.store import Store, open_store
 from solvers import registry
 from solvers.migration import count_moves
+from solvers.registry import Options
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 
 MODEL = "deepseek-v2-lite"  # 64 experts
@@ -134,10 +136,16 @@ def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store)
     loads = np.asarray(window(1), dtype=np.float64)
     before = evaluate(loads, served, setup.cost)
     assert before.prediction is not None
-    spec = dep.MigrationSpec(setup.migration_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
-    net, lbs, copies = [], [], []
+    h100 = HARDWARE_PRESETS["h100"]
+    spec = MigrationSpec(h100.nvlink_bandwidth, hbm_bw=h100.hbm_bandwidth)  # the config's one link
+    net, lbs, copies, outs = [], [], [], []
     for kwargs in tried:
-        out = setup.solve(solve, loads, served, None, **kwargs)
+        if kwargs.get("fresh"):
+            out = solve(loads, setup.cluster, solver="greedy", cost=setup.cost, current=served, empty_slots=False)
+        else:
+            out = solve(loads, setup.cluster, solver="incremental", cost=setup.cost, current=served,
+                        options=Options(max_moves=kwargs["max_moves"]), empty_slots=False)  # fmt: skip
+        outs.append(out)
         judged = evaluate(loads, out.placement, setup.cost)
         assert judged.prediction is not None
         charge, _ = spec.rebalance_cost(out.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu,
@@ -148,8 +156,24 @@ def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store)
         copies.append(int(count_moves(out.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu).sum()))
     pick = choose_candidate(net, lbs, copies)
     assert pick is not None and moved.entry.moves == copies[pick] and moved.result is not None
+    assert moved.result.placement.phy2log == outs[pick].placement.phy2log.tolist()
     assert moved.result.moves is not None and moved.result.moves.total == copies[pick]
     assert copies[pick] < copies[-1]  # fewer copies than fresh greedy
+
+
+def test_a_deployment_over_two_links_predicts_with_the_nic_between_its_nodes(store: Store) -> None:
+    two = {"link": "nvlink+nic", "cluster": dep.ClusterShape(num_gpus=8, slots_per_gpu=10, gpus_per_node=4),
+           "tokens_per_gpu": 256.0}  # fmt: skip
+    one = {**two, "link": "nic"}  # every copy over the NIC, one per pick
+    dep.register(store, "two", config(trigger="periodic").model_copy(update=two))
+    dep.register(store, "one", config(trigger="periodic").model_copy(update=one))
+    times = {}
+    for name in ("two", "one"):
+        dep.process_window(store, name, window(0))
+        moved = dep.process_window(store, name, window(1))
+        assert moved.action == "rebalanced" and moved.entry.time_before_us is not None
+        times[name] = moved.entry.time_before_us
+    assert times["two"] < times["one"]  # NVLink within a node, the NIC once per other node reached
 
 
 def test_solve_on_the_sum_of_recent_windows(store: Store) -> None:

@@ -164,3 +164,22 @@ def test_cli_two_links_refused_by_name_without_nodes_and_used_with_them(capsys: 
         assert main([*base, "--link", link, "--gpus-per-node", "8"]) == 0
         total[link] = json.loads(capsys.readouterr().out)["predicted"]["total_time_us"]
     assert total["nvlink+nic"] < total["nic"]  # within a node over NVLink, once per node over the NIC
+
+
+def test_replay_and_compare_refuse_two_links_without_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from eplb.cli import main
+
+    log = tmp_path / "log.npz"
+    assert main(["synth", "--out", str(log), "--steps", "40", "--layers", "2"]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(log), "--interval", "20", "--link", "nvlink+nic", "--oracle-every", "0"]) == 2
+    assert "GPUs per node" in capsys.readouterr().err
+    assert main(["compare", "--link", "nvlink+nic", "--out", str(tmp_path / "cmp")]) == 2
+    assert "compare times one all-to-all link" in capsys.readouterr().err
+    out = tmp_path / "run"
+    assert main(["replay", str(log), "--interval", "20", "--link", "nvlink+nic", "--gpus-per-node", "8",
+                 "--oracle-every", "0", "--out", str(out)]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    nic = HARDWARE_PRESETS["b200"].nic_bandwidth
+    assert summary["cost"]["inter_node_bandwidth"] == nic
+    assert summary["migration"]["link_bandwidth"] == nic  # copies charged between nodes by default

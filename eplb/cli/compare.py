@@ -14,7 +14,8 @@ from eplb.io.logs import open_log
 from eplb.io.windows import read_window
 from eplb.objective import OBJECTIVES
 from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
-from eplb.solve import DEFAULT_TOKENS_PER_GPU
+from eplb.solve import DEFAULT_TOKENS_PER_GPU, CostSetup
+from eplb.specs import ModelSpec
 
 DESCRIPTION = """\
 Run several solvers on the same load window over a sweep of EP sizes and redundancy, and write a report:
@@ -110,7 +111,7 @@ def _run_window(
     coactivation = coactivation_for(args, window.num_experts)
     if coactivation is not None and args.layers is not None:
         coactivation = coactivation.layers(args.layers)
-    runs = compare_window(loads, shapes, solvers, cost_setup(args, model), args.time_limit, progress=args.progress,
+    runs = compare_window(loads, shapes, solvers, _one_link_cost(args, model), args.time_limit, progress=args.progress,
                           executor=args.run_on, objectives=list(dict.fromkeys(objectives)),
                           coactivation=coactivation)  # fmt: skip
     return runs, {
@@ -135,7 +136,7 @@ def _run_log(
     if args.oracle_every < 0:
         raise EplbError("--oracle-every must be >= 0")
     model = model_for(args, info)
-    runs = compare_log(log, shapes, solvers, cost_setup(args, model), args.time_limit, schedule=schedule,
+    runs = compare_log(log, shapes, solvers, _one_link_cost(args, model), args.time_limit, schedule=schedule,
                        oracle_every=args.oracle_every, layers=args.layers, progress=args.progress,
                        executor=args.run_on)  # fmt: skip
     layers = info.num_layers if args.layers is None else args.layers
@@ -153,3 +154,12 @@ def _run_log(
         "MILP time limit per layer": f"{args.time_limit} s",
         "tokens per GPU (time prediction)": "each step's own" if args.tokens_per_gpu is None else args.tokens_per_gpu,
     }
+
+
+def _one_link_cost(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
+    """`cost_setup`, refusing two links: compare's cluster shapes carry no GPUs per node."""
+    cost = cost_setup(args, model)
+    if cost is not None and cost.inter_node_bw is not None:
+        raise EplbError("eplb compare times one all-to-all link (--link nvlink, nic, pcie or GB/s): its cluster "
+                        "shapes carry no GPUs per node, which a '+' link needs")
+    return cost

@@ -179,8 +179,9 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
 def add_migration_options(p: argparse._ActionsContainer) -> None:
     """--migration-link, --migration overlap|blocking, --migration-share (read back with `migration_from`)."""
     d = MigrationSpec(1.0)
-    p.add_argument("--migration-link", default="nvlink", metavar="nvlink|nic|pcie|GBPS",
-                   help="link the expert copies take, per GPU and direction (default nvlink)")
+    p.add_argument("--migration-link", metavar="nvlink|nic|pcie|GBPS",
+                   help="link the expert copies take, per GPU and direction (default nvlink; with a '+' --link, "
+                   "the link between nodes)")
     p.add_argument("--migration", choices=("overlap", "blocking"), default="overlap",
                    help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
                    "default) or stall serving until done (blocking)")
@@ -192,8 +193,11 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     """The checked MigrationSpec from `add_migration_options` (None without a cost model)."""
     if cost is None:
         return None
-    spec = MigrationSpec(link_bandwidth(cost.hardware, args.migration_link), args.migration == "overlap",
-                         args.migration_share, cost.hardware.hbm_bandwidth)  # fmt: skip
+    if args.migration_link is not None:
+        link_bw = link_bandwidth(cost.hardware, args.migration_link)
+    else:
+        link_bw = cost.inter_node_bw or cost.hardware.nvlink_bandwidth
+    spec = MigrationSpec(link_bw, args.migration == "overlap", args.migration_share, cost.hardware.hbm_bandwidth)
     spec.check()
     return spec
 

@@ -119,7 +119,8 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     """--gpus, --gpus-per-node, --groups and one of --slots-per-gpu, --redundant, --memory-budget-gib
     (read back with `slots_for` and `eplb.solve.Cluster`)."""
     p.add_argument("--gpus", type=int, default=32, metavar="N", help="GPUs in the EP group (default: 32)")
-    p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for the hierarchical policy")
+    p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node: the hierarchical policy (with "
+                   "--groups), nodes per token with co-activation data, and a '+' --link")
     p.add_argument(
         "--groups", type=int, metavar="G", help="expert groups (DeepSeek's node-limited routing); with "
         "--gpus-per-node selects the hierarchical policy when G divides evenly over the nodes"

@@ -74,11 +74,7 @@ class TimeModel:
             raise EplbError(f"tokens per GPU must be a positive number, got {tokens_per_gpu!r}")
         nic_us = None
         if inter_node_bw is not None:
-            if gpus_per_node is None or gpus_per_node >= gpus or gpus % gpus_per_node:
-                raise EplbError(
-                    f"a link within and one between nodes (a '+' link) needs the GPUs per node (--gpus-per-node) and "
-                    f"more than one node: {gpus} GPUs, {gpus_per_node or 'no'} GPUs per node"
-                )
+            cls.check_nodes(gpus, gpus_per_node)
             nic_us = bytes_per_copy / inter_node_bw * _US
         return cls(
             gpus=gpus,
@@ -94,6 +90,16 @@ class TimeModel:
             gpus_per_node=gpus_per_node if nic_us is not None else None,
             nic_us_per_copy=nic_us,
         )
+
+    @staticmethod
+    def check_nodes(gpus: int, gpus_per_node: int | None) -> None:
+        """Two links (within and between nodes) need the GPUs per node and more than one node: EplbError."""
+        if gpus_per_node is None or gpus_per_node < 1 or gpus_per_node >= gpus or gpus % gpus_per_node:
+            raise EplbError(
+                f"a link within and one between nodes (a '+' link) needs the GPUs per node (--gpus-per-node; "
+                f"gpus_per_node in the API and deployments) and more than one node: {gpus} GPUs, "
+                f"{gpus_per_node or 'no'} GPUs per node"
+            )
 
     @property
     def reach_width(self) -> int:

@@ -16,9 +16,11 @@ from eplb.replay.run import (
 )
 from eplb.replay.schedule import TRIGGERS, Schedule
 from eplb.replay.summary import BASELINES
+from eplb.trigger import MOVE_BUDGETS
 
 __all__ = [
     "BASELINES",
+    "MOVE_BUDGETS",
     "TRIGGERS",
     "Rebalance",
     "ReplayResult",

@@ -41,7 +41,7 @@ from eplb.placement import Placement
 from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.replay.schedule import Schedule, Window
 from eplb.replay.summary import BASELINES, RowStats
-from eplb.solve import Cluster, CostSetup, Outcome, check_objective, evaluate, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, solve
 from solvers.registry import Options, applicable
 
 if TYPE_CHECKING:
@@ -254,11 +254,12 @@ def replay(
         raise EplbError("the cost trigger needs a cost model: give a model (--model) or use --trigger periodic")
     one_shot = not isinstance(log, RoutingLog | str | Path | np.ndarray)
     src = as_log(log)
-    if migration is None and cost is not None:
-        migration = MigrationSpec(cost.link_bw, hbm_bw=cost.hardware.hbm_bandwidth)
+    if migration is None and cost is not None:  # with two links, copies are charged between nodes
+        migration = MigrationSpec(cost.inter_node_bw or cost.link_bw, hbm_bw=cost.hardware.hbm_bandwidth)
     if migration is not None:
         migration.check()
     _check_shapes(src.info, cluster, cost)
+    check_links(cost, cluster)
     check_objective(objective, cost)
     if objective == "time" and src.info.kind != "topk":
         raise EplbError(
