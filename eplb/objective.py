@@ -5,7 +5,8 @@ balance for something the cost model says is worth more:
 - co-location: with a co-activation summary, `solvers.coactivation.refine_coactivation_chain` swaps slots
   so experts chosen together share a GPU (fewer all-to-all copies), within lb caps of `SLACKS` above the
   solver's busiest GPU, each cap's search starting from the tighter one's result (global placements only:
-  the swaps may cross nodes);
+  the swaps may cross nodes); with two links (NVLink within a node, a NIC between nodes) also on nodes
+  (`refine_on_nodes`: a token crosses the NIC once per other node it reaches);
 - fewer replicas: from scratch (no serving placement; global placements only), greedy on one slot per expert,
   the extra slots left empty (-1), so no GPU reads a redundant replica's weights (decode, where weight reads
   bound the layer).
@@ -102,11 +103,14 @@ def candidates(
     scenarios: F64 | None = None,
     colocate: bool = True,
     fewer_replicas: bool = True,
+    nodes: int | None = None,
 ) -> list[tuple[str, IntArray]]:
     """The time objective's candidates [(name, phy2log [L, P])], the solver's own placement first.
-    colocate: add co-location swaps (needs `coactivation`; not for hierarchical placements);
-    fewer_replicas: add `one_slot_per_expert` (from scratch only: it does not start from the serving one)."""
-    from solvers.coactivation import refine_coactivation_chain
+    colocate: add co-location swaps (needs `coactivation`; not for hierarchical placements); nodes: GPUs per
+    node when the all-to-all crosses a NIC between nodes (two links): also co-location on nodes
+    (`solvers.coactivation.refine_on_nodes`); fewer_replicas: add `one_slot_per_expert` (from scratch only: it
+    does not start from the serving one)."""
+    from solvers.coactivation import refine_coactivation_chain, refine_on_nodes
 
     out: list[tuple[str, IntArray]] = [("solver", phy2log)]
     if coactivation is not None and colocate:
@@ -114,6 +118,10 @@ def candidates(
         chain = refine_coactivation_chain(loads, phy2log, slots_per_gpu, pairs, SLACKS, scenarios=scenarios)
         for slack, (refined, _) in zip(SLACKS, chain, strict=True):
             out.append((f"co-locate lb+{slack:.1%}", refined))
+        if nodes is not None and nodes < slots_per_gpu.size:
+            on_nodes = refine_on_nodes(loads, phy2log, slots_per_gpu, nodes, pairs, SLACKS, scenarios=scenarios)
+            for slack, refined in zip(SLACKS, on_nodes, strict=True):
+                out.append((f"co-locate on nodes lb+{slack:.1%}", refined))
     if fewer_replicas and int(slots_per_gpu.sum()) > loads.shape[1]:
         out.append(("one slot per expert", one_slot_per_expert(loads, slots_per_gpu)))
     return out

@@ -25,7 +25,7 @@ from solvers.bounds import lower_bound
 from solvers.migration import arrange_slots, count_moves, relabel_gpus
 from solvers.plan import MigrationPlan, PlanError, build_plan
 from solvers.registry import Options, Problem, SolverError
-from solvers.validation import InvalidPlacement
+from solvers.validation import InvalidPlacement, validate_placement
 
 if TYPE_CHECKING:
     from eplb import schemas
@@ -238,11 +238,13 @@ def solve(
             candidates(loads, phy2log, cluster.slots_per_gpu, coactivation=coactivation, scenarios=scenarios,
                        # global swaps would move groups off their nodes, and copy beyond a move budget
                        colocate=not problem.hierarchical and not _budgeted(options),
-                       fewer_replicas=empty_slots and current is None and not problem.hierarchical),
+                       fewer_replicas=empty_slots and current is None and not problem.hierarchical,
+                       nodes=cluster.gpus_per_node if cost.inter_node_bw is not None else None),
             lambda p2l: _predict(loads, Placement(p2l, cluster.slots_per_gpu, loads.shape[1]), cost,
                                  _reach(coactivation, p2l, cluster, cost), cluster.gpus_per_node).time_us,
         )
         phy2log = choice.phy2log
+        validate_placement(phy2log, cluster.slots_per_gpu, loads.shape[1])  # an invalid candidate is a bug
         info.update(choice.info())
     if solution.layer_status is not None:
         info["layer_status"] = solution.layer_status

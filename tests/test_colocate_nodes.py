@@ -1,0 +1,88 @@
+"""Co-location on nodes (`solvers.coactivation.refine_on_nodes`, `pack_within_nodes`) and its use by the time
+objective over two links."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eplb.coactivation import copies_per_token, pair_counts, summarize
+from eplb.solve import Cluster, CostSetup, solve
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, all_to_all_links
+from solvers.coactivation import pack_within_nodes, refine_on_nodes
+from solvers.greedy import solve_greedy
+from solvers.validation import duplicate_count
+
+EXPERTS, GPUS, PER_NODE, SLOTS = 32, 8, 4, 5
+
+
+def _teams_log(tokens: int, seed: int = 0) -> np.ndarray:
+    """Tokens pick 4 of the 8 experts of one of 4 teams (team t: experts t, t + 4, ..., every 4th id): teams
+    that contiguous or load-only placements spread over both nodes. [tokens, 1, 4]."""
+    rng = np.random.default_rng(seed)
+    team = rng.integers(0, 4, size=tokens)
+    picks = np.stack([rng.choice(8, size=4, replace=False) for _ in range(tokens)])
+    return (team[:, None] + 4 * picks)[:, None, :].astype(np.int16)
+
+
+def _node_loads(p2l: np.ndarray, loads: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    reps = np.bincount(p2l, minlength=loads.size)
+    gpu = np.repeat(np.arange(slots.size), slots)
+    return np.bincount(gpu // PER_NODE, weights=loads[p2l] / reps[p2l], minlength=slots.size // PER_NODE)
+
+
+def test_pack_within_nodes_keeps_what_each_node_holds_and_balances_its_gpus() -> None:
+    rng = np.random.default_rng(1)
+    slots = np.full(GPUS, SLOTS, dtype=np.int64)
+    loads = rng.pareto(1.5, size=(3, EXPERTS)) * 100 + 1
+    start = solve_greedy(loads, slots)
+    shuffled = start.copy()
+    for layer in range(3):  # a bad arrangement inside each node: its slots sorted by expert id
+        for v in range(GPUS // PER_NODE):
+            a, b = v * PER_NODE * SLOTS, (v + 1) * PER_NODE * SLOTS
+            shuffled[layer, a:b] = np.sort(shuffled[layer, a:b])
+    packed = pack_within_nodes(shuffled, loads, slots, PER_NODE)
+    gpu = np.repeat(np.arange(GPUS), slots)
+    for layer in range(3):
+        for v in range(GPUS // PER_NODE):
+            a, b = v * PER_NODE * SLOTS, (v + 1) * PER_NODE * SLOTS
+            assert sorted(packed[layer, a:b].tolist()) == sorted(shuffled[layer, a:b].tolist())
+        reps = np.bincount(packed[layer], minlength=EXPERTS)
+        w = np.bincount(gpu, weights=loads[layer][packed[layer]] / reps[packed[layer]], minlength=GPUS)
+        w0 = np.bincount(gpu, weights=loads[layer][shuffled[layer]] / reps[shuffled[layer]], minlength=GPUS)
+        assert w.max() <= w0.max() + 1e-9
+    assert int(duplicate_count(packed, slots).sum()) == 0
+
+
+def test_refine_on_nodes_puts_experts_chosen_together_on_one_node_within_the_cap() -> None:
+    ids = _teams_log(4000)
+    loads = np.bincount(ids[:, 0].ravel(), minlength=EXPERTS).astype(np.float64)[None, :]
+    slots = np.full(GPUS, SLOTS, dtype=np.int64)
+    start = solve_greedy(loads, slots)
+    pairs = pair_counts(ids, EXPERTS).astype(np.float64)
+    (refined,) = refine_on_nodes(loads, start, slots, PER_NODE, pairs, [0.02])
+    before = copies_per_token(ids, start, slots, EXPERTS, gpus_per_node=PER_NODE).nodes.mean()
+    after = copies_per_token(ids, refined, slots, EXPERTS, gpus_per_node=PER_NODE).nodes.mean()
+    assert after < before - 0.3  # teams gathered: most tokens reach one node
+    cap = _node_loads(start[0], loads[0], slots).max() * 1.02 + 1e-6
+    assert _node_loads(refined[0], loads[0], slots).max() <= cap
+    assert np.array_equal(np.bincount(refined[0], minlength=EXPERTS), np.bincount(start[0], minlength=EXPERTS))
+    assert int(duplicate_count(refined, slots).sum()) == 0
+
+
+def test_time_objective_over_two_links_takes_node_colocation_when_it_is_faster() -> None:
+    ids = _teams_log(4000)
+    summary = summarize(ids, EXPERTS)
+    loads = summary.loads.astype(np.float64)
+    hw = HARDWARE_PRESETS["h800"]
+    within, between = all_to_all_links(hw, "nvlink+nic")
+    model = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": EXPERTS, "top_k": 4, "name": "teams"})
+    setup = CostSetup(model, hw, within, 256.0, inter_node_bw=between)
+    cluster = Cluster(np.full(GPUS, SLOTS, dtype=np.int64), PER_NODE)
+    lb = solve(loads, cluster, cost=setup, coactivation=summary)
+    by_time = solve(loads, cluster, cost=setup, coactivation=summary, objective="time")
+    assert any(name.startswith("co-locate on nodes") for name in by_time.solver["layer_choice"])
+    assert by_time.prediction is not None and lb.prediction is not None
+    assert by_time.prediction.total_time_us < lb.prediction.total_time_us * 0.95
+    one_link = CostSetup(model, hw, between, 256.0)  # no nodes in the comm term: no node candidates
+    plain = solve(loads, cluster, cost=one_link, coactivation=summary, objective="time")
+    assert "co-locate on nodes lb+0.5%" not in plain.solver["candidates"]
