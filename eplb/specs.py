@@ -441,8 +441,9 @@ def all_to_all_links(hw: HardwareSpec, link: str | float) -> tuple[float, float 
     a node over the first, between nodes over the second; docs/cost-model.md)."""
     if isinstance(link, str) and "+" in link:
         parts = link.split("+")
-        if len(parts) != 2:
-            raise EplbError(f"link {link!r}: give one link, or two joined by '+' (within a node + between nodes)")
+        if len(parts) != 2 or not all(part.strip() for part in parts):
+            raise EplbError(f"link {link!r}: give one link, or two joined by '+' (within a node + between nodes), "
+                            "e.g. nvlink+nic")
         return link_bandwidth(hw, parts[0]), link_bandwidth(hw, parts[1])
     return link_bandwidth(hw, link), None
 

@@ -147,8 +147,9 @@ def test_two_links_need_more_than_one_node() -> None:
     for per_node in (None, 8, 3):
         with pytest.raises(EplbError, match="needs the GPUs per node"):
             TimeModel.from_specs(MODEL, H800, NVLINK, 8, 64.0, inter_node_bw=NIC, gpus_per_node=per_node)
-    with pytest.raises(EplbError, match="two joined by"):
-        all_to_all_links(H800, "nvlink+nic+pcie")
+    for bad in ("nvlink+nic+pcie", "nvlink+", "+nic"):
+        with pytest.raises(EplbError, match="two joined by"):
+            all_to_all_links(H800, bad)
     with pytest.raises(EplbError, match="link must be"):
         all_to_all_links(H800, "nvlink+fast")
 
