@@ -138,9 +138,10 @@ class Setup:
         self.model: ModelSpec = MODEL_PRESETS[config.model]
         hardware = HARDWARE_PRESETS[config.hardware]
         within, between = all_to_all_links(hardware, config.link)
-        self.migration_bw = between or within  # expert copies between nodes cross the NIC with two links
         self.cost = CostSetup(self.model, hardware, within, config.tokens_per_gpu, config.overlap,
                               config.node_limit, between)
+        self.migration = MigrationSpec(within, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
+                                       gpus_per_node=config.cluster.gpus_per_node if between else None)  # fmt: skip
         shape = config.cluster
         slots = slots_per_gpu(shape.num_gpus, self.model.num_experts, slots=shape.slots_per_gpu,
                               num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
@@ -592,7 +593,7 @@ def _worth_it(
     pred = before.prediction
     if pred is None or any(after.prediction is None for after, _, _ in tried):
         return 0, True, "cost: no time prediction, rebalanced"
-    spec = MigrationSpec(setup.migration_bw, hbm_bw=setup.cost.hardware.hbm_bandwidth)
+    spec = setup.migration
     saved, charge = [], []
     for after, _, _ in tried:
         assert after.prediction is not None

@@ -181,6 +181,40 @@ def test_replay_and_compare_refuse_two_links_without_nodes(tmp_path: Path, capsy
     assert main(["replay", str(log), "--interval", "20", "--link", "nvlink+nic", "--gpus-per-node", "8",
                  "--oracle-every", "0", "--out", str(out)]) == 0  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
-    nic = HARDWARE_PRESETS["b200"].nic_bandwidth
-    assert summary["cost"]["inter_node_bandwidth"] == nic
-    assert summary["migration"]["link_bandwidth"] == nic  # copies charged between nodes by default
+    b200 = HARDWARE_PRESETS["b200"]
+    assert summary["cost"]["inter_node_bandwidth"] == b200.nic_bandwidth
+    migration = summary["migration"]  # copies from another node over the NIC, the others over NVLink
+    assert migration["link_bandwidth"] == b200.nvlink_bandwidth
+    assert migration["inter_node_bandwidth"] == b200.nic_bandwidth
+
+
+def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -> None:
+    """Copies read from a GPU on the destination's node take NVLink, the others the NIC, both at once: the
+    transfer lasts the slower of the two per GPU. Against the plan's own sources (each expert held once, so
+    every copy has one source) the count of copies from other nodes is exact."""
+    from eplb.cost.migration import MigrationSpec, copies_from_other_nodes, copies_per_gpu
+    from solvers.migration import arrange_slots
+    from solvers.plan import build_plan
+
+    slots = np.full(4, 2, dtype=np.int64)  # 2 nodes of 2 GPUs
+    old = np.array([[0, 1, 2, 3, 4, 5, 6, 7]])
+    new = np.array([[0, 2, 1, 3, 4, 5, 6, 7]])  # GPUs 0 and 1 trade experts 1 and 2: within node 0
+    assert copies_from_other_nodes(new, old, slots, 2).tolist() == [0.0, 0.0, 0.0, 0.0]
+    far = np.array([[0, 4, 2, 3, 1, 5, 6, 7]])  # GPUs 0 and 2 trade experts 1 and 4: across the nodes
+    assert copies_from_other_nodes(far, old, slots, 2).tolist() == [1.0, 0.0, 1.0, 0.0]
+    per_copy = 44e6
+    spec = MigrationSpec(NVLINK, overlap=False, inter_node_bw=NIC, gpus_per_node=2)
+    near_s = spec.cost(copies_per_gpu(new, old, slots) * per_copy, 0.0,
+                       remote_in=copies_from_other_nodes(new, old, slots, 2) * per_copy).transfer_s  # fmt: skip
+    far_s = spec.cost(copies_per_gpu(far, old, slots) * per_copy, 0.0,
+                      remote_in=copies_from_other_nodes(far, old, slots, 2) * per_copy).transfer_s  # fmt: skip
+    assert near_s == pytest.approx(per_copy / NVLINK) and far_s == pytest.approx(per_copy / NIC)
+    rng = np.random.default_rng(5)
+    slots = np.full(8, 4, dtype=np.int64)
+    for _ in range(5):
+        cur = rng.permutation(32)[None, :].repeat(2, axis=0)
+        nxt = arrange_slots(np.stack([rng.permutation(row) for row in cur]), cur, slots)
+        plan = build_plan(cur, nxt, slots)
+        moved = ~plan.local & (plan.src_gpu // 4 != plan.dst_gpu // 4)
+        exact = np.bincount(plan.dst_gpu[moved], minlength=8)
+        assert np.allclose(copies_from_other_nodes(nxt, cur, slots, 4), exact)

@@ -181,7 +181,7 @@ def add_migration_options(p: argparse._ActionsContainer) -> None:
     d = MigrationSpec(1.0)
     p.add_argument("--migration-link", metavar="nvlink|nic|pcie|GBPS",
                    help="link the expert copies take, per GPU and direction (default nvlink; with a '+' --link, "
-                   "the link between nodes)")
+                   "its two links: copies from another node take the one between nodes)")
     p.add_argument("--migration", choices=("overlap", "blocking"), default="overlap",
                    help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
                    "default) or stall serving until done (blocking)")
@@ -193,11 +193,15 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     """The checked MigrationSpec from `add_migration_options` (None without a cost model)."""
     if cost is None:
         return None
+    between, nodes = None, None
     if args.migration_link is not None:
         link_bw = link_bandwidth(cost.hardware, args.migration_link)
+    elif cost.inter_node_bw is not None:  # two links: copies from another node take the one between nodes
+        link_bw, between, nodes = cost.link_bw, cost.inter_node_bw, args.gpus_per_node
     else:
-        link_bw = cost.inter_node_bw or cost.hardware.nvlink_bandwidth
-    spec = MigrationSpec(link_bw, args.migration == "overlap", args.migration_share, cost.hardware.hbm_bandwidth)
+        link_bw = cost.hardware.nvlink_bandwidth
+    spec = MigrationSpec(link_bw, args.migration == "overlap", args.migration_share, cost.hardware.hbm_bandwidth,
+                         between, nodes)  # fmt: skip
     spec.check()
     return spec
 

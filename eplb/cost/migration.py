@@ -29,7 +29,7 @@ from eplb.errors import EplbError
 if TYPE_CHECKING:
     from eplb.cost.model import LayerPrediction
 
-__all__ = ["MigrationCost", "MigrationSpec", "copies_from_gpu", "copies_per_gpu"]
+__all__ = ["MigrationCost", "MigrationSpec", "copies_from_gpu", "copies_from_other_nodes", "copies_per_gpu"]
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,22 @@ class MigrationSpec:
     nvlink, nic, pcie or GB/s); overlap: copies run while serving (True) or stall it (False);
     link_share: with overlap, the fraction of the link the copies take from the all-to-all (0, 1);
     hbm_bw: a GPU's HBM B/s, for the copies' reads and writes that the weight reads of the steps served
-    meanwhile wait for (with overlap; None: not charged)."""
+    meanwhile wait for (with overlap; None: not charged). inter_node_bw with gpus_per_node (two links): copies
+    from a GPU on another node take that link, copies within a node link_bw; both run at once."""
 
     link_bw: float
     overlap: bool = True
     link_share: float = 0.25
     hbm_bw: float | None = None
+    inter_node_bw: float | None = None
+    gpus_per_node: int | None = None
 
     def check(self) -> None:
-        if not (math.isfinite(self.link_bw) and self.link_bw > 0):
-            raise EplbError(f"migration link bandwidth must be positive (B/s), got {self.link_bw!r}")
+        for bw in (self.link_bw, self.inter_node_bw):
+            if bw is not None and not (math.isfinite(bw) and bw > 0):
+                raise EplbError(f"migration link bandwidth must be positive (B/s), got {bw!r}")
+        if self.inter_node_bw is not None and not (self.gpus_per_node and self.gpus_per_node > 0):
+            raise EplbError("migration over two links needs the GPUs per node")
         if not (0 < self.link_share < 1):
             raise EplbError(f"migration link share must be in (0, 1), got {self.link_share!r}")
         if self.hbm_bw is not None and not (math.isfinite(self.hbm_bw) and self.hbm_bw > 0):
@@ -59,15 +65,20 @@ class MigrationSpec:
         comm_fraction: float,
         bytes_out: NDArray[np.float64] | None = None,
         weight_fraction: float = 0.0,
+        remote_in: NDArray[np.float64] | None = None,
     ) -> MigrationCost:
         """The cost of copying bytes_in [G] bytes into each GPU (read from bytes_out [G] of each GPU, None: not
         known) while serving steps whose comm term is `comm_fraction` (0..1) of their layer time and whose
-        weight reads bound `weight_fraction` (0..1) of it."""
-        peak = float(bytes_in.max()) if bytes_in.size else 0.0
+        weight reads bound `weight_fraction` (0..1) of it. remote_in [G]: the part of bytes_in read from other
+        nodes (two links; None: every copy takes link_bw)."""
+        if remote_in is not None and self.inter_node_bw is not None:
+            per_gpu = np.maximum((bytes_in - remote_in) / self.link_bw, remote_in / self.inter_node_bw)
+        else:
+            per_gpu = bytes_in / self.link_bw
+        link_s = float(per_gpu.max()) if per_gpu.size else 0.0  # seconds at full link speed
         if not self.overlap:  # at link speed the copies' HBM traffic fits in the stall
-            seconds = peak / self.link_bw
-            return MigrationCost(float(bytes_in.sum()), seconds, stall_s=seconds, slowdown=0.0)
-        seconds = peak / (self.link_share * self.link_bw)
+            return MigrationCost(float(bytes_in.sum()), link_s, stall_s=link_s, slowdown=0.0)
+        seconds = link_s / self.link_share
         slowdown = max(0.0, min(1.0, comm_fraction) / (1.0 - self.link_share) - 1.0)
         hbm_s = 0.0
         if self.hbm_bw is not None and bytes_out is not None and bytes_in.size:
@@ -86,12 +97,15 @@ class MigrationSpec:
         the one `serving` predicts (the serving placement on the recent mean step) are served."""
         bytes_in = copies_per_gpu(new, old, slots_per_gpu).astype(np.float64) * expert_bytes
         bytes_out = copies_from_gpu(new, old, slots_per_gpu) * expert_bytes
+        remote_in = None
+        if self.inter_node_bw is not None and self.gpus_per_node is not None:
+            remote_in = copies_from_other_nodes(new, old, slots_per_gpu, self.gpus_per_node) * expert_bytes
         t = serving.time_us
 
         def share(term: NDArray[np.float64]) -> float:
             return float(np.mean(np.divide(term, t, out=np.zeros_like(term), where=t > 0)))
 
-        return self.cost(bytes_in, share(serving.comm_us), bytes_out, share(serving.weight_read_us))
+        return self.cost(bytes_in, share(serving.comm_us), bytes_out, share(serving.weight_read_us), remote_in)
 
 
 @dataclass(frozen=True)
@@ -139,25 +153,53 @@ def copies_per_gpu(
     return out
 
 
-def copies_from_gpu(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
-) -> NDArray[np.float64]:
-    """Expert copies each GPU sends: [G], summed over layers. As the migration plan reads them
-    (`solvers.plan`), an expert's copies come from its replicas in `old` whose slot keeps it in `new`, or from
-    all of its replicas in `old` when none stays; here spread evenly over those (the plan takes them in turn,
-    so its count per source differs by less than one per expert and layer)."""
+def _source_slots(new: NDArray[np.int64], old: NDArray[np.int64], experts: int) -> tuple[
+        NDArray[np.bool_], NDArray[np.float64]]:  # fmt: skip
+    """The slots of `old` an expert's copies are read from, as the migration plan reads them (`solvers.plan`):
+    its replicas whose slot keeps it in `new`, or all of its replicas when none stays. Returns (reads [L, P],
+    sources [L, E]: how many slots each expert's copies are read from, spread evenly)."""
     layers = old.shape[0]
-    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    copies = (_holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)).sum(axis=1)  # [L, E]
     stays = new == old  # [L, P] slots whose replica stays put
     flat = (np.arange(layers, dtype=np.int64)[:, None] * experts + old).ravel()
     staying = np.bincount(flat, weights=stays.ravel(), minlength=layers * experts).reshape(layers, experts)
-    holders = np.bincount(flat, minlength=layers * experts).reshape(layers, experts)
+    holders = np.bincount(flat, minlength=layers * experts).reshape(layers, experts).astype(np.float64)
+    reads = np.where(staying[np.arange(layers)[:, None], old] > 0, stays, True)
+    return reads, np.where(staying > 0, staying, holders)
+
+
+def copies_from_gpu(
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """Expert copies each GPU sends: [G], summed over layers, read from `_source_slots` spread evenly (the
+    plan takes them in turn, so its count per source differs by less than one per expert and layer)."""
+    layers = old.shape[0]
+    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
+    copies = (_holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)).sum(axis=1)  # [L, E]
+    reads, sources = _source_slots(new, old, experts)
     layer = np.arange(layers)[:, None]
-    reads = np.where(staying[layer, old] > 0, stays, True)  # [L, P] the slots the copies read
-    per_read = np.divide(copies, np.where(staying > 0, staying, holders), out=np.zeros(copies.shape),
-                         where=holders > 0)[layer, old]  # fmt: skip
+    per_read = np.divide(copies, sources, out=np.zeros(copies.shape), where=sources > 0)[layer, old]
     gpu = np.repeat(np.arange(slots_per_gpu.size), slots_per_gpu)
     sent = np.bincount(np.tile(gpu, layers), weights=(per_read * reads).ravel(), minlength=slots_per_gpu.size)
     out: NDArray[np.float64] = sent.astype(np.float64)
+    return out
+
+
+def copies_from_other_nodes(
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int
+) -> NDArray[np.float64]:
+    """Expert copies each GPU receives from a GPU on another node: [G], summed over layers (expected, with
+    the copy's sources `_source_slots` spread evenly). Nodes are gpus_per_node consecutive GPUs."""
+    layers, gpus = old.shape[0], slots_per_gpu.size
+    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
+    nodes = gpus // gpus_per_node
+    copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
+    reads, sources = _source_slots(new, old, experts)
+    node = np.repeat(np.arange(gpus), slots_per_gpu) // gpus_per_node  # [P]
+    index = ((np.arange(layers)[:, None] * experts + old) * nodes + node[None, :]).ravel()
+    on_node = np.bincount(index, weights=reads.ravel(), minlength=layers * experts * nodes)
+    on_node = on_node.reshape(layers, experts, nodes)  # source slots per node
+    gpu_node = np.arange(gpus) // gpus_per_node
+    local = np.divide(on_node[:, :, gpu_node], sources[:, :, None], out=np.zeros((layers, experts, gpus)),
+                      where=sources[:, :, None] > 0)  # fmt: skip
+    out: NDArray[np.float64] = (copied * (1.0 - local.transpose(0, 2, 1))).sum(axis=(0, 2))
     return out

@@ -254,8 +254,10 @@ def replay(
         raise EplbError("the cost trigger needs a cost model: give a model (--model) or use --trigger periodic")
     one_shot = not isinstance(log, RoutingLog | str | Path | np.ndarray)
     src = as_log(log)
-    if migration is None and cost is not None:  # with two links, copies are charged between nodes
-        migration = MigrationSpec(cost.inter_node_bw or cost.link_bw, hbm_bw=cost.hardware.hbm_bandwidth)
+    if migration is None and cost is not None:  # with two links, copies from another node take the NIC
+        nodes = cluster.gpus_per_node if cost.inter_node_bw is not None else None
+        migration = MigrationSpec(cost.link_bw, hbm_bw=cost.hardware.hbm_bandwidth, inter_node_bw=cost.inter_node_bw,
+                                  gpus_per_node=nodes)  # fmt: skip
     if migration is not None:
         migration.check()
     _check_shapes(src.info, cluster, cost)
@@ -722,7 +724,8 @@ class _Replay:
                 "tokens_per_gpu": cost.tokens_per_gpu, "overlap": cost.overlap,
             },
             "migration": None if self.migration is None else {
-                "link_bandwidth": self.migration.link_bw, "overlap": self.migration.overlap,
+                "link_bandwidth": self.migration.link_bw, "inter_node_bandwidth": self.migration.inter_node_bw,
+                "overlap": self.migration.overlap,
                 "link_share": self.migration.link_share,
             },
             "results": results,
