@@ -255,7 +255,10 @@ def solve(
     moves = None
     if current is not None:
         if not registry.get_solver(name).capabilities.aligned:
-            nodes = cluster.gpus_per_node if cluster.num_groups is not None else None  # keep groups on nodes
+            # GPUs move only with their node where nodes matter: expert groups kept on nodes, or the time
+            # objective's co-location on nodes over two links
+            on_nodes = objective == "time" and cost is not None and cost.inter_node_bw is not None
+            nodes = cluster.gpus_per_node if cluster.num_groups is not None or on_nodes else None
             phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu, nodes)
         elif objective == "time":  # co-location swaps move experts between GPUs: back to their serving slots
             phy2log = arrange_slots(phy2log, current.phy2log, cluster.slots_per_gpu)

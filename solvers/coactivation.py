@@ -382,10 +382,11 @@ def refine_coactivation_chain(
 def pack_within_nodes(
     phy2log: IntArray, loads: FloatArray, slots_per_gpu: IntArray, gpus_per_node: int
 ) -> IntArray:
-    """Each node's slots (the experts it holds, per layer) packed onto its own GPUs heaviest first, each to the
-    least loaded GPU with a free slot that does not hold the expert yet: which node holds what is kept, the
-    GPUs of a node are balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G a multiple of
-    gpus_per_node. Returns phy2log [L, P]."""
+    """Each node's slots (the experts it holds, per layer) packed onto its own GPUs, each to the least loaded
+    GPU with a free slot that does not hold the expert yet: experts with several replicas on the node first
+    (they need distinct GPUs), then heaviest first. Which node holds what is kept, the GPUs of a node are
+    balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G a multiple of gpus_per_node. Returns
+    phy2log [L, P]."""
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     out = phy2log.copy()
     starts = np.r_[0, np.cumsum(slots)]
@@ -400,7 +401,8 @@ def pack_within_nodes(
             free = slots[first:last].copy()
             gpu_load = np.zeros(gpus_per_node)
             held: list[list[int]] = [[] for _ in range(gpus_per_node)]
-            for i in np.argsort(-weight[a:b], kind="stable"):
+            on_node = np.bincount(row[a:b], minlength=loads.shape[1])[row[a:b]]
+            for i in np.lexsort((-weight[a:b], -on_node)):
                 expert = int(row[a + i])
                 room = [g for g in range(gpus_per_node) if free[g] and expert not in held[g]]
                 g = min(room or [g for g in range(gpus_per_node) if free[g]], key=lambda g: gpu_load[g])

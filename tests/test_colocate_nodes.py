@@ -86,3 +86,36 @@ def test_time_objective_over_two_links_takes_node_colocation_when_it_is_faster()
     one_link = CostSetup(model, hw, between, 256.0)  # no nodes in the comm term: no node candidates
     plain = solve(loads, cluster, cost=one_link, coactivation=summary, objective="time")
     assert "co-locate on nodes lb+0.5%" not in plain.solver["candidates"]
+
+
+def test_pack_within_nodes_gives_replicas_on_one_node_distinct_gpus() -> None:
+    """One node of 2 GPUs x 3 slots holding X (10), Y, Z, W (1 each) and two replicas of A: heaviest first
+    would fill [X A A | ...]; the replicas go first, so A lands on both GPUs."""
+    x, a, y, z, w = 0, 1, 2, 3, 4
+    p2l = np.array([[x, a, y, z, w, a]])
+    loads = np.array([[10.0, 1.0, 1.0, 1.0, 1.0]])
+    packed = pack_within_nodes(p2l, loads, np.array([3, 3]), 2)
+    assert int(duplicate_count(packed, np.array([3, 3])).sum()) == 0
+    assert sorted(packed[0].tolist()) == sorted(p2l[0].tolist())
+
+
+def test_node_colocation_survives_the_relabelling_onto_a_serving_placement() -> None:
+    """Against a serving placement the time objective's pick is relabelled with whole nodes (two links), so
+    its co-location on nodes is kept: every node holds what it holds in the solve from scratch."""
+    ids = _teams_log(4000)
+    summary = summarize(ids, EXPERTS)
+    loads = summary.loads.astype(np.float64)
+    hw = HARDWARE_PRESETS["h800"]
+    within, between = all_to_all_links(hw, "nvlink+nic")
+    model = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": EXPERTS, "top_k": 4, "name": "teams"})
+    setup = CostSetup(model, hw, within, 256.0, inter_node_bw=between)
+    cluster = Cluster(np.full(GPUS, SLOTS, dtype=np.int64), PER_NODE)
+    served = solve(np.roll(loads, 5, axis=1), cluster).placement
+    fresh = solve(loads, cluster, cost=setup, coactivation=summary, objective="time", empty_slots=False)
+    again = solve(loads, cluster, solver="greedy", cost=setup, coactivation=summary, objective="time",
+                  current=served)  # fmt: skip
+    assert fresh.solver["layer_choice"][0].startswith("co-locate on nodes")
+    held = [sorted(sorted(node) for node in o.placement.phy2log[0].reshape(GPUS // PER_NODE, -1).tolist())
+            for o in (fresh, again)]  # fmt: skip
+    assert held[0] == held[1]
+    assert again.moves is not None and int(again.moves.sum()) > 0

@@ -174,6 +174,10 @@ def test_a_deployment_over_two_links_predicts_with_the_nic_between_its_nodes(sto
         assert moved.action == "rebalanced" and moved.entry.time_before_us is not None
         times[name] = moved.entry.time_before_us
     assert times["two"] < times["one"]  # NVLink within a node, the NIC once per other node reached
+    migration = dep.Setup(config().model_copy(update=two)).migration  # copies from the other node over the NIC
+    h100 = HARDWARE_PRESETS["h100"]
+    assert (migration.link_bw, migration.inter_node_bw, migration.gpus_per_node) == (
+        h100.nvlink_bandwidth, h100.nic_bandwidth, 4)
 
 
 def test_solve_on_the_sum_of_recent_windows(store: Store) -> None:

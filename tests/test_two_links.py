@@ -174,7 +174,7 @@ def test_replay_and_compare_refuse_two_links_without_nodes(tmp_path: Path, capsy
     assert main(["synth", "--out", str(log), "--steps", "40", "--layers", "2"]) == 0
     capsys.readouterr()
     assert main(["replay", str(log), "--interval", "20", "--link", "nvlink+nic", "--oracle-every", "0"]) == 2
-    assert "GPUs per node" in capsys.readouterr().err
+    assert "needs the GPUs per node (--gpus-per-node" in capsys.readouterr().err
     assert main(["compare", "--link", "nvlink+nic", "--out", str(tmp_path / "cmp")]) == 2
     assert "compare times one all-to-all link" in capsys.readouterr().err
     out = tmp_path / "run"
@@ -209,6 +209,12 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
     far_s = spec.cost(copies_per_gpu(far, old, slots) * per_copy, 0.0,
                       remote_in=copies_from_other_nodes(far, old, slots, 2) * per_copy).transfer_s  # fmt: skip
     assert near_s == pytest.approx(per_copy / NVLINK) and far_s == pytest.approx(per_copy / NIC)
+    serving = evaluate(np.ones((1, 8)), Placement(old, slots, 8), CostSetup(MODEL.model_copy(
+        update={"num_experts": 8}), H800, NVLINK, 64.0)).prediction  # fmt: skip
+    assert serving is not None
+    overlapped = MigrationSpec(NVLINK, inter_node_bw=NIC, gpus_per_node=2)
+    assert overlapped.rebalance_cost(far, old, slots, per_copy, serving).transfer_s == pytest.approx(
+        per_copy / (overlapped.link_share * NIC))  # rebalance_cost sends the copies from node 1 over the NIC
     rng = np.random.default_rng(5)
     slots = np.full(8, 4, dtype=np.int64)
     for _ in range(5):

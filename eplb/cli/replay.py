@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB
 from eplb.cli.solve import add_cluster_options, add_cost_options, cost_setup, int_list, model_for, slots_for
+from eplb.cost import TimeModel
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
@@ -180,8 +181,8 @@ def add_migration_options(p: argparse._ActionsContainer) -> None:
     """--migration-link, --migration overlap|blocking, --migration-share (read back with `migration_from`)."""
     d = MigrationSpec(1.0)
     p.add_argument("--migration-link", metavar="nvlink|nic|pcie|GBPS",
-                   help="link the expert copies take, per GPU and direction (default nvlink; with a '+' --link, "
-                   "its two links: copies from another node take the one between nodes)")
+                   help="the one link every expert copy takes, per GPU and direction (default nvlink; with a '+' "
+                   "--link, its two links: copies from another node take the one between nodes)")
     p.add_argument("--migration", choices=("overlap", "blocking"), default="overlap",
                    help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
                    "default) or stall serving until done (blocking)")
@@ -197,6 +198,7 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     if args.migration_link is not None:
         link_bw = link_bandwidth(cost.hardware, args.migration_link)
     elif cost.inter_node_bw is not None:  # two links: copies from another node take the one between nodes
+        TimeModel.check_nodes(args.gpus, args.gpus_per_node)
         link_bw, between, nodes = cost.link_bw, cost.inter_node_bw, args.gpus_per_node
     else:
         link_bw = cost.hardware.nvlink_bandwidth
