@@ -382,11 +382,11 @@ def refine_coactivation_chain(
 def pack_within_nodes(
     phy2log: IntArray, loads: FloatArray, slots_per_gpu: IntArray, gpus_per_node: int
 ) -> IntArray:
-    """Each node's slots (the experts it holds, per layer) packed onto its own GPUs, each to the least loaded
-    GPU with a free slot that does not hold the expert yet: experts with several replicas on the node first
-    (they need distinct GPUs), then heaviest first. Which node holds what is kept, the GPUs of a node are
-    balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G a multiple of gpus_per_node. Returns
-    phy2log [L, P]."""
+    """Each node's slots (the experts it holds, per layer) packed onto its own GPUs heaviest first, each to the
+    least loaded GPU with a free slot that does not hold the expert yet; where that leaves an expert twice on
+    a GPU, the swap with a slot of another GPU of the node that removes it and moves the least load. Which node
+    holds what is kept, the GPUs of a node are balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G
+    a multiple of gpus_per_node. Returns phy2log [L, P]."""
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     out = phy2log.copy()
     starts = np.r_[0, np.cumsum(slots)]
@@ -400,17 +400,42 @@ def pack_within_nodes(
             a, b = starts[first], starts[last]
             free = slots[first:last].copy()
             gpu_load = np.zeros(gpus_per_node)
-            held: list[list[int]] = [[] for _ in range(gpus_per_node)]
-            on_node = np.bincount(row[a:b], minlength=loads.shape[1])[row[a:b]]
-            for i in np.lexsort((-weight[a:b], -on_node)):
-                expert = int(row[a + i])
-                room = [g for g in range(gpus_per_node) if free[g] and expert not in held[g]]
+            held: list[list[tuple[int, float]]] = [[] for _ in range(gpus_per_node)]
+            for i in np.argsort(-weight[a:b], kind="stable"):
+                expert, w = int(row[a + i]), float(weight[a + i])
+                room = [g for g in range(gpus_per_node) if free[g] and all(e != expert for e, _ in held[g])]
                 g = min(room or [g for g in range(gpus_per_node) if free[g]], key=lambda g: gpu_load[g])
-                held[g].append(expert)
-                gpu_load[g] += weight[a + i]
+                held[g].append((expert, w))
+                gpu_load[g] += w
                 free[g] -= 1
-            out[layer, a:b] = np.concatenate([np.asarray(h, dtype=np.int64) for h in held])
+            _split_duplicates(held)
+            out[layer, a:b] = np.asarray([e for h in held for e, _ in h], dtype=np.int64)
     return out
+
+
+def _split_duplicates(held: list[list[tuple[int, float]]]) -> None:
+    """In place: while a GPU holds an expert twice, swap one copy with the slot of another GPU that holds
+    neither's expert yet, the swap moving the least load. held: per GPU its (expert, load) slots."""
+    for g, slots in enumerate(held):
+        i = 0
+        while i < len(slots):
+            expert, w = slots[i]
+            if sum(e == expert for e, _ in slots) < 2:
+                i += 1
+                continue
+            best = None
+            for h, other in enumerate(held):
+                if h == g or any(e == expert for e, _ in other):
+                    continue
+                for j, (f, x) in enumerate(other):
+                    if all(e != f for e, _ in slots) and (best is None or abs(x - w) < best[0]):
+                        best = (abs(x - w), h, j)
+            if best is None:
+                i += 1  # nowhere to put it: the node holds the expert on every GPU already
+                continue
+            _, h, j = best
+            slots[i], held[h][j] = held[h][j], slots[i]
+            i += 1
 
 
 def refine_on_nodes(

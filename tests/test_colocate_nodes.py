@@ -90,7 +90,7 @@ def test_time_objective_over_two_links_takes_node_colocation_when_it_is_faster()
 
 def test_pack_within_nodes_gives_replicas_on_one_node_distinct_gpus() -> None:
     """One node of 2 GPUs x 3 slots holding X (10), Y, Z, W (1 each) and two replicas of A: heaviest first
-    would fill [X A A | ...]; the replicas go first, so A lands on both GPUs."""
+    fills [X A A | Y Z W]; a swap splits the replicas, so A lands on both GPUs."""
     x, a, y, z, w = 0, 1, 2, 3, 4
     p2l = np.array([[x, a, y, z, w, a]])
     loads = np.array([[10.0, 1.0, 1.0, 1.0, 1.0]])
