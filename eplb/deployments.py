@@ -141,7 +141,7 @@ class Setup:
         self.cost = CostSetup(self.model, hardware, within, config.tokens_per_gpu, config.overlap,
                               config.node_limit, between)
         self.migration = MigrationSpec(within, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
-                                       gpus_per_node=config.cluster.gpus_per_node if between else None)  # fmt: skip
+                                       gpus_per_node=config.cluster.gpus_per_node)  # fmt: skip
         shape = config.cluster
         slots = slots_per_gpu(shape.num_gpus, self.model.num_experts, slots=shape.slots_per_gpu,
                               num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,

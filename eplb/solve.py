@@ -280,7 +280,8 @@ def solve(
     if current is not None:
         try:
             outcome.plan = build_plan(
-                current.phy2log, phy2log, cluster.slots_per_gpu, outcome.bytes_per_move, stage_bytes
+                current.phy2log, phy2log, cluster.slots_per_gpu, outcome.bytes_per_move, stage_bytes,
+                cluster.gpus_per_node,
             )
         except PlanError as exc:
             raise EplbError(str(exc)) from None

@@ -126,10 +126,12 @@ def build_plan(
     slots_per_gpu: ArrayLike,
     bytes_per_copy: float | None = None,
     stage_bytes: float | None = None,
+    gpus_per_node: int | None = None,
 ) -> MigrationPlan:
     """The plan from ``current_phy2log [L, P]`` to the aligned ``new_phy2log [L, P]`` (same
     ``slots_per_gpu [G]``). bytes_per_copy: one expert's weights in one layer, bytes; stage_bytes: most
-    bytes copied per stage (needs bytes_per_copy); None gives each layer with copies a stage."""
+    bytes copied per stage (needs bytes_per_copy); None gives each layer with copies a stage. gpus_per_node:
+    a copy reads a source on its destination's node when there is one (NVLink, not the NIC)."""
     cur = np.asarray(current_phy2log, dtype=np.int64)
     new = np.asarray(new_phy2log, dtype=np.int64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
@@ -159,18 +161,28 @@ def build_plan(
     held = holds[c_layer, c_gpu, c_expert]
     local = held | (_occurrence(key) > 0)  # already on the GPU, or a second replica landing on it
     remote = np.flatnonzero(~local)
-    # sources: the expert's holders in the serving placement, replicas that stay put first, in turn
+    # sources: the expert's holders in the serving placement, replicas that stay put first (else all), those
+    # on the destination's node first, in turn
     holder_key = layer_all * num_experts + cur.ravel()
     moved = (cur != new).ravel()
-    order = np.lexsort((np.arange(holder_key.size), moved, holder_key))
+    node = gpu // (gpus_per_node or slots.size)
+    nodes = int(node.max(initial=0)) + 1
+    order = np.lexsort((np.arange(holder_key.size), np.tile(node, num_layers), moved, holder_key))
     sorted_key = holder_key[order]
     want = c_layer[remote] * num_experts + c_expert[remote]
     first = np.searchsorted(sorted_key, want)
     n_all = np.searchsorted(sorted_key, want, side="right") - first
     stable_count = np.bincount(holder_key[~moved], minlength=num_layers * num_experts)[want]
-    turn = _occurrence(want)
-    pick = np.where(stable_count > 0, turn % np.maximum(stable_count, 1), turn % np.maximum(n_all, 1))
-    src_flat = order[first + pick]
+    block = np.where(stable_count > 0, stable_count, n_all)  # the candidates: order[first : first + block]
+    # candidates on the destination's node: a run inside the block (sorted by node), found by its key
+    cand_key = ((holder_key * 2 + moved) * nodes + np.tile(node, num_layers))[order]
+    dst_node = node[c_slot[remote]]
+    want_node = ((want * 2 + (stable_count == 0)) * nodes + dst_node)
+    near_first = np.searchsorted(cand_key, want_node)
+    near = np.searchsorted(cand_key, want_node, side="right") - near_first
+    turn, near_turn = _occurrence(want), _occurrence(want * nodes + dst_node)
+    src_flat = order[np.where(near > 0, near_first + near_turn % np.maximum(near, 1),
+                              first + turn % np.maximum(block, 1))]  # fmt: skip
     src_slot = src_flat % num_physical
     # a copy must not come after the copy that overwrites its source slot
     writer = np.full(num_layers * num_physical, -1, dtype=np.int64)

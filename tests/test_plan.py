@@ -112,3 +112,18 @@ def test_bad_inputs_are_refused() -> None:
         build_plan(np.array([[0, 1, 2, 3]]), np.array([[0, 2, 1, 3]]), slots, stage_bytes=1e9)
     with pytest.raises(PlanError, match="align"):
         build_plan(np.array([[0, 1, 2, 3]]), np.array([[1, 0, 2, 3]]), slots)  # slots swapped inside GPU 0
+
+
+def test_with_nodes_a_copy_reads_a_source_on_its_destinations_node() -> None:
+    """Expert 0 is held on GPU 0 (node 0) and GPU 2 (node 1), both staying: the copy onto GPU 3 (node 1)
+    reads GPU 2's over NVLink; without nodes it takes the first holder in turn, GPU 0, across the NIC."""
+    slots = np.array([2, 2, 2, 2])
+    current = np.array([[0, 1, 2, 3, 0, 4, 5, 1]])
+    new = np.array([[0, 1, 2, 3, 0, 4, 5, 0]])  # GPU 3 trades its second 1 for a 0
+    with_nodes = build_plan(current, new, slots, gpus_per_node=2)
+    (copy,) = np.flatnonzero(~with_nodes.local)
+    assert (with_nodes.dst_gpu[copy], with_nodes.src_gpu[copy]) == (3, 2)
+    np.testing.assert_array_equal(apply_plan(current, with_nodes), new)
+    spread = build_plan(current, new, slots)
+    (copy,) = np.flatnonzero(~spread.local)
+    assert (spread.dst_gpu[copy], spread.src_gpu[copy]) == (3, 0)

@@ -190,8 +190,8 @@ def test_replay_and_compare_refuse_two_links_without_nodes(tmp_path: Path, capsy
 
 def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -> None:
     """Copies read from a GPU on the destination's node take NVLink, the others the NIC, both at once: the
-    transfer lasts the slower of the two per GPU. Against the plan's own sources (each expert held once, so
-    every copy has one source) the count of copies from other nodes is exact."""
+    transfer lasts the slower of the two per GPU. With nodes the plan reads a copy on its destination's node
+    when it can, and the count of copies from other nodes is exactly the plan's."""
     from eplb.cost.migration import MigrationSpec, copies_from_other_nodes, copies_per_gpu
     from solvers.migration import arrange_slots
     from solvers.plan import build_plan
@@ -215,12 +215,23 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
     overlapped = MigrationSpec(NVLINK, inter_node_bw=NIC, gpus_per_node=2)
     assert overlapped.rebalance_cost(far, old, slots, per_copy, serving).transfer_s == pytest.approx(
         per_copy / (overlapped.link_share * NIC))  # rebalance_cost sends the copies from node 1 over the NIC
+    from eplb.cost.migration import copies_from_gpu
+    from solvers.greedy import solve_greedy
+
     rng = np.random.default_rng(5)
-    slots = np.full(8, 4, dtype=np.int64)
-    for _ in range(5):
-        cur = rng.permutation(32)[None, :].repeat(2, axis=0)
-        nxt = arrange_slots(np.stack([rng.permutation(row) for row in cur]), cur, slots)
-        plan = build_plan(cur, nxt, slots)
-        moved = ~plan.local & (plan.src_gpu // 4 != plan.dst_gpu // 4)
-        exact = np.bincount(plan.dst_gpu[moved], minlength=8)
-        assert np.allclose(copies_from_other_nodes(nxt, cur, slots, 4), exact)
+    slots = np.full(8, 5, dtype=np.int64)  # 2 nodes of 4 GPUs, 8 redundant slots: experts with several sources
+    for _ in range(10):
+        cur = solve_greedy(rng.pareto(1.5, (3, 32)) + 0.01, slots)
+        nxt = arrange_slots(solve_greedy(rng.pareto(1.5, (3, 32)) + 0.01, slots), cur, slots)
+        plan = build_plan(cur, nxt, slots, gpus_per_node=4)
+        copy = ~plan.local
+        across = copy & (plan.src_gpu // 4 != plan.dst_gpu // 4)
+        assert across.sum() < copy.sum()
+        assert np.array_equal(copies_from_other_nodes(nxt, cur, slots, 4), np.bincount(plan.dst_gpu[across],
+                                                                                       minlength=8))  # fmt: skip
+        sent = np.bincount(plan.src_gpu[copy], minlength=8)
+        groups = [len(set(zip(plan.layer[copy & (plan.src_gpu == g)].tolist(),
+                              plan.expert[copy & (plan.src_gpu == g)].tolist(), strict=True))) for g in range(8)]
+        assert np.all(np.abs(copies_from_gpu(nxt, cur, slots, 4) - sent) <= np.array(groups) + 1e-9)
+        spread = build_plan(cur, nxt, slots)  # without nodes the plan takes sources in turn, wherever they are
+        assert (~spread.local & (spread.src_gpu // 4 != spread.dst_gpu // 4)).sum() >= across.sum()

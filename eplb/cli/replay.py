@@ -194,16 +194,16 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     """The checked MigrationSpec from `add_migration_options` (None without a cost model)."""
     if cost is None:
         return None
-    between, nodes = None, None
+    between = None
     if args.migration_link is not None:
         link_bw = link_bandwidth(cost.hardware, args.migration_link)
     elif cost.inter_node_bw is not None:  # two links: copies from another node take the one between nodes
         TimeModel.check_nodes(args.gpus, args.gpus_per_node)
-        link_bw, between, nodes = cost.link_bw, cost.inter_node_bw, args.gpus_per_node
+        link_bw, between = cost.link_bw, cost.inter_node_bw
     else:
         link_bw = cost.hardware.nvlink_bandwidth
     spec = MigrationSpec(link_bw, args.migration == "overlap", args.migration_share, cost.hardware.hbm_bandwidth,
-                         between, nodes)  # fmt: skip
+                         between, args.gpus_per_node)  # fmt: skip
     spec.check()
     return spec
 

@@ -38,8 +38,9 @@ class MigrationSpec:
     nvlink, nic, pcie or GB/s); overlap: copies run while serving (True) or stall it (False);
     link_share: with overlap, the fraction of the link the copies take from the all-to-all (0, 1);
     hbm_bw: a GPU's HBM B/s, for the copies' reads and writes that the weight reads of the steps served
-    meanwhile wait for (with overlap; None: not charged). inter_node_bw with gpus_per_node (two links): copies
-    from a GPU on another node take that link, copies within a node link_bw; both run at once."""
+    meanwhile wait for (with overlap; None: not charged). gpus_per_node: the plan reads a copy on its
+    destination's node when it can; inter_node_bw (two links, needs gpus_per_node): copies from a GPU on another
+    node take that link, copies within a node link_bw; both run at once."""
 
     link_bw: float
     overlap: bool = True
@@ -96,7 +97,7 @@ class MigrationSpec:
         """What turning the serving placement `old` into `new` (phy2log [L, P], aligned) costs while steps like
         the one `serving` predicts (the serving placement on the recent mean step) are served."""
         bytes_in = copies_per_gpu(new, old, slots_per_gpu).astype(np.float64) * expert_bytes
-        bytes_out = copies_from_gpu(new, old, slots_per_gpu) * expert_bytes
+        bytes_out = copies_from_gpu(new, old, slots_per_gpu, self.gpus_per_node) * expert_bytes
         remote_in = None
         if self.inter_node_bw is not None and self.gpus_per_node is not None:
             remote_in = copies_from_other_nodes(new, old, slots_per_gpu, self.gpus_per_node) * expert_bytes
@@ -157,7 +158,7 @@ def _source_slots(new: NDArray[np.int64], old: NDArray[np.int64], experts: int) 
         NDArray[np.bool_], NDArray[np.float64]]:  # fmt: skip
     """The slots of `old` an expert's copies are read from, as the migration plan reads them (`solvers.plan`):
     its replicas whose slot keeps it in `new`, or all of its replicas when none stays. Returns (reads [L, P],
-    sources [L, E]: how many slots each expert's copies are read from, spread evenly)."""
+    sources [L, E]: how many slots each expert's copies are read from)."""
     layers = old.shape[0]
     stays = new == old  # [L, P] slots whose replica stays put
     flat = (np.arange(layers, dtype=np.int64)[:, None] * experts + old).ravel()
@@ -167,17 +168,38 @@ def _source_slots(new: NDArray[np.int64], old: NDArray[np.int64], experts: int) 
     return reads, np.where(staying > 0, staying, holders)
 
 
-def copies_from_gpu(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
-) -> NDArray[np.float64]:
-    """Expert copies each GPU sends: [G], summed over layers, read from `_source_slots` spread evenly (the
-    plan takes them in turn, so its count per source differs by less than one per expert and layer)."""
-    layers = old.shape[0]
+def _by_node(
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None
+) -> tuple[NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+    """(reads [L, P], sources [L, E], source slots per node [L, E, N], copies into each node [L, E, N], node of
+    each slot [P]); one node of all GPUs without gpus_per_node."""
+    layers, gpus = old.shape[0], slots_per_gpu.size
     experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    copies = (_holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)).sum(axis=1)  # [L, E]
+    per_node = gpus_per_node or gpus
+    nodes = gpus // per_node
     reads, sources = _source_slots(new, old, experts)
+    node: NDArray[np.int64] = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu) // per_node  # [P]
+    index = ((np.arange(layers)[:, None] * experts + old) * nodes + node[None, :]).ravel()
+    on_node = np.bincount(index, weights=reads.ravel(), minlength=layers * experts * nodes).astype(np.float64)
+    copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
+    into: NDArray[np.float64] = copied.reshape(layers, nodes, per_node, experts).sum(axis=2).transpose(
+        0, 2, 1).astype(np.float64)  # fmt: skip
+    return reads, sources, on_node.reshape(layers, experts, nodes), into, node
+
+
+def copies_from_gpu(
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None = None
+) -> NDArray[np.float64]:
+    """Expert copies each GPU sends: [G], summed over layers, as the plan reads them (`_source_slots`; with
+    gpus_per_node, a copy reads from its destination's node when a source is there), spread evenly over the
+    sources (the plan takes them in turn, so its count per source differs by less than one per expert and
+    layer)."""
+    layers = old.shape[0]
+    reads, sources, on_node, into, node = _by_node(new, old, slots_per_gpu, gpus_per_node)
+    near = np.divide(into, on_node, out=np.zeros_like(into), where=on_node > 0)  # per source slot on that node
+    far = np.divide((into * (on_node == 0)).sum(axis=2), sources, out=np.zeros(sources.shape), where=sources > 0)
     layer = np.arange(layers)[:, None]
-    per_read = np.divide(copies, sources, out=np.zeros(copies.shape), where=sources > 0)[layer, old]
+    per_read = near[layer, old, node[None, :]] + far[layer, old]  # [L, P]
     gpu = np.repeat(np.arange(slots_per_gpu.size), slots_per_gpu)
     sent = np.bincount(np.tile(gpu, layers), weights=(per_read * reads).ravel(), minlength=slots_per_gpu.size)
     out: NDArray[np.float64] = sent.astype(np.float64)
@@ -187,19 +209,13 @@ def copies_from_gpu(
 def copies_from_other_nodes(
     new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int
 ) -> NDArray[np.float64]:
-    """Expert copies each GPU receives from a GPU on another node: [G], summed over layers (expected, with
-    the copy's sources `_source_slots` spread evenly). Nodes are gpus_per_node consecutive GPUs."""
-    layers, gpus = old.shape[0], slots_per_gpu.size
+    """Expert copies each GPU receives from a GPU on another node: [G], summed over layers: the copies whose
+    expert has no source on the destination's node (the plan reads one there when it can). Nodes are
+    gpus_per_node consecutive GPUs."""
+    gpus = slots_per_gpu.size
     experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    nodes = gpus // gpus_per_node
+    _, _, on_node, _, _ = _by_node(new, old, slots_per_gpu, gpus_per_node)
     copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
-    reads, sources = _source_slots(new, old, experts)
-    node = np.repeat(np.arange(gpus), slots_per_gpu) // gpus_per_node  # [P]
-    index = ((np.arange(layers)[:, None] * experts + old) * nodes + node[None, :]).ravel()
-    on_node = np.bincount(index, weights=reads.ravel(), minlength=layers * experts * nodes)
-    on_node = on_node.reshape(layers, experts, nodes)  # source slots per node
-    gpu_node = np.arange(gpus) // gpus_per_node
-    local = np.divide(on_node[:, :, gpu_node], sources[:, :, None], out=np.zeros((layers, experts, gpus)),
-                      where=sources[:, :, None] > 0)  # fmt: skip
-    out: NDArray[np.float64] = (copied * (1.0 - local.transpose(0, 2, 1))).sum(axis=(0, 2))
+    none_near = on_node[:, :, np.arange(gpus) // gpus_per_node] == 0  # [L, E, G]
+    out: NDArray[np.float64] = (copied & none_near.transpose(0, 2, 1)).sum(axis=(0, 2)).astype(np.float64)
     return out

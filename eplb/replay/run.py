@@ -255,14 +255,12 @@ def replay(
     one_shot = not isinstance(log, RoutingLog | str | Path | np.ndarray)
     src = as_log(log)
     check_links(cost, cluster)
-    two_link_migration = migration is not None and migration.inter_node_bw is not None
-    if two_link_migration and migration is not None and migration.gpus_per_node != cluster.gpus_per_node:
-        raise EplbError(f"migration over two links: gpus_per_node {migration.gpus_per_node} is not the cluster's "
+    if migration is not None and migration.gpus_per_node not in (None, cluster.gpus_per_node):
+        raise EplbError(f"migration: gpus_per_node {migration.gpus_per_node} is not the cluster's "
                         f"({cluster.gpus_per_node})")
     if migration is None and cost is not None:  # with two links, copies from another node take the NIC
-        nodes = cluster.gpus_per_node if cost.inter_node_bw is not None else None
         migration = MigrationSpec(cost.link_bw, hbm_bw=cost.hardware.hbm_bandwidth, inter_node_bw=cost.inter_node_bw,
-                                  gpus_per_node=nodes)  # fmt: skip
+                                  gpus_per_node=cluster.gpus_per_node)  # fmt: skip
     if migration is not None:
         migration.check()
     _check_shapes(src.info, cluster, cost)
