@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.coactivation import step_reach, summarize
+from eplb.coactivation import copies_per_token, step_reach, summarize
 from eplb.cost import TimeModel, predict
 from eplb.errors import EplbError
 from eplb.placement import Placement
@@ -134,6 +134,10 @@ def test_replay_of_a_token_log_over_two_links_equals_predict_with_the_exact_reac
                  collect=True)  # fmt: skip
     assert out.steps is not None
     serving = initial_placement(2, 16, cluster.slots_per_gpu)
+    exact = copies_per_token(ids, serving.phy2log, cluster.slots_per_gpu, 16, gpus_per_node=per_node)
+    static = out.summary["results"]["static"]  # the initial placement serves throughout
+    assert static["nodes_per_token"] == pytest.approx(float(exact.nodes.mean()), abs=1e-4)
+    assert static["copies_per_token"] == pytest.approx(float(exact.gpus.mean()), abs=1e-4)
     reach = step_reach(ids, offsets, serving.phy2log, cluster.slots_per_gpu, 16, gpus_per_node=per_node)
     for s in range(steps):
         counts = np.stack([np.bincount(ids[offsets[s] : offsets[s + 1], layer].ravel(), minlength=16)

@@ -475,11 +475,13 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
             f"{'' if t is None else f'{t / 1000:.3f}':>13}{'' if mig is None else f'{mig:.3f}':>13}"
             f"{'' if total is None else f'{total:.3f}':>10}{'' if speed is None else f'{speed:.3f}x':>12}"
         )
-    copies = {name: s["results"][name].get("copies_per_token") for name in BASELINES}
-    if any(v is not None for v in copies.values()):
-        shown = ", ".join(f"{_LABELS[name] if name != 'replay' else 'replay'} {v:.3f}"
-                          for name, v in copies.items() if v is not None)
-        lines.append(f"  dispatch copies per token (GPUs a token's top-k reaches, vLLM's replica rule): {shown}")
+    for key, what in (("copies_per_token", "dispatch copies per token (GPUs a token's top-k reaches, vLLM's "
+                       "replica rule)"), ("nodes_per_token", "nodes a token reaches")):  # fmt: skip
+        values = {name: s["results"][name].get(key) for name in BASELINES}
+        if any(v is not None for v in values.values()):
+            shown = ", ".join(f"{_LABELS[name] if name != 'replay' else 'replay'} {v:.3f}"
+                              for name, v in values.items() if v is not None)
+            lines.append(f"  {what}: {shown}")
     ratio = s["results"]["replay"].get("hindsight_ratio")
     if ratio is not None:
         lines.append(f"  replay lb / hindsight lb: {ratio:.4f} (1.0: as good as a placement solved on each interval)")

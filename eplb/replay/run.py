@@ -336,7 +336,7 @@ class _Replay:
         self.next_check = sched.first_position
         self.timing = {"evaluation_s": 0.0, "solve_s": 0.0, "oracle_s": 0.0, "read_s": 0.0, "hindsight_s": 0.0}
         self.tokens = _token_routing(self.info)  # token-level logs: exact dispatch copies per token per row
-        self.copies = {name: [0.0, 0] for name in COPY_ROWS}  # copies x tokens, tokens
+        self.copies = {name: [0.0, 0, 0.0] for name in COPY_ROWS}  # copies x tokens, tokens, nodes x tokens
         if policy.objective == "time" and self.tokens is None:
             raise EplbError(f"{self.info.path}: the time objective needs the log's tokens in memory, and it has more "
                             f"than {TOKEN_LOG_MAX:,} picks: cut the log or use --objective lb")  # fmt: skip
@@ -515,8 +515,8 @@ class _Replay:
         return reach_of
 
     def count_copies(self, pos: int, stop: int) -> None:
-        """Add the exact copies per token (distinct GPUs a token's top-k reaches, vLLM's replica rule, mean
-        over layers) of positions pos .. stop - 1 for every placement row."""
+        """Add the exact copies per token (distinct GPUs, and nodes when the cluster has them, a token's top-k
+        reaches, vLLM's replica rule, mean over layers) of positions pos .. stop - 1 for every placement row."""
         from eplb.coactivation import copies_per_token
 
         assert self.tokens is not None
@@ -526,9 +526,11 @@ class _Replay:
             return
         t0 = time.perf_counter()
         for name, p in zip(COPY_ROWS, self.placements(), strict=False):
-            c = copies_per_token(ids[a:b], p.phy2log, p.slots_per_gpu, self.info.num_experts)
+            c = copies_per_token(ids[a:b], p.phy2log, p.slots_per_gpu, self.info.num_experts,
+                                 gpus_per_node=self.cluster.gpus_per_node)  # fmt: skip
             self.copies[name][0] += float(c.gpus.mean()) * (b - a)
             self.copies[name][1] += b - a
+            self.copies[name][2] += float(c.nodes.mean()) * (b - a)
         self.timing["copies_s"] = self.timing.get("copies_s", 0.0) + time.perf_counter() - t0
 
     # ---- checks and rebalances ----
@@ -703,9 +705,11 @@ class _Replay:
             if d.get("total_time_s") and base.get("total_time_s"):
                 d["speedup_vs_no_eplb"] = round(base["total_time_s"] / d["total_time_s"], 4)
             results[name] = d
-        for name, (total, tokens) in self.copies.items():
+        for name, (total, tokens, nodes) in self.copies.items():
             if tokens:
                 results[name]["copies_per_token"] = round(total / tokens, 4)
+                if self.cluster.gpus_per_node is not None:
+                    results[name]["nodes_per_token"] = round(nodes / tokens, 4)
         hs = self.stats["hindsight"]
         if hs.count:
             results["replay"]["hindsight_ratio"] = round(self.stats["replay"].lb_mean / hs.lb_mean, 6)
