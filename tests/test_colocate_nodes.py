@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eplb.coactivation import copies_per_token, pair_counts, summarize
+from eplb.coactivation import CoactivationSummary, copies_per_token, pair_counts, summarize
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, all_to_all_links
 from solvers.coactivation import pack_within_nodes, refine_on_nodes
@@ -69,21 +69,25 @@ def test_refine_on_nodes_puts_experts_chosen_together_on_one_node_within_the_cap
     assert int(duplicate_count(refined, slots).sum()) == 0
 
 
-def test_time_objective_over_two_links_takes_node_colocation_when_it_is_faster() -> None:
-    ids = _teams_log(4000)
-    summary = summarize(ids, EXPERTS)
-    loads = summary.loads.astype(np.float64)
+def _teams_over_two_links() -> tuple[CoactivationSummary, np.ndarray, CostSetup, Cluster]:
+    """The teams log's summary and loads [1, E], a small DeepSeek-V3-like model over nvlink+nic, 2 nodes."""
+    summary = summarize(_teams_log(4000), EXPERTS)
     hw = HARDWARE_PRESETS["h800"]
     within, between = all_to_all_links(hw, "nvlink+nic")
     model = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": EXPERTS, "top_k": 4, "name": "teams"})
     setup = CostSetup(model, hw, within, 256.0, inter_node_bw=between)
-    cluster = Cluster(np.full(GPUS, SLOTS, dtype=np.int64), PER_NODE)
+    return summary, summary.loads.astype(np.float64), setup, Cluster(np.full(GPUS, SLOTS, dtype=np.int64), PER_NODE)
+
+
+def test_time_objective_over_two_links_takes_node_colocation_when_it_is_faster() -> None:
+    summary, loads, setup, cluster = _teams_over_two_links()
     lb = solve(loads, cluster, cost=setup, coactivation=summary)
     by_time = solve(loads, cluster, cost=setup, coactivation=summary, objective="time")
     assert any(name.startswith("co-locate on nodes") for name in by_time.solver["layer_choice"])
     assert by_time.prediction is not None and lb.prediction is not None
     assert by_time.prediction.total_time_us < lb.prediction.total_time_us * 0.95
-    one_link = CostSetup(model, hw, between, 256.0)  # no nodes in the comm term: no node candidates
+    assert setup.inter_node_bw is not None
+    one_link = CostSetup(setup.model, setup.hardware, setup.inter_node_bw, 256.0)  # no nodes in the comm term
     plain = solve(loads, cluster, cost=one_link, coactivation=summary, objective="time")
     assert "co-locate on nodes lb+0.5%" not in plain.solver["candidates"]
 
@@ -102,14 +106,7 @@ def test_pack_within_nodes_gives_replicas_on_one_node_distinct_gpus() -> None:
 def test_node_colocation_survives_the_relabelling_onto_a_serving_placement() -> None:
     """Against a serving placement the time objective's pick is relabelled with whole nodes (two links), so
     its co-location on nodes is kept: every node holds what it holds in the solve from scratch."""
-    ids = _teams_log(4000)
-    summary = summarize(ids, EXPERTS)
-    loads = summary.loads.astype(np.float64)
-    hw = HARDWARE_PRESETS["h800"]
-    within, between = all_to_all_links(hw, "nvlink+nic")
-    model = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": EXPERTS, "top_k": 4, "name": "teams"})
-    setup = CostSetup(model, hw, within, 256.0, inter_node_bw=between)
-    cluster = Cluster(np.full(GPUS, SLOTS, dtype=np.int64), PER_NODE)
+    summary, loads, setup, cluster = _teams_over_two_links()
     served = solve(np.roll(loads, 5, axis=1), cluster).placement
     fresh = solve(loads, cluster, cost=setup, coactivation=summary, objective="time", empty_slots=False)
     again = solve(loads, cluster, solver="greedy", cost=setup, coactivation=summary, objective="time",
