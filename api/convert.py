@@ -24,7 +24,6 @@ from pydantic import BaseModel, ValidationError
 from api.problems import ProblemError, field_errors, invalid, problem_body
 from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
 from eplb.budget import slots_per_gpu
-from eplb.cost import TimeModel
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import FORMAT as PLACEMENT_FORMAT
@@ -36,6 +35,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     Outcome,
     _balance_dict,
     _time_dict,
+    check_links,
     evaluate,
     infer_model,
     solve,
@@ -168,7 +168,7 @@ def answer_evaluate(body: Body) -> Answer:
             raise FieldError("placement", f"has {given.num_layers} layers, the loads have {window.shape[0]}")
         if request.gpus_per_node is not None and given.num_gpus % request.gpus_per_node:
             raise FieldError("gpus_per_node", f"{request.gpus_per_node} does not divide the {given.num_gpus} GPUs")
-        _check_links(cost, given.num_gpus, request.gpus_per_node, "gpus_per_node")
+        _check_links(cost, Cluster(given.slots_per_gpu, request.gpus_per_node), "gpus_per_node")
         outcome = evaluate(window, given, cost, coactivation=coactivation(request, window),
                            gpus_per_node=request.gpus_per_node)
     except ProblemError as exc:
@@ -345,13 +345,12 @@ def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
     return CostSetup(model, hardware, within, req.tokens_per_gpu, req.overlap, req.node_limit, between)
 
 
-def _check_links(cost: CostSetup | None, gpus: int, gpus_per_node: int | None, field: str) -> None:
+def _check_links(cost: CostSetup | None, the_cluster: Cluster, field: str) -> None:
     """A '+' link without nodes, refused naming the field before any solve (and before a job is queued)."""
-    if cost is not None and cost.inter_node_bw is not None:
-        try:
-            TimeModel.check_nodes(gpus, gpus_per_node)
-        except EplbError as exc:
-            raise FieldError(field, str(exc)) from None
+    try:
+        check_links(cost, the_cluster)
+    except EplbError as exc:
+        raise FieldError(field, str(exc)) from None
 
 
 def coactivation(req: CostIn, loads: NDArray[np.float64]) -> CoactivationSummary | None:
@@ -405,7 +404,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         model = model_for(req.model, window)
         cost = cost_setup(req, model)
         the_cluster = cluster(req.cluster, model, window.shape[1])
-        _check_links(cost, the_cluster.num_gpus, the_cluster.gpus_per_node, "cluster.gpus_per_node")
+        _check_links(cost, the_cluster, "cluster.gpus_per_node")
         current = None
         if req.current_placement is not None:
             current = placement(req.current_placement, "current_placement", window.shape[1])

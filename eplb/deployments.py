@@ -27,13 +27,12 @@ from sqlalchemy import delete, func, select
 
 from eplb import trigger
 from eplb.budget import describe_slots, slots_per_gpu
-from eplb.cost import TimeModel
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.schemas import PlacementOut, PlacementResponse
-from eplb.solve import Cluster, CostSetup, Outcome, evaluate, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_links, evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
@@ -147,12 +146,10 @@ class Setup:
                               num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
                               slot_bytes=self.model.expert_bytes_all_layers)
         self.cluster = Cluster(slots, shape.gpus_per_node, shape.num_groups)
-        if between is not None:  # a '+' link needs nodes: refused here, by name, not at the first window
-            try:
-                TimeModel.from_specs(self.model, hardware, within, shape.num_gpus, inter_node_bw=between,
-                                     gpus_per_node=shape.gpus_per_node)  # fmt: skip
-            except EplbError as exc:
-                raise EplbError(f"link: {exc}") from None
+        try:  # a '+' link needs nodes: refused here, by name, not at the first window
+            check_links(self.cost, self.cluster)
+        except EplbError as exc:
+            raise EplbError(f"link: {exc}") from None
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
