@@ -386,30 +386,55 @@ def pack_within_nodes(
     least loaded GPU with a free slot that does not hold the expert yet; where that leaves an expert twice on
     a GPU, the swap with a slot of another GPU of the node that removes it and moves the least load. Which node
     holds what is kept, the GPUs of a node are balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G
-    a multiple of gpus_per_node. Returns phy2log [L, P]."""
+    a multiple of gpus_per_node. Returns phy2log [L, P]. All layers and nodes are packed at once, one item rank
+    at a time."""
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    layers, num_slots = phy2log.shape
+    experts, n = loads.shape[1], gpus_per_node
+    nodes = slots.size // n
+    gpu = np.repeat(np.arange(slots.size), slots)
+    slot_node = gpu // n
+    reps = np.stack([np.bincount(row, minlength=experts) for row in phy2log])
+    weight = np.take_along_axis(loads, phy2log, axis=1) / np.take_along_axis(reps, phy2log, axis=1)  # [L, P]
+    node_slots = slots.reshape(nodes, n).sum(axis=1)
+    node_start = np.r_[0, np.cumsum(node_slots)]
+    width = int(node_slots.max())
+    order = np.lexsort((-weight, np.broadcast_to(slot_node, phy2log.shape)))  # [L, P] node by node, heaviest first
+    rank = np.arange(num_slots) - node_start[slot_node]  # each sorted position's rank within its node
+    item = np.full((layers, nodes, width), -1, dtype=np.int64)  # slot of each (layer, node, rank); -1: none
+    item[:, slot_node, rank] = order
+    valid = item >= 0
+    expert = np.where(valid, np.take_along_axis(phy2log, np.maximum(item, 0).reshape(layers, -1), axis=1).reshape(
+        item.shape), 0)  # fmt: skip
+    w = np.where(valid, np.take_along_axis(weight, np.maximum(item, 0).reshape(layers, -1), axis=1).reshape(
+        item.shape), 0.0)  # fmt: skip
+    load = np.zeros((layers, nodes, n))
+    free = np.broadcast_to(slots.reshape(nodes, n), (layers, nodes, n)).copy()
+    count = np.zeros((layers, nodes, n, experts), dtype=np.int32)
+    placed = np.zeros((layers, nodes, width), dtype=np.int64)  # GPU (within its node) of each item
+    li, vi = np.arange(layers)[:, None], np.arange(nodes)[None, :]
+    for r in range(width):
+        e, ok = expert[:, :, r], valid[:, :, r]
+        room = free > 0
+        fits = room & (count[li, vi, :, e] == 0)
+        mask = np.where(fits.any(axis=2, keepdims=True), fits, room)
+        g = np.argmin(np.where(mask, load, np.inf), axis=2)
+        placed[:, :, r] = g
+        hit = np.broadcast_to(ok, g.shape)
+        l_hit, v_hit, g_hit = np.broadcast_to(li, g.shape)[hit], np.broadcast_to(vi, g.shape)[hit], g[hit]
+        load[l_hit, v_hit, g_hit] += w[:, :, r][hit]
+        free[l_hit, v_hit, g_hit] -= 1
+        count[l_hit, v_hit, g_hit, e[hit]] += 1
     out = phy2log.copy()
-    starts = np.r_[0, np.cumsum(slots)]
-    nodes = slots.size // gpus_per_node
-    for layer in range(phy2log.shape[0]):
-        row = phy2log[layer]
-        reps = np.bincount(row, minlength=loads.shape[1])
-        weight = loads[layer][row] / reps[row]
-        for v in range(nodes):
-            first, last = v * gpus_per_node, (v + 1) * gpus_per_node
-            a, b = starts[first], starts[last]
-            free = slots[first:last].copy()
-            gpu_load = np.zeros(gpus_per_node)
-            held: list[list[tuple[int, float]]] = [[] for _ in range(gpus_per_node)]
-            for i in np.argsort(-weight[a:b], kind="stable"):
-                expert, w = int(row[a + i]), float(weight[a + i])
-                room = [g for g in range(gpus_per_node) if free[g] and all(e != expert for e, _ in held[g])]
-                g = min(room or [g for g in range(gpus_per_node) if free[g]], key=lambda g: gpu_load[g])
-                held[g].append((expert, w))
-                gpu_load[g] += w
-                free[g] -= 1
-            _split_duplicates(held)
-            out[layer, a:b] = np.asarray([e for h in held for e, _ in h], dtype=np.int64)
+    gpu_start = np.r_[0, np.cumsum(slots)]
+    for layer, v in zip(*np.nonzero(valid.any(axis=2)), strict=True):
+        lists: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        for k in np.flatnonzero(valid[layer, v]):
+            lists[int(placed[layer, v, k])].append((int(expert[layer, v, k]), float(w[layer, v, k])))
+        if (count[layer, v] > 1).any():
+            _split_duplicates(lists)
+        a, b = gpu_start[v * n], gpu_start[(v + 1) * n]
+        out[layer, a:b] = np.asarray([e for h in lists for e, _ in h], dtype=np.int64)
     return out
 
 
