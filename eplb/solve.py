@@ -175,7 +175,7 @@ def check_shapes(loads: NDArray[np.float64], cluster: Cluster) -> None:
             f"{total} slots on {cluster.num_gpus} GPUs cannot hold {num_experts} experts: need at least "
             f"{-(-num_experts // cluster.num_gpus)} slots per GPU"
         )
-    if cluster.gpus_per_node is not None and cluster.num_gpus % cluster.gpus_per_node:
+    if cluster.gpus_per_node is not None and (cluster.gpus_per_node < 1 or cluster.num_gpus % cluster.gpus_per_node):
         raise EplbError(f"{cluster.num_gpus} GPUs do not split into nodes of {cluster.gpus_per_node}")
     if cluster.num_groups is not None and (cluster.num_groups < 1 or num_experts % cluster.num_groups):
         raise EplbError(f"{num_experts} experts do not split into {cluster.num_groups} equal groups")

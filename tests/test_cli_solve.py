@@ -126,3 +126,9 @@ def test_current_placement_of_another_cluster_is_one_short_line(
     assert main(["solve", "--gpus", "32", "--current", str(out)]) == 2
     err = capsys.readouterr().err
     assert "is for 64 GPUs x 5 slots, the request asks for 32 GPUs x 9 slots" in err and len(err) < 200
+
+
+def test_zero_gpus_per_node_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    for link in ("nvlink", "nvlink+nic"):
+        assert main(["solve", "--gpus", "32", "--gpus-per-node", "0", "--link", link]) == 2
+        assert "32 GPUs do not split into nodes of 0" in capsys.readouterr().err

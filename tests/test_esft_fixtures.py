@@ -61,6 +61,11 @@ def test_converter_refuses_a_line_without_the_weights_separator(tmp_path: Path) 
         conv.convert(tmp_path, "t")
 
 
+def test_converter_names_a_missing_checkout(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"expert_weights_1.txt: not found"):
+        _converter().convert(tmp_path, "law")
+
+
 @pytest.mark.parametrize("task", sorted(LIFTS))
 def test_shipped_esft_logs_are_valid_token_logs_with_real_coactivation(task: str) -> None:
     path = FIXTURES / f"esft-dsv2lite-{task}-topk.npz"
