@@ -19,7 +19,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     async_threshold_s: float = Field(10.0, ge=0, description="MILP requests with a longer budget run as jobs")
     milp_default_time_limit_s: float = Field(30.0, gt=0, description="MILP budget when a request gives none")
-    max_jobs: int = Field(64, ge=1, description="jobs kept at once (finished ones count until they expire)")
+    max_jobs: int = Field(64, ge=1, description="jobs queued or running at once (finished ones do not count)")
     job_ttl_s: float = Field(3600.0, gt=0, description="finished jobs are forgotten after this many seconds")
     retry_after_s: int = Field(5, ge=1, description="Retry-After on 503")
     inline_solvers: str = Field(

@@ -11,7 +11,8 @@ the rebalance, as median [min, max] over the 6 transitions.
 Policies:
 - engine default: DeepSeek EPLB (vLLM's `default` policy and SGLang's `deepseek`/`auto`); vLLM's
   `preserve_intragpu_slots` only reorders slots inside a GPU, so its copies are DeepSeek's;
-- eplb plug-in (default settings): the same DeepSeek placement, GPUs relabelled to keep experts in place;
+- eplb plug-in (default settings): eplb's incremental rebalancer from the old map, kept when its lb is within
+  1% of a fresh DeepSeek placement's (else that placement, GPUs relabelled to keep experts in place);
 - eplb plug-in, EPLB_SOLVER=greedy: eplb's greedy (lower lb);
 - eplb plug-in, EPLB_MAX_MOVES=N: at most N copies per rebalance.
 """

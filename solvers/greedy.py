@@ -150,7 +150,7 @@ def spread_duplicates(
 
 
 def refine_swaps(
-    loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_rounds: int = 64, light_gpus: int = 4
+    loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_rounds: int = 64
 ) -> IntArray:
     """Lower each layer's busiest GPU by swapping one of its replicas with one on another GPU, to convergence.
 
@@ -158,11 +158,10 @@ def refine_swaps(
     Each round the busiest GPU trades one replica with one on its partner: the lightest GPU that has a trade
     lowering the busiest without lifting the partner to the old peak; of that partner's trades, the one
     leaving the lower maximum of the two loads. A swap never puts two replicas of one expert on one GPU.
-    Stops when the busiest GPU has no trade, or after max_rounds swaps in a layer. Every GPU is in reach
-    (`light_gpus` is kept for callers and no longer needed). Compiled (`_kernels.refine`).
+    Stops when the busiest GPU has no trade, or after max_rounds swaps in a layer. Every GPU is in reach.
+    Compiled (`_kernels.refine`).
     Returns the refined phy2log [layers, P].
     """
-    del light_gpus
     rows, num_physical = phy2log.shape
     slots = np.ascontiguousarray(slots_per_gpu, dtype=np.int64)
     expert = np.array(phy2log, dtype=np.int64, order="C")

@@ -56,7 +56,8 @@ Every --interval steps the solver places experts from the --window steps before 
 
 Baselines on the same log and cluster: no EPLB (experts in id order, no redundancy), static (the
 first rebalance's placement kept), oracle (every step solved on its own counts by the greedy
-solver: the ceiling; ~10 ms per DeepSeek-V3-sized step, use --oracle-every N to sample).
+solver: the ceiling, and the costliest row: use --oracle-every N to sample), hindsight (each
+interval between checks served by greedy solved on that interval's own counts).
 
 Reports per step and layer the realized lb (busiest GPU / mean GPU) and the predicted layer time,
 per rebalance the moves (expert copies onto GPUs), bytes moved and solve time."""
@@ -68,8 +69,9 @@ examples:
   eplb replay log.jsonl --gpus 64 --ewma 0.01 --oracle-every 10 --json
   eplb replay log.npz --solver milp --time-limit 5 --memory-budget-gib 20 --model deepseek-v3
 
---out DIR writes steps.csv (step, layer, lb, oracle_lb, static_lb, no_eplb_lb, time_us),
-rebalances.csv (step, moves, bytes_moved, solve_ms) and summary.json. Details: docs/replay.md."""
+--out DIR writes steps.csv (step, layer, lb, oracle_lb, static_lb, no_eplb_lb, hindsight_lb, time_us),
+rebalances.csv (step, moves, bytes_moved, transfer_s, charge_s, solve_ms) and summary.json.
+Details: docs/replay.md."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
