@@ -12,6 +12,7 @@ plus the overhead Ray showed here per task.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -70,6 +71,7 @@ def projected(times: list[float], workers: int, per_task: float) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     cpus = os.cpu_count() or 1
     print(f"machine: {cpus} CPUs (shared); python {sys.version.split()[0]}")
     sweeps = sweep_tasks()
