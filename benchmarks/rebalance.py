@@ -1,6 +1,6 @@
 """Rebalancing policies side by side on drifting logs: realized lb, hindsight ratio, moves, total time.
 
-Run: python benchmarks/rebalance.py [--steps 3000] [--layers 8] [--milp-layers 4]
+Run: python benchmarks/rebalance.py [--steps 3000] [--layers 8] [--milp-layers 4] [--seeds 5]
 
 Logs (EP32, 9 slots per GPU = 288, DeepSeek-V3 on B200, all-to-all and weight copies over NVLink, copies
 overlapping serving with a quarter of the link):
@@ -16,7 +16,10 @@ layer (periodic, first --milp-layers layers only: it is slow); incremental with 
 move budget that pays for itself); robust (greedy refined over 4 sub-windows, periodic). Columns:
 realized lb (mean over steps and layers), hindsight ratio (realized lb / the hindsight row's), expert
 copies and the fraction of all slots per rebalance, GB per rebalance, total simulated time (MoE time of
-every step + migration charges) next to static, no-EPLB and hindsight.
+every step + migration charges) next to static, no-EPLB and hindsight. The tables are of seed 0; then, over
+--seeds draws of every log (seeds 0 .. N-1: the synthetic logs and the real windows' sampled steps), the median
+[min, max] of each policy's total time / periodic greedy's and realized lb / hindsight's, and on how many seeds
+the default (incremental, cost trigger) is below periodic greedy, static and no EPLB.
 """
 
 from __future__ import annotations
@@ -104,6 +107,82 @@ def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p
     }
 
 
+def logs_of(steps: int, layers: int, seed: int) -> dict[str, NDArray[Any]]:
+    """The three benchmark logs for one seed (synthetic draws and the real windows' sampled steps)."""
+    base = SynthConfig(steps=steps, layers=layers, experts=256, top_k=TOP_K, tokens=TOKENS, seed=seed)
+    return {
+        "drift": synth_log(base),
+        "shifts": synth_log(SynthConfig(**{**base.__dict__, "shift_at": (steps // 3, 2 * steps // 3)})),
+        "sglang6017": real_log(steps, seed),
+    }
+
+
+def print_table(name: str, log: NDArray[Any], args: argparse.Namespace, rows: dict[str, Any]) -> None:
+    """One log's side-by-side table (one seed)."""
+    print(f"\n{name}: {log.shape[0]:,} steps x {log.shape[1]} layers x {log.shape[2]} experts; EP{GPUS}, "
+          f"{GPUS * SLOTS} slots; checks every {args.interval} steps, window {args.window}")  # fmt: skip
+    print(f"  {'policy':<30}{'lb':>7}{'/hindsight':>11}{'rebal.':>8}{'copies/rb':>11}{'slots/rb':>10}"
+          f"{'GB/rb':>8}{'total s':>9}{'vs greedy':>10}{'wall s':>8}")  # fmt: skip
+    greedy_total = rows["periodic greedy"]["results"]["replay"]["total_time_s"]
+    for label, r in rows.items():
+        if label == "_baselines":
+            continue
+        res = r["results"]
+        total = res["replay"]["total_time_s"]
+        vs = "" if r["layers"] != log.shape[1] else f"{total / greedy_total:.4f}"
+        print(f"  {label:<30}{res['replay']['lb_mean']:>7.3f}{res['replay']['hindsight_ratio']:>11.4f}"
+              f"{r['rebalances']:>4}/{r['checks']:<3}{r['moves_per_rebalance']:>11,.0f}{r['slots_fraction']:>10.1%}"
+              f"{r['gb_per_rebalance']:>8.1f}{total:>9.3f}{vs:>10}{r['wall_s']:>8.1f}")  # fmt: skip
+    for b, title in BASELINE_ROWS:
+        res = rows["_baselines"][b]
+        print(f"  {title:<30}{res['lb_mean']:>7.3f}{'':>11}{'':>8}{'':>11}{'':>10}{'':>8}"
+              f"{res['total_time_s']:>9.3f}{res['total_time_s'] / greedy_total:>10.4f}")  # fmt: skip
+
+
+BASELINE_ROWS = (("static", "static (first placement kept)"), ("no_eplb", "no EPLB"),
+                 ("hindsight", "hindsight (per interval)"))  # fmt: skip
+
+
+def print_over_seeds(everything: dict[int, dict[str, Any]]) -> None:
+    """Per log and policy, over all seeds: total time / periodic greedy's and realized lb / hindsight's,
+    median [min, max], and on how many seeds the default is below periodic greedy, static and no EPLB."""
+    seeds = sorted(everything)
+    print(f"\nover {len(seeds)} seeds ({seeds[0]}-{seeds[-1]}): median [min, max] of total time / periodic greedy's "
+          "(full-model policies) and of realized lb / hindsight's")  # fmt: skip
+    for name in everything[seeds[0]]:
+        print(f"  {name:<32}{'total / greedy':>28}{'lb / hindsight':>28}")
+        per_seed = [everything[s][name] for s in seeds]
+        labels = [k for k in per_seed[0] if k != "_baselines"] + [t for _, t in BASELINE_ROWS]
+        for label in labels:
+            ratios, hs = [], []
+            for rows in per_seed:
+                greedy = rows["periodic greedy"]["results"]["replay"]["total_time_s"]
+                key = next((b for b, t in BASELINE_ROWS if t == label), None)
+                if key is not None:
+                    ratios.append(rows["_baselines"][key]["total_time_s"] / greedy)
+                    continue
+                res = rows[label]["results"]["replay"]
+                hs.append(res["hindsight_ratio"])
+                if rows[label]["layers"] == rows["periodic greedy"]["layers"]:
+                    ratios.append(res["total_time_s"] / greedy)
+            total = _median_range(ratios, ".4f") if ratios else ""
+            print(f"    {label:<30}{total:>28}{_median_range(hs, '.4f') if hs else '':>28}")
+        default = "incremental, cost trigger"
+        for other in ("periodic greedy", *(b for b, _ in BASELINE_ROWS if b != "hindsight")):
+            below = sum(_total(rows, default) < _total(rows, other) for rows in per_seed)
+            print(f"    {default} below {other}: {below} of {len(seeds)} seeds")
+
+
+def _total(rows: dict[str, Any], label: str) -> float:
+    if label in rows:
+        return float(rows[label]["results"]["replay"]["total_time_s"])
+    return float(rows["_baselines"][label]["total_time_s"])
+
+
+def _median_range(values: list[float], fmt: str) -> str:
+    return f"{np.median(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
@@ -111,49 +190,28 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=300)
     parser.add_argument("--interval", type=int, default=500)
     parser.add_argument("--milp-layers", type=int, default=4)
+    parser.add_argument("--seeds", type=int, default=5,
+                        help="logs drawn with seeds 0 .. N-1 (the first seed's tables are printed in full)")
     parser.add_argument("--json", type=Path, help="also write every number here")
     args = parser.parse_args()
     registry.register("vllm-style", "__main__:VllmStyle")
     hw = HARDWARE_PRESETS["b200"]
     cost = CostSetup(MODEL_PRESETS["deepseek-v3"], hw, hw.nvlink_bandwidth)
-    base = SynthConfig(steps=args.steps, layers=args.layers, experts=256, top_k=TOP_K, tokens=TOKENS)
-    logs = {
-        "drift": synth_log(base),
-        "shifts": synth_log(SynthConfig(**{**base.__dict__, "shift_at": (args.steps // 3, 2 * args.steps // 3)})),
-        "sglang6017": real_log(args.steps),
-    }
-    everything: dict[str, Any] = {}
-    for name, log in logs.items():
-        print(f"\n{name}: {log.shape[0]:,} steps x {log.shape[1]} layers x {log.shape[2]} experts; EP{GPUS}, "
-              f"{GPUS * SLOTS} slots; checks every {args.interval} steps, window {args.window}")  # fmt: skip
-        head = (f"  {'policy':<30}{'lb':>7}{'/hindsight':>11}{'rebal.':>8}{'copies/rb':>11}{'slots/rb':>10}"
-                f"{'GB/rb':>8}{'total s':>9}{'vs greedy':>10}{'wall s':>8}")  # fmt: skip
-        print(head)
-        rows: dict[str, Any] = {}
-        greedy_total: float | None = None
-        for label, p in policies(args.milp_layers):
-            r = run_policy(log, cost, args.window, args.interval, p)
-            rows[label] = r
-            res = r["results"]
-            total = res["replay"]["total_time_s"]
-            if label == "periodic greedy":
-                greedy_total = total
-                rows["_baselines"] = {k: res[k] for k in ("no_eplb", "static", "hindsight")}
-            ratio = res["replay"].get("hindsight_ratio")
-            vs = "" if greedy_total is None or r["layers"] != log.shape[1] else f"{total / greedy_total:.4f}"
-            print(f"  {label:<30}{res['replay']['lb_mean']:>7.3f}{ratio:>11.4f}{r['rebalances']:>4}/{r['checks']:<3}"
-                  f"{r['moves_per_rebalance']:>11,.0f}{r['slots_fraction']:>10.1%}{r['gb_per_rebalance']:>8.1f}"
-                  f"{total:>9.3f}{vs:>10}{r['wall_s']:>8.1f}")  # fmt: skip
-        for b, title in (("static", "static (first placement kept)"), ("no_eplb", "no EPLB"),
-                         ("hindsight", "hindsight (per interval)")):  # fmt: skip
-            res = rows["_baselines"][b]
-            vs = "" if greedy_total is None else f"{res['total_time_s'] / greedy_total:.4f}"
-            print(f"  {title:<30}{res['lb_mean']:>7.3f}{'':>11}{'':>8}{'':>11}{'':>10}{'':>8}"
-                  f"{res['total_time_s']:>9.3f}{vs:>10}")  # fmt: skip
-        everything[name] = rows
+    everything: dict[int, dict[str, Any]] = {}
+    for seed in range(args.seeds):
+        everything[seed] = {}
+        for name, log in logs_of(args.steps, args.layers, seed).items():
+            rows: dict[str, Any] = {}
+            for label, p in policies(args.milp_layers):
+                rows[label] = run_policy(log, cost, args.window, args.interval, p)
+            res = rows["periodic greedy"]["results"]
+            rows["_baselines"] = {k: res[k] for k in ("no_eplb", "static", "hindsight")}
+            everything[seed][name] = rows
+            if seed == 0:
+                print_table(name, log, args, rows)
+    print_over_seeds(everything)
     if args.json:
         args.json.write_text(json.dumps(everything, indent=1, default=float) + "\n")
-
 
 if __name__ == "__main__":
     main()
