@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["arrange_slots", "count_moves", "gpu_membership", "relabel_gpus", "relabel_slot_order"]
+__all__ = ["arrange_slot_order", "arrange_slots", "count_moves", "gpu_membership", "relabel_gpus", "relabel_slot_order"]
 
 
 def _check(
@@ -206,11 +206,19 @@ def relabel_slot_order(
 def arrange_slots(new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.int64]:
     """Reorder the slots inside each GPU (GPUs keep their labels) so that every expert a GPU keeps stays
     in its current slot: ``[L, P]``. For placements already aligned with the current one (incremental)."""
+    return arrange_slot_order(new_phy2log, current_phy2log, slots_per_gpu)[0]
+
+
+def arrange_slot_order(
+    new_phy2log: ArrayLike, current_phy2log: ArrayLike, slots_per_gpu: ArrayLike
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Like :func:`arrange_slots`, also returning the slot permutation ``source [L, P]`` (as
+    :func:`relabel_slot_order`), so per-slot data such as shares follow their slots."""
     new, cur, slots = _check(new_phy2log, current_phy2log, slots_per_gpu)
     if new.size == 0:
-        return new.copy()
+        return new.copy(), np.broadcast_to(np.arange(new.shape[1]), new.shape).copy()
     identity = np.broadcast_to(np.arange(slots.size), (new.shape[0], slots.size))
-    return _arrange(new, cur, slots, identity, int(max(new.max(), cur.max())) + 1)[0]
+    return _arrange(new, cur, slots, identity, int(max(new.max(), cur.max())) + 1)
 
 
 def _arrange(
