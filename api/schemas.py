@@ -20,6 +20,7 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 
 MAX_GPUS = 4096
 SlotCount = Annotated[int, Field(ge=0, le=MAX_GPUS)]
+ExpertId = Annotated[int, Field(ge=-1, le=65_535)]  # -1: an empty slot (or no partner)
 Bytes = Annotated[float, Field(ge=0, le=1e15)]  # at most a petabyte
 Loads = Annotated[
     list[list[float]], Field(description="[layers][E] tokens routed to each expert over the window")
@@ -56,7 +57,7 @@ class PlacementIn(BaseModel):
 
     model_config = STRICT
     format: str | None = Field(None, max_length=100)
-    phy2log: list[list[int]]
+    phy2log: list[list[ExpertId]]
     slots_per_gpu: list[SlotCount] = Field(max_length=MAX_GPUS)
     num_experts: int | None = Field(None, ge=1, le=65_536)
     num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS)
@@ -74,7 +75,7 @@ class CoactivationIn(BaseModel):
     tokens: list[Annotated[int, Field(ge=0, le=10**15)]] = Field(description="[L] tokens routed in the window")
     top_k: int = Field(ge=1, le=1024, description="experts each token chose")
     loads: list[list[Annotated[int, Field(ge=0, le=10**15)]]] = Field(description="[L][E] picks per expert")
-    partners: list[list[list[Annotated[int, Field(ge=-1, le=65_535)]]]] = Field(
+    partners: list[list[list[ExpertId]]] = Field(
         description="[L][E][m] each expert's most frequent co-chosen experts, most frequent first, -1 padded"
     )
     counts: list[list[list[Annotated[int, Field(ge=0, le=10**15)]]]] = Field(

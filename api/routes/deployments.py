@@ -24,6 +24,9 @@ from eplb.io.exports import to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
 from eplb.solve import Outcome, solve
 
+MAX_ID = 2**31 - 1
+"""The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
+parameter; SQLite's are int64): a larger `before` is a 422, not a database error."""
 router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized)
 EXPORTS: dict[str, Callable[[Placement], dict[str, Any]]] = {
     "sglang": to_sglang, "trtllm": to_trtllm, "vllm-ascend": to_vllm_ascend,
@@ -136,7 +139,8 @@ async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, setti
 async def get_history(
     name: str, db: DbDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="entries per page")] = 50,
-    before: Annotated[int | None, Query(ge=1, description="entries older than this id (a page's `next`)")] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID,
+                                        description="entries older than this id (a page's `next`)")] = None,
 ) -> HistoryPage:
     page: HistoryPage = await _call(deployments.history, db, name, limit, before)
     return page
