@@ -1,6 +1,6 @@
 """The service on real databases (a SQLite file, then a throwaway PostgreSQL): integer inputs beyond what the
 store (PostgreSQL's int4 ids) or numpy hold are a 422 naming the field, not a 500 or a silently wrapped
-number."""
+number; a PUT that changes the cluster shape says it dropped the serving placement."""
 
 from __future__ import annotations
 
@@ -64,3 +64,22 @@ def test_placement_expert_ids_out_of_range_are_422_not_wrapped(client: TestClien
     assert r.json()["errors"][0]["field"].startswith("placement.phy2log")
     assert "-9223372036854775808" not in r.text  # it was read as a wrapped int64 before
 
+
+def test_put_that_changes_the_shape_says_it_dropped_the_placement(client: TestClient) -> None:
+    register(client)
+    client.post("/deployments/web/windows", json={"loads": window(0)})
+    same = client.put("/deployments/web", json=config(threshold=1.3).model_dump(mode="json", exclude_none=True))
+    assert same.status_code == 200 and same.json()["placement"] is not None
+    assert "placement_dropped" not in same.json()
+    body = config(threshold=1.3).model_dump(mode="json", exclude_none=True)
+    body["cluster"] = {"num_gpus": 8, "slots_per_gpu": 9}
+    changed = client.put("/deployments/web", json=body)
+    assert changed.status_code == 200
+    assert "placement" not in changed.json() and "no longer fits" in changed.json()["placement_dropped"]
+    assert client.get("/deployments/web").json().get("placement") is None
+    again = client.put("/deployments/web", json=body)  # nothing left to drop
+    assert again.status_code == 200 and "placement_dropped" not in again.json()
+    created = client.put("/deployments/new", json=body)
+    assert created.status_code == 201 and "placement_dropped" not in created.json()
+    placed = client.post("/deployments/web/windows", json={"loads": window(0)}).json()
+    assert placed["action"] == "placed" and placed["result"]["placement"]["slots_per_gpu"] == [9] * 8

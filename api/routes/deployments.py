@@ -57,6 +57,18 @@ class DeploymentList(BaseModel):
     deployments: list[DeploymentView]
 
 
+class DeploymentUpdate(DeploymentView):
+    """What a PUT answers: the deployment, and why the update dropped its serving placement (if it did)."""
+
+    placement_dropped: str | None = Field(None, description="present when this update dropped the serving "
+                                          "placement: the new model or cluster shape (experts, slots per GPU) no "
+                                          "longer fits it; the next window places afresh (history stays)")
+
+
+PLACEMENT_DROPPED = ("the serving placement no longer fits the new config (experts or slots per GPU changed) and "
+                     "was dropped: the next window places afresh")
+
+
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a blocking `eplb.deployments` call in the database threads; NotFound becomes 404 (EplbError 422)."""
     try:
@@ -88,14 +100,19 @@ async def list_deployments(db: DbDep) -> DeploymentList:
     return DeploymentList(deployments=await _call(deployments.list_all, db))
 
 
-@router.put("/{name}", response_model=DeploymentView, response_model_exclude_none=True,
-            responses={201: {"model": DeploymentView, "description": "registered"}, **documented(401, 404, 422)},
-            summary="Register a deployment, or update its config (the serving placement and history stay)")
-async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentView:
+@router.put("/{name}", response_model=DeploymentUpdate, response_model_exclude_none=True,
+            responses={201: {"model": DeploymentUpdate, "description": "registered"}, **documented(401, 404, 422)},
+            summary="Register a deployment, or update its config (history stays; the serving placement too unless "
+                    "the new shape no longer fits it: `placement_dropped` then says so)")
+async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentUpdate:
+    try:
+        old: DeploymentView | None = await in_db(deployments.get, db, name)
+    except NotFound:
+        old = None
     view, created = await _call(deployments.register, db, name, body)
     response.status_code = 201 if created else 200
-    result: DeploymentView = view
-    return result
+    dropped = old is not None and old.placement is not None and view.placement is None
+    return DeploymentUpdate.model_construct(**dict(view), placement_dropped=PLACEMENT_DROPPED if dropped else None)
 
 
 @router.get("/{name}", response_model=DeploymentView, response_model_exclude_none=True,
