@@ -36,7 +36,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file
+from eplb.io.files import existing_file, refuse_non_real
+from eplb.io.windows import MAX_LOAD
 
 __all__ = [
     "FORMAT_COUNTS",
@@ -64,6 +65,8 @@ _COUNTS = "counts"
 _TOPK = "topk_ids"
 _OFFSETS = "step_offsets"
 _META_KEYS = ("format", "model", "num_experts", "top_k", "steps", "layer_ids")
+MAX_TOPK_EXPERTS = int(np.iinfo(np.int16).max) + 1
+"""Experts a token-level log may have: its topk_ids are int16 (docs/formats.md)."""
 
 
 @dataclass(frozen=True)
@@ -264,8 +267,10 @@ def _step_ids(meta: dict[str, Any], num_steps: int, path: str) -> NDArray[np.int
     if raw is None:
         return np.arange(num_steps, dtype=np.int64)
     steps = np.asarray(raw)
-    if steps.ndim != 1 or steps.size != num_steps or steps.dtype.kind not in "iu":
+    if steps.ndim != 1 or steps.size != num_steps:
         raise EplbError(f"{path}: 'steps' must be {num_steps} integer step ids, got shape {list(steps.shape)}")
+    if steps.dtype.kind not in "iu":
+        raise EplbError(f"{path}: 'steps' must be integer step ids, got dtype {steps.dtype}")
     steps = steps.astype(np.int64)
     bad = np.flatnonzero(np.diff(steps) <= 0)
     if bad.size:
@@ -478,6 +483,9 @@ class _TopkNpz(RoutingLog):
         num_experts = _meta_int(meta, "num_experts", str(path))
         if num_experts is None:
             raise EplbError(f"{path}: a token-level log needs 'num_experts' (expert ids alone do not give E)")
+        if num_experts > MAX_TOPK_EXPERTS:
+            raise EplbError(f"{path}: metadata num_experts is {num_experts:,}: more than int16 topk_ids can name "
+                            f"(at most {MAX_TOPK_EXPERTS:,})")
         top_k = _meta_int(meta, "top_k", str(path))
         if top_k is not None and top_k != shape[2]:
             raise EplbError(f"{path}: metadata says top_k {top_k}, topk_ids has {shape[2]} experts per token")
@@ -525,6 +533,7 @@ class _TopkNpz(RoutingLog):
                             f"expert id {int(ids[t, layer].min())}..{int(ids[t, layer].max())} is outside "
                             f"0..{num_experts - 1}"
                         )
+                    _check_distinct(ids, offsets, i, self._steps, str(path))
                     yield i, ids
         except (zipfile.BadZipFile, zlib.error, OSError) as exc:
             raise EplbError(f"{path}: corrupt topk_ids data ({exc})") from None
@@ -543,9 +552,32 @@ class _TopkNpz(RoutingLog):
         return total
 
 
+def _check_distinct(
+    ids: NDArray[Any], offsets: NDArray[np.int64], first_step: int, step_ids: NDArray[np.int64], path: str
+) -> None:
+    """Raise naming the first token and layer whose top-k repeats an expert (a token picks k distinct experts)."""
+    k = ids.shape[2]
+    if k < 2 or not ids.size:
+        return
+    repeated = np.zeros(ids.shape[:2], dtype=bool)  # [tokens, layers]; pairwise: faster than sorting for small k
+    for a in range(k - 1):
+        for b in range(a + 1, k):
+            repeated |= ids[:, :, a] == ids[:, :, b]
+    if repeated.any():
+        t, layer = (int(v) for v in np.argwhere(repeated)[0])
+        token = int(offsets[first_step]) + t
+        step = int(np.searchsorted(offsets, token, side="right")) - 1
+        raise EplbError(
+            f"{path}: step {int(step_ids[step])}, token {token}, layer {layer}: top-k {ids[t, layer].tolist()} names "
+            "an expert twice; a token picks k distinct experts"
+        )
+
+
 def _check_offsets(raw: NDArray[Any], tokens: int, path: str) -> NDArray[np.int64]:
-    if raw.ndim != 1 or raw.size < 1 or raw.dtype.kind not in "iu":
+    if raw.ndim != 1 or raw.size < 1:
         raise EplbError(f"{path}: step_offsets must be [steps + 1] integers, got shape {list(raw.shape)}")
+    if raw.dtype.kind not in "iu":
+        raise EplbError(f"{path}: step_offsets must be integers (token positions), got dtype {raw.dtype}")
     offsets = raw.astype(np.int64)
     if offsets[0] != 0:
         raise EplbError(f"{path}: step_offsets must start at 0, got {int(offsets[0])}")
@@ -769,10 +801,17 @@ def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) ->
     if not isinstance(raw, list) or len(raw) != num_experts:
         got = f"{len(raw)} values" if isinstance(raw, list) else repr(raw)[:40]
         raise EplbError(f"{path}: line {lineno}: 'counts' must list {num_experts} numbers, got {got}")
+    refuse_non_real(raw, f"{path}: line {lineno}: counts")
     try:
         arr = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError):
         raise EplbError(f"{path}: line {lineno}: 'counts' must hold numbers") from None
+    big = np.flatnonzero(arr > MAX_LOAD)
+    if big.size:
+        raise EplbError(
+            f"{path}: line {lineno}: step {rec['step']}, layer {rec['layer']}, expert {int(big[0])}: count is "
+            f"{raw[int(big[0])]!r}, too large for a token count (at most {MAX_LOAD:g})"
+        )
     if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr != np.round(arr)):
         e = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr)))[0])
         raise EplbError(
