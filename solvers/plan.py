@@ -20,6 +20,7 @@ Shapes: ``phy2log [L, P]``, ``slots_per_gpu [G]``; a plan holds one row per writ
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,8 @@ def build_plan(
     if stage_bytes is not None:
         if bytes_per_copy is None:
             raise PlanError("a stage byte budget needs the bytes of one expert copy (give the model)")
+        if not math.isfinite(stage_bytes):
+            raise PlanError(f"a stage byte budget must be a finite number of bytes, got {stage_bytes}")
         if not stage_bytes >= bytes_per_copy:
             raise PlanError(f"a stage of {stage_bytes:.4g} bytes cannot hold one expert copy "
                             f"({bytes_per_copy:.4g} bytes)")

@@ -11,6 +11,7 @@ import pytest
 from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.io.logs import open_log
+from solvers.plan import PlanError, build_plan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -24,6 +25,11 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return code, (err.strip().splitlines() or [""])[-1]
+
+
+def test_build_plan_refuses_an_infinite_stage_budget() -> None:
+    with pytest.raises(PlanError, match="finite"):
+        build_plan([[0, 1]], [[1, 0]], [1, 1], bytes_per_copy=1.0, stage_bytes=float("inf"))
 
 
 # 6., 7. readers ---------------------------------------------------------------------------------------------
