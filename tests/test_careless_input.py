@@ -1,8 +1,9 @@
-"""Careless input through the real CLI: malformed load windows and logs. Each gets one clear error line naming
-the flag, field or file (exit 2)."""
+"""Careless input through the real CLI: huge numbers, absurd bandwidths, flags that would be ignored, the same
+file twice, malformed logs. Each gets one clear error line naming the flag, field or file (exit 2)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ from eplb.io.logs import open_log
 from solvers.plan import PlanError, build_plan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+DECODE = FIXTURES / "sglang6017-dsv3-decode-in1000out1000.json"  # 58 x 256: DeepSeek-V3, a model for bytes
+HUGE = "99999999999999999999999"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -27,9 +30,162 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, (err.strip().splitlines() or [""])[-1]
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 2-layer x 16-expert window with a current placement (no model preset has 16 experts), a synthetic
+    log of that shape, and a DeepSeek-V3 placement on 8 GPUs for the decode window."""
+    d = tmp_path_factory.mktemp("careless")
+    window = d / "w.json"
+    window.write_text(json.dumps({"loads": (np.arange(32).reshape(2, 16) + 1).tolist()}))
+    files = {"window": window, "current": d / "p.json", "log": d / "log.npz", "dsv3": d / "p8.json"}
+    for argv in (["solve", "--loads", str(window), "--gpus", "4", "--out", str(files["current"])],
+                 ["synth", "--out", str(files["log"]), "--steps", "20", "--layers", "2", "--experts", "16",
+                  "--top-k", "2", "--tokens", "64"],
+                 ["solve", "--loads", str(DECODE), "--gpus", "8", "--redundant", "8", "--out", str(files["dsv3"])]):
+        assert main(argv) == 0
+    return files
+
+
+# 1. huge integers -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-moves", HUGE, "at most 10,000,000 expert copies"),
+        ("--max-moves", str(2**63), "at most 10,000,000 expert copies"),
+        ("--max-moves-per-layer", HUGE, "at most 1,000,000 expert copies per layer"),
+    ],
+)
+def test_huge_move_budgets_are_refused_by_name(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--current",
+                    str(small["current"]), flag, value)  # fmt: skip
+    assert code == 2 and f"argument {flag}: {value} is too large" in err and message in err
+
+
+def test_the_largest_move_budget_is_accepted(small: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(small["current"]),
+                 "--max-moves", "10000000", "--max-moves-per-layer", "1000000"]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--interval", HUGE, "at most 2,147,483,647 steps"),
+        ("--window", HUGE, "at most 2,147,483,647 steps"),
+        ("--first-rebalance", HUGE, "at most 2,147,483,647 steps"),
+        ("--oracle-every", HUGE, "at most 2,147,483,647 steps"),
+        ("--slots-per-gpu", "99999999999999999999", "at most 2,147,483,647"),
+        ("--gpus", "99999999999999999999", "at most 65,536 GPUs"),
+    ],
+)
+def test_huge_replay_numbers_are_refused_by_name(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    code, err = run(capsys, "replay", str(small["log"]), flag, value, "--no-progress")
+    assert code == 2 and f"argument {flag}: {value} is too large" in err and message in err
+
+
+def test_huge_slots_per_gpu_in_solve(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(capsys, "solve", "--slots-per-gpu", "99999999999999999999")
+    assert code == 2 and "argument --slots-per-gpu: 99999999999999999999 is too large" in err
+
+
+# 2. non-finite stage budget; 3. one file for two outputs ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "0"])
+def test_stage_gib_must_be_finite_and_positive(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    code, err = run(capsys, "solve", "--loads", str(DECODE), "--gpus", "8", "--redundant", "8", "--current",
+                    str(small["dsv3"]), "--target-lb", "1.01", "--plan", str(tmp_path / "plan.json"),
+                    "--stage-gib", value)  # fmt: skip
+    assert code == 2 and "--stage-gib must be > 0 and at most 1e+06 GiB" in err
+
+
 def test_build_plan_refuses_an_infinite_stage_budget() -> None:
     with pytest.raises(PlanError, match="finite"):
         build_plan([[0, 1]], [[1, 0]], [1, 1], bytes_per_copy=1.0, stage_bytes=float("inf"))
+
+
+def test_stage_gib_without_current_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(capsys, "solve", "--stage-gib", "1")
+    assert code == 2 and "--stage-gib" in err and "need --current" in err
+
+
+def test_plan_and_out_on_one_file_are_refused(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    same = tmp_path / "x.json"
+    common = ["solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(small["current"])]
+    code, err = run(capsys, *common, "--out", str(same), "--plan", str(tmp_path / "." / "x.json"))
+    assert code == 2 and "--plan and --out are both" in err and not same.exists()
+    before = small["current"].read_text()
+    code, err = run(capsys, *common, "--plan", str(small["current"]))
+    assert code == 2 and "is the --current placement" in err and small["current"].read_text() == before
+
+
+# 4. flags that would be silently ignored -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("trigger", "shown"), [(["--trigger", "periodic"], "periodic:"), ([], "periodic (the default)")]
+)
+def test_threshold_without_the_threshold_trigger_is_refused(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], trigger: list[str], shown: str
+) -> None:
+    code, err = run(capsys, "replay", str(small["log"]), *trigger, "--threshold", "1.2", "--no-progress")
+    assert code == 2 and "--threshold is used by --trigger threshold only" in err and shown in err
+
+
+def test_threshold_with_its_trigger_runs(small: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(small["log"]), "--interval", "10", "--window", "10", "--trigger", "threshold",
+                 "--threshold", "1.2", "--no-progress", "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["schedule"]["threshold"] == 1.2
+
+
+@pytest.mark.parametrize("flag", [["--link", "nic"], ["--migration-link", "nic"], ["--migration", "blocking"],
+                                  ["--migration-share", "0.5"]])  # fmt: skip
+def test_cost_flags_without_a_model_are_refused(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: list[str]
+) -> None:
+    code, err = run(capsys, "replay", str(small["log"]), *flag, "--no-progress")
+    assert code == 2 and err.startswith(f"eplb replay: error: {flag[0]} ") and "needs a model" in err
+
+
+def test_link_without_a_model_is_refused_by_solve(small: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--link", "nic")
+    assert code == 2 and "--link times the all-to-all, which needs a model" in err
+
+
+# 5. absurd tokens and bandwidths ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["solve", "--tokens-per-gpu", "1e300"], "--tokens-per-gpu must be > 0 and at most 1,000,000,000"),
+        (["solve", "--link", "1e-300"], "--link 1e-300: 1e-300 GB/s is not a link bandwidth"),
+        (["solve", "--link", "1e300"], "is not a link bandwidth"),
+        (["solve", "--gpus", "32", "--gpus-per-node", "8", "--link", "nvlink+1e-9"], "1e-09 GB/s is not a link"),
+        (["cost", "--ep", "8", "--tokens-per-gpu", "256", "--link", "1e-300"], "--link 1e-300: 1e-300 GB/s is not"),
+        (["cost", "--ep", "8", "--tokens-per-gpu", "10000000000"], "--tokens-per-gpu 10000000000 is too large"),
+    ],
+)
+def test_absurd_tokens_and_links_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, err = run(capsys, *argv)
+    assert code == 2 and message in err
+
+
+def test_absurd_migration_link_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "dsv3.npz"  # DeepSeek-V3's shape: the log names its model
+    assert main(["synth", "--out", str(log), "--steps", "4", "--tokens", "64"]) == 0
+    capsys.readouterr()
+    code, err = run(capsys, "replay", str(log), "--migration-link", "1e-300", "--no-progress")
+    assert code == 2 and "--migration-link 1e-300: 1e-300 GB/s is not a link bandwidth" in err
 
 
 # 6., 7. readers ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 
+from eplb.cli.solve import MAX_TOKENS_PER_GPU, check_link
 from eplb.cost import (
     DEFAULT_MAP_TOKENS,
     DEFAULT_SWEEP_EPS,
@@ -121,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _int_list(opt: str, text: str) -> list[int]:
+def _int_list(opt: str, text: str, limit: float = math.inf) -> list[int]:
     out = []
     for part in text.split(","):
         part = part.strip().replace("_", "")
@@ -131,6 +132,8 @@ def _int_list(opt: str, text: str) -> list[int]:
             raise EplbError(f"{opt} must be a positive integer or a comma list of them, got {text!r}") from None
         if v < 1:
             raise EplbError(f"{opt} must be positive, got {v}")
+        if v > limit:
+            raise EplbError(f"{opt} {v} is too large (at most {limit:,.0f})")
         out.append(v)
     return out
 
@@ -141,7 +144,10 @@ def _link_label(link: str) -> str:
 
 
 def _links(hw: HardwareSpec, text: str) -> list[tuple[str, float]]:
-    return [(_link_label(part), link_bandwidth(hw, part)) for part in text.split(",") if part.strip()]
+    links = [(part, link_bandwidth(hw, part)) for part in text.split(",") if part.strip()]
+    for part, bw in links:
+        check_link(bw, "--link", part)
+    return [(_link_label(part), bw) for part, bw in links]
 
 
 def _mb(x: float) -> str:
@@ -192,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
     if h is not None and (not math.isfinite(h) or h < 1):
         raise EplbError(f"--hot-expert-factor must be >= 1 (x the mean load), got {h:g}")
     eps = _int_list("--ep", args.ep) if args.ep is not None else None
-    tokens = _int_list("--tokens-per-gpu", args.tokens_per_gpu) if args.tokens_per_gpu is not None else None
+    tokens = None
+    if args.tokens_per_gpu is not None:
+        tokens = _int_list("--tokens-per-gpu", args.tokens_per_gpu, MAX_TOKENS_PER_GPU)
     for ep in eps or []:
         if ep > model.num_experts:
             raise EplbError(f"--ep {ep} exceeds the model's {model.num_experts} routed experts")
@@ -216,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     link = args.link or "nvlink"
     if "," in link:
         raise EplbError("--link takes one link here (a comma list only with --plot)")
-    bw = link_bandwidth(hw, link)
+    ((_, bw),) = _links(hw, link)
 
     if args.sweep:
         rows = sweep(

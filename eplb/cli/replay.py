@@ -13,7 +13,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.budget import GIB
-from eplb.cli.solve import add_cluster_options, add_cost_options, cost_setup, int_list, model_for, slots_for
+from eplb.cli.solve import (
+    MAX_COUNT,
+    add_cluster_options,
+    add_cost_options,
+    check_link,
+    cost_setup,
+    int_at_most,
+    int_list,
+    model_for,
+    slots_for,
+)
 from eplb.cost import TimeModel
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError
@@ -138,7 +148,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "in the window's tokens and keeps, per layer, the lowest predicted time (token-level logs; needs "
                    "the model). Default: lb")
     add_cluster_options(r)
-    r.add_argument("--oracle-every", type=int, default=1, metavar="N",
+    r.add_argument("--oracle-every", type=int_at_most(MAX_COUNT, "steps"), default=1, metavar="N",
                    help="solve the oracle on every N-th step (default 1: all; 0: skip the oracle)")
     add_cost_options(r, model_default=LOG_MODEL_DEFAULT, tokens_default=LOG_TOKENS_DEFAULT, tokens_value=None)
     add_migration_options(r)
@@ -156,14 +166,15 @@ LOG_TOKENS_DEFAULT = "each step's own tokens"
 def add_schedule_options(p: argparse._ActionsContainer) -> None:
     """--window, --interval, --first-rebalance, --delay, --ewma (read back with `schedule_from`)."""
     d = Schedule()
-    p.add_argument("--window", type=int, default=d.window, metavar="W",
+    steps = int_at_most(MAX_COUNT, "steps")
+    p.add_argument("--window", type=steps, default=d.window, metavar="W",
                    help=f"steps the solver sees (default {d.window})")
-    p.add_argument("--interval", type=int, default=d.interval, metavar="I",
+    p.add_argument("--interval", type=steps, default=d.interval, metavar="I",
                    help=f"steps between rebalances (default {d.interval})")
-    p.add_argument("--first-rebalance", type=int, metavar="S",
+    p.add_argument("--first-rebalance", type=steps, metavar="S",
                    help="step position of the first rebalance (default: the interval; vLLM's comes a "
                    "quarter interval in: 750 with --delay 0)")
-    p.add_argument("--delay", type=int, default=d.delay, metavar="D",
+    p.add_argument("--delay", type=steps, default=d.delay, metavar="D",
                    help="steps before a new placement serves (default 1: from the next step; 0: vLLM's timing)")
     p.add_argument("--ewma", type=float, metavar="ALPHA",
                    help="weight the window: the step j steps before the rebalance counts (1 - ALPHA)^j")
@@ -171,10 +182,10 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
                    help="when a check rebalances: always (periodic), when the recent realized lb exceeds "
                    "--threshold, or when the predicted time saved over the next interval exceeds the migration "
                    "cost (cost; needs a model). Default: cost with a model, else periodic")
-    p.add_argument("--threshold", type=float, default=d.threshold, metavar="LB",
+    p.add_argument("--threshold", type=float, metavar="LB",
                    help=f"realized lb (mean over the window's steps and layers) above which --trigger threshold "
                    f"rebalances (default {d.threshold:g})")
-    p.add_argument("--robust-windows", type=int, metavar="K",
+    p.add_argument("--robust-windows", type=steps, metavar="K",
                    help="cut the window into K sub-windows and refine the placement so its worst lb over them "
                    "is lowest (solvers/robust.py; any solver)")
 
@@ -184,27 +195,35 @@ def add_migration_options(p: argparse._ActionsContainer) -> None:
     d = MigrationSpec(1.0)
     p.add_argument("--migration-link", metavar="nvlink|nic|pcie|GBPS",
                    help="the one link every expert copy takes, per GPU and direction (default nvlink; with a '+' "
-                   "--link, its two links: copies from another node take the one between nodes)")
-    p.add_argument("--migration", choices=("overlap", "blocking"), default="overlap",
+                   "--link, its two links: copies from another node take the one between nodes); needs the model")
+    p.add_argument("--migration", choices=("overlap", "blocking"),
                    help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
                    "default) or stall serving until done (blocking)")
-    p.add_argument("--migration-share", type=float, default=d.link_share, metavar="F",
+    p.add_argument("--migration-share", type=float, metavar="F",
                    help=f"with overlap, the fraction of the link the copies take (default {d.link_share:g})")
 
 
 def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> MigrationSpec | None:
-    """The checked MigrationSpec from `add_migration_options` (None without a cost model)."""
+    """The checked MigrationSpec from `add_migration_options` (None without a cost model; then the options are
+    refused: copies are priced by the model's expert bytes)."""
     if cost is None:
+        given = [flag for flag, value in (("--migration-link", args.migration_link), ("--migration", args.migration),
+                                          ("--migration-share", args.migration_share)) if value is not None]
+        if given:
+            raise EplbError(f"{given[0]} prices weight migration, which needs a model (the bytes of an expert): give "
+                            "--model NAME or FILE (no preset matches the log's expert and layer count)")
         return None
     between = None
     if args.migration_link is not None:
         link_bw = link_bandwidth(cost.hardware, args.migration_link)
+        check_link(link_bw, "--migration-link", args.migration_link)
     elif cost.inter_node_bw is not None:  # two links: copies from another node take the one between nodes
         TimeModel.check_nodes(args.gpus, args.gpus_per_node)
         link_bw, between = cost.link_bw, cost.inter_node_bw
     else:
         link_bw = cost.hardware.nvlink_bandwidth
-    spec = MigrationSpec(link_bw, args.migration == "overlap", args.migration_share, cost.hardware.hbm_bandwidth,
+    share = MigrationSpec(1.0).link_share if args.migration_share is None else args.migration_share
+    spec = MigrationSpec(link_bw, args.migration != "blocking", share, cost.hardware.hbm_bandwidth,
                          between, args.gpus_per_node)  # fmt: skip
     spec.check()
     return spec
@@ -213,8 +232,12 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
 def schedule_from(args: argparse.Namespace, default_trigger: str = "periodic") -> Schedule:
     """The checked Schedule from `add_schedule_options`' arguments."""
     trigger = args.trigger or default_trigger
+    if args.threshold is not None and trigger != "threshold":
+        raise EplbError(f"--threshold is used by --trigger threshold only; this run's trigger is {trigger}"
+                        + ("" if args.trigger else " (the default)") + ": add --trigger threshold or drop --threshold")
+    threshold = Schedule().threshold if args.threshold is None else args.threshold
     schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma, trigger,
-                        args.threshold, args.robust_windows)  # fmt: skip
+                        threshold, args.robust_windows)  # fmt: skip
     schedule.check()
     return schedule
 

@@ -7,7 +7,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,6 +48,19 @@ examples:
 
 load files: .json {"loads": [[...]]}, .npy/.npz [layers, E] or [steps, layers, E] (docs/formats.md)."""
 
+MAX_COUNT = 2**31 - 1
+"""Largest step count, slot count, ... a flag takes: longer windows or intervals than 2**31 steps make no sense."""
+MAX_GPUS = 65_536
+MAX_MOVES = 10_000_000
+"""Expert copies a move budget may allow in the whole model (as the API); per layer, MAX_MOVES_PER_LAYER."""
+MAX_MOVES_PER_LAYER = 1_000_000
+MAX_TOKENS_PER_GPU = 1e9
+"""Tokens per GPU in one step (as the API)."""
+MAX_STAGE_GIB = 1e6
+"""GiB per stage of a migration plan (as the API)."""
+LINK_GBPS = (1e-3, 1e6)
+"""Plausible link bandwidths, GB/s per GPU and direction (1 MB/s .. 1 PB/s: the API's cap)."""
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `solve` and `evaluate` subcommands."""
@@ -72,9 +87,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "experts (default: 0.01)")
     p.add_argument("--current", metavar="FILE", help="the placement serving now (ours, SGLang or TensorRT-LLM "
                    "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported")
-    p.add_argument("--max-moves", type=int, metavar="N", help="incremental: expert copies allowed in the whole "
-                   "model (default: until further copies buy less than 0.1%% of lb)")
-    p.add_argument("--max-moves-per-layer", type=int, metavar="N", help="incremental: expert copies per layer")
+    p.add_argument("--max-moves", type=int_at_most(MAX_MOVES, "expert copies"), metavar="N",
+                   help="incremental: expert copies allowed in the whole model (default: until further copies buy "
+                   "less than 0.1%% of lb)")
+    p.add_argument("--max-moves-per-layer", type=int_at_most(MAX_MOVES_PER_LAYER, "expert copies per layer"),
+                   metavar="N", help="incremental: expert copies per layer")
     p.add_argument("--target-lb", type=float, metavar="X", help="incremental: the fewest copies that bring every "
                    "layer to lb <= X (layers that cannot stop at their best)")
     p.add_argument("--frontier", action="store_true", help="with --current: print the moves-vs-lb curve of "
@@ -118,7 +135,8 @@ def _add_loads(p: argparse.ArgumentParser) -> None:
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     """--gpus, --gpus-per-node, --groups and one of --slots-per-gpu, --redundant, --memory-budget-gib
     (read back with `slots_for` and `eplb.solve.Cluster`)."""
-    p.add_argument("--gpus", type=int, default=32, metavar="N", help="GPUs in the EP group (default: 32)")
+    p.add_argument("--gpus", type=int_at_most(MAX_GPUS, "GPUs"), default=32, metavar="N",
+                   help="GPUs in the EP group (default: 32)")
     p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node: the hierarchical policy (with "
                    "--groups), nodes per token with co-activation data, and a '+' --link")
     p.add_argument(
@@ -147,7 +165,7 @@ def add_cost_options(
                    f"{', '.join(MODEL_PRESETS)}) or JSON file (default: {model_default})")
     p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
                    help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: b200)")
-    p.add_argument("--link", default="nvlink", help="all-to-all link: nvlink, nic, pcie or GB/s per GPU and direction "
+    p.add_argument("--link", help="all-to-all link: nvlink, nic, pcie or GB/s per GPU and direction "
                    "(default: nvlink), or two joined by '+', within + between nodes: nvlink+nic is DeepEP's dispatch "
                    "across nodes (once per node over the NIC, then NVLink; needs --gpus-per-node)")
     p.add_argument("--tokens-per-gpu", type=float, metavar="T", default=tokens_value,
@@ -177,11 +195,32 @@ def coactivation_for(args: argparse.Namespace, num_experts: int) -> Coactivation
 
 
 def int_list(text: str) -> list[int]:
-    """argparse type: `9` or `8,8,10` -> [int]."""
+    """argparse type: `9` or `8,8,10` -> [int], each at most MAX_COUNT."""
     try:
-        return [int(v) for v in text.split(",")]
+        values = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number or a comma-separated list, got {text!r}") from None
+    for v in values:
+        if v > MAX_COUNT:
+            raise argparse.ArgumentTypeError(f"{v} is too large (at most {MAX_COUNT:,})")
+    return values
+
+
+def int_at_most(limit: int, unit: str) -> Callable[[str], int]:
+    """argparse type: a whole number <= limit (`unit` says what it counts, for the message). Lower bounds are
+    checked where the value is used."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{value} is too large (at most {limit:,} {unit})")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type in its own messages
+    return parse
 
 
 def float_list(text: str) -> list[float]:
@@ -225,15 +264,30 @@ def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | Non
 def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
     """The cost setup from `add_cost_options` (None without a model: no time prediction)."""
     if model is None:
+        if args.link is not None:
+            raise EplbError("--link times the all-to-all, which needs a model: give --model NAME or FILE (no preset "
+                            "matches the data's expert and layer count)")
         return None
     hardware = load_hardware(args.hardware)
-    if args.tokens_per_gpu is not None and not args.tokens_per_gpu > 0:
-        raise EplbError("--tokens-per-gpu must be > 0")
+    if args.tokens_per_gpu is not None and not 0 < args.tokens_per_gpu <= MAX_TOKENS_PER_GPU:
+        raise EplbError(f"--tokens-per-gpu must be > 0 and at most {MAX_TOKENS_PER_GPU:,.0f}, "
+                        f"got {args.tokens_per_gpu:g}")
     node_limit = getattr(args, "node_limit", None)
     if node_limit is not None and node_limit < 1:
         raise EplbError("--node-limit must be >= 1 (nodes a token's experts may lie on)")
-    within, between = all_to_all_links(hardware, args.link)
+    link = args.link or "nvlink"
+    within, between = all_to_all_links(hardware, link)
+    for bw in (within, between):
+        check_link(bw, "--link", link)
     return CostSetup(model, hardware, within, args.tokens_per_gpu, args.overlap, node_limit, between)
+
+
+def check_link(bw: float | None, flag: str, text: str) -> None:
+    """Refuse an implausible link bandwidth (B/s; None: no link) of `flag` given as `text`."""
+    lo, hi = LINK_GBPS
+    if bw is not None and not lo <= bw / 1e9 <= hi:
+        raise EplbError(f"{flag} {text}: {bw / 1e9:g} GB/s is not a link bandwidth (give {lo:g} to {hi:,.0f} GB/s "
+                        "per GPU and direction)")
 
 
 def run_solve(args: argparse.Namespace) -> int:
@@ -241,8 +295,15 @@ def run_solve(args: argparse.Namespace) -> int:
         output_file(args.out, "--out")
     if args.plan:
         output_file(args.plan, "--plan")
-    if (args.plan or args.frontier) and not args.current:
-        raise EplbError("--plan and --frontier need --current: the placement serving now")
+    if (args.plan or args.frontier or args.stage_gib is not None) and not args.current:
+        raise EplbError("--plan, --stage-gib and --frontier need --current: the placement serving now")
+    if args.plan and args.out and Path(args.plan).resolve() == Path(args.out).resolve():
+        raise EplbError(f"--plan and --out are both {args.out}: the plan would overwrite the placement; give two files")
+    if args.plan and args.current and Path(args.plan).resolve() == Path(args.current).resolve():
+        raise EplbError(f"--plan {args.plan} is the --current placement: the plan would overwrite it; give "
+                        "another file")
+    if args.stage_gib is not None and not 0 < args.stage_gib <= MAX_STAGE_GIB:
+        raise EplbError(f"--stage-gib must be > 0 and at most {MAX_STAGE_GIB:g} GiB, got {args.stage_gib:g}")
     window = read_window(args.loads)
     model = model_for(args, window)
     slots = slots_for(args, window.num_experts, model)
@@ -275,8 +336,6 @@ def run_solve(args: argparse.Namespace) -> int:
     if (args.solver or "").startswith("milp"):
         options = replace(options, time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit,
                           max_lb_slack=args.max_lb_slack)
-    if args.stage_gib is not None and not args.stage_gib > 0:
-        raise EplbError("--stage-gib must be > 0")
     outcome = solve(
         window.loads,
         cluster,
