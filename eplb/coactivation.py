@@ -302,6 +302,75 @@ def _narrow(a: IntArray) -> NDArray[np.signedinteger[Any]]:
 # --------------------------------------------------------------------------------------------
 
 
+def _check_consistent(tokens: IntArray, top_k: int, loads: IntArray, partners: IntArray, counts: IntArray) -> None:
+    """EplbError naming the first field that contradicts what the summary's numbers mean (shapes and ranges
+    already checked): every layer routed tokens, each choosing top_k distinct experts, so a layer's loads sum
+    to tokens x top_k and no expert is picked by more than the tokens; a listed partner is another expert,
+    listed once, and the tokens that chose both are at most either one's load (and match where each lists the
+    other); an expert's listed counts sum to at most its load x (top_k - 1); an unlisted partner (-1) counts 0."""
+    layers = loads.shape[0]
+    where = "co-activation summary:"
+    if tokens.size and tokens.min() < 1:
+        layer = int(np.argmin(tokens))
+        raise EplbError(f"{where} tokens must be >= 1 in every layer (layer {layer} has {int(tokens[layer])})")
+    over = loads > tokens[:, None]
+    if over.any():
+        layer, e = (int(v) for v in np.argwhere(over)[0])
+        raise EplbError(f"{where} layer {layer}, expert {e}: load {int(loads[layer, e])} exceeds the layer's "
+                        f"{int(tokens[layer])} tokens (a token picks an expert at most once)")
+    picks = loads.sum(axis=1, dtype=object)  # exact: loads <= tokens, but E of them may pass int64
+    for layer in range(layers):
+        if picks[layer] != int(tokens[layer]) * top_k:
+            raise EplbError(f"{where} layer {layer}: loads sum to {picks[layer]}, but {int(tokens[layer])} tokens x "
+                            f"top_k {top_k} = {int(tokens[layer]) * top_k} picks")
+    num_experts, m = partners.shape[1:]
+    flat_p, flat_c, flat_l = partners.reshape(-1), counts.reshape(-1), loads.reshape(-1)
+    unlisted = (flat_p < 0) & (flat_c != 0)
+    if unlisted.any():
+        layer, e = divmod(int(np.argmax(unlisted)) // m, num_experts)
+        raise EplbError(f"{where} layer {layer}, expert {e}: counts must be 0 where partners is -1")
+    at = np.flatnonzero(flat_p >= 0)  # the listed pairs, flat (layer, expert, rank)
+    if at.size == 0:
+        return
+    row = at // m  # layer x E + expert
+    pj, c = flat_p[at], flat_c[at]
+    row_j = row - row % num_experts + pj  # the partner's row in the same layer
+    bad = np.flatnonzero(row_j == row)
+    if bad.size:
+        layer, e = divmod(int(row[bad[0]]), num_experts)
+        raise EplbError(f"{where} layer {layer}, expert {e} lists itself as a partner")
+    bad = np.flatnonzero((c > flat_l[row]) | (c > flat_l[row_j]))
+    if bad.size:
+        b = int(bad[0])
+        (layer, e), j = divmod(int(row[b]), num_experts), int(pj[b])
+        raise EplbError(f"{where} layer {layer}: {int(c[b])} tokens chose experts {e} and {j}, more than the load of "
+                        f"one of them ({int(loads[layer, e])} and {int(loads[layer, j])})")
+    ranked = np.sort(partners, axis=2)
+    dup = (ranked[:, :, 1:] == ranked[:, :, :-1]) & (ranked[:, :, 1:] >= 0)
+    if dup.any():
+        layer, e, rank = (int(v) for v in np.argwhere(dup)[0])
+        raise EplbError(f"{where} layer {layer}, expert {e} lists partner {int(ranked[layer, e, rank])} twice")
+    expert = row % num_experts
+    match = partners.reshape(-1, m)[row_j] == expert[:, None]  # [N, m]: where the partner lists the expert back
+    back = row_j * m + match.argmax(axis=1)
+    theirs = flat_c[back]
+    bad = np.flatnonzero((theirs != c) & (flat_p[back] == expert))
+    if bad.size:
+        b = int(bad[0])
+        (layer, e), j = divmod(int(row[b]), num_experts), int(pj[b])
+        raise EplbError(f"{where} layer {layer}: expert {e} lists {int(c[b])} tokens with expert {j}, which lists "
+                        f"{int(theirs[b])} with it")
+    total = counts.sum(axis=2, dtype=np.float64)  # listed counts <= load each: a float sum cannot overflow
+    most = loads.astype(np.float64) * (top_k - 1)
+    over = total > most * (1 + 1e-12)
+    if over.any():
+        layer, e = (int(v) for v in np.argwhere(over)[0])
+        load = int(loads[layer, e])
+        raise EplbError(f"{where} layer {layer}, expert {e}: its partners' counts sum to "
+                        f"{sum(int(v) for v in counts[layer, e])}, more than its load {load} x (top_k - 1) = "
+                        f"{load * (top_k - 1)}")
+
+
 @dataclass(frozen=True)
 class CoactivationSummary:
     """What a cluster sends per window instead of E x E pair counts per layer.
@@ -371,6 +440,7 @@ class CoactivationSummary:
             raise EplbError(f"co-activation summary: tokens must be [{l_.shape[0]}] (one per layer)")
         if p.size and (p.min() < -1 or p.max() >= l_.shape[1]):
             raise EplbError(f"co-activation summary: partners must be expert ids in 0..{l_.shape[1] - 1} or -1")
+        _check_consistent(t, k, l_, p, c)
         return cls(t, k, l_, p, c)
 
     def to_bytes(self) -> bytes:

@@ -1,0 +1,132 @@
+"""How co-activation data gets in: greedy-coact's pair counts from a summary or a token-level log, a token-level
+log's own expert count, and summaries whose numbers contradict each other (CLI, library, API, deployments)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from eplb.cli import main
+from eplb.coactivation import CoactivationSummary, read_topk, summarize
+from eplb.errors import EplbError
+from eplb.io.windows import read_window
+from eplb.store import Store, open_store
+
+LAW = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
+LAYERS = 3  # of the log's 26: keeps solves and requests small
+
+
+@pytest.fixture(scope="module")
+def law() -> tuple[np.ndarray, np.ndarray]:
+    ids, _ = read_topk(LAW)
+    return ids[:, :LAYERS], read_window(LAW).loads[:LAYERS]
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def summary_file(tmp_path: Path, data: dict[str, Any], name: str = "summary.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+# ----- 3. summaries whose numbers contradict each other --------------------------------------------------------------
+def small() -> dict[str, Any]:
+    """100 tokens chose {0, 1}, 100 chose {2, 3}: top-2 of 4 experts."""
+    return {"tokens": [200], "top_k": 2, "loads": [[100, 100, 100, 100]],
+            "partners": [[[1, -1], [0, -1], [3, -1], [2, -1]]],
+            "counts": [[[100, 0], [100, 0], [100, 0], [100, 0]]]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"tokens": [10**15]}, "loads sum to 400, but 1000000000000000 tokens x top_k 2"),
+        ({"tokens": [0], "loads": [[0, 0, 0, 0]], "counts": [[[0, 0]] * 4]}, "tokens must be >= 1"),
+        ({"top_k": 4}, "loads sum to 400, but 200 tokens x top_k 4"),
+        ({"loads": [[300, 50, 25, 25]]}, "load 300 exceeds the layer's 200 tokens"),
+        ({"loads": [[150, 50, 100, 100]]}, "100 tokens chose experts 0 and 1, more than the load"),
+        ({"partners": [[[0, -1], [0, -1], [3, -1], [2, -1]]]}, "expert 0 lists itself"),
+        ({"partners": [[[1, 1], [0, -1], [3, -1], [2, -1]]], "counts": [[[100, 100], [100, 0], [100, 0], [100, 0]]]},
+         "lists partner 1 twice"),
+        ({"counts": [[[100, 0], [90, 0], [100, 0], [100, 0]]]},
+         "expert 0 lists 100 tokens with expert 1, which lists 90"),
+        ({"counts": [[[100, 5], [100, 0], [100, 0], [100, 0]]]}, "counts must be 0 where partners is -1"),
+        ({"partners": [[[1, 2], [0, -1], [3, -1], [2, -1]]], "counts": [[[100, 50], [100, 0], [100, 0], [100, 0]]]},
+         "partners' counts sum to 150, more than its load 100 x (top_k - 1) = 100"),
+    ],
+)
+def test_inconsistent_summaries_are_refused_by_name(change: dict[str, Any], message: str) -> None:
+    assert CoactivationSummary.from_dict(small()).num_experts == 4  # the consistent one is taken
+    with pytest.raises(EplbError, match="co-activation summary: ") as info:
+        CoactivationSummary.from_dict({**small(), **change})
+    assert message in str(info.value)
+    d = {k: np.asarray(v, dtype=np.int64) for k, v in {**small(), **change}.items()}
+    binary = CoactivationSummary(d["tokens"], int(d["top_k"]), d["loads"], d["partners"], d["counts"])
+    with pytest.raises(EplbError, match="co-activation summary: "):  # the binary form, checked in the same place
+        CoactivationSummary.from_bytes(binary.to_bytes())
+
+
+def test_every_shipped_log_summarizes_consistently() -> None:
+    for path in sorted(LAW.parent.glob("esft-dsv2lite-*-topk.npz")):
+        ids, _ = read_topk(path)
+        for partners in (1, 8, 63):
+            summary = summarize(ids, 64, partners)
+            assert CoactivationSummary.from_bytes(summary.to_bytes()).to_dict() == summary.to_dict()
+
+
+def test_cli_refuses_a_summary_of_impossible_tokens(law: tuple[np.ndarray, np.ndarray], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    ids, loads = law
+    window = tmp_path / "window.npy"
+    np.save(window, loads)
+    data = summarize(ids, 64).to_dict()
+    base = ["solve", "--loads", str(window), "--gpus", "8", "--model", "deepseek-v2-lite", "--coactivation"]
+    code, out, err = run([*base, summary_file(tmp_path, data), "--json"], capsys)
+    assert code == 0, err
+    assert min(json.loads(out)["predicted"]["copies_per_token"]["gpus"]) >= 1.0
+    huge = summary_file(tmp_path, {**data, "tokens": [10**15] * LAYERS}, "huge.json")
+    code, _, err = run([*base, huge], capsys)
+    assert code == 2 and "huge.json: co-activation summary: layer 0: loads sum to" in err and "Traceback" not in err
+
+
+# ----- the service: POST /placement and deployments ----------------------------------------------------------------
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path / 'eplb.db'}")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def client(store: Store) -> Iterator[TestClient]:
+    from api.app import create_app
+    from api.settings import Settings
+
+    app = create_app(Settings(solver_workers=1, api_key="k"))
+    app.state.db = store
+    with TestClient(app, headers={"Authorization": "Bearer k"}) as c:
+        yield c
+
+
+def test_service_refuses_a_summary_of_impossible_tokens(client: TestClient, law: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, loads = law
+    huge = {**summarize(ids, 64).to_dict(), "tokens": [10**15] * LAYERS}
+    setup = {"model": "deepseek-v2-lite", "hardware": "h800", "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}
+    solved = client.post("/placement", json={**setup, "loads": loads.tolist(), "coactivation": huge})
+    assert client.put("/deployments/x", json=setup).status_code == 201
+    window = client.post("/deployments/x/windows", json={"loads": loads.tolist(), "coactivation": huge})
+    for refused in (solved, window):
+        assert refused.status_code == 422 and "loads sum to" in refused.text, refused.text
+        assert "Traceback" not in refused.text
+    assert solved.json()["errors"][0]["field"] == "coactivation"
