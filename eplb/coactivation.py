@@ -69,19 +69,30 @@ F64 = NDArray[np.float64]
 def read_topk(path: str | Path) -> tuple[NDArray[np.int16], IntArray]:
     """A token-level log (eplb.topk/v1 `.npz`, validated by `open_log`) in memory:
     (topk_ids [tokens, layers, k] int16, step_offsets [steps + 1])."""
+    ids, offsets, _ = _read_log(path)
+    return ids, offsets
+
+
+def _read_log(path: str | Path) -> tuple[NDArray[np.int16], IntArray, int]:
+    """`read_topk` and the log's own expert count (its `num_experts`)."""
     log = open_log(path)
     if log.info.kind != "topk":
         raise EplbError(f"{path}: co-activation needs a token-level log (topk_ids), not {log.info.kind}")
     for _ in log.iter_counts(4096):  # validates ids and offsets
         pass
     with np.load(path) as z:
-        return np.asarray(z["topk_ids"], dtype=np.int16), np.asarray(z["step_offsets"], dtype=np.int64)
+        ids = np.asarray(z["topk_ids"], dtype=np.int16)
+        return ids, np.asarray(z["step_offsets"], dtype=np.int64), log.info.num_experts
 
 
-def read_summary(path: str | Path, num_experts: int, partners: int = 8) -> CoactivationSummary:
+def read_summary(
+    path: str | Path, num_experts: int | None = None, partners: int = 8, *, num_layers: int | None = None
+) -> CoactivationSummary:
     """A window's co-activation summary from a file: a summary (.json, "eplb.coactivation-summary/v1",
-    `CoactivationSummary.to_dict`) or a token-level log (.npz with topk_ids), summarized with the top
-    `partners` per expert. EplbError with the file's name on anything else."""
+    `CoactivationSummary.to_dict`) or a token-level log (.npz with topk_ids, of its own `num_experts`),
+    summarized with the top `partners` per expert (keeping its exact pair counts). num_experts, num_layers: the
+    load window's, when given: a file of another shape is refused naming both. EplbError with the file's name
+    on anything else."""
     from eplb.io.files import existing_file
 
     p = existing_file(path, "co-activation file")
@@ -97,11 +108,17 @@ def read_summary(path: str | Path, num_experts: int, partners: int = 8) -> Coact
         except EplbError as exc:
             raise EplbError(f"{p}: {exc}") from None
     elif p.suffix.lower() == ".npz":
-        summary = summarize(read_topk(p)[0], num_experts, partners)
+        ids, _, log_experts = _read_log(p)
+        summary = summarize(ids, log_experts, partners)
     else:
         raise EplbError(f"{p}: a co-activation file is a summary (.json) or a token-level log (.npz with topk_ids)")
-    if summary.num_experts != num_experts:
-        raise EplbError(f"{p}: the co-activation data has {summary.num_experts} experts, the loads {num_experts}")
+    layers, experts = summary.loads.shape
+    if (num_experts is not None and experts != num_experts) or (num_layers is not None and layers != num_layers):
+        if num_layers is not None and num_experts is not None:
+            window = f"are {num_layers} x {num_experts}"
+        else:
+            window = f"have {num_experts} experts" if num_experts is not None else f"have {num_layers} layers"
+        raise EplbError(f"{p}: the co-activation data is for {layers} layers x {experts} experts, the loads {window}")
     return summary
 
 

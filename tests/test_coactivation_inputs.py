@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from eplb.cli import main
-from eplb.coactivation import CoactivationSummary, read_topk, summarize
+from eplb.coactivation import CoactivationSummary, read_summary, read_topk, summarize
 from eplb.errors import EplbError
 from eplb.io.windows import read_window
 from eplb.store import Store, open_store
@@ -38,6 +38,25 @@ def summary_file(tmp_path: Path, data: dict[str, Any], name: str = "summary.json
     path = tmp_path / name
     path.write_text(json.dumps(data))
     return str(path)
+
+
+# ----- 2. a token-level log's own expert count ---------------------------------------------------------------------
+def test_a_token_log_is_summarized_with_its_own_expert_count(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    loads = read_window(LAW).loads
+    cases = {"narrow": loads[:, :32], "wide": np.concatenate([loads, loads], axis=1)}
+    for name, window in cases.items():
+        path = tmp_path / f"{name}.npy"
+        np.save(path, window)
+        code, _, err = run(["solve", "--loads", str(path), "--coactivation", str(LAW), "--gpus", "8",
+                            "--slots-per-gpu", "20"], capsys)  # fmt: skip
+        assert code == 2 and "Traceback" not in err, err
+        assert f"26 layers x 64 experts, the loads have {window.shape[1]} experts" in err
+    code, _, err = run(["solve", "--coactivation", str(LAW), "--gpus", "8"], capsys)  # the 58 x 256 default window
+    assert code == 2 and "26 layers x 64 experts" in err and "256" in err
+    assert read_summary(LAW).num_experts == 64
+    with pytest.raises(EplbError, match="is for 26 layers x 64 experts, the loads are 2 x 64"):
+        read_summary(LAW, 64, num_layers=2)
 
 
 # ----- 3. summaries whose numbers contradict each other --------------------------------------------------------------
