@@ -30,7 +30,7 @@ import binascii
 import io
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -395,6 +395,8 @@ class CoactivationSummary:
     tokens: [L] tokens routed; top_k: k; loads: [L, E] picks per expert; partners: [L, E, m] each expert's
     m most frequent co-activated experts (most frequent first, -1 where it has fewer); counts: [L, E, m]
     tokens that chose both. Size: L x E x (2m + 1) numbers (m = 8, E = 256: 17 numbers per expert against 256).
+    exact: [L, E, E] the exact pair counts when summarized from token-level routing (`summarize`), else None;
+    never sent (`to_dict` and `to_bytes` leave it out), `pairs` prefers it to the estimate.
     """
 
     tokens: IntArray
@@ -402,6 +404,7 @@ class CoactivationSummary:
     loads: IntArray
     partners: IntArray
     counts: IntArray
+    exact: NDArray[np.signedinteger[Any]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_experts(self) -> int:
@@ -498,7 +501,17 @@ class CoactivationSummary:
     def layers(self, count: int) -> CoactivationSummary:
         """The summary of the first `count` layers."""
         return CoactivationSummary(self.tokens[:count], self.top_k, self.loads[:count], self.partners[:count],
-                                   self.counts[:count])
+                                   self.counts[:count], None if self.exact is None else self.exact[:count])
+
+    def pairs(self) -> F64:
+        """Pair counts [L, E, E] (zero diagonal) for the co-activation-aware solver (`Problem.coactivation`): the
+        exact counts of the tokens this summary was made from when it holds them, else `pair_estimate`."""
+        if self.exact is None:
+            return self.pair_estimate()
+        out = self.exact.astype(np.float64)
+        idx = np.arange(out.shape[1])
+        out[:, idx, idx] = 0.0
+        return out
 
     @cached_property
     def pick_terms(self) -> tuple[F64, F64]:
@@ -553,7 +566,8 @@ def summarize(topk_ids: ArrayLike, num_experts: int, partners: int = 8) -> Coact
     top = np.where(cnt > 0, top, -1)
     cnt = np.maximum(cnt, 0)
     tokens = np.full(ids.shape[1], ids.shape[0], dtype=np.int64)
-    return CoactivationSummary(tokens, int(ids.shape[2]), loads, top.astype(np.int64), cnt.astype(np.int64))
+    return CoactivationSummary(tokens, int(ids.shape[2]), loads, top.astype(np.int64), cnt.astype(np.int64),
+                               exact=_narrow(pairs))
 
 
 def _replica_fraction(phy2log: IntArray, slots: IntArray, num_experts: int) -> F64:

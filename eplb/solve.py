@@ -223,6 +223,7 @@ def solve(
         gpus_per_node=cluster.gpus_per_node,
         current_phy2log=None if current is None else current.phy2log,
         scenarios=scenarios,
+        coactivation=solver_pairs(name, coactivation),
     )
     try:
         solution = registry.solve(name, problem, options or Options())
@@ -286,6 +287,19 @@ def solve(
         except PlanError as exc:
             raise EplbError(str(exc)) from None
     return outcome
+
+
+def solver_pairs(name: str, coactivation: CoactivationSummary | None) -> NDArray[np.float64] | None:
+    """`Problem.coactivation` for solver `name`: for a co-activation-aware one (greedy-coact) the window's pair
+    counts [layers, E, E], exact when the summary was made from a token-level log, else the summary's estimate
+    (`CoactivationSummary.pairs`); None for the others. EplbError naming the inputs when there is no summary."""
+    if name not in registry.names() or not registry.get_solver(name).capabilities.coactivation:
+        return None
+    if coactivation is None:
+        raise EplbError(f"solver {name!r} needs the window's co-activation data: give --coactivation FILE (a summary "
+                        "or a token-level log), \"coactivation\" in the request or the deployment's window, or replay "
+                        "a token-level log")
+    return coactivation.pairs()
 
 
 def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Cluster) -> None:

@@ -195,7 +195,8 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
         raise SolverError("robust needs scenarios: [S, layers, experts] recent sub-windows of the loads")
     pairs = problem.coactivation
     if caps.coactivation and (pairs is None or pairs.shape != (loads.shape[0], num_experts, num_experts)):
-        raise SolverError(f"solver {name!r} needs co-activation pair counts [layers, E, E] (from a token-level log)")
+        raise SolverError(f"solver {name!r} needs co-activation pair counts [layers, E, E] in Problem.coactivation "
+                          "(eplb.solve fills them from the window's co-activation summary)")
     if caps.requires_current and problem.current_phy2log is None:
         raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
     for opt in ("time_limit_s", "total_time_limit_s"):

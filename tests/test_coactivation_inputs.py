@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from eplb import deployments as dep
 from eplb.cli import main
-from eplb.coactivation import CoactivationSummary, read_summary, read_topk, summarize
+from eplb.coactivation import CoactivationSummary, pair_counts, read_summary, read_topk, summarize
 from eplb.errors import EplbError
 from eplb.io.windows import read_window
+from eplb.solve import Cluster, solve
 from eplb.store import Store, open_store
+from solvers import registry
+from solvers.registry import Problem
 
 LAW = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
 LAYERS = 3  # of the log's 26: keeps solves and requests small
@@ -38,6 +42,45 @@ def summary_file(tmp_path: Path, data: dict[str, Any], name: str = "summary.json
     path = tmp_path / name
     path.write_text(json.dumps(data))
     return str(path)
+
+
+# ----- 1. greedy-coact gets its pair counts ------------------------------------------------------------------------
+def test_greedy_coact_runs_from_a_token_log_or_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["solve", "--loads", str(LAW), "--gpus", "8", "--json"]
+    code, out, err = run([*base, "--coactivation", str(LAW)], capsys)
+    assert code == 0, err
+    greedy = json.loads(out)["predicted"]["copies_per_token"]["gpus"]
+    ids, _ = read_topk(LAW)
+    as_json = summary_file(tmp_path, summarize(ids, 64).to_dict())
+    for given in (str(LAW), as_json):  # exact pairs from the log, the estimate from the summary
+        code, out, err = run([*base, "--coactivation", given, "--solver", "greedy-coact"], capsys)
+        assert code == 0, err
+        answer = json.loads(out)
+        assert answer["solver"]["name"] == "greedy-coact"
+        assert np.mean(answer["predicted"]["copies_per_token"]["gpus"]) < 0.9 * np.mean(greedy)
+    code, _, err = run([*base, "--solver", "greedy-coact"], capsys)
+    assert code == 2 and "--coactivation" in err and '"coactivation"' in err and "Traceback" not in err
+
+
+def test_solve_takes_exact_pairs_from_tokens_and_the_estimate_from_a_sent_summary(
+    law: tuple[np.ndarray, np.ndarray],
+) -> None:
+    ids, loads = law
+    summary = summarize(ids, 64)
+    exact = pair_counts(ids, 64).astype(np.float64)
+    idx = np.arange(64)
+    exact[:, idx, idx] = 0.0
+    assert np.array_equal(summary.pairs(), exact)
+    assert np.array_equal(summary.layers(2).pairs(), exact[:2])
+    sent = CoactivationSummary.from_dict(summary.to_dict())  # what a cluster sends carries no exact pairs
+    assert sent.exact is None and np.array_equal(sent.pairs(), summary.pair_estimate())
+    cluster = Cluster(np.full(8, 9, dtype=np.int64))
+    for given, pairs in ((summary, exact), (sent, summary.pair_estimate())):
+        outcome = solve(loads, cluster, solver="greedy-coact", coactivation=given)
+        direct = registry.solve("greedy-coact", Problem(loads, cluster.slots_per_gpu, coactivation=pairs))
+        assert np.array_equal(outcome.placement.phy2log, direct.phy2log)
+    with pytest.raises(EplbError, match="needs the window's co-activation data"):
+        solve(loads, cluster, solver="greedy-coact")
 
 
 # ----- 2. a token-level log's own expert count ---------------------------------------------------------------------
@@ -138,6 +181,28 @@ def client(store: Store) -> Iterator[TestClient]:
         yield c
 
 
+def test_service_runs_greedy_coact_from_a_summary(
+    client: TestClient, law: tuple[np.ndarray, np.ndarray]
+) -> None:
+    ids, loads = law
+    summary = summarize(ids, 64).to_dict()
+    body = {"model": "deepseek-v2-lite", "hardware": "h800", "tokens_per_gpu": 256, "loads": loads.tolist(),
+            "cluster": {"num_gpus": 8, "slots_per_gpu": 9}, "solver": "greedy-coact"}  # fmt: skip
+    placed = client.post("/placement", json={**body, "coactivation": summary})
+    assert placed.status_code == 200, placed.text
+    assert placed.json()["solver"]["name"] == "greedy-coact"
+    missing = client.post("/placement", json=body)
+    assert missing.status_code == 422 and '"coactivation"' in missing.json()["detail"], missing.text
+    config = {"model": "deepseek-v2-lite", "hardware": "h800", "tokens_per_gpu": 256.0, "solver": "greedy-coact",
+              "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}  # fmt: skip
+    assert client.put("/deployments/coact", json=config).status_code == 201
+    sent = client.post("/deployments/coact/windows", json={"loads": loads.tolist(), "coactivation": summary})
+    assert sent.status_code == 200, sent.text
+    assert sent.json()["action"] == "placed" and sent.json()["entry"]["solver"] == "greedy-coact"
+    bare = client.post("/deployments/coact/windows", json={"loads": loads.tolist(), "force": True})
+    assert bare.status_code == 422 and '"coactivation"' in bare.json()["detail"], bare.text
+
+
 def test_service_refuses_a_summary_of_impossible_tokens(client: TestClient, law: tuple[np.ndarray, np.ndarray]) -> None:
     ids, loads = law
     huge = {**summarize(ids, 64).to_dict(), "tokens": [10**15] * LAYERS}
@@ -149,3 +214,18 @@ def test_service_refuses_a_summary_of_impossible_tokens(client: TestClient, law:
         assert refused.status_code == 422 and "loads sum to" in refused.text, refused.text
         assert "Traceback" not in refused.text
     assert solved.json()["errors"][0]["field"] == "coactivation"
+
+
+def test_deployment_windows_feed_greedy_coact(store: Store, law: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, loads = law
+    config = dep.DeploymentConfig.model_validate({"model": "deepseek-v2-lite", "hardware": "h800",
+                                                  "solver": "greedy-coact", "cluster": {"num_gpus": 8,
+                                                                                        "slots_per_gpu": 9}})
+    dep.register(store, "coact", config)
+    placed = dep.process_window(store, "coact", loads.tolist(), coactivation=summarize(ids, 64).to_dict())
+    assert placed.action == "placed" and placed.entry.solver == "greedy-coact"
+    again = dep.process_window(store, "coact", loads[:, ::-1].tolist(), force=True,
+                               coactivation=summarize(63 - ids, 64).to_dict())  # fmt: skip
+    assert again.action == "rebalanced" and again.entry.solver == "greedy-coact"
+    with pytest.raises(EplbError, match="needs the window's co-activation data"):
+        dep.process_window(store, "coact", loads.tolist(), force=True)
