@@ -230,7 +230,7 @@ def solve(name: str, problem: Problem, options: Options | None = None) -> Soluti
     if options.robust:
         from solvers.robust import refine
 
-        solution = refine(problem, solution)
+        solution = refine(problem, solution, options)
     validate_placement(solution.phy2log, problem.slots_per_gpu, problem.loads.shape[1], solution.shares)
     if solution.layer_ms is None:
         layers = problem.loads.shape[0]

@@ -101,3 +101,15 @@ def test_robust_swaps_spend_only_the_copies_the_budget_leaves(budget: dict[str, 
     else:
         assert int(moves.max()) <= budget["max_moves_per_layer"]
     assert bounded.info["robust"]["worst_lb_after"] <= bounded.info["robust"]["worst_lb_before"]
+
+
+def test_a_robust_solve_through_the_registry_keeps_its_move_budget() -> None:
+    # `Options.robust` runs the swaps inside registry.solve: the budget must reach them there too
+    log = drifting_log(steps=120).astype(np.float64)
+    current = initial_placement(2, 32, SLOTS).phy2log
+    scenarios = np.stack([log[30 * i : 30 * i + 30].sum(axis=0) for i in range(4)])
+    problem = Problem(log.sum(axis=0), SLOTS, current_phy2log=current, scenarios=scenarios)
+    free = registry.solve("incremental", problem, Options(robust=True))
+    bounded = registry.solve("incremental", problem, Options(max_moves=12, robust=True))
+    assert int(count_moves(free.phy2log, current, SLOTS).sum()) > 12
+    assert int(count_moves(bounded.phy2log, current, SLOTS).sum()) <= 12
