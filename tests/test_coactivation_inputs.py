@@ -229,3 +229,18 @@ def test_deployment_windows_feed_greedy_coact(store: Store, law: tuple[np.ndarra
     assert again.action == "rebalanced" and again.entry.solver == "greedy-coact"
     with pytest.raises(EplbError, match="needs the window's co-activation data"):
         dep.process_window(store, "coact", loads.tolist(), force=True)
+
+
+def test_replay_runs_greedy_coact_on_a_token_level_log_and_refuses_a_counts_log(tmp_path: Path) -> None:
+    from eplb.replay import Schedule, replay
+
+    sched = Schedule(window=16, interval=16, trigger="periodic")
+    copies = {}
+    for name in ("greedy", "greedy-coact"):
+        res = replay(str(LAW), Cluster(np.full(8, 9)), schedule=sched, solver=name, oracle_every=0)
+        copies[name] = res.summary["results"]["replay"]["copies_per_token"]
+    assert copies["greedy-coact"] < 0.95 * copies["greedy"]  # the window's pairs reached the solver
+    counts = tmp_path / "counts.npy"
+    np.save(counts, np.ones((20, 2, 16), dtype=np.int64))
+    with pytest.raises(EplbError, match="greedy-coact needs the log's tokens"):
+        replay(str(counts), Cluster(np.full(4, 4)), schedule=sched, solver="greedy-coact", oracle_every=0)

@@ -42,6 +42,7 @@ from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.replay.schedule import Schedule, Window
 from eplb.replay.summary import BASELINES, RowStats
 from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, solve
+from solvers import registry
 from solvers.registry import Options, applicable
 
 if TYPE_CHECKING:
@@ -337,9 +338,11 @@ class _Replay:
         self.timing = {"evaluation_s": 0.0, "solve_s": 0.0, "oracle_s": 0.0, "read_s": 0.0, "hindsight_s": 0.0}
         self.tokens = _token_routing(self.info)  # token-level logs: exact dispatch copies per token per row
         self.copies = {name: [0.0, 0, 0.0] for name in COPY_ROWS}  # copies x tokens, tokens, nodes x tokens
-        if policy.objective == "time" and self.tokens is None:
-            raise EplbError(f"{self.info.path}: the time objective needs the log's tokens in memory, and it has more "
-                            f"than {TOKEN_LOG_MAX:,} picks: cut the log or use --objective lb")  # fmt: skip
+        self.needs_pairs = registry.get_solver(policy.solver).capabilities.coactivation  # e.g. greedy-coact
+        if (policy.objective == "time" or self.needs_pairs) and self.tokens is None:
+            what = "the time objective needs" if policy.objective == "time" else f"{policy.solver} needs"
+            raise EplbError(f"{self.info.path}: {what} the log's tokens (a token-level log with at most "
+                            f"{TOKEN_LOG_MAX:,} picks): use a token-level log, cut it, or another solver")  # fmt: skip
         self.step_time_s = 0.0  # the replay's last predicted step time (MoE layers), for transfer lengths
         self.window_span: tuple[int, int] | None = None  # the current check's window: positions lo .. hi - 1
         self.window_summary: CoactivationSummary | None = None  # its co-activation summary (time objective) ...
@@ -595,7 +598,8 @@ class _Replay:
         solver (the cost trigger's fresh candidate), relabelled onto the serving placement."""
         robust = scenarios is not None
         by_time = self.policy.objective == "time"
-        cost, summary = (self.cost, self.window_coactivation()) if by_time else (None, None)
+        cost = self.cost if by_time else None
+        summary = self.window_coactivation() if by_time or self.needs_pairs else None
         common: dict[str, Any] = {"current": self.serving, "scenarios": scenarios, "objective": self.policy.objective,
                                   "cost": cost, "coactivation": summary,
                                   "empty_slots": False}  # a replay's placement is the next check's serving one
