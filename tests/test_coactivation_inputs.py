@@ -62,6 +62,20 @@ def test_greedy_coact_runs_from_a_token_log_or_a_summary(tmp_path: Path, capsys:
     assert code == 2 and "--coactivation" in err and '"coactivation"' in err and "Traceback" not in err
 
 
+def test_max_lb_slack_reaches_greedy_coact_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["solve", "--loads", str(LAW), "--gpus", "8", "--json", "--coactivation", str(LAW)]
+    base += ["--solver", "greedy-coact"]
+    answers = {}
+    for slack in ("0.01", "0.05"):
+        code, out, err = run([*base, "--max-lb-slack", slack], capsys)
+        assert code == 0, err
+        answers[slack] = json.loads(out)["predicted"]
+    assert answers["0.05"]["lb_max"] > 1.02 > answers["0.01"]["lb_max"]  # the looser cap was used
+    assert np.mean(answers["0.05"]["copies_per_token"]["gpus"]) < np.mean(answers["0.01"]["copies_per_token"]["gpus"])
+    code, _, err = run(["solve", "--max-lb-slack", "0.05"], capsys)  # greedy has no cap to loosen
+    assert code == 2 and "max_lb_slack" in err
+
+
 def test_solve_takes_exact_pairs_from_tokens_and_the_estimate_from_a_sent_summary(
     law: tuple[np.ndarray, np.ndarray],
 ) -> None:

@@ -83,8 +83,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "file then carries `shares`; the serving system needs weighted replica selection to use them; "
                    "docs/solvers.md). Default: uniform, what vLLM, SGLang and TensorRT-LLM route")
     p.add_argument("--max-lb-slack", type=float, default=0.01, metavar="F",
-                   help="with --current and the MILP: accept lb up to (1 + F) x the best found to copy fewer "
-                   "experts (default: 0.01)")
+                   help="the MILP with --current: accept lb up to (1 + F) x the best found to copy fewer experts; "
+                   "greedy-coact: no swap may lift a GPU above greedy's busiest x (1 + F) (default: 0.01)")
     p.add_argument("--current", metavar="FILE", help="the placement serving now (ours, SGLang or TensorRT-LLM "
                    "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported")
     p.add_argument("--max-moves", type=int_at_most(MAX_MOVES, "expert copies"), metavar="N",
@@ -332,10 +332,10 @@ def run_solve(args: argparse.Namespace) -> int:
     if args.frontier:
         assert current is not None
         return _print_frontier(window.loads, cluster, current.phy2log, args.json)
-    options = Options(max_moves=args.max_moves, max_moves_per_layer=args.max_moves_per_layer, target_lb=args.target_lb)
+    options = Options(max_moves=args.max_moves, max_moves_per_layer=args.max_moves_per_layer, target_lb=args.target_lb,
+                      max_lb_slack=args.max_lb_slack)  # a solver that does not take it refuses a value set
     if (args.solver or "").startswith("milp"):
-        options = replace(options, time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit,
-                          max_lb_slack=args.max_lb_slack)
+        options = replace(options, time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit)
     outcome = solve(
         window.loads,
         cluster,
