@@ -132,8 +132,8 @@ class Placement:
         for key in ("phy2log", "slots_per_gpu"):
             if key not in data:
                 raise EplbError(f"{source}: missing field '{key}'")
-        phy2log = _int_matrix(data["phy2log"], f"{source}: phy2log")
-        slots = _int_vector(data["slots_per_gpu"], f"{source}: slots_per_gpu")
+        phy2log = _int_array(data["phy2log"], f"{source}: phy2log", 2)
+        slots = _int_array(data["slots_per_gpu"], f"{source}: slots_per_gpu", 1)
         num_experts = data.get("num_experts")
         if num_experts is None:
             num_experts = int(phy2log.max()) + 1 if phy2log.size else 0
@@ -165,17 +165,14 @@ def load_placement(path: str | Path) -> Placement:
     return Placement.from_dict(data, str(p))
 
 
-def _int_matrix(value: Any, what: str) -> NDArray[np.int64]:
-    arr = _array(value, what, 2)
+def _int_array(value: Any, what: str, ndim: int) -> NDArray[np.int64]:
+    """Integers read through float64: exact only within +-2**53, so larger ones are refused, not wrapped."""
+    arr = _array(value, what, ndim)
     if not np.all(np.mod(arr, 1) == 0):
         raise EplbError(f"{what} must hold integers")
-    return arr.astype(np.int64)
-
-
-def _int_vector(value: Any, what: str) -> NDArray[np.int64]:
-    arr = _array(value, what, 1)
-    if not np.all(np.mod(arr, 1) == 0):
-        raise EplbError(f"{what} must hold integers")
+    if arr.size and np.abs(arr).max() > 2**53:
+        big = arr.flat[np.abs(arr).argmax()]
+        raise EplbError(f"{what} holds {big:.3g}, too large for an expert id or a slot count")
     return arr.astype(np.int64)
 
 

@@ -250,3 +250,16 @@ def test_an_unreasonable_expert_count_is_refused(tmp_path: Path, capsys: pytest.
     assert code == 2 and "num_experts is 1,000,000,000,000: more than int16 topk_ids can name (at most 32,768)" in err
     with pytest.raises(EplbError, match="at most 32,768"):
         open_log(path)
+
+
+@pytest.mark.parametrize("value", [HUGE, str(2**60)])
+def test_a_huge_id_in_a_placement_file_is_refused_not_wrapped(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    data = json.loads(small["current"].read_text())
+    text = json.dumps(data).replace(f'"phy2log": [[{data["phy2log"][0][0]},', f'"phy2log": [[{value},', 1)
+    assert text != json.dumps(data)
+    bad = tmp_path / "big.json"
+    bad.write_text(text)
+    code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(bad))
+    assert code == 2 and "phy2log holds" in err and "too large" in err
