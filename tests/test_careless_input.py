@@ -263,3 +263,12 @@ def test_a_huge_id_in_a_placement_file_is_refused_not_wrapped(
     bad.write_text(text)
     code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(bad))
     assert code == 2 and "phy2log holds" in err and "too large" in err
+
+
+def test_a_window_longer_than_the_log_needs_no_bigger_buffer(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the largest window the CLI takes: its ring buffer was sized to it (16 GiB of lb alone) before the log
+    code, err = run(capsys, "replay", str(small["log"]), "--window", str(2**31 - 1), "--interval", "10",
+                    "--trigger", "periodic", "--solver", "greedy", "--oracle-every", "0")  # fmt: skip
+    assert code == 0, err
