@@ -29,7 +29,7 @@ Loads = Annotated[
 
 class ClusterIn(BaseModel):
     """The EP group. Give at most one of slots_per_gpu, num_redundant, memory_budget_bytes
-    (none: one redundant expert per GPU)."""
+    (none: one redundant expert per GPU; one slot per GPU when there are more GPUs than experts)."""
 
     model_config = STRICT
     num_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the expert-parallel group")

@@ -13,9 +13,11 @@ GIB = 1024**3
 
 
 def describe_slots(slots: NDArray[np.int64]) -> str:
-    """One short phrase for slots per GPU [G]: "32 GPUs x 9 slots" or "32 GPUs, 8-10 slots each"."""
+    """One short phrase for slots per GPU [G]: "32 GPUs, 9 slots each", "100 GPUs, 1 slot each" or
+    "32 GPUs, 8-10 slots each"."""
     lo, hi = int(slots.min()), int(slots.max())
-    return f"{slots.size} GPUs x {lo} slots" if lo == hi else f"{slots.size} GPUs, {lo}-{hi} slots each"
+    each = f"{lo} slot{'s' if lo != 1 else ''}" if lo == hi else f"{lo}-{hi} slots"
+    return f"{slots.size} GPUs, {each} each"
 
 
 def spread_evenly(total: int, num_gpus: int) -> NDArray[np.int64]:
@@ -35,7 +37,8 @@ def slots_per_gpu(
 ) -> NDArray[np.int64]:
     """Slots on each GPU from exactly one of: a slot count (one or one per GPU), a number of redundant
     experts (spread evenly), or a memory budget in bytes (one or one per GPU) with `slot_bytes`, the bytes
-    of one expert slot across all MoE layers. None of them: one redundant expert per GPU.
+    of one expert slot across all MoE layers. None of them: one redundant expert per GPU, or with more GPUs
+    than experts one slot per GPU (as DeepSeek-V3's EP320 decode: E + G slots would leave GPUs with 1 and 2).
     Raises EplbError when the cluster cannot hold every expert at least once.
     """
     given = [x is not None for x in (slots, num_redundant, memory_budget_bytes)]
@@ -66,7 +69,8 @@ def slots_per_gpu(
                 f"({slot_bytes / GIB:.2f} GiB per slot) or more GPUs"
             )
     else:
-        redundant = num_gpus if num_redundant is None else int(num_redundant)
+        default = num_gpus if num_gpus <= num_experts else num_gpus - num_experts
+        redundant = default if num_redundant is None else int(num_redundant)
         if redundant < 0:
             raise EplbError(f"redundant experts must be >= 0, got {redundant}")
         out = spread_evenly(num_experts + redundant, num_gpus)

@@ -58,7 +58,7 @@ class NotFound(EplbError):
 # ----- configuration -------------------------------------------------------------------------------------------
 class ClusterShape(BaseModel):
     """The EP group and its slot budget: at most one of slots_per_gpu, num_redundant, memory_budget_bytes
-    (none: one redundant expert per GPU)."""
+    (none: one redundant expert per GPU; one slot per GPU when there are more GPUs than experts)."""
 
     model_config = STRICT
     num_gpus: int = Field(ge=1, le=MAX_GPUS)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.budget import GIB, spread_evenly
+from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, portable, reopen
 from eplb.io.logs import RoutingLog
@@ -107,18 +107,16 @@ def parse_solvers(text: str) -> list[str]:
 def cluster_shapes(
     num_experts: int, eps: Sequence[int], redundant: Sequence[int] | None
 ) -> list[tuple[int, NDArray[np.int64]]]:
-    """(EP, slots per GPU) for every EP and redundancy; redundancy None means one redundant expert per GPU."""
+    """(EP, slots per GPU) for every EP and redundancy; redundancy None: `slots_per_gpu`'s default."""
     shapes = []
     for ep in eps:
         if ep < 1:
             raise EplbError(f"EP sizes must be >= 1, got {ep}")
-        for r in redundant if redundant is not None else [ep]:
-            slots = spread_evenly(num_experts + r, ep)
-            if int(slots.min()) < 1:
-                raise EplbError(f"EP{ep} with {r} redundant leaves GPUs without a slot")
-            if int(slots.max()) > num_experts:
-                raise EplbError(f"EP{ep} with {r} redundant puts more slots on a GPU than there are experts")
-            shapes.append((ep, slots))
+        for r in redundant if redundant is not None else [None]:
+            try:
+                shapes.append((ep, slots_per_gpu(ep, num_experts, num_redundant=r)))
+            except EplbError as exc:
+                raise EplbError(f"EP{ep}: {exc}") from None
     return shapes
 
 

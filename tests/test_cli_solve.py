@@ -125,7 +125,7 @@ def test_current_placement_of_another_cluster_is_one_short_line(
     capsys.readouterr()
     assert main(["solve", "--gpus", "32", "--current", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "is for 64 GPUs x 5 slots, the request asks for 32 GPUs x 9 slots" in err and len(err) < 200
+    assert "is for 64 GPUs, 5 slots each, the request asks for 32 GPUs, 9 slots each" in err and len(err) < 200
 
 
 def test_zero_gpus_per_node_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:

@@ -224,7 +224,7 @@ def test_applied_placement_becomes_current(store: Store) -> None:
     assert entry.lb_after == pytest.approx(second.entry.lb_before, abs=1e-6)  # judged on the last window
     assert dep.get(store, "a").placement == first.result.placement
     assert dep.history(store, "a", limit=1).entries[0].action == "applied"
-    with pytest.raises(EplbError, match="8 GPUs x 8 slots, the deployment has 8 GPUs x 10 slots"):
+    with pytest.raises(EplbError, match="8 GPUs, 8 slots each, the deployment has 8 GPUs, 10 slots each"):
         dep.record_applied(store, "a", {"phy2log": [list(range(64))] * LAYERS, "slots_per_gpu": [8] * 8})
 
 

@@ -120,6 +120,8 @@ def test_bad_load_paths(tmp_path: Path) -> None:
 def test_budgets() -> None:
     assert spread_evenly(259, 8).tolist() == [33, 33, 33, 32, 32, 32, 32, 32]
     assert slots_per_gpu(8, 256).tolist() == [33] * 8  # default: one redundant per GPU
+    assert slots_per_gpu(100, 4).tolist() == [1] * 100  # more GPUs than experts: one slot each (not 1 or 2)
+    assert slots_per_gpu(4, 4).tolist() == [2] * 4
     assert slots_per_gpu(8, 256, num_redundant=3).tolist() == [33, 33, 33] + [32] * 5
     assert slots_per_gpu(3, 4, slots=[1, 2, 3]).tolist() == [1, 2, 3]
     v3 = load_model("deepseek-v3")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.budget import GIB
+from eplb.budget import GIB, describe_slots
 from eplb.cli.solve import (
     MAX_COUNT,
     add_cluster_options,
@@ -457,11 +457,9 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
     """The terminal table of a replay."""
     s = result.summary
     slots = result.cluster.slots_per_gpu
-    uniform = bool(np.all(slots == slots[0]))
-    slot_text = f"{int(slots[0])} slots each" if uniform else f"{int(slots.min())}-{int(slots.max())} slots"
     lines = [
         f"log:        {result.info.describe()}",
-        f"cluster:    {slots.size} GPUs, {slot_text}, {int(slots.sum())} slots per layer "
+        f"cluster:    {describe_slots(slots)}, {int(slots.sum())} slots per layer "
         f"({s['cluster']['redundant']} redundant)",
         f"schedule:   {result.schedule.describe(result.solver)}",
     ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.budget import GIB, slots_per_gpu
+from eplb.budget import GIB, describe_slots, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.io.files import output_file
 from eplb.io.windows import LoadWindow, read_window
@@ -37,7 +37,7 @@ a lower bound on lb, and the predicted per-layer time from the cost model.
 
 Slots per GPU come from one of --slots-per-gpu, --redundant (extra replicas in all, spread evenly) or
 --memory-budget-gib (HBM for expert weights per GPU; one slot costs one expert across all MoE layers).
-Default: one redundant expert per GPU."""
+Default: one redundant expert per GPU (one slot per GPU when there are more GPUs than experts)."""
 
 SOLVE_EPILOG = """\
 examples:
@@ -248,7 +248,7 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
 
 
 def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | None) -> NDArray[np.int64]:
-    """Slots per GPU [--gpus] from `add_cluster_options`' budget (default: one redundant per GPU)."""
+    """Slots per GPU [--gpus] from `add_cluster_options`' budget (default: `slots_per_gpu`'s)."""
     if args.memory_budget_gib is not None and model is None:
         raise EplbError(f"--memory-budget-gib needs --model: no preset has {num_experts} experts")
     return slots_per_gpu(
@@ -407,11 +407,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
 def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out: str | None) -> str:
     p = outcome.placement
     slots = p.slots_per_gpu
-    uniform = bool(np.all(slots == slots[0]))
-    slot_text = f"{int(slots[0])} slots each" if uniform else f"{int(slots.min())}-{int(slots.max())} slots"
     lines = [
         f"loads:      {window.source}: {window.num_layers} layers x {window.num_experts} experts",
-        f"cluster:    {p.num_gpus} GPUs, {slot_text}, {p.num_physical} slots per layer "
+        f"cluster:    {describe_slots(slots)}, {p.num_physical} slots per layer "
         f"({p.num_physical - p.num_experts} redundant)",
     ]
     if outcome.solver:
