@@ -161,9 +161,13 @@ def infer_model(num_experts: int, num_layers: int) -> ModelSpec | None:
 
 
 def check_links(cost: CostSetup | None, cluster: Cluster) -> None:
-    """EplbError for two links (within and between nodes) on a cluster without nodes: before any solve."""
+    """EplbError for two links (within and between nodes), or a node limit, on a cluster without nodes: before
+    any solve (a node limit without nodes would be dropped without a word)."""
     if cost is not None and cost.inter_node_bw is not None:
         TimeModel.check_nodes(cluster.num_gpus, cluster.gpus_per_node)
+    if cost is not None and cost.node_limit is not None and cluster.gpus_per_node is None:
+        raise EplbError("a node limit caps the nodes a token reaches: it needs the GPUs per node (--gpus-per-node; "
+                        "gpus_per_node in the API and deployments)")
 
 
 def check_shapes(loads: NDArray[np.float64], cluster: Cluster) -> None:

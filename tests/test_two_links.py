@@ -239,3 +239,16 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
         assert np.all(np.abs(copies_from_gpu(nxt, cur, slots, 4) - sent) <= np.array(groups) + 1e-9)
         spread = build_plan(cur, nxt, slots)  # without nodes the plan takes sources in turn, wherever they are
         assert (~spread.local & (spread.src_gpu // 4 != spread.dst_gpu // 4)).sum() >= across.sum()
+
+
+def test_a_node_limit_without_nodes_is_refused_not_dropped(capsys: pytest.CaptureFixture[str]) -> None:
+    # the reach would be computed without nodes, so the limit would silently not apply
+    from eplb.cli import main
+
+    law = str(Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz")
+    base = ["solve", "--loads", law, "--coactivation", law, "--gpus", "8", "--node-limit", "1", "--json"]
+    assert main(base) == 2
+    assert "needs the GPUs per node (--gpus-per-node" in capsys.readouterr().err
+    assert main([*base, "--gpus-per-node", "4"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["predicted"]["copies_per_token"]["nodes"]
+    assert nodes == pytest.approx([1.0] * len(nodes))  # the limit holds in the model
