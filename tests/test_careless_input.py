@@ -272,3 +272,15 @@ def test_a_window_longer_than_the_log_needs_no_bigger_buffer(
     code, err = run(capsys, "replay", str(small["log"]), "--window", str(2**31 - 1), "--interval", "10",
                     "--trigger", "periodic", "--solver", "greedy", "--oracle-every", "0")  # fmt: skip
     assert code == 0, err
+
+
+def test_a_target_lb_the_budget_cannot_reach_is_said(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefill = FIXTURES / "sglang6017-dsv3-prefill-in4096.json"
+    base = ["solve", "--loads", str(prefill), "--gpus", "8", "--redundant", "8", "--current", str(small["dsv3"]),
+            "--target-lb", "1.01"]  # fmt: skip
+    assert main([*base, "--max-moves", "10"]) == 0
+    assert "target lb 1.01: reached on 0 of 58 layers (a move budget ran out first)" in capsys.readouterr().out
+    assert main(base) == 0
+    assert "target lb 1.01: reached on 58 of 58 layers\n" in capsys.readouterr().out

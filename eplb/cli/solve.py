@@ -360,6 +360,12 @@ def run_solve(args: argparse.Namespace) -> int:
         print()
     else:
         print(_summary(window, outcome, model, args.out))
+        if args.target_lb is not None:
+            reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
+            why = "" if reached == window.num_layers else (
+                " (a move budget ran out first)" if args.max_moves or args.max_moves_per_layer else
+                " (no edit of the serving placement gets there)")
+            print(f"target lb {args.target_lb:g}: reached on {reached} of {window.num_layers} layers{why}")
     return 0
 
 
