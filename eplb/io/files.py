@@ -33,45 +33,28 @@ def int_list(value: Any, what: str) -> list[int]:
 def numeric_array(value: Any, what: str) -> NDArray[np.float64]:
     if isinstance(value, list):
         check_rectangular(value, what)
-    refuse_non_real(value, what)
+    return real_array(value, what, f"{what} must hold only numbers")
+
+
+def real_array(value: Any, what: str, not_numbers: str) -> NDArray[np.float64]:
+    """`value` (rectangular) as float64; EplbError `not_numbers` when it holds no numbers, and by name for an
+    array of other than integers or floats (bool, complex: numpy would drop the imaginary part) or the first
+    true/false in nested lists (JSON's true is no number; numpy would read it as 1)."""
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "iuf":
+        raise EplbError(f"{what} must hold real numbers (integers or floats), got dtype {value.dtype}")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (ValueError, TypeError):
-        raise EplbError(f"{what} must hold only numbers") from None
+        raise EplbError(not_numbers) from None
+    if not isinstance(value, np.ndarray):  # a bool reads as 0 or 1: only those cells need a look
+        for where in np.argwhere((arr == 0) | (arr == 1)):
+            cell = value
+            for i in where:
+                cell = cell[i]
+            if isinstance(cell, bool):
+                index = "".join(f"[{i}]" for i in where)
+                raise EplbError(f"{what}{index} is {str(cell).lower()}: give a number, not true/false")
     return arr
-
-
-def refuse_non_real(value: Any, what: str) -> None:
-    """Raise on an array of other than integers or floats (bool, complex, ...), or naming the first true/false
-    in nested lists: JSON's true is no number (numpy would read it as 1), nor is a complex one real."""
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "iuf":
-            raise EplbError(f"{what} must hold real numbers (integers or floats), got dtype {value.dtype}")
-        return
-    where = _first_bool(value)
-    if where is not None:
-        index = "".join(f"[{i}]" for i in where)
-        raise EplbError(f"{what}{index} is {str(_at(value, where)).lower()}: give a number, not true/false")
-
-
-def _first_bool(value: Any) -> list[int] | None:
-    if isinstance(value, bool):
-        return []
-    if not isinstance(value, list):
-        return None
-    if value and not isinstance(value[0], list) and bool not in map(type, value):  # a row of scalars: one pass
-        return None
-    for i, v in enumerate(value):
-        inner = _first_bool(v)
-        if inner is not None:
-            return [i, *inner]
-    return None
-
-
-def _at(value: Any, where: list[int]) -> Any:
-    for i in where:
-        value = value[i]
-    return value
 
 
 def check_rectangular(rows: list[Any], what: str) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, refuse_non_real
+from eplb.io.files import existing_file, real_array
 from eplb.io.windows import MAX_LOAD
 
 __all__ = [
@@ -801,11 +801,7 @@ def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) ->
     if not isinstance(raw, list) or len(raw) != num_experts:
         got = f"{len(raw)} values" if isinstance(raw, list) else repr(raw)[:40]
         raise EplbError(f"{path}: line {lineno}: 'counts' must list {num_experts} numbers, got {got}")
-    refuse_non_real(raw, f"{path}: line {lineno}: counts")
-    try:
-        arr = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise EplbError(f"{path}: line {lineno}: 'counts' must hold numbers") from None
+    arr = real_array(raw, f"{path}: line {lineno}: counts", f"{path}: line {lineno}: 'counts' must hold numbers")
     big = np.flatnonzero(arr > MAX_LOAD)
     if big.size:
         raise EplbError(

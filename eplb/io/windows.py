@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, refuse_non_real
+from eplb.io.files import existing_file, real_array
 
 DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
 MAX_LOAD = 1e15  # token counts per expert and window; larger values would overflow sums of squares and products
@@ -50,11 +50,7 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
     """
     if isinstance(value, list):
         _check_rectangular(value, what)
-    refuse_non_real(value, what)
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (ValueError, TypeError):
-        raise EplbError(f"{what} must be numbers in a [layers][experts] array") from None
+    arr = real_array(value, what, f"{what} must be numbers in a [layers][experts] array")
     if arr.ndim == 1:
         raise EplbError(f"{what} must be [layers][experts]; got one row of {arr.size} numbers "
                         "(wrap a single layer in another list)")
