@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from rebalance import GPUS, SLOTS, TOKENS, TOP_K  # the cluster and logs of benchmarks/rebalance.py
+from rebalance import GPUS, SLOTS, synth_configs  # the cluster and logs of benchmarks/rebalance.py
 
 from eplb.cost.migration import MigrationSpec
 from eplb.placement import Placement
@@ -104,14 +104,12 @@ def main() -> None:
     sched = Schedule(window=args.window, interval=args.interval)
     checks = list(range(sched.first_position, args.steps, args.interval))
     cluster = Cluster(np.full(GPUS, SLOTS))
-    base = SynthConfig(steps=args.steps, layers=args.layers, experts=256, top_k=TOP_K, tokens=TOKENS)
-    shifts = SynthConfig(**{**base.__dict__, "shift_at": (args.steps // 3, 2 * args.steps // 3)})
     start = checks[0] + sched.delay
     hw = HARDWARE_PRESETS["b200"]
     cost = CostSetup(MODEL_PRESETS["deepseek-v3"], hw, hw.nvlink_bandwidth)
     migration = MigrationSpec(hw.nvlink_bandwidth, hbm_bw=hw.hbm_bandwidth)
     replays = (("periodic greedy", "greedy", "periodic"), ("default (incremental, cost)", "incremental", "cost"))
-    for name, cfg in (("drift", base), ("shifts", shifts)):
+    for name, cfg in synth_configs(args.steps, args.layers, seed=0).items():
         log, forecasts = generate(cfg, checks, args.interval, sched.delay)
         rows: dict[str, NDArray[np.float64]] = {}
         for label, loads in forecasts.items():

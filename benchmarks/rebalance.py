@@ -107,14 +107,16 @@ def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p
     }
 
 
+def synth_configs(steps: int, layers: int, seed: int) -> dict[str, SynthConfig]:
+    """The synthetic benchmark logs: `eplb synth` defaults (drift), and with regime shifts at 1/3 and 2/3."""
+    base = SynthConfig(steps=steps, layers=layers, experts=256, top_k=TOP_K, tokens=TOKENS, seed=seed)
+    return {"drift": base, "shifts": SynthConfig(**{**base.__dict__, "shift_at": (steps // 3, 2 * steps // 3)})}
+
+
 def logs_of(steps: int, layers: int, seed: int) -> dict[str, NDArray[Any]]:
     """The three benchmark logs for one seed (synthetic draws and the real windows' sampled steps)."""
-    base = SynthConfig(steps=steps, layers=layers, experts=256, top_k=TOP_K, tokens=TOKENS, seed=seed)
-    return {
-        "drift": synth_log(base),
-        "shifts": synth_log(SynthConfig(**{**base.__dict__, "shift_at": (steps // 3, 2 * steps // 3)})),
-        "sglang6017": real_log(steps, seed),
-    }
+    logs = {name: synth_log(cfg) for name, cfg in synth_configs(steps, layers, seed).items()}
+    return {**logs, "sglang6017": real_log(steps, seed)}
 
 
 def print_table(name: str, log: NDArray[Any], args: argparse.Namespace, rows: dict[str, Any]) -> None:
