@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -93,14 +92,11 @@ def read_summary(
     summarized with the top `partners` per expert (keeping its exact pair counts). num_experts, num_layers: the
     load window's, when given: a file of another shape is refused naming both. EplbError with the file's name
     on anything else."""
-    from eplb.io.files import existing_file
+    from eplb.io.files import existing_file, read_json
 
     p = existing_file(path, "co-activation file")
     if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EplbError(f"{p}: not valid JSON ({exc})") from None
+        data = read_json(p)
         if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
             raise EplbError(f"{p}: expected a co-activation summary object with \"format\": \"{SUMMARY_FORMAT}\"")
         try:

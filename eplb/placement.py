@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, output_file
+from eplb.io.files import existing_file, output_file, read_json
 from solvers.validation import EMPTY_SLOT, InvalidPlacement, replica_counts, slot_gpu, validate_placement
 
 FORMAT = "eplb.placement/v1"
@@ -158,11 +158,7 @@ def save_placement(placement: Placement, path: str | Path) -> None:
 def load_placement(path: str | Path) -> Placement:
     """Read a placement file written by `save_placement` (or any JSON with the same fields)."""
     p = existing_file(path, "placement file")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EplbError(f"{p}: not valid JSON ({exc})") from None
-    return Placement.from_dict(data, str(p))
+    return Placement.from_dict(read_json(p), str(p))
 
 
 def _int_array(value: Any, what: str, ndim: int) -> NDArray[np.int64]:

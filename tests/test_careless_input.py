@@ -284,3 +284,19 @@ def test_a_target_lb_the_budget_cannot_reach_is_said(
     assert "target lb 1.01: reached on 0 of 58 layers (a move budget ran out first)" in capsys.readouterr().out
     assert main(base) == 0
     assert "target lb 1.01: reached on 58 of 58 layers\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cell", ['"1e3"', "null", "[1]", '{"a": 1}'])
+def test_loads_that_are_not_numbers_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], cell: str) -> None:
+    # numpy would parse the string "1e3" as a number, and None as NaN
+    window = tmp_path / "w.json"
+    window.write_text('{"loads": [[1, 2, ' + cell + ', 4]]}')
+    code, err = run(capsys, "solve", "--loads", str(window), "--gpus", "2")
+    assert code == 2 and "loads must be numbers" in err
+
+
+def test_a_flag_beside_the_numbers_is_no_bool_among_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "w.json"
+    window.write_text('{"loads": [[1, 2, 3, 4]], "note": "a flag is fine", "checked": true}')
+    code, err = run(capsys, "solve", "--loads", str(window), "--gpus", "2")
+    assert code == 0, err

@@ -37,24 +37,45 @@ def numeric_array(value: Any, what: str) -> NDArray[np.float64]:
 
 
 def real_array(value: Any, what: str, not_numbers: str) -> NDArray[np.float64]:
-    """`value` (rectangular) as float64; EplbError `not_numbers` when it holds no numbers, and by name for an
-    array of other than integers or floats (bool, complex: numpy would drop the imaginary part) or the first
-    true/false in nested lists (JSON's true is no number; numpy would read it as 1)."""
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "iuf":
-        raise EplbError(f"{what} must hold real numbers (integers or floats), got dtype {value.dtype}")
+    """`value` (rectangular) as float64; EplbError `not_numbers` when it holds anything but integers and floats
+    (strings such as "1e3", None, nested objects), and by name for an array of bools or complex numbers (numpy
+    would drop the imaginary part). A true/false among numbers reads as a number here: JSON text is checked for
+    those when it is read (`read_json`, `refuse_bools`)."""
     try:
-        arr = np.asarray(value, dtype=np.float64)
+        raw = value if isinstance(value, np.ndarray) else np.asarray(value)
     except (ValueError, TypeError):
         raise EplbError(not_numbers) from None
-    if not isinstance(value, np.ndarray):  # a bool reads as 0 or 1: only those cells need a look
-        for where in np.argwhere((arr == 0) | (arr == 1)):
-            cell = value
-            for i in where:
-                cell = cell[i]
-            if isinstance(cell, bool):
-                index = "".join(f"[{i}]" for i in where)
-                raise EplbError(f"{what}{index} is {str(cell).lower()}: give a number, not true/false")
-    return arr
+    if raw.dtype.kind in "bc":
+        raise EplbError(f"{what} must hold real numbers (integers or floats), got dtype {raw.dtype}")
+    if raw.dtype.kind not in "iuf":
+        raise EplbError(not_numbers)
+    return np.asarray(raw, dtype=np.float64)
+
+
+def refuse_bools(data: Any, text: str | bytes, what: str) -> None:
+    """EplbError naming the first true/false inside a list of `data`, parsed from JSON `text` (JSON's true is no
+    number, yet numpy reads it as 1); a bool as an object's value (a flag) is left alone. Only JSON text that
+    spells true or false is walked, so numbers-only files pay one substring search."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if "true" not in text and "false" not in text:
+        return
+    where = _first_bool_in_list(data, in_list=False)
+    if where is not None:
+        path, value = where
+        raise EplbError(f"{what}{path} is {str(value).lower()}: give a number, not true/false")
+
+
+def _first_bool_in_list(data: Any, in_list: bool) -> tuple[str, bool] | None:
+    if isinstance(data, bool):
+        return ("", data) if in_list else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, item in items:
+        found = _first_bool_in_list(item, isinstance(data, list))
+        if found is not None:
+            step = f"[{key}]" if isinstance(data, list) else (f".{key}" if in_list else str(key))
+            return step + found[0], found[1]
+    return None
 
 
 def check_rectangular(rows: list[Any], what: str) -> None:
@@ -68,10 +89,14 @@ def check_rectangular(rows: list[Any], what: str) -> None:
 
 
 def read_json(p: Path) -> Any:
+    """The JSON value of file p; EplbError when it is not JSON, or holds a true/false among numbers."""
     try:
-        return json.loads(p.read_text())
+        text = p.read_text()
+        data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EplbError(f"{p}: not valid JSON ({exc})") from None
+    refuse_bools(data, text, f"{p}: ")
+    return data
 
 
 def existing_file(raw: str | Path, what: str = "file") -> Path:

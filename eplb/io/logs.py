@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, real_array
+from eplb.io.files import existing_file, real_array, refuse_bools
 from eplb.io.windows import MAX_LOAD
 
 __all__ = [
@@ -785,6 +785,7 @@ def _parse_line(line: bytes, lineno: int, path: str) -> dict[str, Any]:
         raise EplbError(f"{path}: line {lineno}: not valid JSON ({exc}){end}") from None
     if not isinstance(rec, dict):
         raise EplbError(f"{path}: line {lineno}: expected an object {{\"step\", \"layer\", \"counts\"}}")
+    refuse_bools(rec, line, f"{path}: line {lineno}: ")
     return rec
 
 

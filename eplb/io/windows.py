@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, real_array
+from eplb.io.files import existing_file, read_json, real_array
 
 DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
 MAX_LOAD = 1e15  # token counts per expert and window; larger values would overflow sums of squares and products
@@ -110,10 +110,7 @@ def read_window(path: str | Path | None = None) -> LoadWindow:
 
 
 def _read_json(p: Path) -> LoadWindow:
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EplbError(f"{p}: not valid JSON ({exc})") from None
+    data = read_json(p)
     if isinstance(data, dict):
         if "loads" not in data:
             raise EplbError(f"{p}: expected a 'loads' field holding [layers][experts] token counts")
