@@ -125,6 +125,24 @@ class DeploymentConfig(BaseModel):
         return self
 
 
+def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:
+    """Slots per GPU [G] of a config's cluster (`eplb.budget.slots_per_gpu`; the model must be a preset)."""
+    shape, model = config.cluster, MODEL_PRESETS[config.model]
+    return slots_per_gpu(shape.num_gpus, model.num_experts, slots=shape.slots_per_gpu,
+                         num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
+                         slot_bytes=model.expert_bytes_all_layers)  # fmt: skip
+
+
+def explicit_slots(config: DeploymentConfig) -> DeploymentConfig:
+    """`config` with its default slot budget written out (num_redundant), so the stored deployment keeps its
+    shape should the default ever change."""
+    shape = config.cluster
+    if any(v is not None for v in (shape.slots_per_gpu, shape.num_redundant, shape.memory_budget_bytes)):
+        return config
+    redundant = int(config_slots(config).sum()) - MODEL_PRESETS[config.model].num_experts
+    return config.model_copy(update={"cluster": shape.model_copy(update={"num_redundant": redundant})})
+
+
 class Setup:
     """A config resolved into what solving needs: model spec, cost setup, cluster."""
 
@@ -141,15 +159,12 @@ class Setup:
                               config.node_limit, between)
         self.migration = MigrationSpec(within, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
                                        gpus_per_node=config.cluster.gpus_per_node)  # fmt: skip
-        shape = config.cluster
-        slots = slots_per_gpu(shape.num_gpus, self.model.num_experts, slots=shape.slots_per_gpu,
-                              num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
-                              slot_bytes=self.model.expert_bytes_all_layers)
-        self.cluster = Cluster(slots, shape.gpus_per_node, shape.num_groups)
-        try:  # a '+' link needs nodes: refused here, by name, not at the first window
+        self.cluster = Cluster(config_slots(config), config.cluster.gpus_per_node, config.cluster.num_groups)
+        try:  # a '+' link or a node limit needs nodes: refused here, by name, not at the first window
             check_links(self.cost, self.cluster)
         except EplbError as exc:
-            raise EplbError(f"link: {exc}") from None
+            field = "node_limit" if config.node_limit is not None and config.cluster.gpus_per_node is None else "link"
+            raise EplbError(f"{field}: {exc}") from None
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
@@ -308,6 +323,7 @@ def register(store: Store, name: str, config: DeploymentConfig) -> tuple[Deploym
     layout is unchanged (and drops the placement otherwise). Returns the view and whether it was created."""
     check_name(name)
     setup = Setup(config)
+    config = explicit_slots(config)
     now = time.time()
     with store.write() as session:
         row = store.lock_deployment(session, name)
@@ -315,10 +331,10 @@ def register(store: Store, name: str, config: DeploymentConfig) -> tuple[Deploym
         if row is None:
             row = DeploymentRow(name=name, windows=0, created_at=now)
             session.add(row)
-        elif row.phy2log is not None:
-            old = Setup(DeploymentConfig.model_validate(row.config))
-            if (old.model.num_experts != setup.model.num_experts
-                    or old.cluster.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist()):
+        else:  # the placement stays only while it fits the new slot layout and expert count
+            serving = _placement(row)
+            if (serving is None or serving.num_experts != setup.model.num_experts
+                    or serving.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist()):
                 row.phy2log, row.shares = None, None
         row.config = config.model_dump(mode="json")
         row.updated_at = now
@@ -518,12 +534,17 @@ def _row(row: DeploymentRow | None, name: str) -> DeploymentRow:
 
 
 def _placement(row: DeploymentRow) -> Placement | None:
+    """The stored serving placement, or None: none yet, or one that no longer fits the config's slots (stored
+    before a change of the default slot budget; the next window places afresh)."""
     if row.phy2log is None:
         return None
-    slots = Setup(DeploymentConfig.model_validate(row.config)).cluster.slots_per_gpu
+    slots = config_slots(DeploymentConfig.model_validate(row.config))
+    phy2log = unpack(row.phy2log)
+    if phy2log.shape[1] != int(slots.sum()):
+        return None
     model = MODEL_PRESETS[row.config["model"]]
     shares = None if row.shares is None else unpack(row.shares)
-    return Placement(unpack(row.phy2log), slots, model.num_experts, shares)
+    return Placement(phy2log, slots, model.num_experts, shares)
 
 
 def _view(row: DeploymentRow) -> DeploymentView:

@@ -405,3 +405,44 @@ def test_time_objective_deployment_never_serves_empty_slots(store: Store) -> Non
     assert first.action == "placed" and second.action == "rebalanced"
     for result in (first.result, second.result):
         assert result is not None and min(min(row) for row in result.placement.phy2log) >= 0
+
+
+def _edit_stored_config(store: Store, name: str, edit: Any) -> None:
+    """Rewrite a stored config as an older version of eplb would have stored it."""
+    import eplb.store.models as models
+
+    with store.write() as session:
+        row = session.get(models.DeploymentRow, name)
+        assert row is not None
+        row.config = edit(dict(row.config))
+
+
+def test_the_default_slot_budget_is_stored_explicitly(store: Store) -> None:
+    cfg = config().model_copy(update={"cluster": dep.ClusterShape(num_gpus=8)})  # no slot field: the default
+    view, _ = dep.register(store, "d", cfg)
+    assert view.config.cluster.num_redundant == 8  # one redundant per GPU, written out
+
+
+def test_rows_stored_under_an_older_default_or_older_checks_still_read(store: Store) -> None:
+    # more GPUs than experts: the old default gave E + G slots; a row stored then has no slot field
+    wide = config().model_copy(update={"cluster": dep.ClusterShape(num_gpus=80, num_redundant=80)})
+    dep.register(store, "old-default", wide)
+    dep.process_window(store, "old-default", window(0), force=True)
+    assert dep.current_placement(store, "old-default") is not None
+
+    def no_slots(c: dict[str, Any]) -> dict[str, Any]:
+        return {**c, "cluster": {k: v for k, v in c["cluster"].items() if k != "num_redundant"}}
+
+    _edit_stored_config(store, "old-default", no_slots)
+    assert dep.get(store, "old-default").placement is None  # 144 stored slots, 80 now: placed afresh next
+    assert dep.process_window(store, "old-default", window(0)).action == "placed"
+    assert dep.current_placement(store, "old-default") is not None
+    # a node limit without nodes, accepted before the check existed
+    dep.register(store, "old-check", config())
+    dep.process_window(store, "old-check", window(0), force=True)
+    _edit_stored_config(store, "old-check", lambda c: {**c, "node_limit": 4})
+    assert [v.name for v in dep.list_all(store)] == ["old-check", "old-default"]
+    assert dep.get(store, "old-check").placement is not None
+    with pytest.raises(EplbError, match="node_limit: a node limit caps the nodes"):
+        dep.process_window(store, "old-check", window(1))
+    assert dep.register(store, "old-check", config())[0].placement is not None  # fixed by a PUT
