@@ -300,3 +300,29 @@ def test_a_flag_beside_the_numbers_is_no_bool_among_them(tmp_path: Path, capsys:
     window.write_text('{"loads": [[1, 2, 3, 4]], "note": "a flag is fine", "checked": true}')
     code, err = run(capsys, "solve", "--loads", str(window), "--gpus", "2")
     assert code == 0, err
+
+
+def test_a_zero_move_budget_is_named_as_the_reason(small: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    prefill = FIXTURES / "sglang6017-dsv3-prefill-in4096.json"
+    assert main(["solve", "--loads", str(prefill), "--gpus", "8", "--redundant", "8", "--current", str(small["dsv3"]),
+                 "--target-lb", "1.01", "--max-moves", "0"]) == 0  # fmt: skip
+    assert "reached on 0 of 58 layers (a move budget ran out first)" in capsys.readouterr().out
+
+
+def test_a_summary_of_other_layers_names_both_shapes(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    law = FIXTURES / "esft-dsv2lite-law-topk.npz"  # 26 layers x 64 experts
+    window = small["window"].parent / "w26.json"
+    window.write_text(json.dumps({"loads": np.ones((2, 64)).tolist()}))
+    code, err = run(capsys, "solve", "--loads", str(window), "--gpus", "8", "--coactivation", str(law))
+    assert code == 2 and "is for 26 layers x 64 experts, the loads are 2 x 64" in err
+
+
+def test_replay_names_an_unknown_solver() -> None:
+    from eplb.replay import Schedule, replay
+    from eplb.solve import Cluster
+
+    with pytest.raises(EplbError, match="nosuch"):
+        replay(np.ones((10, 2, 8), dtype=np.int64), Cluster(np.full(4, 3)), schedule=Schedule(window=5, interval=5),
+               solver="nosuch")  # fmt: skip

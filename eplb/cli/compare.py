@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
-from eplb.cli.solve import add_cost_options, coactivation_for, cost_setup, model_for
+from eplb.cli.solve import MAX_COUNT, add_cost_options, coactivation_for, cost_setup, int_at_most, model_for
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from
 from eplb.io.logs import open_log
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      tokens_value=None)
     replay = p.add_argument_group("log replay (with --log)")
     add_schedule_options(replay)
-    replay.add_argument("--oracle-every", type=int, default=10, metavar="N",
+    replay.add_argument("--oracle-every", type=int_at_most(MAX_COUNT, "steps"), default=10, metavar="N",
                         help="solve the oracle on every N-th step (default 10; 0: skip it)")
     add_progress_options(p)
     add_executor_options(p)
@@ -108,7 +108,7 @@ def _run_window(
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     if not objectives or any(o not in OBJECTIVES for o in objectives):
         raise EplbError(f"--objectives takes {', '.join(OBJECTIVES)} (comma-separated), got {args.objectives!r}")
-    coactivation = coactivation_for(args, window.num_experts)
+    coactivation = coactivation_for(args, window)
     if coactivation is not None and args.layers is not None:
         coactivation = coactivation.layers(args.layers)
     runs = compare_window(loads, shapes, solvers, _one_link_cost(args, model), args.time_limit, progress=args.progress,

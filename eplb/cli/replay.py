@@ -185,7 +185,7 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
     p.add_argument("--threshold", type=float, metavar="LB",
                    help=f"realized lb (mean over the window's steps and layers) above which --trigger threshold "
                    f"rebalances (default {d.threshold:g})")
-    p.add_argument("--robust-windows", type=steps, metavar="K",
+    p.add_argument("--robust-windows", type=int_at_most(MAX_COUNT, "sub-windows"), metavar="K",
                    help="cut the window into K sub-windows and refine the placement so its worst lb over them "
                    "is lowest (solvers/robust.py; any solver)")
 

@@ -185,13 +185,13 @@ def add_coactivation_options(p: argparse.ArgumentParser) -> None:
                    "experts lie on at most M nodes of --gpus-per-node GPUs; caps the co-activation copies")
 
 
-def coactivation_for(args: argparse.Namespace, num_experts: int) -> CoactivationSummary | None:
-    """The --coactivation summary, or None."""
+def coactivation_for(args: argparse.Namespace, window: LoadWindow) -> CoactivationSummary | None:
+    """The --coactivation summary of the window's shape, or None."""
     if not args.coactivation:
         return None
     from eplb.coactivation import read_summary
 
-    return read_summary(args.coactivation, num_experts)
+    return read_summary(args.coactivation, window.num_experts, num_layers=window.num_layers)
 
 
 def int_list(text: str) -> list[int]:
@@ -346,7 +346,7 @@ def run_solve(args: argparse.Namespace) -> int:
         split=args.split,
         stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
         objective=args.objective,
-        coactivation=coactivation_for(args, window.num_experts),
+        coactivation=coactivation_for(args, window),
     )
     if args.out:
         from eplb.io.exports import write_export
@@ -362,9 +362,9 @@ def run_solve(args: argparse.Namespace) -> int:
         print(_summary(window, outcome, model, args.out))
         if args.target_lb is not None:
             reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
+            budget = args.max_moves is not None or args.max_moves_per_layer is not None
             why = "" if reached == window.num_layers else (
-                " (a move budget ran out first)" if args.max_moves or args.max_moves_per_layer else
-                " (no edit of the serving placement gets there)")
+                " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)")
             print(f"target lb {args.target_lb:g}: reached on {reached} of {window.num_layers} layers{why}")
     return 0
 
@@ -401,7 +401,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None and (args.gpus_per_node < 1 or placement.num_gpus % args.gpus_per_node):
         raise EplbError(f"--gpus-per-node {args.gpus_per_node} does not divide the {placement.num_gpus} GPUs")
     outcome = evaluate(window.loads, placement, cost_setup(args, model),
-                       coactivation=coactivation_for(args, window.num_experts), gpus_per_node=args.gpus_per_node)
+                       coactivation=coactivation_for(args, window), gpus_per_node=args.gpus_per_node)
     if args.json:
         json.dump(outcome.to_dict(), sys.stdout)
         print()

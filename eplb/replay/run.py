@@ -339,7 +339,10 @@ class _Replay:
         self.timing = {"evaluation_s": 0.0, "solve_s": 0.0, "oracle_s": 0.0, "read_s": 0.0, "hindsight_s": 0.0}
         self.tokens = _token_routing(self.info)  # token-level logs: exact dispatch copies per token per row
         self.copies = {name: [0.0, 0, 0.0] for name in COPY_ROWS}  # copies x tokens, tokens, nodes x tokens
-        self.needs_pairs = registry.get_solver(policy.solver).capabilities.coactivation  # e.g. greedy-coact
+        try:
+            self.needs_pairs = registry.get_solver(policy.solver).capabilities.coactivation  # e.g. greedy-coact
+        except registry.SolverError as exc:
+            raise EplbError(str(exc)) from None
         if (policy.objective == "time" or self.needs_pairs) and self.tokens is None:
             what = "the time objective needs" if policy.objective == "time" else f"{policy.solver} needs"
             raise EplbError(f"{self.info.path}: {what} the log's tokens (a token-level log with at most "
