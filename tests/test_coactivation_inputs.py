@@ -108,7 +108,7 @@ def test_a_token_log_is_summarized_with_its_own_expert_count(tmp_path: Path,
         code, _, err = run(["solve", "--loads", str(path), "--coactivation", str(LAW), "--gpus", "8",
                             "--slots-per-gpu", "20"], capsys)  # fmt: skip
         assert code == 2 and "Traceback" not in err, err
-        assert f"26 layers x 64 experts, the loads have {window.shape[1]} experts" in err
+        assert f"26 layers x 64 experts, the loads are 26 x {window.shape[1]}" in err
     code, _, err = run(["solve", "--coactivation", str(LAW), "--gpus", "8"], capsys)  # the 58 x 256 default window
     assert code == 2 and "26 layers x 64 experts" in err and "256" in err
     assert read_summary(LAW).num_experts == 64
