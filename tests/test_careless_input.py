@@ -326,3 +326,16 @@ def test_replay_names_an_unknown_solver() -> None:
     with pytest.raises(EplbError, match="nosuch"):
         replay(np.ones((10, 2, 8), dtype=np.int64), Cluster(np.full(4, 3)), schedule=Schedule(window=5, interval=5),
                solver="nosuch")  # fmt: skip
+
+
+def test_a_placement_slower_than_no_eplb_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # decode (64 tokens per GPU) is bound by weight reads: 72 filled slots read more than the baseline's 64
+    law = str(FIXTURES / "esft-dsv2lite-law-topk.npz")
+    base = ["solve", "--loads", law, "--gpus", "8", "--tokens-per-gpu", "64"]
+    current = tmp_path / "p.json"
+    assert main([*base, "--out", str(current)]) == 0
+    assert "fewer redundant slots (--redundant, or --objective time) read less" in capsys.readouterr().out
+    assert main([*base, "--objective", "time", "--current", str(current)]) == 0
+    assert "only from scratch" in capsys.readouterr().out
+    assert main([*base, "--objective", "time"]) == 0  # from scratch: one slot per expert, not slower
+    assert "note: slower" not in capsys.readouterr().out

@@ -360,6 +360,14 @@ def run_solve(args: argparse.Namespace) -> int:
         print()
     else:
         print(_summary(window, outcome, model, args.out))
+        slower = outcome.prediction is not None and outcome.baseline_prediction is not None and (
+            outcome.prediction.total_time_us > outcome.baseline_prediction.total_time_us)
+        if slower and outcome.placement.num_physical > outcome.placement.num_experts:
+            print(f"note: slower than the baseline, which reads {outcome.placement.num_experts} experts' weights "
+                  f"per layer where this placement fills {outcome.placement.num_physical} slots"
+                  + (": against a serving placement no slot is left empty (--objective time leaves redundant "
+                     "slots empty only from scratch)" if current is not None and args.objective == "time" else
+                     "; fewer redundant slots (--redundant, or --objective time) read less"))
         if args.target_lb is not None:
             reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
             budget = args.max_moves is not None or args.max_moves_per_layer is not None
