@@ -509,9 +509,11 @@ class CoactivationSummary:
         return p, excess
 
     def pair_estimate(self) -> F64:
-        """Estimated pair counts [L, E, E] (zero diagonal): listed pairs exact; each expert's unlisted
-        pair mass (load x (k - 1) minus its listed counts) spread over its unlisted partners in
-        proportion to their loads; the two directions' estimates of an unlisted pair averaged."""
+        """Estimated pair counts [L, E, E] (zero diagonal, symmetric): listed pairs as listed (the larger of the
+        two listings when both experts list the pair: merged lists give lower bounds); each expert's unlisted
+        pair mass (load x (picks per token - 1) minus its listed counts, picks per token = the layer's loads
+        over its tokens, at most top_k) spread over its unlisted partners in proportion to their loads; the two
+        directions' estimates of an unlisted pair averaged."""
         layers, num_experts = self.loads.shape
         est = np.zeros((layers, num_experts, num_experts))
         listed = np.zeros((layers, num_experts, num_experts), dtype=bool)
@@ -520,11 +522,13 @@ class CoactivationSummary:
         listed[li, ei, pj] = True
         listed[li, pj, ei] = True
         exact = np.zeros_like(est)
-        exact[li, ei, pj] = self.counts[li, ei, mi]
-        exact[li, pj, ei] = self.counts[li, ei, mi]
+        counts = self.counts[li, ei, mi].astype(np.float64)
+        np.maximum.at(exact, (li, ei, pj), counts)
+        np.maximum.at(exact, (li, pj, ei), counts)
         loads = self.loads.astype(np.float64)
         listed_sum = np.where(listed, exact, 0.0).sum(axis=2)
-        rest = np.maximum(loads * (self.top_k - 1) - listed_sum, 0.0)  # [L, E]
+        picks = loads.sum(axis=1) / np.maximum(self.tokens.astype(np.float64), 1.0)  # [L]: top_k, less with drops
+        rest = np.maximum(loads * (np.minimum(picks, self.top_k) - 1)[:, None] - listed_sum, 0.0)  # [L, E]
         eye = np.eye(num_experts, dtype=bool)[None]
         weight = np.where(listed | eye, 0.0, loads[:, None, :])
         denom = weight.sum(axis=2, keepdims=True)

@@ -535,10 +535,14 @@ def _row(row: DeploymentRow | None, name: str) -> DeploymentRow:
 
 def _placement(row: DeploymentRow) -> Placement | None:
     """The stored serving placement, or None: none yet, or one that no longer fits the config's slots (stored
-    before a change of the default slot budget; the next window places afresh)."""
+    before a change of the default slot budget, or a config this version cannot resolve; the next window places
+    afresh)."""
     if row.phy2log is None:
         return None
-    slots = config_slots(DeploymentConfig.model_validate(row.config))
+    try:  # a stored config a newer eplb cannot resolve (a preset renamed, a stricter check) serves nothing
+        slots = config_slots(DeploymentConfig.model_validate(row.config))
+    except (EplbError, KeyError, ValueError):
+        return None
     phy2log = unpack(row.phy2log)
     if phy2log.shape[1] != int(slots.sum()):
         return None

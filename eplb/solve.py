@@ -369,7 +369,7 @@ def check_objective(
     loads: NDArray[np.float64] | None = None,
 ) -> None:
     """Raise EplbError for an unknown objective, a time objective without a model, or a co-activation
-    summary of another shape than the loads [layers, E]."""
+    summary of another shape than the loads [layers, E], or with no tokens in a layer the loads route."""
     if objective not in OBJECTIVES:
         raise EplbError(f"unknown objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
     if objective == "time" and cost is None:
@@ -379,6 +379,11 @@ def check_objective(
             f"the co-activation summary is for {coactivation.loads.shape[0]} layers x {coactivation.loads.shape[1]} "
             f"experts, the loads are {loads.shape[0]} x {loads.shape[1]}"
         )
+    if coactivation is not None and loads is not None:
+        empty = np.flatnonzero((coactivation.tokens == 0) & (loads.sum(axis=1) > 0))
+        if empty.size:
+            raise EplbError(f"the co-activation summary has no tokens in layer {int(empty[0])}, which the loads "
+                            "route: send the summary of the same window")
 
 
 def _reach(

@@ -339,3 +339,37 @@ def test_a_placement_slower_than_no_eplb_says_why(tmp_path: Path, capsys: pytest
     assert "only from scratch" in capsys.readouterr().out
     assert main([*base, "--objective", "time"]) == 0  # from scratch: one slot per expert, not slower
     assert "note: slower" not in capsys.readouterr().out
+
+
+def test_a_true_in_a_foreign_placement_file_is_refused(small: dict[str, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # SGLang's format: true would read as expert 1
+    bad = tmp_path / "sglang.json"
+    bad.write_text(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3] * 3] * 2}).replace("[0, 1,", "[0, true,", 1))
+    code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(bad))
+    assert code == 2 and "physical_to_logical_map[0][1] is true" in err
+
+
+def test_integers_beyond_int64_get_the_range_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "w.json"
+    window.write_text('{"loads": [[1, 2, 3, ' + str(2**70) + ']]}')
+    code, err = run(capsys, "solve", "--loads", str(window), "--gpus", "2")
+    assert code == 2 and "larger than any token count" in err
+
+
+def test_bool_flags_are_no_numbers_and_paths_keep_their_dots() -> None:
+    from eplb.io.files import refuse_bools
+
+    refuse_bools({"moe_layers": [True, False], "loads": [[1, 2]]}, "true", "f: ")  # a list of flags is fine
+    with pytest.raises(EplbError, match=r"f: meta\.x\[1\] is true"):
+        refuse_bools({"meta": {"x": [1, True]}}, "true", "f: ")
+    refuse_bools({"loads": [[1, True]]}, "no bool spelled", "f: ")  # the text gate: nothing to walk
+
+
+def test_a_budget_not_spent_is_not_blamed_for_a_missed_target(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefill = FIXTURES / "sglang6017-dsv3-prefill-in4096.json"
+    assert main(["solve", "--loads", str(prefill), "--gpus", "8", "--redundant", "8", "--current", str(small["dsv3"]),
+                 "--target-lb", "1.0001", "--max-moves", "100000"]) == 0  # fmt: skip
+    assert "(no edit of the serving placement gets there)" in capsys.readouterr().out

@@ -269,3 +269,31 @@ def test_replay_runs_greedy_coact_on_a_token_level_log_and_refuses_a_counts_log(
     np.save(counts, np.ones((20, 2, 16), dtype=np.int64))
     with pytest.raises(EplbError, match="greedy-coact needs the log's tokens"):
         replay(str(counts), Cluster(np.full(4, 4)), schedule=sched, solver="greedy-coact", oracle_every=0)
+
+
+def test_merged_pair_counts_estimate_the_larger_listing_on_both_sides() -> None:
+    s = CoactivationSummary.from_dict({**small(), "counts": [[[100, 0], [90, 0], [100, 0], [100, 0]]]})
+    est = s.pair_estimate()[0]
+    assert est[0, 1] == est[1, 0] == 100  # lower bounds: the larger one, and the estimate stays symmetric
+
+
+def test_dropped_picks_do_not_inflate_the_unlisted_pair_mass() -> None:
+    # 300 tokens with 400 picks: 100 kept two experts, 200 kept one; no partners listed at all
+    d = {"tokens": [300], "top_k": 2, "loads": [[100, 100, 100, 100]], "partners": [[[-1]] * 4],
+         "counts": [[[0]] * 4]}  # fmt: skip
+    est = CoactivationSummary.from_dict(d).pair_estimate()[0]
+    # each pick shares a token with (400 / 300 - 1) others on average, not top_k - 1 = 1
+    assert est.sum() == pytest.approx(400 * (400 / 300 - 1))
+
+
+def test_a_summary_layer_without_tokens_is_refused_where_the_loads_route() -> None:
+    from eplb.placement import Placement
+    from eplb.solve import evaluate
+
+    s = CoactivationSummary.from_dict({
+        "tokens": [0, 10], "top_k": 2, "loads": [[0, 0, 0, 0], [5, 5, 5, 5]],
+        "partners": [[[-1]] * 4, [[1], [0], [3], [2]]], "counts": [[[0]] * 4, [[5], [5], [5], [5]]]})
+    placement = Placement(np.array([[0, 1, 2, 3], [0, 1, 2, 3]]), np.array([2, 2]), 4)
+    with pytest.raises(EplbError, match="no tokens in layer 0, which the loads route"):
+        evaluate(np.array([[1.0, 1, 1, 1], [5, 5, 5, 5]]), placement, coactivation=s)
+    assert evaluate(np.array([[0.0, 0, 0, 0], [5, 5, 5, 5]]), placement, coactivation=s).copies is not None

@@ -446,3 +446,13 @@ def test_rows_stored_under_an_older_default_or_older_checks_still_read(store: St
     with pytest.raises(EplbError, match="node_limit: a node limit caps the nodes"):
         dep.process_window(store, "old-check", window(1))
     assert dep.register(store, "old-check", config())[0].placement is not None  # fixed by a PUT
+
+
+def test_a_stored_config_this_version_cannot_resolve_still_reads_and_a_put_fixes_it(store: Store) -> None:
+    dep.register(store, "renamed", config())
+    dep.process_window(store, "renamed", window(0), force=True)
+    _edit_stored_config(store, "renamed", lambda c: {**c, "model": "a-preset-since-renamed"})
+    assert dep.get(store, "renamed").placement is None  # nothing serves that this version can read
+    assert [v.name for v in dep.list_all(store)] == ["renamed"]
+    view, created = dep.register(store, "renamed", config())
+    assert not created and view.config.model == MODEL

@@ -370,7 +370,10 @@ def run_solve(args: argparse.Namespace) -> int:
                      "; fewer redundant slots (--redundant, or --objective time) read less"))
         if args.target_lb is not None:
             reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
-            budget = args.max_moves is not None or args.max_moves_per_layer is not None
+            spent = None if outcome.moves is None else outcome.moves
+            budget = spent is not None and (
+                (args.max_moves is not None and int(spent.sum()) >= args.max_moves)
+                or (args.max_moves_per_layer is not None and int(spent.max()) >= args.max_moves_per_layer))
             why = "" if reached == window.num_layers else (
                 " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)")
             print(f"target lb {args.target_lb:g}: reached on {reached} of {window.num_layers} layers{why}")

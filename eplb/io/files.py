@@ -47,34 +47,42 @@ def real_array(value: Any, what: str, not_numbers: str) -> NDArray[np.float64]:
         raise EplbError(not_numbers) from None
     if raw.dtype.kind in "bc":
         raise EplbError(f"{what} must hold real numbers (integers or floats), got dtype {raw.dtype}")
+    if raw.dtype.kind == "O" and all(type(v) is int for v in raw.ravel()):  # integers beyond int64: range checks
+        return raw.astype(np.float64)  # downstream name them
     if raw.dtype.kind not in "iuf":
         raise EplbError(not_numbers)
     return np.asarray(raw, dtype=np.float64)
 
 
-def refuse_bools(data: Any, text: str | bytes, what: str) -> None:
-    """EplbError naming the first true/false inside a list of `data`, parsed from JSON `text` (JSON's true is no
-    number, yet numpy reads it as 1); a bool as an object's value (a flag) is left alone. Only JSON text that
-    spells true or false is walked, so numbers-only files pay one substring search."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if "true" not in text and "false" not in text:
+def refuse_bools(data: Any, text: str | bytes | None, what: str) -> None:
+    """EplbError naming the first true/false in a list that also holds numbers, in `data` parsed from JSON
+    `text` (JSON's true is no number, yet numpy reads it as 1); flags (an object's value, a list of bools)
+    are left alone. Only JSON text that spells true or false is walked, so numbers-only files pay one
+    substring search; text None (YAML, whose bools have other spellings) is always walked."""
+    if isinstance(text, bytes) and b"true" not in text and b"false" not in text:
         return
-    where = _first_bool_in_list(data, in_list=False)
+    if isinstance(text, str) and "true" not in text and "false" not in text:
+        return
+    where = _bool_among_numbers(data)
     if where is not None:
         path, value = where
         raise EplbError(f"{what}{path} is {str(value).lower()}: give a number, not true/false")
 
 
-def _first_bool_in_list(data: Any, in_list: bool) -> tuple[str, bool] | None:
-    if isinstance(data, bool):
-        return ("", data) if in_list else None
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, item in items:
-        found = _first_bool_in_list(item, isinstance(data, list))
-        if found is not None:
-            step = f"[{key}]" if isinstance(data, list) else (f".{key}" if in_list else str(key))
-            return step + found[0], found[1]
+def _bool_among_numbers(data: Any, path: str = "") -> tuple[str, bool] | None:
+    if isinstance(data, dict):
+        for key, item in data.items():
+            found = _bool_among_numbers(item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(data, list):
+        numbers = any(type(v) in (int, float) for v in data)
+        for i, item in enumerate(data):
+            if numbers and isinstance(item, bool):
+                return f"{path}[{i}]", item
+            found = _bool_among_numbers(item, f"{path}[{i}]")
+            if found is not None:
+                return found
     return None
 
 

@@ -14,7 +14,7 @@ import yaml
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, int_list, int_table
+from eplb.io.files import existing_file, int_list, int_table, refuse_bools
 from eplb.placement import Placement
 from solvers.validation import EMPTY_SLOT
 
@@ -115,14 +115,19 @@ def parse_placement(
 
 def _parse_placement_text(text: str, p: Path) -> Any:
     suffix = p.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        return parse_trtllm_yaml(text, str(p))
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        if suffix == ".json":
-            raise EplbError(f"{p}: not valid JSON ({exc})") from None
-    return parse_trtllm_yaml(text, str(p))
+    data: Any = None
+    if suffix not in (".yaml", ".yml"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if suffix == ".json":
+                raise EplbError(f"{p}: not valid JSON ({exc})") from None
+    if data is None:
+        data = parse_trtllm_yaml(text, str(p))
+        refuse_bools(data, None, f"{p}: ")
+    else:
+        refuse_bools(data, text, f"{p}: ")
+    return data
 
 
 def _parse_trtllm(
