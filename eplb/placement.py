@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, output_file, read_json
+from eplb.io.files import existing_file, output_file, read_json, real_array
 from solvers.validation import EMPTY_SLOT, InvalidPlacement, replica_counts, slot_gpu, validate_placement
 
 FORMAT = "eplb.placement/v1"
@@ -177,11 +177,8 @@ def _float_matrix(value: Any, what: str) -> NDArray[np.float64]:
 
 
 def _array(value: Any, what: str, ndim: int) -> NDArray[np.float64]:
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (ValueError, TypeError):
-        raise EplbError(f"{what} must be a {'list of lists' if ndim == 2 else 'list'} of numbers "
-                        "with equal row lengths") from None
+    arr = real_array(value, what, f"{what} must be a {'list of lists' if ndim == 2 else 'list'} of numbers "
+                     "with equal row lengths")
     if arr.ndim != ndim:
         raise EplbError(f"{what} must be {ndim}-dimensional, got shape {list(arr.shape)}")
     if not np.all(np.isfinite(arr)):

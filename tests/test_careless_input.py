@@ -373,3 +373,13 @@ def test_a_budget_not_spent_is_not_blamed_for_a_missed_target(
     assert main(["solve", "--loads", str(prefill), "--gpus", "8", "--redundant", "8", "--current", str(small["dsv3"]),
                  "--target-lb", "1.0001", "--max-moves", "100000"]) == 0  # fmt: skip
     assert "(no edit of the serving placement gets there)" in capsys.readouterr().out
+
+
+def test_a_number_string_in_a_placement_file_is_refused(small: dict[str, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(small["current"].read_text())
+    data["phy2log"][0][0] = str(data["phy2log"][0][0])  # numpy would read "3" as 3
+    bad = tmp_path / "strings.json"
+    bad.write_text(json.dumps(data))
+    code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(bad))
+    assert code == 2 and "phy2log must be a list of lists of numbers" in err
