@@ -359,25 +359,32 @@ def run_solve(args: argparse.Namespace) -> int:
         json.dump(outcome.to_dict(), sys.stdout)
         print()
     else:
-        print(_summary(window, outcome, model, args.out))
-        slower = outcome.prediction is not None and outcome.baseline_prediction is not None and (
-            outcome.prediction.total_time_us > outcome.baseline_prediction.total_time_us)
-        if slower and outcome.placement.num_physical > outcome.placement.num_experts:
-            print(f"note: slower than the baseline, which reads {outcome.placement.num_experts} experts' weights "
-                  f"per layer where this placement fills {outcome.placement.num_physical} slots"
-                  + (": against a serving placement no slot is left empty (--objective time leaves redundant "
-                     "slots empty only from scratch)" if current is not None and args.objective == "time" else
-                     "; fewer redundant slots (--redundant, or --objective time) read less"))
-        if args.target_lb is not None:
-            reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
-            spent = None if outcome.moves is None else outcome.moves
-            budget = spent is not None and (
-                (args.max_moves is not None and int(spent.sum()) >= args.max_moves)
-                or (args.max_moves_per_layer is not None and int(spent.max()) >= args.max_moves_per_layer))
-            why = "" if reached == window.num_layers else (
-                " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)")
-            print(f"target lb {args.target_lb:g}: reached on {reached} of {window.num_layers} layers{why}")
+        print("\n".join([_summary(window, outcome, model, args.out), *_notes(args, outcome)]))
     return 0
+
+
+def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
+    """Lines after the summary: why a placement is predicted slower than no EPLB, and how far --target-lb got."""
+    lines = []
+    p, pred, base = outcome.placement, outcome.prediction, outcome.baseline_prediction
+    slower = pred is not None and base is not None and pred.total_time_us > base.total_time_us
+    if slower and p.num_physical > p.num_experts and bool((p.phy2log >= 0).all()):
+        lines.append(f"note: slower than the baseline, which reads {p.num_experts} experts' weights per layer where "
+                     f"this placement fills {p.num_physical} slots" + (
+                         ": against a serving placement no slot is left empty (--objective time leaves redundant "
+                         "slots empty only from scratch)" if args.current and args.objective == "time" else
+                         "; fewer redundant slots (--redundant, or --objective time) read less"))
+    if args.target_lb is not None:
+        layers = int(outcome.balance.lb.size)
+        reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
+        spent = outcome.moves
+        budget = spent is not None and (
+            (args.max_moves is not None and int(spent.sum()) >= args.max_moves)
+            or (args.max_moves_per_layer is not None and int(spent.max()) >= args.max_moves_per_layer))
+        why = "" if reached == layers else (
+            " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)")
+        lines.append(f"target lb {args.target_lb:g}: reached on {reached} of {layers} layers{why}")
+    return lines
 
 
 def _print_frontier(
