@@ -1,9 +1,12 @@
 """Rebalancing policies side by side on drifting logs: realized lb, hindsight ratio, moves, total time.
 
 Run: python benchmarks/rebalance.py [--steps 3000] [--layers 8] [--milp-layers 4] [--seeds 5]
+                                    [--migration overlap|blocking] [--stall-ms MS]
 
 Logs (EP32, 9 slots per GPU = 288, DeepSeek-V3 on B200, all-to-all and weight copies over NVLink, copies
-overlapping serving with a quarter of the link):
+overlapping serving with a quarter of the link, or with --migration blocking stalling it; --stall-ms: a fixed
+stall at every rebalance besides the copies, `--migration-stall-ms`, given for all 58 MoE layers of DeepSeek-V3
+and scaled to the layers a log simulates, so it keeps its share of the serving time):
 - drift: `eplb synth` defaults (slow drift of each expert's popularity), --steps x --layers x 256;
 - shifts: the same with regime shifts (a new hot set) at 1/3 and 2/3 of the log;
 - sglang6017: the two shipped real DeepSeek-V3 windows (fixtures/sglang6017-*.json, prefill then decode)
@@ -45,6 +48,7 @@ from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUS, SLOTS, TOKENS, TOP_K = 32, 9, 4096, 8
+LAYERS = MODEL_PRESETS["deepseek-v3"].num_moe_layers  # --stall-ms is for all of them
 
 
 class VllmStyle(Solver):
@@ -84,12 +88,12 @@ def policies(milp_layers: int) -> list[tuple[str, dict[str, Any]]]:
     ]  # fmt: skip
 
 
-def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p: dict[str, Any]) -> dict[str, Any]:
+def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p: dict[str, Any],
+               migration: MigrationSpec) -> dict[str, Any]:
     layers = p.get("layers")
     counts = log[:, :layers] if layers else log
     sched = Schedule(window=window, interval=interval, trigger=p["trigger"], robust_windows=p.get("robust_windows"))
     t = time.perf_counter()
-    migration = MigrationSpec(cost.hardware.nvlink_bandwidth, hbm_bw=cost.hardware.hbm_bandwidth)
     res = replay(counts, Cluster(np.full(GPUS, SLOTS)), schedule=sched, solver=p["solver"], cost=cost,
                  migration=migration, time_limit_s=p.get("time_limit_s"), oracle_every=0)
     s = res.summary
@@ -122,7 +126,9 @@ def logs_of(steps: int, layers: int, seed: int) -> dict[str, NDArray[Any]]:
 def print_table(name: str, log: NDArray[Any], args: argparse.Namespace, rows: dict[str, Any]) -> None:
     """One log's side-by-side table (one seed)."""
     print(f"\n{name}: {log.shape[0]:,} steps x {log.shape[1]} layers x {log.shape[2]} experts; EP{GPUS}, "
-          f"{GPUS * SLOTS} slots; checks every {args.interval} steps, window {args.window}")  # fmt: skip
+          f"{GPUS * SLOTS} slots; checks every {args.interval} steps, window {args.window}; copies {args.migration}"
+          + (f", {args.stall_ms * log.shape[1] / LAYERS:.4g} ms stall per rebalance" if args.stall_ms else "")
+          )  # fmt: skip
     print(f"  {'policy':<30}{'lb':>7}{'/hindsight':>11}{'rebal.':>8}{'copies/rb':>11}{'slots/rb':>10}"
           f"{'GB/rb':>8}{'total s':>9}{'vs greedy':>10}{'wall s':>8}")  # fmt: skip
     greedy_total = rows["periodic greedy"]["results"]["replay"]["total_time_s"]
@@ -194,6 +200,10 @@ def main() -> None:
     parser.add_argument("--milp-layers", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=5,
                         help="logs drawn with seeds 0 .. N-1 (the first seed's tables are printed in full)")
+    parser.add_argument("--migration", choices=("overlap", "blocking"), default="overlap",
+                        help="copies overlap serving (a quarter of the link) or stall it")
+    parser.add_argument("--stall-ms", type=float, default=0.0,
+                        help="fixed stall per rebalance of all 58 layers, ms (default 0; scaled to a log's layers)")
     parser.add_argument("--json", type=Path, help="also write every number here")
     args = parser.parse_args()
     registry.register("vllm-style", "__main__:VllmStyle")
@@ -203,9 +213,12 @@ def main() -> None:
     for seed in range(args.seeds):
         everything[seed] = {}
         for name, log in logs_of(args.steps, args.layers, seed).items():
+            migration = MigrationSpec(hw.nvlink_bandwidth, overlap=args.migration == "overlap", hbm_bw=hw.hbm_bandwidth,
+                                      fixed_stall_s=args.stall_ms / 1e3 * log.shape[1] / LAYERS)
+            migration.check()
             rows: dict[str, Any] = {}
             for label, p in policies(args.milp_layers):
-                rows[label] = run_policy(log, cost, args.window, args.interval, p)
+                rows[label] = run_policy(log, cost, args.window, args.interval, p, migration)
             res = rows["periodic greedy"]["results"]
             rows["_baselines"] = {k: res[k] for k in ("no_eplb", "static", "hindsight")}
             everything[seed][name] = rows

@@ -27,7 +27,7 @@ from sqlalchemy import delete, func, select
 
 from eplb import trigger
 from eplb.budget import describe_slots, slots_per_gpu
-from eplb.cost.migration import MigrationSpec
+from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
@@ -77,14 +77,17 @@ class Policy(BaseModel):
     mean over layers, above `threshold`) or cost (the predicted time saved over the next window, `steps`
     steps, exceeds the migration charge: `eplb.cost.migration`; with the incremental solver and no budget of
     its own, the move budgets, no budget and fresh greedy are judged and `eplb.trigger.choose_candidate`
-    picks, as in replay); max_moves / target_lb: the incremental solver's budget; windows: solve on the sum
-    of the last N windows."""
+    picks, as in replay; migration_stall_s adds to every charge); max_moves / target_lb: the incremental
+    solver's budget; windows: solve on the sum of the last N windows."""
 
     model_config = STRICT
     trigger: Literal["periodic", "threshold", "cost"] = "threshold"
     every: int = Field(1, ge=1, le=1_000_000, description="periodic: windows between rebalances")
     threshold: float = Field(1.10, ge=1.0, le=1000.0, description="threshold: rebalance above this lb")
     steps: int = Field(1000, ge=1, le=10**9, description="cost: forward steps the next window lasts")
+    migration_stall_s: float = Field(0.0, ge=0.0, le=MAX_FIXED_STALL_S, description="cost: seconds serving stops at "
+                                     "every rebalance that copies anything, besides the copies (host-side planning, "
+                                     "synchronizing the ranks)")
     max_moves: int | None = Field(None, ge=0, le=10**9, description="expert copies allowed per rebalance")
     target_lb: float | None = Field(None, ge=1.0, le=1000.0, description="stop moving once every layer reaches it")
     windows: int = Field(1, ge=1, le=1000, description="solve on the sum of the last N windows")
@@ -158,7 +161,8 @@ class Setup:
         self.cost = CostSetup(self.model, hardware, within, config.tokens_per_gpu, config.overlap,
                               config.node_limit, between)
         self.migration = MigrationSpec(within, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
-                                       gpus_per_node=config.cluster.gpus_per_node)  # fmt: skip
+                                       gpus_per_node=config.cluster.gpus_per_node,
+                                       fixed_stall_s=config.policy.migration_stall_s)  # fmt: skip
         self.cluster = Cluster(config_slots(config), config.cluster.gpus_per_node, config.cluster.num_groups)
         try:  # a '+' link or a node limit needs nodes: refused here, by name, not at the first window
             check_links(self.cost, self.cluster)

@@ -148,7 +148,7 @@ def test_threshold_with_its_trigger_runs(small: dict[str, Path], capsys: pytest.
 
 
 @pytest.mark.parametrize("flag", [["--link", "nic"], ["--migration-link", "nic"], ["--migration", "blocking"],
-                                  ["--migration-share", "0.5"]])  # fmt: skip
+                                  ["--migration-share", "0.5"], ["--migration-stall-ms", "800"]])  # fmt: skip
 def test_cost_flags_without_a_model_are_refused(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: list[str]
 ) -> None:
@@ -186,6 +186,11 @@ def test_absurd_migration_link_is_refused(tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
     code, err = run(capsys, "replay", str(log), "--migration-link", "1e-300", "--no-progress")
     assert code == 2 and "--migration-link 1e-300: 1e-300 GB/s is not a link bandwidth" in err
+    for stall in ("-1", "nan", "inf", "1e12"):
+        code, err = run(capsys, "replay", str(log), "--migration-stall-ms", stall, "--no-progress")
+        assert code == 2 and f"--migration-stall-ms must be 0 to 3.6e+06 ms, got {float(stall):g}" in err
+    assert main(["replay", str(log), "--migration-stall-ms", "800", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["migration"]["fixed_stall_s"] == 0.8
 
 
 # 6., 7. readers ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from eplb import deployments as dep
 from eplb.cost.migration import MigrationSpec
@@ -118,6 +119,22 @@ def test_cost_trigger_weighs_copy_time_against_time_saved(store: Store) -> None:
     long = dep.process_window(store, "long", window(1))
     assert short.action == "kept" and "migration would cost" in short.reason
     assert long.action == "rebalanced" and "migration costs" in long.reason
+
+
+def test_cost_trigger_charges_the_policys_fixed_stall(store: Store) -> None:
+    """The same windows: without a stall the move pays; a stall of an hour per rebalance does not, and the
+    reason shows the stall in the charge."""
+    dep.register(store, "free", config(trigger="cost", steps=10**6))
+    dep.register(store, "stalls", config(trigger="cost", steps=10**6, migration_stall_s=3600.0))
+    for name in ("free", "stalls"):
+        dep.process_window(store, name, window(0))
+    free = dep.process_window(store, "free", window(1))
+    stalls = dep.process_window(store, "stalls", window(1))
+    assert free.action == "rebalanced" and stalls.action == "kept"
+    charge = float(stalls.reason.split("would cost ")[1].split(" ms")[0])
+    assert charge >= 3600e3
+    with pytest.raises(ValidationError):
+        config(trigger="cost", migration_stall_s=-1.0)
 
 
 def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store) -> None:

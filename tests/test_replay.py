@@ -494,6 +494,38 @@ def test_cost_trigger_never_pays_more_than_it_saves() -> None:
     assert fast.rebalances and all(r.saving_s is not None and r.saving_s > (r.charge_s or 0) for r in fast.rebalances)
 
 
+def test_fixed_stall_is_charged_once_per_rebalance_that_copies() -> None:
+    """A fixed stall adds to every charge, blocking or overlapped, and is not charged when nothing is copied.
+    In a replay, the fastest link with a stall longer than any interval's saving keeps the first placement at
+    every check, where the same log without the stall rebalances."""
+    from eplb.cost.migration import MigrationSpec
+
+    bw, per_copy, stall = 50e9, 44e6, 0.25
+    bytes_in = np.array([2 * per_copy, 0.0])
+    blocking = MigrationSpec(bw, overlap=False, fixed_stall_s=stall).cost(bytes_in, comm_fraction=0.5)
+    assert blocking.charge_s(0.01) == (pytest.approx(2 * per_copy / bw + stall), 0)
+    plain = MigrationSpec(bw, link_share=0.25).cost(bytes_in, comm_fraction=0.9)
+    lap = MigrationSpec(bw, link_share=0.25, fixed_stall_s=stall).cost(bytes_in, comm_fraction=0.9)
+    assert lap.charge_s(0.01)[0] == pytest.approx(plain.charge_s(0.01)[0] + stall) and plain.charge_s(0.01)[0] > 0
+    assert lap.charge_s(0.01)[1] == plain.charge_s(0.01)[1] > 0  # the copies span the same steps
+    nothing = MigrationSpec(bw, fixed_stall_s=stall).cost(np.zeros(2), comm_fraction=0.9)
+    assert nothing.charge_s(0.01) == (0.0, 0)
+    for bad in (-1.0, float("nan"), float("inf"), 1e9):
+        with pytest.raises(EplbError, match="fixed stall"):
+            MigrationSpec(bw, fixed_stall_s=bad).check()
+    log = two_regimes(200, shift=100, layers=2)
+    cluster = Cluster(np.full(8, 5))
+    cost = small_cost(32, tokens_per_gpu=4096.0)
+    sched = Schedule(window=30, interval=60, trigger="cost")
+    moves = replay(log, cluster, schedule=sched, cost=cost, oracle_every=0, migration=MigrationSpec(900e9))
+    assert moves.rebalances
+    saved = max(r.saving_s or 0.0 for r in moves.rebalances)
+    stalled = replay(log, cluster, schedule=sched, cost=cost, oracle_every=0,
+                     migration=MigrationSpec(900e9, fixed_stall_s=10 * saved))  # fmt: skip
+    assert stalled.rebalances == [] and {c["decision"] for c in stalled.checks} == {"keep"}
+    assert stalled.summary["migration"]["fixed_stall_s"] == 10 * saved
+
+
 def test_threshold_trigger_fires_exactly_above_the_threshold() -> None:
     """Checks at 60, 120, 180: the first sees vLLM's initial placement (lb well above 1.3) and fires; at 120
     the new placement serves the old regime (lb near 1): keep; the shift at 130 makes 180 fire."""

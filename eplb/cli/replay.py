@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from eplb.cli.solve import (
     slots_for,
 )
 from eplb.cost import TimeModel
-from eplb.cost.migration import MigrationSpec
+from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
 from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
@@ -191,7 +192,8 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
 
 
 def add_migration_options(p: argparse._ActionsContainer) -> None:
-    """--migration-link, --migration overlap|blocking, --migration-share (read back with `migration_from`)."""
+    """--migration-link, --migration overlap|blocking, --migration-share, --migration-stall-ms (read back with
+    `migration_from`)."""
     d = MigrationSpec(1.0)
     p.add_argument("--migration-link", metavar="nvlink|nic|pcie|GBPS",
                    help="the one link every expert copy takes, per GPU and direction (default nvlink; with a '+' "
@@ -201,6 +203,10 @@ def add_migration_options(p: argparse._ActionsContainer) -> None:
                    "default) or stall serving until done (blocking)")
     p.add_argument("--migration-share", type=float, metavar="F",
                    help=f"with overlap, the fraction of the link the copies take (default {d.link_share:g})")
+    p.add_argument("--migration-stall-ms", type=float, metavar="MS",
+                   help="serving stops this long at every rebalance that copies anything, besides the copies: "
+                   "host-side planning, building the transfer ops, synchronizing the ranks (default 0; "
+                   "docs/cost-model.md, 'Migration')")
 
 
 def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> MigrationSpec | None:
@@ -208,7 +214,8 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     refused: copies are priced by the model's expert bytes)."""
     if cost is None:
         given = [flag for flag, value in (("--migration-link", args.migration_link), ("--migration", args.migration),
-                                          ("--migration-share", args.migration_share)) if value is not None]
+                                          ("--migration-share", args.migration_share),
+                                          ("--migration-stall-ms", args.migration_stall_ms)) if value is not None]
         if given:
             raise EplbError(f"{given[0]} prices weight migration, which needs a model (the bytes of an expert): give "
                             "--model NAME or FILE (no preset matches the log's expert and layer count)")
@@ -223,8 +230,11 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     else:
         link_bw = cost.hardware.nvlink_bandwidth
     share = MigrationSpec(1.0).link_share if args.migration_share is None else args.migration_share
+    stall_ms = 0.0 if args.migration_stall_ms is None else args.migration_stall_ms
+    if not (math.isfinite(stall_ms) and 0 <= stall_ms <= MAX_FIXED_STALL_S * 1e3):
+        raise EplbError(f"--migration-stall-ms must be 0 to {MAX_FIXED_STALL_S * 1e3:g} ms, got {stall_ms:g}")
     spec = MigrationSpec(link_bw, args.migration != "blocking", share, cost.hardware.hbm_bandwidth,
-                         between, args.gpus_per_node)  # fmt: skip
+                         between, args.gpus_per_node, stall_ms / 1e3)  # fmt: skip
     spec.check()
     return spec
 

@@ -13,6 +13,9 @@ the busiest destination: `max_g bytes_in[g] / link_bw`. Two ways to apply them (
   reads of the steps served meanwhile: the busiest GPU's copy bytes (in + out) / HBM bandwidth, charged
   in proportion to the fraction w of the layer time that weight reads bound. The new placement serves
   only once the copies are done.
+
+Either way a rebalance that copies anything may also stop serving for a fixed `fixed_stall_s` (host-side
+planning, building the transfer ops, synchronizing the ranks), which the bytes do not show.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from eplb.errors import EplbError
 if TYPE_CHECKING:
     from eplb.cost.model import LayerPrediction
 
-__all__ = ["MigrationCost", "MigrationSpec", "copies_from_gpu", "copies_from_other_nodes", "copies_per_gpu"]
+MAX_FIXED_STALL_S = 3600.0
+"""The largest fixed stall per rebalance accepted, s."""
+
+__all__ = [
+    "MAX_FIXED_STALL_S", "MigrationCost", "MigrationSpec",
+    "copies_from_gpu", "copies_from_other_nodes", "copies_per_gpu",
+]
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,8 @@ class MigrationSpec:
     hbm_bw: a GPU's HBM B/s, for the copies' reads and writes that the weight reads of the steps served
     meanwhile wait for (with overlap; None: not charged). gpus_per_node: the plan reads a copy on its
     destination's node when it can; inter_node_bw (two links, needs gpus_per_node): copies from a GPU on another
-    node take that link, copies within a node link_bw; both run at once."""
+    node take that link, copies within a node link_bw; both run at once. fixed_stall_s: seconds serving stops at
+    every rebalance that copies anything, besides the copies themselves (0: none)."""
 
     link_bw: float
     overlap: bool = True
@@ -48,6 +58,7 @@ class MigrationSpec:
     hbm_bw: float | None = None
     inter_node_bw: float | None = None
     gpus_per_node: int | None = None
+    fixed_stall_s: float = 0.0
 
     def check(self) -> None:
         for bw in (self.link_bw, self.inter_node_bw):
@@ -59,6 +70,9 @@ class MigrationSpec:
             raise EplbError(f"migration link share must be in (0, 1), got {self.link_share!r}")
         if self.hbm_bw is not None and not (math.isfinite(self.hbm_bw) and self.hbm_bw > 0):
             raise EplbError(f"HBM bandwidth must be positive (B/s), got {self.hbm_bw!r}")
+        if not (math.isfinite(self.fixed_stall_s) and 0 <= self.fixed_stall_s <= MAX_FIXED_STALL_S):
+            raise EplbError(f"the fixed stall per rebalance must be 0 to {MAX_FIXED_STALL_S:g} s, "
+                            f"got {self.fixed_stall_s!r}")
 
     def cost(
         self,
@@ -78,13 +92,15 @@ class MigrationSpec:
             per_gpu = bytes_in / self.link_bw
         link_s = float(per_gpu.max()) if per_gpu.size else 0.0  # seconds at full link speed
         if not self.overlap:  # at link speed the copies' HBM traffic fits in the stall
-            return MigrationCost(float(bytes_in.sum()), link_s, stall_s=link_s, slowdown=0.0)
+            return MigrationCost(float(bytes_in.sum()), link_s, stall_s=link_s + self.fixed_stall_s, slowdown=0.0,
+                                 overlap=False)  # fmt: skip
         seconds = link_s / self.link_share
         slowdown = max(0.0, min(1.0, comm_fraction) / (1.0 - self.link_share) - 1.0)
         hbm_s = 0.0
         if self.hbm_bw is not None and bytes_out is not None and bytes_in.size:
             hbm_s = float((bytes_in + bytes_out).max()) / self.hbm_bw * min(1.0, max(0.0, weight_fraction))
-        return MigrationCost(float(bytes_in.sum()), seconds, stall_s=0.0, slowdown=slowdown, hbm_s=hbm_s)
+        return MigrationCost(float(bytes_in.sum()), seconds, stall_s=self.fixed_stall_s, slowdown=slowdown,
+                             hbm_s=hbm_s)  # fmt: skip
 
     def rebalance_cost(
         self,
@@ -112,24 +128,27 @@ class MigrationSpec:
 @dataclass(frozen=True)
 class MigrationCost:
     """One rebalance's weight moves. bytes: all copies; transfer_s: how long they take; stall_s: serving
-    time lost outright (blocking); slowdown: with overlap, the relative slowdown of the steps served
-    while the copies run (their extra time = slowdown x their time, at most transfer_s x slowdown);
-    hbm_s: with overlap, the weight-read time the steps served meanwhile lose to the copies' HBM traffic."""
+    time lost outright (blocking copies, and the spec's fixed stall); slowdown: with overlap, the relative
+    slowdown of the steps served while the copies run (their extra time = slowdown x their time, at most
+    transfer_s x slowdown); hbm_s: with overlap, the weight-read time the steps served meanwhile lose to the
+    copies' HBM traffic; overlap: the copies run while serving."""
 
     bytes: float
     transfer_s: float
     stall_s: float
     slowdown: float
     hbm_s: float = 0.0
+    overlap: bool = True
 
     def charge_s(self, step_time_s: float) -> tuple[float, int]:
-        """(seconds charged, steps the copies span) when steps take step_time_s each."""
+        """(seconds charged, steps the copies span) when steps take step_time_s each; nothing when nothing
+        is copied."""
         if self.transfer_s <= 0:
             return 0.0, 0
-        if self.stall_s > 0:
+        if not self.overlap:
             return self.stall_s, 0
         steps = math.ceil(self.transfer_s / step_time_s) if step_time_s > 0 else 0
-        return self.transfer_s * self.slowdown + self.hbm_s, steps
+        return self.stall_s + self.transfer_s * self.slowdown + self.hbm_s, steps
 
 
 def _holds(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], experts: int) -> NDArray[np.bool_]:

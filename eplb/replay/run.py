@@ -741,6 +741,7 @@ class _Replay:
                 "link_bandwidth": self.migration.link_bw, "inter_node_bandwidth": self.migration.inter_node_bw,
                 "overlap": self.migration.overlap,
                 "link_share": self.migration.link_share,
+                "fixed_stall_s": self.migration.fixed_stall_s,
             },
             "results": results,
             "rebalances": {
