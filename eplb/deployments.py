@@ -501,6 +501,11 @@ def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
         if applied.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
             raise EplbError(f"placement: {describe_slots(applied.slots_per_gpu)}, the deployment has "
                             f"{describe_slots(setup.cluster.slots_per_gpu)}")
+        if applied.empty_slots.any():  # it would serve as every window's current placement, which refuses them
+            layer, slot = (int(v) for v in np.argwhere(applied.empty_slots)[0])
+            raise EplbError(f"placement.phy2log[{layer}][{slot}] is -1, an empty slot: a deployment's placement is "
+                            "what the next window rebalances from, so every slot must hold an expert (record the "
+                            "placement served once EP scaling finished)")
         previous = _placement(row)
         entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied",
                            reason="reported by the cluster")
@@ -539,8 +544,8 @@ def _row(row: DeploymentRow | None, name: str) -> DeploymentRow:
 
 def _placement(row: DeploymentRow) -> Placement | None:
     """The stored serving placement, or None: none yet, or one that no longer fits the config's slots (stored
-    before a change of the default slot budget, or a config this version cannot resolve; the next window places
-    afresh)."""
+    before a change of the default slot budget, or a config this version cannot resolve), or one with empty
+    slots (recorded before `record_applied` refused them): the next window places afresh."""
     if row.phy2log is None:
         return None
     try:  # a stored config a newer eplb cannot resolve (a preset renamed, a stricter check) serves nothing
@@ -548,7 +553,7 @@ def _placement(row: DeploymentRow) -> Placement | None:
     except (EplbError, KeyError, ValueError):
         return None
     phy2log = unpack(row.phy2log)
-    if phy2log.shape[1] != int(slots.sum()):
+    if phy2log.shape[1] != int(slots.sum()) or (phy2log < 0).any():
         return None
     model = MODEL_PRESETS[row.config["model"]]
     shares = None if row.shares is None else unpack(row.shares)

@@ -473,3 +473,40 @@ def test_a_stored_config_this_version_cannot_resolve_still_reads_and_a_put_fixes
     assert [v.name for v in dep.list_all(store)] == ["renamed"]
     view, created = dep.register(store, "renamed", config())
     assert not created and view.config.model == MODEL
+
+
+MIXTRAL = {"model": "mixtral-8x7b", "hardware": "h100", "cluster": {"num_gpus": 4, "num_redundant": 4}}
+MIXTRAL_LOADS = [[120.0, 80, 5, 3, 60, 40, 33, 11], [40.0, 40, 60, 70, 10, 90, 5, 5]]
+WITH_EMPTY_SLOT = {"slots_per_gpu": [3, 3, 3, 3], "phy2log": [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, -1]] * 2}
+
+
+def test_an_applied_placement_with_an_empty_slot_is_refused_by_name(client: TestClient) -> None:
+    """Windows refuse a serving placement with empty slots: /placement refuses it first, serving or not (it was
+    a 500 from the move count with a placement serving, and accepted, then every window's 422, without one)."""
+    for serving in (True, False):
+        name = f"mix-{serving}"
+        assert client.put(f"/deployments/{name}", json=MIXTRAL).status_code == 201
+        if serving:
+            assert client.post(f"/deployments/{name}/windows", json={"loads": MIXTRAL_LOADS}).status_code == 200
+        before = client.get(f"/deployments/{name}").json().get("placement")
+        refused = client.post(f"/deployments/{name}/placement", json={"placement": WITH_EMPTY_SLOT})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"].startswith("placement.phy2log[0][11] is -1, an empty slot")
+        assert client.get(f"/deployments/{name}").json().get("placement") == before  # nothing recorded
+        assert client.post(f"/deployments/{name}/windows", json={"loads": MIXTRAL_LOADS}).status_code == 200
+        assert client.get(f"/deployments/{name}", params={"format": "sglang"}).status_code == 200
+
+
+def test_a_stored_placement_with_empty_slots_serves_nothing(store: Store) -> None:
+    """One recorded before /placement refused them: the next window places afresh instead of failing forever."""
+    from eplb.store.arrays import pack
+
+    dep.register(store, "holes", dep.DeploymentConfig.model_validate(MIXTRAL))
+    dep.process_window(store, "holes", MIXTRAL_LOADS)
+    with store.write() as session:
+        row = session.get(dep.DeploymentRow, "holes")
+        assert row is not None
+        row.phy2log = pack(np.asarray(WITH_EMPTY_SLOT["phy2log"], dtype=np.int64))
+    assert dep.get(store, "holes").placement is None
+    assert dep.process_window(store, "holes", MIXTRAL_LOADS).action == "placed"
+    assert dep.record_applied(store, "holes", dep.get(store, "holes").placement.model_dump()).moves == 0
