@@ -32,13 +32,13 @@ from eplb.errors import EplbError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.schemas import PlacementOut, PlacementResponse
-from eplb.solve import Cluster, CostSetup, Outcome, check_links, evaluate, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_shapes, evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
 from solvers import registry
 from solvers.migration import count_moves
-from solvers.registry import Options, applicable
+from solvers.registry import Options, Problem, applicable
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -147,7 +147,8 @@ def explicit_slots(config: DeploymentConfig) -> DeploymentConfig:
 
 
 class Setup:
-    """A config resolved into what solving needs: model spec, cost setup, cluster."""
+    """A config resolved into what solving needs: model spec, cost setup, cluster. A cluster shape, link or
+    solver option every window would refuse is refused here, naming its field."""
 
     def __init__(self, config: DeploymentConfig) -> None:
         if config.model not in MODEL_PRESETS:
@@ -163,7 +164,16 @@ class Setup:
         self.migration = MigrationSpec(within, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
                                        gpus_per_node=config.cluster.gpus_per_node,
                                        fixed_stall_s=config.policy.migration_stall_s)  # fmt: skip
-        self.cluster = Cluster(config_slots(config), config.cluster.gpus_per_node, config.cluster.num_groups)
+        shape = config.cluster
+        self.cluster = Cluster(config_slots(config), shape.gpus_per_node, shape.num_groups)
+        probe = np.zeros((1, self.model.num_experts))  # the checks every window's solve runs, on the cluster alone
+        for field, part in (("cluster", Cluster(self.cluster.slots_per_gpu)),
+                            ("cluster.gpus_per_node", Cluster(self.cluster.slots_per_gpu, shape.gpus_per_node)),
+                            ("cluster.num_groups", Cluster(self.cluster.slots_per_gpu, num_groups=shape.num_groups))):
+            try:
+                check_shapes(probe, part)
+            except EplbError as exc:
+                raise EplbError(f"{field}: {exc}") from None
         try:  # a '+' link or a node limit needs nodes: refused here, by name, not at the first window
             check_links(self.cost, self.cluster)
         except EplbError as exc:
@@ -173,9 +183,23 @@ class Setup:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
             for has_current in (False, True):
-                self.options(has_current)
+                self._probe(has_current, self.options(has_current))
         except registry.SolverError as exc:
             raise EplbError(str(exc)) from None
+
+    def _probe(self, has_current: bool, options: Options) -> None:
+        """`solvers.registry.check` on an empty window of the model's shape: what every window's solve would
+        refuse (slots, nodes or groups the solver cannot honour). A solver that needs the serving placement is
+        not probed without one: the cluster may record what it serves first."""
+        name = self.solver_name(has_current)
+        caps = registry.get_solver(name).capabilities
+        if caps.requires_current and not has_current:
+            return
+        experts, slots = self.model.num_experts, self.cluster.slots_per_gpu
+        registry.check(name, Problem(
+            np.zeros((1, experts)), slots, self.cluster.num_groups, self.cluster.gpus_per_node,
+            current_phy2log=np.zeros((1, int(slots.sum())), dtype=np.int64) if has_current else None,
+            coactivation=np.zeros((1, experts, experts)) if caps.coactivation else None), options)  # fmt: skip
 
     def solver_name(self, has_current: bool) -> str:
         if self.config.solver is not None:

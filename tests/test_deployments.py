@@ -273,6 +273,16 @@ def test_concurrent_windows_rebalance_once(store: Store) -> None:
     ({"solver": "greedy", "policy": {"max_moves": 10}}, "solver 'greedy' does not take max_moves"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 7}}, "cannot hold|fewer than"),
     ({"link": "nvlink+nic"}, "link: .*GPUs per node"),
+    ({"cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 3}},
+     "^cluster.gpus_per_node: 8 GPUs do not split into nodes of 3$"),
+    ({"cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 3}, "link": "nvlink+nic"},
+     "^cluster.gpus_per_node: 8 GPUs do not split into nodes of 3$"),
+    ({"cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 4, "num_groups": 3}},
+     "^cluster.num_groups: 64 experts do not split into 3 equal groups$"),
+    ({"solver": "deepseek", "cluster": {"num_gpus": 2, "slots_per_gpu": [32, 40]}},
+     "solver 'deepseek' needs the same slot count on every GPU"),
+    ({"solver": "greedy-coact", "cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 4, "num_groups": 8}},
+     "solver 'greedy-coact' does not keep expert groups within nodes"),
 ])
 def test_bad_configs_are_one_line_errors(store: Store, change: dict[str, Any], message: str) -> None:
     body = {**config().model_dump(mode="json", exclude_none=True), **change}
@@ -510,3 +520,19 @@ def test_a_stored_placement_with_empty_slots_serves_nothing(store: Store) -> Non
     assert dep.get(store, "holes").placement is None
     assert dep.process_window(store, "holes", MIXTRAL_LOADS).action == "placed"
     assert dep.record_applied(store, "holes", dep.get(store, "holes").placement.model_dump()).moves == 0
+
+
+@pytest.mark.parametrize("shape, field, message", [
+    ({"gpus_per_node": 3}, "cluster.gpus_per_node", "4 GPUs do not split into nodes of 3"),
+    ({"gpus_per_node": 8}, "cluster.gpus_per_node", "4 GPUs do not split into nodes of 8"),
+    ({"gpus_per_node": 2, "num_groups": 3}, "cluster.num_groups", "8 experts do not split into 3 equal groups"),
+    ({"num_groups": 3}, "cluster.num_groups", "8 experts do not split into 3 equal groups"),
+])
+def test_a_cluster_shape_every_window_refuses_is_refused_at_put(
+    client: TestClient, shape: dict[str, int], field: str, message: str
+) -> None:
+    """Nodes and groups the first window's solve would refuse (without naming the field): a 422 at PUT."""
+    body = {**MIXTRAL, "cluster": {"num_gpus": 4, **shape}}
+    answer = client.put("/deployments/shape", json=body)
+    assert answer.status_code == 422 and answer.json()["detail"] == f"{field}: {message}"
+    assert client.get("/deployments/shape").status_code == 404
