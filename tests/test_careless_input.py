@@ -388,3 +388,38 @@ def test_a_number_string_in_a_placement_file_is_refused(small: dict[str, Path], 
     bad.write_text(json.dumps(data))
     code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--current", str(bad))
     assert code == 2 and "phy2log must be a list of lists of numbers" in err
+
+
+# eplb/io readers: integers beyond float range, npz counts no token count can be, header-less JSONL logs ----------
+
+
+def test_an_integer_beyond_float_range_gets_the_range_message(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "big.json"
+    loads = (np.arange(32).reshape(2, 16) + 1).tolist()
+    loads[0][3] = 10**400
+    window.write_text(json.dumps({"loads": loads}))
+    code, err = run(capsys, "solve", "--loads", str(window), "--gpus", "8")
+    assert code == 2 and f"{window}: loads[0][3] is more than 1.8e+308: larger than any token count (limit 1e+15)" \
+        in err
+    log = tmp_path / "bigint.jsonl"
+    log.write_text('{"step": 0, "layer": 0, "counts": [1, 2, ' + str(10**400) + ", 3]}\n")
+    for argv in (["replay", str(log), "--no-progress"], ["logs", "convert", str(log), str(tmp_path / "x.npz")]):
+        code, err = run(capsys, *argv)
+        assert code == 2 and (f"{log}: line 1: step 0, layer 0, expert 2: count is more than 1.8e+308, too large for a "
+                              "token count (at most 1e+15)") in err  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "value", "shown"), [
+    (np.float64, 1e30, "1e+30, too large for a token count"), (np.int64, 2**62, "4611686018427387904, too large"),
+    (np.uint64, 2**63 + 5, "9223372036854775813, too large"), (np.float64, 1.5, "1.5; counts must be whole numbers"),
+])  # fmt: skip
+def test_npz_counts_no_window_takes_are_refused_by_replay(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: type, value: float, shown: str
+) -> None:
+    counts = open_log(small["log"]).read_counts().counts.astype(dtype)
+    counts[10, 0, 3] = value
+    np.savez(huge := tmp_path / "huge.npz", counts=counts)
+    code, err = run(capsys, "replay", str(huge), "--interval", "10", "--window", "10", "--no-progress")
+    assert code == 2 and f"{huge}: step 10 (position 10), layer 0, expert 3: count is {shown}" in err
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -230,3 +231,48 @@ def test_deflated_npz_streams_too(tmp_path: Path, counts: np.ndarray) -> None:
     with zipfile.ZipFile(path) as zf:
         assert zf.getinfo("counts.npy").compress_type == zipfile.ZIP_DEFLATED
     assert np.array_equal(np.concatenate([c.counts for c in open_log(path).iter_counts(7)]), counts)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "shown"),
+    [
+        (np.float64, 1e30, "1e+30, too large for a token count (at most 1e+15)"),
+        (np.int64, 2**62, "4611686018427387904, too large for a token count (at most 1e+15)"),
+        (np.uint64, 2**63 + 5, "9223372036854775813, too large for a token count (at most 1e+15)"),
+        (np.float64, 1.5, "1.5; counts must be whole numbers"),
+        (np.float32, np.inf, "inf; counts must be finite"),
+        (np.float64, np.nan, "nan; counts must be finite"),
+    ],
+)
+def test_npz_and_npy_counts_are_whole_token_counts(
+    tmp_path: Path, counts: np.ndarray, dtype: type, value: float, shown: str
+) -> None:
+    """The limit and the whole-number rule of a load window and a JSONL log, for every integer and float type."""
+    bad = counts.astype(dtype)
+    bad[10, 0, 3] = value
+    npz, npy = tmp_path / "c.npz", tmp_path / "c.npy"
+    np.savez(npz, counts=bad)
+    np.save(npy, bad)
+    for path in (npz, npy):
+        with pytest.raises(EplbError) as info:
+            open_log(path).read_counts()
+        assert str(info.value) == f"{path}: step 10 (position 10), layer 0, expert 3: count is {shown}"
+
+
+def test_counts_up_to_the_limit_read(tmp_path: Path, counts: np.ndarray) -> None:
+    for dtype in (np.int64, np.uint64, np.float64):
+        fine = counts.astype(dtype)
+        fine[4, 2, 7] = 10**15
+        np.savez(tmp_path / "c.npz", counts=fine)
+        assert open_log(tmp_path / "c.npz").read_counts().counts[4, 2, 7] == 10**15
+
+
+def test_jsonl_counts_share_the_check(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    for value, shown in ((1.5, "1.5; counts must be whole numbers"), (2**62, "4.611686018427388e+18, too large"),
+                         (10**400, "more than 1.8e+308, too large for a token count (at most 1e+15)")):  # fmt: skip
+        path.write_text('{"step": 0, "layer": 0, "counts": [1, 2]}\n'
+                        f'{{"step": 1, "layer": 0, "counts": [1, {value}]}}\n')  # fmt: skip
+        with pytest.raises(EplbError, match=re.escape(f"{path}: line 2: step 1, layer 0, expert 1: count is {shown}")):
+            open_log(path).read_counts()
+

@@ -36,22 +36,49 @@ def numeric_array(value: Any, what: str) -> NDArray[np.float64]:
     return real_array(value, what, f"{what} must hold only numbers")
 
 
+FLOAT_MAX = float(np.finfo(np.float64).max)
+"""What `real_array` reads an integer beyond float range as (with its sign): larger than any limit a caller
+checks, so the caller's range message names it (`number_text` shows it as "more than 1.8e+308")."""
+
+
 def real_array(value: Any, what: str, not_numbers: str) -> NDArray[np.float64]:
     """`value` (rectangular) as float64; EplbError `not_numbers` when it holds anything but integers and floats
     (strings such as "1e3", None, nested objects), and by name for an array of bools or complex numbers (numpy
     would drop the imaginary part). A true/false among numbers reads as a number here: JSON text is checked for
-    those when it is read (`read_json`, `refuse_bools`)."""
+    those when it is read (`read_json`, `refuse_bools`). Integers beyond int64 read as floats, those beyond
+    float range as +-FLOAT_MAX: callers' range checks name them."""
     try:
         raw = value if isinstance(value, np.ndarray) else np.asarray(value)
     except (ValueError, TypeError):
         raise EplbError(not_numbers) from None
     if raw.dtype.kind in "bc":
         raise EplbError(f"{what} must hold real numbers (integers or floats), got dtype {raw.dtype}")
-    if raw.dtype.kind == "O" and all(type(v) is int for v in raw.ravel()):  # integers beyond int64: range checks
-        return raw.astype(np.float64)  # downstream name them
+    if raw.dtype.kind == "O" and all(type(v) in (int, float, bool) for v in raw.ravel()):  # big ints among them
+        return np.array([_as_float(v) for v in raw.ravel()], dtype=np.float64).reshape(raw.shape)
     if raw.dtype.kind not in "iuf":
         raise EplbError(not_numbers)
     return np.asarray(raw, dtype=np.float64)
+
+
+def _as_float(v: float) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond float range
+        return FLOAT_MAX if v > 0 else -FLOAT_MAX
+
+
+def number_text(v: float | np.number[Any]) -> str:
+    """A value for a message: integers and whole floats below 1e16 without a fraction (`-2`), other floats as
+    Python prints them (`1.5`, `1e+30`, `nan`), +-FLOAT_MAX (an integer beyond float range, `real_array`) as
+    `more than 1.8e+308`."""
+    if isinstance(v, int | np.integer):
+        return str(int(v))
+    x = float(v)
+    if abs(x) == FLOAT_MAX:
+        return "more than 1.8e+308" if x > 0 else "less than -1.8e+308"
+    if x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return repr(x)
 
 
 def refuse_bools(data: Any, text: str | bytes | None, what: str) -> None:

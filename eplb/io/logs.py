@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, real_array, refuse_bools
+from eplb.io.files import existing_file, number_text, real_array, refuse_bools
 from eplb.io.windows import MAX_LOAD
 
 __all__ = [
@@ -163,23 +163,42 @@ def _order_error(path: str, position: int, step: int, previous: int) -> EplbErro
 
 
 def _check_counts(counts: NDArray[Any], steps: NDArray[np.int64], start: int, path: str) -> None:
-    """Raise naming the first bad (step, layer, expert): negative or not finite."""
-    if counts.dtype.kind == "u":
-        return
-    if counts.dtype.kind == "f":
-        bad_f = np.argwhere(~np.isfinite(counts))
-        if bad_f.size:
-            s, layer, e = (int(v) for v in bad_f[0])
-            raise EplbError(
-                f"{path}: step {int(steps[s])} (position {start + s}), layer {layer}, expert {e}: count is "
-                f"{counts[s, layer, e]}; counts must be finite"
-            )
-    if counts.size and counts.min() < 0:
-        s, layer, e = (int(v) for v in np.argwhere(counts < 0)[0])
-        raise EplbError(
-            f"{path}: step {int(steps[s])} (position {start + s}), layer {layer}, expert {e}: count is "
-            f"{counts[s, layer, e]:g}; counts must be >= 0"
-        )
+    """Raise naming the first (step, layer, expert) that `count_problem` refuses."""
+    found = count_problem(counts)
+    if found is not None:
+        (s, layer, e), why = found
+        raise EplbError(f"{path}: step {int(steps[s])} (position {start + s}), layer {layer}, expert {e}: {why}")
+
+
+def count_problem(counts: NDArray[Any]) -> tuple[tuple[int, ...], str] | None:
+    """The first entry of `counts` (any shape, integers or floats) that is no token count, as (index, "count is
+    X; why"): not finite, negative, fractional or above MAX_LOAD (the limit of load windows); None when every
+    entry is one. Every log reader checks with it. Whole-array reductions (a mask only on failure); integer
+    types that cannot exceed the limit (uint16, int32, ...) cost one min, or nothing when unsigned."""
+    if not counts.size:
+        return None
+    kind = counts.dtype.kind
+    fits = kind in "iu" and np.iinfo(counts.dtype).max <= MAX_LOAD
+    if kind == "u" and (fits or counts.max() <= MAX_LOAD):
+        return None
+    if kind == "i" and counts.min() >= 0 and (fits or counts.max() <= MAX_LOAD):
+        return None
+    if kind == "f" and counts.min() >= 0 and counts.max() <= MAX_LOAD and np.array_equal(np.floor(counts), counts):
+        return None  # NaN fails the comparisons, inf the limit
+    bad = ~((counts >= 0) & (counts <= MAX_LOAD))
+    if kind == "f":
+        bad |= np.floor(counts) != counts
+    index = tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), counts.shape))
+    value = counts[index]
+    if kind == "f" and not np.isfinite(value):
+        why = "; counts must be finite"
+    elif value < 0:
+        why = "; counts must be >= 0"
+    elif value > MAX_LOAD:
+        why = f", too large for a token count (at most {MAX_LOAD:g})"
+    else:
+        why = "; counts must be whole numbers"
+    return index, f"count is {number_text(value)}{why}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -803,18 +822,10 @@ def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) ->
         got = f"{len(raw)} values" if isinstance(raw, list) else repr(raw)[:40]
         raise EplbError(f"{path}: line {lineno}: 'counts' must list {num_experts} numbers, got {got}")
     arr = real_array(raw, f"{path}: line {lineno}: counts", f"{path}: line {lineno}: 'counts' must hold numbers")
-    big = np.flatnonzero(arr > MAX_LOAD)
-    if big.size:
-        raise EplbError(
-            f"{path}: line {lineno}: step {rec['step']}, layer {rec['layer']}, expert {int(big[0])}: count is "
-            f"{raw[int(big[0])]!r}, too large for a token count (at most {MAX_LOAD:g})"
-        )
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr != np.round(arr)):
-        e = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr)))[0])
-        raise EplbError(
-            f"{path}: line {lineno}: step {rec['step']}, layer {rec['layer']}, expert {e}: count is {raw[e]!r}; "
-            "counts must be whole numbers >= 0"
-        )
+    found = count_problem(arr)
+    if found is not None:
+        (e,), why = found
+        raise EplbError(f"{path}: line {lineno}: step {rec['step']}, layer {rec['layer']}, expert {e}: {why}")
     return arr.astype(np.int64)
 
 

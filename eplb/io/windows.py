@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, read_json, real_array
+from eplb.io.files import existing_file, number_text, read_json, real_array
 
 DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
 MAX_LOAD = 1e15  # token counts per expert and window; larger values would overflow sums of squares and products
@@ -67,12 +67,12 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
     neg = np.argwhere(arr < 0)
     if neg.size:
         layer, expert = (int(v) for v in neg[0])
-        raise EplbError(f"{what}[{layer}][{expert}] is {arr[layer, expert]:g}: loads must be >= 0")
+        raise EplbError(f"{what}[{layer}][{expert}] is {number_text(arr[layer, expert])}: loads must be >= 0")
     big = np.argwhere(arr > MAX_LOAD)
     if big.size:
         layer, expert = (int(v) for v in big[0])
         raise EplbError(
-            f"{what}[{layer}][{expert}] is {arr[layer, expert]:g}: larger than any token count "
+            f"{what}[{layer}][{expert}] is {number_text(arr[layer, expert])}: larger than any token count "
             f"(limit {MAX_LOAD:g}); scale the window down, only the ratios matter for placement"
         )
     return arr
