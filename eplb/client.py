@@ -11,7 +11,9 @@
 
 Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` for background solves,
 `DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
-raises `ServiceError` with the service's status, title and one-line detail.
+raises `ServiceError` with the service's status, title and one-line detail; a service that cannot be reached
+(refused, no such host, not an http(s) URL, timed out) raises `Unreachable`, and an answer that is not the
+service's `NotTheService`: each a one-line EplbError.
 """
 
 from __future__ import annotations
@@ -39,6 +41,29 @@ class ServiceError(EplbError):
     def __init__(self, status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
         super().__init__(f"{status} {title}: {detail}")
         self.status, self.title, self.detail, self.errors = status, title, detail, errors or []
+
+
+class Unreachable(EplbError):
+    """No answer from the service: "cannot reach URL: reason" (connection refused, unknown host, bad URL, timeout)."""
+
+
+class NotTheService(EplbError):
+    """An answer that is not the eplb service's (another server at that URL): what was asked and got."""
+
+
+def _unreachable(url: str, exc: Exception) -> Unreachable:
+    reason = str(exc).strip().rstrip(".") or type(exc).__name__
+    return Unreachable(f"cannot reach {url}: {reason}")
+
+
+def _parse(url: str, call: _Call[T], response: httpx.Response) -> T:
+    """The call's reading of the answer; NotTheService when the answer is no eplb answer (not JSON, not the model)."""
+    try:
+        return call.parse(response)
+    except (ValueError, KeyError, TypeError):  # pydantic's ValidationError and JSON errors are ValueErrors
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        raise NotTheService(f"{call.method} {url}{call.path}: the answer (HTTP {response.status_code}, {kind}) is not "
+                            "the eplb service's: is the URL that of `eplb serve`?") from None
 
 
 class JobFailed(EplbError):
@@ -101,8 +126,12 @@ def _check(response: httpx.Response) -> None:
         body = response.json()
     except ValueError:
         body = None
-    if not isinstance(body, dict):
-        raise ServiceError(response.status_code, response.reason_phrase, response.text[:200])
+    if not isinstance(body, dict):  # not problem details: a proxy's plain text, or another server at that URL
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        text = " ".join(response.text.split())[:200]
+        detail = text if kind == "text/plain" and text else f"a {kind} answer, no problem details: is the URL that " \
+            "of `eplb serve`?"
+        raise ServiceError(response.status_code, response.reason_phrase, detail)
     raise ServiceError(response.status_code, str(body.get("title", response.reason_phrase)),
                        str(body.get("detail", "")), body.get("errors"))
 
@@ -188,7 +217,12 @@ class Client:
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport)
+        self._url = base_url.rstrip("/")
+        try:
+            self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout,
+                                      transport=transport)
+        except httpx.InvalidURL as exc:
+            raise _unreachable(base_url, exc) from None
 
     def __enter__(self) -> Client:
         return self
@@ -200,9 +234,12 @@ class Client:
         self._http.close()
 
     def _do(self, call: _Call[T]) -> T:
-        response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+        try:
+            response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+        except httpx.RequestError as exc:
+            raise _unreachable(self._url, exc) from None
         _check(response)
-        return call.parse(response)
+        return _parse(self._url, call, response)
 
     # placement and jobs
     def placement(self, **request: Any) -> PlacementResponse:
@@ -277,8 +314,12 @@ class AsyncClient:
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout,
-                                       transport=transport)
+        self._url = base_url.rstrip("/")
+        try:
+            self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout,
+                                           transport=transport)
+        except httpx.InvalidURL as exc:
+            raise _unreachable(base_url, exc) from None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -290,9 +331,12 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _do(self, call: _Call[T]) -> T:
-        response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
+        try:
+            response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
+        except httpx.RequestError as exc:
+            raise _unreachable(self._url, exc) from None
         _check(response)
-        return call.parse(response)
+        return _parse(self._url, call, response)
 
     async def placement(self, **request: Any) -> PlacementResponse:
         answer = await self._do(_Api.placement(request, run_async=False))

@@ -95,3 +95,58 @@ def test_async_client(base: str) -> None:
             await eplb.delete_deployment("client-async")
 
     asyncio.run(run())
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port  # nothing listens on it once the socket is closed
+
+
+@pytest.mark.parametrize("argv", [["deployments", "list"], ["deployments", "show", "prod"],
+                                  ["deployments", "history", "prod"], ["history", "prod", "--plot", "h.png"]])
+def test_every_deployments_command_says_in_one_line_when_the_service_cannot_be_reached(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eplb.cli import main
+
+    refused = f"http://127.0.0.1:{_closed_port()}"
+    for url, reason in ((refused, "Connection refused"), ("notaurl", "missing an 'http://' or 'https://' protocol")):
+        assert main([*argv, "--url", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"eplb {argv[0]}: error: cannot reach {url}: ") and reason in err
+
+
+def test_unreachable_and_foreign_services_are_one_line_errors() -> None:
+    import httpx
+
+    from eplb.client import NotTheService, Unreachable
+
+    with pytest.raises(Unreachable, match=r"^cannot reach notaurl: Request URL is missing"):
+        Client("notaurl").deployments()
+    with pytest.raises(Unreachable, match=r"^cannot reach http://bad\x00: Invalid non-printable"):
+        Client("http://bad\x00")
+
+    async def refused() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{_closed_port()}") as eplb:
+            await eplb.deployments()
+
+    with pytest.raises(Unreachable, match=r"^cannot reach http://127.0.0.1:\d+: "):
+        asyncio.run(refused())
+    page = "<!DOCTYPE html>\n<html>\n<body>\n<h1>Hello</h1>\n</body>\n</html>\n"
+
+    def other_server(request: httpx.Request) -> httpx.Response:
+        status = 404 if request.url.path.endswith("gone") else 200
+        return httpx.Response(status, text=page, headers={"content-type": "text/html; charset=utf-8"})
+
+    with Client("http://web.example", transport=httpx.MockTransport(other_server)) as eplb:
+        with pytest.raises(NotTheService, match=r"^GET http://web.example/deployments: the answer \(HTTP 200, "
+                                                r"text/html\) is not the eplb service's"):
+            eplb.deployments()
+        with pytest.raises(ServiceError, match=r"^404 Not Found: a text/html answer, no problem details") as gone:
+            eplb.deployment("gone")
+        assert gone.value.status == 404 and "\n" not in str(gone.value)
