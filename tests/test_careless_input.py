@@ -423,3 +423,18 @@ def test_npz_counts_no_window_takes_are_refused_by_replay(
     code, err = run(capsys, "replay", str(huge), "--interval", "10", "--window", "10", "--no-progress")
     assert code == 2 and f"{huge}: step 10 (position 10), layer 0, expert 3: count is {shown}" in err
 
+
+def test_a_headerless_jsonl_log_sizes_the_window_by_its_steps(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from eplb.io.logs import write_jsonl
+
+    log = tmp_path / "nohdr.jsonl"
+    write_jsonl(log, np.random.default_rng(1).integers(0, 100, (30, 4, 16)), header=False)
+    assert main(["replay", str(log), "--window", "100000000", "--interval", "10", "--gpus", "8", "--oracle-every",
+                 "0", "--no-progress"]) == 0  # fmt: skip
+    assert "30 steps x 4 layers x 16 experts" in capsys.readouterr().out
+    headed = tmp_path / "under.jsonl"
+    write_jsonl(headed, np.random.default_rng(1).integers(0, 100, (50, 4, 16)))
+    headed.write_text(headed.read_text().replace('"num_steps": 50', '"num_steps": 10', 1))
+    code, err = run(capsys, "replay", str(headed), "--interval", "2", "--window", "2", "--gpus", "8", "--no-progress")
+    assert code == 2 and f"{headed}: the file holds more steps than its header says (num_steps 10)" in err

@@ -276,3 +276,39 @@ def test_jsonl_counts_share_the_check(tmp_path: Path) -> None:
         with pytest.raises(EplbError, match=re.escape(f"{path}: line 2: step 1, layer 0, expert 1: count is {shown}")):
             open_log(path).read_counts()
 
+
+def test_jsonl_without_header_counts_its_steps(tmp_path: Path, counts: np.ndarray) -> None:
+    """Replay sizes its window buffer by info.num_steps: a header-less log counts its records when opened."""
+    path = tmp_path / "live.jsonl"
+    write_jsonl(path, counts, header=False)
+    with path.open("a") as f:
+        f.write("\n  \n")  # blank lines are no records
+    log = open_log(path)
+    assert (log.info.num_steps, log.steps_counted) == (23, True)
+    assert "23 steps" in log.info.describe()
+    with path.open("a") as f:  # a live file grows after it was opened: the log is what it held then
+        f.write('{"step": 23, "layer": 0, "counts": ' + json.dumps([1] * 16) + "}\n")
+    assert np.array_equal(log.read_counts().counts, counts)
+    write_jsonl(path, counts[:20], header=False)  # ... and if it shrank, that is said
+    with pytest.raises(EplbError, match="truncated: the file held 23 steps when opened but holds 20"):
+        log.read_counts()
+    headed = tmp_path / "headed.jsonl"
+    write_jsonl(headed, counts)
+    assert (open_log(headed).info.num_steps, open_log(headed).steps_counted) == (23, False)
+
+
+def test_jsonl_header_with_too_few_steps(tmp_path: Path, counts: np.ndarray) -> None:
+    path = tmp_path / "under.jsonl"
+    write_jsonl(path, counts, steps=np.arange(23) * 2)
+    path.write_text(path.read_text().replace('"num_steps": 23', '"num_steps": 10', 1))
+    log = open_log(path)
+    with pytest.raises(EplbError) as info:
+        list(log.iter_counts(4))
+    assert str(info.value) == (f"{path}: the file holds more steps than its header says (num_steps 10): step 20 "
+                               "(position 10) is past them; correct num_steps or remove it")  # fmt: skip
+    seen = []
+    with pytest.raises(EplbError, match="holds more steps"):
+        for chunk in log.iter_counts(4):
+            seen.append(chunk.num_steps)
+    assert sum(seen) <= 10  # raised before a step beyond the header's count is handed out
+

@@ -71,8 +71,9 @@ MAX_TOPK_EXPERTS = int(np.iinfo(np.int16).max) + 1
 
 @dataclass(frozen=True)
 class LogInfo:
-    """What a routing log holds. `num_steps` is None when only a full pass can tell (JSONL
-    without a `num_steps` header); `kind` is "counts", "topk" or "jsonl"."""
+    """What a routing log holds. `num_steps` is None when only a full pass can tell (chunks streamed in
+    without a count; a JSONL log without a `num_steps` header counts its records when opened); `kind` is
+    "counts", "topk", "jsonl" or "parquet"."""
 
     path: str
     kind: str
@@ -111,6 +112,8 @@ class RoutingLog(ABC):
     metadata (and, for token-level logs, the step offsets)."""
 
     info: LogInfo
+    steps_counted = False
+    """True when info.num_steps was counted when the log was opened, not read from the file."""
 
     @abstractmethod
     def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
@@ -123,7 +126,14 @@ class RoutingLog(ABC):
             raise EplbError(f"chunk_steps must be >= 1, got {chunk_steps}")
         start = 0
         last_step: int | None = None
+        said = self.info.num_steps
         for steps, counts in self._chunks(chunk_steps):
+            if said is not None and start + counts.shape[0] > said:
+                where = "header" if self.info.kind == "jsonl" else "metadata"
+                raise EplbError(
+                    f"{self.info.path}: the file holds more steps than its {where} says (num_steps {said}): step "
+                    f"{int(steps[said - start])} (position {said}) is past them; correct num_steps or remove it"
+                )
             _check_counts(counts, steps, start, self.info.path)
             if steps.size:
                 if last_step is not None and steps[0] <= last_step:
@@ -135,11 +145,9 @@ class RoutingLog(ABC):
                 last_step = int(steps[-1])
             yield CountsChunk(start, steps, counts)
             start += counts.shape[0]
-        if self.info.num_steps is not None and start != self.info.num_steps:
-            raise EplbError(
-                f"{self.info.path}: truncated: the file says {self.info.num_steps} steps but holds {start}; "
-                f"step {start} is missing"
-            )
+        if said is not None and start != said:
+            held = f"held {said} steps when opened" if self.steps_counted else f"says {said} steps"
+            raise EplbError(f"{self.info.path}: truncated: the file {held} but holds {start}; step {start} is missing")
 
     def read_counts(self) -> CountsChunk:
         """The whole log as one chunk (for small logs: memory is steps x layers x E)."""
@@ -665,14 +673,15 @@ class _Jsonl(RoutingLog):
     def __init__(self, path: Path) -> None:
         self._path = path
         header: dict[str, Any] = {}
+        has_header = False
         first: dict[str, Any] | None = None
         with path.open("rb") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 rec = _parse_line(line, lineno, str(path))
-                if "step" not in rec and first is None and not header:
-                    header = rec
+                if "step" not in rec and first is None and not has_header:
+                    header, has_header = rec, True
                     continue
                 first = rec
                 break
@@ -687,6 +696,11 @@ class _Jsonl(RoutingLog):
         self._header = header
         self._layers = self._first_step_layers()
         num_steps = _meta_int(header, "num_steps", str(path))
+        self._step_limit: int | None = None
+        if num_steps is None:  # count: a replay sizes its window buffer by the steps a log holds
+            records = _nonblank_lines(path) - has_header
+            num_steps = self._step_limit = -(-records // len(self._layers))
+            self.steps_counted = True
         layer_ids = _layer_ids(header, len(self._layers), str(path)) if "layer_ids" in header else None
         if layer_ids is None and self._layers != list(range(len(self._layers))):
             layer_ids = list(self._layers)
@@ -754,9 +768,13 @@ class _Jsonl(RoutingLog):
                     + ("; the file may be truncated" if last_line == self._last_line() else "")
                 )
 
+        started = 0
         for lineno, rec in self._records():
             step, layer = _step_layer(rec, lineno, path)
             if step != current:
+                if started == self._step_limit:
+                    break  # the steps counted when opened; a live file may have grown since
+                started += 1
                 if current is not None:
                     if step < current:
                         raise EplbError(
@@ -794,6 +812,12 @@ class _Jsonl(RoutingLog):
                 if line.strip():
                     last = lineno
         return last
+
+
+def _nonblank_lines(path: Path) -> int:
+    """Lines of a text file that hold more than whitespace (a pass at line speed, no JSON parsing)."""
+    with path.open("rb") as f:
+        return sum(1 for line in f if not line.isspace())
 
 
 def _parse_line(line: bytes, lineno: int, path: str) -> dict[str, Any]:
