@@ -32,6 +32,7 @@ __all__ = [
     "load_hardware",
     "load_model",
     "model_from_dict",
+    "named_model",
 ]
 
 # Optional keys a spec file may carry besides the spec's fields; they are ignored.
@@ -422,6 +423,16 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A model preset by name (case-insensitive), or a ModelSpec read from a JSON file."""
     spec: ModelSpec = _load_spec(name_or_path, MODEL_PRESETS, model_from_dict, "model")
     return spec
+
+
+def named_model(name: str, source: str) -> ModelSpec:
+    """The preset a file's metadata names as its model (case-insensitive; `source` is the file); EplbError naming
+    the model, the presets and the --model override when there is no such preset (rather than guessing one)."""
+    key = name.strip().lower()
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    raise EplbError(f"{source}: names model {name!r}, which is no preset ({', '.join(MODEL_PRESETS)}); give "
+                    "--model NAME or FILE (a preset, or a JSON file with the model spec's fields)")
 
 
 def load_hardware(name_or_path: str) -> HardwareSpec:
