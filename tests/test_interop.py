@@ -246,6 +246,21 @@ def test_sglang_npz_and_refusals(tmp_path: Path) -> None:
         read_sglang_loads([tmp_path / "two.npz", tmp_path / "three.json"])
 
 
+
+def test_numbers_beyond_ids_and_token_counts_are_named(tmp_path: Path) -> None:
+    """Integers read through float64: an id beyond 2**53 is refused by name, not wrapped to a negative id; a
+    count above the windows' limit (1e15), or an integer beyond float range, is refused where it is read."""
+    for big, shown in ((2**70, "1.1805916207174113e+21"), (10**400, "more than 1.8e+308")):
+        table = [[0, 1, 2, 3] * 2, [0, big, 2, 3] * 2]
+        with pytest.raises(EplbError) as info:
+            parse_placement({"physical_to_logical_map": table}, source="sg.json", num_gpus=2)
+        assert str(info.value) == f"sg.json: physical_to_logical_map[1][1] is {shown}: too large for an expert id"
+        (tmp_path / "c.json").write_text(json.dumps({"logical_count": [[1, 2], [3, big]]}))
+        with pytest.raises(EplbError) as info:
+            read_sglang_loads([tmp_path / "c.json"])
+        assert str(info.value) == (f"{tmp_path / 'c.json'}: logical_count[0][1][1] is {shown}: larger than any token "
+                                   "count (limit 1e+15)")  # fmt: skip
+
 def _trtllm_dir(tmp_path: Path, fmt: str = "safetensors") -> tuple[Path, NDArray[np.float64]]:
     folder = tmp_path / "expert_statistic"
     folder.mkdir()

@@ -20,14 +20,24 @@ def int_table(value: Any, what: str) -> NDArray[np.int64]:
         raise EplbError(f"{what} is empty")
     if not np.all(np.mod(arr, 1) == 0):
         raise EplbError(f"{what} must hold integer expert ids")
-    return arr.astype(np.int64)
+    return _exact_ints(arr, what, "an expert id")
 
 
 def int_list(value: Any, what: str) -> list[int]:
     arr = numeric_array(value, what)
     if arr.ndim != 1 or not np.all(np.mod(arr, 1) == 0):
         raise EplbError(f"{what} must be a list of integers")
-    return [int(v) for v in arr]
+    return [int(v) for v in _exact_ints(arr, what, "an id")]
+
+
+def _exact_ints(arr: NDArray[np.float64], what: str, noun: str) -> NDArray[np.int64]:
+    """Whole numbers read through float64 as int64: exact only within +-2**53, so a larger one is refused by
+    name rather than wrapped (2**70 would become -2**63)."""
+    big = np.flatnonzero(np.abs(arr) > 2**53)
+    if big.size:
+        index = "".join(f"[{int(i)}]" for i in np.unravel_index(int(big[0]), arr.shape))
+        raise EplbError(f"{what}{index} is {number_text(arr.flat[big[0]])}: too large for {noun}")
+    return arr.astype(np.int64)
 
 
 def numeric_array(value: Any, what: str) -> NDArray[np.float64]:

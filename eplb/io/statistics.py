@@ -27,7 +27,8 @@ import safetensors.numpy
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, int_table, numeric_array, output_file, read_json
+from eplb.io.files import existing_file, int_table, number_text, numeric_array, output_file, read_json
+from eplb.io.windows import MAX_LOAD
 from solvers.validation import EMPTY_SLOT
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
@@ -394,6 +395,11 @@ def _check_counts(arr: NDArray[np.float64], what: str) -> None:
     if neg.size:
         index = "".join(f"[{int(v)}]" for v in neg[0])
         raise EplbError(f"{what}{index} is {arr[tuple(neg[0])]:g}: counts must be >= 0")
+    big = np.argwhere(arr > MAX_LOAD)
+    if big.size:
+        index = "".join(f"[{int(v)}]" for v in big[0])
+        raise EplbError(f"{what}{index} is {number_text(arr[tuple(big[0])])}: larger than any token count "
+                        f"(limit {MAX_LOAD:g})")
 
 
 def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.float64]:
