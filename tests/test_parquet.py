@@ -120,3 +120,14 @@ def _corrupt_data_pages(path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[start : start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
     path.write_bytes(bytes(raw))
+
+
+def test_parquet_counts_share_the_log_check(tmp_path: Path, counts: np.ndarray) -> None:
+    """A shard written by another tool with counts no window takes is refused like an .npz log, by step."""
+    bad = counts.astype(np.uint64)
+    bad[150, 2, 5] = 2**63 + 5
+    write_parquet(out := tmp_path / "log.parquet", bad, shard_steps=100)
+    with pytest.raises(EplbError) as info:
+        open_log(out).read_counts()
+    assert str(info.value) == (f"{out}: step 150 (position 150), layer 2, expert 5: count is 9223372036854775813, "
+                               "too large for a token count (at most 1e+15)")  # fmt: skip
