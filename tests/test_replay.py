@@ -7,6 +7,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import sys
 import tracemalloc
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from eplb.cli import replay as cli_replay
 from eplb.cost import predict
 from eplb.errors import EplbError
-from eplb.evaluate import balance
+from eplb.evaluate import balance, contiguous_placement
 from eplb.io.logs import open_log, write_counts
 from eplb.placement import Placement
 from eplb.progress import Progress
@@ -613,3 +614,68 @@ def test_cost_trigger_with_fresh_candidate_still_pays_for_itself() -> None:
                     oracle_every=0)
     assert result.rebalances and all(r.saving_s is not None and r.saving_s > (r.charge_s or 0)
                                      for r in result.rebalances)
+
+
+# --------------------------------------------------------------------------------------------
+# Steps without tokens, sampled oracles and rebalances the log ends on
+# --------------------------------------------------------------------------------------------
+
+
+def test_copies_after_an_idle_step_take_the_last_busy_steps_time() -> None:
+    """Step 99, just before the check at 100, has no tokens (time 0): the copies still span
+    transfer_s / (the last step with tokens' time) steps instead of landing at once."""
+    log = two_regimes(300, shift=150, layers=2)
+    log[99] = 0
+    cluster, cost = Cluster(np.full(8, 5)), small_cost(32)
+    res = replay(log, cluster, schedule=Schedule(window=100, interval=100), cost=cost, oracle_every=0,
+                 hindsight=False)  # fmt: skip
+    first = res.rebalances[0]
+    step_s = float(predict_time_us(log[98:99], initial_placement(2, 32, cluster.slots_per_gpu), cost).sum()) / 1e6
+    assert first.transfer_s is not None and first.position == 100
+    assert first.applies_from == 100 + math.ceil(first.transfer_s / step_s) > 101
+
+
+def test_a_check_whose_window_has_no_tokens_keeps() -> None:
+    log = two_regimes(200, shift=150, layers=2)
+    log[:100] = 0
+    res = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=100, interval=100), cost=small_cost(32),
+                 oracle_every=0, hindsight=False)  # fmt: skip
+    assert res.checks[0] == {"position": 100, "decision": "keep", "reason": "the window has no tokens"}
+    assert res.rebalances == []
+
+
+def test_steps_and_layers_without_tokens_have_no_lb() -> None:
+    """An empty step-layer is not perfectly balanced: NaN in the steps, left out of every row's statistics (its
+    time still counts), of the threshold trigger's recent lb; a step without tokens is no step of the rows."""
+    log = two_regimes(120, shift=200, layers=3)
+    log[50:60] = 0
+    log[:, 2] = 0  # a layer that never gets a token
+    cluster = Cluster(np.full(8, 5))
+    sched = Schedule(window=40, interval=60, trigger="threshold", threshold=100.0)  # keeps, telling its lb
+    res = replay(log, cluster, schedule=sched, cost=small_cost(32), collect=True)
+    st = res.steps
+    assert st is not None
+    for lb in (st.lb, st.static_lb, st.no_eplb_lb, st.hindsight_lb, st.oracle_lb):
+        assert np.isnan(lb[50:60]).all() and np.isnan(lb[:, 2]).all() and not np.isnan(lb[:50, :2]).any()
+    assert (st.time_us[:, 2] >= 0).all()
+    for name, lb in (("replay", st.lb), ("no_eplb", st.no_eplb_lb), ("oracle", st.oracle_lb)):
+        row = res.summary["results"][name]
+        assert row["steps"] == 110 and row["lb_mean"] == pytest.approx(np.nanmean(lb), abs=1e-6)
+        assert row["serving_s"] == pytest.approx(np.nansum(st.row(name)[1]) / 1e6, abs=1e-6)
+    layer_mean = st.lb[:, :2].mean(axis=1)
+    assert res.checks[0]["recent_lb"] == pytest.approx(np.nanmean(layer_mean[20:60]), rel=1e-9)
+
+
+def test_a_log_with_one_busy_step_reports_that_steps_lb() -> None:
+    log = np.zeros((33, 2, 32), dtype=np.int64)
+    log[0] = two_regimes(1, shift=5, layers=2)[0]
+    res = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=16, interval=16), collect=True)
+    start = initial_placement(2, 32, np.full(8, 5))
+    no_eplb = res.summary["results"]["no_eplb"]
+    assert no_eplb["steps"] == 1 and no_eplb["lb_mean"] == pytest.approx(
+        balance(log[0].astype(float), contiguous_placement(2, 32, 8)).lb.mean(), abs=1e-6)
+    assert res.summary["results"]["replay"]["lb_mean"] == pytest.approx(
+        balance(log[0].astype(float), start).lb.mean(), abs=1e-6)
+    empty = replay(np.zeros((20, 2, 32), dtype=np.int64), Cluster(np.full(8, 5)), schedule=Schedule(10, 10))
+    assert all(row == {"steps": 0} for row in empty.summary["results"].values())
+

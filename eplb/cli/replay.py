@@ -437,6 +437,8 @@ def run_replay(args: argparse.Namespace) -> int:
     finally:
         if csv is not None:
             csv.close()
+    if not result.summary["results"]["no_eplb"].get("steps"):
+        raise EplbError(f"{args.log}: no step has tokens (every count is 0): there is no lb or time to report")
     if out is not None:
         with (out / "rebalances.csv").open("w") as f:
             f.write("step,moves,bytes_moved,transfer_s,charge_s,solve_ms\n")

@@ -64,7 +64,8 @@ class Evaluator:
     def evaluate(
         self, counts: NDArray[Any], reach: NDArray[np.float64] | None = None
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """counts [n, L, E] -> (lb [K, n, L], time_us [K, n, L]) per placement; time NaN without a model.
+        """counts [n, L, E] -> (lb [K, n, L], time_us [K, n, L]) per placement; time NaN without a model, lb NaN
+        where the layer has no tokens that step (no lb: not perfectly balanced).
         reach: [K, n, L, G] each step's fraction of tokens reaching each GPU (token-level logs,
         `eplb.coactivation.step_reach`; [K, n, L, G + N] with two links, then each node's): the comm term counts
         one copy per GPU a token reaches."""
@@ -85,6 +86,7 @@ class Evaluator:
         active = np.empty_like(rows) if rows is not None else None
         _evaluate.evaluate(counts, kind, n, layers, experts, self._expert, self._share, k, width, self._bounds, gpus,
                            total, kind == "f", lb, rmax, rmin, amax, rows, active, self.threads)  # fmt: skip
+        lb[:, total <= 0] = np.nan
         if self.time is None:
             return lb, np.full(lb.shape, np.nan)
         if rows is not None and active is not None:
@@ -100,10 +102,10 @@ def oracle(
     time: TimeModel | None,
     reach_of: Callable[[int, NDArray[np.int64]], NDArray[np.float64]] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Greedy on every step's own counts: (lb [n, L], time_us [n, L]). All steps and layers are one
-    batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots). reach_of(i, phy2log
-    [L, P]): step i's reach [L, G] (or [L, G + N], `TimeModel.reach_width`) of the step's own placement
-    (token-level logs), for the comm term."""
+    """Greedy on every step's own counts: (lb [n, L], NaN where a layer has no tokens; time_us [n, L]). All steps
+    and layers are one batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots).
+    reach_of(i, phy2log [L, P]): step i's reach [L, G] (or [L, G + N], `TimeModel.reach_width`) of the step's own
+    placement (token-level logs), for the comm term."""
     n, layers, experts = counts.shape
     slots = cluster.slots_per_gpu
     lb = np.empty((n, layers))
@@ -120,7 +122,7 @@ def oracle(
         total = loads.sum(axis=1)
         mean = total / slots.size
         peak = gpu_rows.max(axis=1)
-        lb[a:b] = np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0).reshape(b - a, layers)
+        lb[a:b] = np.divide(peak, mean, out=np.full_like(peak, np.nan), where=mean > 0).reshape(b - a, layers)
         if time is not None:
             active = np.add.reduceat((slot_load > 0).astype(np.float64), starts, axis=1)
             reach = None

@@ -14,9 +14,10 @@ Schedule (positions count logged steps from 0; docs/replay.md):
 Rows on the same log and cluster: no EPLB (experts in id order), static (the first rebalance's placement
 kept), the replay, hindsight (each interval between checks served by greedy solved on that interval's
 own summed counts: the ceiling of any placement held over an interval) and the per-step oracle (greedy on
-every step's own counts). Per step and layer: realized lb and predicted layer time (`eplb.cost.TimeModel`);
-per rebalance: moves, bytes, transfer time, the time charged for it, solve time. Total simulated time =
-every step's MoE time + migration charges.
+every step's own counts). Per step and layer: realized lb (NaN where the layer has no tokens that step: no
+lb, left out of the statistics; a step without tokens is no step of the rows) and predicted layer time
+(`eplb.cost.TimeModel`); per rebalance: moves, bytes, transfer time, the time charged for it, solve time.
+Total simulated time = every step's MoE time + migration charges.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ class Rebalance:
 class StepBlock:
     """Per step and layer results for consecutive steps. start: position of the first step;
     steps: [n] step ids; lb, static_lb, no_eplb_lb, hindsight_lb, oracle_lb: [n, layers] realized lb
-    (NaN where not evaluated); time_us: [n, layers] the replay's predicted layer time (NaN without a
-    cost model); *_time_us of the other rows likewise."""
+    (NaN where not evaluated or the layer has no tokens that step); time_us: [n, layers] the replay's predicted
+    layer time (NaN without a cost model); *_time_us of the other rows likewise."""
 
     start: int
     steps: NDArray[np.int64]
@@ -182,6 +183,18 @@ def _token_routing(info: LogInfo) -> tuple[NDArray[np.int16], NDArray[np.int64]]
         return None
     ids, offsets = read_topk(info.path)
     return (ids, offsets) if ids.size <= TOKEN_LOG_MAX else None
+
+
+def _nan_mean(a: NDArray[np.float64], axis: int | tuple[int, ...]) -> NDArray[np.float64]:
+    """`a.mean(axis)` over the values that are not NaN (NaN where none is); exactly `a.mean(axis)` without NaN."""
+    missing = np.isnan(a)
+    if not missing.any():
+        out: NDArray[np.float64] = a.mean(axis=axis)
+        return out
+    n = (~missing).sum(axis=axis)
+    total = np.where(missing, 0.0, a).sum(axis=axis)
+    mean: NDArray[np.float64] = np.divide(total, n, out=np.full(np.shape(total), np.nan), where=n > 0)
+    return mean
 
 
 def initial_placement(num_layers: int, num_experts: int, slots_per_gpu: NDArray[np.int64]) -> Placement:
@@ -347,7 +360,8 @@ class _Replay:
             what = "the time objective needs" if policy.objective == "time" else f"{policy.solver} needs"
             raise EplbError(f"{self.info.path}: {what} the log's tokens (a token-level log with at most "
                             f"{TOKEN_LOG_MAX:,} picks): use a token-level log, cut it, or another solver")  # fmt: skip
-        self.step_time_s = 0.0  # the replay's last predicted step time (MoE layers), for transfer lengths
+        self.step_time_s = 0.0  # the replay's predicted time (MoE layers) of its last step with tokens, for
+        # transfer lengths (a check whose window has no tokens keeps, so a rebalance never sees 0)
         self.window_span: tuple[int, int] | None = None  # the current check's window: positions lo .. hi - 1
         self.window_summary: CoactivationSummary | None = None  # its co-activation summary (time objective) ...
         self.summary_of: tuple[int, int] | None = None  # ... and the window it is of
@@ -472,9 +486,10 @@ class _Replay:
             self.stats[name].add(*block.row(name))
         if self.tokens is not None:
             self.count_copies(pos, stop)
-        if self.evaluator.time is not None and n:
-            self.step_time_s = float(times[0, -1].sum()) / 1e6
-        self.window.store_lb(pos, lb[0].mean(axis=1))
+        busy = np.flatnonzero(~np.isnan(lb[0]).all(axis=1))  # the steps with tokens
+        if self.evaluator.time is not None and busy.size:
+            self.step_time_s = float(times[0, busy[-1]].sum()) / 1e6
+        self.window.store_lb(pos, _nan_mean(lb[0], axis=1))
         keep_from = max(pos, self.next_check - self.sched.window)
         if keep_from < stop:
             self.window.store_counts(keep_from, counts[keep_from - pos :])
@@ -553,6 +568,9 @@ class _Replay:
                 self.checks.append({"position": pos, "decision": "keep", "recent_lb": recent})
                 return
         loads, weight = self.window.loads(lo, pos, sched.ewma)
+        if not loads.any():
+            self.checks.append({"position": pos, "decision": "keep", "reason": "the window has no tokens"})
+            return
         scenarios = None
         if sched.robust_windows is not None:
             scenarios = self.window.scenarios(lo, pos, min(sched.robust_windows, pos - lo))
@@ -672,7 +690,7 @@ class _Replay:
         assert self.window_span is not None
         lb, times = judge.evaluate(recent, self.step_reach(placements, *self.window_span))
         step_s = times.sum(axis=2).mean(axis=1) / 1e6  # [1 + candidates] s per step
-        balance = lb.mean(axis=(1, 2))  # [1 + candidates] mean realized lb
+        balance = _nan_mean(lb, axis=(1, 2))  # [1 + candidates] mean realized lb (of the step-layers with tokens)
         scored: list[tuple[float, float, MigrationCost | None, Outcome, float]] = []
         for outcome, t_new, b in zip(candidates, step_s[1:], balance[1:], strict=True):
             cost = self.migration_cost(outcome.placement, step_loads)

@@ -33,15 +33,18 @@ class RowStats:
     migration_s: float = 0.0
 
     def add(self, lb: NDArray[np.float64], time_us: NDArray[np.float64]) -> None:
-        """lb, time_us: [n, L] of n evaluated steps (rows with NaN lb are skipped)."""
-        keep = ~np.isnan(lb[:, 0])
-        lb, time_us = lb[keep], time_us[keep]
+        """lb, time_us: [n, L] of n steps. NaN lb: a layer without tokens that step (no lb; its time counts);
+        a step with NaN lb in every layer (no tokens, or the sampled oracle's other steps) is skipped."""
+        missing = np.isnan(lb)
+        keep = ~missing.all(axis=1)
+        lb, time_us, missing = lb[keep], time_us[keep], missing[keep]
         if not lb.size:
             return
-        self.count += lb.size
-        self.lb_sum += float(lb.sum())
-        self.lb_max = max(self.lb_max, float(lb.max()))
-        idx = np.minimum(((lb - 1.0) / _HIST_WIDTH).astype(np.int64), _HIST_BINS)
+        values = lb[~missing] if missing.any() else lb
+        self.count += values.size
+        self.lb_sum += float(values.sum())
+        self.lb_max = max(self.lb_max, float(values.max()))
+        idx = np.minimum(((values - 1.0) / _HIST_WIDTH).astype(np.int64), _HIST_BINS)
         self.hist += np.bincount(np.maximum(idx, 0).ravel(), minlength=_HIST_BINS + 1)
         self.steps += lb.shape[0]
         if np.isnan(time_us).any():
