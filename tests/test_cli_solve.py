@@ -132,3 +132,77 @@ def test_zero_gpus_per_node_is_refused_by_name(capsys: pytest.CaptureFixture[str
     for link in ("nvlink", "nvlink+nic"):
         assert main(["solve", "--gpus", "32", "--gpus-per-node", "0", "--link", link]) == 2
         assert "32 GPUs do not split into nodes of 0" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A placement of the embedded DeepSeek-V3 window on the default 32 GPUs, to rebalance from."""
+    out = tmp_path_factory.mktemp("serving") / "p.json"
+    assert main(["solve", "--out", str(out)]) == 0
+    return out
+
+
+def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one error line of an `eplb solve` run that must fail with exit 2."""
+    capsys.readouterr()
+    assert main(["solve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err.strip()
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--plan", "pl.json"], "--plan"),
+    (["--out", "o.json", "--stage-gib", "1"], "--out, --stage-gib"),
+    (["--solver", "milp", "--time-limit", "1"], "--solver, --time-limit"),
+    (["--max-moves", "10", "--target-lb", "1.01"], "--max-moves, --target-lb"),
+])
+def test_frontier_refuses_the_flags_it_would_ignore(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: str
+) -> None:
+    """--frontier prints a curve: a plan or placement asked for beside it was silently never written."""
+    extra = [str(tmp_path / a) if a.endswith(".json") else a for a in extra]
+    err = _error(capsys, "--current", str(serving), "--frontier", *extra)
+    assert err.startswith("eplb solve: error: --frontier prints the copies-vs-lb curve") and f"drop {named} (" in err
+    assert not list(tmp_path.iterdir())
+    assert main(["solve", "--current", str(serving), "--frontier", "--solver", "incremental", "--json"]) == 0
+
+
+def test_move_budgets_and_stage_sizes_are_refused_in_the_flags_terms(
+    serving: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _error(capsys, "--max-moves", "10")
+    assert err == ("eplb solve: error: --max-moves: a move budget edits the serving placement: give it with "
+                   "--current FILE")
+    assert "--max-moves-per-layer, --target-lb: a move budget" in _error(capsys, "--max-moves-per-layer", "2",
+                                                                          "--target-lb", "1.01")
+    # one DeepSeek-V3 expert in one layer: 3 matrices of 7168 x 2048 FP8 bytes = 0.041 GiB
+    assert _error(capsys, "--current", str(serving), "--stage-gib", "0.01") == (
+        "eplb solve: error: --stage-gib 0.01: a stage must hold one expert copy of deepseek-v3, at least 0.0411 GiB")
+    assert main(["solve", "--current", str(serving), "--stage-gib", "0.0411", "--json"]) == 0  # the minimum shown
+
+
+def test_stage_gib_without_a_model_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[1, 2, 3, 4]]}))  # no preset has 4 experts
+    base = ["--loads", str(window), "--gpus", "2"]
+    assert main(["solve", *base, "--out", str(tmp_path / "p.json")]) == 0
+    err = _error(capsys, *base, "--current", str(tmp_path / "p.json"), "--stage-gib", "1")
+    assert "--stage-gib needs --model" in err and "no preset has 4 experts" in err
+
+
+@pytest.mark.parametrize("argv, solver", [
+    (["--time-limit", "3", "--solver", "greedy"], "greedy"),
+    (["--time-limit", "3"], "greedy"),
+    (["--total-time-limit", "3", "--solver", "deepseek"], "deepseek"),
+    (["--time-limit", "3", "--current", "CURRENT"], "incremental"),
+])
+def test_time_limits_are_refused_for_solvers_without_one(
+    serving: Path, capsys: pytest.CaptureFixture[str], argv: list[str], solver: str
+) -> None:
+    """As --max-lb-slack is for solvers that do not take it: a time limit was silently dropped."""
+    err = _error(capsys, *[str(serving) if a == "CURRENT" else a for a in argv])
+    assert err.startswith(f"eplb solve: error: solver {solver!r} does not take --") and "(milp, milp-weighted)" in err
+    assert "(it has no time limit)" in err
+    err = _error(capsys, "--solver", "milp", "--time-limit", "inf")
+    assert "--time-limit must be > 0 seconds and finite, got inf" in err

@@ -8,7 +8,6 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,7 @@ from eplb.errors import EplbError
 from eplb.io.files import output_file
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
-from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve
+from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve, solver_name
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links, load_hardware, load_model
 from solvers import registry
 from solvers.registry import Options
@@ -290,7 +289,63 @@ def check_link(bw: float | None, flag: str, text: str) -> None:
                         "per GPU and direction)")
 
 
+DEFAULTS: dict[str, object] = {"--max-lb-slack": 0.01, "--split": "uniform", "--objective": "lb"}
+"""The flags of `eplb solve` with a default other than None (what `_given` takes for not given)."""
+
+
+def _given(*pairs: tuple[str, object]) -> list[str]:
+    """The flags of `pairs` (flag, value) that were given: a value other than None, False and the flag's default."""
+    return [flag for flag, value in pairs if value is not None and value is not False and value != DEFAULTS.get(flag)]
+
+
+def _check_frontier(args: argparse.Namespace) -> None:
+    """--frontier prints a curve, no placement: refuse the flags that would then be ignored, naming them."""
+    if not args.frontier:
+        return
+    ignored = _given(("--out", args.out), ("--plan", args.plan), ("--stage-gib", args.stage_gib),
+                     ("--solver", None if args.solver == "incremental" else args.solver),
+                     ("--time-limit", args.time_limit),
+                     ("--total-time-limit", args.total_time_limit), ("--max-moves", args.max_moves),
+                     ("--max-moves-per-layer", args.max_moves_per_layer), ("--target-lb", args.target_lb),
+                     ("--max-lb-slack", args.max_lb_slack), ("--split", args.split), ("--objective", args.objective))
+    if ignored:
+        raise EplbError(f"--frontier prints the copies-vs-lb curve of incremental rebalancing and writes no placement "
+                        f"or plan: drop {', '.join(ignored)} (or drop --frontier and get one placement)")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse, naming the flags, a move budget without --current and a time limit for a solver (--solver, or
+    its default) without one; the registry refuses the other options a solver does not take."""
+    budget = _given(("--max-moves", args.max_moves), ("--max-moves-per-layer", args.max_moves_per_layer),
+                    ("--target-lb", args.target_lb))
+    if budget and not args.current:
+        raise EplbError(f"{', '.join(budget)}: a move budget edits the serving placement: give it with --current FILE")
+    name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split)
+    takes = registry.get_solver(name).options
+    limits = {"--time-limit": ("time_limit_s", args.time_limit),
+              "--total-time-limit": ("total_time_limit_s", args.total_time_limit)}
+    refused = [flag for flag, (option, value) in limits.items() if value is not None and option not in takes]
+    if refused:
+        able = [n for n in registry.names() if "time_limit_s" in registry.get_solver(n).options]
+        raise EplbError(f"solver {name!r} does not take {', '.join(refused)} (it has no time limit): choose a solver "
+                        f"that does ({', '.join(able)})")
+
+
+def _check_stage(args: argparse.Namespace, model: ModelSpec | None, num_experts: int) -> None:
+    """--stage-gib holds at least one expert copy of the model (a stage moves whole copies)."""
+    if args.stage_gib is None:
+        return
+    if model is None:
+        raise EplbError(f"--stage-gib needs --model: a stage is counted in expert copies of the model (no preset has "
+                        f"{num_experts} experts)")
+    if args.stage_gib * GIB < model.expert_bytes:
+        least = math.ceil(model.expert_bytes / GIB * 1e4) / 1e4  # rounded up: the value shown is enough
+        raise EplbError(f"--stage-gib {args.stage_gib:g}: a stage must hold one expert copy of {model.name}, "
+                        f"at least {least:g} GiB")
+
+
 def run_solve(args: argparse.Namespace) -> int:
+    _check_frontier(args)
     if args.out:
         output_file(args.out, "--out")
     if args.plan:
@@ -304,8 +359,13 @@ def run_solve(args: argparse.Namespace) -> int:
                         "another file")
     if args.stage_gib is not None and not 0 < args.stage_gib <= MAX_STAGE_GIB:
         raise EplbError(f"--stage-gib must be > 0 and at most {MAX_STAGE_GIB:g} GiB, got {args.stage_gib:g}")
+    for flag, limit in (("--time-limit", args.time_limit), ("--total-time-limit", args.total_time_limit)):
+        if limit is not None and not (math.isfinite(limit) and limit > 0):
+            raise EplbError(f"{flag} must be > 0 seconds and finite, got {limit:g}")
+    _check_options(args)
     window = read_window(args.loads)
     model = model_for(args, window)
+    _check_stage(args, model, window.num_experts)
     slots = slots_for(args, window.num_experts, model)
     layer_ids = window.meta.get("layer_ids")
     current = None
@@ -314,10 +374,6 @@ def run_solve(args: argparse.Namespace) -> int:
 
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
                                      num_gpus=args.gpus)
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise EplbError("--time-limit must be > 0 seconds")
-    if args.total_time_limit is not None and not args.total_time_limit > 0:
-        raise EplbError("--total-time-limit must be > 0 seconds")
     if not 0 <= args.max_lb_slack <= 1:
         raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
     if args.solver == "milp":
@@ -333,9 +389,8 @@ def run_solve(args: argparse.Namespace) -> int:
         assert current is not None
         return _print_frontier(window.loads, cluster, current.phy2log, args.json)
     options = Options(max_moves=args.max_moves, max_moves_per_layer=args.max_moves_per_layer, target_lb=args.target_lb,
-                      max_lb_slack=args.max_lb_slack)  # a solver that does not take it refuses a value set
-    if (args.solver or "").startswith("milp"):
-        options = replace(options, time_limit_s=args.time_limit, total_time_limit_s=args.total_time_limit)
+                      max_lb_slack=args.max_lb_slack, time_limit_s=args.time_limit,
+                      total_time_limit_s=args.total_time_limit)  # a solver that does not take it refuses a value set
     outcome = solve(
         window.loads,
         cluster,
