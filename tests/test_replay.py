@@ -679,3 +679,15 @@ def test_a_log_with_one_busy_step_reports_that_steps_lb() -> None:
     empty = replay(np.zeros((20, 2, 32), dtype=np.int64), Cluster(np.full(8, 5)), schedule=Schedule(10, 10))
     assert all(row == {"steps": 0} for row in empty.summary["results"].values())
 
+
+def test_a_sampled_oracles_total_time_is_scaled_to_all_steps() -> None:
+    log = two_regimes(200, shift=100, layers=2)
+    cluster, cost = Cluster(np.full(8, 5)), small_cost(32)
+    sched = Schedule(window=50, interval=50, trigger="periodic")
+    every = replay(log, cluster, schedule=sched, cost=cost, hindsight=False).summary["results"]
+    sampled = replay(log, cluster, schedule=sched, cost=cost, hindsight=False, oracle_every=10).summary["results"]
+    oracle, full = sampled["oracle"], every["oracle"]
+    assert oracle["steps"] == 20 and full["steps"] == 200
+    assert oracle["total_time_s"] == pytest.approx(oracle["step_time_us"] * 200 / 1e6, rel=1e-5)
+    assert oracle["total_time_s"] == pytest.approx(full["total_time_s"], rel=0.02)
+    assert oracle["speedup_vs_no_eplb"] == pytest.approx(full["speedup_vs_no_eplb"], rel=0.02)

@@ -521,8 +521,9 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
     if ratio is not None:
         lines.append(f"  replay lb / hindsight lb: {ratio:.4f} (1.0: as good as a placement solved on each interval)")
     oe = s["schedule"]["oracle_every"]
-    if oe > 1:
-        lines.append(f"  (oracle on every {oe}-th step only)")
+    if oe > 1 and s["results"]["oracle"].get("steps"):
+        lines.append(f"  (oracle on every {oe}-th step only: lb over those {s['results']['oracle']['steps']:,} steps, "
+                     "total s scaled from them to all steps)")
     tm = s["timing"]
     lines.append("")
     rate = tm.get("evaluation_layer_steps_per_s")

@@ -726,8 +726,9 @@ class _Replay:
         info, slots, cost = self.info, self.cluster.slots_per_gpu, self.cost
         base = self.stats["no_eplb"].to_dict()
         results: dict[str, Any] = {}
-        for name in BASELINES:
-            d = self.stats[name].to_dict()
+        for name in BASELINES:  # a sampled oracle's time is scaled to all steps, like with like
+            sampled = name == "oracle" and oracle_every > 1
+            d = self.stats[name].to_dict(self.stats["no_eplb"].steps if sampled else None)
             if d.get("total_time_s") and base.get("total_time_s"):
                 d["speedup_vs_no_eplb"] = round(base["total_time_s"] / d["total_time_s"], 4)
             results[name] = d

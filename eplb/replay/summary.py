@@ -63,13 +63,15 @@ class RowStats:
     def lb_mean(self) -> float:
         return self.lb_sum / self.count if self.count else math.nan
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, all_steps: int | None = None) -> dict[str, Any]:
         """lb mean and percentiles; mean step time µs (MoE layers), and the total simulated time s =
-        steps' MoE time + migration charges."""
+        steps' MoE time + migration charges. all_steps: the row covers a sample of this many steps (the
+        sampled oracle): serving and total time are scaled from its steps to them."""
         if not self.count:
             return {"steps": 0}
         timed = self.has_time and self.steps > 0
-        serve_s = self.step_time_sum / 1e6 if timed else None
+        scale = 1.0 if all_steps is None else all_steps / self.steps
+        serve_s = self.step_time_sum / 1e6 * scale if timed else None
         return {
             "steps": self.steps,
             "lb_mean": round(self.lb_mean, 6),
