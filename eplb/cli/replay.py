@@ -483,9 +483,14 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
             f"({rb['slots_moved_fraction']:.1%} of the slots per rebalance); solve "
             f"{rb['solve_ms_mean']:,.1f} ms mean, {rb['solve_ms_max']:,.1f} ms max"
         )
-    else:
+    elif not rb.get("never_served"):
         lines.append(f"rebalances: none in {rb['checks']} checks (the trigger kept the placement)" if rb["checks"]
                      else f"rebalances: none (the log ends before step {result.schedule.first_position:,})")
+    never = rb.get("never_served")
+    if never:
+        lead = "            and" if rb["count"] else f"rebalances: none served in {rb['checks']} checks:"
+        lines.append(f"{lead} the one at step {never['step']:,} never served: the log ended while its "
+                     f"{never['moves']:,} expert copies were in flight (not charged)")
     if s["cost"]:
         c = s["cost"]
         tpg = "each step's own tokens" if c["tokens_per_gpu"] is None else f"T = {c['tokens_per_gpu']:,.0f} per GPU"

@@ -8,7 +8,10 @@ Schedule (positions count logged steps from 0; docs/replay.md):
 - the check at position s sees only the steps before it: positions max(0, s - window) .. s - 1
   (optionally EWMA-weighted). Step s itself is never in its own window: no lookahead;
 - the placement it computes serves from position s + delay (default 1), or later when its weight
-  copies overlap serving and take longer; no check runs while copies are in flight;
+  copies overlap serving and take longer (steps of the last step with tokens' predicted time); no check
+  runs while copies are in flight; a check whose window has no tokens keeps the placement;
+- a rebalance whose copies are still in flight when the log ends never serves: it is reported apart
+  (`ReplayResult.unserved`) and not charged (rebalances are charged when their placement starts serving);
 - before the first placement applies, the cluster serves vLLM's initial placement.
 
 Rows on the same log and cluster: no EPLB (experts in id order), static (the first rebalance's placement
@@ -146,7 +149,9 @@ class StepBlock:
 @dataclass
 class ReplayResult:
     """What a replay produced. summary: the JSON-ready summary (`summary.json`); steps: every
-    step's results when the replay was run with collect=True; checks: every check's decision."""
+    step's results when the replay was run with collect=True; checks: every check's decision; rebalances: those
+    whose placement served; unserved: the last rebalance when the log ended while its copies were in flight (its
+    placement never served; not charged, charge_s 0)."""
 
     info: LogInfo
     cluster: Cluster
@@ -158,6 +163,7 @@ class ReplayResult:
     static: Placement | None
     steps: StepBlock | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
+    unserved: Rebalance | None = None
 
 
 ReachOf = Callable[[int, NDArray[np.int64]], NDArray[np.float64]]
@@ -339,7 +345,8 @@ class _Replay:
         self.serving = initial_placement(layers, experts, slots)
         self.static: Placement | None = None
         self.base = contiguous_placement(layers, experts, cluster.num_gpus)
-        self.pending: tuple[int, Placement] | None = None
+        self.pending: tuple[int, Placement, float] | None = None  # (applies from, placement, its charge s)
+        self.unserved: Rebalance | None = None  # a rebalance whose copies were still in flight when the log ended
         self.hindsight: list[Placement] = []
         self.segment = 0
         self.evaluator = Evaluator(None if cost is None else time_model(cost, cluster.num_gpus, cluster.gpus_per_node))
@@ -428,6 +435,12 @@ class _Replay:
             t_read = time.perf_counter()
         if done == 0:
             raise EplbError(f"{self.info.path}: the log has no steps")
+        if self.pending is not None:  # the log ended before its placement served: reported apart, not charged
+            last = self.rebalances.pop()
+            self.unserved = replace(last, charge_s=None if last.charge_s is None else 0.0)
+            for c in self.checks:
+                if c["position"] == last.position:
+                    c["served"] = False
         return self.result(done, time.perf_counter() - started, oracle_every, blocks if collect else None)
 
     def at_position(self, pos: int, chunk: CountsChunk) -> None:
@@ -441,10 +454,12 @@ class _Replay:
             self.next_check += self.sched.interval
             self.segment = min(self.segment + 1, max(len(self.hindsight) - 1, 0))
             changed = True
-        if self.pending is not None and pos == self.pending[0]:
-            self.serving = self.pending[1]
+        if self.pending is not None and pos == self.pending[0]:  # charged once it serves
+            _, self.serving, charge = self.pending
+            self.stats["replay"].migration_s += charge
             if self.static is None:
                 self.static = self.serving
+                self.stats["static"].migration_s += charge
             self.pending = None
             changed = True
         if changed:
@@ -589,10 +604,7 @@ class _Replay:
         self.timing["solve_s"] += solve_ms / 1000
         charge, span = (0.0, 0) if cost is None else cost.charge_s(self.step_time_s)
         applies = pos + max(sched.delay, span)
-        self.pending = (applies, outcome.placement)
-        self.stats["replay"].migration_s += charge
-        if self.static is None:
-            self.stats["static"].migration_s += charge
+        self.pending = (applies, outcome.placement, charge)
         moves = outcome.moves if outcome.moves is not None else np.zeros(loads.shape[0], dtype=np.int64)
         self.rebalances.append(
             Rebalance(
@@ -720,6 +732,7 @@ class _Replay:
             static=self.static,
             steps=StepBlock.concat(blocks) if blocks else None,
             checks=self.checks,
+            unserved=self.unserved,
         )
 
     def summary(self, steps: int, wall: float, oracle_every: int) -> dict[str, Any]:
@@ -775,6 +788,7 @@ class _Replay:
                 "solve_ms_mean": round(float(np.mean([r.solve_ms for r in rbs])), 3) if rbs else None,
                 "solve_ms_max": round(max(r.solve_ms for r in rbs), 3) if rbs else None,
                 "list": [r.to_dict() for r in rbs],
+                "never_served": None if self.unserved is None else self.unserved.to_dict(),
             },
             "timing": {
                 "wall_s": round(wall, 3),
