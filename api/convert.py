@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -396,6 +397,23 @@ def placement(value: PlacementIn, field: str, num_experts: int) -> Placement:
         raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
 
 
+def _check_budgets(req: PlacementRequest, name: str, model: ModelSpec | None, num_experts: int) -> None:
+    """time_limit_s for a solver without a time limit, and a stage_gib that holds no expert copy: FieldError."""
+    if req.time_limit_s is not None and "total_time_limit_s" not in registry.get_solver(name).options:
+        able = [n for n in registry.names() if "total_time_limit_s" in registry.get_solver(n).options]
+        raise FieldError("time_limit_s", f"solver {name!r} has no time limit: drop time_limit_s or choose a solver "
+                         f"that has one ({', '.join(able)})")
+    if req.stage_gib is None:
+        return
+    if model is None:
+        raise FieldError("stage_gib", f"needs a model: a stage is counted in expert copies (no preset has "
+                         f"{num_experts} experts)")
+    if req.stage_gib * 2**30 < model.expert_bytes:
+        least = math.ceil(model.expert_bytes / 2**30 * 1e4) / 1e4  # rounded up: the value shown is enough
+        raise FieldError("stage_gib", f"{req.stage_gib:g} GiB cannot hold one expert copy of {model.name}: give at "
+                         f"least {least:g}")
+
+
 def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_default_time_limit_s: float) -> SolveJob:
     """Validate a placement request into a SolveJob (loads: the npy body's array, else the request's).
     Raises ProblemError naming the bad field."""
@@ -415,6 +433,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
             raise FieldError("objective", "time needs a model for the cost model: give model (no preset has "
                              f"{window.shape[1]} experts)")
         summary = coactivation(req, window)
+        _check_budgets(req, name, model, window.shape[1])
     except EplbError as exc:
         raise _as_problem(exc) from None
     milp = "time_limit_s" in registry.get_solver(name).options

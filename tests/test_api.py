@@ -514,3 +514,19 @@ def test_two_links_within_and_between_nodes(base: str) -> None:
         assert r.status_code == 200, r.text
         total[link] = sum(r.json()["predicted"]["comm_us"])
     assert total["nvlink"] < total["nvlink+nic"] < total["nic"]
+
+
+def test_budgets_a_solver_cannot_honour_name_the_api_fields(base: str) -> None:
+    """time_limit_s for a solver without a time limit, a stage_gib that holds no expert copy: 422 naming the field
+    (not the solver's option name, nor the bytes; the CLI names its flags)."""
+    small = V3[:2].tolist()
+    greedy = httpx.post(f"{base}/placement", json=request_body(loads=small, time_limit_s=2), timeout=60).json()
+    assert greedy["status"] == 422 and greedy["errors"][0]["field"] == "time_limit_s"
+    assert "solver 'greedy' has no time limit" in greedy["detail"] and "total_time_limit_s" not in greedy["detail"]
+    first = httpx.post(f"{base}/placement", json=request_body(loads=small), timeout=60).json()
+    tiny = httpx.post(f"{base}/placement", json=request_body(loads=small, current_placement=first["placement"],
+                                                             stage_gib=0.01), timeout=60).json()  # fmt: skip
+    assert tiny["status"] == 422 and tiny["errors"][0]["field"] == "stage_gib"
+    assert tiny["detail"] == "stage_gib: 0.01 GiB cannot hold one expert copy of deepseek-v3: give at least 0.0411"
+    enough = request_body(loads=small, current_placement=first["placement"], stage_gib=0.0411)
+    assert httpx.post(f"{base}/placement", json=enough, timeout=60).status_code == 200
