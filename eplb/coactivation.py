@@ -21,6 +21,9 @@ Replica selection (which replica of an expert with several a token uses) changes
 - "coact": ours, a replica on a GPU the token already goes to (its own GPU or one of its single-replica
   experts' GPUs) if there is one, else vLLM's choice.
 A token's source GPU is its position in its step modulo G (data-parallel ranks own interleaved tokens).
+Positions (the flat position of vLLM's rule and the source GPU) count from the token's own step's start
+(`step_offsets`; without them the tokens given are one step), so a count does not depend on how a log's
+steps are cut into blocks.
 """
 
 from __future__ import annotations
@@ -159,11 +162,40 @@ def _replica_table(phy2log: IntArray, slots_per_gpu: IntArray, num_experts: int)
     return table, count
 
 
+def _step_positions(tokens: int, step_offsets: ArrayLike | None) -> IntArray:
+    """[tokens] each token's position in its own step, from step_offsets [steps + 1] (token offsets of the
+    steps, 0 .. tokens; None: the tokens are one step)."""
+    if step_offsets is None:
+        return np.arange(tokens, dtype=np.int64)
+    offsets = np.asarray(step_offsets, dtype=np.int64)
+    bad = offsets.ndim != 1 or not offsets.size or offsets[0] != 0 or offsets[-1] != tokens
+    if bad or (np.diff(offsets) < 0).any():
+        raise EplbError(f"step_offsets must rise from 0 to the {tokens} tokens, got {offsets.tolist()[:8]}")
+    out: IntArray = np.arange(tokens, dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets))
+    return out
+
+
 def replica_gpus(
-    topk_ids: ArrayLike, phy2log: ArrayLike, slots_per_gpu: ArrayLike, num_experts: int, rule: str = "vllm"
+    topk_ids: ArrayLike,
+    phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    num_experts: int,
+    rule: str = "vllm",
+    step_offsets: ArrayLike | None = None,
 ) -> IntArray:
     """GPU each pick is served on: [tokens, layers, k] from topk_ids [tokens, layers, k], phy2log [L, P]
-    (one placement per layer) and slots_per_gpu [G], with replica-selection `rule` (module docstring)."""
+    (one placement per layer) and slots_per_gpu [G], with replica-selection `rule` (module docstring);
+    step_offsets: [steps + 1] token offsets of the steps in topk_ids (None: one step)."""
+    ids = np.asarray(topk_ids)
+    position = None if step_offsets is None else _step_positions(ids.shape[0] if ids.ndim else 0, step_offsets)
+    return _replica_gpus(ids, phy2log, slots_per_gpu, num_experts, rule, position)
+
+
+def _replica_gpus(
+    topk_ids: ArrayLike, phy2log: ArrayLike, slots_per_gpu: ArrayLike, num_experts: int, rule: str,
+    position: IntArray | None,
+) -> IntArray:
+    """`replica_gpus` with position [tokens]: each token's position in its step (None: its row)."""
     if rule not in RULES:
         raise EplbError(f"unknown replica rule {rule!r}: choose one of {', '.join(RULES)}")
     ids = np.asarray(topk_ids).astype(np.int64)
@@ -177,9 +209,11 @@ def replica_gpus(
         raise EplbError(f"slots_per_gpu sums to {int(slots.sum())} but phy2log has {p2l.shape[1]} slots")
     tokens, layers, k = ids.shape
     num_gpus = slots.size
-    source = np.arange(tokens, dtype=np.int64) % num_gpus  # [T]
+    if position is None:
+        position = np.arange(tokens, dtype=np.int64)
+    source = position % num_gpus  # [T]
     out = np.empty_like(ids)
-    flat_pos = (np.arange(tokens, dtype=np.int64)[:, None] * k + np.arange(k)[None, :])  # [T, k]
+    flat_pos = position[:, None] * k + np.arange(k)[None, :]  # [T, k]: the pick's flat position in its step
     for layer in range(layers):
         table, count = _replica_table(p2l[layer], slots, num_experts)
         e = ids[:, layer, :]
@@ -228,7 +262,8 @@ def step_reach(
     """Exact per-step reach: [n, L, G] the fraction of each step's tokens whose top-k picks, routed with `rule`,
     land on each GPU (the `reach` of `eplb.cost.TimeModel.gpu_terms`, from the tokens instead of a summary);
     with gpus_per_node [n, L, G + N]: then the fraction landing on each node (two links).
-    topk_ids: [tokens, L, k]; step_offsets: [n + 1] token offsets of the steps (from 0); phy2log: [L, P]."""
+    topk_ids: [tokens, L, k]; step_offsets: [n + 1] token offsets of the steps (from 0; a token's position counts
+    from its step's start); phy2log: [L, P]."""
     ids = np.asarray(topk_ids)
     offsets = np.asarray(step_offsets, dtype=np.int64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
@@ -240,10 +275,11 @@ def step_reach(
     nodes = num_gpus // per_node if gpus_per_node else 0
     reached = np.zeros((offsets.size - 1, layers, num_gpus + nodes))
     step_of = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))  # [T]
+    position = _step_positions(tokens, offsets)
     block = max(1, STEP_REACH_PICKS // max(layers * k, 1))
     for a in range(0, tokens, block):
         b = min(tokens, a + block)
-        gpus = replica_gpus(ids[a:b], phy2log, slots, num_experts, rule)  # [t, L, k]
+        gpus = _replica_gpus(ids[a:b], phy2log, slots, num_experts, rule, position[a:b])  # [t, L, k]
         hit = np.zeros((b - a, layers, num_gpus), dtype=bool)
         hit[np.arange(b - a)[:, None, None], np.arange(layers)[None, :, None], gpus] = True
         if nodes:
@@ -271,21 +307,24 @@ def copies_per_token(
     *,
     gpus_per_node: int | None = None,
     rule: str = "vllm",
+    step_offsets: ArrayLike | None = None,
 ) -> CopyStats:
     """Exact mean dispatch copies per token and layer of a placement on token-level routing.
 
-    topk_ids: [tokens, L, k]; phy2log: [L, P]; slots_per_gpu: [G]; gpus_per_node: None = one node.
+    topk_ids: [tokens, L, k]; phy2log: [L, P]; slots_per_gpu: [G]; gpus_per_node: None = one node;
+    step_offsets: [steps + 1] token offsets of the steps in topk_ids (None: one step).
     Each token's picks go to the replicas `rule` chooses; copies = distinct GPUs (nodes) among them."""
     ids = np.asarray(topk_ids)
     if ids.ndim != 3 or ids.shape[0] == 0:
         raise EplbError(f"topk_ids must be a non-empty [tokens, layers, k] array, got shape {list(ids.shape)}")
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
-    gpus = replica_gpus(ids, phy2log, slots, num_experts, rule)  # [T, L, k]
+    position = _step_positions(ids.shape[0], step_offsets)
+    gpus = _replica_gpus(ids, phy2log, slots, num_experts, rule, position)  # [T, L, k]
     num_gpus = slots.size
     per_node = gpus_per_node or num_gpus
     if num_gpus % per_node:
         raise EplbError(f"{num_gpus} GPUs do not split into nodes of {per_node}")
-    source = (np.arange(ids.shape[0], dtype=np.int64) % num_gpus)[:, None, None]
+    source = (position % num_gpus)[:, None, None]
     with_src = np.concatenate([gpus, np.broadcast_to(source, (*gpus.shape[:2], 1))], axis=2)
     n_gpu = _distinct(gpus)
     n_gpu_src = _distinct(with_src)

@@ -564,7 +564,8 @@ class _Replay:
         t0 = time.perf_counter()
         for name, p in zip(COPY_ROWS, self.placements(), strict=False):
             c = copies_per_token(ids[a:b], p.phy2log, p.slots_per_gpu, self.info.num_experts,
-                                 gpus_per_node=self.cluster.gpus_per_node)  # fmt: skip
+                                 gpus_per_node=self.cluster.gpus_per_node,
+                                 step_offsets=offsets[pos : stop + 1] - a)  # fmt: skip
             self.copies[name][0] += float(c.gpus.mean()) * (b - a)
             self.copies[name][1] += b - a
             self.copies[name][2] += float(c.nodes.mean()) * (b - a)
