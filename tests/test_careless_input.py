@@ -438,3 +438,41 @@ def test_a_headerless_jsonl_log_sizes_the_window_by_its_steps(tmp_path: Path,
     headed.write_text(headed.read_text().replace('"num_steps": 50', '"num_steps": 10', 1))
     code, err = run(capsys, "replay", str(headed), "--interval", "2", "--window", "2", "--gpus", "8", "--no-progress")
     assert code == 2 and f"{headed}: the file holds more steps than its header says (num_steps 10)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--robust-windows", "4", "--window", "2"], "--robust-windows must be 2 .. --window (2), got 4"),
+        (["--oracle-every", "-1"], "--oracle-every must be >= 0 (0 skips the oracle), got -1"),
+        (["--interval", "1"], "--delay (1) must be shorter than --interval (1): a placement must serve before the "
+         "next rebalance; give --delay 0"),
+        (["--ewma", "0"], "--ewma (EWMA alpha) must be in (0, 1], got 0.0"),
+        (["--first-rebalance", "0"], "--first-rebalance must be >= 1"),
+        (["--window", "0"], "--window must be a whole number of steps >= 1, got 0"),
+        (["--threshold", "0.5", "--trigger", "threshold"], "--threshold is a realized lb >= 1, got 0.5"),
+    ],
+)
+def test_replay_schedule_errors_name_the_flags(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, err = run(capsys, "replay", str(small["log"]), "--gpus", "4", "--no-progress", *argv)
+    assert code == 2 and message in err
+
+
+def test_migration_share_out_of_range_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "v3.npz"
+    assert main(["synth", "--out", str(log), "--steps", "4", "--layers", "1"]) == 0
+    capsys.readouterr()
+    for share in ("1", "0", "nan"):
+        code, err = run(capsys, "replay", str(log), "--migration-share", share, "--no-progress")
+        assert code == 2 and "--migration-share is the fraction of the link the copies take, in (0, 1)" in err
+
+
+def test_a_log_without_tokens_is_refused_by_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from eplb.io.logs import write_counts
+
+    log = tmp_path / "zero.npz"
+    write_counts(log, np.zeros((30, 2, 16), dtype=np.uint16))
+    code, err = run(capsys, "replay", str(log), "--gpus", "4", "--interval", "10", "--window", "10", "--no-progress")
+    assert code == 2 and f"{log}: no step has tokens (every count is 0): there is no lb or time to report" in err

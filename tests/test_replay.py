@@ -181,9 +181,9 @@ def test_schedule_and_input_errors() -> None:
     cluster = Cluster(np.full(8, 5))
     for sched, message in [
         (Schedule(window=0), "window must be"),
-        (Schedule(interval=5, delay=5), "delay .5. must be shorter than the interval"),
-        (Schedule(first=0), "first rebalance needs at least one step"),
-        (Schedule(ewma=1.5), "EWMA alpha must be in"),
+        (Schedule(interval=5, delay=5), r"delay \(5\) must be shorter than interval \(5\).*give delay 0 \.\. 4"),
+        (Schedule(first=0), "first must be >= 1 .the first rebalance needs at least one step"),
+        (Schedule(ewma=1.5), r"ewma \(EWMA alpha\) must be in"),
     ]:
         with pytest.raises(EplbError, match=message):
             replay(log, cluster, schedule=sched)

@@ -230,6 +230,8 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     else:
         link_bw = cost.hardware.nvlink_bandwidth
     share = MigrationSpec(1.0).link_share if args.migration_share is None else args.migration_share
+    if not 0 < share < 1:
+        raise EplbError(f"--migration-share is the fraction of the link the copies take, in (0, 1), got {share:g}")
     stall_ms = 0.0 if args.migration_stall_ms is None else args.migration_stall_ms
     if not (math.isfinite(stall_ms) and 0 <= stall_ms <= MAX_FIXED_STALL_S * 1e3):
         raise EplbError(f"--migration-stall-ms must be 0 to {MAX_FIXED_STALL_S * 1e3:g} ms, got {stall_ms:g}")
@@ -239,8 +241,14 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     return spec
 
 
+SCHEDULE_FLAGS = {"window": "--window", "interval": "--interval", "first": "--first-rebalance", "delay": "--delay",
+                  "ewma": "--ewma", "trigger": "--trigger", "threshold": "--threshold",
+                  "robust_windows": "--robust-windows"}  # fmt: skip
+"""Schedule's fields as `add_schedule_options` names them, for its messages."""
+
+
 def schedule_from(args: argparse.Namespace, default_trigger: str = "periodic") -> Schedule:
-    """The checked Schedule from `add_schedule_options`' arguments."""
+    """The checked Schedule from `add_schedule_options`' arguments (errors name the flags)."""
     trigger = args.trigger or default_trigger
     if args.threshold is not None and trigger != "threshold":
         raise EplbError(f"--threshold is used by --trigger threshold only; this run's trigger is {trigger}"
@@ -248,7 +256,7 @@ def schedule_from(args: argparse.Namespace, default_trigger: str = "periodic") -
     threshold = Schedule().threshold if args.threshold is None else args.threshold
     schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma, trigger,
                         threshold, args.robust_windows)  # fmt: skip
-    schedule.check()
+    schedule.check(SCHEDULE_FLAGS)
     return schedule
 
 
@@ -406,6 +414,8 @@ def run_replay(args: argparse.Namespace) -> int:
     cost = cost_setup(args, model)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
+    if args.oracle_every < 0:
+        raise EplbError(f"--oracle-every must be >= 0 (0 skips the oracle), got {args.oracle_every}")
     schedule = schedule_from(args, "cost" if cost is not None else "periodic")
     if schedule.trigger == "cost" and cost is None:
         raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,29 +41,35 @@ class Schedule:
     threshold: float = 1.1
     robust_windows: int | None = None
 
-    def check(self) -> None:
-        """Raise EplbError on an impossible schedule."""
+    def check(self, names: Mapping[str, str] | None = None) -> None:
+        """Raise EplbError on an impossible schedule, naming each field as `names` does (the CLI: its flags;
+        default: the field names)."""
+
+        def n(field: str) -> str:
+            return field if names is None else names.get(field, field)
+
         for name in ("window", "interval"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise EplbError(f"{name} must be a whole number of steps >= 1, got {v!r}")
+                raise EplbError(f"{n(name)} must be a whole number of steps >= 1, got {v!r}")
         if self.first is not None and (not isinstance(self.first, int) or self.first < 1):
-            raise EplbError(f"the first rebalance needs at least one step before it: got position {self.first!r}")
+            raise EplbError(f"{n('first')} must be >= 1 (the first rebalance needs at least one step before it), "
+                            f"got {self.first!r}")
         if not isinstance(self.delay, int) or self.delay < 0:
-            raise EplbError(f"delay must be a whole number of steps >= 0, got {self.delay!r}")
+            raise EplbError(f"{n('delay')} must be a whole number of steps >= 0, got {self.delay!r}")
         if self.delay >= self.interval:
-            raise EplbError(
-                f"delay ({self.delay}) must be shorter than the interval ({self.interval}): a placement must "
-                "serve before the next rebalance"
-            )
+            fix = f"{n('delay')} 0" if self.interval == 1 else f"{n('delay')} 0 .. {self.interval - 1}"
+            raise EplbError(f"{n('delay')} ({self.delay}) must be shorter than {n('interval')} ({self.interval}): a "
+                            f"placement must serve before the next rebalance; give {fix}")
         if self.ewma is not None and not (0 < self.ewma <= 1):
-            raise EplbError(f"EWMA alpha must be in (0, 1], got {self.ewma!r}")
+            raise EplbError(f"{n('ewma')} (EWMA alpha) must be in (0, 1], got {self.ewma!r}")
         if self.trigger not in TRIGGERS:
-            raise EplbError(f"trigger must be one of {', '.join(TRIGGERS)}, got {self.trigger!r}")
+            raise EplbError(f"{n('trigger')} must be one of {', '.join(TRIGGERS)}, got {self.trigger!r}")
         if not (math.isfinite(self.threshold) and self.threshold >= 1):
-            raise EplbError(f"the threshold is a realized lb >= 1, got {self.threshold!r}")
+            raise EplbError(f"{n('threshold')} is a realized lb >= 1, got {self.threshold!r}")
         if self.robust_windows is not None and not (2 <= self.robust_windows <= self.window):
-            raise EplbError(f"robust windows must be 2 .. the window ({self.window}), got {self.robust_windows!r}")
+            raise EplbError(f"{n('robust_windows')} must be 2 .. {n('window')} ({self.window}), "
+                            f"got {self.robust_windows!r}")
 
     @property
     def first_position(self) -> int:
