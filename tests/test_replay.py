@@ -717,3 +717,15 @@ def test_a_rebalance_the_log_ends_on_is_never_served_nor_charged() -> None:
     cut = replay(log[: long.rebalances[1].position + 2], cluster, **kwargs)
     assert [r.position for r in cut.rebalances] == [100] and cut.unserved is not None
     assert cut.summary["results"]["replay"]["migration_s"] == pytest.approx(served.charge_s, abs=1e-6)
+
+
+def test_replay_help_states_the_defaults_and_ranges(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run_cli(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the options' help
+    assert "periodic rebalancing" not in text and "vLLM's defaults" not in text
+    assert "--solver (default incremental" in text and "default: cost when a model is known" in text
+    for phrase in ("MILP time limit per layer and rebalance, seconds (default: 5, as eplb solve)",
+                   "ALPHA in (0, 1], 1: the last step alone (default: plain sum)", "K sub-windows, 2 .. --window",
+                   "the fraction of the link the copies take, in (0, 1)"):
+        assert phrase in text

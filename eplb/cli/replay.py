@@ -60,10 +60,13 @@ examples:
 formats: docs/formats.md ("Routing logs")."""
 
 REPLAY_DESCRIPTION = """\
-Replay a routing log with periodic rebalancing, as a cluster running EPLB would have served it.
-Every --interval steps the solver places experts from the --window steps before the rebalance
-(never the rebalance step or later: no lookahead); the new placement serves from the next step
-(--delay). Before the first placement applies, the cluster serves vLLM's initial placement.
+Replay a routing log with rebalancing, as a cluster running EPLB would have served it. Every
+--interval steps a check decides whether to rebalance (--trigger; default: cost when a model is
+known, moving only when the predicted time saved over the next interval pays for the weight copies,
+else periodic, every check); a rebalance places experts with --solver (default incremental: edits the
+serving placement with few copies) from the --window steps before it (never the check step or later:
+no lookahead). The new placement serves from the next step (--delay 1), or once its copies land.
+Before the first placement applies, the cluster serves vLLM's initial placement.
 
 Baselines on the same log and cluster: no EPLB (experts in id order, no redundancy), static (the
 first rebalance's placement kept), oracle (every step solved on its own counts by the greedy
@@ -75,7 +78,8 @@ per rebalance the moves (expert copies onto GPUs), bytes moved and solve time.""
 
 REPLAY_EPILOG = """\
 examples:
-  eplb replay log.npz                                  vLLM's defaults: window 1000, interval 3000
+  eplb replay log.npz                                  window 1000, interval 3000 (vLLM's); incremental
+                                                       solver, cost trigger with a model, --delay 1
   eplb replay log.npz --window 500 --interval 1000 --redundant 64 --out run1
   eplb replay log.jsonl --gpus 64 --ewma 0.01 --oracle-every 10 --json
   eplb replay log.npz --solver milp --time-limit 5 --memory-budget-gib 20 --model deepseek-v3
@@ -133,7 +137,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     r = subparsers.add_parser(
         "replay",
-        help="replay a routing log with periodic rebalancing",
+        help="replay a routing log with rebalancing",
         description=REPLAY_DESCRIPTION,
         epilog=REPLAY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -143,7 +147,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     default_solver = "incremental" if "incremental" in registry.names() else "greedy"
     r.add_argument("--solver", choices=registry.names(), default=default_solver,
                    help=f"placement solver at each rebalance (default {default_solver})")
-    r.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds")
+    r.add_argument("--time-limit", type=float, metavar="S",
+                   help="MILP time limit per layer and rebalance, seconds (default: 5, as eplb solve)")
     r.add_argument("--objective", choices=OBJECTIVES, default="lb",
                    help="lb: balance tokens; time: each rebalance also tries co-locating experts chosen together "
                    "in the window's tokens and keeps, per layer, the lowest predicted time (token-level logs; needs "
@@ -171,14 +176,15 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
     p.add_argument("--window", type=steps, default=d.window, metavar="W",
                    help=f"steps the solver sees (default {d.window})")
     p.add_argument("--interval", type=steps, default=d.interval, metavar="I",
-                   help=f"steps between rebalances (default {d.interval})")
+                   help=f"steps between checks (default {d.interval})")
     p.add_argument("--first-rebalance", type=steps, metavar="S",
                    help="step position of the first rebalance (default: the interval; vLLM's comes a "
                    "quarter interval in: 750 with --delay 0)")
     p.add_argument("--delay", type=steps, default=d.delay, metavar="D",
                    help="steps before a new placement serves (default 1: from the next step; 0: vLLM's timing)")
     p.add_argument("--ewma", type=float, metavar="ALPHA",
-                   help="weight the window: the step j steps before the rebalance counts (1 - ALPHA)^j")
+                   help="weight the window: the step j steps before the rebalance counts (1 - ALPHA)^j; ALPHA in "
+                   "(0, 1], 1: the last step alone (default: plain sum)")
     p.add_argument("--trigger", choices=TRIGGERS,
                    help="when a check rebalances: always (periodic), when the recent realized lb exceeds "
                    "--threshold, or when the predicted time saved over the next interval exceeds the migration "
@@ -187,8 +193,8 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
                    help=f"realized lb (mean over the window's steps and layers) above which --trigger threshold "
                    f"rebalances (default {d.threshold:g})")
     p.add_argument("--robust-windows", type=int_at_most(MAX_COUNT, "sub-windows"), metavar="K",
-                   help="cut the window into K sub-windows and refine the placement so its worst lb over them "
-                   "is lowest (solvers/robust.py; any solver)")
+                   help="cut the window into K sub-windows, 2 .. --window, and refine the placement so its worst lb "
+                   "over them is lowest (solvers/robust.py; any solver; default: none)")
 
 
 def add_migration_options(p: argparse._ActionsContainer) -> None:
@@ -202,7 +208,7 @@ def add_migration_options(p: argparse._ActionsContainer) -> None:
                    help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
                    "default) or stall serving until done (blocking)")
     p.add_argument("--migration-share", type=float, metavar="F",
-                   help=f"with overlap, the fraction of the link the copies take (default {d.link_share:g})")
+                   help=f"with overlap, the fraction of the link the copies take, in (0, 1) (default {d.link_share:g})")
     p.add_argument("--migration-stall-ms", type=float, metavar="MS",
                    help="serving stops this long at every rebalance that copies anything, besides the copies: "
                    "host-side planning, building the transfer ops, synchronizing the ranks (default 0; "
