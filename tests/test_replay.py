@@ -727,5 +727,22 @@ def test_replay_help_states_the_defaults_and_ranges(capsys: pytest.CaptureFixtur
     assert "--solver (default incremental" in text and "default: cost when a model is known" in text
     for phrase in ("MILP time limit per layer and rebalance, seconds (default: 5, as eplb solve)",
                    "ALPHA in (0, 1], 1: the last step alone (default: plain sum)", "K sub-windows, 2 .. --window",
-                   "the fraction of the link the copies take, in (0, 1)"):
+                   "the fraction of the link the copies take, in (0, 1)", "(default: the all-to-all link, --link;"):
         assert phrase in text
+
+
+def test_weight_copies_take_the_all_to_all_link_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As the Python API and deployments: --link nic prices copies over the NIC, not NVLink; a two-link --link keeps
+    both links; --migration-link still overrides."""
+    log = tmp_path / "log.npz"
+    write_counts(log, synth_log(SynthConfig(steps=12, layers=2, experts=256, tokens=2048)), model="deepseek-v3",
+                 top_k=8)  # fmt: skip
+    hw = HARDWARE_PRESETS["b200"]
+    base = [str(log), "--window", "4", "--interval", "5", "--oracle-every", "0", "--json", "--gpus-per-node", "8"]
+    for extra, link, between in ((["--link", "nic"], hw.nic_bandwidth, None),
+                                 ([], hw.nvlink_bandwidth, None),
+                                 (["--link", "nvlink+nic"], hw.nvlink_bandwidth, hw.nic_bandwidth),
+                                 (["--link", "nic", "--migration-link", "nvlink"], hw.nvlink_bandwidth, None)):
+        assert run_cli(["replay", *base, *extra]) == 0
+        migration = json.loads(capsys.readouterr().out)["migration"]
+        assert (migration["link_bandwidth"], migration["inter_node_bandwidth"]) == (link, between), extra

@@ -202,8 +202,9 @@ def add_migration_options(p: argparse._ActionsContainer) -> None:
     `migration_from`)."""
     d = MigrationSpec(1.0)
     p.add_argument("--migration-link", metavar="nvlink|nic|pcie|GBPS",
-                   help="the one link every expert copy takes, per GPU and direction (default nvlink; with a '+' "
-                   "--link, its two links: copies from another node take the one between nodes); needs the model")
+                   help="the one link every expert copy takes, per GPU and direction (default: the all-to-all link, "
+                   "--link; with a '+' --link, its two links: copies from another node take the one between nodes); "
+                   "needs the model")
     p.add_argument("--migration", choices=("overlap", "blocking"),
                    help="copies run while serving, taking --migration-share of the link (overlap, vLLM's way; "
                    "default) or stall serving until done (blocking)")
@@ -233,8 +234,8 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
     elif cost.inter_node_bw is not None:  # two links: copies from another node take the one between nodes
         TimeModel.check_nodes(args.gpus, args.gpus_per_node)
         link_bw, between = cost.link_bw, cost.inter_node_bw
-    else:
-        link_bw = cost.hardware.nvlink_bandwidth
+    else:  # the all-to-all link, as the Python API and deployments price copies
+        link_bw = cost.link_bw
     share = MigrationSpec(1.0).link_share if args.migration_share is None else args.migration_share
     if not 0 < share < 1:
         raise EplbError(f"--migration-share is the fraction of the link the copies take, in (0, 1), got {share:g}")
