@@ -323,8 +323,6 @@ def test_a_log_model_that_is_no_preset_is_named() -> None:
     assert "; give --model NAME or FILE" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="eplb/cli/solve.py model_for still falls back to the preset matched by expert "
-                   "count; it should call eplb.specs.named_model for a log's model (outside eplb/io)")  # fmt: skip
 def test_replay_refuses_a_log_model_that_is_no_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from eplb.cli import main
 

@@ -20,7 +20,15 @@ from eplb.io.files import output_file
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve, solver_name
-from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links, load_hardware, load_model
+from eplb.specs import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    ModelSpec,
+    all_to_all_links,
+    load_hardware,
+    load_model,
+    named_model,
+)
 from solvers import registry
 from solvers.registry import Options
 
@@ -231,13 +239,12 @@ def float_list(text: str) -> list[float]:
 
 
 def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec | None:
-    """The model for memory and time: --model; else, for a routing log, the preset its header names;
-    else the preset with the data's expert and layer count (None when there is none)."""
-    named = data.model.strip().lower() if not isinstance(data, LoadWindow) and data.model else None
+    """The model for memory and time: --model; else, for a routing log, the preset its header names (an
+    EplbError when it names none); else the preset with the data's expert and layer count (None when none)."""
     if args.model:
         model = load_model(args.model)
-    elif named in MODEL_PRESETS:
-        model = MODEL_PRESETS[named]
+    elif not isinstance(data, LoadWindow) and data.model and data.model.strip():
+        model = named_model(data.model, str(data.path))  # a model no preset has is an error, not a guess
     else:
         return infer_model(data.num_experts, data.num_layers)
     if model.num_experts != data.num_experts:
