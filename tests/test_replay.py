@@ -296,7 +296,7 @@ def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.Cap
     with (out / "rebalances.csv").open() as f:
         rebalances = list(csv.DictReader(f))
     assert [r["step"] for r in rebalances] == ["30", "60"] and list(rebalances[0]) == [
-        "step", "moves", "bytes_moved", "transfer_s", "charge_s", "solve_ms"
+        "step", "moves", "bytes_moved", "transfer_s", "charge_s", "solve_ms", "served"
     ]  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schedule"]["window"] == 20 and summary["cluster"]["redundant"] == 8
@@ -313,8 +313,8 @@ def test_replay_with_a_model_reports_time_and_bytes(tmp_path: Path, capsys: pyte
                     "--trigger", "periodic"]) == 0  # fmt: skip
     summary = json.loads(capsys.readouterr().out)
     assert summary["cost"]["model"] == "deepseek-v3"
-    rb = summary["rebalances"]["never_served"]  # 12 steps: the copies of the check at 5 land after the log
-    assert summary["rebalances"]["list"] == [] and rb["applies_from"] > 12 and rb["charge_s"] == 0
+    rb = summary["rebalances"]["list"][0]  # 12 steps: the copies of the check at 5 land after the log
+    assert not rb["served"] and rb["applies_from"] > 12 and rb["charge_s"] == 0
     assert rb["bytes_moved"] == rb["moves"] * MODEL_PRESETS["deepseek-v3"].expert_bytes
     assert summary["results"]["replay"]["step_time_us"] > 0
 
@@ -695,27 +695,29 @@ def test_a_sampled_oracles_total_time_is_scaled_to_all_steps() -> None:
 
 
 def test_a_rebalance_the_log_ends_on_is_never_served_nor_charged() -> None:
-    """The copies of the check at 100 land after a 103-step log's end: no rebalance served, nothing charged,
-    static stays vLLM's initial placement; in a longer log the same rebalance serves and is charged."""
+    """The copies of the check at 100 land after a 103-step log's end: the rebalance is marked never served and
+    charged nothing, static stays vLLM's initial placement; in a longer log the same rebalance serves and is
+    charged."""
     log = two_regimes(300, shift=150, layers=2)
     cluster, cost = Cluster(np.full(8, 5)), small_cost(32)
     sched = Schedule(window=100, interval=100, trigger="periodic")
     kwargs = {"schedule": sched, "cost": cost, "oracle_every": 0, "hindsight": False, "collect": True}
     long = replay(log, cluster, **kwargs)
     served = long.rebalances[0]
-    assert served.charge_s is not None and served.charge_s > 0 and served.applies_from > 103
+    assert served.served and served.charge_s is not None and served.charge_s > 0 and served.applies_from > 103
     short = replay(log[:103], cluster, **kwargs)
-    assert short.rebalances == [] and short.unserved is not None and short.static is None
-    assert (short.unserved.position, short.unserved.moves) == (100, served.moves) and short.unserved.charge_s == 0
+    [never] = short.rebalances
+    assert (never.position, never.moves, never.served, never.charge_s) == (100, served.moves, False, 0)
+    assert short.static is None and short.checks[0]["served"] is False
     summary = short.summary
-    assert summary["rebalances"]["count"] == 0 and summary["rebalances"]["never_served"]["applies_from"] > 103
+    assert summary["rebalances"]["list"][0]["served"] is False
     assert summary["results"]["replay"]["migration_s"] == summary["results"]["static"]["migration_s"] == 0
-    assert short.checks[0]["served"] is False
     st = short.steps
     assert st is not None and np.array_equal(st.lb, st.static_lb)
-    # the second check of the long log is served; cut the log before its copies land: only the first is charged
+    assert "the one at step 100 never served: the log ended while its" in cli_replay.format_summary(short)
+    # cut the long log before the second rebalance's copies land: only the first is charged
     cut = replay(log[: long.rebalances[1].position + 2], cluster, **kwargs)
-    assert [r.position for r in cut.rebalances] == [100] and cut.unserved is not None
+    assert [(r.position, r.served) for r in cut.rebalances] == [(100, True), (200, False)]
     assert cut.summary["results"]["replay"]["migration_s"] == pytest.approx(served.charge_s, abs=1e-6)
 
 

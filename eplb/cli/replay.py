@@ -85,7 +85,7 @@ examples:
   eplb replay log.npz --solver milp --time-limit 5 --memory-budget-gib 20 --model deepseek-v3
 
 --out DIR writes steps.csv (step, layer, lb, oracle_lb, static_lb, no_eplb_lb, hindsight_lb, time_us),
-rebalances.csv (step, moves, bytes_moved, transfer_s, charge_s, solve_ms) and summary.json.
+rebalances.csv (step, moves, bytes_moved, transfer_s, charge_s, solve_ms, served) and summary.json.
 Details: docs/replay.md."""
 
 
@@ -458,12 +458,12 @@ def run_replay(args: argparse.Namespace) -> int:
         raise EplbError(f"{args.log}: no step has tokens (every count is 0): there is no lb or time to report")
     if out is not None:
         with (out / "rebalances.csv").open("w") as f:
-            f.write("step,moves,bytes_moved,transfer_s,charge_s,solve_ms\n")
+            f.write("step,moves,bytes_moved,transfer_s,charge_s,solve_ms,served\n")
             for rb in result.rebalances:
                 moved = "" if rb.bytes_moved is None else f"{rb.bytes_moved:.0f}"
                 transfer = "" if rb.transfer_s is None else f"{rb.transfer_s:.6f}"
                 charge = "" if rb.charge_s is None else f"{rb.charge_s:.6f}"
-                f.write(f"{rb.step},{rb.moves},{moved},{transfer},{charge},{rb.solve_ms:.3f}\n")
+                f.write(f"{rb.step},{rb.moves},{moved},{transfer},{charge},{rb.solve_ms:.3f},{int(rb.served)}\n")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     if args.json:
         json.dump(result.summary, sys.stdout)
@@ -500,13 +500,11 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
             f"({rb['slots_moved_fraction']:.1%} of the slots per rebalance); solve "
             f"{rb['solve_ms_mean']:,.1f} ms mean, {rb['solve_ms_max']:,.1f} ms max"
         )
-    elif not rb.get("never_served"):
+    else:
         lines.append(f"rebalances: none in {rb['checks']} checks (the trigger kept the placement)" if rb["checks"]
                      else f"rebalances: none (the log ends before step {result.schedule.first_position:,})")
-    never = rb.get("never_served")
-    if never:
-        lead = "            and" if rb["count"] else f"rebalances: none served in {rb['checks']} checks:"
-        lines.append(f"{lead} the one at step {never['step']:,} never served: the log ended while its "
+    for never in (r for r in rb["list"] if not r["served"]):
+        lines.append(f"            the one at step {never['step']:,} never served: the log ended while its "
                      f"{never['moves']:,} expert copies were in flight (not charged)")
     if s["cost"]:
         c = s["cost"]

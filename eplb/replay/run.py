@@ -10,8 +10,8 @@ Schedule (positions count logged steps from 0; docs/replay.md):
 - the placement it computes serves from position s + delay (default 1), or later when its weight
   copies overlap serving and take longer (steps of the last step with tokens' predicted time); no check
   runs while copies are in flight; a check whose window has no tokens keeps the placement;
-- a rebalance whose copies are still in flight when the log ends never serves: it is reported apart
-  (`ReplayResult.unserved`) and not charged (rebalances are charged when their placement starts serving);
+- a rebalance whose copies are still in flight when the log ends never serves: it is marked
+  (`Rebalance.served` False) and not charged (rebalances are charged when their placement starts serving);
 - before the first placement applies, the cluster serves vLLM's initial placement.
 
 Rows on the same log and cluster: no EPLB (experts in id order), static (the first rebalance's placement
@@ -76,7 +76,8 @@ class Rebalance:
     transfer_s: how long the copies take; charge_s: serving time charged for them; saving_s: the
     predicted time saved over the next interval (cost trigger); solve_ms: the solver's wall time
     (relabelling and, for the cost trigger, every budget tried); window_lb: [layers] lb the solver
-    reports on its own window; solver_info: the solver's report (`eplb.solve.Outcome.solver`)."""
+    reports on its own window; solver_info: the solver's report (`eplb.solve.Outcome.solver`); served: False
+    when the log ended while its copies were in flight (its placement never served; charge_s 0)."""
 
     position: int
     step: int
@@ -91,6 +92,7 @@ class Rebalance:
     transfer_s: float | None = None
     charge_s: float | None = None
     saving_s: float | None = None
+    served: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +107,7 @@ class Rebalance:
             "saving_s": self.saving_s,
             "solve_ms": self.solve_ms,
             "window_lb_mean": float(self.window_lb.mean()),
+            "served": self.served,
         }
 
 
@@ -149,9 +152,7 @@ class StepBlock:
 @dataclass
 class ReplayResult:
     """What a replay produced. summary: the JSON-ready summary (`summary.json`); steps: every
-    step's results when the replay was run with collect=True; checks: every check's decision; rebalances: those
-    whose placement served; unserved: the last rebalance when the log ended while its copies were in flight (its
-    placement never served; not charged, charge_s 0)."""
+    step's results when the replay was run with collect=True; checks: every check's decision."""
 
     info: LogInfo
     cluster: Cluster
@@ -163,7 +164,6 @@ class ReplayResult:
     static: Placement | None
     steps: StepBlock | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
-    unserved: Rebalance | None = None
 
 
 ReachOf = Callable[[int, NDArray[np.int64]], NDArray[np.float64]]
@@ -346,7 +346,6 @@ class _Replay:
         self.static: Placement | None = None
         self.base = contiguous_placement(layers, experts, cluster.num_gpus)
         self.pending: tuple[int, Placement, float] | None = None  # (applies from, placement, its charge s)
-        self.unserved: Rebalance | None = None  # a rebalance whose copies were still in flight when the log ended
         self.hindsight: list[Placement] = []
         self.segment = 0
         self.evaluator = Evaluator(None if cost is None else time_model(cost, cluster.num_gpus, cluster.gpus_per_node))
@@ -435,9 +434,9 @@ class _Replay:
             t_read = time.perf_counter()
         if done == 0:
             raise EplbError(f"{self.info.path}: the log has no steps")
-        if self.pending is not None:  # the log ended before its placement served: reported apart, not charged
-            last = self.rebalances.pop()
-            self.unserved = replace(last, charge_s=None if last.charge_s is None else 0.0)
+        if self.pending is not None:  # the log ended while its copies were in flight: never served, not charged
+            last = self.rebalances[-1]
+            self.rebalances[-1] = replace(last, served=False, charge_s=None if last.charge_s is None else 0.0)
             for c in self.checks:
                 if c["position"] == last.position:
                     c["served"] = False
@@ -733,7 +732,6 @@ class _Replay:
             static=self.static,
             steps=StepBlock.concat(blocks) if blocks else None,
             checks=self.checks,
-            unserved=self.unserved,
         )
 
     def summary(self, steps: int, wall: float, oracle_every: int) -> dict[str, Any]:
@@ -789,7 +787,6 @@ class _Replay:
                 "solve_ms_mean": round(float(np.mean([r.solve_ms for r in rbs])), 3) if rbs else None,
                 "solve_ms_max": round(max(r.solve_ms for r in rbs), 3) if rbs else None,
                 "list": [r.to_dict() for r in rbs],
-                "never_served": None if self.unserved is None else self.unserved.to_dict(),
             },
             "timing": {
                 "wall_s": round(wall, 3),
