@@ -49,7 +49,7 @@ def ray_cluster() -> Iterator[RayExecutor]:
 def log_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     counts = synth_log(SynthConfig(steps=240, layers=6, experts=32, top_k=4, tokens=256, seed=5))
     path = tmp_path_factory.mktemp("logs") / "log.npz"
-    write_counts(path, counts, model="test", top_k=4)
+    write_counts(path, counts, top_k=4)
     return path
 
 
@@ -95,7 +95,7 @@ def test_replay_split_by_layers_equals_one_replay(
     path = log_path
     if kind == "parquet":
         path = tmp_path / "log.parquet"
-        write_parquet(path, open_log(log_path).iter_counts(), model="test", top_k=4, shard_steps=100)
+        write_parquet(path, open_log(log_path).iter_counts(), top_k=4, shard_steps=100)
     cluster = Cluster(spread_evenly(40, 8))
     schedule = Schedule(window=40, interval=60)
     whole = replay(open_log(path), cluster, schedule=schedule, solver="greedy", oracle_every=4, collect=True)
