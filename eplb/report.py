@@ -249,18 +249,27 @@ class _StepBounds:
 
 
 class _LayerMeans:
-    """Per-layer sums of a replay's StepBlocks over positions >= start (and of lb over all steps)."""
+    """Per-layer sums of a replay's StepBlocks over positions >= start (and of lb over all steps). Values are
+    NaN where a step-layer has none (no tokens: no lb; no model: no time) and are left out of its mean."""
 
     NAMES = ("lb", "static_lb", "no_eplb_lb", "time_us", "static_time_us", "no_eplb_time_us")
 
     def __init__(self, start: int, layers: int) -> None:
         self.start = start
-        self.sums = {name: np.zeros(layers) for name in (*self.NAMES, "oracle_lb", "oracle_time_us", "lb_all")}
+        names = (*self.NAMES, "oracle_lb", "oracle_time_us", "lb_all")
+        self.sums = {name: np.zeros(layers) for name in names}
+        self.counts = {name: np.zeros(layers, dtype=np.int64) for name in names}
         self.steps = self.oracle_steps = self.all_steps = 0
         self.first_step: int | None = None
 
+    def _add(self, name: str, values: NDArray[np.float64]) -> None:
+        """Add values [n, L], leaving out NaN."""
+        known = ~np.isnan(values)
+        self.sums[name] += np.where(known, values, 0.0).sum(axis=0)
+        self.counts[name] += known.sum(axis=0)
+
     def __call__(self, block: StepBlock) -> None:
-        self.sums["lb_all"] += block.lb.sum(axis=0)
+        self._add("lb_all", block.lb)
         self.all_steps += block.num_steps
         keep = slice(max(0, self.start - block.start), None)
         if not block.steps[keep].size:
@@ -268,22 +277,21 @@ class _LayerMeans:
         if self.first_step is None:
             self.first_step = int(block.steps[keep][0])
         for name in self.NAMES:
-            self.sums[name] += getattr(block, name)[keep].sum(axis=0)
+            self._add(name, getattr(block, name)[keep])
         self.steps += int(block.steps[keep].size)
         solved = block.oracle_lb[keep]
-        picked = ~np.isnan(solved[:, 0])
-        self.sums["oracle_lb"] += solved[picked].sum(axis=0)
-        self.sums["oracle_time_us"] += block.oracle_time_us[keep][picked].sum(axis=0)
+        picked = ~np.isnan(solved).all(axis=1)  # the steps the oracle solved (a layer without tokens has no lb)
+        self._add("oracle_lb", solved[picked])
+        self._add("oracle_time_us", block.oracle_time_us[keep][picked])
         self.oracle_steps += int(picked.sum())
 
     def mean(self, name: str) -> list[float] | None:
-        """[L] mean over the kept steps (None when nothing to average: no steps, no oracle, no times)."""
-        steps = {"oracle_lb": self.oracle_steps, "oracle_time_us": self.oracle_steps, "lb_all": self.all_steps}
-        n = steps.get(name, self.steps)
-        values = self.sums[name]
-        if n == 0 or np.isnan(values).any():
+        """[L] mean over the kept steps that have a value (None when a layer has none: no steps, no oracle, no
+        times, or no tokens)."""
+        n = self.counts[name]
+        if not n.size or (n == 0).any():
             return None
-        out: list[float] = (values / n).tolist()
+        out: list[float] = (self.sums[name] / n).tolist()
         return out
 
 
@@ -396,7 +404,9 @@ def _log_run(
 ) -> Run:
     """A Run from one replay: `means` its own per-layer sums, `shared` the ones holding the oracle."""
     lb = means.mean("lb")
-    assert lb is not None
+    if lb is None:
+        raise EplbError("compare --log: some layer has no tokens in any step after the first rebalance, so it has "
+                        "no realized lb; use a longer log or an earlier --first-rebalance")
     layers = len(lb)
     infos = [rb.solver_info for rb in rebalances]
     layer_ms = [list(info.get("layer_ms", [info["wall_ms"] / layers] * layers)) for info in infos]

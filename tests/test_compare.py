@@ -14,7 +14,7 @@ import pytest
 
 from eplb.budget import spread_evenly
 from eplb.cli import main
-from eplb.io.logs import write_counts
+from eplb.io.logs import open_log, write_counts
 from eplb.io.windows import read_window
 from eplb.replay import Schedule, replay
 from eplb.solve import Cluster, CostSetup, solve
@@ -192,3 +192,33 @@ def test_log_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], log_repo
     with pytest.raises(SystemExit):
         main(["compare", "--log", log, "--loads", str(FIXTURE), "--out", str(tmp_path)])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_log_report_leaves_out_steps_without_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
+) -> None:
+    """Steps 45-49 of the log without tokens: they have no lb, so the report's per-layer lb is the mean over the
+    other served steps (it used to stop on an assertion); a log whose served steps are all empty is one error."""
+    _, log, model = log_report
+    counts = open_log(log).read_counts().counts.copy()
+    counts[45:50] = 0
+    holes = tmp_path / "holes.npz"
+    write_counts(holes, counts, top_k=2)
+    out = tmp_path / "report"
+    assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
+                 "--window", "10", "--interval", "20", "--oracle-every", "3", "--out", str(out)]) == 0  # fmt: skip
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    hw = HARDWARE_PRESETS["b200"]
+    cost = CostSetup(load_model(str(model)), hw, link_bandwidth(hw, "nvlink"), None, True)
+    direct = replay(open_log(holes), Cluster(np.full(4, 5)), schedule=LOG_SCHEDULE, solver="greedy", cost=cost,
+                    oracle_every=3, collect=True)  # fmt: skip
+    st = direct.steps
+    assert st is not None and np.isnan(st.lb[45:50]).all()
+    assert run["lb"] == pytest.approx(np.nanmean(st.lb[21:], axis=0), rel=1e-9)
+    assert run["replay"]["lb_all_steps"] == pytest.approx(np.nanmean(st.lb, axis=0), rel=1e-9)
+    counts[21:] = 0
+    write_counts(holes, counts, top_k=2)
+    capsys.readouterr()
+    assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
+                 "--window", "10", "--interval", "20", "--out", str(tmp_path / "empty")]) == 2  # fmt: skip
+    assert "no tokens in any step after the first rebalance" in capsys.readouterr().err
