@@ -211,6 +211,17 @@ def _backoff(delay: float) -> float:
     return min(delay * 1.5, 2.0)
 
 
+_Http = TypeVar("_Http", httpx.Client, httpx.AsyncClient)
+
+
+def _open(factory: Callable[..., _Http], base_url: str, api_key: str | None, timeout: float, transport: Any) -> _Http:
+    """An httpx client (sync or async) for the service; a URL httpx cannot use is `Unreachable`."""
+    try:
+        return factory(base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport)
+    except httpx.InvalidURL as exc:
+        raise _unreachable(base_url, exc) from None
+
+
 class Client:
     """Synchronous client. base_url: e.g. http://127.0.0.1:8000; api_key: the service's EPLB_API_KEY;
     timeout: seconds per HTTP request (a synchronous MILP answer takes its time budget)."""
@@ -218,11 +229,7 @@ class Client:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
         self._url = base_url.rstrip("/")
-        try:
-            self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout,
-                                      transport=transport)
-        except httpx.InvalidURL as exc:
-            raise _unreachable(base_url, exc) from None
+        self._http = _open(httpx.Client, base_url, api_key, timeout, transport)
 
     def __enter__(self) -> Client:
         return self
@@ -315,11 +322,7 @@ class AsyncClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._url = base_url.rstrip("/")
-        try:
-            self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout,
-                                           transport=transport)
-        except httpx.InvalidURL as exc:
-            raise _unreachable(base_url, exc) from None
+        self._http = _open(httpx.AsyncClient, base_url, api_key, timeout, transport)
 
     async def __aenter__(self) -> AsyncClient:
         return self
