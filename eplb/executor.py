@@ -322,8 +322,7 @@ def _replay_part(part: _Part, report: Report) -> _PartResult:
     blocks: list[StepBlock] = []
 
     def on_steps(block: StepBlock) -> None:
-        for name in BASELINES:
-            stats[name].add(*block.row(name))
+        block.add_to(stats)
         if part.stream is not None:
             part.stream(block)
         elif part.blocks:
@@ -396,11 +395,11 @@ def _merged_blocks(parts: list[_PartResult]) -> Iterator[StepBlock]:
     if len(parts) == 1:
         yield from parts[0].blocks
         return
-    names = [n for n in StepBlock.__dataclass_fields__ if n not in ("start", "steps")]
+    names = [n for n in StepBlock.__dataclass_fields__ if n not in ("start", "steps", "oracle_sampled")]
     for group in zip(*(p.blocks for p in parts), strict=True):
         first = group[0]
         arrays = {n: np.concatenate([getattr(b, n) for b in group], axis=1) for n in names}
-        yield StepBlock(first.start, first.steps, **arrays)
+        yield StepBlock(first.start, first.steps, oracle_sampled=first.oracle_sampled, **arrays)
 
 
 def _merge_stats(parts: list[RowStats]) -> RowStats:

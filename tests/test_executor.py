@@ -213,3 +213,22 @@ def test_cli_replay_with_ray_starts_a_local_ray(
     local = json.loads(capsys.readouterr().out)
     assert remote["timing"]["parts"] >= 2  # split by layers over the local Ray's CPUs
     assert _untimed(remote) == _untimed(local)
+
+
+def test_layer_ranges_with_idle_layers_merge_to_the_whole_replay() -> None:
+    """Layers 0-1 idle in the first check's window, layers 2-3 in the last one's: each layer range replayed apart
+    sees other empty steps, yet merged the rebalances, steps and lb equal the replay of all layers."""
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 50, size=(120, 4, 16)).astype(np.int64)
+    counts[:30, :2] = 0
+    counts[70:90, 2:] = 0
+    cluster = Cluster(np.full(4, 5))
+    schedule = Schedule(window=20, interval=30)
+    whole = replay(counts, cluster, schedule=schedule, oracle_every=2)
+    merged = replay_logs(LocalExecutor(), [counts], cluster, schedule=schedule, parts=2, oracle_every=2)[0]
+    assert [(r.position, r.moves_per_layer.tolist()) for r in merged.rebalances] == [
+        (r.position, r.moves_per_layer.tolist()) for r in whole.rebalances]
+    for name in ("replay", "no_eplb", "oracle"):
+        a, b = whole.summary["results"][name], merged.summary["results"][name]
+        assert a["steps"] == b["steps"] and a["lb_mean"] == pytest.approx(b["lb_mean"], abs=1e-6)
+    assert whole.summary["results"]["replay"]["steps"] == 120

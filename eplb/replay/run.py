@@ -116,7 +116,8 @@ class StepBlock:
     """Per step and layer results for consecutive steps. start: position of the first step;
     steps: [n] step ids; lb, static_lb, no_eplb_lb, hindsight_lb, oracle_lb: [n, layers] realized lb
     (NaN where not evaluated or the layer has no tokens that step); time_us: [n, layers] the replay's predicted
-    layer time (NaN without a cost model); *_time_us of the other rows likewise."""
+    layer time (NaN without a cost model); *_time_us of the other rows likewise; oracle_sampled: [n] the steps the
+    oracle solved (its rows' statistics cover only those)."""
 
     start: int
     steps: NDArray[np.int64]
@@ -130,6 +131,7 @@ class StepBlock:
     no_eplb_time_us: NDArray[np.float64]
     hindsight_time_us: NDArray[np.float64]
     oracle_time_us: NDArray[np.float64]
+    oracle_sampled: NDArray[np.bool_]
 
     @property
     def num_steps(self) -> int:
@@ -141,6 +143,11 @@ class StepBlock:
         lb: NDArray[np.float64] = getattr(self, f"{prefix}lb")
         t: NDArray[np.float64] = getattr(self, f"{prefix}time_us")
         return lb, t
+
+    def add_to(self, stats: dict[str, RowStats]) -> None:
+        """Add every row's lb and time to its statistics (the oracle's sampled steps only)."""
+        for name in BASELINES:
+            stats[name].add(*self.row(name), rows=self.oracle_sampled if name == "oracle" else None)
 
     @staticmethod
     def concat(blocks: list[StepBlock]) -> StepBlock:
@@ -473,8 +480,10 @@ class _Replay:
         self.timing["evaluation_s"] += time.perf_counter() - t0
         nan = np.full((n, layers), np.nan)
         o_lb, o_time = nan, nan
+        sampled = np.zeros(n, dtype=np.bool_)  # the steps the oracle solves
         if oracle_every:
             picked = np.arange((-pos) % oracle_every, n, oracle_every)
+            sampled[picked] = True
             if picked.size:
                 t0 = time.perf_counter()
                 o_lb, o_time = nan.copy(), nan.copy()
@@ -495,9 +504,9 @@ class _Replay:
             no_eplb_time_us=times[2],
             hindsight_time_us=times[3] if has_h else nan,
             oracle_time_us=o_time,
+            oracle_sampled=sampled,
         )
-        for name in BASELINES:
-            self.stats[name].add(*block.row(name))
+        block.add_to(self.stats)
         if self.tokens is not None:
             self.count_copies(pos, stop)
         busy = np.flatnonzero(~np.isnan(lb[0]).all(axis=1))  # the steps with tokens
@@ -583,7 +592,7 @@ class _Replay:
                 self.checks.append({"position": pos, "decision": "keep", "recent_lb": recent})
                 return
         loads, weight = self.window.loads(lo, pos, sched.ewma)
-        if not loads.any():
+        if self.cost is not None and not loads.any():  # with a model: a move's copies are timed by a busy step's
             self.checks.append({"position": pos, "decision": "keep", "reason": "the window has no tokens"})
             return
         scenarios = None

@@ -32,20 +32,21 @@ class RowStats:
     has_time: bool = True
     migration_s: float = 0.0
 
-    def add(self, lb: NDArray[np.float64], time_us: NDArray[np.float64]) -> None:
-        """lb, time_us: [n, L] of n steps. NaN lb: a layer without tokens that step (no lb; its time counts);
-        a step with NaN lb in every layer (no tokens, or the sampled oracle's other steps) is skipped."""
-        missing = np.isnan(lb)
-        keep = ~missing.all(axis=1)
-        lb, time_us, missing = lb[keep], time_us[keep], missing[keep]
-        if not lb.size:
+    def add(self, lb: NDArray[np.float64], time_us: NDArray[np.float64], rows: NDArray[np.bool_] | None = None) -> None:
+        """lb, time_us: [n, L] of n steps; rows: [n] the steps that belong to the row (None: all; the sampled
+        oracle passes its sampled steps). NaN lb: a layer without tokens that step, which has no lb and is left
+        out of the lb statistics; the step still counts, and so does its time."""
+        if rows is not None:
+            lb, time_us = lb[rows], time_us[rows]
+        if not lb.shape[0]:
             return
-        values = lb[~missing] if missing.any() else lb
-        self.count += values.size
-        self.lb_sum += float(values.sum())
-        self.lb_max = max(self.lb_max, float(values.max()))
-        idx = np.minimum(((values - 1.0) / _HIST_WIDTH).astype(np.int64), _HIST_BINS)
-        self.hist += np.bincount(np.maximum(idx, 0).ravel(), minlength=_HIST_BINS + 1)
+        values = lb[~np.isnan(lb)]
+        if values.size:
+            self.count += values.size
+            self.lb_sum += float(values.sum())
+            self.lb_max = max(self.lb_max, float(values.max()))
+            idx = np.minimum(((values - 1.0) / _HIST_WIDTH).astype(np.int64), _HIST_BINS)
+            self.hist += np.bincount(np.maximum(idx, 0).ravel(), minlength=_HIST_BINS + 1)
         self.steps += lb.shape[0]
         if np.isnan(time_us).any():
             self.has_time = False
