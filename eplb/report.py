@@ -226,13 +226,21 @@ class _LogView(RoutingLog):
 
 class _StepBounds:
     """Sum over steps from position `start` on of each step's lower bound on lb, per layer: the
-    bound of `solvers.bounds.lower_bound` on that step's counts over its mean GPU load (1 for a
-    step without tokens). Uniform shares and weighted shares (valid for any placement) apart."""
+    bound of `solvers.bounds.lower_bound` on that step's counts over its mean GPU load (a layer without
+    tokens that step has no lb and is left out, as in the lb means). Uniform shares and weighted shares
+    (valid for any placement) apart."""
 
     def __init__(self, slots: NDArray[np.int64], start: int, layers: int) -> None:
         self.slots, self.start = slots, start
         self.sums = {"uniform": np.zeros(layers), "weighted": np.zeros(layers)}
+        self.counts = np.zeros(layers, dtype=np.int64)  # step-layers with tokens
         self.steps = 0
+
+    def mean(self, split: str) -> list[float]:
+        """[L] the mean bound over the step-layers with tokens (1 for a layer that never has any)."""
+        out: list[float] = np.divide(self.sums[split], self.counts, out=np.ones(self.counts.size),
+                                     where=self.counts > 0).tolist()  # fmt: skip
+        return out
 
     def __call__(self, pos: int, counts: NDArray[Any]) -> None:
         keep = counts[max(0, self.start - pos) :]
@@ -243,8 +251,9 @@ class _StepBounds:
         mean = flat.sum(axis=1) / self.slots.size
         for split, total in self.sums.items():
             bound = lower_bound(flat, self.slots, split=split)  # type: ignore[arg-type]
-            lb = np.divide(bound, mean, out=np.ones_like(bound), where=mean > 0)
+            lb = np.divide(bound, mean, out=np.zeros_like(bound), where=mean > 0)
             total += lb.reshape(n, layers).sum(axis=0)
+        self.counts += (mean > 0).reshape(n, layers).sum(axis=0)
         self.steps += n
 
 
@@ -279,9 +288,8 @@ class _LayerMeans:
         for name in self.NAMES:
             self._add(name, getattr(block, name)[keep])
         self.steps += int(block.steps[keep].size)
-        solved = block.oracle_lb[keep]
-        picked = ~np.isnan(solved).all(axis=1)  # the steps the oracle solved (a layer without tokens has no lb)
-        self._add("oracle_lb", solved[picked])
+        picked = block.oracle_sampled[keep]
+        self._add("oracle_lb", block.oracle_lb[keep][picked])
         self._add("oracle_time_us", block.oracle_time_us[keep][picked])
         self.oracle_steps += int(picked.sum())
 
@@ -437,7 +445,7 @@ def _log_run(
         ep=ep,
         slots_per_gpu=slots.tolist(),
         lb=lb,
-        bound=(bounds.sums[split] / max(1, bounds.steps)).tolist(),
+        bound=bounds.mean(split),
         solve_ms=np.mean(layer_ms, axis=0).tolist(),
         status=status,
         gap=np.max([info["gap"] for info in infos], axis=0).tolist(),
