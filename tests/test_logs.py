@@ -323,7 +323,9 @@ def test_a_log_model_that_is_no_preset_is_named() -> None:
     assert "; give --model NAME or FILE" in str(info.value)
 
 
-def test_replay_refuses_a_log_model_that_is_no_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_says_when_a_log_model_is_no_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log naming a model no preset has (a typo, a Hugging Face name) is replayed with the preset of its shape, and
+    a note says so and how to choose; a log of a shape no preset has replays without times."""
     from eplb.cli import main
 
     path = tmp_path / "model_bad.npz"
@@ -331,5 +333,29 @@ def test_replay_refuses_a_log_model_that_is_no_preset(tmp_path: Path, capsys: py
     assert main(["replay", str(path), "--interval", "2", "--window", "2", "--no-progress", "--oracle-every", "0",
                  "--model", "deepseek-v3"]) == 0  # fmt: skip  # --model overrides the log's model
     capsys.readouterr()
-    assert main(["replay", str(path), "--interval", "2", "--window", "2", "--no-progress"]) == 2
-    assert "names model 'nonesuch', which is no preset" in capsys.readouterr().err
+    assert main(["replay", str(path), "--interval", "2", "--window", "2", "--no-progress", "--oracle-every", "0",
+                 "--json"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert "names model 'nonesuch', which is no preset" in out.err and "give --model NAME or FILE" in out.err
+    assert "using 'deepseek-v3', the preset with its 256 experts and 58 layers" in out.err
+    assert json.loads(out.out)["cost"]["model"] == "deepseek-v3"
+    small = tmp_path / "foo.npz"
+    np.savez(small, counts=np.random.default_rng(0).integers(0, 50, (4, 2, 16)), model="foo")
+    assert main(["replay", str(small), "--gpus", "4", "--interval", "2", "--window", "2", "--no-progress",
+                 "--json"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert "no preset matches its shape: no times and no bytes" in out.err and json.loads(out.out)["cost"] is None
+
+
+def test_float16_counts_are_checked_in_float64() -> None:
+    """1e15 is inf in float16: the limit is compared in float64, so inf is refused and valid float16 counts pass
+    without an overflow warning."""
+    import warnings
+
+    from eplb.io.logs import count_problem
+
+    infinite = np.array([[[np.inf, 1.0]]], dtype=np.float16)
+    assert count_problem(infinite) == ((0, 0, 0), "count is inf; counts must be finite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert count_problem(np.array([[[3.0, 1.0]]], dtype=np.float16)) is None

@@ -239,12 +239,20 @@ def float_list(text: str) -> list[float]:
 
 
 def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec | None:
-    """The model for memory and time: --model; else, for a routing log, the preset its header names (an
-    EplbError when it names none); else the preset with the data's expert and layer count (None when none)."""
+    """The model for memory and time: --model; else, for a routing log, the preset its header names; else
+    (with a note on stderr when the log names a model no preset has) the preset with the data's expert and layer
+    count (None when none)."""
     if args.model:
         model = load_model(args.model)
     elif not isinstance(data, LoadWindow) and data.model and data.model.strip():
-        model = named_model(data.model, str(data.path))  # a model no preset has is an error, not a guess
+        try:
+            model = named_model(data.model, str(data.path))
+        except EplbError as exc:  # e.g. a Hugging Face name: say so, then infer as for a log that names none
+            guess = infer_model(data.num_experts, data.num_layers)
+            then = (f"using {guess.name!r}, the preset with its {data.num_experts} experts and {data.num_layers} "
+                    "layers" if guess else "no preset matches its shape: no times and no bytes")
+            print(f"note: {exc}; {then}", file=sys.stderr)
+            return guess
     else:
         return infer_model(data.num_experts, data.num_layers)
     if model.num_experts != data.num_experts:

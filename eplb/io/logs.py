@@ -186,14 +186,15 @@ def count_problem(counts: NDArray[Any]) -> tuple[tuple[int, ...], str] | None:
     if not counts.size:
         return None
     kind = counts.dtype.kind
+    limit = np.float64(MAX_LOAD)  # a float64 scalar: float16 counts compare in float64 (MAX_LOAD is inf in float16)
     fits = kind in "iu" and np.iinfo(counts.dtype).max <= MAX_LOAD
-    if kind == "u" and (fits or counts.max() <= MAX_LOAD):
+    if kind == "u" and (fits or counts.max() <= limit):
         return None
-    if kind == "i" and counts.min() >= 0 and (fits or counts.max() <= MAX_LOAD):
+    if kind == "i" and counts.min() >= 0 and (fits or counts.max() <= limit):
         return None
-    if kind == "f" and counts.min() >= 0 and counts.max() <= MAX_LOAD and np.array_equal(np.floor(counts), counts):
+    if kind == "f" and counts.min() >= 0 and counts.max() <= limit and np.array_equal(np.floor(counts), counts):
         return None  # NaN fails the comparisons, inf the limit
-    bad = ~((counts >= 0) & (counts <= MAX_LOAD))
+    bad = ~((counts >= 0) & (counts <= limit))
     if kind == "f":
         bad |= np.floor(counts) != counts
     index = tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), counts.shape))
