@@ -28,6 +28,7 @@ the default (incremental, cost trigger) is below periodic greedy, static and no 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -90,8 +91,11 @@ def policies(milp_layers: int) -> list[tuple[str, dict[str, Any]]]:
 
 def run_policy(log: NDArray[Any], cost: CostSetup, window: int, interval: int, p: dict[str, Any],
                migration: MigrationSpec) -> dict[str, Any]:
+    """One policy's replay of `log` (its first p["layers"] layers when given); migration's fixed stall is for all
+    LAYERS and is scaled to the layers replayed."""
     layers = p.get("layers")
     counts = log[:, :layers] if layers else log
+    migration = dataclasses.replace(migration, fixed_stall_s=migration.fixed_stall_s * counts.shape[1] / LAYERS)
     sched = Schedule(window=window, interval=interval, trigger=p["trigger"], robust_windows=p.get("robust_windows"))
     t = time.perf_counter()
     res = replay(counts, Cluster(np.full(GPUS, SLOTS)), schedule=sched, solver=p["solver"], cost=cost,
@@ -209,13 +213,13 @@ def main() -> None:
     registry.register("vllm-style", "__main__:VllmStyle")
     hw = HARDWARE_PRESETS["b200"]
     cost = CostSetup(MODEL_PRESETS["deepseek-v3"], hw, hw.nvlink_bandwidth)
+    migration = MigrationSpec(hw.nvlink_bandwidth, overlap=args.migration == "overlap", hbm_bw=hw.hbm_bandwidth,
+                              fixed_stall_s=args.stall_ms / 1e3)  # for all LAYERS; run_policy scales it to a replay's
+    migration.check()
     everything: dict[int, dict[str, Any]] = {}
     for seed in range(args.seeds):
         everything[seed] = {}
         for name, log in logs_of(args.steps, args.layers, seed).items():
-            migration = MigrationSpec(hw.nvlink_bandwidth, overlap=args.migration == "overlap", hbm_bw=hw.hbm_bandwidth,
-                                      fixed_stall_s=args.stall_ms / 1e3 * log.shape[1] / LAYERS)
-            migration.check()
             rows: dict[str, Any] = {}
             for label, p in policies(args.milp_layers):
                 rows[label] = run_policy(log, cost, args.window, args.interval, p, migration)
