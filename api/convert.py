@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,8 +38,10 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     check_links,
     evaluate,
     infer_model,
+    least_stage_gib,
     solve,
     solver_name,
+    time_limited,
 )
 from eplb.specs import (
     HARDWARE_PRESETS,
@@ -400,16 +401,16 @@ def placement(value: PlacementIn, field: str, num_experts: int) -> Placement:
 def _check_budgets(req: PlacementRequest, name: str, model: ModelSpec | None, num_experts: int) -> None:
     """time_limit_s for a solver without a time limit, and a stage_gib that holds no expert copy: FieldError."""
     if req.time_limit_s is not None and "total_time_limit_s" not in registry.get_solver(name).options:
-        able = [n for n in registry.names() if "total_time_limit_s" in registry.get_solver(n).options]
+        able = time_limited("total_time_limit_s")
         raise FieldError("time_limit_s", f"solver {name!r} has no time limit: drop time_limit_s or choose a solver "
                          f"that has one ({', '.join(able)})")
     if req.stage_gib is None:
         return
     if model is None:
-        raise FieldError("stage_gib", f"needs a model: a stage is counted in expert copies (no preset has "
-                         f"{num_experts} experts)")
-    if req.stage_gib * 2**30 < model.expert_bytes:
-        least = math.ceil(model.expert_bytes / 2**30 * 1e4) / 1e4  # rounded up: the value shown is enough
+        raise FieldError("stage_gib", f"needs a model: a stage is counted in expert copies (no preset matches the "
+                         f"window's {num_experts} experts and layers)")
+    least = least_stage_gib(model, req.stage_gib)
+    if least is not None:
         raise FieldError("stage_gib", f"{req.stage_gib:g} GiB cannot hold one expert copy of {model.name}: give at "
                          f"least {least:g}")
 

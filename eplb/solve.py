@@ -6,6 +6,7 @@ or return `Outcome.to_dict()`, so the two always agree.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,19 @@ def infer_model(num_experts: int, num_layers: int) -> ModelSpec | None:
     if len(matches) > 1:
         matches = [m for m in matches if m.num_moe_layers == num_layers] or matches[:0]
     return matches[0] if len(matches) == 1 else None
+
+
+def time_limited(option: str = "time_limit_s") -> list[str]:
+    """The registered solvers that take the time limit `option` (time_limit_s per layer, total_time_limit_s)."""
+    return [n for n in registry.names() if option in registry.get_solver(n).options]
+
+
+def least_stage_gib(model: ModelSpec, stage_gib: float) -> float | None:
+    """None when a migration stage of `stage_gib` GiB holds one expert copy of `model` (a stage moves whole
+    copies); else the fewest GiB that do, rounded up to 1e-4 so the value shown is enough."""
+    if stage_gib * 2**30 >= model.expert_bytes:
+        return None
+    return math.ceil(model.expert_bytes / 2**30 * 1e4) / 1e4
 
 
 def check_links(cost: CostSetup | None, cluster: Cluster) -> None:

@@ -476,3 +476,14 @@ def test_a_log_without_tokens_is_refused_by_replay(tmp_path: Path, capsys: pytes
     write_counts(log, np.zeros((30, 2, 16), dtype=np.uint16))
     code, err = run(capsys, "replay", str(log), "--gpus", "4", "--interval", "10", "--window", "10", "--no-progress")
     assert code == 2 and f"{log}: no step has tokens (every count is 0): there is no lb or time to report" in err
+
+
+def test_replay_refuses_a_time_limit_its_solver_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "dsv3.npz"
+    assert main(["synth", "--out", str(log), "--steps", "4", "--tokens", "64"]) == 0
+    capsys.readouterr()
+    code, err = run(capsys, "replay", str(log), "--time-limit", "3", "--no-progress")
+    assert code == 2 and "solver 'incremental' does not take --time-limit (it has no time limit)" in err
+    assert "milp" in err

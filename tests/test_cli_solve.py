@@ -188,7 +188,7 @@ def test_stage_gib_without_a_model_names_the_flag(tmp_path: Path, capsys: pytest
     base = ["--loads", str(window), "--gpus", "2"]
     assert main(["solve", *base, "--out", str(tmp_path / "p.json")]) == 0
     err = _error(capsys, *base, "--current", str(tmp_path / "p.json"), "--stage-gib", "1")
-    assert "--stage-gib needs --model" in err and "no preset has 4 experts" in err
+    assert "--stage-gib needs --model" in err and "no preset matches the loads' 4 experts and layers" in err
 
 
 @pytest.mark.parametrize("argv, solver", [

@@ -32,7 +32,7 @@ from eplb.executor import add_executor_options, executor_from, replay_logs
 from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
-from eplb.solve import Cluster, CostSetup
+from eplb.solve import Cluster, CostSetup, time_limited
 from eplb.specs import link_bandwidth
 from eplb.synth import StatsAccumulator, SynthConfig, seed004_log, synth_counts, synth_topk
 from solvers import registry
@@ -421,6 +421,9 @@ def run_replay(args: argparse.Namespace) -> int:
     cost = cost_setup(args, model)
     if args.time_limit is not None and not args.time_limit > 0:
         raise EplbError("--time-limit must be > 0 seconds")
+    if args.time_limit is not None and args.solver not in time_limited():
+        raise EplbError(f"solver {args.solver!r} does not take --time-limit (it has no time limit): choose a solver "
+                        f"that does ({', '.join(time_limited())})")
     if args.oracle_every < 0:
         raise EplbError(f"--oracle-every must be >= 0 (0 skips the oracle), got {args.oracle_every}")
     schedule = schedule_from(args, "cost" if cost is not None else "periodic")

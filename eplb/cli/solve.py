@@ -19,7 +19,18 @@ from eplb.errors import EplbError
 from eplb.io.files import output_file
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
-from eplb.solve import DEFAULT_TOKENS_PER_GPU, Cluster, CostSetup, Outcome, evaluate, infer_model, solve, solver_name
+from eplb.solve import (
+    DEFAULT_TOKENS_PER_GPU,
+    Cluster,
+    CostSetup,
+    Outcome,
+    evaluate,
+    infer_model,
+    least_stage_gib,
+    solve,
+    solver_name,
+    time_limited,
+)
 from eplb.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -341,7 +352,7 @@ def _check_options(args: argparse.Namespace) -> None:
               "--total-time-limit": ("total_time_limit_s", args.total_time_limit)}
     refused = [flag for flag, (option, value) in limits.items() if value is not None and option not in takes]
     if refused:
-        able = [n for n in registry.names() if "time_limit_s" in registry.get_solver(n).options]
+        able = time_limited()
         raise EplbError(f"solver {name!r} does not take {', '.join(refused)} (it has no time limit): choose a solver "
                         f"that does ({', '.join(able)})")
 
@@ -351,10 +362,10 @@ def _check_stage(args: argparse.Namespace, model: ModelSpec | None, num_experts:
     if args.stage_gib is None:
         return
     if model is None:
-        raise EplbError(f"--stage-gib needs --model: a stage is counted in expert copies of the model (no preset has "
-                        f"{num_experts} experts)")
-    if args.stage_gib * GIB < model.expert_bytes:
-        least = math.ceil(model.expert_bytes / GIB * 1e4) / 1e4  # rounded up: the value shown is enough
+        raise EplbError(f"--stage-gib needs --model: a stage is counted in expert copies of the model (no preset "
+                        f"matches the loads' {num_experts} experts and layers)")
+    least = least_stage_gib(model, args.stage_gib)
+    if least is not None:
         raise EplbError(f"--stage-gib {args.stage_gib:g}: a stage must hold one expert copy of {model.name}, "
                         f"at least {least:g} GiB")
 
