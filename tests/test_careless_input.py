@@ -487,3 +487,14 @@ def test_replay_refuses_a_time_limit_its_solver_does_not_take(
     code, err = run(capsys, "replay", str(log), "--time-limit", "3", "--no-progress")
     assert code == 2 and "solver 'incremental' does not take --time-limit (it has no time limit)" in err
     assert "milp" in err
+
+
+def test_an_oracle_whose_sampled_steps_are_empty_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    counts = np.random.default_rng(0).integers(0, 50, (40, 2, 16))
+    counts[::2] = 0  # the oracle samples every second step: all of them empty
+    path = tmp_path / "odd.npz"
+    np.savez(path, counts=counts)
+    assert main(["replay", str(path), "--gpus", "4", "--interval", "10", "--window", "10", "--oracle-every", "2",
+                 "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "oracle (per step)" in out and "(its sampled steps have no tokens)" in out

@@ -522,8 +522,10 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
     lines.append(head)
     for name in BASELINES:
         r = s["results"][name]
-        if not r.get("steps"):
-            lines.append(f"  {_LABELS[name]:<26}{'(skipped)':>9}")
+        if not r.get("steps") or "lb_mean" not in r:
+            sampled = name == "oracle" and s["schedule"].get("oracle_every")
+            why = "(its sampled steps have no tokens)" if sampled else "(skipped)"
+            lines.append(f"  {_LABELS[name]:<26}{why:>9}")
             continue
         t, mig, total = r.get("step_time_us"), r.get("migration_s"), r.get("total_time_s")
         speed = r.get("speedup_vs_no_eplb")
