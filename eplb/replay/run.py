@@ -9,7 +9,7 @@ Schedule (positions count logged steps from 0; docs/replay.md):
   (optionally EWMA-weighted). Step s itself is never in its own window: no lookahead;
 - the placement it computes serves from position s + delay (default 1), or later when its weight
   copies overlap serving and take longer (steps of the last step with tokens' predicted time); no check
-  runs while copies are in flight; a check whose window has no tokens keeps the placement;
+  runs while copies are in flight; with a cost model, a check whose window has no tokens keeps the placement;
 - a rebalance whose copies are still in flight when the log ends never serves: it is marked
   (`Rebalance.served` False) and not charged (rebalances are charged when their placement starts serving);
 - before the first placement applies, the cluster serves vLLM's initial placement.
@@ -18,7 +18,7 @@ Rows on the same log and cluster: no EPLB (experts in id order), static (the fir
 kept), the replay, hindsight (each interval between checks served by greedy solved on that interval's
 own summed counts: the ceiling of any placement held over an interval) and the per-step oracle (greedy on
 every step's own counts). Per step and layer: realized lb (NaN where the layer has no tokens that step: no
-lb, left out of the statistics; a step without tokens is no step of the rows) and predicted layer time
+lb, left out of the lb statistics; the step still counts, with its time) and predicted layer time
 (`eplb.cost.TimeModel`); per rebalance: moves, bytes, transfer time, the time charged for it, solve time.
 Total simulated time = every step's MoE time + migration charges.
 """
@@ -374,7 +374,7 @@ class _Replay:
             raise EplbError(f"{self.info.path}: {what} the log's tokens (a token-level log with at most "
                             f"{TOKEN_LOG_MAX:,} picks): use a token-level log, cut it, or another solver")  # fmt: skip
         self.step_time_s = 0.0  # the replay's predicted time (MoE layers) of its last step with tokens, for
-        # transfer lengths (a check whose window has no tokens keeps, so a rebalance never sees 0)
+        # transfer lengths (with a model, a check whose window has no tokens keeps, so a rebalance never sees 0)
         self.window_span: tuple[int, int] | None = None  # the current check's window: positions lo .. hi - 1
         self.window_summary: CoactivationSummary | None = None  # its co-activation summary (time objective) ...
         self.summary_of: tuple[int, int] | None = None  # ... and the window it is of
