@@ -19,10 +19,11 @@ from eplb.cli import replay as cli_replay
 from eplb.cost import predict
 from eplb.errors import EplbError
 from eplb.evaluate import balance, contiguous_placement
-from eplb.io.logs import open_log, write_counts
+from eplb.io.logs import open_log, write_counts, write_jsonl
 from eplb.placement import Placement
 from eplb.progress import Progress
 from eplb.replay import Schedule, initial_placement, predict_time_us, replay
+from eplb.replay.schedule import Window
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.synth import SEED004_TABLE, SynthConfig, log_stats, synth_counts, synth_log, synth_topk
@@ -174,6 +175,52 @@ def test_memory_is_bounded_by_the_window_not_the_log() -> None:
 
     short, long = peak(600), peak(3000)
     assert long < 1.3 * short
+
+
+def test_a_header_overstating_the_steps_does_not_size_the_window(tmp_path: Path) -> None:
+    """The window buffer was sized from the log's stated step count: a JSONL header saying 200,000 steps (it
+    holds 100) with a window of 200,000 allocated 200,000 steps of counts (and lbs) up front; 10^9 with a huge
+    --window: OOM. It grows with the steps that arrive; the replay still ends naming the over-stated count
+    (in the hindsight pass when there is one, after the steps without)."""
+    counts = two_regimes(100, shift=50, layers=2, experts=16)
+    path = tmp_path / "over.jsonl"
+    write_jsonl(path, counts)
+    header, *records = path.read_text().splitlines(keepends=True)
+    # without hindsight the counts ring was the cost (200,000 x 2 x 16 int64: 51 MB); with it, the lbs
+    # allocated before the hindsight pass finds the file short (2,000,000 float64: 16 MB)
+    for said, hindsight in ((200_000, False), (2_000_000, True)):
+        path.write_text(json.dumps({**json.loads(header), "num_steps": said}) + "\n" + "".join(records))
+        tracemalloc.start()
+        try:
+            with pytest.raises(EplbError, match=f"truncated: the file says {said} steps but holds 100; step 100 is"):
+                replay(path, Cluster(np.full(4, 5)), schedule=Schedule(window=said, interval=40), oracle_every=0,
+                       hindsight=hindsight)  # fmt: skip
+            _, top = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert top < 8 * 2**20, (said, hindsight, top)
+
+
+def test_the_window_buffer_grows_with_the_steps_and_keeps_the_last_window() -> None:
+    """Window against a plain list of every step stored: the same window loads, steps and recent lb at every
+    size (shorter and longer than the log), and never more room than the steps stored (doubling) or `size`."""
+    rng = np.random.default_rng(3)
+    for size in (1, 7, 64, 300, 10**9):
+        window, stored, lbs, pos = Window(size), [], [], 0
+        for n in rng.integers(1, 90, size=12):
+            counts, lb = rng.integers(0, 50, size=(int(n), 2, 3)), rng.random(int(n))
+            window.store_counts(pos, counts)
+            window.store_lb(pos, lb)
+            stored.extend(counts)
+            lbs.extend(lb)
+            pos += int(n)
+            lo = max(0, pos - size)
+            np.testing.assert_array_equal(window.steps(lo, pos), np.asarray(stored[lo:pos]))
+            loads, weight = window.loads(lo, pos, None)
+            np.testing.assert_array_equal(loads, np.sum(stored[lo:pos], axis=0))
+            assert weight == pos - lo
+            assert window.recent_lb(lo, pos) == pytest.approx(float(np.mean(lbs[lo:pos])))
+            assert window.capacity <= min(size, 2 * pos)
 
 
 def test_schedule_and_input_errors() -> None:

@@ -698,7 +698,7 @@ class _Jsonl(RoutingLog):
         self._layers = self._first_step_layers()
         num_steps = _meta_int(header, "num_steps", str(path))
         self._step_limit: int | None = None
-        if num_steps is None:  # count: a replay sizes its window buffer by the steps a log holds
+        if num_steps is None:  # count: a progress bar's total; a file still growing is read up to it
             records = _nonblank_lines(path) - has_header
             num_steps = self._step_limit = -(-records // len(self._layers))
             self.steps_counted = True

@@ -356,8 +356,7 @@ class _Replay:
         self.hindsight: list[Placement] = []
         self.segment = 0
         self.evaluator = Evaluator(None if cost is None else time_model(cost, cluster.num_gpus, cluster.gpus_per_node))
-        steps = self.info.num_steps  # a window longer than the log holds the log: no bigger buffer
-        self.window = Window(sched.window if steps is None else max(1, min(sched.window, steps)))
+        self.window = Window(sched.window)  # grows as steps arrive: never more than the log holds
         self.stats = {name: RowStats() for name in BASELINES}
         self.rebalances: list[Rebalance] = []
         self.checks: list[dict[str, Any]] = []

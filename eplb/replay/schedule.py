@@ -103,13 +103,34 @@ class Schedule:
 
 
 class Window:
-    """Ring buffer of the last `size` steps' counts (memory: size x layers x E of the log's dtype), and
-    of each step's realized lb (mean over layers) for the threshold trigger."""
+    """Ring buffer of the last `size` steps' counts (memory: at most size x layers x E of the log's dtype), and
+    of each step's realized lb (mean over layers) for the threshold trigger. The buffer grows with the
+    positions stored (doubling, up to `size`), so a window longer than the log holds only the steps that
+    arrived, whatever the log's header says it holds. Positions p are kept at index p % capacity: while the
+    capacity is below `size`, every position stored is below it (index p), so growing copies in place."""
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.capacity = 0
         self.ring: NDArray[Any] | None = None
-        self.lb = np.full(size, np.nan)
+        self.lb = np.full(0, np.nan)
+
+    def _reserve(self, end: int) -> None:
+        """Room for positions up to end - 1: grow to at least `end` (doubling, at most `size`)."""
+        if end <= self.capacity or self.capacity == self.size:
+            return
+        old = self.capacity
+        self.capacity = min(self.size, max(end, 2 * old))
+        lb = np.full(self.capacity, np.nan)
+        lb[:old] = self.lb
+        self.lb = lb
+        if self.ring is not None:
+            ring = np.zeros((self.capacity, *self.ring.shape[1:]), dtype=self.ring.dtype)
+            ring[:old] = self.ring
+            self.ring = ring
+
+    def _index(self, lo: int, hi: int) -> NDArray[np.int64]:
+        return np.arange(lo, hi) % self.capacity
 
     def store_counts(self, start: int, counts: NDArray[Any]) -> None:
         """Counts [n, L, E] of positions start .. start + n - 1 (only the last `size` are kept)."""
@@ -117,15 +138,19 @@ class Window:
             start, counts = start + counts.shape[0] - self.size, counts[-self.size :]
         if not counts.shape[0]:
             return
+        self._reserve(start + counts.shape[0])
         if self.ring is None:
-            self.ring = np.zeros((self.size, *counts.shape[1:]), dtype=counts.dtype)
-        self.ring[np.arange(start, start + counts.shape[0]) % self.size] = counts
+            self.ring = np.zeros((self.capacity, *counts.shape[1:]), dtype=counts.dtype)
+        self.ring[self._index(start, start + counts.shape[0])] = counts
 
     def store_lb(self, start: int, lb: NDArray[np.float64]) -> None:
         """Realized lb [n] (mean over layers) of positions start .. start + n - 1."""
         if lb.size > self.size:
             start, lb = start + lb.size - self.size, lb[-self.size :]
-        self.lb[np.arange(start, start + lb.size) % self.size] = lb
+        if not lb.size:
+            return
+        self._reserve(start + lb.size)
+        self.lb[self._index(start, start + lb.size)] = lb
 
     def loads(self, lo: int, hi: int, ewma: float | None) -> tuple[NDArray[np.float64], float]:
         """(window loads [L, E] of positions lo .. hi - 1, total weight of its steps): plain or EWMA sum."""
@@ -134,7 +159,7 @@ class Window:
         weight = 0.0
         for a in range(lo, hi, 64):
             b = min(hi, a + 64)
-            block = self.ring[np.arange(a, b) % self.size]
+            block = self.ring[self._index(a, b)]
             if ewma is None:
                 out += block.sum(axis=0, dtype=np.float64)
                 weight += b - a
@@ -147,7 +172,7 @@ class Window:
     def steps(self, lo: int, hi: int) -> NDArray[Any]:
         """Stored counts of positions lo .. hi - 1, in order: [hi - lo, L, E]."""
         assert self.ring is not None
-        return self.ring[np.arange(lo, hi) % self.size]
+        return self.ring[self._index(lo, hi)]
 
     def scenarios(self, lo: int, hi: int, parts: int) -> NDArray[np.float64]:
         """The window lo .. hi - 1 cut into `parts` consecutive sub-windows: [parts, L, E] plain sums."""
@@ -158,6 +183,6 @@ class Window:
         """Mean realized lb of positions lo .. hi - 1 (NaN when none is stored)."""
         if hi <= lo:
             return math.nan
-        vals = self.lb[np.arange(lo, hi) % self.size]
+        vals = self.lb[self._index(lo, hi)]
         vals = vals[~np.isnan(vals)]
         return float(vals.mean()) if vals.size else math.nan
