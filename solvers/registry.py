@@ -15,6 +15,7 @@ import importlib
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -77,13 +78,16 @@ class Options:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """hierarchical: honours group-to-node locality; uneven_slots: GPUs may have different slot counts;
+    """hierarchical: honours group-to-node locality; hierarchical_with_current: honours it with a serving
+    placement given too (False: the hierarchical policy only without one, as the MILP, whose migration mode
+    does not keep groups within nodes); uneven_slots: GPUs may have different slot counts;
     current: uses the serving placement; requires_current: cannot run without it; shares: may return
     weighted shares; aligned: its output is already labelled to overlap the serving placement (no GPU
     relabelling afterwards); ep_beyond_experts: handles more GPUs than experts; coactivation: needs
     `Problem.coactivation`."""
 
     hierarchical: bool = False
+    hierarchical_with_current: bool = True
     uneven_slots: bool = True
     current: bool = False
     requires_current: bool = False
@@ -128,6 +132,8 @@ class SolverError(ValueError):
 
 EVERY_SOLVER = frozenset({"robust"})
 """Options every solver takes: the registry applies them after the solver (`solve`)."""
+BUDGET_OPTIONS = ("max_moves", "max_moves_per_layer", "target_lb")
+"""Options that bound the copies from the serving placement: they need it (`Problem.current_phy2log`)."""
 
 _TABLE: dict[str, str] = {}
 _LOADED: dict[str, type[Solver]] = {}
@@ -158,17 +164,46 @@ def get_solver(name: str) -> type[Solver]:
     return _LOADED[name]
 
 
-def check(name: str, problem: Problem, options: Options) -> type[Solver]:
-    """Refuse, in one place, every input or option the solver cannot honour. Returns the solver class."""
+def check_options(
+    name: str, options: Options, has_current: bool, names: Mapping[str, str] | None = None
+) -> type[Solver]:
+    """Refuse the options solver `name` does not take or cannot honour (a move budget without the serving
+    placement, values out of range). names: what the messages call each option (the CLI: its flags,
+    `eplb.cli.solve.OPTION_FLAGS`); by default the option names, which the API's JSON fields also use.
+    Returns the solver class."""
     cls = get_solver(name)
-    caps = cls.capabilities
+
+    def n(option: str) -> str:
+        return option if names is None else names.get(option, option)
+
     unsupported = [o for o in options.set_names() if o not in cls.options and o not in EVERY_SOLVER]
-    budget = [o for o in unsupported if o in ("max_moves", "max_moves_per_layer", "target_lb")]
-    if budget and problem.current_phy2log is None:
-        raise SolverError(f"{', '.join(budget)}: a move budget needs the serving placement (give the current one)")
+    budget = [o for o in unsupported if o in BUDGET_OPTIONS]
+    if budget and not has_current:
+        raise SolverError(f"{', '.join(map(n, budget))}: a move budget needs the serving placement (give the "
+                          "current one)")
     if unsupported:
-        takes = ", ".join(sorted(cls.options)) or "none"
-        raise SolverError(f"solver {name!r} does not take {', '.join(unsupported)} (it takes: {takes})")
+        takes = ", ".join(sorted(map(n, cls.options))) or "none"
+        raise SolverError(f"solver {name!r} does not take {', '.join(map(n, unsupported))} (it takes: {takes})")
+    for opt in ("time_limit_s", "total_time_limit_s"):
+        value = getattr(options, opt)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SolverError(f"{n(opt)} must be a positive number, got {value!r}")
+    if options.target_lb is not None and not (math.isfinite(options.target_lb) and options.target_lb >= 1):
+        raise SolverError(f"{n('target_lb')} must be >= 1 (lb = busiest GPU / mean GPU), got {options.target_lb!r}")
+    if options.max_lb_slack < 0 or not math.isfinite(options.max_lb_slack):
+        raise SolverError(f"{n('max_lb_slack')} must be >= 0, got {options.max_lb_slack!r}")
+    for opt in ("max_moves", "max_moves_per_layer"):
+        value = getattr(options, opt)
+        if value is not None and value < 0:
+            raise SolverError(f"{n(opt)} must be >= 0, got {value!r}")
+    return cls
+
+
+def check(name: str, problem: Problem, options: Options, names: Mapping[str, str] | None = None) -> type[Solver]:
+    """Refuse, in one place, every input or option the solver cannot honour (`check_options` first; `names`
+    as there). Returns the solver class."""
+    cls = check_options(name, options, problem.current_phy2log is not None, names)
+    caps = cls.capabilities
     loads, slots = problem.loads, problem.slots_per_gpu
     if loads.ndim != 2:
         raise SolverError(f"loads must be [layers, experts], got shape {loads.shape}")
@@ -191,6 +226,13 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
             f"solver {name!r} does not keep expert groups within nodes: drop --groups/--gpus-per-node "
             f"or choose one of {', '.join(n for n in _TABLE if get_solver(n).capabilities.hierarchical)}"
         )
+    if problem.hierarchical and problem.current_phy2log is not None and not caps.hierarchical_with_current:
+        both = [n for n in _TABLE if get_solver(n).capabilities.hierarchical
+                and get_solver(n).capabilities.hierarchical_with_current]
+        raise SolverError(
+            f"solver {name!r} keeps expert groups within nodes or minimizes copies from a current placement, not "
+            f"both ({', '.join(both)} do both)"
+        )
     if options.robust and (problem.scenarios is None or problem.scenarios.shape[1:] != loads.shape):
         raise SolverError("robust needs scenarios: [S, layers, experts] recent sub-windows of the loads")
     pairs = problem.coactivation
@@ -199,18 +241,6 @@ def check(name: str, problem: Problem, options: Options) -> type[Solver]:
                           "(eplb.solve fills them from the window's co-activation summary)")
     if caps.requires_current and problem.current_phy2log is None:
         raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
-    for opt in ("time_limit_s", "total_time_limit_s"):
-        value = getattr(options, opt)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise SolverError(f"{opt} must be a positive number, got {value!r}")
-    if options.target_lb is not None and not (math.isfinite(options.target_lb) and options.target_lb >= 1):
-        raise SolverError(f"target_lb must be >= 1 (lb = busiest GPU / mean GPU), got {options.target_lb!r}")
-    if options.max_lb_slack < 0 or not math.isfinite(options.max_lb_slack):
-        raise SolverError(f"max_lb_slack must be >= 0, got {options.max_lb_slack!r}")
-    for opt in ("max_moves", "max_moves_per_layer"):
-        value = getattr(options, opt)
-        if value is not None and value < 0:
-            raise SolverError(f"{opt} must be >= 0, got {value!r}")
     return cls
 
 

@@ -206,3 +206,40 @@ def test_time_limits_are_refused_for_solvers_without_one(
     assert "(it has no time limit)" in err
     err = _error(capsys, "--solver", "milp", "--time-limit", "inf")
     assert "--time-limit must be > 0 seconds and finite, got inf" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--solver", "greedy", "--max-moves", "5"], "solver 'greedy' does not take --max-moves (it takes: none)"),
+    (["--solver", "deepseek", "--max-lb-slack", "0.2"], "solver 'deepseek' does not take --max-lb-slack"),
+    (["--solver", "greedy", "--target-lb", "1.1", "--max-moves-per-layer", "2"],
+     "solver 'greedy' does not take --max-moves-per-layer, --target-lb (it takes: none)"),
+    (["--solver", "milp", "--max-moves", "5", "--time-limit", "1"],
+     "solver 'milp' does not take --max-moves (it takes: --max-lb-slack, --time-limit, --total-time-limit)"),
+    (["--target-lb", "0.5"], "--target-lb must be >= 1 (lb = busiest GPU / mean GPU), got 0.5"),
+    (["--max-moves", "-1"], "--max-moves must be >= 0, got -1"),
+])
+def test_options_a_solver_refuses_are_named_by_their_flags(
+    serving: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """The registry named the options (`max_lb_slack`), not the flags the user typed; `OPTION_FLAGS` is the one
+    mapping. The Python API (and the service's JSON fields) keep the option names. The MILP is refused before
+    it starts (its 'solving ...' line came first)."""
+    from solvers.registry import Options
+
+    err = _error(capsys, "--current", str(serving), *argv)
+    assert err.startswith("eplb solve: error: ") and said in err, err
+    assert not [option for option in Options.__dataclass_fields__ if option in err], err
+
+
+def test_the_registry_names_options_by_the_names_given() -> None:
+    from eplb.cli.solve import OPTION_FLAGS
+    from solvers import registry
+    from solvers.registry import Options
+
+    with pytest.raises(registry.SolverError, match=r"solver 'greedy' does not take max_lb_slack \(it takes: none\)"):
+        registry.check_options("greedy", Options(max_lb_slack=0.2), has_current=True)
+    with pytest.raises(registry.SolverError, match=r"does not take --max-lb-slack \(it takes: none\)"):
+        registry.check_options("greedy", Options(max_lb_slack=0.2), has_current=True, names=OPTION_FLAGS)
+    with pytest.raises(registry.SolverError, match=r"^--max-moves: a move budget needs the serving placement"):
+        registry.check_options("greedy", Options(max_moves=3), has_current=False, names=OPTION_FLAGS)
+    assert set(OPTION_FLAGS) == set(Options.__dataclass_fields__)  # every option has its flag

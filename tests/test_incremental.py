@@ -249,7 +249,7 @@ def test_cli_defaults_to_incremental_with_current_and_writes_the_plan(
     curve = json.loads(capsys.readouterr().out)["frontier"]
     assert curve["copies"][0] == 0 and curve["lb_mean"][-1] < curve["lb_mean"][0]
     assert main(["solve", *common, *now, "--solver", "greedy", "--max-moves", "5"]) == 2
-    assert "does not take max_moves" in capsys.readouterr().err
+    assert "does not take --max-moves (it takes: none)" in capsys.readouterr().err
     assert main(["solve", *common, "--plan", str(tmp_path / "p.json")]) == 2
     assert "need --current" in capsys.readouterr().err
 

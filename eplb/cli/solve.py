@@ -339,22 +339,40 @@ def _check_frontier(args: argparse.Namespace) -> None:
                         f"or plan: drop {', '.join(ignored)} (or drop --frontier and get one placement)")
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    """Refuse, naming the flags, a move budget without --current and a time limit for a solver (--solver, or
-    its default) without one; the registry refuses the other options a solver does not take."""
-    budget = _given(("--max-moves", args.max_moves), ("--max-moves-per-layer", args.max_moves_per_layer),
-                    ("--target-lb", args.target_lb))
+OPTION_FLAGS = {"time_limit_s": "--time-limit", "total_time_limit_s": "--total-time-limit",
+                "max_lb_slack": "--max-lb-slack", "max_moves": "--max-moves",
+                "max_moves_per_layer": "--max-moves-per-layer", "target_lb": "--target-lb",
+                "robust": "--robust-windows"}  # fmt: skip
+"""`solvers.registry.Options`' fields as the CLI's flags name them, for the registry's messages
+(`registry.check_options`); the API's messages keep the field names."""
+
+
+def solve_options(args: argparse.Namespace) -> Options:
+    """The solver options `eplb solve` was given (a solver that does not take one refuses a value set)."""
+    return Options(max_moves=args.max_moves, max_moves_per_layer=args.max_moves_per_layer, target_lb=args.target_lb,
+                   max_lb_slack=args.max_lb_slack, time_limit_s=args.time_limit,
+                   total_time_limit_s=args.total_time_limit)  # fmt: skip
+
+
+def _check_options(args: argparse.Namespace, options: Options) -> None:
+    """Refuse, naming the flags (`OPTION_FLAGS`), a move budget without --current, a time limit for a solver
+    (--solver, or its default) without one, and any other option the solver does not take or value it refuses
+    (`registry.check_options`)."""
+    given = options.set_names()
+    budget = [OPTION_FLAGS[o] for o in registry.BUDGET_OPTIONS if o in given]
     if budget and not args.current:
         raise EplbError(f"{', '.join(budget)}: a move budget edits the serving placement: give it with --current FILE")
     name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split)
     takes = registry.get_solver(name).options
-    limits = {"--time-limit": ("time_limit_s", args.time_limit),
-              "--total-time-limit": ("total_time_limit_s", args.total_time_limit)}
-    refused = [flag for flag, (option, value) in limits.items() if value is not None and option not in takes]
+    refused = [OPTION_FLAGS[o] for o in ("time_limit_s", "total_time_limit_s") if o in given and o not in takes]
     if refused:
         able = time_limited()
         raise EplbError(f"solver {name!r} does not take {', '.join(refused)} (it has no time limit): choose a solver "
                         f"that does ({', '.join(able)})")
+    try:
+        registry.check_options(name, options, has_current=bool(args.current), names=OPTION_FLAGS)
+    except registry.SolverError as exc:
+        raise EplbError(str(exc)) from None
 
 
 def _check_stage(args: argparse.Namespace, model: ModelSpec | None, num_experts: int) -> None:
@@ -388,7 +406,10 @@ def run_solve(args: argparse.Namespace) -> int:
     for flag, limit in (("--time-limit", args.time_limit), ("--total-time-limit", args.total_time_limit)):
         if limit is not None and not (math.isfinite(limit) and limit > 0):
             raise EplbError(f"{flag} must be > 0 seconds and finite, got {limit:g}")
-    _check_options(args)
+    if not 0 <= args.max_lb_slack <= 1:
+        raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
+    options = solve_options(args)
+    _check_options(args, options)
     window = read_window(args.loads)
     model = model_for(args, window)
     _check_stage(args, model, window.num_experts)
@@ -400,8 +421,6 @@ def run_solve(args: argparse.Namespace) -> int:
 
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
                                      num_gpus=args.gpus)
-    if not 0 <= args.max_lb_slack <= 1:
-        raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
     if args.solver == "milp":
         from solvers.milp import DEFAULT_LAYER_LIMIT_S
 
@@ -414,9 +433,6 @@ def run_solve(args: argparse.Namespace) -> int:
     if args.frontier:
         assert current is not None
         return _print_frontier(window.loads, cluster, current.phy2log, args.json)
-    options = Options(max_moves=args.max_moves, max_moves_per_layer=args.max_moves_per_layer, target_lb=args.target_lb,
-                      max_lb_slack=args.max_lb_slack, time_limit_s=args.time_limit,
-                      total_time_limit_s=args.total_time_limit)  # a solver that does not take it refuses a value set
     outcome = solve(
         window.loads,
         cluster,
