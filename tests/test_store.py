@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,3 +152,41 @@ def test_arrays_are_compact_and_exact() -> None:
 def test_bad_database_urls_are_one_line_errors(url: str, message: str) -> None:
     with pytest.raises(EplbError, match=message):
         make_engine(url)
+
+
+def _unusable_urls(tmp_path: Path) -> list[tuple[str, list[str]]]:
+    """(url, what its one-line error must say) for databases that cannot be opened."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a database\n")
+    return [
+        ("postgresql://u:secret@127.0.0.1:1/x",  # nothing listens on port 1: refused at once
+         ["cannot open the database postgresql://u:***@127.0.0.1:1/x: ", "port 1 failed: Connection refused; is the "
+          "server running"]),
+        ("postgresql://u:secret@127.0.0.1:abc/x", ["not a database URL: 'postgresql://u:***@127.0.0.1:abc/x' (its "
+                                                   "port is not a number"]),
+        ("postgresql+nodriver://u:secret@h/x", ["cannot open the database postgresql+nodriver://u:***@h/x: no driver "
+                                                "'postgresql+nodriver'"]),
+        (f"sqlite:///{a_file}/sub/eplb.db", [f"cannot open the database sqlite:///{a_file}/sub/eplb.db: cannot create "
+                                              f"the directory {a_file}"]),
+        (f"sqlite:///{a_file}", [f"cannot open the database sqlite:///{a_file}: file is not a database"]),
+    ]
+
+
+def test_an_unusable_database_url_is_one_line_naming_it_without_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unreachable PostgreSQL printed libpq's two lines (its hint on the second), with the driver's URL
+    (postgresql+psycopg://) instead of the one given; a bad port, a missing driver, a SQLite path under a file or
+    a file that is no database were tracebacks. Through `open_store` and `eplb deployments --database-url`."""
+    from eplb.cli import main
+
+    for url, said in _unusable_urls(tmp_path):
+        with pytest.raises(EplbError) as caught:
+            open_store(url)
+        message = str(caught.value)
+        assert "\n" not in message and "secret" not in message, message
+        assert all(part in message for part in said), message
+        capsys.readouterr()
+        assert main(["deployments", "list", "--database-url", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "secret" not in err and said[0] in err, err

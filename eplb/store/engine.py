@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -13,8 +14,8 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine, create_engine, event, select
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from eplb.errors import EplbError
@@ -50,14 +51,47 @@ def database_url(settings: StoreSettings | None = None) -> str:
     return f"sqlite:///{settings.data_dir.expanduser().resolve() / 'eplb.db'}"
 
 
+def shown_url(url: str) -> str:
+    """`url` as given, its password replaced by *** (for messages)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _reason(exc: BaseException) -> str:
+    """What the database driver said, on one line (libpq puts its hint on a line of its own)."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [" ".join(line.split()) for line in str(orig).splitlines() if line.strip()]
+    said = [line[0].lower() + line[1:] if i and line[1:2].islower() else line for i, line in enumerate(lines)]
+    return "; ".join(said) or type(orig).__name__
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for `url`. postgresql:// means psycopg 3; a SQLite file's directory is created."""
+    """An engine for `url`. postgresql:// means psycopg 3; a SQLite file's directory is created. Every problem
+    is one EplbError naming the URL (without its password) and what failed."""
+    shown = shown_url(url)
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise EplbError(f"not a database URL: {url!r} (e.g. sqlite:////path/eplb.db or postgresql://host/db)") from None
+    except (ArgumentError, ValueError) as exc:
+        why = "its port is not a number" if "int()" in str(exc) else _reason(exc)
+        raise EplbError(f"not a database URL: {shown!r} ({why}; e.g. sqlite:////path/eplb.db or "
+                        "postgresql://host/db)") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    try:
+        return _engine(parsed)
+    except OSError as exc:  # the SQLite file's directory
+        raise EplbError(f"cannot open the database {shown}: cannot create the directory {exc.filename} "
+                        f"({exc.strerror or exc})") from None
+    except (ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
+        raise EplbError(f"cannot open the database {shown}: no driver {parsed.drivername!r} here ({_reason(exc)}); "
+                        "use sqlite:/// or postgresql:// (psycopg)") from None
+    except (DBAPIError, sqlite3.Error) as exc:
+        raise EplbError(f"cannot open the database {shown}: {_reason(exc)}") from None
+
+
+def _engine(parsed: URL) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
@@ -162,11 +196,12 @@ class Store:
 
 def open_store(url: str | None = None, *, upgrade: bool = True) -> Store:
     """Open the store at `url` (default: `database_url()`), migrating it to the newest schema first."""
-    engine = make_engine(url or database_url())
+    url = url or database_url()
+    engine = make_engine(url)
     if upgrade:
         try:
             migrate(engine)
-        except OperationalError as exc:
+        except DBAPIError as exc:  # unreachable, refused, not a database: what the driver said, on one line
             engine.dispose()
-            raise EplbError(f"cannot open the database {engine.url.render_as_string()}: {exc.orig}") from None
+            raise EplbError(f"cannot open the database {shown_url(url)}: {_reason(exc)}") from None
     return Store(engine)
