@@ -182,24 +182,47 @@ class Setup:
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
-            for has_current in (False, True):
-                self._probe(has_current, self.options(has_current))
+            for has_current in (False, True):  # the first window, then every rebalance (from the serving one)
+                options = self.options(has_current)
+                try:
+                    self._probe(has_current, options)
+                except registry.SolverError as exc:
+                    raise EplbError(self._refusal(has_current, options, exc)) from None
         except registry.SolverError as exc:
             raise EplbError(str(exc)) from None
 
-    def _probe(self, has_current: bool, options: Options) -> None:
+    def _probe(self, has_current: bool, options: Options, hierarchical: bool = True) -> None:
         """`solvers.registry.check` on an empty window of the model's shape: what every window's solve would
-        refuse (slots, nodes or groups the solver cannot honour). A solver that needs the serving placement is
-        not probed without one: the cluster may record what it serves first."""
+        refuse (slots, nodes or groups the solver cannot honour; with has_current, what every rebalance's
+        would: the MILP keeps groups within nodes only without a serving placement). A solver that needs the
+        serving placement is not probed without one: the cluster may record what it serves first.
+        hierarchical=False: the cluster without its groups (what `_refusal` compares with)."""
         name = self.solver_name(has_current)
         caps = registry.get_solver(name).capabilities
         if caps.requires_current and not has_current:
             return
         experts, slots = self.model.num_experts, self.cluster.slots_per_gpu
+        groups, nodes = (self.cluster.num_groups, self.cluster.gpus_per_node) if hierarchical else (None, None)
         registry.check(name, Problem(
-            np.zeros((1, experts)), slots, self.cluster.num_groups, self.cluster.gpus_per_node,
+            np.zeros((1, experts)), slots, groups, nodes,
             current_phy2log=np.zeros((1, int(slots.sum())), dtype=np.int64) if has_current else None,
             coactivation=np.zeros((1, experts, experts)) if caps.coactivation else None), options)  # fmt: skip
+
+    def _refusal(self, has_current: bool, options: Options, exc: registry.SolverError) -> str:
+        """A probe's refusal as a config error: when the solver takes the same cluster without its groups, the
+        hierarchical policy is what it refuses, and the message names the fields (the solver and
+        cluster.gpus_per_node, cluster.num_groups)."""
+        if self.cluster.num_groups is None or self.cluster.gpus_per_node is None:
+            return str(exc)
+        try:
+            self._probe(has_current, options, hierarchical=False)
+        except registry.SolverError:
+            return str(exc)  # refused for something else as well
+        fields = "cluster.gpus_per_node, cluster.num_groups"
+        if self.config.solver is not None:
+            fields = f"solver, {fields}"
+        when = "every rebalance starts from the serving placement, and " if has_current else ""
+        return f"{fields}: {when}{exc}"
 
     def solver_name(self, has_current: bool) -> str:
         if self.config.solver is not None:

@@ -282,7 +282,12 @@ def test_concurrent_windows_rebalance_once(store: Store) -> None:
     ({"solver": "deepseek", "cluster": {"num_gpus": 2, "slots_per_gpu": [32, 40]}},
      "solver 'deepseek' needs the same slot count on every GPU"),
     ({"solver": "greedy-coact", "cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 4, "num_groups": 8}},
-     "solver 'greedy-coact' does not keep expert groups within nodes"),
+     "^solver, cluster.gpus_per_node, cluster.num_groups: solver 'greedy-coact' does not keep expert groups within "
+     "nodes"),
+    ({"solver": "milp", "cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 4, "num_groups": 8}},
+     "^solver, cluster.gpus_per_node, cluster.num_groups: every rebalance starts from the serving placement, and "
+     "solver 'milp' keeps expert groups within nodes or minimizes copies from a current placement, not both "
+     r"\(greedy, deepseek, incremental do both\)$"),
 ])
 def test_bad_configs_are_one_line_errors(store: Store, change: dict[str, Any], message: str) -> None:
     body = {**config().model_dump(mode="json", exclude_none=True), **change}
@@ -536,3 +541,58 @@ def test_a_cluster_shape_every_window_refuses_is_refused_at_put(
     answer = client.put("/deployments/shape", json=body)
     assert answer.status_code == 422 and answer.json()["detail"] == f"{field}: {message}"
     assert client.get("/deployments/shape").status_code == 404
+
+
+HIERARCHICAL = {"num_gpus": 4, "num_redundant": 4, "gpus_per_node": 2, "num_groups": 2}  # 2 nodes of 2 GPUs
+
+
+@pytest.mark.parametrize("solver", [None, "greedy", "deepseek", "milp", "milp-weighted"])
+def test_put_refuses_a_hierarchical_cluster_every_rebalance_of_its_solver_would_refuse(
+    client: TestClient, solver: str | None
+) -> None:
+    """The MILP keeps expert groups within nodes only without a serving placement, and every rebalance starts from
+    one: it used to pass PUT and place the first window, then answer 422 to every window that rebalanced. PUT
+    refuses it now, naming the fields; a solver that takes both is accepted, and its windows place and
+    rebalance; the MILP without the groups is accepted too."""
+    chosen = {} if solver is None else {"solver": solver}
+    if solver is not None and solver.startswith("milp"):
+        chosen["time_limit_s"] = 2.0
+    body = {**MIXTRAL, **chosen, "cluster": HIERARCHICAL, "policy": {"trigger": "periodic"}}
+    answer = client.put("/deployments/nodes", json=body)
+    flipped = [row[4:] + row[:4] for row in MIXTRAL_LOADS]  # the load moved to the other experts
+    if solver in ("milp", "milp-weighted"):
+        assert answer.status_code == 422, answer.text
+        detail = answer.json()["detail"]
+        assert detail.startswith("solver, cluster.gpus_per_node, cluster.num_groups: every rebalance starts from the "
+                                 f"serving placement, and solver '{solver}' keeps expert groups within nodes or "
+                                 "minimizes copies from a current placement, not both"), detail
+        assert client.get("/deployments/nodes").status_code == 404
+        for name, cluster in (("flat", {"num_gpus": 4, "num_redundant": 4}),
+                              ("nodes-only", {"num_gpus": 4, "num_redundant": 4, "gpus_per_node": 2})):
+            flat = {**body, "cluster": cluster}  # no groups (nodes alone are no hierarchical policy): accepted
+            assert client.put(f"/deployments/{name}", json=flat).status_code == 201
+            actions = [client.post(f"/deployments/{name}/windows", json={"loads": w}).json()["action"]
+                       for w in (MIXTRAL_LOADS, flipped)]
+            assert actions == ["placed", "rebalanced"]
+        assert client.put("/deployments/flat", json=body).status_code == 422  # an update is refused alike
+        assert "gpus_per_node" not in client.get("/deployments/flat").json()["config"]["cluster"]
+        return
+    assert answer.status_code == 201, answer.text
+    placed = client.post("/deployments/nodes/windows", json={"loads": MIXTRAL_LOADS})
+    moved = client.post("/deployments/nodes/windows", json={"loads": flipped})
+    assert placed.status_code == moved.status_code == 200, moved.text
+    assert (placed.json()["action"], moved.json()["action"]) == ("placed", "rebalanced")
+    assert moved.json()["entry"]["solver"] == solver or (solver is None and moved.json()["entry"]["solver"] ==
+                                                         "incremental")
+
+
+def test_a_stored_milp_config_with_groups_names_the_fields_at_its_next_window(store: Store) -> None:
+    """A config stored before PUT refused it: its next window is refused by the same check, naming the fields,
+    instead of placing once and refusing every rebalance from then on; a PUT fixes it."""
+    shape = dep.ClusterShape(num_gpus=8, slots_per_gpu=10, gpus_per_node=4, num_groups=8)
+    dep.register(store, "old-milp", config().model_copy(update={"cluster": shape}))
+    _edit_stored_config(store, "old-milp", lambda c: {**c, "solver": "milp", "time_limit_s": 2.0})
+    with pytest.raises(EplbError, match=r"^solver, cluster\.gpus_per_node, cluster\.num_groups: every rebalance"):
+        dep.process_window(store, "old-milp", window(0))
+    dep.register(store, "old-milp", config().model_copy(update={"cluster": shape, "solver": "greedy"}))
+    assert dep.process_window(store, "old-milp", window(0)).action == "placed"

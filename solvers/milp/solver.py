@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from solvers.milp.layer import Split
 from solvers.milp.runner import solve_milp
-from solvers.registry import Capabilities, Options, Problem, Solution, Solver, SolverError
+from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 
 DEFAULT_LAYER_LIMIT_S = 5.0
 """Per-layer limit when neither a per-layer nor a whole-call limit is given, s."""
@@ -18,16 +18,11 @@ class MilpSolver(Solver):
 
     name = "milp"
     summary = "exact CP-SAT search, warm-started from greedy (never worse); migration-aware with a current placement"
-    capabilities = Capabilities(current=True, hierarchical=True)
+    capabilities = Capabilities(current=True, hierarchical=True, hierarchical_with_current=False)
     options = frozenset({"time_limit_s", "total_time_limit_s", "max_lb_slack"})
     split: ClassVar[Split] = "uniform"
 
     def solve(self, problem: Problem, options: Options) -> Solution:
-        if problem.hierarchical and problem.current_phy2log is not None:
-            raise SolverError(
-                f"solver {self.name!r} keeps expert groups within nodes or minimizes copies from a current "
-                "placement, not both: drop --groups/--gpus-per-node or --current"
-            )
         per_layer = options.time_limit_s or options.total_time_limit_s or DEFAULT_LAYER_LIMIT_S
         result = solve_milp(
             problem.loads,
@@ -62,5 +57,6 @@ class WeightedMilpSolver(MilpSolver):
 
     name = "milp-weighted"
     summary = "the MILP with weighted shares per replica (the server must route by share)"
-    capabilities = Capabilities(current=True, shares=True, aligned=True, hierarchical=True)
+    capabilities = Capabilities(current=True, shares=True, aligned=True, hierarchical=True,
+                                hierarchical_with_current=False)
     split = "weighted"
