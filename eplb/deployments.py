@@ -77,8 +77,9 @@ class Policy(BaseModel):
     mean over layers, above `threshold`) or cost (the predicted time saved over the next window, `steps`
     steps, exceeds the migration charge: `eplb.cost.migration`; with the incremental solver and no budget of
     its own, the move budgets, no budget and fresh greedy are judged and `eplb.trigger.choose_candidate`
-    picks, as in replay; migration_stall_s adds to every charge); max_moves / target_lb: the incremental
-    solver's budget; windows: solve on the sum of the last N windows."""
+    picks, as in replay; migration: the copies overlap serving or block it, as replay's --migration;
+    migration_stall_s adds to every charge); max_moves / target_lb: the incremental solver's budget; windows:
+    solve on the sum of the last N windows."""
 
     model_config = STRICT
     trigger: Literal["periodic", "threshold", "cost"] = "threshold"
@@ -88,6 +89,10 @@ class Policy(BaseModel):
     migration_stall_s: float = Field(0.0, ge=0.0, le=MAX_FIXED_STALL_S, description="cost: seconds serving stops at "
                                      "every rebalance that copies anything, besides the copies (host-side planning, "
                                      "synchronizing the ranks)")
+    migration: Literal["overlap", "blocking"] = Field("overlap", description="cost: how the copies are charged, as "
+                                                      "`eplb replay --migration`: overlap: they run while serving, "
+                                                      "taking a quarter of the link (vLLM's way); blocking: serving "
+                                                      "stops while they cross the link")
     max_moves: int | None = Field(None, ge=0, le=10**9, description="expert copies allowed per rebalance")
     target_lb: float | None = Field(None, ge=1.0, le=1000.0, description="stop moving once every layer reaches it")
     windows: int = Field(1, ge=1, le=1000, description="solve on the sum of the last N windows")
@@ -161,7 +166,8 @@ class Setup:
         within, between = all_to_all_links(hardware, config.link)
         self.cost = CostSetup(self.model, hardware, within, config.tokens_per_gpu, config.overlap,
                               config.node_limit, between)
-        self.migration = MigrationSpec(within, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
+        self.migration = MigrationSpec(within, overlap=config.policy.migration == "overlap",
+                                       hbm_bw=hardware.hbm_bandwidth, inter_node_bw=between,
                                        gpus_per_node=config.cluster.gpus_per_node,
                                        fixed_stall_s=config.policy.migration_stall_s)  # fmt: skip
         shape = config.cluster

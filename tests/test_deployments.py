@@ -137,6 +137,61 @@ def test_cost_trigger_charges_the_policys_fixed_stall(store: Store) -> None:
         config(trigger="cost", migration_stall_s=-1.0)
 
 
+def test_cost_trigger_charges_blocking_copies_when_the_policy_says_so(store: Store) -> None:
+    """policy.migration = blocking (replay's --migration blocking): serving stops while the copies cross the link,
+    so the charge is their time at full link speed, not the overlapped copies' slowdown of the steps served
+    meanwhile and their HBM traffic. In decode the blocking charge is the larger: over a horizon between the
+    two break-evens the overlapped move pays and the blocking one does not."""
+    from dataclasses import replace
+
+    from eplb.cost.migration import copies_per_gpu
+
+    decode = {"solver": "greedy", "tokens_per_gpu": 256.0}  # one candidate: the charge the reason shows is its
+    overlap_cfg = config(trigger="cost").model_copy(update=decode)
+    blocking_cfg = config(trigger="cost", migration="blocking").model_copy(update=decode)
+    assert dep.Setup(overlap_cfg).migration.overlap and not dep.Setup(blocking_cfg).migration.overlap
+    assert config().policy.migration == "overlap"  # the default, and what a stored config without it reads as
+
+    dep.register(store, "probe", overlap_cfg)  # what both deployments will serve and solve next
+    dep.process_window(store, "probe", window(0))
+    served = dep.current_placement(store, "probe")
+    assert served is not None
+    setup = dep.Setup(overlap_cfg)
+    loads = np.asarray(window(1), dtype=np.float64)
+    moved = setup.solve(solve, loads, served, None)
+    before, after = evaluate(loads, served, setup.cost), evaluate(loads, moved.placement, setup.cost)
+    assert before.prediction is not None and after.prediction is not None
+    saved_per_step = (before.prediction.total_time_us - after.prediction.total_time_us) * 1e-6
+    args = (moved.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu, setup.model.expert_bytes,
+            before.prediction)  # fmt: skip
+    step_s = before.prediction.total_time_us * 1e-6
+    overlapped = setup.migration.rebalance_cost(*args).charge_s(step_s)[0]
+    blocking = replace(setup.migration, overlap=False).rebalance_cost(*args).charge_s(step_s)[0]
+    copies = copies_per_gpu(moved.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu)
+    link_s = float(copies.max()) * setup.model.expert_bytes / HARDWARE_PRESETS["h100"].nvlink_bandwidth
+    assert blocking == pytest.approx(link_s)  # the busiest destination's bytes at full NVLink speed
+    assert saved_per_step > 0 and overlapped < blocking / 1.1
+    steps = round((overlapped * blocking) ** 0.5 / saved_per_step)  # between the two break-evens
+    assert overlapped < steps * saved_per_step < blocking
+
+    for name, cfg in (("overlap", overlap_cfg), ("blocking", blocking_cfg)):
+        cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"steps": steps})})
+        dep.register(store, name, cfg)
+        assert dep.process_window(store, name, window(0)).action == "placed"
+        now = dep.current_placement(store, name)
+        assert now is not None and np.array_equal(now.phy2log, served.phy2log)
+    paid = dep.process_window(store, "overlap", window(1))
+    stopped = dep.process_window(store, "blocking", window(1))
+    assert paid.action == "rebalanced" and paid.entry.moves == int(copies.sum())
+    assert stopped.action == "kept" and "migration would cost" in stopped.reason
+    charged_ms = float(stopped.reason.split("would cost ")[1].split(" ms")[0])
+    assert charged_ms == pytest.approx(blocking * 1e3, abs=1e-3)
+    charged_ms = float(paid.reason.split("costs ")[1].split(" ms")[0])
+    assert charged_ms == pytest.approx(overlapped * 1e3, abs=1e-3)
+    with pytest.raises(ValidationError):
+        config(trigger="cost", migration="stall")
+
+
 def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store) -> None:
     """With the incremental solver and no budget of its own, the cost trigger judges the move budgets, no budget
     and fresh greedy (`eplb.trigger.candidates`) and takes `eplb.trigger.choose_candidate`'s pick: here a
