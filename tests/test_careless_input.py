@@ -11,7 +11,7 @@ import pytest
 
 from eplb.cli import main
 from eplb.errors import EplbError
-from eplb.io.logs import open_log
+from eplb.io.logs import as_log, open_log
 from solvers.plan import PlanError, build_plan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -498,3 +498,86 @@ def test_an_oracle_whose_sampled_steps_are_empty_says_so(tmp_path: Path, capsys:
                  "--no-progress"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "oracle (per step)" in out and "(its sampled steps have no tokens)" in out
+
+
+@pytest.mark.parametrize(("name", "arrays", "said"), [
+    ("layers0.npz", {"counts": np.zeros((5, 0, 8), np.uint16)}, "counts has 0 layers (shape [5, 0, 8])"),
+    ("experts0.npz", {"counts": np.zeros((5, 2, 0), np.uint16)}, "counts has 0 experts per layer (shape [5, 2, 0])"),
+    ("layers0.npy", np.zeros((5, 0, 8), np.int64), "counts has 0 layers (shape [5, 0, 8])"),
+    ("topk-layers0.npz", {"topk_ids": np.zeros((3, 0, 2), np.int16), "step_offsets": np.array([0, 3]),
+                          "num_experts": 4}, "topk_ids has 0 layers (shape [3, 0, 2])"),
+    ("topk-k0.npz", {"topk_ids": np.zeros((3, 2, 0), np.int16), "step_offsets": np.array([0, 3]),
+                     "num_experts": 4}, "topk_ids has 0 experts per token (shape [3, 2, 0])"),
+])  # fmt: skip
+def test_a_log_with_no_layers_or_experts_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, arrays: object, said: str
+) -> None:
+    """0 layers replayed with numpy's warnings into 'no step has tokens (every count is 0)', a token-level one
+    into an IndexError; `eplb logs convert` wrote it on (an unreadable JSONL, a '0 layers' npz)."""
+    log = tmp_path / name
+    if isinstance(arrays, dict):
+        np.savez(log, **arrays)
+    else:
+        np.save(log, arrays)
+    for argv in (["replay", str(log), "--gpus", "2"], ["logs", "convert", str(log), str(tmp_path / "out.jsonl")]):
+        code, err = run(capsys, *argv)
+        assert code == 2 and err.endswith(f"{log}: {said}" + ("; a routing log records at least one MoE layer"
+                                                              if "0 layers" in said else "")), err
+    assert not (tmp_path / "out.jsonl").exists()
+    with pytest.raises(EplbError, match=r"<array>: counts has 0 layers \(shape \[3, 0, 4\]\)"):
+        as_log(np.zeros((3, 0, 4)))
+
+
+def test_log_outputs_that_cannot_be_written_are_refused_before_the_work(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory, a file in the way of the directory, or a directory that cannot be made as the output of
+    `eplb synth`, `eplb logs convert` and `eplb replay --out`: tracebacks (IsADirectoryError after the whole
+    synthesis, FileExistsError, FileNotFoundError), and no NAME.part left behind."""
+    folder = tmp_path / "log.npz"
+    folder.mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    synth = ["synth", "--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64"]
+    for argv, said in [
+        ([*synth, "--out", str(folder)], f"{folder} is a directory; give a file name"),
+        ([*synth, "--format", "topk", "--out", str(folder)], f"{folder} is a directory; give a file name"),
+        ([*synth, "--out", str(a_file / "log.jsonl")], f"cannot write {a_file}/log.jsonl: cannot create its "
+                                                      f"directory {a_file}"),
+        (["logs", "convert", str(small["log"]), str(folder)], f"{folder} is a directory; give a file name"),
+        (["logs", "convert", str(small["log"]), str(a_file / "x.npz")], f"cannot write {a_file}/x.npz: cannot "
+                                                                        "create its directory"),
+        (["logs", "convert", str(small["log"]), str(a_file / "x.parquet")], f"cannot write {a_file}/x.parquet: "),
+        (["logs", "convert", str(small["log"]), str(tmp_path / "p.parquet"), "--shard-steps", "0"],
+         "--shard-steps must be >= 1 (steps per shard file), got 0"),
+        (["replay", str(small["log"]), "--gpus", "4", "--out", str(a_file / "run")],
+         f"--out {a_file}/run: cannot write there"),
+    ]:
+        code, err = run(capsys, *argv)
+        assert code == 2 and said in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "log.npz"] and not any(folder.iterdir())
+
+
+def test_converting_a_log_without_steps_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 0-step log converted to JSONL left an empty file (unreadable), to npz one that said 0 experts."""
+    log = tmp_path / "empty.npz"
+    np.savez(log, counts=np.zeros((0, 2, 8), np.uint16))
+    for out in ("o.jsonl", "o.npz", "o.parquet"):
+        code, err = run(capsys, "logs", "convert", str(log), str(tmp_path / out))
+        assert code == 2 and err.endswith(f"{log}: the log has no steps: nothing to convert"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.npz"]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--seed", "-1"], "--seed must be >= 0 (numpy's seeds are non-negative), got -1"),
+    (["--preset", "seed004", "--steps", "-3"], "--steps must be >= 1, got -3"),
+    (["--preset", "seed004", "--steps", "0"], "--steps must be >= 1, got 0"),  # was silently 1
+    (["--preset", "seed004", "--layers", "0"], "--layers must be >= 1, got 0"),
+])  # fmt: skip
+def test_synth_refuses_seeds_and_seed004_sizes_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    code, err = run(capsys, "synth", "--out", str(tmp_path / "log.npz"), *argv)
+    assert code == 2 and err == f"eplb synth: error: {said}", err
+    assert not list(tmp_path.iterdir())
+

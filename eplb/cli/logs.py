@@ -59,10 +59,14 @@ def output_format(dst: Path, to: str | None) -> str:
 def run_convert(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), Path(args.dst)
     fmt = output_format(dst, args.to)
+    if fmt == "parquet" and args.shard_steps < 1:
+        raise EplbError(f"--shard-steps must be >= 1 (steps per shard file), got {args.shard_steps}")
     if src.resolve() == dst.resolve():
         raise EplbError(f"{dst}: is the input; write to another name")
     log = open_log(src)
     info = log.info
+    if info.num_steps == 0:
+        raise EplbError(f"{src}: the log has no steps: nothing to convert")
     if fmt == "parquet":
         steps = write_parquet(dst, log.iter_counts(ROW_GROUP_STEPS), model=info.model, top_k=info.top_k,
                               layer_ids=info.layer_ids, shard_steps=args.shard_steps)  # fmt: skip

@@ -29,7 +29,7 @@ from eplb.cost import TimeModel
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
-from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl, write_topk
+from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup, time_limited
@@ -311,6 +311,8 @@ def run_synth(args: argparse.Namespace) -> int:
         raise EplbError("--format topk writes a .npz (topk_ids and step_offsets); name the file .npz")
     if args.gpus < 1:
         raise EplbError("--gpus must be >= 1")
+    if args.seed < 0:
+        raise EplbError(f"--seed must be >= 0 (numpy's seeds are non-negative), got {args.seed}")
     acc = StatsAccumulator(gpus=args.gpus)
     config: dict[str, Any]
     if args.preset == "seed004":
@@ -319,7 +321,10 @@ def run_synth(args: argparse.Namespace) -> int:
                 raise EplbError(f"--preset seed004 fixes 256 experts, top-8, 4096 tokens and skew 0.4; drop --{flag}")
         if args.format == "topk":
             raise EplbError("--preset seed004 draws counts only; use --format counts")
-        steps, layers = args.steps or 1, args.layers or 1
+        steps, layers = (1 if v is None else v for v in (args.steps, args.layers))
+        for flag, v in (("--steps", steps), ("--layers", layers)):
+            if v < 1:
+                raise EplbError(f"{flag} must be >= 1, got {v}")
         counts = seed004_log(steps, layers, args.seed)
         acc.add(counts)
         meta: dict[str, Any] = {"model": args.model, "top_k": 8}
@@ -329,6 +334,7 @@ def run_synth(args: argparse.Namespace) -> int:
     else:
         cfg = _synth_config(args)
         cfg.check()
+        output_log(out)  # a directory, or a file in the way: refused before the work
         config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
         if args.format == "topk":
             ids, offsets = synth_topk(cfg)
@@ -436,8 +442,11 @@ def run_replay(args: argparse.Namespace) -> int:
     if out is not None:
         if out.exists() and not out.is_dir():
             raise EplbError(f"--out {out}: exists and is not a directory")
-        out.mkdir(parents=True, exist_ok=True)
-        csv = _CsvSteps(out / "steps.csv", info.layer_ids, info.num_layers)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            csv = _CsvSteps(out / "steps.csv", info.layer_ids, info.num_layers)
+        except OSError as exc:
+            raise EplbError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     try:
         with executor_from(args) as executor:
             result = replay_logs(

@@ -49,6 +49,7 @@ __all__ = [
     "as_log",
     "coactivation",
     "open_log",
+    "output_log",
     "read_counts",
     "topk_counts",
     "write_counts",
@@ -87,7 +88,7 @@ class LogInfo:
 
     def describe(self) -> str:
         """One line: `path: 4,000 steps x 58 layers x 256 experts (deepseek-v3, top-8)`."""
-        steps = "? steps" if self.num_steps is None else f"{self.num_steps:,} steps"
+        steps = "? steps" if self.num_steps is None else f"{self.num_steps:,} step{'' if self.num_steps == 1 else 's'}"
         extra = [x for x in (self.model, None if self.top_k is None else f"top-{self.top_k}") if x]
         tail = f" ({', '.join(extra)})" if extra else ""
         return f"{self.path}: {steps} x {self.num_layers} layers x {self.num_experts} experts{tail}"
@@ -317,6 +318,16 @@ def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | 
     return [int(v) for v in ids]
 
 
+def _check_axes(path: str | Path, name: str, shape: tuple[int, ...], per: str = "layer") -> None:
+    """Refuse a [steps or tokens, layers, experts or k] array with no layers or none of the last axis: the replay
+    and every reader would have nothing to place (and, for 0 layers, call every step empty)."""
+    if shape[1] < 1:
+        raise EplbError(f"{path}: {name} has 0 layers (shape {list(shape)}); a routing log records at least one "
+                        "MoE layer")
+    if shape[2] < 1:
+        raise EplbError(f"{path}: {name} has 0 experts per {per} (shape {list(shape)})")
+
+
 # --------------------------------------------------------------------------------------------
 # Per-step counts: .npz and .npy
 # --------------------------------------------------------------------------------------------
@@ -336,6 +347,7 @@ class _NpzCounts(RoutingLog):
                 f"{path}: counts must be [steps, layers, experts], got shape {list(shape)}"
                 + (" (a [layers, experts] window: use it with eplb solve --loads)" if len(shape) == 2 else "")
             )
+        _check_axes(path, "counts", shape)
         if fortran:
             raise EplbError(f"{path}: counts is stored in Fortran order; save it C-contiguous to stream it")
         if dtype.kind not in "iuf":
@@ -400,6 +412,7 @@ class _NpyCounts(RoutingLog):
             raise EplbError(f"{path}: not a readable .npy array ({exc})") from None
         if arr.ndim != 3:
             raise EplbError(f"{path}: counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+        _check_axes(path, "counts", arr.shape)
         if arr.dtype.kind not in "iuf":
             raise EplbError(f"{path}: counts must be numbers, got dtype {arr.dtype}")
         self._arr = arr
@@ -427,6 +440,7 @@ class _ArrayLog(RoutingLog):
         if isinstance(source, np.ndarray):
             if source.ndim != 3:
                 raise EplbError(f"{name}: counts must be [steps, layers, experts], got shape {list(source.shape)}")
+            _check_axes(name, "counts", source.shape)
             shape = source.shape
             self.info = LogInfo(name, "counts", int(shape[0]), int(shape[1]), int(shape[2]), top_k, model)
             self._first: NDArray[Any] | None = None
@@ -504,6 +518,7 @@ class _TopkNpz(RoutingLog):
                 shape, fortran, dtype = _read_npy_header(f, f"{path}: topk_ids")
         if len(shape) != 3:
             raise EplbError(f"{path}: topk_ids must be [tokens, layers, k], got shape {list(shape)}")
+        _check_axes(path, "topk_ids", shape, per="token")
         if fortran:
             raise EplbError(f"{path}: topk_ids is stored in Fortran order; save it C-contiguous to stream it")
         if dtype.kind not in "iu":
@@ -914,9 +929,27 @@ def _smallest_dtype(max_value: int) -> np.dtype[Any]:
     return np.dtype(np.int64)
 
 
+def output_log(path: str | Path) -> Path:
+    """The path of a log file to write, its directory created; EplbError, before any work, when it is a
+    directory or its directory cannot be made (e.g. a file of that name is in the way)."""
+    p = Path(path)
+    if p.is_dir():
+        raise EplbError(f"{p} is a directory; give a file name")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EplbError(f"cannot write {p}: cannot create its directory {p.parent} ({exc.strerror or exc})") from None
+    return p
+
+
 def _atomic_target(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.with_name(path.name + ".part")
+    """NAME.part, the file a writer writes `path` through (`output_log` checked)."""
+    return output_log(path).with_name(path.name + ".part")
+
+
+def _write_error(path: Path, exc: OSError) -> EplbError:
+    """An OSError while writing `path` (through NAME.part: an unwritable directory, a full disk) as one line."""
+    return EplbError(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def write_counts(
@@ -973,7 +1006,10 @@ def write_counts(
                 num_steps = written
             else:
                 it = iter(chunks)
-                first = np.asarray(next(it, np.zeros((0, 0, 0))))
+                head = next(it, None)
+                if head is None:
+                    raise EplbError("no counts to write")
+                first = np.asarray(head)
                 if first.ndim != 3:
                     raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(first.shape)}")
                 shape_tail = first.shape[1:]
@@ -985,6 +1021,8 @@ def write_counts(
             assert shape_tail is not None
             _write_meta(zf, FORMAT_COUNTS, model, shape_tail[1], top_k, steps, layer_ids, num_steps, shape_tail[0])
         os.replace(tmp, p)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
     finally:
         if spool is not None:
             spool.close()
@@ -1083,6 +1121,8 @@ def write_topk(
                 zf, FORMAT_TOPK, model, num_experts, ids.shape[2], steps, layer_ids, offsets.size - 1, ids.shape[1]
             )
         os.replace(tmp, p)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -1148,9 +1188,13 @@ def write_jsonl(
                         lines.append(f'{{"step": {step}, "layer": {layer}, "counts": {json.dumps(row)}}}\n')
                 f.write("".join(lines))
                 pos += block.shape[0]
+            if pos == 0:  # a JSONL log without a step record is no log (no record gives the layers)
+                raise EplbError("no steps to write")
             if step_ids is not None and step_ids.size != pos:
                 raise EplbError(f"steps lists {step_ids.size} ids for {pos} steps")
         os.replace(tmp, p)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -191,9 +191,11 @@ def write_parquet(
             raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
         chunks = [CountsChunk(0, np.arange(arr.shape[0], dtype=np.int64), arr)]
     tmp = out.with_name(out.name + ".part")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    try:
+        _remove(tmp)
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise EplbError(f"cannot write {out}: cannot create {tmp} ({exc.strerror or exc})") from None
     try:
         writer = _ShardWriter(pa, pq, tmp, shard_steps, compression, model, top_k, layer_ids)
         for chunk in chunks:
@@ -202,10 +204,19 @@ def write_parquet(
         if written == 0:
             raise EplbError("no steps to write")
         os.replace(tmp, out)
+    except OSError as exc:  # a full disk, a directory that went away
+        raise EplbError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        _remove(tmp)
     return written
+
+
+def _remove(path: Path) -> None:
+    """Remove a left-over NAME.part, a directory of shards or a file."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 class _ShardWriter:
