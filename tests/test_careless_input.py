@@ -581,3 +581,18 @@ def test_synth_refuses_seeds_and_seed004_sizes_out_of_range(
     assert code == 2 and err == f"eplb synth: error: {said}", err
     assert not list(tmp_path.iterdir())
 
+
+def test_a_bad_link_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eplb replay` takes two links: 'link must be ...' did not say which flag it was about."""
+    log = tmp_path / "v2lite.npz"
+    assert main(["synth", "--out", str(log), "--steps", "10", "--layers", "2", "--experts", "64", "--top-k", "6",
+                 "--tokens", "256", "--model", "deepseek-v2-lite"]) == 0  # fmt: skip
+    capsys.readouterr()
+    for flag in ("--link", "--migration-link"):
+        code, err = run(capsys, "replay", str(log), "--gpus", "4", flag, "foo")
+        assert code == 2 and err.endswith(f"error: {flag} foo: link must be 'nvlink', 'nic', 'pcie' or a bandwidth in "
+                                          "GB/s per GPU and direction, got 'foo'"), err
+    code, err = run(capsys, "solve", "--link", "0")
+    assert code == 2 and err.endswith("--link 0: link bandwidth must be a positive number of GB/s, got '0'"), err
+    code, err = run(capsys, "cost", "--model", "deepseek-v3", "--link", "0")
+    assert code == 2 and "--link 0: link bandwidth must be" in err, err

@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from eplb.cli.solve import MAX_TOKENS_PER_GPU, check_link
+from eplb.cli.solve import MAX_TOKENS_PER_GPU, check_link, flag_link
 from eplb.cost import (
     DEFAULT_MAP_TOKENS,
     DEFAULT_SWEEP_EPS,
@@ -144,7 +144,10 @@ def _link_label(link: str) -> str:
 
 
 def _links(hw: HardwareSpec, text: str) -> list[tuple[str, float]]:
-    links = [(part, link_bandwidth(hw, part)) for part in text.split(",") if part.strip()]
+    def read(part: str) -> float:
+        return flag_link("--link", part, lambda: link_bandwidth(hw, part))
+
+    links = [(part, read(part)) for part in text.split(",") if part.strip()]
     for part, bw in links:
         check_link(bw, "--link", part)
     return [(_link_label(part), bw) for part, bw in links]

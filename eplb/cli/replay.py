@@ -20,6 +20,7 @@ from eplb.cli.solve import (
     add_cost_options,
     check_link,
     cost_setup,
+    flag_link,
     int_at_most,
     int_list,
     model_for,
@@ -229,7 +230,8 @@ def migration_from(args: argparse.Namespace, cost: CostSetup | None) -> Migratio
         return None
     between = None
     if args.migration_link is not None:
-        link_bw = link_bandwidth(cost.hardware, args.migration_link)
+        link_bw = flag_link("--migration-link", args.migration_link,
+                            lambda: link_bandwidth(cost.hardware, args.migration_link))
         check_link(link_bw, "--migration-link", args.migration_link)
     elif cost.inter_node_bw is not None:  # two links: copies from another node take the one between nodes
         TimeModel.check_nodes(args.gpus, args.gpus_per_node)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,6 +46,8 @@ from solvers.registry import Options
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
     from eplb.io.logs import LogInfo
+
+T = TypeVar("T")
 
 SOLVE_DESCRIPTION = """\
 Compute where every logical expert of every MoE layer goes: hot experts get extra replicas and all
@@ -301,10 +303,19 @@ def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup |
     if node_limit is not None and node_limit < 1:
         raise EplbError("--node-limit must be >= 1 (nodes a token's experts may lie on)")
     link = args.link or "nvlink"
-    within, between = all_to_all_links(hardware, link)
+    within, between = flag_link("--link", link, lambda: all_to_all_links(hardware, link))
     for bw in (within, between):
         check_link(bw, "--link", link)
     return CostSetup(model, hardware, within, args.tokens_per_gpu, args.overlap, node_limit, between)
+
+
+def flag_link(flag: str, text: str, read: Callable[[], T]) -> T:
+    """`read()` (a link's bandwidth from `text`, e.g. `eplb.specs.link_bandwidth`) with its error naming `flag`:
+    a command may take two link flags (--link, --migration-link)."""
+    try:
+        return read()
+    except EplbError as exc:
+        raise EplbError(f"{flag} {text}: {exc}") from None
 
 
 def check_link(bw: float | None, flag: str, text: str) -> None:
