@@ -596,3 +596,23 @@ def test_a_bad_link_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 2 and err.endswith("--link 0: link bandwidth must be a positive number of GB/s, got '0'"), err
     code, err = run(capsys, "cost", "--model", "deepseek-v3", "--link", "0")
     assert code == 2 and "--link 0: link bandwidth must be" in err, err
+
+
+@pytest.mark.parametrize(("first", "said"), [
+    ('{"num_steps": 1e300}', "metadata num_steps is 1e+300: too large (at most 9,007,199,254,740,992)"),
+    ('{"num_steps": NaN}', "metadata num_steps must be a positive integer, got nan"),  # a ValueError
+    ('{"num_experts": Infinity}', "metadata num_experts must be a positive integer, got inf"),  # an OverflowError
+    ('{"layer_ids": "abc"}', "layer_ids[0] is 'abc': layer ids are integers 0 .. 2**63 - 1"),  # a ValueError
+    ('{"layer_ids": [true]}', "layer_ids[0] is True: layer ids are integers 0 .. 2**63 - 1"),
+    ('{"step": 100000000000000000000000, "layer": 0, "counts": [1, 2]}',
+     "line 1: 'step' must be an integer 0 .. 2**63 - 1, got 100000000000000000000000"),  # an OverflowError
+])  # fmt: skip
+def test_jsonl_numbers_beyond_what_a_log_holds_are_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], first: str, said: str
+) -> None:
+    """A header's 1e300 steps passed as a positive integer (and was then printed in full); NaN, Infinity, a string
+    of layer ids and a step id beyond int64 were tracebacks."""
+    log = tmp_path / "log.jsonl"
+    log.write_text(first + '\n{"step": 0, "layer": 0, "counts": [1, 2]}\n')
+    code, err = run(capsys, "replay", str(log), "--gpus", "2", "--interval", "1", "--delay", "0")
+    assert code == 2 and err.endswith(f"{log}: {said}"), err

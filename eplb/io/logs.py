@@ -282,12 +282,21 @@ def _meta_from_zip(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
     return meta
 
 
+MAX_ID = 2**63 - 1
+"""The largest step or layer id a log may hold (int64, as the readers store them)."""
+MAX_META = 2**53
+"""The largest count (steps, experts, top-k) metadata may state: exact as a float (a JSON 1e300 is a float)."""
+
+
 def _meta_int(meta: dict[str, Any], key: str, path: str) -> int | None:
     value = meta.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 1:
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if not (number and math.isfinite(value) and int(value) == value and value >= 1):  # NaN, inf: no integer
         raise EplbError(f"{path}: metadata {key} must be a positive integer, got {value!r}")
+    if value > MAX_META:
+        raise EplbError(f"{path}: metadata {key} is {number_text(value)}: too large (at most {MAX_META:,})")
     return int(value)
 
 
@@ -313,6 +322,9 @@ def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | 
     if raw is None:
         return None
     ids = list(raw) if isinstance(raw, list) else [raw]
+    for i, v in enumerate(ids):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ID:
+            raise EplbError(f"{path}: layer_ids[{i}] is {v!r}: layer ids are integers 0 .. 2**63 - 1")
     if len(ids) != num_layers:
         raise EplbError(f"{path}: 'layer_ids' lists {len(ids)} layers, the counts have {num_layers}")
     return [int(v) for v in ids]
@@ -851,8 +863,8 @@ def _parse_line(line: bytes, lineno: int, path: str) -> dict[str, Any]:
 def _step_layer(rec: dict[str, Any], lineno: int, path: str) -> tuple[int, int]:
     for key in ("step", "layer"):
         v = rec.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise EplbError(f"{path}: line {lineno}: '{key}' must be an integer >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ID:
+            raise EplbError(f"{path}: line {lineno}: '{key}' must be an integer 0 .. 2**63 - 1, got {v!r}")
     return int(rec["step"]), int(rec["layer"])
 
 
