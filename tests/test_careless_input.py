@@ -616,3 +616,15 @@ def test_jsonl_numbers_beyond_what_a_log_holds_are_refused_by_name(
     log.write_text(first + '\n{"step": 0, "layer": 0, "counts": [1, 2]}\n')
     code, err = run(capsys, "replay", str(log), "--gpus", "2", "--interval", "1", "--delay", "0")
     assert code == 2 and err.endswith(f"{log}: {said}"), err
+
+
+def test_synth_sizes_beyond_memory_are_one_line_naming_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """numpy's MemoryError (here 7 PiB of popularity for 10^15 experts: beyond any address space, refused at once)
+    was a traceback."""
+    out = tmp_path / "log.npz"
+    code, err = run(capsys, "synth", "--out", str(out), "--steps", "2", "--experts", str(10**15))
+    assert code == 2 and err.startswith("eplb synth: error: out of memory (Unable to allocate"), err
+    assert err.endswith("the log's --layers x --experts arrays do not fit; lower them"), err
+    assert not list(tmp_path.iterdir())

@@ -316,6 +316,34 @@ def run_synth(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise EplbError(f"--seed must be >= 0 (numpy's seeds are non-negative), got {args.seed}")
     acc = StatsAccumulator(gpus=args.gpus)
+    try:
+        config = _synthesize(args, out, acc)
+    except MemoryError as exc:  # numpy refuses an array larger than the machine can hold
+        what = "--steps x --tokens x --layers x --top-k picks and " if args.format == "topk" else ""
+        raise EplbError(f"out of memory ({exc}): the log's {what}--layers x --experts arrays do not fit; lower "
+                        "them") from None
+    stats = acc.result()
+    if args.json:
+        json.dump({"out": str(out), "bytes": out.stat().st_size, "config": config, "stats": stats.to_dict()},
+                  sys.stdout)  # fmt: skip
+        print()
+        return 0
+    info = open_log(out).info
+    print(f"wrote {info.describe()}, {out.stat().st_size / 1e6:,.1f} MB")
+    h, lb = stats.hot_ratio, stats.no_eplb_lb
+    print(f"  hottest / mean expert, per step and layer: median {h[0]:.2f} (p10 {h[1]:.2f}, p90 {h[2]:.2f})")
+    print(
+        f"  no EPLB on {stats.gpus} GPUs: lb median {lb[0]:.2f} (p10 {lb[1]:.2f}, p90 {lb[2]:.2f}), "
+        f"imbalance (max - mean) / mean {stats.imbalance:.2f}"
+    )
+    if stats.hot_set_overlap:
+        parts = ", ".join(f"{v:.0%} after {k:,} step{'' if k == 1 else 's'}" for k, v in stats.hot_set_overlap.items())
+        print(f"  top-{stats.top} hot set kept: {parts}")
+    return 0
+
+
+def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> dict[str, Any]:
+    """Draw the log `args` asks for, write it to `out` and feed its counts to `acc`; returns its config."""
     config: dict[str, Any]
     if args.preset == "seed004":
         for flag in ("experts", "top_k", "tokens", "exponent", "hot_ratio"):
@@ -351,24 +379,7 @@ def run_synth(args: argparse.Namespace) -> int:
 
             meta = {"model": cfg.model, "top_k": cfg.top_k, "num_steps": cfg.steps, "dtype": cfg.count_dtype}
             _write_counts(out, tee(), meta, args.compress)
-    stats = acc.result()
-    if args.json:
-        json.dump({"out": str(out), "bytes": out.stat().st_size, "config": config, "stats": stats.to_dict()},
-                  sys.stdout)  # fmt: skip
-        print()
-        return 0
-    info = open_log(out).info
-    print(f"wrote {info.describe()}, {out.stat().st_size / 1e6:,.1f} MB")
-    h, lb = stats.hot_ratio, stats.no_eplb_lb
-    print(f"  hottest / mean expert, per step and layer: median {h[0]:.2f} (p10 {h[1]:.2f}, p90 {h[2]:.2f})")
-    print(
-        f"  no EPLB on {stats.gpus} GPUs: lb median {lb[0]:.2f} (p10 {lb[1]:.2f}, p90 {lb[2]:.2f}), "
-        f"imbalance (max - mean) / mean {stats.imbalance:.2f}"
-    )
-    if stats.hot_set_overlap:
-        parts = ", ".join(f"{v:.0%} after {k:,} step{'' if k == 1 else 's'}" for k, v in stats.hot_set_overlap.items())
-        print(f"  top-{stats.top} hot set kept: {parts}")
-    return 0
+    return config
 
 
 def _config_dict(cfg: SynthConfig) -> dict[str, Any]:
