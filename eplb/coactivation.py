@@ -646,7 +646,13 @@ def reach(
 
     Per GPU (node) g, with p_e = load_e / tokens and f_eg the fraction of e's replicas on g:
     P(token reaches g) = 1 - prod_e (1 - f_eg p_e) x exp(sum_{i<j} f_ig f_jg (c_ij / tokens - p_i p_j)):
-    independent picks corrected by the pairs' excess co-activation (c_ij from `pair_estimate`).
+    independent picks corrected by the pairs' excess co-activation (c_ij from `pair_estimate`), then held
+    within what the picks' first two moments allow: with m = sum_e f_eg p_e the token's expected picks on g
+    and s = sum_{i != j} f_ig f_jg c_ij / tokens its expected ordered pairs there, max(m / k, m^2 / (m + s))
+    <= P <= m - s / k (a token reaching g puts 1 to k picks there; the second lower bound is Cauchy-Schwarz).
+    The bounds meet when every token that reaches g puts the same number of picks there (a GPU or node that
+    holds every expert: 1; experts always chosen together on one GPU: their pick chance; experts never
+    chosen together: the sum of their chances), where the product form is not exact.
     node_limit: DeepSeek-style node-limited routing (a token's experts lie on at most M nodes); where the
     expected nodes per token exceed M, every GPU's and node's reach is scaled down to M nodes.
     phy2log: [L, P] (-1 = empty slot); slots_per_gpu: [G]."""
@@ -667,10 +673,17 @@ def reach(
     node_frac = frac.reshape(frac.shape[0], frac.shape[1], -1, per_node).sum(axis=3)
     p, excess = summary.pick_terms
 
+    top_k = float(summary.top_k)
+
     def reached(f: F64) -> F64:
         log_none = np.log1p(-np.minimum(f * p[:, :, None], 1 - 1e-12)).sum(axis=1)  # [L, G]
         pair = (f * np.matmul(excess, f)).sum(axis=1) / 2  # sum_ij f_ig excess_ij f_jg / 2
-        out: F64 = (1.0 - np.exp(log_none + pair)).clip(0.0, 1.0)
+        picks = (f * p[:, :, None]).sum(axis=1)  # [L, G] m: expected picks on g
+        pairs = 2 * pair + picks * picks  # s: sum_{i != j} f_i f_j c_ij / tokens (excess_ii = -p_i^2)
+        second = np.divide(picks * picks, picks + pairs, out=np.zeros_like(picks), where=picks + pairs > 0)
+        low = np.minimum(np.maximum(picks / top_k, second), 1.0)
+        high = np.maximum(np.minimum(picks - pairs / top_k, 1.0), low)
+        out: F64 = np.clip(1.0 - np.exp(log_none + pair), low, high)
         return out
 
     gpu, node = reached(frac), reached(node_frac)

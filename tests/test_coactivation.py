@@ -110,6 +110,23 @@ def test_summary_estimate_tracks_exact_copies_on_real_routing() -> None:
     assert np.all(np.abs(nodes - exact.nodes) < 0.1)
 
 
+def test_summary_estimate_is_exact_where_its_moment_bounds_meet() -> None:
+    """Pairs always chosen together (the docs' summary example): one GPU per token when each pair shares a
+    GPU, two when it is split; a node holding every expert is reached by every token. The product form
+    alone said 1.5, 1.70 and 0.98 here."""
+    example = CoactivationSummary.from_dict({
+        "format": "eplb.coactivation-summary/v1", "top_k": 2, "tokens": [200], "loads": [[100, 100, 100, 100]],
+        "partners": [[[1, -1], [0, -1], [3, -1], [2, -1]]], "counts": [[[100, 0], [100, 0], [100, 0], [100, 0]]]})
+    for p2l, gpus in (([0, 1, 2, 3], 1.0), ([0, 2, 1, 3], 2.0)):
+        got, _ = approx_copies_per_token(example, np.array([p2l]), np.array([2, 2]))
+        assert got[0] == pytest.approx(gpus)
+    ids, _ = read_topk(FIXTURE)
+    sample = ids[:2000, :3]
+    _, nodes = approx_copies_per_token(summarize(sample, 64), np.tile(np.arange(64), (3, 1)), np.full(8, 8),
+                                       gpus_per_node=8)  # fmt: skip
+    assert np.allclose(nodes, 1.0)
+
+
 def test_read_topk_refuses_counts_logs(tmp_path: Path) -> None:
     path = tmp_path / "counts.npz"
     write_counts(path, np.ones((2, 1, 4), dtype=np.int64), top_k=1)
