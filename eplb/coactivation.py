@@ -32,6 +32,7 @@ import base64
 import binascii
 import io
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,7 @@ from numpy.typing import ArrayLike, NDArray
 from eplb.errors import EplbError
 from eplb.io.logs import coactivation as _coactivation
 from eplb.io.logs import open_log
+from eplb.npy import NpyError, read_npy
 
 __all__ = [
     "RULES",
@@ -500,16 +502,25 @@ class CoactivationSummary:
     def from_bytes(cls, data: bytes) -> CoactivationSummary:
         """Inverse of `to_bytes`, checked as `from_dict` (EplbError on anything else, including an archive whose
         arrays would unpack to more than BINARY_MAX bytes)."""
+        fields = []
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 if sum(info.file_size for info in archive.infolist()) > BINARY_MAX:
                     raise EplbError(f"co-activation summary: unpacks to more than {BINARY_MAX:,} bytes")
-            with np.load(io.BytesIO(data), allow_pickle=False) as z:
-                fields = [z[name] for name in ("tokens", "top_k", "loads", "partners", "counts")]
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+                members = set(archive.namelist())
+                for name in ("tokens", "top_k", "loads", "partners", "counts"):
+                    if f"{name}.npy" not in members:
+                        raise EplbError(f"co-activation summary: missing array {name!r}")
+                    # at most the entry's stated size is unpacked (checked above); the .npy header must then
+                    # describe those bytes, or numpy would allocate whatever shape it claims
+                    image = archive.read(f"{name}.npy")
+                    try:
+                        fields.append(read_npy(image))
+                    except NpyError as exc:
+                        raise EplbError(f"co-activation summary: {name}.npy is {exc}") from None
+        except (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, OSError, ValueError,
+                EOFError) as exc:
             raise EplbError(f"co-activation summary: not a .npz image of one ({exc})") from None
-        except KeyError as exc:
-            raise EplbError(f"co-activation summary: missing array {exc}") from None
         return cls._checked(*fields)
 
     @classmethod

@@ -101,3 +101,28 @@ def test_service_takes_the_binary_summary(server_factory: Callable[..., str], su
         answers.append(sent.json()["result"])
     assert answers[0]["predicted"]["copies_per_token"] is not None
     assert answers[0]["placement"] == answers[1]["placement"] and answers[0]["predicted"] == answers[1]["predicted"]
+
+
+def lying_npy(shape: tuple[int, ...], descr: str = "<i8", data: bytes = b"\0" * 80) -> bytes:
+    """A v1.0 .npy image whose header declares `shape` over only `data`."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}".encode()
+    header += b" " * (127 - 10 - len(header) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + data
+
+
+def test_a_member_whose_header_lies_about_its_shape_is_refused_unread(summary: CoactivationSummary) -> None:
+    """tokens.npy claiming [1e8, 1e6] int64 (728 TiB) over 80 bytes: the header is checked against the bytes the
+    entry holds before numpy allocates the shape (it was a MemoryError, a 500 in the service)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(summary.to_bytes())) as source, \
+            zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in source.namelist():
+            archive.writestr(name, lying_npy((100_000_000, 1_000_000)) if name == "tokens.npy" else source.read(name))
+    with pytest.raises(EplbError, match=r"tokens.npy is not a .npy array: its header declares shape "
+                                        r"\[100000000, 1000000\] of int64 \(800,000,000,000,000 bytes\), but 80 "):
+        CoactivationSummary.parse(b64(buffer.getvalue()))
+    noise = npz(**{"tokens": summary.tokens})
+    with zipfile.ZipFile(io.BytesIO(noise)) as archive:
+        assert archive.namelist() == ["tokens.npy"]
+    with pytest.raises(EplbError, match="missing array 'top_k'"):
+        CoactivationSummary.parse(b64(noise))
