@@ -10,7 +10,6 @@ field."""
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, Placeme
 from eplb.budget import slots_per_gpu
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
+from eplb.npy import NpyError, read_npy
 from eplb.placement import FORMAT as PLACEMENT_FORMAT
 from eplb.placement import Placement
 from eplb.schemas import SolverOut
@@ -290,13 +290,16 @@ def _validate(model: type[M], data: bytes) -> M:
 
 
 def _read_npy(data: bytes) -> NDArray[np.float64]:
+    """The npy body's loads as float64 (a copy: the image is read as a view of the body). The header is checked
+    against the bytes that follow it before anything is allocated (eplb.npy)."""
     try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ProblemError(400, "Body is not .npy", f"the body is not a .npy array: {exc}") from None
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iuf":
-        raise invalid([{"field": "loads", "message": "the .npy array must hold integers or floats"}])
-    return array.astype(np.float64, copy=False)
+        array = read_npy(data)
+    except NpyError as exc:
+        raise ProblemError(400, "Body is not .npy", f"the body is {exc}") from None
+    if array.dtype.kind not in "iuf":
+        message = f"the .npy array must hold integers or floats, not {array.dtype}"
+        raise invalid([{"field": "loads", "message": message}])
+    return array.astype(np.float64)
 
 
 def check_window(value: Any) -> NDArray[np.float64]:

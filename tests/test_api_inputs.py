@@ -1,0 +1,101 @@
+"""Careless and hostile request bodies against a real `eplb serve` on loopback: each a 4xx naming what is wrong,
+never a 500 or a traceback."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import zipfile
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from eplb.io.windows import read_window
+
+PROBLEM = "application/problem+json"
+NPY = {"content-type": "application/x-npy"}
+V3 = read_window(None).loads[:4]
+FIELDS = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 16, "num_redundant": 16}}
+
+
+@pytest.fixture(scope="module")
+def base(server_factory: Callable[..., str]) -> str:
+    return server_factory()
+
+
+def lying_npy(shape: tuple[int, ...], descr: str = "<f8", data: bytes = b"\0" * 80) -> bytes:
+    """A v1.0 .npy image whose header declares `shape` over only `data` (about 200 bytes in all)."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}".encode()
+    header += b" " * (117 - len(header)) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + data
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def post_npy(base: str, route: str, content: bytes, fields: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{base}{route}", content=content, params={"request": json.dumps(fields)}, headers=NPY,
+                      timeout=60)
+
+
+def test_an_npy_body_whose_header_lies_is_400_not_500(base: str) -> None:
+    """A ~200-byte body declaring (100000000, 100000) float64 was a 500 (numpy tried to allocate 72.8 TiB)."""
+    solved = httpx.post(f"{base}/placement", json={**FIELDS, "loads": V3.tolist()}, timeout=60).json()
+    lie = lying_npy((100_000_000, 100_000))
+    assert len(lie) < 256
+    for route, fields in (("/placement", FIELDS), ("/evaluate", {"model": "deepseek-v3",
+                                                                  "placement": solved["placement"]})):
+        r = post_npy(base, route, lie, fields)
+        assert r.status_code == 400 and r.headers["content-type"] == PROBLEM, r.text
+        assert r.json()["detail"] == ("the body is not a .npy array: its header declares shape [100000000, 100000] "
+                                      "of float64 (80,000,000,000,000 bytes), but 80 bytes follow the header")
+    short = post_npy(base, "/placement", npy(V3)[:-8], FIELDS)
+    assert short.status_code == 400 and "but 8,184 bytes follow" in short.json()["detail"], short.text
+    ok = post_npy(base, "/placement", npy(np.asfortranarray(V3.astype(">i4"))), FIELDS)
+    assert ok.status_code == 200 and ok.json()["placement"] == solved["placement"], ok.text
+
+
+def test_an_npy_body_of_noise_gets_our_one_line_400(base: str) -> None:
+    """Not numpy's advice to pass allow_pickle."""
+    noise = np.random.default_rng(0).bytes(300)
+    r = post_npy(base, "/placement", noise, FIELDS)
+    assert r.status_code == 400 and r.headers["content-type"] == PROBLEM, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("the body is not a .npy array: it does not start with numpy's magic string")
+    assert "pickle" not in detail and "\n" not in detail
+    header = post_npy(base, "/placement", b"\x93NUMPY\x01\x00\x05\x00{'a'", FIELDS)
+    assert header.status_code == 400 and "its header is unreadable" in header.json()["detail"], header.text
+    objects = io.BytesIO()
+    np.save(objects, np.array([[1, None]], dtype=object), allow_pickle=True)
+    pickled = post_npy(base, "/placement", objects.getvalue(), FIELDS)
+    assert pickled.status_code == 400 and "dtype is object" in pickled.json()["detail"], pickled.text
+    strings = post_npy(base, "/placement", npy(np.array([["a", "b"]])), FIELDS)
+    assert strings.status_code == 422 and strings.json()["errors"][0]["field"] == "loads", strings.text
+
+
+def test_a_coactivation_image_whose_header_lies_is_422_naming_the_field(base: str) -> None:
+    """base64 of a zip whose tokens.npy claims 728 TiB: was a 500 (MemoryError)."""
+    from eplb.coactivation import read_topk, summarize
+
+    ids, _ = read_topk("fixtures/esft-dsv2lite-law-topk.npz")
+    summary = summarize(ids, 64)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(summary.to_bytes())) as source, \
+            zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in source.namelist():
+            lie = lying_npy((100_000_000, 1_000_000), "<i8")
+            archive.writestr(name, lie if name == "tokens.npy" else source.read(name))
+    loads = read_window("fixtures/esft-dsv2lite-law-topk.npz").loads
+    body = {"model": "deepseek-v2-lite", "cluster": {"num_gpus": 8}, "loads": loads.tolist(),
+            "coactivation": base64.b64encode(buffer.getvalue()).decode()}
+    r = httpx.post(f"{base}/placement", json=body, timeout=60)
+    assert r.status_code == 422 and r.headers["content-type"] == PROBLEM, r.text
+    assert r.json()["errors"][0]["field"] == "coactivation"
+    assert "tokens.npy is not a .npy array: its header declares shape [100000000, 1000000]" in r.json()["detail"]
