@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from eplb.schemas import PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
@@ -21,6 +21,7 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 MAX_GPUS = 4096
 SlotCount = Annotated[int, Field(ge=0, le=MAX_GPUS)]
 ExpertId = Annotated[int, Field(ge=-1, le=65_535)]  # -1: an empty slot (or no partner)
+LayerId = Annotated[int, Field(ge=0, le=65_535)]  # a model layer number (DeepSeek-V3's MoE layers are 3..60)
 Bytes = Annotated[float, Field(ge=0, le=1e15)]  # at most a petabyte
 Loads = Annotated[
     list[list[float]], Field(description="[layers][E] tokens routed to each expert over the window")
@@ -63,6 +64,23 @@ class PlacementIn(BaseModel):
     num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS)
     replicas: list[list[int]] | None = None
     shares: list[list[float]] | None = None
+    layer_ids: list[LayerId] | None = Field(None, description="model layer of each phy2log row, distinct (`eplb "
+                                            "solve --out` writes the window's); a label: rows are matched by position")
+
+    @field_validator("layer_ids")
+    @classmethod
+    def _one_layer_id_per_row(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if ids is None:
+            return ids
+        rows = info.data.get("phy2log")
+        if rows is not None and len(ids) != len(rows):
+            raise ValueError(f"has {len(ids)} ids, phy2log has {len(rows)} rows: give one model layer per row")
+        seen: set[int] = set()
+        for layer in ids:
+            if layer in seen:
+                raise ValueError(f"layer {layer} appears twice: every row is a different model layer")
+            seen.add(layer)
+        return ids
 
 
 class CoactivationIn(BaseModel):

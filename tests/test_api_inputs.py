@@ -6,8 +6,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +22,7 @@ from eplb.io.windows import read_window
 PROBLEM = "application/problem+json"
 NPY = {"content-type": "application/x-npy"}
 V3 = read_window(None).loads[:4]
+PREFILL = Path(__file__).resolve().parents[1] / "fixtures" / "sglang6017-dsv3-prefill-in4096.json"
 FIELDS = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 16, "num_redundant": 16}}
 
 
@@ -99,3 +103,41 @@ def test_a_coactivation_image_whose_header_lies_is_422_naming_the_field(base: st
     assert r.status_code == 422 and r.headers["content-type"] == PROBLEM, r.text
     assert r.json()["errors"][0]["field"] == "coactivation"
     assert "tokens.npy is not a .npy array: its header declares shape [100000000, 1000000]" in r.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def solved_file(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What `eplb solve --loads fixtures/sglang6017-dsv3-prefill-in4096.json --out p32.json` writes: with
+    `layer_ids` 3..60, the window's."""
+    out = tmp_path_factory.mktemp("solved") / "p32.json"
+    done = subprocess.run([sys.executable, "-m", "eplb.cli", "solve", "--loads", str(PREFILL), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    placement: dict[str, Any] = json.loads(out.read_text())
+    assert placement["layer_ids"] == list(range(3, 61))
+    return placement
+
+
+def test_eplb_solve_out_files_are_taken_with_their_layer_ids(base: str, solved_file: dict[str, Any]) -> None:
+    """current_placement (POST /placement), placement (POST /evaluate) and POST /deployments/X/placement took no
+    layer_ids: 422 'Extra inputs are not permitted' for every file eplb solve --out writes from a fixture."""
+    loads = read_window(PREFILL).loads.tolist()
+    body = {"model": "deepseek-v3", "cluster": {"num_gpus": 32}, "loads": loads}
+    r = httpx.post(f"{base}/placement", json={**body, "current_placement": solved_file}, timeout=60)
+    assert r.status_code == 200 and r.json()["moves"]["total"] == 0, r.text
+    r = httpx.post(f"{base}/evaluate", json={"model": "deepseek-v3", "loads": loads, "placement": solved_file},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    config = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 32}}
+    assert httpx.put(f"{base}/deployments/from-file", json=config, timeout=30).status_code in (200, 201)
+    r = httpx.post(f"{base}/deployments/from-file/placement", json={"placement": solved_file}, timeout=60)
+    assert r.status_code == 200 and r.json()["action"] == "applied", r.text
+    # checked: one id per row, each row a different layer
+    for ids, message in ((solved_file["layer_ids"][:-1], "has 57 ids, phy2log has 58 rows"),
+                         ([3, *solved_file["layer_ids"][:-1]], "layer 3 appears twice"),
+                         ([*solved_file["layer_ids"][:-1], "60"], "valid integer")):
+        bad = httpx.post(f"{base}/placement", json={**body, "current_placement": {**solved_file, "layer_ids": ids}},
+                         timeout=60)
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["errors"][0]["field"].startswith("current_placement.layer_ids"), bad.json()
+        assert message in bad.json()["detail"], bad.json()
