@@ -651,3 +651,44 @@ def test_a_stored_milp_config_with_groups_names_the_fields_at_its_next_window(st
         dep.process_window(store, "old-milp", window(0))
     dep.register(store, "old-milp", config().model_copy(update={"cluster": shape, "solver": "greedy"}))
     assert dep.process_window(store, "old-milp", window(0)).action == "placed"
+
+
+def test_exports_key_sglang_and_trtllm_by_model_layer(client: TestClient) -> None:
+    """A DeepSeek-V3 deployment's whole-model placement (58 MoE layers) exports as SGLang's 61 model layers (the
+    3 dense ones get SGLang's trivial map) and TensorRT-LLM's keys 3..60, as `eplb export` does with the layer ids
+    of a placement `eplb solve --out` wrote: the rows were the MoE layers, 58 and 0..57."""
+    from eplb.io.windows import read_window
+
+    loads = read_window(None).loads
+    assert client.put("/deployments/v3", json={"model": "deepseek-v3", "hardware": "h100",
+                                                "cluster": {"num_gpus": 32}}).status_code == 201
+    placed = client.post("/deployments/v3/windows", json={"loads": loads.tolist()}).json()
+    phy2log = placed["result"]["placement"]["phy2log"]
+    sglang = client.get("/deployments/v3", params={"format": "sglang"}).json()["physical_to_logical_map"]
+    assert len(sglang) == 61 and sglang[3:] == phy2log
+    assert sglang[0] == [slot % 256 for slot in range(288)] == sglang[2]
+    trtllm = client.get("/deployments/v3", params={"format": "trtllm"}).json()
+    assert list(trtllm["initial_global_assignments"]) == [str(i) for i in range(3, 61)]
+    assert trtllm["initial_global_assignments"]["3"] == phy2log[0] and trtllm["num_slots"] == 288
+    ascend = client.get("/deployments/v3", params={"format": "vllm-ascend"}).json()
+    assert ascend["moe_layer_count"] == 58 and ascend["layer_list"][0]["layer_id"] == 0  # its own MoE indexing
+    # layer_ids names them (windows of a part of the model name none: their rows stay 0..L-1)
+    named = client.get("/deployments/v3", params={"format": "trtllm", "layer_ids": "0,2-58"}).json()
+    assert list(named["initial_global_assignments"]) == ["0", *[str(i) for i in range(2, 59)]]
+    for value, message in (("3-59", "57 ids for the placement's 58 layers"), ("x", "expected numbers"),
+                           ("3-59,3", "appears twice")):
+        bad = client.get("/deployments/v3", params={"format": "sglang", "layer_ids": value})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "layer_ids", bad.text
+        assert message in bad.json()["detail"], bad.text
+    assert client.get("/deployments/v3", params={"layer_ids": "3-60"}).status_code == 422
+
+
+def test_the_dense_layer_counts_are_the_presets_sources() -> None:
+    import re
+
+    from api.routes.deployments import FIRST_DENSE_LAYERS
+    from eplb.specs import MODEL_PRESET_SOURCES
+
+    quoted = {name: int(m.group(1)) for name, text in MODEL_PRESET_SOURCES.items()
+              if (m := re.search(r"first_k_dense_replace (\d+)", text))}
+    assert quoted == FIRST_DENSE_LAYERS and set(quoted) <= set(MODEL_PRESETS)

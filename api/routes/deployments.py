@@ -20,17 +20,19 @@ from api.schemas import CoactivationBinary, CoactivationIn, PlacementIn
 from api.settings import Settings
 from eplb import deployments
 from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, NotFound, WindowResult
-from eplb.io.exports import to_sglang, to_trtllm, to_vllm_ascend
+from eplb.errors import EplbError
+from eplb.io.exports import parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
 from eplb.solve import Outcome, solve
+from eplb.specs import MODEL_PRESETS
 
 MAX_ID = 2**31 - 1
 """The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
 parameter; SQLite's are int64): a larger `before` is a 422, not a database error."""
 router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized)
-EXPORTS: dict[str, Callable[[Placement], dict[str, Any]]] = {
-    "sglang": to_sglang, "trtllm": to_trtllm, "vllm-ascend": to_vllm_ascend,
-}
+FIRST_DENSE_LAYERS: dict[str, int] = {"deepseek-v3": 3, "kimi-k2": 1, "deepseek-v2-lite": 1}
+"""Dense-FFN layers before the MoE layers of the model presets that have them (config.json's
+first_k_dense_replace, quoted in eplb.specs.MODEL_PRESET_SOURCES); every other preset is MoE in every layer."""
 
 
 class WindowIn(BaseModel):
@@ -115,6 +117,38 @@ async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response:
     return DeploymentUpdate.model_construct(**dict(view), placement_dropped=PLACEMENT_DROPPED if dropped else None)
 
 
+def model_layers(config: DeploymentConfig, placement: Placement,
+                 given: str | None) -> tuple[list[int] | None, int | None]:
+    """The model layer of each placement row, and the model's layer count, for the SGLang and TensorRT-LLM
+    exports (SGLang's rows and TensorRT-LLM's keys are model layers, dense ones included), as `eplb export` takes
+    them from a placement file's layer_ids: `given` (the `layer_ids` query, e.g. 3-60); else, when the placement
+    has the model's MoE layer count, the preset's MoE layers (after its first dense ones: DeepSeek-V3's 3..60 of
+    61); else None, None (the rows are the placement's own, 0..L-1: windows of a part of the model name no
+    layers)."""
+    model = MODEL_PRESETS.get(config.model)  # a stored config names a preset (Setup refuses any other name)
+    dense = FIRST_DENSE_LAYERS.get(config.model, 0)
+    total = dense + (placement.num_layers if model is None else model.num_moe_layers)
+    if given is None:
+        if model is not None and placement.num_layers == model.num_moe_layers:
+            return list(range(dense, total)), total
+        return None, None
+    try:
+        ids = parse_layer_ids(given)
+    except EplbError as exc:
+        raise _layer_ids_error(str(exc).removeprefix("layer ids: ")) from None
+    if len(ids) != placement.num_layers:
+        raise _layer_ids_error(f"{len(ids)} ids for the placement's {placement.num_layers} layers: give one model "
+                               "layer per placement layer")
+    if len(set(ids)) != len(ids):
+        raise _layer_ids_error("a layer appears twice: every placement layer is a different model layer")
+    return ids, max(total, max(ids) + 1)
+
+
+def _layer_ids_error(message: str) -> ProblemError:
+    return ProblemError(422, "Invalid request", f"layer_ids: {message}",
+                        errors=[{"field": "layer_ids", "message": message}])
+
+
 @router.get("/{name}", response_model=DeploymentView, response_model_exclude_none=True,
             responses={200: {"description": "the deployment, or its current placement in `format`"},
                        **documented(401, 404, 422)},
@@ -123,13 +157,27 @@ async def get_deployment(
     name: str, db: DbDep,
     format: Annotated[Literal["sglang", "trtllm", "vllm-ascend"] | None, Query(
         description="export the current placement for this serving system instead")] = None,
+    layer_ids: Annotated[str | None, Query(max_length=10_000, description="with format sglang or trtllm: the model "
+                                           "layer of each placement layer, e.g. 3-60 or 0,1,5-7 (default: the "
+                                           "model preset's MoE layers, dense layers first, when the placement "
+                                           "has all of them)")] = None,
 ) -> Any:
+    view: DeploymentView = await _call(deployments.get, db, name)
     if format is None:
-        return await _call(deployments.get, db, name)
-    placement = await _call(deployments.current_placement, db, name)
-    if placement is None:
+        if layer_ids is not None:
+            raise _layer_ids_error("only with format=sglang or format=trtllm")
+        return view
+    if view.placement is None:
         raise ProblemError(404, "Not found", f"deployment {name!r} has no placement yet: send a window first")
-    return JSONResponse(EXPORTS[format](placement))
+    placement = Placement.from_dict(view.placement.model_dump(exclude_none=True))
+    if format == "vllm-ascend":  # its map is indexed by MoE layer
+        if layer_ids is not None:
+            raise _layer_ids_error("only with format=sglang or format=trtllm (vllm-ascend indexes MoE layers)")
+        return JSONResponse(to_vllm_ascend(placement))
+    ids, total = model_layers(view.config, placement, layer_ids)
+    if format == "sglang":
+        return JSONResponse(to_sglang(placement, ids, total))
+    return JSONResponse(to_trtllm(placement, ids))
 
 
 @router.delete("/{name}", status_code=204, responses=documented(401, 404),
