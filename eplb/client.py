@@ -13,7 +13,8 @@ Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` f
 `DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
 raises `ServiceError` with the service's status, title and one-line detail; a service that cannot be reached
 (refused, no such host, not an http(s) URL, timed out) raises `Unreachable`, and an answer that is not the
-service's `NotTheService`: each a one-line EplbError.
+service's `NotTheService`; a deployment name the service cannot have raises `InvalidRequest` before anything
+is sent: each a one-line EplbError.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 
-from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, WindowResult
+from eplb.deployments import (
+    DeploymentConfig,
+    DeploymentView,
+    HistoryEntry,
+    HistoryPage,
+    WindowResult,
+    check_name,
+)
 from eplb.errors import EplbError
 from eplb.schemas import PlacementOut, PlacementResponse
 
@@ -49,6 +58,10 @@ class Unreachable(EplbError):
 
 class NotTheService(EplbError):
     """An answer that is not the eplb service's (another server at that URL): what was asked and got."""
+
+
+class InvalidRequest(EplbError):
+    """A request the client refuses to send, naming what to fix: a deployment name the service cannot have."""
 
 
 def _unreachable(url: str, exc: Exception) -> Unreachable:
@@ -115,6 +128,25 @@ def _lists(value: Any) -> Any:
     return value
 
 
+def _segment(name: str) -> str:
+    """A deployment name as one URL path segment. A name the service cannot have is InvalidRequest here: no such
+    deployment can exist, and a '/' or '?' in it would reach another route or deployment."""
+    if not isinstance(name, str):
+        raise InvalidRequest(f"deployment name {name!r}: a string, not a {type(name).__name__}")
+    try:
+        check_name(name)
+    except EplbError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return quote(name, safe="")
+
+
+def _job_segment(job_id: str) -> str:
+    """A job id as one URL path segment (the service's ids are hex)."""
+    if not isinstance(job_id, str) or job_id in ("", ".", ".."):
+        raise InvalidRequest(f"job id {job_id!r}: the id a submitted job answered (Job.id)")
+    return quote(job_id, safe="")
+
+
 def _placement_or_job(r: httpx.Response) -> PlacementResponse | Job:
     return Job.model_validate(r.json()) if r.status_code == 202 else PlacementResponse.model_validate(r.json())
 
@@ -152,20 +184,20 @@ class _Api:
 
     @staticmethod
     def job(job_id: str) -> _Call[Job]:
-        return _Call("GET", f"/jobs/{job_id}", _model(Job))
+        return _Call("GET", f"/jobs/{_job_segment(job_id)}", _model(Job))
 
     @staticmethod
     def cancel(job_id: str) -> _Call[Job]:
-        return _Call("DELETE", f"/jobs/{job_id}", _model(Job))
+        return _Call("DELETE", f"/jobs/{_job_segment(job_id)}", _model(Job))
 
     @staticmethod
     def put_deployment(name: str, config: DeploymentConfig | dict[str, Any]) -> _Call[DeploymentView]:
         body = DeploymentConfig.model_validate(_lists(config)).model_dump(mode="json", exclude_none=True)
-        return _Call("PUT", f"/deployments/{name}", _model(DeploymentView), json=body)
+        return _Call("PUT", f"/deployments/{_segment(name)}", _model(DeploymentView), json=body)
 
     @staticmethod
     def deployment(name: str) -> _Call[DeploymentView]:
-        return _Call("GET", f"/deployments/{name}", _model(DeploymentView))
+        return _Call("GET", f"/deployments/{_segment(name)}", _model(DeploymentView))
 
     @staticmethod
     def deployments() -> _Call[list[DeploymentView]]:
@@ -174,27 +206,27 @@ class _Api:
 
     @staticmethod
     def export(name: str, format: Export) -> _Call[dict[str, Any]]:
-        return _Call("GET", f"/deployments/{name}", lambda r: dict(r.json()), params={"format": format})
+        return _Call("GET", f"/deployments/{_segment(name)}", lambda r: dict(r.json()), params={"format": format})
 
     @staticmethod
     def delete_deployment(name: str) -> _Call[None]:
-        return _Call("DELETE", f"/deployments/{name}", lambda r: None)
+        return _Call("DELETE", f"/deployments/{_segment(name)}", lambda r: None)
 
     @staticmethod
     def send_window(name: str, loads: Any, force: bool) -> _Call[WindowResult]:
-        return _Call("POST", f"/deployments/{name}/windows", _model(WindowResult),
+        return _Call("POST", f"/deployments/{_segment(name)}/windows", _model(WindowResult),
                      json={"loads": _lists(loads), "force": force})
 
     @staticmethod
     def history(name: str, limit: int, before: int | None) -> _Call[HistoryPage]:
         params: dict[str, Any] = {"limit": limit} if before is None else {"limit": limit, "before": before}
-        return _Call("GET", f"/deployments/{name}/history", _model(HistoryPage), params=params)
+        return _Call("GET", f"/deployments/{_segment(name)}/history", _model(HistoryPage), params=params)
 
     @staticmethod
     def applied(name: str, placement: PlacementOut | dict[str, Any]) -> _Call[HistoryEntry]:
         body = _lists(placement)
         body = {k: body[k] for k in ("phy2log", "slots_per_gpu", "num_experts", "shares") if body.get(k) is not None}
-        return _Call("POST", f"/deployments/{name}/placement", _model(HistoryEntry), json={"placement": body})
+        return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body})
 
 
 def _headers(api_key: str | None) -> dict[str, str]:

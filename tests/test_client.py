@@ -4,12 +4,12 @@ placements, jobs (submit, wait with backoff, cancel), deployments, problems as S
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 
-from eplb.client import AsyncClient, Client, JobFailed, ServiceError
+from eplb.client import AsyncClient, Client, InvalidRequest, JobFailed, ServiceError
 from eplb.deployments import WindowResult
 from eplb.schemas import PlacementResponse
 from tests.test_deployments import config, window
@@ -150,3 +150,58 @@ def test_unreachable_and_foreign_services_are_one_line_errors() -> None:
         with pytest.raises(ServiceError, match=r"^404 Not Found: a text/html answer, no problem details") as gone:
             eplb.deployment("gone")
         assert gone.value.status == 404 and "\n" not in str(gone.value)
+
+
+# --- what the client sends ----------------------------------------------------------------------------------
+
+
+def test_deployment_names_reach_their_own_deployment(base: str) -> None:
+    """A name is one path segment: '#', '?' or '/' in it cannot cut the path short (`delete_deployment(
+    "victim#test")` deleted `victim`) or reach another route; the service's names are refused in one line."""
+    with Client(base, api_key=KEY) as eplb:
+        eplb.put_deployment("victim", config())
+        eplb.send_window("victim", window(0))
+        calls: list[Callable[[str], object]] = [
+            lambda n: eplb.delete_deployment(n), lambda n: eplb.put_deployment(n, config()),
+            lambda n: eplb.deployment(n), lambda n: eplb.send_window(n, window(1)),
+            lambda n: eplb.history(n), lambda n: eplb.export(n, "sglang")]
+        for name in ("victim#test", "victim?format=sglang", "victim/history", "victim/../victim", "", "-victim"):
+            for call in calls:
+                with pytest.raises(InvalidRequest, match=r"^deployment name .*: use 1-100 letters, digits"):
+                    call(name)
+        assert eplb.deployment("victim").windows == 1  # neither deleted, replaced nor sent a window
+        assert [e.action for e in eplb.history("victim").entries] == ["placed"]
+        assert [d.name for d in eplb.deployments() if d.name.startswith("victim")] == ["victim"]
+        name = "Victim.2_b-c"  # every character the service allows, through every call
+        eplb.put_deployment(name, config())
+        first = eplb.send_window(name, window(0))
+        assert first.result is not None and eplb.applied(name, first.result.placement).action == "applied"
+        assert eplb.deployment(name).name == name and len(eplb.history(name).entries) == 2
+        assert eplb.export(name, "trtllm")["num_slots"] == 80
+        eplb.delete_deployment(name)
+        eplb.delete_deployment("victim")
+
+    async def run() -> None:
+        async with AsyncClient(base, api_key=KEY) as eplb:
+            with pytest.raises(InvalidRequest, match="deployment name 'a#b'"):
+                await eplb.put_deployment("a#b", config())
+            assert "a" not in [d.name for d in await eplb.deployments()]
+
+    asyncio.run(run())
+
+
+def test_job_ids_are_escaped(base: str) -> None:
+    """A job id is one path segment too: the service is asked about the id as given, not a prefix of it."""
+    with Client(base, api_key=KEY) as eplb:
+        job = eplb.submit(**request())
+        for suffix in ("#x", "?x=1", "/x"):
+            with pytest.raises(ServiceError) as missing:
+                eplb.job(job.id + suffix)
+            assert missing.value.status == 404, suffix
+            if suffix != "/x":  # the service decodes %2F into a path of its own: no route, no job
+                assert repr(job.id + suffix) in missing.value.detail
+            with pytest.raises(ServiceError, match="404"):
+                eplb.cancel(job.id + suffix)
+        assert eplb.wait(job.id, timeout=120).status == "done"  # not cancelled
+        with pytest.raises(InvalidRequest, match=r"^job id '\.\.'"):
+            eplb.job("..")
