@@ -13,21 +13,24 @@ Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` f
 `DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
 raises `ServiceError` with the service's status, title and one-line detail; a service that cannot be reached
 (refused, no such host, not an http(s) URL, timed out) raises `Unreachable`, and an answer that is not the
-service's `NotTheService`; a deployment name the service cannot have raises `InvalidRequest` before anything
-is sent: each a one-line EplbError.
+service's `NotTheService`; a request the client will not send (a deployment name the service cannot have, a
+NaN or infinity, a value JSON cannot carry, a deployment config that does not validate) raises `InvalidRequest`
+naming the field: each a one-line EplbError. Numpy arrays and scalars are welcome at any depth of a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel
+import numpy as np
+from pydantic import BaseModel, ValidationError
 
 from eplb.deployments import (
     DeploymentConfig,
@@ -61,7 +64,8 @@ class NotTheService(EplbError):
 
 
 class InvalidRequest(EplbError):
-    """A request the client refuses to send, naming what to fix: a deployment name the service cannot have."""
+    """A request the client refuses to send, naming what to fix: a deployment name the service cannot have, a
+    NaN or infinity (JSON has neither), a value JSON cannot carry, a deployment config that does not validate."""
 
 
 def _unreachable(url: str, exc: Exception) -> Unreachable:
@@ -119,13 +123,89 @@ def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.model_validate(r.json())
 
 
-def _lists(value: Any) -> Any:
-    """numpy arrays (and models) as JSON-ready lists."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
+class _Bad(Exception):
+    """Raised inside `_plain` at the offending value; each level adds its key on the way out."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.path = what, list[str]()
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
+_NUMBERS = frozenset({int, float, bool})
+_FINITE = "the service takes finite numbers (JSON has no NaN or infinity)"
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON-ready Python values: numpy arrays and scalars (and anything with `tolist`, a torch tensor)
+    at any depth as lists and numbers, models as their JSON dump; _Bad at a NaN, an infinity or a value JSON has
+    no form for."""
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
-    return value
+        value = value.model_dump(mode="json", exclude_none=True)
+    elif isinstance(value, np.ndarray):
+        if value.dtype.kind in "fc" and value.size and not np.isfinite(value).all():
+            where = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
+            bad = _Bad(f"is {value[where]}: {_FINITE}")
+            bad.path = [f"[{i}]" for i in reversed(where)]
+            raise bad
+        if value.dtype.kind not in "biuf":  # strings and objects: checked element by element
+            return _plain(value.tolist())
+        return value.tolist()
+    elif isinstance(value, np.generic) or (hasattr(value, "tolist") and not isinstance(value, (list, tuple))):
+        value = value.tolist()
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Bad(f"is {value}: {_FINITE}")
+        return float(value)
+    if isinstance(value, (str, int)):  # a subclass (an enum)
+        return str.__str__(value) if isinstance(value, str) else int(value)
+    if isinstance(value, Mapping):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            key = key.item() if isinstance(key, np.generic) else key
+            if type(key) not in _SCALARS | _NUMBERS:
+                raise _Bad(f"has the key {key!r}: JSON's keys are strings")
+            try:
+                out[key] = _plain(item)
+            except _Bad as bad:
+                bad.path.append(f".{key}")
+                raise
+        return out
+    if isinstance(value, (list, tuple)):
+        kinds = set(map(type, value))
+        if kinds <= _SCALARS:  # the common case, a row of numbers: no call per element
+            return list(value)
+        if kinds <= _NUMBERS:
+            try:
+                if all(map(math.isfinite, value)):
+                    return list(value)
+            except OverflowError:  # an int too large for a float: JSON takes it, the loop below passes it
+                pass
+        items = []
+        for i, item in enumerate(value):
+            try:
+                items.append(_plain(item))
+            except _Bad as bad:
+                bad.path.append(f"[{i}]")
+                raise
+        return items
+    raise _Bad(f"is a {kind.__name__}: JSON has numbers, strings, lists and objects")
+
+
+def _json(value: Any, name: str) -> Any:
+    """`_plain(value)`; InvalidRequest naming the field (`name` and the path inside it) for what JSON cannot carry."""
+    try:
+        return _plain(value)
+    except _Bad as bad:
+        field = name + "".join(reversed(bad.path))
+        raise InvalidRequest(f"{field.lstrip('.')} {bad.what}") from None
+
+
+def _fields(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A request body given as keywords, JSON-ready (each field named in what InvalidRequest says)."""
+    return {key: _json(value, key) for key, value in request.items()}
 
 
 def _segment(name: str) -> str:
@@ -145,6 +225,46 @@ def _job_segment(job_id: str) -> str:
     if not isinstance(job_id, str) or job_id in ("", ".", ".."):
         raise InvalidRequest(f"job id {job_id!r}: the id a submitted job answered (Job.id)")
     return quote(job_id, safe="")
+
+
+def _config(config: DeploymentConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A deployment config as PUT sends it: checked against the client's model, only the fields set (so a
+    newer client's defaults never reach an older service that does not know them)."""
+    if isinstance(config, DeploymentConfig):
+        checked = config
+    else:
+        try:
+            checked = DeploymentConfig.model_validate(_json(config, "config"))
+        except ValidationError as exc:
+            raise InvalidRequest(f"deployment config: {_validation(exc)}") from None
+    body: dict[str, Any] = _json(checked.model_dump(mode="json", exclude_unset=True, exclude_none=True), "config")
+    return body
+
+
+def _validation(exc: ValidationError) -> str:
+    """pydantic's errors in one line: `field: message; ...` (at most 5). Union branch tags ('constrained-int',
+    'list[...]') are left out of the field, and so is a branch's "should be a valid ..." when another branch of
+    the same field got further (a list of counts with a 0 in it is not also "not an integer")."""
+
+    def is_tag(part: str | int) -> bool:
+        return isinstance(part, str) and (not part.isidentifier() or part in ("int", "float", "str", "bool"))
+
+    def branch(err: Any) -> tuple[tuple[str | int, ...], str | int | None]:
+        loc = tuple(err["loc"])
+        cut = next((i for i, p in enumerate(loc) if is_tag(p)), None)
+        return (loc, None) if cut is None else (loc[:cut], loc[cut])
+
+    errors = exc.errors()
+    further = {branch(e) for e in errors if not str(e["type"]).endswith("_type")}
+    kept = [e for e in errors if not (str(e["type"]).endswith("_type") and branch(e)[1] is not None
+                                      and any(k == branch(e)[0] and t != branch(e)[1] for k, t in further))]
+    parts = []
+    for err in kept[:5]:
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"] if not is_tag(p))
+        message = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc.lstrip('.')}: {message}" if loc else message)
+    more = len(kept) - 5
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _placement_or_job(r: httpx.Response) -> PlacementResponse | Job:
@@ -173,14 +293,14 @@ class _Api:
 
     @staticmethod
     def placement(request: dict[str, Any], run_async: bool) -> _Call[PlacementResponse | Job]:
-        body = {k: _lists(v) for k, v in request.items()}
+        body = _fields(request)
         if run_async:
             body["async"] = True
         return _Call("POST", "/placement", _placement_or_job, json=body)
 
     @staticmethod
     def evaluate(request: dict[str, Any]) -> _Call[PlacementResponse]:
-        return _Call("POST", "/evaluate", _model(PlacementResponse), json={k: _lists(v) for k, v in request.items()})
+        return _Call("POST", "/evaluate", _model(PlacementResponse), json=_fields(request))
 
     @staticmethod
     def job(job_id: str) -> _Call[Job]:
@@ -192,8 +312,8 @@ class _Api:
 
     @staticmethod
     def put_deployment(name: str, config: DeploymentConfig | dict[str, Any]) -> _Call[DeploymentView]:
-        body = DeploymentConfig.model_validate(_lists(config)).model_dump(mode="json", exclude_none=True)
-        return _Call("PUT", f"/deployments/{_segment(name)}", _model(DeploymentView), json=body)
+        path = f"/deployments/{_segment(name)}"
+        return _Call("PUT", path, _model(DeploymentView), json=_config(config))
 
     @staticmethod
     def deployment(name: str) -> _Call[DeploymentView]:
@@ -215,7 +335,7 @@ class _Api:
     @staticmethod
     def send_window(name: str, loads: Any, force: bool) -> _Call[WindowResult]:
         return _Call("POST", f"/deployments/{_segment(name)}/windows", _model(WindowResult),
-                     json={"loads": _lists(loads), "force": force})
+                     json={"loads": _json(loads, "loads"), "force": force})
 
     @staticmethod
     def history(name: str, limit: int, before: int | None) -> _Call[HistoryPage]:
@@ -224,7 +344,10 @@ class _Api:
 
     @staticmethod
     def applied(name: str, placement: PlacementOut | dict[str, Any]) -> _Call[HistoryEntry]:
-        body = _lists(placement)
+        body = _json(placement, "placement")
+        if not isinstance(body, dict):
+            raise InvalidRequest(f"placement: a placement object (PlacementOut or its dict), not a "
+                                 f"{type(placement).__name__}")
         body = {k: body[k] for k in ("phy2log", "slots_per_gpu", "num_experts", "shares") if body.get(k) is not None}
         return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body})
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 
+import httpx
 import numpy as np
 import pytest
 
 from eplb.client import AsyncClient, Client, InvalidRequest, JobFailed, ServiceError
-from eplb.deployments import WindowResult
+from eplb.deployments import ClusterShape, DeploymentConfig, WindowResult
 from eplb.schemas import PlacementResponse
-from tests.test_deployments import config, window
+from tests.test_deployments import MODEL, config, window
 from tests.test_replicas import V3, replica
 
 KEY = "secret-key"
@@ -205,3 +206,93 @@ def test_job_ids_are_escaped(base: str) -> None:
         assert eplb.wait(job.id, timeout=120).status == "done"  # not cancelled
         with pytest.raises(InvalidRequest, match=r"^job id '\.\.'"):
             eplb.job("..")
+
+
+def test_numpy_values_at_any_depth(base: str) -> None:
+    """numpy scalars and arrays inside the cluster, a placement or a list of rows are sent as JSON numbers."""
+    loads = np.asarray(window(0))
+    with Client(base, api_key=KEY) as eplb:
+        plain = eplb.placement(model=MODEL, cluster={"num_gpus": 8, "slots_per_gpu": 10}, loads=loads)
+        for cluster in ({"num_gpus": np.int64(8), "slots_per_gpu": np.int32(10)},
+                        {"num_gpus": 8, "slots_per_gpu": np.full(8, 10)},
+                        {"num_gpus": 8, "slots_per_gpu": [np.int64(10)] * 8}):
+            answer = eplb.placement(model=MODEL, cluster=cluster, loads=list(loads))  # a list of arrays
+            assert answer.placement.phy2log == plain.placement.phy2log
+        placement = plain.placement.model_dump()
+        placement["phy2log"] = np.asarray(placement["phy2log"])
+        judged = eplb.evaluate(model=MODEL, loads=[[np.float32(x) for x in row] for row in loads],
+                               placement=placement)
+        assert judged.predicted.lb == pytest.approx(plain.predicted.lb)
+        view = eplb.put_deployment("client-numpy", {"model": MODEL, "cluster": {
+            "num_gpus": np.int64(8), "num_redundant": np.uint16(16)}, "policy": {"threshold": np.float64(1.2)}})
+        assert view.config.cluster.num_gpus == 8 and view.config.policy.threshold == 1.2
+        eplb.delete_deployment("client-numpy")
+
+
+def test_values_json_cannot_carry_are_one_line_errors(base: str) -> None:
+    """NaN and infinity (anywhere in a request) and objects JSON has no form for name their field."""
+    nan_rows = np.asarray(window(0), dtype=np.float64)
+    nan_rows[1, 3] = np.nan
+    with Client(base, api_key=KEY) as eplb:
+        eplb.put_deployment("client-nan", config())
+        cases = [
+            (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8}, loads=nan_rows),
+             r"^loads\[1\]\[3\] is nan: the service takes finite numbers \(JSON has no NaN or infinity\)$"),
+            (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8}, loads=nan_rows.tolist()),
+             r"^loads\[1\]\[3\] is nan: "),
+            (lambda: eplb.send_window("client-nan", [[1.0, float("inf")]]), r"^loads\[0\]\[1\] is inf: "),
+            (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8, "memory_budget_bytes": [np.inf]},
+                                    loads=window(0)), r"^cluster\.memory_budget_bytes\[0\] is inf: "),
+            (lambda: eplb.evaluate(loads=window(0), placement={"phy2log": {1, 2}}),
+             r"^placement\.phy2log is a set: JSON has numbers, strings, lists and objects$"),
+            (lambda: eplb.put_deployment("client-nan", {"model": MODEL, "cluster": {"num_gpus": 8},
+                                                         "tokens_per_gpu": float("nan")}),
+             r"^config\.tokens_per_gpu is nan: "),
+        ]
+        for call, message in cases:
+            with pytest.raises(InvalidRequest, match=message) as err:
+                call()
+            assert "\n" not in str(err.value)
+        assert eplb.deployment("client-nan").windows == 0
+        eplb.delete_deployment("client-nan")
+
+
+def test_a_config_that_does_not_validate_is_a_one_line_error(base: str) -> None:
+    with Client(base, api_key=KEY) as eplb:
+        with pytest.raises(InvalidRequest, match=r"^deployment config: cluster: Field required$"):
+            eplb.put_deployment("x", {"model": "nosuch"})
+        with pytest.raises(InvalidRequest, match=r"^deployment config: cluster\.slots_per_gpu\[1\]: Input should "
+                                                 r"be greater than or equal to 1; policy\.trigger: Input should be"):
+            eplb.put_deployment("x", {"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": [9, 0]},
+                                      "policy": {"trigger": "sometimes"}})
+        with pytest.raises(InvalidRequest, match=r"^deployment config: cluster: give only one of"):
+            eplb.put_deployment("x", {"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": 9,
+                                                                          "num_redundant": 2}})
+        with pytest.raises(ServiceError, match=r"^422 Invalid request: model: unknown preset 'nosuch'"):
+            eplb.put_deployment("x", {"model": "nosuch", "cluster": {"num_gpus": 4}})  # the service's check
+
+
+def test_put_deployment_sends_only_the_fields_set() -> None:
+    """Defaults the caller did not set stay out of the body, so a newer client's new fields (with their
+    defaults) never reach an older service that refuses fields it does not know."""
+    sent: list[dict[str, object]] = []
+
+    def older_service(request: httpx.Request) -> httpx.Response:
+        import json
+
+        body = json.loads(request.content)
+        sent.append(body)
+        known = {"model", "hardware", "cluster", "policy", "solver"}  # no 'link', 'objective', ...
+        if set(body) - known or set(body.get("policy", {})) - {"trigger", "threshold"}:
+            return httpx.Response(422, json={"title": "Invalid request", "detail": "extra inputs are not permitted"})
+        view = {"name": "prod", "config": DeploymentConfig.model_validate(body).model_dump(mode="json"),
+                "windows": 0, "created_at": 0.0, "updated_at": 0.0}
+        return httpx.Response(201, json=view)
+
+    with Client("http://svc", transport=httpx.MockTransport(older_service)) as eplb:
+        eplb.put_deployment("prod", {"model": MODEL, "cluster": {"num_gpus": np.int64(32)},
+                                     "policy": {"threshold": 1.05}})
+        eplb.put_deployment("prod", DeploymentConfig(model=MODEL, cluster=ClusterShape(num_gpus=32,
+                                                                                                 num_redundant=32)))
+    assert sent == [{"model": MODEL, "cluster": {"num_gpus": 32}, "policy": {"threshold": 1.05}},
+                    {"model": MODEL, "cluster": {"num_gpus": 32, "num_redundant": 32}}]
