@@ -193,3 +193,33 @@ def test_register_on_sglang_without_plugin_hooks(
 def test_entry_point_is_installed() -> None:
     (ep,) = [e for e in entry_points(group="sglang.srt.plugins") if e.name == "eplb"]
     assert ep.value == "eplb.integrations.sglang:register" and ep.load() is plugin.register
+
+
+def test_remote_placement_for_another_cluster_shape_is_not_used(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang passes slots per rank: 16 physical experts of 1 per rank are 16 ranks, which a deployment of 4 GPUs
+    x 4 slots does not serve although its map has the same [L, 16] shape; 4 per rank is its shape."""
+    import httpx
+
+    base = server_factory()
+    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
+              "policy": {"trigger": "periodic"}}
+    created = httpx.put(f"{base}/deployments/sglang-shape", json=config, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "sglang-shape")
+    tokens = torch.from_numpy(np.random.default_rng(1).pareto(1.0, size=(2, 4, 8)) * 100)
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        out, _, _ = plugin.rebalance_experts(tokens, 16, 1, None, 1)
+    (record,) = [r for r in caplog.records if r.name == plugin.logger.name]
+    assert record.levelno == logging.WARNING and "eplb algorithm (local)" in record.message
+    assert "num_gpus 4 vs the engine's 16 ranks, slots_per_gpu 4 vs the engine's 1 per rank" in record.message
+    monkeypatch.delenv("EPLB_SERVICE_URL")
+    assert out.tolist() == plugin.rebalance_experts(tokens, 16, 1, None, 1)[0].tolist()
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        served, _, _ = plugin.rebalance_experts(tokens, 16, 4, None, 1)
+    assert "eplb algorithm (remote): placement from" in caplog.text
+    assert served.tolist() == httpx.get(f"{base}/deployments/sglang-shape", timeout=60).json()["placement"]["phy2log"]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from eplb.deployments import NAME
 from eplb.integrations import core
 from eplb.integrations import vllm as plugin
 from eplb.integrations.vllm import EplbPolicy, policy_class
@@ -459,24 +460,92 @@ def _answering(status: int, body: Any) -> httpx.Client:
     return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://svc")
 
 
+def _placed(phy2log: list[list[int]], slots_per_gpu: Any = (3, 3), **more: Any) -> dict[str, Any]:
+    placement = {"phy2log": phy2log, "slots_per_gpu": list(slots_per_gpu), **more}
+    return {"action": "placed", "result": {"placement": placement}}
+
+
 @pytest.mark.parametrize(
     ("status", "body", "expected"),
     [
-        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 3, 0, 0]] * 2}}}, np.array([[0, 1, 2, 3, 0, 0]] * 2)),
+        (200, _placed([[0, 1, 2, 3, 0, 0]] * 2), np.array([[0, 1, 2, 3, 0, 0]] * 2)),
+        (200, _placed([[0, 1, 2, 3, 0, 0]] * 2, num_gpus=2), np.array([[0, 1, 2, 3, 0, 0]] * 2)),
         (200, {"action": "kept", "reason": "lb within target"}, "unchanged"),
-        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 3]] * 2}}}, "the engine needs (2, 6)"),
-        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 2, 0, 0]] * 2}}}, "does not place each"),
+        (200, _placed([[0, 1, 2, 3]] * 2, (2, 2)), "slots_per_gpu 2 vs the engine's 3 per rank"),
+        (200, _placed([[0, 1, 2, 3]] * 2, (3, 3)), "the engine needs (2, 6)"),
+        (200, _placed([[0, 1, 2, 2, 0, 0]] * 2), "does not place each"),
+        # the same [L, P] for another cluster: GPUs, slots per GPU, or both, named
+        (200, _placed([[0, 1, 2, 3, 0, 0]] * 2, (2, 2, 2)), "(num_gpus 3 vs the engine's 2 ranks, slots_per_gpu 2 vs "
+                                                           "the engine's 3 per rank): set the deployment's cluster"),
+        (200, _placed([[0, 1, 2, 3, 0, 0]] * 2, (6,)), "num_gpus 1 vs the engine's 2 ranks, slots_per_gpu 6 vs"),
+        (200, _placed([[0, 1, 2, 3, 0, 0]] * 2, (2, 4)), "(slots_per_gpu [2, 4] vs the engine's 3 per rank)"),
+        (200, _placed([[0, 1, 2, 3, 0, 0]] * 2, num_gpus=3), "(num_gpus 3 (slots_per_gpu lists 2) vs the engine's 2"),
+        (200, {"result": {"placement": {"phy2log": [[0, 1, 2, 3, 0, 0]] * 2}}}, "slots_per_gpu None is not a list"),
         (404, {"detail": "no deployment"}, "answered 404"),
         (503, {"detail": "queue full"}, "answered 503: queue full"),
     ],
 )
 def test_service_answers_are_checked(status: int, body: Any, expected: Any) -> None:
     settings = core.Settings(service_url="http://svc", deployment="prod", api_key="k")
-    answer = core.post_window(np.ones((2, 4)), 6, settings, client=_answering(status, body))
+    answer = core.post_window(np.ones((2, 4)), 6, 2, settings, client=_answering(status, body))
     if isinstance(expected, np.ndarray):
         assert isinstance(answer, np.ndarray) and np.array_equal(answer, expected)
     else:
         assert isinstance(answer, str) and expected in answer
+
+
+def test_remote_placement_for_another_cluster_shape_is_not_used(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment of 4 GPUs x 4 slots answers a [L, 16] map, the shape of an engine with 16 ranks of one slot:
+    the engine gets a local solve and a WARNING naming the fields that disagree; with 4 ranks it gets the map."""
+    base = server_factory()
+    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
+              "policy": {"trigger": "periodic"}}
+    created = httpx.put(f"{base}/deployments/plugin-shape", json=config, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "plugin-shape")
+    weight = torch.from_numpy(np.random.default_rng(1).pareto(1.0, size=(4, 8)) * 100)
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        out = EplbPolicy.rebalance_experts(weight, 16, 1, 1, 16)
+    (record,) = [r for r in caplog.records if r.name == "vllm.eplb_plugin"]
+    assert record.levelno == logging.WARNING and "remote failed, solved locally" in record.message
+    assert "num_gpus 4 vs the engine's 16 ranks, slots_per_gpu 4 vs the engine's 1 per rank" in record.message
+    monkeypatch.delenv("EPLB_SERVICE_URL")
+    local = EplbPolicy.rebalance_experts(weight, 16, 1, 1, 16)
+    assert out.tolist() == local.tolist()
+    remote = np.asarray(httpx.get(f"{base}/deployments/plugin-shape", timeout=60).json()["placement"]["phy2log"])
+    assert remote.shape == out.shape  # what the plug-in used as-is before: balanced for 4 GPUs, not for 16
+    lb = core.layer_lb(weight.numpy(), out.numpy(), 16).mean(), core.layer_lb(weight.numpy(), remote, 16).mean()
+    assert lb[0] < lb[1]
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        served = EplbPolicy.rebalance_experts(weight, 16, 1, 1, 4)
+    assert "eplb policy (remote): placement from" in caplog.text and "solved locally" not in caplog.text
+    current = httpx.get(f"{base}/deployments/plugin-shape", timeout=60).json()
+    assert served.tolist() == current["placement"]["phy2log"]
+
+
+def test_remote_deployment_name_is_one_path_segment(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EPLB_DEPLOYMENT is escaped and checked: a name with '/..' or '#' in it does not send the window to another
+    deployment (httpx resolves 'decoy/../plugin-target' to plugin-target; '#' starts a fragment)."""
+    base = server_factory()
+    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy"}
+    assert httpx.put(f"{base}/deployments/plugin-target", json=config, timeout=60).status_code in (200, 201)
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    weight = torch.from_numpy(np.random.default_rng(2).pareto(1.0, size=(4, 8)) * 100)
+    for name in ("decoy/../plugin-target", "plugin-target#x", "../deployments/plugin-target"):
+        monkeypatch.setenv("EPLB_DEPLOYMENT", name)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+            EplbPolicy.rebalance_experts(weight, 16, 1, 1, 4)
+        assert f"solved locally: EPLB_DEPLOYMENT={name!r} is no deployment name the service can have" in caplog.text
+    assert httpx.get(f"{base}/deployments/plugin-target", timeout=60).json()["windows"] == 0
+    assert core.DEPLOYMENT_NAME.pattern == NAME.pattern  # the plug-in's copy of the service's rule
 
 
 def test_environment_errors_are_one_line() -> None:

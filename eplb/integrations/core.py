@@ -10,9 +10,11 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -30,6 +32,8 @@ INCREMENTAL = "incremental"
 """Registry name of the incremental (move-budgeted) solver, used when the engine passes its current map."""
 INCREMENTAL_LB_TOLERANCE = 1.01
 """Without a move budget, the incremental map is used when its mean lb is at most 1% above a fresh placement's."""
+DEPLOYMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+"""The names the service gives deployments (`eplb.deployments.NAME`, not imported: it loads the database layer)."""
 
 
 class PolicyInputError(ValueError, AssertionError):
@@ -256,12 +260,17 @@ def solve_local(
 
 
 def post_window(
-    weight: FloatArray, num_replicas: int, settings: Settings, client: httpx.Client | None = None
+    weight: FloatArray, num_replicas: int, num_ranks: int, settings: Settings, client: httpx.Client | None = None
 ) -> IntArray | str:
     """POST the window to the service's deployment; the new phy2log [L, P], "unchanged" when the service
-    decided not to rebalance, or a one-line reason it could not be used (the caller then solves locally)."""
+    decided not to rebalance, or a one-line reason it could not be used (the caller then solves locally). A
+    placement is used only for the cluster the engine asked for: `num_ranks` GPUs of `num_replicas / num_ranks`
+    slots each (a deployment configured for another shape can answer the same [L, P])."""
     assert settings.service_url is not None and settings.deployment is not None
-    url = f"{settings.service_url}/deployments/{settings.deployment}/windows"
+    if not DEPLOYMENT_NAME.match(settings.deployment):
+        return (f"EPLB_DEPLOYMENT={settings.deployment!r} is no deployment name the service can have (1-100 letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit)")
+    url = f"{settings.service_url}/deployments/{quote(settings.deployment, safe='')}/windows"
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     try:
         if client is None:
@@ -286,16 +295,45 @@ def post_window(
     placement = result.get("placement") if isinstance(result, dict) else None
     if placement is None:
         return "unchanged"
+    if not isinstance(placement, dict):
+        return f"{url} answered a placement that is not an object"
     try:
         phy2log = np.asarray(placement["phy2log"], dtype=np.int64)
     except (KeyError, TypeError, ValueError):
         return f"{url} answered a placement without an integer phy2log"
+    shape = _shape_mismatch(placement, num_replicas, num_ranks)
+    if shape:
+        return f"{url} answered a placement for another cluster ({shape}): set the deployment's cluster to the engine's"
     layers, num_experts = weight.shape
     if phy2log.shape != (layers, num_replicas):
         return f"{url} answered phy2log {phy2log.shape}, the engine needs {(layers, num_replicas)}"
     if phy2log.min() < 0 or phy2log.max() >= num_experts or not _every_expert(phy2log, num_experts):
         return f"{url} answered a phy2log that does not place each of the {num_experts} experts"
     return phy2log
+
+
+def _shape_mismatch(placement: dict[str, Any], num_replicas: int, num_ranks: int) -> str:
+    """Which of the answer's num_gpus and slots_per_gpu disagree with the engine's ranks and slots per rank, as
+    'field answered vs engine' (empty when both agree)."""
+    per_rank = num_replicas // num_ranks
+    slots = placement.get("slots_per_gpu")
+    if not isinstance(slots, list) or not slots or not all(isinstance(n, int) for n in slots):
+        return f"slots_per_gpu {slots!r} is not a list of counts, so the GPUs cannot be checked"
+    gpus = placement.get("num_gpus", len(slots))
+    wrong = []
+    if gpus != num_ranks or len(slots) != num_ranks:
+        answered = gpus if gpus == len(slots) else f"{gpus} (slots_per_gpu lists {len(slots)})"
+        wrong.append(f"num_gpus {answered} vs the engine's {num_ranks} ranks")
+    if any(n != per_rank for n in slots):
+        answered = slots[0] if len(set(slots)) == 1 else _counts(slots)
+        wrong.append(f"slots_per_gpu {answered} vs the engine's {per_rank} per rank")
+    return ", ".join(wrong)
+
+
+def _counts(slots: list[int]) -> str:
+    """[4, 4, 5, 5] as '[4, 4, 5, 5]'; a long list cut after 8."""
+    head = ", ".join(map(str, slots[:8]))
+    return f"[{head}{', ...' if len(slots) > 8 else ''}]"
 
 
 def _detail(response: httpx.Response) -> str:
@@ -332,7 +370,7 @@ def rebalance(
         local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         local.how += "; EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT, so solved locally"
         return local
-    answer = post_window(weight, num_replicas, settings)
+    answer = post_window(weight, num_replicas, num_ranks, settings)
     where = f"{settings.service_url} deployment {settings.deployment!r}"
     if isinstance(answer, np.ndarray):
         if old is not None and old.shape == answer.shape:
