@@ -512,6 +512,23 @@ def test_cli_plot_writes_png(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "wrote" in capsys.readouterr().out
 
 
+def test_cli_plot_names_the_file_it_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No extension: matplotlib writes FILE.png, and that is the path printed (it printed FILE); an extension
+    matplotlib does not write is one line listing those it does (it was a ValueError traceback)."""
+    bare = tmp_path / "costmap"
+    assert main(["cost", "--plot", str(bare), "--tokens-per-gpu", "256,4096"]) == 0
+    assert capsys.readouterr().out == f"wrote {bare}.png\n" and not bare.exists()
+    assert (tmp_path / "costmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "map.svg"
+    assert main(["cost", "--plot", str(svg), "--tokens-per-gpu", "256"]) == 0
+    assert capsys.readouterr().out == f"wrote {svg}\n" and b"<svg" in svg.read_bytes()
+    assert main(["cost", "--plot", str(tmp_path / "map.txt")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'.txt' is not an image format" in err
+    assert ".png" in err and ".pdf" in err and ".svg" in err and "Traceback" not in err
+    assert not (tmp_path / "map.txt").exists()
+
+
 def test_every_preset_passes_the_spec_validation() -> None:
     """Presets are built without validation (start-up time); they must still be valid specs."""
     for preset in MODEL_PRESETS.values():

@@ -117,7 +117,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--plot",
         default=None,
         metavar="FILE.png",
-        help="write a map of which term is slowest per EP and T (PNG)",
+        help="write a map of which term is slowest per EP and T (PNG; the extension picks another format "
+        "matplotlib writes, e.g. .pdf or .svg; without one, .png is added)",
     )
     p.set_defaults(func=run)
 
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot:
         links = _links(hw, args.link if args.link else "nvlink,nic")
-        plot_dominance_map(
+        written = plot_dominance_map(
             args.plot,
             model,
             hw,
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             dedup=args.dedup,
         )
         if not args.sweep and not args.json:
-            print(f"wrote {args.plot}")
+            print(f"wrote {written}")
         if not args.sweep and (eps is None or tokens is None):
             return 0
 
