@@ -461,8 +461,10 @@ def _log_run(
 
 
 def verdict(runs: Sequence[Run]) -> list[str]:
-    """Sentences saying where the exact solvers beat greedy, by how much, at what solve time; for a
-    log replay, also what each solver's placements realized (lb) and cost to roll out (moves)."""
+    """Sentences comparing whatever ran on each cluster shape: each SOLVER+time run against SOLVER's (predicted
+    time, lb, copies per token); within each objective, every solver against the reference (greedy when it ran,
+    else the first solver): on lb for the lb objective, on predicted time for the time objective, with solve
+    times. For a log replay, what each solver's placements realized (lb) and cost to roll out (moves)."""
     lines: list[str] = []
     by_shape: dict[str, dict[str, Run]] = {}
     for run in runs:
@@ -472,32 +474,58 @@ def verdict(runs: Sequence[Run]) -> list[str]:
             lines.extend(_log_verdict(label, group))
             continue
         lines.extend(_objective_verdict(label, group))
-        greedy = group.get("greedy")
-        if greedy is None:
-            continue
-        g_max, g_mean = max(greedy.lb), float(np.mean(greedy.lb))
-        for name, run in group.items():
-            if name == "greedy" or name.endswith("+time"):
+        for suffix in ("", "+time"):
+            same = {name: r for name, r in group.items() if name.endswith("+time") == (suffix == "+time")}
+            if len(same) < 2:
                 continue
-            better = sum(1 for a, b in zip(run.lb, greedy.lb, strict=True) if a < b - 1e-9)
-            worse = sum(1 for a, b in zip(run.lb, greedy.lb, strict=True) if a > b + 1e-9)
-            r_max, r_mean = max(run.lb), float(np.mean(run.lb))
-            ms = float(np.median(run.solve_ms))
-            g_ms = float(np.median(greedy.solve_ms))
-            if better == 0:
-                lines.append(
-                    f"{label}: {name} did not beat greedy on any of {len(run.lb)} layers (lb max {r_max:.4f} vs "
-                    f"{g_max:.4f}); it took a median {ms:,.1f} ms per layer against greedy's {g_ms:,.2f} ms."
-                )
-                continue
-            lines.append(
-                f"{label}: {name} beat greedy on {better} of {len(run.lb)} layers"
-                + (f" (worse on {worse})" if worse else "")
-                + f": worst-layer lb {r_max:.4f} vs {g_max:.4f} ({100 * (g_max - r_max) / g_max:.2f}% lower), "
-                f"mean lb {r_mean:.4f} vs {g_mean:.4f}, at a median {ms:,.1f} ms per layer "
-                f"(greedy {g_ms:,.2f} ms)."
-            )
+            ref_name = f"greedy{suffix}" if f"greedy{suffix}" in same else next(iter(same))
+            ref = same[ref_name]
+            for name, run in same.items():
+                if name == ref_name:
+                    continue
+                if suffix and run.time_us is not None and ref.time_us is not None:
+                    lines.append(_time_versus(label, run, ref))
+                else:
+                    lines.append(_lb_versus(label, run, ref))
     return lines or ["Only one solver ran: nothing to compare."]
+
+
+def _lb_versus(label: str, run: Run, ref: Run) -> str:
+    """One sentence: run against ref on one window, on lb per layer, with solve times."""
+    better = sum(1 for a, b in zip(run.lb, ref.lb, strict=True) if a < b - 1e-9)
+    worse = sum(1 for a, b in zip(run.lb, ref.lb, strict=True) if a > b + 1e-9)
+    r_max, r_mean = max(run.lb), float(np.mean(run.lb))
+    g_max, g_mean = max(ref.lb), float(np.mean(ref.lb))
+    ms, g_ms = float(np.median(run.solve_ms)), float(np.median(ref.solve_ms))
+    if better == 0:
+        return (
+            f"{label}: {run.solver} did not beat {ref.solver} on any of {len(run.lb)} layers (lb max {r_max:.4f} vs "
+            f"{g_max:.4f}); it took a median {ms:,.1f} ms per layer against {ref.solver}'s {g_ms:,.2f} ms."
+        )
+    return (
+        f"{label}: {run.solver} beat {ref.solver} on {better} of {len(run.lb)} layers"
+        + (f" (worse on {worse})" if worse else "")
+        + f": worst-layer lb {r_max:.4f} vs {g_max:.4f} ({100 * (g_max - r_max) / g_max:.2f}% lower), "
+        f"mean lb {r_mean:.4f} vs {g_mean:.4f}, at a median {ms:,.1f} ms per layer ({ref.solver} {g_ms:,.2f} ms)."
+    )
+
+
+def _time_versus(label: str, run: Run, ref: Run) -> str:
+    """One sentence: run against ref on one window, on predicted time per layer, lb, copies and solve time."""
+    assert run.time_us is not None and ref.time_us is not None
+    t, b = np.asarray(run.time_us), np.asarray(ref.time_us)
+    faster, slower = int((t < b * (1 - 1e-9)).sum()), int((t > b * (1 + 1e-9)).sum())
+    copies = ""
+    if "copies_per_token" in run.extra and "copies_per_token" in ref.extra:
+        copies = (f", copies per token {np.mean(run.extra['copies_per_token']):.2f} vs "
+                  f"{np.mean(ref.extra['copies_per_token']):.2f}")
+    ms, g_ms = float(np.median(run.solve_ms)), float(np.median(ref.solve_ms))
+    return (
+        f"{label}: {run.solver} predicted faster than {ref.solver} on {faster} of {t.size} layers (slower on "
+        f"{slower}): {t.sum() / 1000:,.3f} ms vs {b.sum() / 1000:,.3f} ms per step, lb mean "
+        f"{np.mean(run.lb):.4f} vs {np.mean(ref.lb):.4f}{copies}; solve {ms:,.2f} vs {g_ms:,.2f} ms per layer "
+        "(median)."
+    )
 
 
 def _objective_verdict(label: str, group: dict[str, Run]) -> list[str]:
@@ -507,17 +535,7 @@ def _objective_verdict(label: str, group: dict[str, Run]) -> list[str]:
         base = group.get(name.removesuffix("+time"))
         if not name.endswith("+time") or base is None or run.time_us is None or base.time_us is None:
             continue
-        t, b = np.asarray(run.time_us), np.asarray(base.time_us)
-        faster, slower = int((t < b * (1 - 1e-9)).sum()), int((t > b * (1 + 1e-9)).sum())
-        copies = ""
-        if "copies_per_token" in run.extra and "copies_per_token" in base.extra:
-            copies = (f", copies per token {np.mean(run.extra['copies_per_token']):.2f} vs "
-                      f"{np.mean(base.extra['copies_per_token']):.2f}")
-        lines.append(
-            f"{label}: {name} predicted faster than {base.solver} on {faster} of {t.size} layers (slower on "
-            f"{slower}): {t.sum() / 1000:,.3f} ms vs {b.sum() / 1000:,.3f} ms per step, lb mean "
-            f"{np.mean(run.lb):.4f} vs {np.mean(base.lb):.4f}{copies}."
-        )
+        lines.append(_time_versus(label, run, base))
     return lines
 
 

@@ -222,3 +222,24 @@ def test_log_report_leaves_out_steps_without_tokens(
     assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
                  "--window", "10", "--interval", "20", "--out", str(tmp_path / "empty")]) == 2  # fmt: skip
     assert "no tokens in any step after the first rebalance" in capsys.readouterr().err
+
+
+def test_verdict_compares_whatever_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a plain greedy run the verdict compared nothing ("Only one solver ran"); it compares every solver
+    with the first of the same objective, and time runs on predicted time."""
+    out = tmp_path / "milps"
+    assert main(["compare", "--loads", str(FIXTURE), "--solvers", "milp,milp-weighted", "--layers", "1",
+                 "--time-limit", "0.3", "--ep", "8", "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "nothing to compare" not in printed
+    assert "EP8 x 9 slots: milp-weighted beat milp on" in printed or "milp-weighted did not beat milp" in printed
+    assert "nothing to compare" not in (out / "report.md").read_text()
+    out = tmp_path / "time"
+    assert main(["compare", "--loads", str(FIXTURE), "--solvers", "greedy,milp", "--objectives", "time",
+                 "--layers", "2", "--time-limit", "0.3", "--ep", "8", "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "nothing to compare" not in printed
+    assert "EP8 x 9 slots: milp+time predicted faster than greedy+time on" in printed and "ms per step" in printed
+    out = tmp_path / "one"
+    assert main(["compare", "--loads", str(FIXTURE), "--solvers", "greedy", "--layers", "1", "--out", str(out)]) == 0
+    assert "Only one solver ran: nothing to compare." in capsys.readouterr().out

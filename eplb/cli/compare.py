@@ -27,8 +27,9 @@ With --log, replay a routing log instead: every solver rebalances on the same sc
 placements served, the moves (expert copies) and solve time of every rebalance, bytes moved, the
 predicted time, and the no-EPLB, static and (sampled) oracle baselines (docs/replay.md).
 
-The verdict at the top says where the exact solver beat greedy, by how much, and at what solve time
-(for a log: in realized lb and in moves per rebalance)."""
+The verdict at the top compares whatever ran on each cluster shape: each solver against greedy (else the
+first solver) of the same objective, on lb (time runs: on predicted time), and each SOLVER+time run against
+SOLVER (for a log: on realized lb and moves per rebalance), with solve times."""
 
 EPILOG = """\
 examples:
