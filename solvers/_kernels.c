@@ -595,13 +595,16 @@ static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64
                 tourney_update(&t, prev[i]);
             }
             i64 b = t.tree[1];
+            /* judged before the blocked bins reopen: when every bin with room holds e, the winner is a
+             * blocked bin (or a full one, or the sentinel), whose key the loop below may make finite again */
+            int blocked = key_of_bin[b] == INFINITY;
             for (i64 i = 0; i < c; i++) {
                 if (used[prev[i]] < cap[prev[i]]) {
                     key_of_bin[prev[i]] = load[prev[i]];
                     tourney_update(&t, prev[i]);
                 }
             }
-            if (key_of_bin[b] == INFINITY) { /* every bin with room holds e: the least-loaded one */
+            if (blocked) { /* every bin with room holds e: the least-loaded one */
                 b = t.tree[1];
                 stuck = 1;
             }

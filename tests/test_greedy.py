@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_flow
 
+from eplb.cli import main
 from eplb.evaluate import balance
 from eplb.io.windows import read_window
-from eplb.placement import Placement
+from eplb.placement import Placement, load_placement
 from eplb.synth import SEED004_TABLE, seed004_counts
 from solvers.bounds import lower_bound
 from solvers.greedy import rebalance_experts, solve_greedy
@@ -214,3 +217,33 @@ def test_swap_refinement_beats_deepseek_on_real_loads() -> None:
     deepseek = balance(loads, Placement(rebalance_experts(loads, 288, 1, 1, 32)[0], slots, 256)).lb
     assert np.all(ours <= deepseek + 1e-12)
     assert (ours.mean() - 1) * 3 <= deepseek.mean() - 1
+
+
+def _fewest_duplicates_by_max_flow(replicas: np.ndarray, slots: np.ndarray) -> int:
+    """Replicas minus the max flow source -> expert (its replicas) -> GPU (1 per pair) -> sink (its slots): the
+    fewest replicas that must share a GPU with another of their expert (0: a duplicate-free layout exists)."""
+    experts, gpus = replicas.size, slots.size
+    sink = experts + gpus + 1
+    pairs = [(1 + e, 1 + experts + g, 1) for e in range(experts) for g in range(gpus)]
+    edges = ([(0, 1 + e, int(replicas[e])) for e in range(experts)] + pairs
+             + [(1 + experts + g, sink, int(slots[g])) for g in range(gpus)])
+    tail, head, cap = (np.asarray(c) for c in zip(*edges, strict=True))
+    graph = csr_matrix((cap.astype(np.int32), (tail, head)), shape=(sink + 1, sink + 1))
+    return int(replicas.sum() - maximum_flow(graph, 0, sink).flow_value)
+
+
+@pytest.mark.parametrize(
+    ("loads", "args"),
+    [
+        ([7, 169, 75, 24, 101, 107, 139, 130], ["--gpus", "16", "--redundant", "26"]),  # GPU 0 had [5, 4, 4]
+        ([38, 79, 99, 1725, 625, 30, 9, 33], ["--gpus", "4", "--slots-per-gpu", "7,3,5,2"]),  # [3,4,7,2,2,5,6]
+    ],
+)
+def test_user_trial_uneven_slots_get_no_duplicate(tmp_path: Path, loads: list[int], args: list[str]) -> None:
+    """The user trial's two repros: a duplicate-free layout exists for the replica counts, so none is placed."""
+    window, out = tmp_path / "w.json", tmp_path / "p.json"
+    window.write_text(json.dumps({"loads": [loads]}))
+    assert main(["solve", "--loads", str(window), *args, "--out", str(out)]) == 0
+    placement = load_placement(out)
+    assert duplicate_count(placement.phy2log, placement.slots_per_gpu).tolist() == [0]
+    assert _fewest_duplicates_by_max_flow(placement.replicas[0], placement.slots_per_gpu) == 0
