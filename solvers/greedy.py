@@ -117,10 +117,14 @@ def _place(
 def spread_duplicates(
     loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray
 ) -> IntArray:
-    """Swap slots between GPUs so no GPU holds two replicas of one expert where a swap allows it,
-    choosing each swap to keep the two GPUs' loads as low as possible.
+    """Move replicas between GPUs so no GPU holds two replicas of one expert whenever the replica counts allow
+    it (`solvers.validation.duplicate_free_possible`), and as few as they allow otherwise; replica and slot
+    counts are kept.
 
-    loads: [layers, E]; phy2log: [layers, P]. Only layers with duplicates are visited (rare).
+    First single swaps, each chosen to keep the two GPUs' loads as low as possible; a duplicate that no swap
+    removes is then rerouted by a chain of moves (`_reroute_duplicates`, augmenting paths of a max flow).
+    The caller refines the loads afterwards. loads: [layers, E]; phy2log: [layers, P]. Only layers with
+    duplicates are visited (rare).
     """
     phy2log = phy2log.copy()
     gpu = slot_gpu(slots_per_gpu)
@@ -146,7 +150,76 @@ def spread_duplicates(
             cost = np.where(ok, np.maximum(new_g, new_h), np.inf)
             s = int(np.argmin(cost))
             row[dup_slot], row[s] = row[s], row[dup_slot]
+        if _first_duplicate(row, gpu) >= 0:
+            _reroute_duplicates(row, gpu, int(slots_per_gpu.size), num_experts)
     return phy2log
+
+
+def _reroute_duplicates(row: IntArray, gpu: IntArray, num_gpus: int, num_experts: int) -> None:
+    """Leave ``row [P]`` (experts of one layer's slots, GPU of each slot ``gpu [P]``) with the fewest duplicates
+    its replica and slot counts allow, in place: none when a duplicate-free layout exists.
+
+    A max flow on experts x GPUs (one replica per pair), started from the placement itself: every second
+    (third, ...) replica of an expert on a GPU is taken out, its slot left vacant, and each goes back by a
+    shortest augmenting path (breadth-first over GPUs): it lands on a GPU h1 without its expert, which passes one
+    of its replicas f1 on to a GPU h2 without f1, ... until a replica fills a vacant slot. No move lands a
+    replica on a GPU that holds its expert, so each path removes one duplicate and adds none. When no path is
+    left the flow is maximal (Ford-Fulkerson): the replicas still out go back into the vacant slots as the
+    duplicates no layout avoids (none are left when a duplicate-free layout exists).
+    """
+    holds = np.zeros((num_gpus, num_experts), dtype=np.int64)
+    np.add.at(holds, (gpu, row), 1)
+    seen = np.zeros((num_gpus, num_experts), dtype=bool)
+    out: list[int] = []  # experts taken out, one entry per replica
+    for s in range(row.size):
+        g, e = int(gpu[s]), int(row[s])
+        if seen[g, e]:
+            out.append(e)
+            row[s] = -1
+            holds[g, e] -= 1
+        seen[g, e] = True
+    vacant = row < 0
+    while out:
+        # came[h] = (GPU the replica entering h leaves, -1 for one taken out; its expert)
+        came: dict[int, tuple[int, int]] = {}
+        frontier: list[int] = []
+        for e in dict.fromkeys(out):
+            for h in np.flatnonzero(holds[:, e] == 0).tolist():
+                if h not in came:
+                    came[h] = (-1, e)
+                    frontier.append(h)
+        end = next((h for h in frontier if vacant[gpu == h].any()), -1)
+        while end < 0 and frontier:
+            reached: list[int] = []
+            for h in frontier:
+                on_h = np.unique(row[(gpu == h) & ~vacant])
+                can = holds[:, on_h] == 0  # [G, experts on h]: GPUs without that expert
+                for h2 in np.flatnonzero(can.any(axis=1)).tolist():
+                    if h2 not in came:
+                        came[h2] = (h, int(on_h[int(np.argmax(can[h2]))]))
+                        reached.append(h2)
+                        if end < 0 and vacant[gpu == h2].any():
+                            end = h2
+                if end >= 0:
+                    break
+            frontier = reached
+        if end < 0:  # the flow is maximal: the rest are duplicates no layout avoids
+            row[vacant] = out
+            return
+        # walk back: each entering replica takes the slot the leaving one frees (at the end, a vacant one)
+        h = end
+        target = int(np.flatnonzero((gpu == h) & vacant)[0])
+        vacant[target] = False
+        while True:
+            src, e = came[h]
+            row[target] = e
+            holds[h, e] += 1
+            if src < 0:
+                out.remove(e)
+                break
+            target = int(np.flatnonzero((gpu == src) & (row == e))[0])
+            holds[src, e] -= 1
+            h = src
 
 
 def refine_swaps(

@@ -93,3 +93,18 @@ def duplicate_count(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
     key = (gpus[None, :] * num_experts + phy2log).astype(np.int64)
     key = np.sort(np.where(phy2log == EMPTY_SLOT, -1 - np.arange(phy2log.shape[1]), key), axis=1)  # empties differ
     return np.asarray((key[:, 1:] == key[:, :-1]).sum(axis=1), dtype=np.int64).reshape(layers)
+
+
+def duplicate_free_possible(replicas: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """Whether some placement with these replica counts has no two replicas of one expert on one GPU: [layers],
+    from replicas [layers, E] and slots_per_gpu [G] (at least the replicas in all; extra slots may stay empty).
+
+    Gale-Ryser (max-flow min-cut on experts x GPUs, one replica per pair): such a placement exists exactly
+    when, for every k, the k most replicated experts have at most sum_g min(slots_g, k) replicas.
+    """
+    counts = np.asarray(replicas, dtype=np.int64)
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    most_first = -np.sort(-counts, axis=1)
+    k = np.arange(1, counts.shape[1] + 1)
+    room = np.minimum(slots[None, :], k[:, None]).sum(axis=1)  # [E]: sum_g min(slots_g, k)
+    return np.asarray((np.cumsum(most_first, axis=1) <= room[None, :]).all(axis=1), dtype=np.bool_)
