@@ -311,9 +311,13 @@ def solve_greedy(
     else:
         assert num_groups is not None and gpus_per_node is not None
         phy2log, stuck = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
-        if stuck.any():
+        if stuck.any():  # spread node by node: an expert's replicas stay on its group's node
             rows = np.flatnonzero(stuck)
-            phy2log[rows] = spread_duplicates(loads[rows], phy2log[rows], slots)
+            ends = np.cumsum(slots)
+            for node in range(num_nodes):
+                first, last = node * gpus_per_node, (node + 1) * gpus_per_node
+                lo, hi = int(ends[first] - slots[first]), int(ends[last - 1])
+                phy2log[rows, lo:hi] = spread_duplicates(loads[rows], phy2log[rows, lo:hi], slots[first:last])
         phy2log = _refine_within_nodes(loads, phy2log, slots, gpus_per_node, refine_rounds)
     validate_placement(phy2log, slots, num_experts)
     return phy2log

@@ -302,3 +302,28 @@ def test_property_uneven_slots_no_duplicate_when_a_duplicate_free_layout_exists(
             possible_with_replicas += int(fewest == 0 and counts[layer].max() > 1)
             forced += int(fewest > 0)
     assert possible_with_replicas > 500 and forced > 100
+
+
+def test_property_hierarchical_uneven_slots_stay_on_nodes_without_duplicates() -> None:
+    """Hierarchical policy, uneven slots: every group's replicas stay on one node (duplicates too, where a node has
+    more slots than its experts fill without them; the spread used to swap them onto other nodes), and each node
+    has the fewest duplicates its counts allow (none when they allow none)."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        nodes, per_node = int(rng.integers(2, 4)), int(rng.integers(1, 5))
+        groups, group_size = nodes * int(rng.integers(1, 3)), int(rng.integers(1, 4))
+        experts, gpus = groups * group_size, nodes * per_node
+        slots = rng.integers(1, 6, size=gpus)
+        for node in range(nodes):
+            while slots[node * per_node:(node + 1) * per_node].sum() < experts // nodes:
+                slots[node * per_node + rng.integers(per_node)] += 1
+        loads = rng.pareto(1.0, (2, experts)) * 50
+        phy2log = solve_greedy(loads, slots, num_groups=groups, gpus_per_node=per_node)
+        node_of_slot = np.repeat(np.arange(gpus) // per_node, slots)
+        for layer in phy2log:
+            for group in range(groups):
+                assert np.unique(node_of_slot[layer // group_size == group]).size == 1, (loads, slots, layer)
+            for node in range(nodes):
+                local, local_slots = layer[node_of_slot == node], slots[node * per_node:(node + 1) * per_node]
+                fewest = _fewest_duplicates_by_max_flow(np.bincount(local, minlength=experts), local_slots)
+                assert duplicate_count(local[None, :], local_slots)[0] == fewest, (loads, slots, layer)
