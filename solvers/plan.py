@@ -4,7 +4,9 @@ Both placements must be aligned (GPU g is the same GPU in both, and an expert a 
 slot; see :mod:`solvers.migration`). Every slot whose expert changes is written once:
 
 * a **copy** when its GPU did not hold that expert in the serving placement: the weights come from a
-  GPU that does (one whose replica stays put when there is one, reads spread over the holders);
+  GPU that does: with nodes, one on the destination's node whenever there is one (NVLink, not the NIC),
+  else one whose replica stays put when there is one; among those, replicas that stay put first, reads
+  spread over the holders in turn;
 * a **local** write when the GPU already holds the expert in another slot (no transfer between GPUs;
   only placements with two replicas of one expert on one GPU need it).
 
@@ -132,7 +134,9 @@ def build_plan(
     """The plan from ``current_phy2log [L, P]`` to the aligned ``new_phy2log [L, P]`` (same
     ``slots_per_gpu [G]``). bytes_per_copy: one expert's weights in one layer, bytes; stage_bytes: most
     bytes copied per stage (needs bytes_per_copy); None gives each layer with copies a stage. gpus_per_node:
-    a copy reads a source on its destination's node when there is one (NVLink, not the NIC)."""
+    a copy reads a source on its destination's node when there is one (NVLink, not the NIC), even one whose
+    slot is overwritten (the copy then comes no later than the overwrite), except where that would tie
+    copies into a cycle longer than the stage budget and a replica that stays put elsewhere breaks it."""
     cur = np.asarray(current_phy2log, dtype=np.int64)
     new = np.asarray(new_phy2log, dtype=np.int64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
@@ -164,33 +168,49 @@ def build_plan(
     held = holds[c_layer, c_gpu, c_expert]
     local = held | (_occurrence(key) > 0)  # already on the GPU, or a second replica landing on it
     remote = np.flatnonzero(~local)
-    # sources: the expert's holders in the serving placement, replicas that stay put first (else all), those
-    # on the destination's node first, in turn
+    # sources: the expert's holders in the serving placement; those on the destination's node first (replicas
+    # that stay put first among them, else the node's others), else replicas that stay put anywhere (else
+    # all); in turn within each choice
     holder_key = layer_all * num_experts + cur.ravel()
     moved = (cur != new).ravel()
     node = gpu // (gpus_per_node or slots.size)
     nodes = int(node.max(initial=0)) + 1
-    order = np.lexsort((np.arange(holder_key.size), np.tile(node, num_layers), moved, holder_key))
-    sorted_key = holder_key[order]
+    holder_node = np.tile(node, num_layers)
+    flat_index = np.arange(holder_key.size)
     want = c_layer[remote] * num_experts + c_expert[remote]
-    first = np.searchsorted(sorted_key, want)
-    n_all = np.searchsorted(sorted_key, want, side="right") - first
-    stable_count = np.bincount(holder_key[~moved], minlength=num_layers * num_experts)[want]
-    block = np.where(stable_count > 0, stable_count, n_all)  # the candidates: order[first : first + block]
-    # candidates on the destination's node: a run inside the block (sorted by node), found by its key
-    cand_key = ((holder_key * 2 + moved) * nodes + np.tile(node, num_layers))[order]
-    dst_node = node[c_slot[remote]]
-    want_node = ((want * 2 + (stable_count == 0)) * nodes + dst_node)
-    near_first = np.searchsorted(cand_key, want_node)
-    near = np.searchsorted(cand_key, want_node, side="right") - near_first
-    turn, near_turn = _occurrence(want), _occurrence(want * nodes + dst_node)
-    src_flat = order[np.where(near > 0, near_first + near_turn % np.maximum(near, 1),
-                              first + turn % np.maximum(block, 1))]  # fmt: skip
-    src_slot = src_flat % num_physical
-    # a copy must not come after the copy that overwrites its source slot
+    # on the destination's node: holders sorted by (layer and expert, node, moved, slot)
+    node_key = holder_key * nodes + holder_node
+    near_order = np.lexsort((flat_index, moved, holder_node, holder_key))
+    want_near = want * nodes + node[c_slot[remote]]
+    near_first = np.searchsorted(node_key[near_order], want_near)
+    near = np.searchsorted(node_key[near_order], want_near, side="right") - near_first
+    near_stable = np.bincount(node_key[~moved], minlength=num_layers * num_experts * nodes)[want_near]
+    near_block = np.where(near_stable > 0, near_stable, near)
+    src_near = near_order[np.where(near > 0, near_first + _occurrence(want_near) % np.maximum(near_block, 1), 0)]
+    # anywhere: holders sorted by (layer and expert, moved, slot)
+    far_order = np.lexsort((flat_index, moved, holder_key))
+    first = np.searchsorted(holder_key[far_order], want)
+    n_all = np.searchsorted(holder_key[far_order], want, side="right") - first
+    stable = np.bincount(holder_key[~moved], minlength=num_layers * num_experts)[want]
+    block = np.where(stable > 0, stable, n_all)
+    src_far = far_order[first + _occurrence(want) % np.maximum(block, 1)]
+    use_near = near > 0
+    # a copy must not come after the copy that overwrites its source slot; copies reading each other's slots
+    # (a cycle) share a stage, so a cycle longer than the stage budget gives up a node-local source that is
+    # overwritten for a replica that stays put elsewhere, one copy per cycle at a time, while one has it
     writer = np.full(num_layers * num_physical, -1, dtype=np.int64)
     writer[changed[remote]] = np.arange(remote.size)
-    group, depth = _chains(writer[src_flat])
+    while True:
+        src_flat = np.where(use_near, src_near, src_far)
+        group, depth = _chains(writer[src_flat])
+        if budget is None:
+            break
+        too_long = np.bincount(group, minlength=remote.size)[group] > budget
+        switch = np.flatnonzero(too_long & use_near & (stable > 0))
+        if switch.size == 0:
+            break
+        use_near[switch[np.unique(group[switch], return_index=True)[1]]] = False
+    src_slot = src_flat % num_physical
     sequence = np.lexsort((c_slot[remote], group, -depth, c_layer[remote]))
     r_layer, r_group = c_layer[remote][sequence], group[sequence]
     # units: runs of one cycle; stages: units packed in order, within the budget or one layer each
