@@ -432,7 +432,9 @@ def _log_run(
     layer_ms = [layer_solve_ms(rb.solver_info, rb.solve_ms, layers) for rb in rebalances]
     statuses = [list(info.get("layer_status", [info["status"]] * layers)) for info in infos]
     rank = {name: i for i, name in enumerate(_STATUS_ORDER)}  # worst first; unknown names rank last
-    status = [min((s[i] for s in statuses), key=lambda x: rank.get(x, len(rank))) for i in range(layers)]
+    # no rebalance: every check kept the serving placement (the cost trigger, or windows without tokens)
+    status = [min((s[i] for s in statuses), key=lambda x: rank.get(x, len(rank))) for i in range(layers)] if (
+        statuses) else ["no_rebalance"] * layers
     time_us = means.mean("time_us")
     moved = [rb.bytes_moved for rb in rebalances if rb.bytes_moved is not None]
     stats = ReplayStats(
@@ -458,9 +460,9 @@ def _log_run(
         slots_per_gpu=slots.tolist(),
         lb=lb,
         bound=bounds.mean(split),
-        solve_ms=np.mean(layer_ms, axis=0).tolist(),
+        solve_ms=np.mean(layer_ms, axis=0).tolist() if layer_ms else [0.0] * layers,
         status=status,
-        gap=np.max([info["gap"] for info in infos], axis=0).tolist(),
+        gap=np.max([info["gap"] for info in infos], axis=0).tolist() if infos else [0.0] * layers,
         baseline_lb=means.mean("no_eplb_lb") or [],
         time_us=time_us,
         baseline_time_us=means.mean("no_eplb_time_us"),
@@ -632,8 +634,9 @@ def _replay_rows(runs: Sequence[Run]) -> list[list[str]]:
         rows.append([
             r.label, r.solver, f"{st.steps:,}", f"{np.mean(r.lb):.4f}", f"{np.mean(st.static_lb):.4f}",
             "" if st.oracle_lb is None else f"{np.mean(st.oracle_lb):.4f}", f"{np.mean(r.baseline_lb):.4f}",
-            f"{np.mean(r.bound):.4f}", f"{len(r.moves)}", _moves_text(float(np.median(r.moves)), per),
-            _moves_text(float(sum(r.moves)), per), f"{np.median(st.solve_ms):,.1f}",
+            f"{np.mean(r.bound):.4f}", f"{len(r.moves)}",
+            _moves_text(float(np.median(r.moves)), per) if r.moves else "", _moves_text(float(sum(r.moves)), per),
+            f"{np.median(st.solve_ms):,.1f}" if st.solve_ms else "",
             "" if st.step_time_us is None else f"{st.step_time_us / 1000:,.3f} ms",
         ])  # fmt: skip
     return rows

@@ -116,8 +116,8 @@ def log_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     model.write_text(json.dumps(tiny.to_dict()))
     out = d / "report"
     code = main(["compare", "--log", str(log), "--model", str(model), "--solvers", "greedy,milp", "--ep", "4",
-                 "--window", "10", "--interval", "20", "--oracle-every", "3", "--time-limit", "0.5",
-                 "--out", str(out)])  # fmt: skip
+                 "--window", "10", "--interval", "20", "--trigger", "periodic", "--oracle-every", "3",
+                 "--time-limit", "0.5", "--out", str(out)])  # fmt: skip
     assert code == 0
     return out, log, model
 
@@ -208,7 +208,8 @@ def test_log_report_leaves_out_steps_without_tokens(
     write_counts(holes, counts, top_k=2)
     out = tmp_path / "report"
     assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
-                 "--window", "10", "--interval", "20", "--oracle-every", "3", "--out", str(out)]) == 0  # fmt: skip
+                 "--window", "10", "--interval", "20", "--trigger", "periodic", "--oracle-every", "3",
+                 "--out", str(out)]) == 0  # fmt: skip
     run = json.loads((out / "results.json").read_text())["runs"][0]
     hw = HARDWARE_PRESETS["b200"]
     cost = CostSetup(load_model(str(model)), hw, link_bandwidth(hw, "nvlink"), None, True)
@@ -222,8 +223,53 @@ def test_log_report_leaves_out_steps_without_tokens(
     write_counts(holes, counts, top_k=2)
     capsys.readouterr()
     assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
-                 "--window", "10", "--interval", "20", "--out", str(tmp_path / "empty")]) == 2  # fmt: skip
+                 "--window", "10", "--interval", "20", "--trigger", "periodic",
+                 "--out", str(tmp_path / "empty")]) == 2  # fmt: skip
     assert "no tokens in any step after the first rebalance" in capsys.readouterr().err
+
+
+def test_log_default_trigger_is_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
+) -> None:
+    """compare --log takes eplb replay's default trigger: cost with a model, periodic without one (it used to
+    be periodic always, while its help said cost). Each rebalance's per-layer solve times add up to at least
+    its solve time, the cost trigger's other candidates included."""
+    _, log, model = log_report
+    common = ["--window", "10", "--interval", "20", "--oracle-every", "0"]
+    for extra, trigger in (["--model", str(model)], "cost"), ([], "periodic"):
+        out = tmp_path / trigger
+        assert main(["compare", "--log", str(log), "--solvers", "greedy", "--ep", "4", *common, *extra,
+                     "--out", str(out)]) == 0  # fmt: skip
+        run = json.loads((out / "results.json").read_text())["runs"][0]
+        capsys.readouterr()
+        assert main(["replay", str(log), "--solver", "greedy", "--gpus", "4", "--slots-per-gpu", "5", *common,
+                     *extra, "--json"]) == 0  # fmt: skip
+        replayed = json.loads(capsys.readouterr().out)
+        assert run["replay"]["schedule"]["trigger"] == replayed["schedule"]["trigger"] == trigger
+        assert run["replay"]["rebalance_steps"] == [r["position"] for r in replayed["rebalances"]["list"]]
+        for total, layers in zip(run["replay"]["solve_ms"], run["replay"]["layer_solve_ms"], strict=True):
+            assert sum(layers) >= total - 0.01
+    assert main(["compare", "--log", str(log), "--trigger", "cost", "--out", str(tmp_path / "x")]) == 2
+    assert "--trigger cost needs a model" in capsys.readouterr().err
+
+
+def test_log_run_without_a_rebalance_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
+) -> None:
+    """Every check keeps the serving placement (with a model, a window without tokens moves nothing; the cost
+    trigger, now the default with a model, may keep it too): the run says so instead of failing on no rebalances."""
+    _, log, model = log_report
+    counts = open_log(log).read_counts().counts.copy()
+    counts[10:20] = counts[30:40] = 0  # the windows of the checks at 20 and 40
+    quiet = tmp_path / "quiet.npz"
+    write_counts(quiet, counts, top_k=2)
+    out = tmp_path / "r"
+    assert main(["compare", "--log", str(quiet), "--model", str(model), "--solvers", "greedy", "--ep", "4",
+                 "--window", "10", "--interval", "20", "--oracle-every", "0", "--out", str(out)]) == 0  # fmt: skip
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["moves"] == [] and run["replay"]["rebalance_steps"] == [] and run["status"] == ["no_rebalance"] * 3
+    assert run["solve_ms"] == [0.0] * 3 and run["replay"]["schedule"]["trigger"] == "cost"
+    assert "greedy" in capsys.readouterr().out
 
 
 def test_verdict_compares_whatever_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

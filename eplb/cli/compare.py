@@ -23,9 +23,10 @@ report.md, a self-contained report.html (plots embedded) and results.json with e
 ({"runs": [{"solver", "ep", "slots_per_gpu", "lb", "bound", "solve_ms", "time_us", ...}]}).
 
 With --log, replay a routing log instead: every solver rebalances on the same schedule (--window,
---interval, ... as `eplb replay`), and each run records the per-layer lb averaged over the steps its
-placements served, the moves (expert copies) and solve time of every rebalance, bytes moved, the
-predicted time, and the no-EPLB, static and (sampled) oracle baselines (docs/replay.md).
+--interval, --trigger, ... with `eplb replay`'s defaults: the cost trigger when a model is known, else
+periodic), and each run records the per-layer lb averaged over the steps its placements served, the moves
+(expert copies) and solve time of every rebalance, bytes moved, the predicted time, and the no-EPLB, static
+and (sampled) oracle baselines (docs/replay.md).
 
 The verdict at the top compares whatever ran on each cluster shape: each solver against greedy (else the
 first solver) of the same objective, on lb (time runs: on predicted time), and each SOLVER+time run against
@@ -133,11 +134,16 @@ def _run_log(
     log = open_log(args.log)
     info = log.info
     shapes = cluster_shapes(info.num_experts, eps, redundant)
-    schedule = schedule_from(args)
     if args.oracle_every < 0:
         raise EplbError("--oracle-every must be >= 0")
     model = model_for(args, info)
-    runs = compare_log(log, shapes, solvers, _one_link_cost(args, model), args.time_limit, schedule=schedule,
+    cost = _one_link_cost(args, model)
+    # eplb replay's default trigger: cost when a model is known, else periodic
+    schedule = schedule_from(args, "cost" if cost is not None else "periodic")
+    if schedule.trigger == "cost" and cost is None:
+        raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "
+                        "periodic or threshold")  # fmt: skip
+    runs = compare_log(log, shapes, solvers, cost, args.time_limit, schedule=schedule,
                        oracle_every=args.oracle_every, layers=args.layers, progress=args.progress,
                        executor=args.run_on)  # fmt: skip
     layers = info.num_layers if args.layers is None else args.layers
