@@ -30,7 +30,9 @@ and (sampled) oracle baselines (docs/replay.md).
 
 The verdict at the top compares whatever ran on each cluster shape: each solver against greedy (else the
 first solver) of the same objective, on lb (time runs: on predicted time), and each SOLVER+time run against
-SOLVER (for a log: on realized lb and moves per rebalance), with solve times."""
+SOLVER (for a log: on realized lb and moves per rebalance), with solve times. A solve time is the wall time of
+the whole solve (the time objective's candidates included); for a log, of each rebalance, with a process's
+one-time start-up paid before the replay."""
 
 EPILOG = """\
 examples:
@@ -152,6 +154,9 @@ def _run_log(
         "title": f"{', '.join(solvers)} replaying {info.path}",
         "log": info.describe() + (f"; first {layers} layers" if args.layers is not None else ""),
         "schedule": schedule.describe("each solver"),
+        "solve time": "wall time of each rebalance's solve" + (" (all the cost trigger's candidates and their "
+                      "judging)" if schedule.trigger == "cost" else "") + "; the one-time start-up (imports) is "
+                      "paid before the replay, outside the timing",
         "steps averaged": "" if first is None else (
             f"{first.steps:,}, from step {first.first_step:,} (the first served by a rebalanced placement) on"),
         "oracle": "skipped" if args.oracle_every == 0 else (
