@@ -63,10 +63,12 @@ def slots_per_gpu(
             )
         if int(out.sum()) < num_experts:
             need = np.ceil(num_experts / num_gpus) * slot_bytes / GIB
+            lo, hi = budget.min() / GIB, budget.max() / GIB
+            budgets = (f"a budget of {lo:.2f} GiB per GPU fits" if f"{lo:.2f}" == f"{hi:.2f}" else
+                       f"budgets of {lo:.2f}-{hi:.2f} GiB per GPU ({budget.sum() / GIB:.2f} GiB in all) fit")
             raise EplbError(
-                f"a budget of {budget.min() / GIB:.2f} GiB per GPU fits {int(out.sum())} expert slots in all, "
-                f"fewer than the {num_experts} experts; give at least {need:.2f} GiB per GPU "
-                f"({slot_bytes / GIB:.2f} GiB per slot) or more GPUs"
+                f"{budgets} {int(out.sum())} expert slots in all, fewer than the {num_experts} experts; give at least "
+                f"{need:.2f} GiB per GPU ({slot_bytes / GIB:.2f} GiB per slot) or more GPUs"
             )
     else:
         default = num_gpus if num_gpus <= num_experts else num_gpus - num_experts

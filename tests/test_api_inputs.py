@@ -141,3 +141,23 @@ def test_eplb_solve_out_files_are_taken_with_their_layer_ids(base: str, solved_f
         assert bad.status_code == 422, bad.text
         assert bad.json()["errors"][0]["field"].startswith("current_placement.layer_ids"), bad.json()
         assert message in bad.json()["detail"], bad.json()
+
+
+BODY = {**FIELDS, "loads": V3.tolist()}
+CONFIG = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 16}}
+
+
+def post_json(base: str, route: str, body: dict[str, Any], method: str = "POST") -> httpx.Response:
+    """json.dumps writes NaN and Infinity as a careless client would."""
+    return httpx.request(method, f"{base}{route}", content=json.dumps(body).encode(),
+                         headers={"content-type": "application/json"}, timeout=60)
+
+
+def test_per_gpu_budgets_are_described_as_given(base: str) -> None:
+    """GPU 0 holds 1.86 GiB, GPU 1 0.93: the message said 'a budget of 0.93 GiB per GPU'."""
+    lite = {"model": "deepseek-v2-lite", "loads": [[1.0] * 64], "cluster": {"num_gpus": 2,
+                                                                            "memory_budget_bytes": [2e9, 1e9]}}
+    r = post_json(base, "/placement", lite)
+    assert r.status_code == 422 and r.json()["detail"] == (
+        "cluster: budgets of 0.93-1.86 GiB per GPU (2.79 GiB in all) fit 6 expert slots in all, fewer than the 64 "
+        "experts; give at least 13.41 GiB per GPU (0.42 GiB per slot) or more GPUs"), r.text
