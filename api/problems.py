@@ -4,6 +4,7 @@ the OpenAPI schema documents."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,21 +55,71 @@ def unauthorized() -> ProblemError:
                         headers={"WWW-Authenticate": "Bearer"})
 
 
-def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """pydantic's errors as {field, message}: the dotted path into the body (never 'body' itself)."""
-    def is_union_tag(part: str) -> bool:  # the union member pydantic tried: 'str', 'ModelSpec', 'function-after[..]'
-        return part == "str" or "[" in part or part[:1].isupper()
+LINKS = ("must be a string: nvlink, nic, or GB/s per GPU per direction such as \"400\"; or a link within and "
+         "one between nodes, e.g. nvlink+nic")
+TYPE_MESSAGES = {"link": LINKS}
+"""Messages for a value of the wrong type, by the field's name, where pydantic's ('Input should be a valid
+string') does not say what the field takes."""
+BOUNDS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "multiple_of"})
+SCALARS = frozenset({"str", "int", "float", "bool"})
 
+
+def is_union_tag(part: str) -> bool:
+    """The union member pydantic tried: 'str', 'ModelSpec', 'constrained-float', 'list[..]', 'function-after[..]'."""
+    return part in SCALARS or part.startswith("constrained-") or "[" in part or part[:1].isupper()
+
+
+def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """pydantic's errors as {field, message}: the dotted path into the body (never 'body' itself). Of a union
+    (one number or one per GPU; a preset name or a spec object) only the member the value's shape chose
+    speaks; a NaN or an infinity out of bounds must be a finite number."""
     def tried_the_string_branch(err: Mapping[str, Any]) -> bool:  # "model": {...} also failed as a preset name
         return err.get("type") == "string_type" and any(is_union_tag(str(p)) for p in err.get("loc", ()))
 
     kept = [e for e in errors if not tried_the_string_branch(e)] or list(errors)
     out = []
-    for err in kept:
+    for err in _chosen_members(kept):
         loc = [str(p) for p in err.get("loc", ()) if p != "body" and not is_union_tag(str(p))]
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        value = err.get("input")
+        if err.get("type") in BOUNDS and isinstance(value, float) and not math.isfinite(value):
+            message = "Input should be a finite number"
+        elif str(err.get("type", "")).endswith("_type") and loc and loc[-1] in TYPE_MESSAGES:
+            message = TYPE_MESSAGES[loc[-1]]
         out.append({"field": ".".join(loc) or "body", "message": message})
     return out
+
+
+def _chosen_members(errors: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Errors of a union's members: a member whose type the value is not (a number given where the other member
+    takes a list) is left out when another member says what is wrong inside it; when every member refused the
+    value's type, one error says what the field takes ('Input should be a valid number or a valid array')."""
+    def split(err: Mapping[str, Any]) -> tuple[tuple[Any, ...], Any, bool] | None:
+        loc = tuple(err.get("loc", ()))
+        at = next((i for i, p in enumerate(loc) if is_union_tag(str(p))), None)
+        if at is None:
+            return None
+        mismatch = at == len(loc) - 1 and str(err.get("type", "")).endswith("_type")
+        return loc[:at], loc[at], mismatch
+
+    groups: dict[tuple[Any, ...], list[tuple[Mapping[str, Any], Any, bool]]] = {}
+    for err in errors:
+        part = split(err)
+        if part is not None:
+            groups.setdefault(part[0], []).append((err, part[1], part[2]))
+    drop: set[int] = set()
+    merged: dict[int, Mapping[str, Any]] = {}
+    for members in groups.values():
+        if len({tag for _, tag, _ in members}) < 2:
+            continue
+        mismatched = [err for err, _, mismatch in members if mismatch]
+        if len(mismatched) < len(members):
+            drop.update(id(err) for err in mismatched)
+        else:
+            wanted = [str(e.get("msg", "")).removeprefix("Input should be ") for e in mismatched]
+            merged[id(mismatched[0])] = {**mismatched[0], "msg": "Input should be " + " or ".join(wanted)}
+            drop.update(id(err) for err in mismatched[1:])
+    return [merged.get(id(e), e) for e in errors if id(e) not in drop]
 
 
 def invalid(errors: list[dict[str, str]]) -> ProblemError:

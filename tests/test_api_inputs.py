@@ -153,6 +153,35 @@ def post_json(base: str, route: str, body: dict[str, Any], method: str = "POST")
                          headers={"content-type": "application/json"}, timeout=60)
 
 
+def test_a_link_that_is_no_string_says_what_links_are(base: str) -> None:
+    """"link": 400 was 'Input should be a valid string' (POST /placement and PUT /deployments alike)."""
+    for route, sent, method in (("/placement", BODY, "POST"), ("/deployments/messages", CONFIG, "PUT")):
+        r = post_json(base, route, {**sent, "link": 400}, method)
+        assert r.status_code == 422 and r.json()["errors"] == [{"field": "link", "message": (
+            'must be a string: nvlink, nic, or GB/s per GPU per direction such as "400"; or a link within and one '
+            "between nodes, e.g. nvlink+nic")}], r.text
+
+
+def test_a_nan_must_be_a_finite_number_and_one_or_per_gpu_fields_give_one_error(base: str) -> None:
+    """NaN max_lb_slack was 'should be <= 1'; a NaN memory_budget_bytes two errors, one per member of 'one number
+    or one per GPU' ('less than or equal to 1e15' and 'a valid array')."""
+    for value in (float("nan"), float("inf")):
+        r = post_json(base, "/placement", {**BODY, "max_lb_slack": value})
+        assert r.status_code == 422, r.text
+        assert r.json()["errors"] == [{"field": "max_lb_slack", "message": "Input should be a finite number"}]
+    for budget, field in ((float("nan"), "cluster.memory_budget_bytes"), ([1e9, float("nan")] + [1e9] * 14,
+                                                                          "cluster.memory_budget_bytes.1")):
+        r = post_json(base, "/placement", {**BODY, "cluster": {"num_gpus": 16, "memory_budget_bytes": budget}})
+        assert r.status_code == 422, r.text
+        assert r.json()["errors"] == [{"field": field, "message": "Input should be a finite number"}]
+    r = post_json(base, "/deployments/messages", {**CONFIG, "cluster": {"num_gpus": 16,
+                                                                         "memory_budget_bytes": float("nan")}}, "PUT")
+    assert r.status_code == 422 and [e["message"] for e in r.json()["errors"]] == ["Input should be a finite number"]
+    r = post_json(base, "/placement", {**BODY, "cluster": {"num_gpus": 16, "slots_per_gpu": "17"}})
+    assert r.json()["errors"] == [{"field": "cluster.slots_per_gpu",
+                                   "message": "Input should be a valid integer or a valid array"}], r.text
+
+
 def test_per_gpu_budgets_are_described_as_given(base: str) -> None:
     """GPU 0 holds 1.86 GiB, GPU 1 0.93: the message said 'a budget of 0.93 GiB per GPU'."""
     lite = {"model": "deepseek-v2-lite", "loads": [[1.0] * 64], "cluster": {"num_gpus": 2,
