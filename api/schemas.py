@@ -36,7 +36,8 @@ class ClusterIn(BaseModel):
     num_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the expert-parallel group")
     gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node (hierarchical policy, "
                                       "a '+' link)")
-    num_groups: int | None = Field(None, ge=1, le=65_536, description="expert groups (hierarchical policy)")
+    num_groups: int | None = Field(None, ge=1, le=65_536, description="expert groups (hierarchical policy; "
+                                   "needs gpus_per_node)")
     slots_per_gpu: SlotCount | Annotated[list[SlotCount], Field(min_length=1, max_length=MAX_GPUS)] | None = Field(
         None, description="expert slots (0 to 4096): one count or one per GPU"
     )

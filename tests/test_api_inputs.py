@@ -190,3 +190,15 @@ def test_per_gpu_budgets_are_described_as_given(base: str) -> None:
     assert r.status_code == 422 and r.json()["detail"] == (
         "cluster: budgets of 0.93-1.86 GiB per GPU (2.79 GiB in all) fit 6 expert slots in all, fewer than the 64 "
         "experts; give at least 13.41 GiB per GPU (0.42 GiB per slot) or more GPUs"), r.text
+
+
+def test_groups_without_nodes_are_refused_by_name(base: str) -> None:
+    """cluster.num_groups without cluster.gpus_per_node was silently ignored."""
+    groups = "needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a node; give " \
+             "both, or neither"
+    r = post_json(base, "/placement", {**BODY, "cluster": {"num_gpus": 16, "num_groups": 8}})
+    assert r.status_code == 422 and r.json()["errors"] == [{"field": "cluster.num_groups", "message": groups}], r.text
+    r = post_json(base, "/deployments/messages", {**CONFIG, "cluster": {"num_gpus": 16, "num_groups": 8}}, "PUT")
+    assert r.status_code == 422 and r.json()["errors"] == [{"field": "cluster.num_groups", "message": groups}], r.text
+    hierarchical = {"num_gpus": 16, "num_groups": 8, "gpus_per_node": 8}
+    assert post_json(base, "/placement", {**BODY, "cluster": hierarchical}).status_code == 200

@@ -582,11 +582,16 @@ def test_a_stored_placement_with_empty_slots_serves_nothing(store: Store) -> Non
     assert dep.record_applied(store, "holes", dep.get(store, "holes").placement.model_dump()).moves == 0
 
 
+GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
+                     "node; give both, or neither")
+
+
 @pytest.mark.parametrize("shape, field, message", [
     ({"gpus_per_node": 3}, "cluster.gpus_per_node", "4 GPUs do not split into nodes of 3"),
     ({"gpus_per_node": 8}, "cluster.gpus_per_node", "4 GPUs do not split into nodes of 8"),
     ({"gpus_per_node": 2, "num_groups": 3}, "cluster.num_groups", "8 experts do not split into 3 equal groups"),
-    ({"num_groups": 3}, "cluster.num_groups", "8 experts do not split into 3 equal groups"),
+    ({"num_groups": 3}, "cluster.num_groups", GROUPS_NEED_NODES),  # no nodes: refused before the split is checked
+    ({"num_groups": 2}, "cluster.num_groups", GROUPS_NEED_NODES),  # it was ignored
 ])
 def test_a_cluster_shape_every_window_refuses_is_refused_at_put(
     client: TestClient, shape: dict[str, int], field: str, message: str
@@ -595,6 +600,8 @@ def test_a_cluster_shape_every_window_refuses_is_refused_at_put(
     body = {**MIXTRAL, "cluster": {"num_gpus": 4, **shape}}
     answer = client.put("/deployments/shape", json=body)
     assert answer.status_code == 422 and answer.json()["detail"] == f"{field}: {message}"
+    if message == GROUPS_NEED_NODES:
+        assert answer.json()["errors"] == [{"field": field, "message": message}]
     assert client.get("/deployments/shape").status_code == 404
 
 

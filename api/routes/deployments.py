@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.convert import GROUPS_NEED_NODES
 from api.database import DbDep, in_db
 from api.deps import Authorized, PoolDep, SettingsDep
 from api.pool import QueueFull, SolvePool, WorkerDied
@@ -107,6 +108,9 @@ async def list_deployments(db: DbDep) -> DeploymentList:
             summary="Register a deployment, or update its config (history stays; the serving placement too unless "
                     "the new shape no longer fits it: `placement_dropped` then says so)")
 async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentUpdate:
+    if body.cluster.num_groups is not None and body.cluster.gpus_per_node is None:  # every window would ignore it
+        raise ProblemError(422, "Invalid request", f"cluster.num_groups: {GROUPS_NEED_NODES}",
+                           errors=[{"field": "cluster.num_groups", "message": GROUPS_NEED_NODES}])
     try:
         old: DeploymentView | None = await in_db(deployments.get, db, name)
     except NotFound:
