@@ -202,3 +202,15 @@ def test_groups_without_nodes_are_refused_by_name(base: str) -> None:
     assert r.status_code == 422 and r.json()["errors"] == [{"field": "cluster.num_groups", "message": groups}], r.text
     hierarchical = {"num_gpus": 16, "num_groups": 8, "gpus_per_node": 8}
     assert post_json(base, "/placement", {**BODY, "cluster": hierarchical}).status_code == 200
+
+
+def test_every_deployments_route_needs_the_key(server_factory: Callable[..., str]) -> None:
+    """docs/api.md: with EPLB_API_KEY, every /deployments route (reads too: a cluster's config and history),
+    GET /jobs and every write need it; a job's own id, presets, health and metrics do not."""
+    secured = server_factory(api_key="s3cret")
+    key = {"Authorization": "Bearer s3cret"}
+    for path in ("/deployments", "/deployments/x", "/deployments/x/history", "/jobs"):
+        assert httpx.get(f"{secured}{path}", timeout=30).status_code == 401, path
+        assert httpx.get(f"{secured}{path}", headers=key, timeout=30).status_code in (200, 404), path
+    for path in ("/jobs/nope", "/presets", "/healthz", "/metrics"):
+        assert httpx.get(f"{secured}{path}", timeout=30).status_code in (200, 404), path
