@@ -51,7 +51,7 @@ from eplb.specs import (
     all_to_all_links,
 )
 from solvers import registry
-from solvers.registry import Options
+from solvers.registry import Options, Problem, SolverError
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -424,6 +424,40 @@ def _check_budgets(req: PlacementRequest, name: str, model: ModelSpec | None, nu
                          f"least {least:g}")
 
 
+GROUP_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
+"""What the registry's refusal of a hierarchical cluster calls its settings here (the CLI: its flags)."""
+
+
+def _check_groups(name: str, named: bool, the_cluster: Cluster, current: Placement | None, options: Options,
+                  num_experts: int) -> None:
+    """A hierarchical cluster (groups within nodes) the solver cannot honour, refused naming the request's fields
+    (the solver, when the request named it, cluster.gpus_per_node, cluster.num_groups) before any solve or job,
+    as a deployment's PUT does: the registry's check on an empty window, with and without the groups. Any
+    other refusal is left to the solve, which says what it is."""
+    if the_cluster.num_groups is None or the_cluster.gpus_per_node is None:
+        return
+    caps = registry.get_solver(name).capabilities
+
+    def probe(hierarchical: bool) -> None:
+        registry.check(name, Problem(
+            np.zeros((1, num_experts)), the_cluster.slots_per_gpu,
+            the_cluster.num_groups if hierarchical else None, the_cluster.gpus_per_node if hierarchical else None,
+            current_phy2log=None if current is None else current.phy2log,
+            coactivation=np.zeros((1, num_experts, num_experts)) if caps.coactivation else None),
+            options, names=GROUP_FIELDS)  # fmt: skip
+
+    try:
+        probe(True)
+    except SolverError as exc:
+        try:
+            probe(False)
+        except SolverError:
+            return  # refused for something else as well
+        fields = (["solver"] if named else []) + ["cluster.gpus_per_node", "cluster.num_groups"]
+        raise ProblemError(422, "Invalid request", f"{', '.join(fields)}: {exc}",
+                           errors=[{"field": field, "message": str(exc)} for field in fields]) from None
+
+
 def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_default_time_limit_s: float) -> SolveJob:
     """Validate a placement request into a SolveJob (loads: the npy body's array, else the request's).
     Raises ProblemError naming the bad field."""
@@ -455,6 +489,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         max_moves_per_layer=req.max_moves_per_layer,
         target_lb=req.target_lb,
     )
+    _check_groups(name, req.solver is not None, the_cluster, current, options, window.shape[1])
     stage_bytes = None if req.stage_gib is None else req.stage_gib * 2**30
     return SolveJob(window, the_cluster, name, cost, current, options, stage_bytes, req.run_async, req.objective,
                     summary)

@@ -152,7 +152,15 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EplbError)
     async def _eplb(request: Request, exc: EplbError) -> Response:
-        return problem_response(422, "Invalid request", str(exc), request.url.path)
+        return problem_response(422, "Invalid request", str(exc), request.url.path, errors=named_fields(exc))
+
+
+def named_fields(exc: EplbError) -> list[dict[str, Any]] | None:
+    """`errors` of an EplbError that names its fields (`eplb.deployments.FieldError`: `fields` and `message`)."""
+    fields, message = getattr(exc, "fields", None), getattr(exc, "message", None)
+    if not fields or not isinstance(message, str):
+        return None
+    return [{"field": str(field), "message": message} for field in fields]
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -49,10 +49,26 @@ MAX_GPUS = 4096
 SlotCount = Annotated[int, Field(ge=1, le=MAX_GPUS)]
 Bytes = Annotated[float, Field(gt=0, le=1e15)]
 Action = Literal["placed", "rebalanced", "kept", "applied"]
+POLICY_FIELDS = {"max_moves": "policy.max_moves", "target_lb": "policy.target_lb",
+                 "total_time_limit_s": "time_limit_s"}
+"""The config's field of each solver option a deployment sets."""
+FIELD_NAMES = {**POLICY_FIELDS, "num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
+"""What the registry's messages call options and cluster settings in a deployment's config (its JSON fields)."""
 
 
 class NotFound(EplbError):
     """No deployment of that name (or no such history entry)."""
+
+
+class FieldError(EplbError):
+    """Bad input in named fields (dotted paths into the JSON: `cluster.gpus_per_node`) of a config, a window or an
+    applied placement. The text is 'field, field: message' (or `text`, a message that already names its field);
+    the service's 422 lists each field with the message in `errors`, as for every other 422."""
+
+    def __init__(self, fields: str | list[str], message: str, text: str | None = None) -> None:
+        self.fields = [fields] if isinstance(fields, str) else list(fields)
+        self.message = message
+        super().__init__(text if text is not None else f"{', '.join(self.fields)}: {message}")
 
 
 # ----- configuration -------------------------------------------------------------------------------------------
@@ -157,9 +173,10 @@ class Setup:
 
     def __init__(self, config: DeploymentConfig) -> None:
         if config.model not in MODEL_PRESETS:
-            raise EplbError(f"model: unknown preset {config.model!r}; known: {', '.join(MODEL_PRESETS)}")
+            raise FieldError("model", f"unknown preset {config.model!r}; known: {', '.join(MODEL_PRESETS)}")
         if config.hardware not in HARDWARE_PRESETS:
-            raise EplbError(f"hardware: unknown preset {config.hardware!r}; known: {', '.join(HARDWARE_PRESETS)}")
+            raise FieldError("hardware", f"unknown preset {config.hardware!r}; known: "
+                             f"{', '.join(HARDWARE_PRESETS)}")
         self.config = config
         self.model: ModelSpec = MODEL_PRESETS[config.model]
         hardware = HARDWARE_PRESETS[config.hardware]
@@ -179,12 +196,12 @@ class Setup:
             try:
                 check_shapes(probe, part)
             except EplbError as exc:
-                raise EplbError(f"{field}: {exc}") from None
+                raise FieldError(field, str(exc)) from None
         try:  # a '+' link or a node limit needs nodes: refused here, by name, not at the first window
             check_links(self.cost, self.cluster)
         except EplbError as exc:
             field = "node_limit" if config.node_limit is not None and config.cluster.gpus_per_node is None else "link"
-            raise EplbError(f"{field}: {exc}") from None
+            raise FieldError(field, str(exc)) from None
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
@@ -193,9 +210,9 @@ class Setup:
                 try:
                     self._probe(has_current, options)
                 except registry.SolverError as exc:
-                    raise EplbError(self._refusal(has_current, options, exc)) from None
+                    raise self._refusal(has_current, options, exc) from None
         except registry.SolverError as exc:
-            raise EplbError(str(exc)) from None
+            raise FieldError("solver", str(exc), str(exc)) from None
 
     def _probe(self, has_current: bool, options: Options, hierarchical: bool = True) -> None:
         """`solvers.registry.check` on an empty window of the model's shape: what every window's solve would
@@ -212,23 +229,24 @@ class Setup:
         registry.check(name, Problem(
             np.zeros((1, experts)), slots, groups, nodes,
             current_phy2log=np.zeros((1, int(slots.sum())), dtype=np.int64) if has_current else None,
-            coactivation=np.zeros((1, experts, experts)) if caps.coactivation else None), options)  # fmt: skip
+            coactivation=np.zeros((1, experts, experts)) if caps.coactivation else None), options,
+            names=FIELD_NAMES)  # fmt: skip
 
-    def _refusal(self, has_current: bool, options: Options, exc: registry.SolverError) -> str:
+    def _refusal(self, has_current: bool, options: Options, exc: registry.SolverError) -> EplbError:
         """A probe's refusal as a config error: when the solver takes the same cluster without its groups, the
-        hierarchical policy is what it refuses, and the message names the fields (the solver and
-        cluster.gpus_per_node, cluster.num_groups)."""
+        hierarchical policy is what it refuses, and the error names the fields (the solver and
+        cluster.gpus_per_node, cluster.num_groups); otherwise the solver's."""
         if self.cluster.num_groups is None or self.cluster.gpus_per_node is None:
-            return str(exc)
+            return FieldError("solver", str(exc), str(exc))
         try:
             self._probe(has_current, options, hierarchical=False)
         except registry.SolverError:
-            return str(exc)  # refused for something else as well
-        fields = "cluster.gpus_per_node, cluster.num_groups"
+            return FieldError("solver", str(exc), str(exc))  # refused for something else as well
+        fields = ["cluster.gpus_per_node", "cluster.num_groups"]
         if self.config.solver is not None:
-            fields = f"solver, {fields}"
+            fields = ["solver", *fields]
         when = "every rebalance starts from the serving placement, and " if has_current else ""
-        return f"{fields}: {when}{exc}"
+        return FieldError(fields, f"{when}{exc}")
 
     def solver_name(self, has_current: bool) -> str:
         if self.config.solver is not None:
@@ -248,8 +266,10 @@ class Setup:
         refused = sorted(k for k in wanted if k not in takes)
         if refused:
             able = [n for n in registry.names() if set(refused) <= registry.get_solver(n).options]
-            raise EplbError(f"solver {name!r} does not take {', '.join(refused)}: choose a solver that does "
-                            f"({', '.join(able) or 'none is registered'})")
+            fields = ["solver", *(POLICY_FIELDS.get(k, k) for k in refused)]
+            message = (f"solver {name!r} does not take {', '.join(refused)}: choose a solver that does "
+                       f"({', '.join(able) or 'none is registered'})")
+            raise FieldError(fields, message, message)
         return Options(**wanted)
 
     def candidates(self, judged: bool, layers: int) -> list[dict[str, Any]]:
@@ -287,15 +307,18 @@ class Setup:
 
         summary = CoactivationSummary.parse(value)
         if summary.loads.shape != loads.shape:
-            raise EplbError(f"coactivation: the summary is for {summary.loads.shape[0]} layers x "
-                            f"{summary.loads.shape[1]} experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
+            raise FieldError("coactivation", f"the summary is for {summary.loads.shape[0]} layers x "
+                             f"{summary.loads.shape[1]} experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
         return summary
 
     def loads(self, value: Any, what: str = "loads") -> NDArray[np.float64]:
-        loads = check_loads(value, what)
+        try:
+            loads = check_loads(value, what)
+        except EplbError as exc:  # its text names the value: 'loads[0][1] is -2: loads must be >= 0'
+            raise FieldError(what, str(exc), str(exc)) from None
         if loads.shape[1] != self.model.num_experts:
-            raise EplbError(f"{what}: rows have {loads.shape[1]} experts but model {self.model.name!r} "
-                            f"has {self.model.num_experts}")
+            raise FieldError(what, f"rows have {loads.shape[1]} experts but model {self.model.name!r} "
+                             f"has {self.model.num_experts}")
         return loads
 
 
@@ -476,7 +499,7 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
         loads = setup.loads(loads_value)
         current = _placement(row)
         if current is not None and current.num_layers != loads.shape[0]:
-            raise EplbError(f"loads: {loads.shape[0]} layers, but the serving placement has {current.num_layers}")
+            raise FieldError("loads", f"{loads.shape[0]} layers, but the serving placement has {current.num_layers}")
         seq = row.windows + 1
         now = time.time()
         entry = HistoryRow(deployment=name, seq=seq, at=now, loads=pack(loads), **_window_columns(loads))
@@ -548,23 +571,26 @@ def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
         setup = Setup(DeploymentConfig.model_validate(row.config))
         if isinstance(value, dict) and "num_experts" not in value:
             value = {**value, "num_experts": setup.model.num_experts}
-        applied = Placement.from_dict(value, "placement")
+        try:
+            applied = Placement.from_dict(value, "placement")
+        except EplbError as exc:
+            raise FieldError("placement", str(exc).removeprefix("placement: ")) from None
         if applied.num_experts != setup.model.num_experts:
-            raise EplbError(f"placement: {applied.num_experts} experts, the model has {setup.model.num_experts}")
+            raise FieldError("placement", f"{applied.num_experts} experts, the model has {setup.model.num_experts}")
         if applied.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
-            raise EplbError(f"placement: {describe_slots(applied.slots_per_gpu)}, the deployment has "
-                            f"{describe_slots(setup.cluster.slots_per_gpu)}")
+            raise FieldError("placement", f"{describe_slots(applied.slots_per_gpu)}, the deployment has "
+                             f"{describe_slots(setup.cluster.slots_per_gpu)}")
         if applied.empty_slots.any():  # it would serve as every window's current placement, which refuses them
             layer, slot = (int(v) for v in np.argwhere(applied.empty_slots)[0])
-            raise EplbError(f"placement.phy2log[{layer}][{slot}] is -1, an empty slot: a deployment's placement is "
-                            "what the next window rebalances from, so every slot must hold an expert (record the "
-                            "placement served once EP scaling finished)")
+            why = ("is -1, an empty slot: a deployment's placement is what the next window rebalances from, so "
+                   "every slot must hold an expert (record the placement served once EP scaling finished)")
+            raise FieldError(f"placement.phy2log.{layer}.{slot}", why, f"placement.phy2log[{layer}][{slot}] {why}")
         previous = _placement(row)
         entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied",
                            reason="reported by the cluster")
         if previous is not None:
             if previous.num_layers != applied.num_layers:
-                raise EplbError(f"placement: {applied.num_layers} layers, the serving one has {previous.num_layers}")
+                raise FieldError("placement", f"{applied.num_layers} layers, the serving one has {previous.num_layers}")
             moves = int(count_moves(applied.phy2log, previous.phy2log, setup.cluster.slots_per_gpu).sum())
             entry.moves, entry.bytes_moved = moves, moves * setup.model.expert_bytes
         last = session.scalars(select(HistoryRow).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))

@@ -201,7 +201,8 @@ def check_options(
 
 def check(name: str, problem: Problem, options: Options, names: Mapping[str, str] | None = None) -> type[Solver]:
     """Refuse, in one place, every input or option the solver cannot honour (`check_options` first; `names`
-    as there). Returns the solver class."""
+    as there, and `num_groups` / `gpus_per_node` for the groups a solver cannot keep within nodes: by default
+    the CLI's --groups/--gpus-per-node). Returns the solver class."""
     cls = check_options(name, options, problem.current_phy2log is not None, names)
     caps = cls.capabilities
     loads, slots = problem.loads, problem.slots_per_gpu
@@ -222,8 +223,10 @@ def check(name: str, problem: Problem, options: Options, names: Mapping[str, str
     if not caps.ep_beyond_experts and slots.size > num_experts:
         raise SolverError(f"solver {name!r} needs at most {num_experts} GPUs ({slots.size} given)")
     if problem.hierarchical and not caps.hierarchical:
+        drop = "/".join((names or {}).get(k, flag) for k, flag in (("num_groups", "--groups"),
+                                                                   ("gpus_per_node", "--gpus-per-node")))
         raise SolverError(
-            f"solver {name!r} does not keep expert groups within nodes: drop --groups/--gpus-per-node "
+            f"solver {name!r} does not keep expert groups within nodes: drop {drop} "
             f"or choose one of {', '.join(n for n in _TABLE if get_solver(n).capabilities.hierarchical)}"
         )
     if problem.hierarchical and problem.current_phy2log is not None and not caps.hierarchical_with_current:

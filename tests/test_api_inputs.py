@@ -22,6 +22,7 @@ from eplb.io.windows import read_window
 PROBLEM = "application/problem+json"
 NPY = {"content-type": "application/x-npy"}
 V3 = read_window(None).loads[:4]
+LAW = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
 PREFILL = Path(__file__).resolve().parents[1] / "fixtures" / "sglang6017-dsv3-prefill-in4096.json"
 FIELDS = {"model": "deepseek-v3", "hardware": "h100", "cluster": {"num_gpus": 16, "num_redundant": 16}}
 
@@ -214,3 +215,29 @@ def test_every_deployments_route_needs_the_key(server_factory: Callable[..., str
         assert httpx.get(f"{secured}{path}", headers=key, timeout=30).status_code in (200, 404), path
     for path in ("/jobs/nope", "/presets", "/healthz", "/metrics"):
         assert httpx.get(f"{secured}{path}", timeout=30).status_code in (200, 404), path
+
+
+def test_a_hierarchical_cluster_the_solver_cannot_honour_names_the_fields(base: str) -> None:
+    """POST /placement with groups a solver cannot keep within nodes was told to 'drop --groups/--gpus-per-node'
+    (the CLI's flags), with no `errors`, and an async one became a job that failed; now a 422 naming the fields
+    before anything is solved or queued, as PUT /deployments does."""
+    from eplb.coactivation import read_topk, summarize
+
+    ids, _ = read_topk(LAW)
+    lite = {"model": "deepseek-v2-lite", "cluster": {"num_gpus": 8, "gpus_per_node": 4, "num_groups": 8},
+            "loads": read_window(LAW).loads.tolist(), "solver": "greedy-coact",
+            "coactivation": summarize(ids, 64).to_dict()}
+    for run_async in (False, True):
+        r = httpx.post(f"{base}/placement", json={**lite, "async": run_async}, timeout=60)
+        assert r.status_code == 422, r.text
+        problem = r.json()
+        assert [e["field"] for e in problem["errors"]] == ["solver", "cluster.gpus_per_node", "cluster.num_groups"]
+        assert "drop cluster.num_groups/cluster.gpus_per_node or choose one of greedy" in problem["detail"], problem
+        assert "--" not in problem["detail"]
+    first = httpx.post(f"{base}/placement", json=BODY, timeout=60).json()["placement"]  # no groups: a MILP rebalance
+    groups = {"num_gpus": 16, "num_redundant": 16, "gpus_per_node": 8, "num_groups": 8}
+    r = httpx.post(f"{base}/placement", json={**BODY, "cluster": groups, "current_placement": first, "solver": "milp",
+                                               "time_limit_s": 2}, timeout=60)
+    assert r.status_code == 422 and [e["field"] for e in r.json()["errors"]] == [
+        "solver", "cluster.gpus_per_node", "cluster.num_groups"], r.text
+    assert "minimizes copies from a current placement, not both" in r.json()["detail"]

@@ -600,8 +600,7 @@ def test_a_cluster_shape_every_window_refuses_is_refused_at_put(
     body = {**MIXTRAL, "cluster": {"num_gpus": 4, **shape}}
     answer = client.put("/deployments/shape", json=body)
     assert answer.status_code == 422 and answer.json()["detail"] == f"{field}: {message}"
-    if message == GROUPS_NEED_NODES:
-        assert answer.json()["errors"] == [{"field": field, "message": message}]
+    assert answer.json()["errors"] == [{"field": field, "message": message}]  # as every other 422
     assert client.get("/deployments/shape").status_code == 404
 
 
@@ -699,3 +698,48 @@ def test_the_dense_layer_counts_are_the_presets_sources() -> None:
     quoted = {name: int(m.group(1)) for name, text in MODEL_PRESET_SOURCES.items()
               if (m := re.search(r"first_k_dense_replace (\d+)", text))}
     assert quoted == FIRST_DENSE_LAYERS and set(quoted) <= set(MODEL_PRESETS)
+
+
+def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestClient) -> None:
+    """The field-named 422s of a deployment's Setup (config, window, applied placement) had their names in
+    `detail` only, no `errors`; a solver that cannot keep groups within nodes was told to 'drop
+    --groups/--gpus-per-node', the CLI's flags."""
+    cases = [
+        ({**MIXTRAL, "model": "gpt-9"}, ["model"], "unknown preset 'gpt-9'"),
+        ({**MIXTRAL, "hardware": "tpu"}, ["hardware"], "unknown preset 'tpu'"),
+        ({**MIXTRAL, "link": "nvlink+nic"}, ["link"], "GPUs per node"),
+        ({**MIXTRAL, "solver": "simplex"}, ["solver"], "unknown solver 'simplex'"),
+        ({**MIXTRAL, "solver": "greedy", "policy": {"max_moves": 10}}, ["solver", "policy.max_moves"],
+         "solver 'greedy' does not take max_moves"),
+        ({**MIXTRAL, "solver": "milp", "cluster": HIERARCHICAL}, ["solver", "cluster.gpus_per_node",
+                                                                 "cluster.num_groups"], "every rebalance starts"),
+        ({**MIXTRAL, "solver": "greedy-coact", "cluster": HIERARCHICAL},
+         ["solver", "cluster.gpus_per_node", "cluster.num_groups"],
+         "does not keep expert groups within nodes: drop cluster.num_groups/cluster.gpus_per_node or choose one"),
+    ]
+    for body, fields, message in cases:
+        answer = client.put("/deployments/named", json=body)
+        assert answer.status_code == 422, answer.text
+        problem = answer.json()
+        assert [e["field"] for e in problem["errors"]] == fields, problem
+        assert all(message in e["message"] for e in problem["errors"]) and message in problem["detail"], problem
+    assert "--groups" not in problem["detail"] and "--gpus-per-node" not in problem["detail"]
+    assert client.put("/deployments/named", json=MIXTRAL).status_code == 201
+    short = client.post("/deployments/named/windows", json={"loads": [[1.0, 2.0]]}).json()
+    assert short["errors"] == [{"field": "loads", "message": "rows have 2 experts but model 'mixtral-8x7b' has 8"}]
+    negative = client.post("/deployments/named/windows", json={"loads": [[1.0] * 7 + [-2.0]]}).json()
+    assert negative["errors"][0]["field"] == "loads" and negative["detail"] == negative["errors"][0]["message"]
+    assert negative["detail"].startswith("loads[0][7] is -2"), negative
+    holes = client.post("/deployments/named/placement", json={"placement": WITH_EMPTY_SLOT}).json()
+    assert holes["errors"][0]["field"] == "placement.phy2log.0.11", holes
+    assert holes["detail"].startswith("placement.phy2log[0][11] is -1, an empty slot")
+
+
+def test_the_cli_keeps_its_flags_in_the_registrys_groups_refusal() -> None:
+    """The registry's message names the JSON fields only when asked to (names=), as the option messages do."""
+    problem = registry.Problem(np.zeros((1, 8)), np.array([3, 3, 3, 3]), 2, 2,
+                               coactivation=np.zeros((1, 8, 8)))
+    with pytest.raises(registry.SolverError, match="drop --groups/--gpus-per-node or choose"):
+        registry.check("greedy-coact", problem, Options())
+    with pytest.raises(registry.SolverError, match=r"drop cluster\.num_groups/cluster\.gpus_per_node or choose"):
+        registry.check("greedy-coact", problem, Options(), names=dep.FIELD_NAMES)
