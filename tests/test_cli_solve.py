@@ -243,3 +243,41 @@ def test_the_registry_names_options_by_the_names_given() -> None:
     with pytest.raises(registry.SolverError, match=r"^--max-moves: a move budget needs the serving placement"):
         registry.check_options("greedy", Options(max_moves=3), has_current=False, names=OPTION_FLAGS)
     assert set(OPTION_FLAGS) == set(Options.__dataclass_fields__)  # every option has its flag
+
+
+@pytest.mark.parametrize("target", ["sglang", "trtllm"])
+def test_evaluate_takes_sglang_and_trtllm_placements_with_gpus(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """Their files do not record the EP size: evaluate said 'pass the GPU count (--gpus)' but had no --gpus."""
+    foreign = tmp_path / f"placement.{target}.{'json' if target == 'sglang' else 'yaml'}"
+    assert main(["export", "--placement", str(serving), "--to", target, "--out", str(foreign)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--placement", str(serving), "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", "--placement", str(foreign), "--gpus", "32", "--json"]) == 0
+    theirs = json.loads(capsys.readouterr().out)
+    assert theirs["predicted"]["lb"] == ours["predicted"]["lb"]
+    assert theirs["placement"]["phy2log"] == ours["placement"]["phy2log"]
+    capsys.readouterr()
+    assert main(["evaluate", "--placement", str(foreign)]) == 2
+    assert "do not record the EP size; pass the GPU count (--gpus)" in capsys.readouterr().err
+    assert main(["evaluate", "--placement", str(foreign), "--gpus", "7"]) == 2
+    assert "288 slots per layer do not split evenly over 7 GPUs" in capsys.readouterr().err
+
+
+def test_a_gpu_count_against_a_placement_that_records_its_own_is_refused(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`export --gpus 7` on an eplb placement of 32 GPUs was silently ignored (and so would evaluate's be)."""
+    said = (f"--gpus 7: {serving} records its own GPU count, 32; drop --gpus (it is for SGLang and TensorRT-LLM "
+            "files, which do not record it) or give 32")
+    out = tmp_path / "p.json"
+    for argv in (["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "7"],
+                 ["evaluate", "--placement", str(serving), "--gpus", "7"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"eplb {argv[0]}: error: {said}\n"
+    assert not out.exists()
+    assert main(["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "32"]) == 0
+

@@ -10,7 +10,7 @@ from pathlib import Path
 from eplb.errors import EplbError
 from eplb.io.exports import TARGETS, parse_layer_ids, write_export
 from eplb.io.files import output_file
-from eplb.io.foreign import ForeignPlacement, read_placement_file
+from eplb.io.foreign import ForeignPlacement, read_placement_file, refuse_other_gpus
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS
@@ -126,6 +126,7 @@ def run_export(args: argparse.Namespace) -> int:
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
     foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=args.layer_ids)
     placement = foreign.placement
+    refuse_other_gpus(args.placement, placement, args.gpus)
     layer_ids = _file_layer_ids(foreign)
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
@@ -141,6 +142,10 @@ def run_import_load(args: argparse.Namespace) -> int:
         if args.source_format == "sglang":
             raise EplbError("--placement applies to --from vllm and trtllm only (SGLang records logical experts)")
         live = read_placement_file(args.placement, num_gpus=args.gpus)
+        refuse_other_gpus(args.placement, live.placement, args.gpus)
+    elif args.gpus is not None:
+        raise EplbError("--gpus is the EP size of an SGLang or TensorRT-LLM --placement: give --placement with it, "
+                        "or drop --gpus")
     loads = import_loads(args.source_format, args.files, drop_empty_layers=not args.keep_empty_layers,
                          phy2log=None if live is None or args.source_format != "vllm" else live.placement.phy2log)
     if live is not None and args.source_format == "trtllm":

@@ -138,7 +138,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_loads(e)
-    e.add_argument("--placement", required=True, metavar="FILE", help="placement file (JSON)")
+    e.add_argument("--placement", required=True, metavar="FILE", help="placement file: eplb's JSON, or an SGLang, "
+                   "TensorRT-LLM or vllm-ascend file (SGLang and TensorRT-LLM files need --gpus)")
+    e.add_argument("--gpus", type=int_at_most(MAX_GPUS, "GPUs"), metavar="N", help="EP size, to read an SGLang or "
+                   "TensorRT-LLM --placement (they do not record it)")
     e.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for copies per node (with "
                    "--coactivation)")
     add_cost_options(e)
@@ -518,11 +521,14 @@ def _print_frontier(
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from eplb.io.foreign import read_placement_for
+    from eplb.io.foreign import read_placement_for, refuse_other_gpus
 
+    if args.gpus is not None and args.gpus < 1:
+        raise EplbError(f"--gpus must be >= 1, got {args.gpus}")
     window = read_window(args.loads)
     placement = read_placement_for(args.placement, window.num_layers, window.num_experts,
-                                   layer_ids=window.meta.get("layer_ids"))
+                                   layer_ids=window.meta.get("layer_ids"), num_gpus=args.gpus)
+    refuse_other_gpus(args.placement, placement, args.gpus)
     model = model_for(args, window)
     if args.gpus_per_node is not None and (args.gpus_per_node < 1 or placement.num_gpus % args.gpus_per_node):
         raise EplbError(f"--gpus-per-node {args.gpus_per_node} does not divide the {placement.num_gpus} GPUs")

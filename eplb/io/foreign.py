@@ -61,6 +61,15 @@ def read_placement_for(
     return placement
 
 
+def refuse_other_gpus(path: str | Path, placement: Placement, num_gpus: int | None, flag: str = "--gpus") -> None:
+    """A GPU count given for a file that records its own (ours, vllm-ascend) must be the file's: refuse another,
+    naming `flag` (SGLang and TensorRT-LLM files were split over num_gpus, so theirs always agree)."""
+    if num_gpus is not None and num_gpus != placement.num_gpus:
+        own = placement.num_gpus
+        raise EplbError(f"{flag} {num_gpus}: {path} records its own GPU count, {own}; drop {flag} (it is for "
+                        f"SGLang and TensorRT-LLM files, which do not record it) or give {own}")
+
+
 def read_placement_file(
     path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
 ) -> ForeignPlacement:
