@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -281,3 +282,22 @@ def test_a_gpu_count_against_a_placement_that_records_its_own_is_refused(
     assert not out.exists()
     assert main(["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "32"]) == 0
 
+
+def test_long_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's prefix matching read `--gpus 32` as `--gpus-per-node 32` where a command has no --gpus, and
+    `--gpus-per 8` as --gpus-per-node; every parser and subparser of the CLI refuses prefixes."""
+    from eplb.cli import build_parser
+
+    for argv in (["solve", "--gpus-per", "8"], ["solve", "--slots", "9"], ["replay", "log.npz", "--inter", "5"],
+                 ["logs", "convert", "a.npz", "b.npz", "--shard", "5"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert f"unrecognized arguments: {argv[-2]} {argv[-1]}" in capsys.readouterr().err
+
+    def parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return [parser, *(q for s in subs for p in s.choices.values() for q in parsers(p))]
+
+    every = parsers(build_parser())
+    assert len(every) > 15 and all(not p.allow_abbrev for p in every)

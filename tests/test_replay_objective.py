@@ -65,7 +65,7 @@ def test_replay_time_objective_errors(tmp_path: Path, capsys: pytest.CaptureFixt
         replay(LAW, CLUSTER, schedule=Schedule(window=2, interval=2), cost=SETUP, objective="fast")
     log = tmp_path / "counts.npz"
     np.savez(log, counts=counts)
-    assert main(["replay", str(log), "--gpus", "8", "--slots", "9", "--model", "deepseek-v2-lite",
+    assert main(["replay", str(log), "--gpus", "8", "--slots-per-gpu", "9", "--model", "deepseek-v2-lite",
                  "--objective", "time", "--no-progress"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert "token-level log" in err and "Traceback" not in err

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from eplb.errors import EplbError
 
@@ -19,11 +20,21 @@ COMMANDS = {
 """Which module registers each command: a run imports only its own (start-up stays short)."""
 
 
+class Parser(argparse.ArgumentParser):
+    """The CLI's parser class: no prefix matching of long options (`--gpus 32` must never be read as
+    `--gpus-per-node 32` where a command has no --gpus). Subparsers, and theirs, are made of the class of the
+    parser that adds them, so setting it here covers every command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for `argv`'s command (every command when argv names none, e.g. for --help)."""
     words = [w for w in (argv or []) if not w.startswith("-")]
     wanted = [COMMANDS[words[0]]] if words and words[0] in COMMANDS else list(MODULES)
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="eplb",
         description="Expert placement for Mixture-of-Experts inference: replicate hot experts and pack "
         "them so every GPU carries about the same load.",
