@@ -422,8 +422,9 @@ def test_trtllm_slot_counts_fold_with_the_live_config(tmp_path: Path, capsys: py
 
 
 def test_sglang_circular_buffer_and_pt_hint(tmp_path: Path) -> None:
-    """SGLang dumps its whole circular buffer: unwritten rows (all zero) are no steps; a full buffer is out of
-    time order, so --steps is refused. The .pt hint runs as printed on a CPU host, with weights_only."""
+    """SGLang dumps its whole circular buffer: unwritten rows (all zero) are no steps, and the written ones are
+    in time order from the first after them; written rows in several runs are not known to be in order, so
+    --steps is refused. The .pt hint runs as printed on a CPU host, with weights_only."""
     torch = pytest.importorskip("torch")  # in the test extra: never skipped in CI
     buffer = torch.zeros((5, 2, 3), dtype=torch.int32)
     buffer[0] = torch.tensor([[1, 2, 3], [0, 1, 0]])
@@ -438,11 +439,40 @@ def test_sglang_circular_buffer_and_pt_hint(tmp_path: Path) -> None:
     loads = read_sglang_loads([tmp_path / "expert_distribution_recorder_1.npz"])
     assert loads.num_steps == 2 and loads.in_time_order and loads.window.tolist() == [[3, 2, 3], [4, 5, 4]]
     assert loads.select_steps(-1, None).window.tolist() == [[2, 0, 0], [4, 4, 4]]
-    np.savez(tmp_path / "full.npz", logical_count=np.ones((3, 2, 3)))
-    full = read_sglang_loads([tmp_path / "full.npz"])
-    assert not full.in_time_order and full.window.tolist() == [[3, 3, 3]] * 2
-    with pytest.raises(EplbError, match=r"not in time order .* circular buffer"):
-        full.select_steps(-1, None)
+    wrapped = np.zeros((5, 1, 2))  # a second recording wrote rows 3, 4, then 0: the buffer keeps its position
+    wrapped[[3, 4, 0], 0, 0] = [1, 2, 3]
+    np.savez(tmp_path / "wrapped.npz", logical_count=wrapped)
+    loads = read_sglang_loads([tmp_path / "wrapped.npz"])
+    assert loads.in_time_order and loads.counts[:, 0, 0].tolist() == [1, 2, 3] and not loads.order_note
+    wrapped[3], wrapped[2, 0, 1] = 0, 5  # rows 2, 4, 0 written: two runs, so where it wrapped is unknown
+    np.savez(tmp_path / "split.npz", logical_count=wrapped)
+    split = read_sglang_loads([tmp_path / "split.npz"])
+    assert not split.in_time_order and split.window.tolist() == [[5, 5]]
+    with pytest.raises(EplbError, match=r"not in time order \(split.npz: rows without counts split its recorded "
+                       r"steps into 2 runs, so where a circular buffer wrapped is unknown\)"):
+        split.select_steps(-1, None)
+
+
+def test_an_unbounded_sglang_recording_is_in_time_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--expert-distribution-recorder-buffer-size -1` (docs/integrations.md's recipe) dumps every recorded step,
+    all written: --steps was refused as 'a full circular buffer ... record into an unbounded buffer'. Its rows
+    cannot tell it from a full circular buffer, so --steps says what it assumes."""
+    counts = np.arange(1, 5 * 2 * 3 + 1).reshape(5, 2, 3)
+    sg, out = tmp_path / "sg.json", tmp_path / "w.json"
+    sg.write_text(json.dumps({"logical_count": counts.tolist()}))
+    assert _cli(["import-load", "--from", "sglang", str(sg), "--steps=-2:", "--out", str(out)]) == 0
+    assert read_window(out).loads.tolist() == counts[-2:].sum(axis=0).tolist()
+    assert capsys.readouterr().err == (
+        f"note: {sg.name}: all 5 rows hold counts: read in time order, as SGLang's unbounded buffer "
+        "(--expert-distribution-recorder-buffer-size -1) dumps them; a full circular buffer of 5 rows (buffer size "
+        "5; SGLang's default is 1000) is rotated by an offset the dump does not record, and --steps would pick "
+        "arbitrary steps of it\n")
+    assert _cli(["import-load", "--from", "sglang", str(sg), "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""  # the sum does not depend on the order
+    np.savez(tmp_path / "window.npz", expert_load_window=counts,  # vLLM's window is always circular
+             physical_to_logical_map=np.array([[0, 1, 2], [0, 1, 2]]))
+    with pytest.raises(EplbError, match=r"not in time order \(a full expert_load_window: vLLM fills it"):
+        _cli(["import-load", "--from", "vllm", str(tmp_path / "window.npz"), "--steps=-2:", "--out", str(out)])
 
 
 def test_vllm_files_are_ranks_summed(tmp_path: Path) -> None:

@@ -156,6 +156,8 @@ def run_import_load(args: argparse.Namespace) -> int:
               "that was live) and --gpus to fold them to logical experts", file=sys.stderr)
     if args.steps is not None:
         loads = loads.select_steps(*args.steps)
+        if loads.order_note:  # in time order, on an assumption the files cannot confirm
+            print(f"note: {loads.order_note}", file=sys.stderr)
     write_loads(loads, args.out, keep_steps=args.keep_steps)
     print(_import_summary(loads, args.out, args.keep_steps))
     return 0

@@ -41,7 +41,9 @@ class ImportedLoads:
     counts: [steps, layers, E] tokens routed to each logical expert (token-to-expert assignments);
     layer_ids: model layer of each row; source: where they came from; format: sglang, trtllm or vllm;
     meta: extra facts from the files (e.g. num_experts_per_token, iterations); in_time_order: False when the
-    steps come from a full circular buffer that does not record where it wrapped (the sum is still exact).
+    steps come from a circular buffer that does not record where it wrapped (the sum is still exact);
+    order_note: why they are not in time order, or, when they are, what that assumes (a caveat to show when
+    steps are selected), or "".
     """
 
     counts: NDArray[np.float64]
@@ -50,6 +52,7 @@ class ImportedLoads:
     format: str
     meta: dict[str, Any] = field(default_factory=dict)
     in_time_order: bool = True
+    order_note: str = ""
 
     @property
     def num_steps(self) -> int:
@@ -63,9 +66,9 @@ class ImportedLoads:
     def select_steps(self, start: int | None, stop: int | None) -> ImportedLoads:
         """Keep steps[start:stop] (Python slice rules, so -100: keeps the last 100)."""
         if not self.in_time_order:
-            raise EplbError(f"{self.source}: the steps are not in time order (a full circular buffer, which does "
-                            "not record where it wrapped), so --steps cannot pick recent ones; import them all, "
-                            "or record into an unbounded buffer")
+            why = self.order_note or "a full circular buffer, which does not record where it wrapped"
+            raise EplbError(f"{self.source}: the steps are not in time order ({why}), so --steps cannot pick "
+                            "recent ones; import them all")
         picked = self.counts[start:stop]
         if picked.shape[0] == 0:
             raise EplbError(f"steps {'' if start is None else start}:{'' if stop is None else stop} select none of "
@@ -118,8 +121,10 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
             raise EplbError(f"{p}: unknown file type '{suffix}' for SGLang statistics (use .json, .npz or .npy)")
         parts.append(_steps_layers_experts(value, f"{p}: logical_count"))
         names.append(p.name)
-    parts, in_order = _circular_buffer_steps(parts)
-    counts = _stack(parts, names)
+    ordered = [_sglang_dump_steps(part, name) for part, name in zip(parts, names, strict=True)]
+    counts = _stack([steps for steps, _, _ in ordered], names)
+    in_order = all(ok for _, ok, _ in ordered)
+    note = "; ".join(n for _, ok, n in ordered if n and ok == in_order)
     layer_ids = list(range(counts.shape[1]))
     if drop_empty_layers:
         totals = counts.sum(axis=(0, 2))
@@ -129,7 +134,7 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
         counts = counts[:, keep]
         layer_ids = [int(v) for v in keep]
     source = f"SGLang expert distribution ({', '.join(names)}, {counts.shape[0]} step(s))"
-    return ImportedLoads(counts, layer_ids, source, "sglang", in_time_order=in_order)
+    return ImportedLoads(counts, layer_ids, source, "sglang", in_time_order=in_order, order_note=note)
 
 
 def sglang_pt_hint(p: Path) -> str:
@@ -138,11 +143,45 @@ def sglang_pt_hint(p: Path) -> str:
             f"numpy.savez('{p.stem}.npz', logical_count=d['logical_count'].numpy())\"")
 
 
+def _sglang_dump_steps(part: NDArray[np.float64], name: str) -> tuple[NDArray[np.float64], bool, str]:
+    """The recorded steps of one SGLang stat dump in time order where the dump tells it: (steps, in time order,
+    order note). SGLang's `_StatAccumulator` keeps steps in one of two buffers
+    (`python/sglang/srt/eplb/expert_distribution.py`):
+
+    - `--expert-distribution-recorder-buffer-size -1`: an unbounded buffer, dumped as the steps it recorded
+      (`_InfiniteBuffer.get_all` returns its first `size` rows), in order, every one written;
+    - a positive size N (default 1000): a circular buffer of N rows dumped whole (`_CircularBuffer.get_all`),
+      rows never written all zero. Starting a recording zeroes the rows but keeps the write position, so the
+      written rows are one run, in circular order, starting wherever the previous recording stopped: they are
+      in time order from the first written row after the unwritten ones. Once full, the rows are rotated by an
+      offset the dump does not record.
+
+    So unwritten (all-zero) rows are dropped (no tokens: the window is unchanged) and the written run is
+    rotated to start after them. A dump with every row written is either kind, which its rows cannot tell:
+    it is read in order (what -1, docs/integrations.md's recipe, records), with a note saying so. Written rows
+    in several runs (steps without tokens among them) are not known to be in order."""
+    written = part.reshape(part.shape[0], -1).any(axis=1)
+    if not written.any():
+        return part[:1], True, ""
+    if written.all():
+        n = part.shape[0]
+        return part, True, (f"{name}: all {n} rows hold counts: read in time order, as SGLang's unbounded buffer "
+                            "(--expert-distribution-recorder-buffer-size -1) dumps them; a full circular buffer of "
+                            f"{n} rows (buffer size {n}; SGLang's default is 1000) is rotated by an offset the dump "
+                            "does not record, and --steps would pick arbitrary steps of it")
+    starts = np.flatnonzero(written & ~np.roll(written, 1))  # written rows after an unwritten one, circularly
+    if starts.size > 1:
+        return part[written], False, (f"{name}: rows without counts split its recorded steps into {starts.size} "
+                                      "runs, so where a circular buffer wrapped is unknown")
+    order = np.roll(np.arange(part.shape[0]), -int(starts[0]))
+    return part[order[np.asarray(written)[order]]], True, ""
+
+
 def _circular_buffer_steps(parts: list[NDArray[np.float64]]) -> tuple[list[NDArray[np.float64]], bool]:
-    """SGLang's and vLLM's recorders keep steps in a circular buffer dumped whole: rows never written are all
-    zero, and once full, the rows are rotated by an offset the dump does not record. Drop the all-zero rows
-    (they hold no tokens, so the window is unchanged) and say whether the rest are in time order (a buffer
-    with unwritten rows never wrapped)."""
+    """vLLM's `expert_load_window` is a circular buffer dumped whole: rows never written are all zero, and once
+    full, the rows are rotated by an offset the dump does not record. Drop the all-zero rows (they hold no tokens,
+    so the window is unchanged) and say whether the rest are in time order (a buffer with unwritten rows never
+    wrapped)."""
     kept, in_order = [], True
     for part in parts:
         written = part.reshape(part.shape[0], -1).any(axis=1)
@@ -258,7 +297,9 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
     ranks = f", {len(names)} ranks summed" if len(names) > 1 else ""
     source = f"vLLM-style counts ({', '.join(names)}{ranks}, {counts.shape[0]} step(s))"
     return ImportedLoads(counts, list(range(counts.shape[1])), source, "vllm", {"ranks": len(names)},
-                         in_time_order=in_order)
+                         in_time_order=in_order, order_note="" if in_order else (
+                             "a full expert_load_window: vLLM fills it circularly and the dump does not record "
+                             "where it wrapped"))
 
 
 def fold_physical(
