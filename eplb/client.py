@@ -348,7 +348,7 @@ class _Api:
         if not isinstance(body, dict):
             raise InvalidRequest(f"placement: a placement object (PlacementOut or its dict), not a "
                                  f"{type(placement).__name__}")
-        body = {k: body[k] for k in ("phy2log", "slots_per_gpu", "num_experts", "shares") if body.get(k) is not None}
+        body = {k: v for k, v in body.items() if v is not None}  # every field: the service judges them
         return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body})
 
 
@@ -467,7 +467,8 @@ class Client:
         return self._do(_Api.history(name, limit, before))
 
     def applied(self, name: str, placement: PlacementOut | dict[str, Any]) -> HistoryEntry:
-        """Record the placement the cluster now serves."""
+        """Record the placement the cluster now serves: every field given is sent (a placement file's
+        `layer_ids` too), and the service checks them."""
         return self._do(_Api.applied(name, placement))
 
 

@@ -4,6 +4,7 @@ placements, jobs (submit, wait with backoff, cancel), deployments, problems as S
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -296,3 +297,35 @@ def test_put_deployment_sends_only_the_fields_set() -> None:
                                                                                                  num_redundant=32)))
     assert sent == [{"model": MODEL, "cluster": {"num_gpus": 32}, "policy": {"threshold": 1.05}},
                     {"model": MODEL, "cluster": {"num_gpus": 32, "num_redundant": 32}}]
+
+
+# --- windows with a co-activation summary; applied placements -----------------------------------------------
+
+
+def test_applied_sends_every_field_of_the_placement(base: str) -> None:
+    """applied() passes on the whole placement (a placement file's layer_ids, replicas, format, num_gpus): the
+    service checks them (layer_ids for another layer count is its 422 naming the field)."""
+    with Client(base, api_key=KEY) as eplb:
+        eplb.put_deployment("client-applied", config())
+        first = eplb.send_window("client-applied", window(0))
+        assert first.result is not None
+        placement = first.result.placement.model_dump(exclude_none=True)
+        with pytest.raises(ServiceError, match=r"^422 Invalid request: .*layer_ids.*has 2 ids, phy2log has 4 rows"):
+            eplb.applied("client-applied", {**placement, "layer_ids": [3, 4]})
+        with pytest.raises(ServiceError, match=r"^422 Invalid request: .*replicas"):
+            eplb.applied("client-applied", {**placement, "replicas": [[1] * 64] * 4})  # not phy2log's counts
+        entry = eplb.applied("client-applied", {**placement, "layer_ids": [3, 4, 5, 6]})
+        assert entry.action == "applied" and entry.moves == 0
+        eplb.delete_deployment("client-applied")
+    sent: list[dict[str, object]] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"id": 1, "seq": 1, "at": 0.0, "action": "applied", "reason": "reported"})
+
+    given = {**placement, "layer_ids": np.arange(3, 7), "shares": None}
+    with Client("http://svc", transport=httpx.MockTransport(service)) as eplb:
+        eplb.applied("prod", given)
+        eplb.applied("prod", first.result.placement)
+    assert sent == [{"placement": {**placement, "layer_ids": [3, 4, 5, 6]}}, {"placement": placement}]
+    assert set(placement) == {"format", "num_experts", "num_gpus", "slots_per_gpu", "phy2log", "replicas"}
