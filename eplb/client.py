@@ -21,11 +21,12 @@ naming the field: each a one-line EplbError. Numpy arrays and scalars are welcom
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -43,8 +44,14 @@ from eplb.deployments import (
 from eplb.errors import EplbError
 from eplb.schemas import PlacementOut, PlacementResponse
 
+if TYPE_CHECKING:
+    from eplb.coactivation import CoactivationSummary
+
 T = TypeVar("T")
 Export = Literal["sglang", "trtllm", "vllm-ascend"]
+Coactivation: TypeAlias = "CoactivationSummary | Mapping[str, Any] | str | bytes"
+"""A window's co-activation summary: the summary, its JSON object (`to_dict`), its .npz image (`to_bytes`) or
+base64 of that image."""
 
 
 class ServiceError(EplbError):
@@ -267,6 +274,21 @@ def _validation(exc: ValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def _coactivation(summary: Coactivation) -> Any:
+    """A window's co-activation summary as the service takes it: base64 of its .npz image (a CoactivationSummary,
+    or that image as bytes), a base64 string as given, or its JSON object (`to_dict`)."""
+    from eplb.coactivation import CoactivationSummary
+
+    if isinstance(summary, CoactivationSummary):
+        summary = summary.to_bytes()
+    if isinstance(summary, (bytes, bytearray, memoryview)):
+        return base64.b64encode(summary).decode("ascii")
+    if not isinstance(summary, (str, Mapping)):
+        raise InvalidRequest(f"coactivation: a CoactivationSummary, its dict (to_dict), its .npz image (to_bytes) "
+                             f"or base64 of it, not a {type(summary).__name__}")
+    return _json(summary, "coactivation")
+
+
 def _placement_or_job(r: httpx.Response) -> PlacementResponse | Job:
     return Job.model_validate(r.json()) if r.status_code == 202 else PlacementResponse.model_validate(r.json())
 
@@ -333,9 +355,12 @@ class _Api:
         return _Call("DELETE", f"/deployments/{_segment(name)}", lambda r: None)
 
     @staticmethod
-    def send_window(name: str, loads: Any, force: bool) -> _Call[WindowResult]:
-        return _Call("POST", f"/deployments/{_segment(name)}/windows", _model(WindowResult),
-                     json={"loads": _json(loads, "loads"), "force": force})
+    def send_window(name: str, loads: Any, force: bool, coactivation: Coactivation | None) -> _Call[WindowResult]:
+        body = {"loads": _json(loads, "loads"), "force": force}
+        if coactivation is not None:
+            body["coactivation"] = _coactivation(coactivation)
+        return _Call("POST", f"/deployments/{_segment(name)}/windows", _model(WindowResult), json=body)
+
 
     @staticmethod
     def history(name: str, limit: int, before: int | None) -> _Call[HistoryPage]:
@@ -458,10 +483,15 @@ class Client:
     def delete_deployment(self, name: str) -> None:
         self._do(_Api.delete_deployment(name))
 
-    def send_window(self, name: str, loads: Any, force: bool = False) -> WindowResult:
+    def send_window(self, name: str, loads: Any, force: bool = False, *,
+                    coactivation: Coactivation | None = None) -> WindowResult:
         """Send a load window ([layers, E] tokens); the answer says placed/rebalanced (with the result and
-        plan) or kept (and why)."""
-        return self._do(_Api.send_window(name, loads, force))
+        plan) or kept (and why). coactivation: the window's co-activation summary (`eplb.coactivation.
+        CoactivationSummary`, sent as base64 of its .npz image; or its dict, or base64 of its image): the
+        predictions count the GPUs a token reaches (`result.predicted.copies_per_token`), the time objective
+        co-locates experts chosen together, and the history keeps it."""
+        return self._do(_Api.send_window(name, loads, force, coactivation))
+
 
     def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
         return self._do(_Api.history(name, limit, before))
@@ -544,8 +574,10 @@ class AsyncClient:
     async def delete_deployment(self, name: str) -> None:
         await self._do(_Api.delete_deployment(name))
 
-    async def send_window(self, name: str, loads: Any, force: bool = False) -> WindowResult:
-        return await self._do(_Api.send_window(name, loads, force))
+    async def send_window(self, name: str, loads: Any, force: bool = False, *,
+                          coactivation: Coactivation | None = None) -> WindowResult:
+        return await self._do(_Api.send_window(name, loads, force, coactivation))
+
 
     async def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
         return await self._do(_Api.history(name, limit, before))

@@ -1,17 +1,20 @@
 """eplb.client against a real `eplb serve` (its database a SQLite file in a temporary directory): typed
-placements, jobs (submit, wait with backoff, cancel), deployments, problems as ServiceError; sync and async."""
+placements, jobs (submit, wait with backoff, cancel), deployments (windows with co-activation summaries, applied
+placements), problems as ServiceError; sync and async."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from eplb.client import AsyncClient, Client, InvalidRequest, JobFailed, ServiceError
+from eplb.client import AsyncClient, Client, Coactivation, InvalidRequest, JobFailed, ServiceError
 from eplb.deployments import ClusterShape, DeploymentConfig, WindowResult
 from eplb.schemas import PlacementResponse
 from tests.test_deployments import MODEL, config, window
@@ -21,10 +24,16 @@ KEY = "secret-key"
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    db = tmp_path_factory.mktemp("client") / "eplb.db"
-    with replica(f"sqlite:///{db}", api_key=KEY) as (url, _):
-        yield url
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The service's URL and its database's."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('client') / 'eplb.db'}"
+    with replica(db, api_key=KEY) as (url, _):
+        yield url, db
+
+
+@pytest.fixture(scope="module")
+def base(served: tuple[str, str]) -> str:
+    return served[0]
 
 
 def request() -> dict[str, object]:
@@ -300,6 +309,62 @@ def test_put_deployment_sends_only_the_fields_set() -> None:
 
 
 # --- windows with a co-activation summary; applied placements -----------------------------------------------
+
+
+LAW = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"  # 26 layers of MODEL
+
+
+def test_windows_carry_a_coactivation_summary_in_every_form(served: tuple[str, str]) -> None:
+    """send_window's coactivation (a CoactivationSummary, its dict, its .npz image or base64 of it) reaches the
+    deployment: the predictions count the GPUs a token reaches, and the history keeps the summary, kept windows'
+    too; a window without one keeps none."""
+    from eplb import deployments as dep
+    from eplb.coactivation import read_topk, summarize
+    from eplb.io.windows import read_window
+    from eplb.store import open_store
+
+    base, db = served
+    ids, _ = read_topk(LAW)
+    loads = read_window(LAW).loads
+    summary = summarize(ids, 64)
+    image = summary.to_bytes()
+    forms: list[Coactivation] = [summary, summary.to_dict(), image, base64.b64encode(image).decode()]
+    store = open_store(db, upgrade=False)
+    with Client(base, api_key=KEY) as eplb:
+        eplb.put_deployment("client-coact", {"model": MODEL, "hardware": "h800", "link": "nic",
+                                             "tokens_per_gpu": 256.0, "cluster": {"num_gpus": 8, "slots_per_gpu": 9},
+                                             "policy": {"threshold": 1000.0}})
+        copies = []
+        for form in forms:
+            answer = eplb.send_window("client-coact", loads, force=True, coactivation=form)
+            assert answer.action in ("placed", "rebalanced") and answer.result is not None
+            assert answer.result.predicted.copies_per_token is not None
+            copies.append(answer.result.predicted.copies_per_token.gpus)
+            kept = dep.window_coactivation(store, answer.history_id)
+            assert kept is not None and kept.to_dict() == summary.to_dict(), type(form)
+        assert len(copies[0]) == 26 and all(c == copies[0] for c in copies)
+        judged = eplb.send_window("client-coact", loads, coactivation=summary)  # under the threshold: kept
+        assert judged.action == "kept" and judged.result is None
+        assert dep.window_coactivation(store, judged.history_id) is not None
+        plain = eplb.send_window("client-coact", loads, force=True)
+        assert plain.result is not None and plain.result.predicted.copies_per_token is None
+        assert dep.window_coactivation(store, plain.history_id) is None
+        with pytest.raises(InvalidRequest, match=r"^coactivation: a CoactivationSummary, its dict .* not a list$"):
+            eplb.send_window("client-coact", loads, coactivation=[1, 2])  # type: ignore[arg-type]
+        with pytest.raises(ServiceError, match=r"^422 Invalid request: coactivation: the summary is for 3 layers"):
+            eplb.send_window("client-coact", loads, coactivation=summary.layers(3))
+        windows = eplb.deployment("client-coact").windows
+
+        async def run() -> None:
+            async with AsyncClient(base, api_key=KEY) as client:
+                answer = await client.send_window("client-coact", loads, force=True, coactivation=summary)
+                assert answer.result is not None and answer.result.predicted.copies_per_token is not None
+                assert dep.window_coactivation(store, answer.history_id) is not None
+
+        asyncio.run(run())
+        assert eplb.deployment("client-coact").windows == windows + 1  # the refused ones were not counted
+        eplb.delete_deployment("client-coact")
+    store.close()
 
 
 def test_applied_sends_every_field_of_the_placement(base: str) -> None:
