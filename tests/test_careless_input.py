@@ -161,6 +161,18 @@ def test_link_without_a_model_is_refused_by_solve(small: dict[str, Path], capsys
     assert code == 2 and "--link times the all-to-all, which needs a model" in err
 
 
+@pytest.mark.parametrize("command", ["solve", "replay"])
+def test_groups_without_gpus_per_node_are_refused(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """--groups alone was silently ignored: the hierarchical policy needs the nodes too."""
+    data = ["--loads", str(small["window"])] if command == "solve" else [str(small["log"]), "--no-progress"]
+    code, err = run(capsys, command, *data, "--gpus", "4", "--groups", "2")
+    assert code == 2 and err == (f"eplb {command}: error: --groups 2 needs --gpus-per-node: the hierarchical policy "
+                                 "keeps each expert group within a node; give both, or drop --groups"), err
+    assert main([command, *data, "--gpus", "4", "--groups", "2", "--gpus-per-node", "2", "--json"]) == 0
+
+
 # 5. absurd tokens and bandwidths ---------------------------------------------------------------------------
 
 

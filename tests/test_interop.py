@@ -201,11 +201,34 @@ def test_empty_slots_read_and_export(tmp_path: Path) -> None:
     assert foreign.empty_slots.sum() == 4 and foreign.replicas.tolist() == [[1, 1, 1, 1]] * 2
     assert json.loads(export_text(foreign, "json"))["phy2log"] == table
     for target in ("sglang", "trtllm", "vllm-ascend"):
-        with pytest.raises(EplbError, match=r"slot 4 of layer 0 is empty \(-1\); re-solve .* or export --to json"):
+        with pytest.raises(EplbError, match=r"slot 4 of layer 0 is empty \(-1\) and GPU 2 holds no expert \(a rank "
+                           r"absent while EP scales\); re-solve for the GPUs that serve, or export --to json"):
             export_text(foreign, target)
     (tmp_path / "neg.json").write_text(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, -2, -1]]}))
     with pytest.raises(EplbError, match=r"or -1 for an empty slot"):
         read_placement_any(tmp_path / "neg.json", num_gpus=3)
+
+
+def test_empty_slots_of_the_time_objective_are_said_to_be_its(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """--objective time leaves redundant slots empty on GPUs that serve (one slot per expert, on decode): the
+    export said 're-solve for the GPUs that serve', which is about absent ranks."""
+    from eplb.cli import main
+
+    placement, out = tmp_path / "time.json", tmp_path / "time.sglang.json"
+    decode = Path(__file__).resolve().parents[1] / "fixtures" / "sglang6017-dsv3-decode-in1000out1000.json"
+    assert main(["solve", "--loads", str(decode), "--objective", "time", "--tokens-per-gpu", "64",
+                 "--out", str(placement)]) == 0  # fmt: skip
+    assert "one slot per expert" in capsys.readouterr().out
+    for target in ("sglang", "trtllm", "vllm-ascend"):
+        assert main(["export", "--placement", str(placement), "--to", target, "--out", str(out)]) == 2
+        system = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vllm-ascend"}[target]
+        assert capsys.readouterr().err == (
+            f"eplb export: error: {system} loads an expert into every slot, but slot 8 of layer 0 is empty (-1) on a "
+            "GPU that serves, as --objective time leaves the redundant slots where one slot per expert reads fewer "
+            f"weights; {system} cannot take empty slots: solve with --objective lb, or export --to json to keep "
+            "them\n")
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------------------------------------- loads in

@@ -18,6 +18,7 @@ from eplb.cli.solve import (
     MAX_COUNT,
     add_cluster_options,
     add_cost_options,
+    check_groups,
     check_link,
     cost_setup,
     flag_link,
@@ -433,6 +434,7 @@ class _CsvSteps:
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    check_groups(args)
     log = open_log(args.log)
     info = log.info
     model = model_for(args, info)

@@ -163,8 +163,8 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node: the hierarchical policy (with "
                    "--groups), nodes per token with co-activation data, and a '+' --link")
     p.add_argument(
-        "--groups", type=int, metavar="G", help="expert groups (DeepSeek's node-limited routing); with "
-        "--gpus-per-node selects the hierarchical policy when G divides evenly over the nodes"
+        "--groups", type=int, metavar="G", help="expert groups (DeepSeek's node-limited routing); needs "
+        "--gpus-per-node: selects the hierarchical policy when G divides evenly over the nodes"
     )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--slots-per-gpu", type=int_list, metavar="S", help="expert slots on each GPU: "
@@ -275,6 +275,13 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
         what = "the loads have" if isinstance(data, LoadWindow) else "the log has"
         raise EplbError(f"model {model.name!r} has {model.num_experts} experts, {what} {data.num_experts}")
     return model
+
+
+def check_groups(args: argparse.Namespace) -> None:
+    """--groups selects the hierarchical policy together with --gpus-per-node: alone it would be ignored."""
+    if args.groups is not None and args.gpus_per_node is None:
+        raise EplbError(f"--groups {args.groups} needs --gpus-per-node: the hierarchical policy keeps each expert "
+                        "group within a node; give both, or drop --groups")
 
 
 def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | None) -> NDArray[np.int64]:
@@ -404,6 +411,7 @@ def _check_stage(args: argparse.Namespace, model: ModelSpec | None, num_experts:
 
 def run_solve(args: argparse.Namespace) -> int:
     _check_frontier(args)
+    check_groups(args)
     if args.out:
         output_file(args.out, "--out")
     if args.plan:

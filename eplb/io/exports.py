@@ -199,9 +199,19 @@ def _require_no_empty_slots(placement: Placement, target: str) -> None:
     if not placement.empty_slots.any():
         return
     layer, slot = (int(v) for v in np.argwhere(placement.empty_slots)[0])
+    name = SYSTEM_NAMES[target]
+    gpu_of_slot = np.repeat(np.arange(placement.num_gpus), placement.slots_per_gpu)
+    serving = np.bincount(gpu_of_slot[~placement.empty_slots[layer]], minlength=placement.num_gpus) > 0
+    if serving.all():  # every GPU holds experts: slots left empty on purpose, as --objective time's candidate does
+        raise EplbError(
+            f"{name} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1) on a GPU that "
+            "serves, as --objective time leaves the redundant slots where one slot per expert reads fewer weights; "
+            f"{name} cannot take empty slots: solve with --objective lb, or export --to json to keep them"
+        )
     raise EplbError(
-        f"{SYSTEM_NAMES[target]} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1); "
-        "re-solve for the GPUs that serve, or export --to json to keep the empty slots"
+        f"{name} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1) and GPU "
+        f"{int(np.flatnonzero(~serving)[0])} holds no expert (a rank absent while EP scales); re-solve for the GPUs "
+        "that serve, or export --to json to keep the empty slots"
     )
 
 
