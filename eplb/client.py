@@ -14,8 +14,10 @@ Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` f
 raises `ServiceError` with the service's status, title and one-line detail; a service that cannot be reached
 (refused, no such host, not an http(s) URL, timed out) raises `Unreachable`, and an answer that is not the
 service's `NotTheService`; a request the client will not send (a deployment name the service cannot have, a
-NaN or infinity, a value JSON cannot carry, a deployment config that does not validate) raises `InvalidRequest`
-naming the field: each a one-line EplbError. Numpy arrays and scalars are welcome at any depth of a request.
+NaN or infinity, a value JSON cannot carry) raises `InvalidRequest` naming the field, and so does a deployment
+config the service refuses (`InvalidConfig`, also a ServiceError: the service is the one judge of a config, so
+a client older than the service sends what the service takes): each a one-line EplbError. Numpy arrays and
+scalars are welcome at any depth of a request.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from urllib.parse import quote
 
 import httpx
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from eplb.deployments import (
     DeploymentConfig,
@@ -72,7 +74,35 @@ class NotTheService(EplbError):
 
 class InvalidRequest(EplbError):
     """A request the client refuses to send, naming what to fix: a deployment name the service cannot have, a
-    NaN or infinity (JSON has neither), a value JSON cannot carry, a deployment config that does not validate."""
+    NaN or infinity (JSON has neither), a value JSON cannot carry; or a deployment config the service refused
+    (`InvalidConfig`)."""
+
+
+class InvalidConfig(InvalidRequest, ServiceError):
+    """The service refused a deployment config (422): "deployment config: FIELD: message; ..." in one line, the
+    fields those of the answer's `errors`; `status`, `detail` and `errors` as the service answered them."""
+
+    def __init__(self, error: ServiceError) -> None:
+        ServiceError.__init__(self, error.status, error.title, error.detail, error.errors)
+        self.args = (f"deployment config: {_named(error)}",)
+
+
+def _named(error: ServiceError) -> str:
+    """A problem's field errors in one line, `field, field: message; ...` (errors with one message share it; at
+    most 5), or its detail when it lists none. 'body' (the whole body: a rule across fields) names no field: its
+    message does."""
+    by_message: dict[str, list[str]] = {}
+    for err in error.errors:
+        if isinstance(err, Mapping) and err.get("message"):
+            fields = by_message.setdefault(" ".join(str(err["message"]).split()), [])
+            field = str(err.get("field") or "")
+            if field and field != "body" and field not in fields:
+                fields.append(field)
+    parts = [f"{', '.join(fields)}: {message}" if fields else message for message, fields in by_message.items()]
+    if not parts:
+        return " ".join(error.detail.split()) or f"{error.status} {error.title}"
+    more = len(parts) - 5
+    return "; ".join(parts[:5]) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _unreachable(url: str, exc: Exception) -> Unreachable:
@@ -124,10 +154,33 @@ class _Call(Generic[T]):
     parse: Callable[[httpx.Response], T]
     json: Any = None
     params: dict[str, Any] | None = None
+    refusal: Callable[[ServiceError], EplbError] | None = None
+    """What a 422 answer raises instead of ServiceError (a refused deployment config: InvalidConfig)."""
 
 
 def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.model_validate(r.json())
+
+
+def _known(cls: type[BaseModel], data: Any) -> Any:
+    """`data` without the keys `cls` (and the models of its fields, at any depth) has no field for."""
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        field = cls.model_fields.get(key)
+        if field is not None:
+            sub = field.annotation
+            out[key] = _known(sub, value) if isinstance(sub, type) and issubclass(sub, BaseModel) else value
+    return out
+
+
+def _view(data: Any) -> DeploymentView:
+    """A deployment as the service answered it. Config fields this client does not know (a newer service's) are
+    left out of the typed view, not refused: the service judged the config, the client only reads it."""
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = {**data, "config": _known(DeploymentConfig, data["config"])}
+    return DeploymentView.model_validate(data)
 
 
 class _Bad(Exception):
@@ -235,43 +288,15 @@ def _job_segment(job_id: str) -> str:
 
 
 def _config(config: DeploymentConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """A deployment config as PUT sends it: checked against the client's model, only the fields set (so a
-    newer client's defaults never reach an older service that does not know them)."""
+    """A deployment config as PUT sends it. A dict is sent as given (JSON-ready): the service judges it, so a
+    field a newer service takes is never refused here (its 422 is InvalidConfig); a DeploymentConfig sends only
+    the fields set, so a newer client's defaults never reach an older service that does not know them."""
     if isinstance(config, DeploymentConfig):
-        checked = config
-    else:
-        try:
-            checked = DeploymentConfig.model_validate(_json(config, "config"))
-        except ValidationError as exc:
-            raise InvalidRequest(f"deployment config: {_validation(exc)}") from None
-    body: dict[str, Any] = _json(checked.model_dump(mode="json", exclude_unset=True, exclude_none=True), "config")
+        config = config.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+    elif not isinstance(config, Mapping):
+        raise InvalidRequest(f"deployment config: a DeploymentConfig or a dict, not a {type(config).__name__}")
+    body: dict[str, Any] = _json(config, "config")
     return body
-
-
-def _validation(exc: ValidationError) -> str:
-    """pydantic's errors in one line: `field: message; ...` (at most 5). Union branch tags ('constrained-int',
-    'list[...]') are left out of the field, and so is a branch's "should be a valid ..." when another branch of
-    the same field got further (a list of counts with a 0 in it is not also "not an integer")."""
-
-    def is_tag(part: str | int) -> bool:
-        return isinstance(part, str) and (not part.isidentifier() or part in ("int", "float", "str", "bool"))
-
-    def branch(err: Any) -> tuple[tuple[str | int, ...], str | int | None]:
-        loc = tuple(err["loc"])
-        cut = next((i for i, p in enumerate(loc) if is_tag(p)), None)
-        return (loc, None) if cut is None else (loc[:cut], loc[cut])
-
-    errors = exc.errors()
-    further = {branch(e) for e in errors if not str(e["type"]).endswith("_type")}
-    kept = [e for e in errors if not (str(e["type"]).endswith("_type") and branch(e)[1] is not None
-                                      and any(k == branch(e)[0] and t != branch(e)[1] for k, t in further))]
-    parts = []
-    for err in kept[:5]:
-        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"] if not is_tag(p))
-        message = str(err["msg"]).removeprefix("Value error, ")
-        parts.append(f"{loc.lstrip('.')}: {message}" if loc else message)
-    more = len(kept) - 5
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _coactivation(summary: Coactivation) -> Any:
@@ -293,9 +318,19 @@ def _placement_or_job(r: httpx.Response) -> PlacementResponse | Job:
     return Job.model_validate(r.json()) if r.status_code == 202 else PlacementResponse.model_validate(r.json())
 
 
-def _check(response: httpx.Response) -> None:
+def _check(response: httpx.Response, call: _Call[Any]) -> None:
     if response.status_code < 400:
         return
+    try:
+        _problem(response)
+    except ServiceError as error:
+        if call.refusal is not None and error.status == 422:
+            raise call.refusal(error) from None
+        raise
+
+
+def _problem(response: httpx.Response) -> None:
+    """ServiceError of a problem answer (or of an answer that is no problem details)."""
     try:
         body = response.json()
     except ValueError:
@@ -335,16 +370,16 @@ class _Api:
     @staticmethod
     def put_deployment(name: str, config: DeploymentConfig | dict[str, Any]) -> _Call[DeploymentView]:
         path = f"/deployments/{_segment(name)}"
-        return _Call("PUT", path, _model(DeploymentView), json=_config(config))
+        return _Call("PUT", path, lambda r: _view(r.json()), json=_config(config), refusal=InvalidConfig)
 
     @staticmethod
     def deployment(name: str) -> _Call[DeploymentView]:
-        return _Call("GET", f"/deployments/{_segment(name)}", _model(DeploymentView))
+        return _Call("GET", f"/deployments/{_segment(name)}", lambda r: _view(r.json()))
 
     @staticmethod
     def deployments() -> _Call[list[DeploymentView]]:
         return _Call("GET", "/deployments",
-                     lambda r: [DeploymentView.model_validate(d) for d in r.json()["deployments"]])
+                     lambda r: [_view(d) for d in r.json()["deployments"]])
 
     @staticmethod
     def export(name: str, format: Export) -> _Call[dict[str, Any]]:
@@ -360,7 +395,6 @@ class _Api:
         if coactivation is not None:
             body["coactivation"] = _coactivation(coactivation)
         return _Call("POST", f"/deployments/{_segment(name)}/windows", _model(WindowResult), json=body)
-
 
     @staticmethod
     def history(name: str, limit: int, before: int | None) -> _Call[HistoryPage]:
@@ -425,7 +459,7 @@ class Client:
             response = self._http.request(call.method, call.path, json=call.json, params=call.params)
         except httpx.RequestError as exc:
             raise _unreachable(self._url, exc) from None
-        _check(response)
+        _check(response, call)
         return _parse(self._url, call, response)
 
     # placement and jobs
@@ -492,7 +526,6 @@ class Client:
         co-locates experts chosen together, and the history keeps it."""
         return self._do(_Api.send_window(name, loads, force, coactivation))
 
-
     def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
         return self._do(_Api.history(name, limit, before))
 
@@ -524,7 +557,7 @@ class AsyncClient:
             response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
         except httpx.RequestError as exc:
             raise _unreachable(self._url, exc) from None
-        _check(response)
+        _check(response, call)
         return _parse(self._url, call, response)
 
     async def placement(self, **request: Any) -> PlacementResponse:
@@ -577,7 +610,6 @@ class AsyncClient:
     async def send_window(self, name: str, loads: Any, force: bool = False, *,
                           coactivation: Coactivation | None = None) -> WindowResult:
         return await self._do(_Api.send_window(name, loads, force, coactivation))
-
 
     async def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
         return await self._do(_Api.history(name, limit, before))

@@ -1,6 +1,6 @@
 """eplb.client against a real `eplb serve` (its database a SQLite file in a temporary directory): typed
 placements, jobs (submit, wait with backoff, cancel), deployments (windows with co-activation summaries, applied
-placements), problems as ServiceError; sync and async."""
+placements), problems as ServiceError, refused configs as InvalidConfig; sync and async."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import base64
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from eplb.client import AsyncClient, Client, Coactivation, InvalidRequest, JobFailed, ServiceError
+from eplb.client import AsyncClient, Client, Coactivation, InvalidConfig, InvalidRequest, JobFailed, ServiceError
 from eplb.deployments import ClusterShape, DeploymentConfig, WindowResult
 from eplb.schemas import PlacementResponse
 from tests.test_deployments import MODEL, config, window
@@ -267,19 +268,93 @@ def test_values_json_cannot_carry_are_one_line_errors(base: str) -> None:
         eplb.delete_deployment("client-nan")
 
 
-def test_a_config_that_does_not_validate_is_a_one_line_error(base: str) -> None:
+def test_a_config_the_service_refuses_is_a_one_line_error_naming_the_field(base: str) -> None:
+    """The service judges a config (the client sends a dict as given): its 422 is InvalidConfig, one line naming
+    the fields of the answer's errors, and a ServiceError with the service's status and errors."""
+    cases: list[tuple[dict[str, Any], str, str | None]] = [
+        ({"model": "nosuch"}, r"^deployment config: cluster: Field required$", "cluster"),
+        ({"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": [9, 0]}, "policy": {"trigger": "sometimes"}},
+         r"^deployment config: cluster\.slots_per_gpu\.1: Input should be greater than or equal to 1; "
+         r"policy\.trigger: Input should be 'periodic', 'threshold' or 'cost'$", "cluster.slots_per_gpu.1"),
+        ({"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": 9, "num_redundant": 2}},
+         r"^deployment config: cluster: give only one of slots_per_gpu, num_redundant, memory_budget_bytes", None),
+        ({"model": "nosuch", "cluster": {"num_gpus": 4}}, r"^deployment config: model: unknown preset 'nosuch'",
+         "model"),  # the service's own check, after the model's
+        ({"model": MODEL, "cluster": {"num_gpus": 4}, "colour": "red"},
+         r"^deployment config: colour: Extra inputs are not permitted$", "colour"),
+        ({"model": MODEL, "cluster": {"num_gpus": 4}, "tokens_per_gpu": "4096"},
+         r"^deployment config: tokens_per_gpu: Input should be a valid number$", "tokens_per_gpu"),
+    ]
     with Client(base, api_key=KEY) as eplb:
-        with pytest.raises(InvalidRequest, match=r"^deployment config: cluster: Field required$"):
-            eplb.put_deployment("x", {"model": "nosuch"})
-        with pytest.raises(InvalidRequest, match=r"^deployment config: cluster\.slots_per_gpu\[1\]: Input should "
-                                                 r"be greater than or equal to 1; policy\.trigger: Input should be"):
-            eplb.put_deployment("x", {"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": [9, 0]},
-                                      "policy": {"trigger": "sometimes"}})
-        with pytest.raises(InvalidRequest, match=r"^deployment config: cluster: give only one of"):
-            eplb.put_deployment("x", {"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": 9,
-                                                                          "num_redundant": 2}})
-        with pytest.raises(ServiceError, match=r"^422 Invalid request: model: unknown preset 'nosuch'"):
-            eplb.put_deployment("x", {"model": "nosuch", "cluster": {"num_gpus": 4}})  # the service's check
+        for body, message, field in cases:
+            with pytest.raises(InvalidConfig, match=message) as err:
+                eplb.put_deployment("client-refused", body)
+            assert "\n" not in str(err.value) and isinstance(err.value, InvalidRequest)
+            assert isinstance(err.value, ServiceError) and err.value.status == 422
+            if field is not None:
+                assert field in [e["field"] for e in err.value.errors]
+        assert "client-refused" not in [d.name for d in eplb.deployments()]
+
+    async def run() -> None:
+        async with AsyncClient(base, api_key=KEY) as eplb:
+            with pytest.raises(InvalidConfig, match=r"^deployment config: colour: Extra inputs"):
+                await eplb.put_deployment("client-refused", {**cases[4][0]})
+
+    asyncio.run(run())
+
+
+def test_a_refused_config_names_every_field_of_the_answer() -> None:
+    """Fields sharing one message are named together; a rule across fields ('body') names none but its message;
+    an answer without errors is its detail; other errors than 422 stay ServiceError."""
+    answers: Iterator[tuple[int, dict[str, Any]]] = iter([
+        (422, {"title": "Invalid request", "detail": "solver 'greedy' does not take max_moves", "errors": [
+            {"field": "solver", "message": "solver 'greedy' does not take max_moves"},
+            {"field": "policy.max_moves", "message": "solver 'greedy' does not take max_moves"}]}),
+        (422, {"title": "Invalid request", "detail": "body: cluster: give only one of ...", "errors": [
+            {"field": "body", "message": "cluster: give only\none of ..."}]}),
+        (422, {"title": "Invalid request", "detail": "model: unknown\npreset"}),
+        (503, {"title": "Service busy", "detail": "try later"}),
+    ])
+
+    def service(request: httpx.Request) -> httpx.Response:
+        status, body = next(answers)
+        return httpx.Response(status, json={"status": status, **body})
+
+    with Client("http://svc", transport=httpx.MockTransport(service)) as eplb:
+        for message in (r"^deployment config: solver, policy\.max_moves: solver 'greedy' does not take max_moves$",
+                        r"^deployment config: cluster: give only one of \.\.\.$",
+                        r"^deployment config: model: unknown preset$"):
+            with pytest.raises(InvalidConfig, match=message):
+                eplb.put_deployment("prod", {"model": MODEL, "cluster": {"num_gpus": 4}})
+        with pytest.raises(ServiceError, match=r"^503 Service busy: try later$") as busy:
+            eplb.put_deployment("prod", {"model": MODEL, "cluster": {"num_gpus": 4}})
+        assert not isinstance(busy.value, InvalidRequest)
+
+
+def test_a_newer_services_config_fields_are_sent_and_read() -> None:
+    """The client does not judge a config dict with its own model: a field a newer service takes reaches it, and
+    the service's answer, which holds it, is read (the field left out of the typed view)."""
+    sent: list[dict[str, object]] = []
+
+    def newer_service(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        if body is not None:
+            sent.append(body)
+        config = {"model": MODEL, "hardware": "b200", "cluster": {"num_gpus": 8, "num_redundant": 8,
+                                                                  "racks": 2},
+                  "policy": {"trigger": "threshold", "threshold": 1.1, "forecast": "ewma"}, "placement_group": "a"}
+        view = {"name": "prod", "config": config, "windows": 0, "created_at": 0.0, "updated_at": 0.0}
+        if request.method == "GET" and request.url.path == "/deployments":
+            return httpx.Response(200, json={"deployments": [view]})
+        return httpx.Response(201 if request.method == "PUT" else 200, json=view)
+
+    new = {"model": MODEL, "cluster": {"num_gpus": 8, "racks": 2}, "policy": {"forecast": "ewma"},
+           "placement_group": "a"}
+    with Client("http://svc", transport=httpx.MockTransport(newer_service)) as eplb:
+        view = eplb.put_deployment("prod", new)
+        assert sent == [new]
+        assert view.config.cluster.num_gpus == 8 and view.config.policy.threshold == 1.1
+        assert eplb.deployment("prod").config == view.config == eplb.deployments()[0].config
 
 
 def test_put_deployment_sends_only_the_fields_set() -> None:
@@ -309,7 +384,6 @@ def test_put_deployment_sends_only_the_fields_set() -> None:
 
 
 # --- windows with a co-activation summary; applied placements -----------------------------------------------
-
 
 LAW = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"  # 26 layers of MODEL
 
