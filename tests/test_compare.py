@@ -255,6 +255,27 @@ def test_log_default_trigger_is_replays(
     assert "--trigger cost needs a model" in capsys.readouterr().err
 
 
+def test_schedule_from_owns_the_default_trigger() -> None:
+    """compare and replay each wrote `"cost" if a model else "periodic"` (and the refusal of --trigger cost
+    without one); `schedule_from(args, cost)` is the one place, which both call."""
+    import argparse
+
+    from eplb.cli.replay import add_schedule_options, schedule_from
+    from eplb.errors import EplbError
+
+    parser = argparse.ArgumentParser()
+    add_schedule_options(parser)
+    hw = HARDWARE_PRESETS["b200"]
+    cost = CostSetup(MODEL_PRESETS["deepseek-v3"], hw, hw.nvlink_bandwidth)
+    assert schedule_from(parser.parse_args([]), cost).trigger == "cost"
+    assert schedule_from(parser.parse_args([]), None).trigger == "periodic"
+    assert schedule_from(parser.parse_args(["--trigger", "threshold"]), cost).trigger == "threshold"
+    with pytest.raises(EplbError, match=r"^--trigger cost needs a model to predict times"):
+        schedule_from(parser.parse_args(["--trigger", "cost"]), None)
+    with pytest.raises(EplbError, match=r"this run's trigger is periodic \(the default\)"):
+        schedule_from(parser.parse_args(["--threshold", "1.2"]), None)
+
+
 def test_log_run_without_a_rebalance_is_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
 ) -> None:

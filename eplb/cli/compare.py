@@ -140,11 +140,7 @@ def _run_log(
         raise EplbError("--oracle-every must be >= 0")
     model = model_for(args, info)
     cost = _one_link_cost(args, model)
-    # eplb replay's default trigger: cost when a model is known, else periodic
-    schedule = schedule_from(args, "cost" if cost is not None else "periodic")
-    if schedule.trigger == "cost" and cost is None:
-        raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "
-                        "periodic or threshold")  # fmt: skip
+    schedule = schedule_from(args, cost)  # eplb replay's schedule, its default trigger included
     runs = compare_log(log, shapes, solvers, cost, args.time_limit, schedule=schedule,
                        oracle_every=args.oracle_every, layers=args.layers, progress=args.progress,
                        executor=args.run_on)  # fmt: skip

@@ -257,9 +257,14 @@ SCHEDULE_FLAGS = {"window": "--window", "interval": "--interval", "first": "--fi
 """Schedule's fields as `add_schedule_options` names them, for its messages."""
 
 
-def schedule_from(args: argparse.Namespace, default_trigger: str = "periodic") -> Schedule:
-    """The checked Schedule from `add_schedule_options`' arguments (errors name the flags)."""
-    trigger = args.trigger or default_trigger
+def schedule_from(args: argparse.Namespace, cost: CostSetup | None) -> Schedule:
+    """The checked Schedule from `add_schedule_options`' arguments (errors name the flags), for a run timed with
+    `cost` (None: no model). The one place of the default trigger, `eplb replay`'s and `eplb compare --log`'s:
+    cost when a model is known, else periodic; --trigger cost without a model is refused."""
+    if args.trigger == "cost" and cost is None:
+        raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "
+                        "periodic or threshold")  # fmt: skip
+    trigger = args.trigger or ("cost" if cost is not None else "periodic")
     if args.threshold is not None and trigger != "threshold":
         raise EplbError(f"--threshold is used by --trigger threshold only; this run's trigger is {trigger}"
                         + ("" if args.trigger else " (the default)") + ": add --trigger threshold or drop --threshold")
@@ -447,10 +452,7 @@ def run_replay(args: argparse.Namespace) -> int:
                         f"that does ({', '.join(time_limited())})")
     if args.oracle_every < 0:
         raise EplbError(f"--oracle-every must be >= 0 (0 skips the oracle), got {args.oracle_every}")
-    schedule = schedule_from(args, "cost" if cost is not None else "periodic")
-    if schedule.trigger == "cost" and cost is None:
-        raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "
-                        "periodic or threshold")  # fmt: skip
+    schedule = schedule_from(args, cost)
     migration = migration_from(args, cost)
     out = Path(args.out) if args.out else None
     csv: _CsvSteps | None = None
