@@ -392,8 +392,7 @@ def _log_task(
     task: _LogTask, report: Report
 ) -> tuple[_LayerMeans, _StepBounds | None, list[Rebalance], dict[str, Any]]:
     """Replay one solver on one shape: (per-layer sums, step bounds of the first solver, rebalances,
-    the summary's schedule)."""
-    _warm_up(task.solver, task.time_limit_s)
+    the summary's schedule); `replay` warms the process up first (`eplb.replay.run.warm_up`)."""
     view = _LogView(reopen(task.log), task.layers)
     layers = view.info.num_layers
     means = _LayerMeans(task.served_from, layers)
@@ -410,20 +409,6 @@ def _log_task(
             f"step position {task.served_from:,}: lower --interval or --first-rebalance"
         )
     return means, bounds, result.rebalances, result.summary["schedule"]
-
-
-def _warm_up(solver: str, time_limit_s: float | None) -> None:
-    """Pay here, outside the replay's solve timing, what the first rebalance of a process would pay once: loading
-    the solver's modules (a tiny solve from a serving placement, as a rebalance solves) and scipy's linear
-    assignment, which relabelling a new placement to the serving one imports on first use (~0.3 s). Otherwise
-    the first rebalance's solve time carries that start-up cost and inflates the per-rebalance figures."""
-    import scipy.optimize  # noqa: F401  (solvers.migration imports it on demand)
-
-    loads = np.array([[4.0, 3.0, 2.0, 1.0]])
-    cluster = Cluster(np.array([3, 3]))
-    options = applicable(solver, Options(time_limit_s=time_limit_s))
-    first = solve(loads, cluster, solver=solver, options=options)
-    solve(loads[:, ::-1].copy(), cluster, solver=solver, options=options, current=first.placement)
 
 
 def _log_run(

@@ -298,10 +298,28 @@ def replay(
             "log (topk_ids); this log has per-step counts only: use --objective lb"
         )
     with blas_threads(threads):
-        run = _Replay(src, cluster, sched, _Policy(solver, split, options, time_limit_s, objective), cost, migration)
+        policy = _Policy(solver, split, options, time_limit_s, objective)
+        run = _Replay(src, cluster, sched, policy, cost, migration)
         if hindsight and not one_shot:
             run.plan_hindsight(chunk_steps)
+        if src.info.num_steps is None or src.info.num_steps > sched.first_position:  # a check will run
+            warm_up(policy.name, time_limit_s)
         return run.run(chunk_steps, oracle_every, collect, on_steps, progress)
+
+
+def warm_up(solver: str, time_limit_s: float | None = None) -> None:
+    """Pay now, outside a replay's solve timing, what the first rebalance of a process would pay once: loading
+    the solver's modules (a tiny solve from a serving placement, as a rebalance solves) and scipy's linear
+    assignment, which relabelling a new placement onto the serving one imports on first use
+    (`solvers.migration`, ~0.3 s). Otherwise the first rebalance's solve time carries that start-up and
+    inflates the per-rebalance figures (`eplb replay`'s solve_ms_mean and solve_ms_max, `eplb compare --log`'s
+    solve times). `replay` calls it before its loop; later calls in a process cost two tiny solves."""
+    import scipy.optimize  # noqa: F401  (solvers.migration imports it on demand)
+
+    cluster = Cluster(np.array([3, 3]))
+    serving = initial_placement(1, 4, cluster.slots_per_gpu)
+    solve(np.array([[4.0, 3.0, 2.0, 1.0]]), cluster, solver=solver, options=applicable(solver, Options(
+        time_limit_s=time_limit_s)), current=serving)
 
 
 def _check_shapes(info: LogInfo, cluster: Cluster, cost: CostSetup | None) -> None:
