@@ -391,6 +391,8 @@ def _read_json(path: Path, spec_kind: str) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise EplbError(f"cannot read {spec_kind} spec file {str(path)!r}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise EplbError(f"{spec_kind} spec file {str(path)!r} is not text (a spec is a UTF-8 JSON file)") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

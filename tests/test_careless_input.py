@@ -173,6 +173,18 @@ def test_groups_without_gpus_per_node_are_refused(
     assert main([command, *data, "--gpus", "4", "--groups", "2", "--gpus-per-node", "2", "--json"]) == 0
 
 
+@pytest.mark.parametrize("flag", ["--model", "--hardware"])
+def test_a_binary_spec_file_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   flag: str) -> None:
+    """A --model (or --hardware) pointing at a binary file was a UnicodeDecodeError traceback."""
+    spec = tmp_path / "spec.json"
+    spec.write_bytes(bytes(range(256)) * 4)
+    code, err = run(capsys, "solve", flag, str(spec))
+    kind = flag.removeprefix("--")
+    assert code == 2 and err == (f"eplb solve: error: {spec}: {kind} spec file {str(spec)!r} is not text (a spec is "
+                                 "a UTF-8 JSON file)"), err
+
+
 # 5. absurd tokens and bandwidths ---------------------------------------------------------------------------
 
 
