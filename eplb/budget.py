@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -10,6 +10,11 @@ from numpy.typing import NDArray
 from eplb.errors import EplbError
 
 GIB = 1024**3
+
+QUANTITIES = {"num_gpus": "the GPU count", "slots": "slots per GPU", "num_redundant": "redundant experts",
+              "memory_budget_bytes": "memory budget"}  # fmt: skip
+"""What `slots_per_gpu`'s messages call its arguments by default (the Python API, the service); the CLI names
+its flags instead (`eplb.cli.solve.BUDGET_FLAGS`)."""
 
 
 def describe_slots(slots: NDArray[np.int64]) -> str:
@@ -34,32 +39,42 @@ def slots_per_gpu(
     num_redundant: int | None = None,
     memory_budget_bytes: float | Sequence[float] | None = None,
     slot_bytes: float | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> NDArray[np.int64]:
     """Slots on each GPU from exactly one of: a slot count (one or one per GPU), a number of redundant
     experts (spread evenly), or a memory budget in bytes (one or one per GPU) with `slot_bytes`, the bytes
     of one expert slot across all MoE layers. None of them: one redundant expert per GPU, or with more GPUs
     than experts one slot per GPU (as DeepSeek-V3's EP320 decode: E + G slots would leave GPUs with 1 and 2).
-    Raises EplbError when the cluster cannot hold every expert at least once.
+    Raises EplbError when the cluster cannot hold every expert at least once. names: what the messages call
+    the arguments num_gpus, slots, num_redundant and memory_budget_bytes (the CLI: its flags); by default
+    `QUANTITIES`, the quantities.
     """
+    name = {**QUANTITIES, **(names or {})}
+
+    def lead(key: str | None) -> str:  # a message about a value names the flag that gave it
+        return f"{names[key]}: " if names and key is not None and key in names else ""
+
     given = [x is not None for x in (slots, num_redundant, memory_budget_bytes)]
     if sum(given) > 1:
-        raise EplbError("give only one of slots per GPU, redundant experts, or a memory budget")
+        raise EplbError("give only one of " + (", ".join(name[k] for k in ("slots", "num_redundant",
+                        "memory_budget_bytes")) if names else "slots per GPU, redundant experts, or a memory budget"))
     if num_gpus < 1:
-        raise EplbError(f"the GPU count must be at least 1, got {num_gpus}")
+        raise EplbError(f"{name['num_gpus']} must be at least 1, got {num_gpus}")
+    source = "slots" if slots is not None else "num_redundant" if num_redundant is not None else None
     if slots is not None:
-        out = _per_gpu(slots, num_gpus, "slots per GPU").astype(np.int64)
+        out = _per_gpu(slots, num_gpus, name["slots"]).astype(np.int64)
         if np.any(out < 1):
-            raise EplbError("every GPU needs at least one expert slot")
+            raise EplbError(f"{lead('slots')}every GPU needs at least one expert slot")
     elif memory_budget_bytes is not None:
         if slot_bytes is None or slot_bytes <= 0:
             raise EplbError("a memory budget needs the model's bytes per expert slot (give --model)")
-        budget = _per_gpu(memory_budget_bytes, num_gpus, "memory budget", integer=False)
+        budget = _per_gpu(memory_budget_bytes, num_gpus, name["memory_budget_bytes"], integer=False)
         out = np.floor(budget / slot_bytes + 1e-9).astype(np.int64)
         if np.any(out < 1):
             g = int(np.argmin(out))
             raise EplbError(
-                f"a budget of {budget[g] / GIB:.2f} GiB on GPU {g} fits no expert: one expert slot across "
-                f"all MoE layers takes {slot_bytes / GIB:.2f} GiB"
+                f"{lead('memory_budget_bytes')}a budget of {budget[g] / GIB:.2f} GiB on GPU {g} fits no expert: one "
+                f"expert slot across all MoE layers takes {slot_bytes / GIB:.2f} GiB"
             )
         if int(out.sum()) < num_experts:
             need = np.ceil(num_experts / num_gpus) * slot_bytes / GIB
@@ -67,29 +82,29 @@ def slots_per_gpu(
             budgets = (f"a budget of {lo:.2f} GiB per GPU fits" if f"{lo:.2f}" == f"{hi:.2f}" else
                        f"budgets of {lo:.2f}-{hi:.2f} GiB per GPU ({budget.sum() / GIB:.2f} GiB in all) fit")
             raise EplbError(
-                f"{budgets} {int(out.sum())} expert slots in all, fewer than the {num_experts} experts; give at least "
-                f"{need:.2f} GiB per GPU ({slot_bytes / GIB:.2f} GiB per slot) or more GPUs"
+                f"{lead('memory_budget_bytes')}{budgets} {int(out.sum())} expert slots in all, fewer than the "
+                f"{num_experts} experts; give at least {need:.2f} GiB per GPU ({slot_bytes / GIB:.2f} GiB per slot) "
+                "or more GPUs"
             )
     else:
         default = num_gpus if num_gpus <= num_experts else num_gpus - num_experts
         redundant = default if num_redundant is None else int(num_redundant)
         if redundant < 0:
-            raise EplbError(f"redundant experts must be >= 0, got {redundant}")
+            raise EplbError(f"{name['num_redundant']} must be >= 0, got {redundant}")
         out = spread_evenly(num_experts + redundant, num_gpus)
         if np.any(out < 1):
-            raise EplbError(
-                f"{num_experts} experts + {redundant} redundant leave some of the {num_gpus} GPUs without a slot"
-            )
+            raise EplbError(f"{lead(source)}{num_experts} experts + {redundant} redundant leave some of the "
+                            f"{num_gpus} GPUs without a slot")
     if memory_budget_bytes is not None:
         out = np.minimum(out, num_experts)  # a GPU never needs more slots than there are experts
     elif int(out.max()) > num_experts:
         raise EplbError(
-            f"{int(out.max())} slots on one GPU but only {num_experts} experts: a GPU never needs more slots "
-            "than there are experts (extra slots would only hold a second copy on the same GPU)"
+            f"{lead(source)}{int(out.max())} slots on one GPU but only {num_experts} experts: a GPU never needs more "
+            "slots than there are experts (extra slots would only hold a second copy on the same GPU)"
         )
     if int(out.sum()) < num_experts:
         raise EplbError(
-            f"{int(out.sum())} slots in all cannot hold {num_experts} experts: need at least "
+            f"{lead(source)}{int(out.sum())} slots in all cannot hold {num_experts} experts: need at least "
             f"{-(-num_experts // num_gpus)} slots per GPU on {num_gpus} GPUs"
         )
     return out

@@ -185,6 +185,35 @@ def test_a_binary_spec_file_is_refused_in_one_line(tmp_path: Path, capsys: pytes
                                  "a UTF-8 JSON file)"), err
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--memory-budget-gib", "nan", "--model", "deepseek-v3"], "--memory-budget-gib must be finite and >= 0"),
+    (["--memory-budget-gib", "-1", "--model", "deepseek-v3"], "--memory-budget-gib must be finite and >= 0"),
+    (["--memory-budget-gib", "20,20", "--model", "deepseek-v3"],
+     "--memory-budget-gib: got 2 values for 32 GPUs (give one, or one per GPU)"),
+    (["--memory-budget-gib", "1", "--model", "deepseek-v3"], "--memory-budget-gib: a budget of 1.00 GiB on GPU 0 "
+     "fits no expert: one expert slot across all MoE layers takes 2.38 GiB"),
+    (["--slots-per-gpu", "9,9"], "--slots-per-gpu: got 2 values for 32 GPUs (give one, or one per GPU)"),
+    (["--slots-per-gpu", "0"], "--slots-per-gpu: every GPU needs at least one expert slot"),
+    (["--slots-per-gpu", "7"], "--slots-per-gpu: 224 slots in all cannot hold 256 experts: need at least 8 slots "
+     "per GPU on 32 GPUs"),
+    (["--redundant", "-5"], "--redundant must be >= 0, got -5"),
+    (["--gpus", "300", "--redundant", "0"], "--redundant: 256 experts + 0 redundant leave some of the 300 GPUs "
+     "without a slot"),
+    (["--gpus", "0"], "--gpus must be at least 1, got 0"),
+])  # fmt: skip
+def test_slot_budget_errors_name_the_flags(capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    """eplb.budget described the quantity ('memory budget must be finite and >= 0'), not the flag; the Python API
+    and the service keep the quantities' names."""
+    from eplb.budget import GIB, slots_per_gpu
+
+    code, err = run(capsys, "solve", *argv)
+    assert code == 2 and err == f"eplb solve: error: {said}", err
+    with pytest.raises(EplbError, match=r"^memory budget must be finite and >= 0$"):
+        slots_per_gpu(32, 256, memory_budget_bytes=float("nan"), slot_bytes=GIB)
+    with pytest.raises(EplbError, match=r"^slots per GPU: got 2 values for 32 GPUs"):
+        slots_per_gpu(32, 256, slots=[9, 9])
+
+
 # 5. absurd tokens and bandwidths ---------------------------------------------------------------------------
 
 

@@ -295,7 +295,14 @@ def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | Non
         num_redundant=args.redundant,
         memory_budget_bytes=None if args.memory_budget_gib is None else [x * GIB for x in args.memory_budget_gib],
         slot_bytes=None if model is None else model.expert_bytes_all_layers,
+        names=BUDGET_FLAGS,
     )
+
+
+BUDGET_FLAGS = {"num_gpus": "--gpus", "slots": "--slots-per-gpu", "num_redundant": "--redundant",
+                "memory_budget_bytes": "--memory-budget-gib"}  # fmt: skip
+"""`eplb.budget.slots_per_gpu`'s arguments as `add_cluster_options` names them, for its messages (as
+`OPTION_FLAGS` for the registry's); the Python API and the service keep `eplb.budget.QUANTITIES`."""
 
 
 def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
