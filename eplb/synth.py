@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,34 +105,43 @@ class SynthConfig:
     partner_lift: float = 2.27
     coact_std: float | None = None
 
-    def check(self) -> None:
-        """Raise EplbError on settings that cannot make a log."""
+    def check(self, names: Mapping[str, str] | None = None) -> None:
+        """Raise EplbError on settings that cannot make a log. names: what the messages call each field (the
+        CLI: its flags, `eplb.cli.replay.SYNTH_FLAGS`); by default `synth: FIELD`."""
+
+        def n(field: str) -> str:
+            return names[field] if names and field in names else f"synth: {field}"
+
         for name in ("steps", "layers", "experts", "top_k", "tokens", "groups"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise EplbError(f"synth: {name} must be a positive integer, got {v!r}")
+                raise EplbError(f"{n(name)} must be a positive integer, got {v!r}")
         if self.top_k > self.experts:
-            raise EplbError(f"synth: top_k ({self.top_k}) must not exceed experts ({self.experts})")
+            raise EplbError(f"{n('top_k')} ({self.top_k}) must not exceed {n('experts').removeprefix('synth: ')} "
+                            f"({self.experts})")
         if self.experts % self.groups:
-            raise EplbError(f"synth: {self.experts} experts do not split into {self.groups} equal groups")
+            raise EplbError(f"{n('groups')} {self.groups}: {self.experts} experts do not split into {self.groups} "
+                            "equal groups")
         for name in ("group_std", "drift_std", "shift_every"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
-                raise EplbError(f"synth: {name} must be >= 0, got {v!r}")
+                raise EplbError(f"{n(name)} must be >= 0, got {v!r}")
         if not self.drift_steps > 0:
-            raise EplbError(f"synth: drift_steps must be > 0, got {self.drift_steps!r}")
+            raise EplbError(f"{n('drift_steps')} must be > 0, got {self.drift_steps!r}")
         if self.exponent is not None and not (math.isfinite(self.exponent) and self.exponent >= 0):
-            raise EplbError(f"synth: exponent must be >= 0, got {self.exponent!r}")
+            raise EplbError(f"{n('exponent')} must be >= 0, got {self.exponent!r}")
         if self.exponent is None and not (math.isfinite(self.hot_ratio) and self.hot_ratio >= 1):
-            raise EplbError(f"synth: hot ratio must be >= 1 (hottest / mean), got {self.hot_ratio!r}")
-        if any(s < 0 for s in self.shift_at):
-            raise EplbError("synth: regime shift steps must be >= 0")
+            raise EplbError(f"{n('hot_ratio')} must be >= 1 (hottest / mean), got {self.hot_ratio!r}")
+        for at in self.shift_at:
+            if not 0 <= at < self.steps:
+                raise EplbError(f"{n('shift_at')} {at}: a regime shift happens at a step of the log, 0 .. "
+                                f"{self.steps - 1} ({n('steps').removeprefix('synth: ')} {self.steps})")
         if not isinstance(self.coact_clusters, int) or self.coact_clusters < 0:
-            raise EplbError(f"synth: coact_clusters must be an integer >= 0, got {self.coact_clusters!r}")
+            raise EplbError(f"{n('coact_clusters')} must be an integer >= 0, got {self.coact_clusters!r}")
         if self.coact_std is not None and not (math.isfinite(self.coact_std) and self.coact_std >= 0):
-            raise EplbError(f"synth: coact_std must be >= 0, got {self.coact_std!r}")
+            raise EplbError(f"{n('coact_std')} must be >= 0, got {self.coact_std!r}")
         if self.coact_std is None and not (math.isfinite(self.partner_lift) and self.partner_lift >= 1):
-            raise EplbError(f"synth: partner_lift must be >= 1 (1 = independent picks), got {self.partner_lift!r}")
+            raise EplbError(f"{n('partner_lift')} must be >= 1 (1 = independent picks), got {self.partner_lift!r}")
 
     def resolved_exponent(self) -> float:
         """The power-law exponent a: `exponent`, or the one that gives `hot_ratio`."""

@@ -681,3 +681,47 @@ def test_synth_sizes_beyond_memory_are_one_line_naming_the_flags(
     assert code == 2 and err.startswith("eplb synth: error: out of memory (Unable to allocate"), err
     assert err.endswith("the log's --layers x --experts arrays do not fit; lower them"), err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--top-k", "300"], "--top-k (300) must not exceed --experts (256)"),  # was "synth: top_k (300) ..."
+    (["--groups", "7"], "--groups 7: 256 experts do not split into 7 equal groups"),
+    (["--drift-steps", "0"], "--drift-steps must be > 0, got 0.0"),
+    (["--hot-ratio", "0.5"], "--hot-ratio must be >= 1 (hottest / mean), got 0.5"),
+    (["--steps", "100", "--shift-at", "50,100"],  # past the log's end: was silently no shift
+     "--shift-at 100: a regime shift happens at a step of the log, 0 .. 99 (--steps 100)"),
+    (["--shift-at", "-1"], "--shift-at -1: a regime shift happens at a step of the log, 0 .. 3999 (--steps 4000)"),
+    (["--steps", str(2**31)], "argument --steps: 2147483648 is too large (at most 2,147,483,647 steps)"),
+])  # fmt: skip
+def test_synth_errors_name_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                     said: str) -> None:
+    """eplb.synth's messages said 'synth: steps ...', the fields; the Python API keeps them."""
+    from eplb.synth import SynthConfig
+
+    code, err = run(capsys, "synth", "--out", str(tmp_path / "log.npz"), *argv)
+    assert code == 2 and err == f"eplb synth: error: {said}", err
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(EplbError, match=r"^synth: shift_at 100: a regime shift happens at a step of the log, 0 \.\. 99 "
+                       r"\(steps 100\)$"):
+        SynthConfig(steps=100, shift_at=(100,)).check()
+
+
+@pytest.mark.parametrize(("name", "argv", "what"), [
+    ("log.npz", ["--steps", "2147483647"], "63,771.7 GB (--steps 2,147,483,647 x --layers 58 x --experts 256 "
+     "counts of 2 bytes)"),
+    ("log.jsonl", ["--steps", "100000000"], "2,969.6 GB (--steps 100,000,000 x --layers 58 x --experts 256 counts "
+     "of 2 bytes)"),
+    ("log.npz", ["--format", "topk", "--steps", "1000000"], "3,801.1 GB (--steps 1,000,000 x --layers 58 x --tokens "
+     "4,096 x --top-k 8 expert ids of 2 bytes)"),
+    ("log.npz", ["--preset", "seed004", "--steps", "1000000000", "--layers", "58"], "29,696.0 GB (--steps "
+     "1,000,000,000 x --layers 58 x 256 experts' counts of 2 bytes)"),
+])  # fmt: skip
+def test_synth_steps_beyond_the_disk_are_refused_before_the_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, argv: list[str], what: str
+) -> None:
+    """--steps had no upper bound: a log larger than the disk ran until the disk was full (hours of drawing
+    steps). Refused at once, as sizes beyond memory are, naming the flags (TBs: beyond any test disk)."""
+    code, err = run(capsys, "synth", "--out", str(tmp_path / name), *argv)
+    assert code == 2 and err.startswith(f"eplb synth: error: the log would take {what} but {tmp_path} has "), err
+    assert err.endswith(" GB free: lower them"), err
+    assert not list(tmp_path.iterdir())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,7 +107,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--format", choices=("counts", "topk"), default="counts",
                    help="counts: per-step expert counts; topk: token-level topk_ids [tokens, layers, k] (.npz)")
     d = SynthConfig()
-    s.add_argument("--steps", type=int, metavar="N", help=f"steps (default {d.steps:,}; seed004: 1)")
+    s.add_argument("--steps", type=int_at_most(MAX_COUNT, "steps"), metavar="N",
+                   help=f"steps (default {d.steps:,}; seed004: 1)")
     s.add_argument("--layers", type=int, metavar="L", help=f"MoE layers (default {d.layers}; seed004: 1)")
     s.add_argument("--experts", type=int, metavar="E", help=f"routed experts per layer (default {d.experts})")
     s.add_argument("--top-k", type=int, metavar="K", help=f"experts per token (default {d.top_k})")
@@ -288,6 +290,28 @@ def add_progress_options(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+SYNTH_FLAGS = {"steps": "--steps", "layers": "--layers", "experts": "--experts", "top_k": "--top-k",
+               "tokens": "--tokens", "exponent": "--exponent", "hot_ratio": "--hot-ratio", "groups": "--groups",
+               "group_std": "--group-std", "drift_std": "--drift-std", "drift_steps": "--drift-steps",
+               "shift_at": "--shift-at", "shift_every": "--shift-every"}  # fmt: skip
+"""SynthConfig's fields as `eplb synth` names them, for `SynthConfig.check`'s messages."""
+
+
+def _check_disk(out: Path, need: float, what: str) -> None:
+    """Refuse, before the work, a log of `need` bytes (`what` says of which flags) that the disk of `out` cannot
+    hold: a full disk would stop the writer only after it drew the steps that fit."""
+    where = out.absolute().parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:  # no way to know: the writer reports a full disk
+        return
+    if need > free:
+        raise EplbError(f"the log would take {need / 1e9:,.1f} GB ({what}) but {where} has {free / 1e9:,.1f} GB "
+                        "free: lower them")
+
+
 def _synth_config(args: argparse.Namespace) -> SynthConfig:
     d = SynthConfig()
     default_shape = all(getattr(args, k) is None for k in ("layers", "experts", "top_k"))
@@ -361,6 +385,9 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         for flag, v in (("--steps", steps), ("--layers", layers)):
             if v < 1:
                 raise EplbError(f"{flag} must be >= 1, got {v}")
+        if not args.compress:  # the writer stores them as uint16 (at most 4,096 x 8 a layer)
+            _check_disk(out, steps * layers * 256 * 2.0, f"--steps {steps:,} x --layers {layers} x 256 experts' "
+                        "counts of 2 bytes")
         counts = seed004_log(steps, layers, args.seed)
         acc.add(counts)
         meta: dict[str, Any] = {"model": args.model, "top_k": 8}
@@ -369,9 +396,18 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
                   "tokens": 4096, "skew": 0.4, "seed": args.seed}  # fmt: skip
     else:
         cfg = _synth_config(args)
-        cfg.check()
+        cfg.check(SYNTH_FLAGS)
         output_log(out)  # a directory, or a file in the way: refused before the work
         config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
+        shape = f"--steps {cfg.steps:,} x --layers {cfg.layers}"  # the per-layer arrays fit (MemoryError): the log?
+        if args.format == "topk":
+            _check_disk(out, 2.0 * cfg.steps * cfg.tokens * cfg.layers * cfg.top_k,
+                        f"{shape} x --tokens {cfg.tokens:,} x --top-k {cfg.top_k} expert ids of 2 bytes")
+        elif not args.compress:  # deflated counts take less, by how much the data decides
+            # JSONL: a digit and a comma at least
+            size = 2 if out.suffix.lower() == ".jsonl" else cfg.count_dtype.itemsize
+            _check_disk(out, float(size) * cfg.steps * cfg.layers * cfg.experts,
+                        f"{shape} x --experts {cfg.experts} counts of {size} bytes")
         if args.format == "topk":
             ids, offsets = synth_topk(cfg)
             acc.add(topk_counts(ids, offsets, cfg.experts))
