@@ -189,9 +189,13 @@ def _source_slots(new: NDArray[np.int64], old: NDArray[np.int64], experts: int) 
 
 def _by_node(
     new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None
-) -> tuple[NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+) -> tuple[NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.int64],
+           NDArray[np.bool_], NDArray[np.float64]]:
     """(reads [L, P], sources [L, E], source slots per node [L, E, N], copies into each node [L, E, N], node of
-    each slot [P]); one node of all GPUs without gpus_per_node."""
+    each slot [P], near reads [L, P], replicas per node [L, E, N]); one node of all GPUs without gpus_per_node.
+    reads and sources are the plan's sources for a copy with no replica of its expert on its node; on a node
+    with one it reads a replica there (`solvers.plan`): near reads are those, the ones that stay put on their
+    node when there are any, else all of them, and the source slots per node count them."""
     layers, gpus = old.shape[0], slots_per_gpu.size
     experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
     per_node = gpus_per_node or gpus
@@ -199,11 +203,16 @@ def _by_node(
     reads, sources = _source_slots(new, old, experts)
     node: NDArray[np.int64] = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu) // per_node  # [P]
     index = ((np.arange(layers)[:, None] * experts + old) * nodes + node[None, :]).ravel()
-    on_node = np.bincount(index, weights=reads.ravel(), minlength=layers * experts * nodes).astype(np.float64)
+    stays = (new == old).ravel()
+    held = np.bincount(index, minlength=layers * experts * nodes).astype(np.float64)
+    staying = np.bincount(index, weights=stays, minlength=layers * experts * nodes)
+    near_reads = np.where(staying[index] > 0, stays, True).reshape(old.shape)
+    on_node = np.where(staying > 0, staying, held)
     copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
     into: NDArray[np.float64] = copied.reshape(layers, nodes, per_node, experts).sum(axis=2).transpose(
         0, 2, 1).astype(np.float64)  # fmt: skip
-    return reads, sources, on_node.reshape(layers, experts, nodes), into, node
+    shape = (layers, experts, nodes)
+    return reads, sources, on_node.reshape(shape), into, node, near_reads, held.reshape(shape)
 
 
 def copies_from_gpu(
@@ -214,13 +223,13 @@ def copies_from_gpu(
     sources (the plan takes them in turn, so its count per source differs by less than one per expert and
     layer)."""
     layers = old.shape[0]
-    reads, sources, on_node, into, node = _by_node(new, old, slots_per_gpu, gpus_per_node)
+    reads, sources, on_node, into, node, near_reads, held = _by_node(new, old, slots_per_gpu, gpus_per_node)
     near = np.divide(into, on_node, out=np.zeros_like(into), where=on_node > 0)  # per source slot on that node
-    far = np.divide((into * (on_node == 0)).sum(axis=2), sources, out=np.zeros(sources.shape), where=sources > 0)
+    far = np.divide((into * (held == 0)).sum(axis=2), sources, out=np.zeros(sources.shape), where=sources > 0)
     layer = np.arange(layers)[:, None]
-    per_read = near[layer, old, node[None, :]] + far[layer, old]  # [L, P]
+    per_read = near[layer, old, node[None, :]] * near_reads + far[layer, old] * reads  # [L, P]
     gpu = np.repeat(np.arange(slots_per_gpu.size), slots_per_gpu)
-    sent = np.bincount(np.tile(gpu, layers), weights=(per_read * reads).ravel(), minlength=slots_per_gpu.size)
+    sent = np.bincount(np.tile(gpu, layers), weights=per_read.ravel(), minlength=slots_per_gpu.size)
     out: NDArray[np.float64] = sent.astype(np.float64)
     return out
 
@@ -233,8 +242,8 @@ def copies_from_other_nodes(
     gpus_per_node consecutive GPUs."""
     gpus = slots_per_gpu.size
     experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    _, _, on_node, _, _ = _by_node(new, old, slots_per_gpu, gpus_per_node)
+    held = _by_node(new, old, slots_per_gpu, gpus_per_node)[6]
     copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
-    none_near = on_node[:, :, np.arange(gpus) // gpus_per_node] == 0  # [L, E, G]
+    none_near = held[:, :, np.arange(gpus) // gpus_per_node] == 0  # [L, E, G]
     out: NDArray[np.float64] = (copied & none_near.transpose(0, 2, 1)).sum(axis=(0, 2)).astype(np.float64)
     return out
