@@ -20,10 +20,10 @@ import orjson
 from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
-from api.problems import ProblemError, field_errors, invalid, problem_body
+from api.problems import ProblemError, field_errors, field_problem, invalid, problem_body
 from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
 from eplb.budget import slots_per_gpu
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.npy import NpyError, read_npy
 from eplb.placement import FORMAT as PLACEMENT_FORMAT
@@ -58,15 +58,6 @@ if TYPE_CHECKING:
 
 MAX_LINK_BW = 1e15  # B/s: a petabyte per second per GPU is beyond any link
 M = TypeVar("M", bound=BaseModel)
-
-
-class FieldError(EplbError):
-    """Bad input in one field of the request body."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -155,7 +146,7 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
             coactivation=job.coactivation,
         )
     except EplbError as exc:
-        return _problem(ProblemError(422, "Invalid request", str(exc)), path)
+        return _problem(field_problem(exc), path)
     return _answer(outcome, time.perf_counter() - started, job.solver)
 
 
@@ -176,7 +167,7 @@ def answer_evaluate(body: Body) -> Answer:
     except ProblemError as exc:
         return _problem(exc, body.path)
     except EplbError as exc:
-        return _problem(_as_problem(exc), body.path)
+        return _problem(field_problem(exc), body.path)
     return _answer(outcome, 0.0)
 
 
@@ -249,12 +240,6 @@ def _plain(value: Any) -> bool:
 
 def _problem(exc: ProblemError, path: str) -> Answer:
     return Answer(exc.status, problem_body(exc.status, exc.title, exc.detail, path, exc.errors))
-
-
-def _as_problem(exc: EplbError) -> ProblemError:
-    if isinstance(exc, FieldError):
-        return ProblemError(422, "Invalid request", str(exc), errors=[{"field": exc.field, "message": exc.message}])
-    return ProblemError(422, "Invalid request", str(exc))
 
 
 # ----- parsing -----------------------------------------------------------------------------------------------
@@ -454,8 +439,7 @@ def _check_groups(name: str, named: bool, the_cluster: Cluster, current: Placeme
         except SolverError:
             return  # refused for something else as well
         fields = (["solver"] if named else []) + ["cluster.gpus_per_node", "cluster.num_groups"]
-        raise ProblemError(422, "Invalid request", f"{', '.join(fields)}: {exc}",
-                           errors=[{"field": field, "message": str(exc)} for field in fields]) from None
+        raise field_problem(FieldError(fields, str(exc))) from None
 
 
 def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_default_time_limit_s: float) -> SolveJob:
@@ -479,7 +463,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         summary = coactivation(req, window)
         _check_budgets(req, name, model, window.shape[1])
     except EplbError as exc:
-        raise _as_problem(exc) from None
+        raise field_problem(exc) from None
     milp = "time_limit_s" in registry.get_solver(name).options
     limit = req.time_limit_s if req.time_limit_s is not None or not milp else milp_default_time_limit_s
     options = Options(

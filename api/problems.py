@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from api.schemas import Problem
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 
 PROBLEM = "application/problem+json"
 
@@ -152,15 +152,19 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EplbError)
     async def _eplb(request: Request, exc: EplbError) -> Response:
-        return problem_response(422, "Invalid request", str(exc), request.url.path, errors=named_fields(exc))
+        problem = field_problem(exc)
+        return problem_response(problem.status, problem.title, problem.detail, request.url.path,
+                                errors=problem.errors)
 
 
-def named_fields(exc: EplbError) -> list[dict[str, Any]] | None:
-    """`errors` of an EplbError that names its fields (`eplb.deployments.FieldError`: `fields` and `message`)."""
-    fields, message = getattr(exc, "fields", None), getattr(exc, "message", None)
-    if not fields or not isinstance(message, str):
-        return None
-    return [{"field": str(field), "message": message} for field in fields]
+def field_problem(exc: EplbError) -> ProblemError:
+    """An EplbError as the 422 problem: its text is the detail; a `FieldError`'s fields, each with its message,
+    are the `errors` (the one place either becomes a problem: the handler above, and the worker side,
+    api/convert.py, which answers without the app)."""
+    errors = None
+    if isinstance(exc, FieldError):
+        errors = [{"field": field, "message": exc.message} for field in exc.fields]
+    return ProblemError(422, "Invalid request", str(exc), errors=errors)
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -28,7 +28,7 @@ from sqlalchemy import delete, func, select
 from eplb import trigger
 from eplb.budget import describe_slots, slots_per_gpu
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.schemas import PlacementOut, PlacementResponse
@@ -58,17 +58,6 @@ FIELD_NAMES = {**POLICY_FIELDS, "num_groups": "cluster.num_groups", "gpus_per_no
 
 class NotFound(EplbError):
     """No deployment of that name (or no such history entry)."""
-
-
-class FieldError(EplbError):
-    """Bad input in named fields (dotted paths into the JSON: `cluster.gpus_per_node`) of a config, a window or an
-    applied placement. The text is 'field, field: message' (or `text`, a message that already names its field);
-    the service's 422 lists each field with the message in `errors`, as for every other 422."""
-
-    def __init__(self, fields: str | list[str], message: str, text: str | None = None) -> None:
-        self.fields = [fields] if isinstance(fields, str) else list(fields)
-        self.message = message
-        super().__init__(text if text is not None else f"{', '.join(self.fields)}: {message}")
 
 
 # ----- configuration -------------------------------------------------------------------------------------------

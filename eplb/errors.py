@@ -1,6 +1,23 @@
 """The one error type users see: a message that says what to fix."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 
 class EplbError(Exception):
     """Bad input or an impossible request. The CLI prints it as one line and exits 2;
     the API turns it into a 422 problem detail."""
+
+
+class FieldError(EplbError):
+    """Bad input in named fields of a request, a deployment's config, a window or an applied placement: `fields`,
+    the dotted paths into the JSON (`cluster.gpus_per_node`; one or several), share one `message`. The text is
+    'field, field: message', or `text` when the message names what it is about itself ('loads[0][1] is -2: ...').
+    The service's 422 lists each field with the message in `errors` (`api.problems.field_problem`), as for every
+    other 422."""
+
+    def __init__(self, fields: str | Iterable[str], message: str, text: str | None = None) -> None:
+        self.fields: tuple[str, ...] = (fields,) if isinstance(fields, str) else tuple(fields)
+        self.message = message
+        super().__init__(text if text is not None else f"{', '.join(self.fields)}: {message}")

@@ -21,7 +21,7 @@ from api.schemas import CoactivationBinary, CoactivationIn, PlacementIn
 from api.settings import Settings
 from eplb import deployments
 from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, NotFound, WindowResult
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.exports import parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
 from eplb.solve import Outcome, solve
@@ -109,8 +109,7 @@ async def list_deployments(db: DbDep) -> DeploymentList:
                     "the new shape no longer fits it: `placement_dropped` then says so)")
 async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentUpdate:
     if body.cluster.num_groups is not None and body.cluster.gpus_per_node is None:  # every window would ignore it
-        raise ProblemError(422, "Invalid request", f"cluster.num_groups: {GROUPS_NEED_NODES}",
-                           errors=[{"field": "cluster.num_groups", "message": GROUPS_NEED_NODES}])
+        raise FieldError("cluster.num_groups", GROUPS_NEED_NODES)
     try:
         old: DeploymentView | None = await in_db(deployments.get, db, name)
     except NotFound:
@@ -148,9 +147,8 @@ def model_layers(config: DeploymentConfig, placement: Placement,
     return ids, max(total, max(ids) + 1)
 
 
-def _layer_ids_error(message: str) -> ProblemError:
-    return ProblemError(422, "Invalid request", f"layer_ids: {message}",
-                        errors=[{"field": "layer_ids", "message": message}])
+def _layer_ids_error(message: str) -> FieldError:
+    return FieldError("layer_ids", message)
 
 
 @router.get("/{name}", response_model=DeploymentView, response_model_exclude_none=True,

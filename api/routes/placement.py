@@ -23,6 +23,7 @@ from api.pool import QueueFull, SolvePool, WorkerDied
 from api.problems import PROBLEM, ProblemError, documented
 from api.schemas import EvaluateRequest, Job, PlacementRequest
 from api.settings import Settings
+from eplb.errors import FieldError
 from eplb.schemas import PlacementResponse
 
 router = APIRouter(tags=["placement"], dependencies=Authorized)
@@ -51,8 +52,7 @@ async def read_body(request: Request, fields: str | None) -> convert.Body:
     content_type = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
     if content_type in (JSON, "") or content_type.endswith("+json"):
         if fields is not None:
-            raise ProblemError(422, "Invalid request", "request: only with an application/x-npy body",
-                               errors=[{"field": "request", "message": "only with an application/x-npy body"}])
+            raise FieldError("request", "only with an application/x-npy body")
         return convert.Body(await request.body(), "json", request.url.path)
     if content_type == NPY:
         return convert.Body(await request.body(), "npy", request.url.path, fields)
