@@ -148,7 +148,9 @@ def test_threshold_with_its_trigger_runs(small: dict[str, Path], capsys: pytest.
 
 
 @pytest.mark.parametrize("flag", [["--link", "nic"], ["--migration-link", "nic"], ["--migration", "blocking"],
-                                  ["--migration-share", "0.5"], ["--migration-stall-ms", "800"]])  # fmt: skip
+                                  ["--migration-share", "0.5"], ["--migration-stall-ms", "800"],
+                                  ["--hardware", "h100"], ["--tokens-per-gpu", "256"], ["--no-overlap"],
+                                  ["--overlap"]])  # fmt: skip
 def test_cost_flags_without_a_model_are_refused(
     small: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: list[str]
 ) -> None:
@@ -159,6 +161,16 @@ def test_cost_flags_without_a_model_are_refused(
 def test_link_without_a_model_is_refused_by_solve(small: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(capsys, "solve", "--loads", str(small["window"]), "--gpus", "4", "--link", "nic")
     assert code == 2 and "--link times the all-to-all, which needs a model" in err
+    # --hardware and --tokens-per-gpu were silently ignored without a model (replay's too, above)
+    for flag, what in ((["--hardware", "h100"], "is the GPU the time prediction runs on"),
+                       (["--tokens-per-gpu", "256"], "sizes the step the time prediction times"),
+                       (["--node-limit", "2", "--gpus-per-node", "2"], "caps the predicted co-activation copies")):
+        for command in ("solve", "evaluate"):
+            data = ["--placement", str(small["current"])] if command == "evaluate" else ["--gpus", "4"]
+            code, err = run(capsys, command, "--loads", str(small["window"]), *data, *flag)
+            assert code == 2 and err == (f"eplb {command}: error: {flag[0]} {what}, which needs a model: give --model "
+                                         "NAME or FILE (no preset matches the data's expert and layer count)"), err
+    assert main(["solve", "--loads", str(small["window"]), "--gpus", "4", "--json"]) == 0  # the defaults pass
 
 
 @pytest.mark.parametrize("command", ["solve", "replay"])

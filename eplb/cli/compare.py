@@ -7,7 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
-from eplb.cli.solve import MAX_COUNT, add_cost_options, coactivation_for, cost_setup, int_at_most, model_for
+from eplb.cli.solve import (
+    DEFAULT_HARDWARE,
+    MAX_COUNT,
+    add_cost_options,
+    coactivation_for,
+    cost_setup,
+    int_at_most,
+    model_for,
+    tokens_per_gpu,
+)
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from
 from eplb.io.logs import open_log
@@ -106,8 +115,7 @@ def _run_window(
     window = read_window(args.loads)
     loads = window.loads if args.layers is None else window.loads[: args.layers]
     shapes = cluster_shapes(window.num_experts, eps, redundant)
-    if args.tokens_per_gpu is None:
-        args.tokens_per_gpu = DEFAULT_TOKENS_PER_GPU
+    args.tokens_per_gpu_default = DEFAULT_TOKENS_PER_GPU  # a window's own total is no step size
     model = model_for(args, window)
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     if not objectives or any(o not in OBJECTIVES for o in objectives):
@@ -122,9 +130,9 @@ def _run_window(
         "title": f"{', '.join(solvers)} on {window.source}",
         "loads": f"{window.source}, {loads.shape[0]} layers x {loads.shape[1]} experts",
         "model": model.name if model else "unknown (no time prediction)",
-        "hardware": args.hardware,
+        "hardware": args.hardware or DEFAULT_HARDWARE,
         "MILP time limit per layer": f"{args.time_limit} s",
-        "tokens per GPU (time prediction)": args.tokens_per_gpu,
+        "tokens per GPU (time prediction)": tokens_per_gpu(args),
     }
 
 
@@ -158,7 +166,7 @@ def _run_log(
         "oracle": "skipped" if args.oracle_every == 0 else (
             f"greedy on each step's own counts, one step in {args.oracle_every}"),
         "model": model.name if model else "unknown (no time prediction, no bytes moved)",
-        "hardware": args.hardware,
+        "hardware": args.hardware or DEFAULT_HARDWARE,
         "MILP time limit per layer": f"{args.time_limit} s",
         "tokens per GPU (time prediction)": "each step's own" if args.tokens_per_gpu is None else args.tokens_per_gpu,
     }

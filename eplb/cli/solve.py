@@ -183,17 +183,20 @@ def add_cost_options(
     tokens_value: float | None = DEFAULT_TOKENS_PER_GPU,
 ) -> None:
     """--model, --hardware, --link, --tokens-per-gpu, --overlap/--no-overlap: what the time prediction needs.
-    model_default, tokens_default: what the help says --model and --tokens-per-gpu default to."""
+    model_default, tokens_default: what the help says --model and --tokens-per-gpu default to; tokens_value: the
+    tokens per GPU when --tokens-per-gpu is not given (args.tokens_per_gpu_default). --hardware, --tokens-per-gpu
+    and --overlap default to None, so `cost_setup` can tell them given (and refuse them without a model)."""
     p.add_argument("--model", metavar="NAME|FILE", help="model spec for memory and time: a preset ("
                    f"{', '.join(MODEL_PRESETS)}) or JSON file (default: {model_default})")
-    p.add_argument("--hardware", default="b200", metavar="NAME|FILE",
-                   help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: b200)")
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: {DEFAULT_HARDWARE})")
     p.add_argument("--link", help="all-to-all link: nvlink, nic, pcie or GB/s per GPU and direction "
                    "(default: nvlink), or two joined by '+', within + between nodes: nvlink+nic is DeepEP's dispatch "
                    "across nodes (once per node over the NIC, then NVLink; needs --gpus-per-node)")
-    p.add_argument("--tokens-per-gpu", type=float, metavar="T", default=tokens_value,
+    p.add_argument("--tokens-per-gpu", type=float, metavar="T",
                    help=f"tokens per GPU in one step for the time prediction (default: {tokens_default})")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+    p.set_defaults(tokens_per_gpu_default=tokens_value)
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction,
                    help="all-to-all overlaps the expert GEMMs (two micro-batches, as DeepSeek runs; default), or with "
                    "--no-overlap adds to them")
 
@@ -305,25 +308,45 @@ BUDGET_FLAGS = {"num_gpus": "--gpus", "slots": "--slots-per-gpu", "num_redundant
 `OPTION_FLAGS` for the registry's); the Python API and the service keep `eplb.budget.QUANTITIES`."""
 
 
+DEFAULT_HARDWARE = "b200"
+"""--hardware when not given."""
+
+
+def tokens_per_gpu(args: argparse.Namespace) -> float | None:
+    """Tokens per GPU of the time prediction: --tokens-per-gpu, else the command's default (None: each step's own
+    tokens, or the window as one step)."""
+    given: float | None = args.tokens_per_gpu
+    return given if given is not None else getattr(args, "tokens_per_gpu_default", None)
+
+
 def cost_setup(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
-    """The cost setup from `add_cost_options` (None without a model: no time prediction)."""
-    if model is None:
-        if args.link is not None:
-            raise EplbError("--link times the all-to-all, which needs a model: give --model NAME or FILE (no preset "
-                            "matches the data's expert and layer count)")
-        return None
-    hardware = load_hardware(args.hardware)
-    if args.tokens_per_gpu is not None and not 0 < args.tokens_per_gpu <= MAX_TOKENS_PER_GPU:
-        raise EplbError(f"--tokens-per-gpu must be > 0 and at most {MAX_TOKENS_PER_GPU:,.0f}, "
-                        f"got {args.tokens_per_gpu:g}")
+    """The cost setup from `add_cost_options` (None without a model: no time prediction, and the flags that only
+    shape it are refused, naming the first given)."""
     node_limit = getattr(args, "node_limit", None)
+    if model is None:
+        overlap = None if args.overlap is None else "--overlap" if args.overlap else "--no-overlap"
+        for flag, given, what in (
+            ("--link", args.link, "times the all-to-all"),
+            ("--hardware", args.hardware, "is the GPU the time prediction runs on"),
+            ("--tokens-per-gpu", args.tokens_per_gpu, "sizes the step the time prediction times"),
+            (overlap, overlap, "says how the predicted all-to-all meets the expert GEMMs"),
+            ("--node-limit", node_limit, "caps the predicted co-activation copies"),
+        ):
+            if given is not None:
+                raise EplbError(f"{flag} {what}, which needs a model: give --model NAME or FILE (no preset matches "
+                                "the data's expert and layer count)")
+        return None
+    hardware = load_hardware(args.hardware or DEFAULT_HARDWARE)
+    tokens = tokens_per_gpu(args)
+    if tokens is not None and not 0 < tokens <= MAX_TOKENS_PER_GPU:
+        raise EplbError(f"--tokens-per-gpu must be > 0 and at most {MAX_TOKENS_PER_GPU:,.0f}, got {tokens:g}")
     if node_limit is not None and node_limit < 1:
         raise EplbError("--node-limit must be >= 1 (nodes a token's experts may lie on)")
     link = args.link or "nvlink"
     within, between = flag_link("--link", link, lambda: all_to_all_links(hardware, link))
     for bw in (within, between):
         check_link(bw, "--link", link)
-    return CostSetup(model, hardware, within, args.tokens_per_gpu, args.overlap, node_limit, between)
+    return CostSetup(model, hardware, within, tokens, args.overlap is not False, node_limit, between)
 
 
 def flag_link(flag: str, text: str, read: Callable[[], T]) -> T:
