@@ -154,6 +154,31 @@ def test_bad_database_urls_are_one_line_errors(url: str, message: str) -> None:
         make_engine(url)
 
 
+def test_postgresql_connections_time_out_unless_the_url_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libpq waits for ever by default: a host that drops packets hung a start-up. Connections get
+    connect_timeout (CONNECT_TIMEOUT_S) unless the URL or PGCONNECT_TIMEOUT sets one."""
+    import psycopg
+
+    from eplb.store.engine import CONNECT_TIMEOUT_S
+
+    seen: list[dict[str, object]] = []
+
+    def connect(*args: object, **kwargs: object) -> None:
+        seen.append(kwargs)
+        raise psycopg.OperationalError("not here")
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    for url in ("postgresql://u@192.0.2.1/db", "postgresql://u@192.0.2.1/db?connect_timeout=3"):
+        with pytest.raises(Exception, match="not here"):
+            make_engine(url).connect()
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "7")  # libpq reads it when no connect_timeout is passed
+    with pytest.raises(Exception, match="not here"):
+        make_engine("postgresql://u@192.0.2.1/db").connect()
+    assert [k.get("connect_timeout") for k in seen] == [CONNECT_TIMEOUT_S, "3", None]
+    assert CONNECT_TIMEOUT_S == 10
+
+
 def _unusable_urls(tmp_path: Path) -> list[tuple[str, list[str]]]:
     """(url, what its one-line error must say) for databases that cannot be opened."""
     a_file = tmp_path / "a-file"

@@ -24,6 +24,9 @@ from eplb.store.models import DeploymentRow
 MIGRATIONS = Path(__file__).parent / "migrations"
 _WRITE_LOCK = "eplb_write_lock"
 _MIGRATION_LOCK_KEY = 0x65706C62  # "eplb": pg_advisory_xact_lock key for concurrent starts
+CONNECT_TIMEOUT_S = 10
+"""Seconds a PostgreSQL connection may take to open unless the URL (`?connect_timeout=`) or PGCONNECT_TIMEOUT
+says: libpq waits for ever by default, so a host that drops packets would hang a start-up or a request."""
 
 
 def _default_data_dir() -> Path:
@@ -101,7 +104,9 @@ def _engine(parsed: URL) -> Engine:
         return engine
     if parsed.get_backend_name() != "postgresql":
         raise EplbError(f"unsupported database {parsed.get_backend_name()!r}: use SQLite or PostgreSQL")
-    return create_engine(parsed, pool_pre_ping=True)
+    given = "connect_timeout" in parsed.query or os.environ.get("PGCONNECT_TIMEOUT")
+    timeout = {} if given else {"connect_timeout": CONNECT_TIMEOUT_S}
+    return create_engine(parsed, pool_pre_ping=True, connect_args=timeout)
 
 
 def _sqlite_transactions(engine: Engine) -> None:
