@@ -36,6 +36,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     _balance_dict,
     _time_dict,
     check_links,
+    check_uniform_shares,
     evaluate,
     infer_model,
     least_stage_gib,
@@ -411,6 +412,8 @@ def _check_budgets(req: PlacementRequest, name: str, model: ModelSpec | None, nu
 
 GROUP_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
 """What the registry's refusal of a hierarchical cluster calls its settings here (the CLI: its flags)."""
+SETTING_FIELDS = {"solver": "solver", "split": "split", "objective": "objective"}
+"""What `eplb.solve`'s refusals of a share split call the settings here (the CLI: its flags, `SETTING_FLAGS`)."""
 
 
 def _check_groups(name: str, named: bool, the_cluster: Cluster, current: Placement | None, options: Options,
@@ -454,12 +457,14 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         current = None
         if req.current_placement is not None:
             current = placement(req.current_placement, "current_placement", window.shape[1])
-        name = solver_name(req.solver or ("incremental" if current is not None else "greedy"), req.split)
+        name = solver_name(req.solver or ("incremental" if current is not None else "greedy"), req.split,
+                           names=SETTING_FIELDS)
         if name not in registry.names():
             raise FieldError("solver", f"unknown solver {name!r}: choose one of {', '.join(registry.names())}")
         if req.objective == "time" and cost is None:
             raise FieldError("objective", "time needs a model for the cost model: give model (no preset has "
                              f"{window.shape[1]} experts)")
+        check_uniform_shares(name, req.objective, req.split, names=SETTING_FIELDS)  # before any solve or job
         summary = coactivation(req, window)
         _check_budgets(req, name, model, window.shape[1])
     except EplbError as exc:

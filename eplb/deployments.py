@@ -32,7 +32,7 @@ from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.schemas import PlacementOut, PlacementResponse
-from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_shapes, evaluate, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_shapes, check_uniform_shares, evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
@@ -194,6 +194,7 @@ class Setup:
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
+                check_uniform_shares(config.solver, config.objective, names=FIELD_NAMES)  # as every solve would
             for has_current in (False, True):  # the first window, then every rebalance (from the serving one)
                 options = self.options(has_current)
                 try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import describe_slots
 from eplb.cost import LayerPrediction, TimeModel, predict
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.evaluate import Balance, balance, contiguous_placement
 from eplb.objective import OBJECTIVES, candidates, choose_by_time
 from eplb.placement import Placement
@@ -33,16 +34,46 @@ if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary, Reach
 
 
-def solver_name(solver: str, split: str = "uniform") -> str:
-    """The registry name for a solver and share split (`milp` + weighted -> `milp-weighted`)."""
+SETTING_FLAGS = {"solver": "--solver", "split": "--split", "objective": "--objective"}
+"""What the messages of `solver_name` and `check_uniform_shares` call these settings unless told (`names=`, as
+`solvers.registry.check` takes it): `eplb solve`'s flags. The API and deployments pass their JSON fields."""
+
+
+def _named(names: Mapping[str, str] | None) -> Mapping[str, str]:
+    return SETTING_FLAGS if names is None else {**{k: k for k in SETTING_FLAGS}, **names}
+
+
+def solver_name(solver: str, split: str = "uniform", names: Mapping[str, str] | None = None) -> str:
+    """The registry name for a solver and share split (`milp` + weighted -> `milp-weighted`). names: what the
+    refusal of a weighted split calls the settings (default `SETTING_FLAGS`); it is a FieldError of them."""
     if split not in ("uniform", "weighted"):
         raise EplbError(f"split must be 'uniform' or 'weighted', got {split!r}")
     if split == "uniform":
         return solver
     weighted = f"{solver}-weighted"
     if weighted not in registry.names():
-        raise EplbError(f"the {solver} solver gives uniform shares only; use --solver milp for --split weighted")
+        n = _named(names)
+        message = f"the {solver} solver gives uniform shares only; use {n['solver']} milp for {n['split']} weighted"
+        raise FieldError((n["solver"], n["split"]), message, message)
     return weighted
+
+
+def check_uniform_shares(name: str, objective: str, split: str = "uniform",
+                         names: Mapping[str, str] | None = None) -> None:
+    """The time objective places uniform shares: a FieldError for solver `name` when it weights them, asked for
+    with `split` weighted or named itself (`milp-weighted`). names: what the message calls the settings (default
+    `SETTING_FLAGS`, the CLI's; the API and deployments check before any solve with their JSON fields)."""
+    if objective != "time" or name not in registry.names() or not registry.get_solver(name).capabilities.shares:
+        return
+    n = _named(names)
+    if split == "weighted":
+        message = f"the time objective places uniform shares: drop {n['split']} weighted (solver {name!r})"
+        raise FieldError((n["split"], n["objective"]), message, message)
+    uniform = name.removesuffix("-weighted")
+    alternative = f" ({uniform!r} places uniform ones)" if uniform != name and uniform in registry.names() else ""
+    message = (f"the time objective places uniform shares, and solver {name!r} weights them: choose another "
+               f"{n['solver']}{alternative}")
+    raise FieldError((n["solver"], n["objective"]), message, message)
 
 
 @dataclass(frozen=True)
@@ -232,8 +263,7 @@ def solve(
         _check_current(current, loads, cluster)
     started = time.perf_counter()
     name = solver_name(solver or ("incremental" if current is not None else "greedy"), split)
-    if objective == "time" and name in registry.names() and registry.get_solver(name).capabilities.shares:
-        raise EplbError(f"the time objective places uniform shares: drop --split weighted (solver {name!r})")
+    check_uniform_shares(name, objective, split)
     problem = Problem(
         loads,
         cluster.slots_per_gpu,

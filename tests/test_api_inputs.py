@@ -241,3 +241,36 @@ def test_a_hierarchical_cluster_the_solver_cannot_honour_names_the_fields(base: 
     assert r.status_code == 422 and [e["field"] for e in r.json()["errors"]] == [
         "solver", "cluster.gpus_per_node", "cluster.num_groups"], r.text
     assert "minimizes copies from a current placement, not both" in r.json()["detail"]
+
+
+def test_a_weighted_split_the_request_cannot_have_names_the_json_fields(base: str) -> None:
+    """The time objective with weighted shares was told to 'drop --split weighted' (the CLI's flag), with no
+    `errors`, and an async one became a job that failed; a weighted split of a solver without one was told to 'use
+    --solver milp'. Now a 422 naming the request's fields, before anything is solved or queued; a deployment whose
+    every window's solve would refuse it is refused at PUT, naming its config's fields."""
+    time_weighted = "the time objective places uniform shares: drop split weighted (solver 'milp-weighted')"
+    named_weighted = ("the time objective places uniform shares, and solver 'milp-weighted' weights them: choose "
+                      "another solver ('milp' places uniform ones)")
+    cases = [
+        ({"solver": "milp", "split": "weighted", "objective": "time"}, ["split", "objective"], time_weighted),
+        ({"solver": "milp-weighted", "objective": "time"}, ["solver", "objective"], named_weighted),
+        ({"solver": "greedy", "split": "weighted"}, ["solver", "split"],
+         "the greedy solver gives uniform shares only; use solver milp for split weighted"),
+    ]
+    for over, fields, message in cases:
+        for run_async in (False, True):
+            r = post_json(base, "/placement", {**BODY, "time_limit_s": 2, **over, "async": run_async})
+            assert r.status_code == 422, r.text
+            problem = r.json()
+            assert problem["errors"] == [{"field": field, "message": message} for field in fields], problem
+            assert problem["detail"] == message and "--" not in problem["detail"]
+    milp = post_json(base, "/placement", {**BODY, "loads": V3[:1].tolist(), "solver": "milp", "split": "weighted",
+                                          "time_limit_s": 2})
+    assert milp.status_code == 200 and milp.json()["solver"]["name"] == "milp-weighted", milp.text  # lb: weighted
+    r = post_json(base, "/deployments/weighted", {**CONFIG, "solver": "milp-weighted", "objective": "time",
+                                                  "time_limit_s": 2}, "PUT")
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"] == [{"field": field, "message": named_weighted} for field in ("solver", "objective")]
+    assert post_json(base, "/deployments/weighted", {**CONFIG, "solver": "milp-weighted", "time_limit_s": 2},
+                     "PUT").status_code == 201
+    assert httpx.delete(f"{base}/deployments/weighted", timeout=30).status_code == 204

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from eplb import deployments as dep
 from eplb.cost.migration import MigrationSpec
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.solve import evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.store import Store, open_store
@@ -657,6 +657,25 @@ def test_a_stored_milp_config_with_groups_names_the_fields_at_its_next_window(st
         dep.process_window(store, "old-milp", window(0))
     dep.register(store, "old-milp", config().model_copy(update={"cluster": shape, "solver": "greedy"}))
     assert dep.process_window(store, "old-milp", window(0)).action == "placed"
+
+
+def test_a_weighted_solver_with_the_time_objective_is_refused_naming_the_config_fields(store: Store) -> None:
+    """PUT took solver milp-weighted with objective time, and every window's solve then refused it with 'drop
+    --split weighted', a CLI flag of a split the config has no field for. PUT refuses it, naming solver and
+    objective; a config stored before is refused alike at its next window; a PUT fixes it."""
+    weighted = config().model_copy(update={"solver": "milp-weighted", "time_limit_s": 2.0})
+    message = ("the time objective places uniform shares, and solver 'milp-weighted' weights them: choose another "
+               "solver ('milp' places uniform ones)")
+    with pytest.raises(FieldError) as refused:
+        dep.register(store, "weighted", weighted.model_copy(update={"objective": "time"}))
+    assert (refused.value.fields, str(refused.value)) == (("solver", "objective"), message)
+    dep.register(store, "weighted", weighted)  # the lb objective takes weighted shares
+    _edit_stored_config(store, "weighted", lambda c: {**c, "objective": "time"})
+    with pytest.raises(FieldError, match="choose another solver") as at_window:
+        dep.process_window(store, "weighted", window(0))
+    assert at_window.value.fields == ("solver", "objective") and "--" not in str(at_window.value)
+    dep.register(store, "weighted", weighted.model_copy(update={"objective": "time", "solver": "milp"}))
+    assert dep.process_window(store, "weighted", window(0)).action == "placed"
 
 
 def test_exports_key_sglang_and_trtllm_by_model_layer(client: TestClient) -> None:

@@ -151,6 +151,44 @@ def test_bad_objective_inputs_are_one_clear_error(law: tuple[np.ndarray, np.ndar
         read_summary(tmp_path / "other.json", 64)
 
 
+def test_weighted_shares_refused_by_the_time_objective_name_the_flags_or_the_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`eplb solve` keeps its flags in the refusal; given names (the API's, a deployment's), the same check names
+    the JSON fields, a FieldError of them. --solver milp-weighted was told to 'drop --split weighted', a flag it
+    was not given."""
+    from eplb.cli import main
+    from eplb.deployments import FIELD_NAMES
+    from eplb.errors import FieldError
+    from eplb.solve import check_uniform_shares, solver_name
+
+    common = ["solve", "--gpus", "32", "--slots-per-gpu", "9", "--model", "deepseek-v3", "--objective", "time"]
+    for args, message in (
+        ([*common, "--solver", "milp", "--split", "weighted"],
+         "the time objective places uniform shares: drop --split weighted (solver 'milp-weighted')"),
+        ([*common, "--solver", "milp-weighted"], "the time objective places uniform shares, and solver 'milp-weighted' "
+         "weights them: choose another --solver ('milp' places uniform ones)"),
+        (["solve", "--solver", "greedy", "--split", "weighted"],
+         "the greedy solver gives uniform shares only; use --solver milp for --split weighted"),
+    ):
+        assert main(args) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"eplb solve: error: {message}"  # after 'solving ...'
+
+    api = {"solver": "solver", "split": "split", "objective": "objective"}
+    with pytest.raises(FieldError) as split:
+        check_uniform_shares("milp-weighted", "time", "weighted", names=api)
+    assert split.value.fields == ("split", "objective") and str(split.value) == split.value.message == (
+        "the time objective places uniform shares: drop split weighted (solver 'milp-weighted')")
+    with pytest.raises(FieldError) as named:
+        check_uniform_shares("milp-weighted", "time", names=FIELD_NAMES)
+    assert named.value.fields == ("solver", "objective") and "choose another solver (" in str(named.value)
+    with pytest.raises(FieldError) as greedy:
+        solver_name("greedy", "weighted", names=api)
+    assert greedy.value.fields == ("solver", "split") and "--" not in str(greedy.value)
+    check_uniform_shares("milp-weighted", "lb", "weighted", names=api)  # the lb objective takes weighted shares
+    check_uniform_shares("milp", "time", names=api)
+
+
 def test_cli_reports_copies_and_the_time_objective(tmp_path: Path) -> None:
     summary_file = tmp_path / "summary.json"
     ids, _ = read_topk(LAW)
