@@ -489,8 +489,9 @@ def test_npz_counts_no_window_takes_are_refused_by_replay(
     assert code == 2 and f"{huge}: step 10 (position 10), layer 0, expert 3: count is {shown}" in err
 
 
-def test_a_headerless_jsonl_log_sizes_the_window_by_its_steps(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_headerless_jsonl_log_replays_under_any_window_and_a_header_understating_its_steps_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from eplb.io.logs import write_jsonl
 
     log = tmp_path / "nohdr.jsonl"
@@ -503,6 +504,21 @@ def test_a_headerless_jsonl_log_sizes_the_window_by_its_steps(tmp_path: Path,
     headed.write_text(headed.read_text().replace('"num_steps": 50', '"num_steps": 10', 1))
     code, err = run(capsys, "replay", str(headed), "--interval", "2", "--window", "2", "--gpus", "8", "--no-progress")
     assert code == 2 and f"{headed}: the file holds more steps than its header says (num_steps 10)" in err
+
+
+@pytest.mark.parametrize(("steps", "said"), [
+    (np.array([0, 1, 2**63 + 1], dtype=np.uint64), "steps[2] is 9223372036854775809 (uint64): step ids are at most "
+     "2**63 - 1"),  # was "got dtype float64": the ids went through a list
+    (np.array([0.0, 1.0, 2.0]), "'steps' must be integer step ids, got dtype float64"),
+])  # fmt: skip
+def test_npz_step_ids_are_judged_by_their_own_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    steps: np.ndarray, said: str) -> None:
+    log = tmp_path / "log.npz"
+    np.savez(log, counts=np.ones((3, 1, 4), dtype=np.uint16), steps=steps)
+    code, err = run(capsys, "replay", str(log), "--gpus", "2", "--interval", "1", "--delay", "0", "--no-progress")
+    assert code == 2 and err == f"eplb replay: error: {log}: {said}", err
+    np.savez(log, counts=np.ones((3, 1, 4), dtype=np.uint16), steps=np.array([5, 7, 2**63 - 1], dtype=np.uint64))
+    assert open_log(log).read_counts().steps.tolist() == [5, 7, 2**63 - 1]
 
 
 @pytest.mark.parametrize(

@@ -278,7 +278,8 @@ def _meta_from_zip(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
         arr = _read_small(zf, key, path)
         if arr is None:
             continue
-        meta[key] = arr.tolist() if arr.ndim else arr.item()
+        # step ids stay an array: its dtype is what `_step_ids` checks (a list of uint64 beyond int64 is float64)
+        meta[key] = arr if key == "steps" else arr.tolist() if arr.ndim else arr.item()
     return meta
 
 
@@ -309,6 +310,9 @@ def _step_ids(meta: dict[str, Any], num_steps: int, path: str) -> NDArray[np.int
         raise EplbError(f"{path}: 'steps' must be {num_steps} integer step ids, got shape {list(steps.shape)}")
     if steps.dtype.kind not in "iu":
         raise EplbError(f"{path}: 'steps' must be integer step ids, got dtype {steps.dtype}")
+    if steps.dtype.kind == "u" and steps.size and int(steps.max()) > MAX_ID:
+        i = int(np.argmax(steps > MAX_ID))
+        raise EplbError(f"{path}: steps[{i}] is {int(steps[i])} ({steps.dtype}): step ids are at most 2**63 - 1")
     steps = steps.astype(np.int64)
     bad = np.flatnonzero(np.diff(steps) <= 0)
     if bad.size:
