@@ -154,6 +154,16 @@ def test_bad_database_urls_are_one_line_errors(url: str, message: str) -> None:
         make_engine(url)
 
 
+@pytest.mark.parametrize("url", ["postgresql://[::1", "postgresql://u:secret@[fe80::1/db", "postgresql://[::1/db"])
+def test_an_unclosed_ipv6_bracket_is_a_malformed_host_not_a_port(url: str) -> None:
+    """make_url reads what follows the last ':' of '[::1' as a port: the message said 'its port is not a number'."""
+    with pytest.raises(EplbError) as caught:
+        make_engine(url)
+    message = str(caught.value)
+    assert "its host is malformed: an IPv6 address needs both its brackets, as in [::1]:5432" in message
+    assert "port is not a number" not in message and "secret" not in message
+
+
 def test_postgresql_connections_time_out_unless_the_url_says(monkeypatch: pytest.MonkeyPatch) -> None:
     """libpq waits for ever by default: a host that drops packets hung a start-up. Connections get
     connect_timeout (CONNECT_TIMEOUT_S) unless the URL or PGCONNECT_TIMEOUT sets one."""

@@ -77,7 +77,7 @@ def make_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError) as exc:
-        why = "its port is not a number" if "int()" in str(exc) else _reason(exc)
+        why = _url_problem(url, exc)
         raise EplbError(f"not a database URL: {shown!r} ({why}; e.g. sqlite:////path/eplb.db or "
                         "postgresql://host/db)") from None
     if parsed.drivername in ("postgresql", "postgres"):
@@ -92,6 +92,15 @@ def make_engine(url: str) -> Engine:
                         "use sqlite:/// or postgresql:// (psycopg)") from None
     except (DBAPIError, sqlite3.Error) as exc:
         raise EplbError(f"cannot open the database {shown}: {_reason(exc)}") from None
+
+
+def _url_problem(url: str, exc: BaseException) -> str:
+    """What is wrong with a URL SQLAlchemy cannot parse: a host with an unclosed IPv6 bracket (make_url then reads
+    what follows its last ':' as a port), a port that is no number, or what the parser said."""
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if host.count("[") != host.count("]") or ("[" in host and not re.fullmatch(r"\[[^][]*\](:[^:]*)?", host)):
+        return "its host is malformed: an IPv6 address needs both its brackets, as in [::1]:5432"
+    return "its port is not a number" if "int()" in str(exc) else _reason(exc)
 
 
 def _engine(parsed: URL) -> Engine:
