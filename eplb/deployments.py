@@ -295,7 +295,10 @@ class Setup:
             return None
         from eplb.coactivation import CoactivationSummary
 
-        summary = CoactivationSummary.parse(value)
+        try:
+            summary = CoactivationSummary.parse(value)
+        except EplbError as exc:  # its text names the summary: 'co-activation summary: missing field ...'
+            raise FieldError("coactivation", str(exc), str(exc)) from None
         if summary.loads.shape != loads.shape:
             raise FieldError("coactivation", f"the summary is for {summary.loads.shape[0]} layers x "
                              f"{summary.loads.shape[1]} experts, the loads are {loads.shape[0]} x {loads.shape[1]}")

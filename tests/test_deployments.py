@@ -476,6 +476,33 @@ def test_windows_carry_coactivation_and_the_history_keeps_it(store: Store) -> No
         dep.process_window(store, "coact", loads.tolist(), coactivation={"tokens": "many"})
 
 
+def test_a_windows_summary_that_does_not_read_is_a_422_naming_coactivation(client: TestClient, store: Store) -> None:
+    """A summary string that is no base64 of a .npz image, or an object missing a field the schema leaves to the
+    parser, was a 422 with its message in `detail` only (POST /placement names `coactivation`); its form, the
+    same summary as an object and as base64 of its image, is taken and kept either way."""
+    import base64
+
+    from eplb.coactivation import summarize
+
+    assert client.put("/deployments/pairs", json=MIXTRAL).status_code == 201
+    for value, message in (("not base64!", "co-activation summary: a string must be base64 of its .npz image"),
+                           (base64.b64encode(b"hello").decode(), "co-activation summary: not a .npz image of one")):
+        answer = client.post("/deployments/pairs/windows", json={"loads": MIXTRAL_LOADS, "coactivation": value})
+        assert answer.status_code == 422, answer.text
+        problem = answer.json()
+        assert [e["field"] for e in problem["errors"]] == ["coactivation"], problem
+        assert problem["errors"][0]["message"].startswith(message) and problem["detail"].startswith(message)
+    ids = np.array([[[0, 1], [0, 5]], [[2, 3], [3, 6]]])  # 2 tokens x 2 layers, top-2 of the 8 experts
+    summary = summarize(ids, 8)
+    loads = summary.loads.astype(float).tolist()
+    for value in (summary.to_dict(), base64.b64encode(summary.to_bytes()).decode()):
+        placed = client.post("/deployments/pairs/windows", json={"loads": loads, "coactivation": value, "force": True})
+        assert placed.status_code == 200, placed.text
+        assert "copies_per_token" in placed.json()["result"]["predicted"]
+        kept = dep.window_coactivation(store, placed.json()["history_id"])
+        assert kept is not None and kept.to_dict() == summary.to_dict()
+
+
 def test_time_objective_deployment_never_serves_empty_slots(store: Store) -> None:
     body = {"model": MODEL, "hardware": "h800", "tokens_per_gpu": 256.0, "objective": "time",
             "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}  # NVLink decode: weight reads bound the layers
