@@ -74,6 +74,13 @@ class ClusterShape(BaseModel):
     num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
     memory_budget_bytes: Bytes | list[Bytes] | None = Field(None, description="expert bytes each GPU may hold")
 
+    @model_validator(mode="after")
+    def _one_budget(self) -> ClusterShape:  # on the cluster, so a 422's errors name it (as POST /placement's)
+        given = [n for n in ("slots_per_gpu", "num_redundant", "memory_budget_bytes") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give only one of slots_per_gpu, num_redundant, memory_budget_bytes (got {given})")
+        return self
+
 
 class Policy(BaseModel):
     """When to rebalance and how far.
@@ -128,14 +135,6 @@ class DeploymentConfig(BaseModel):
                                "else greedy (the first placement)")
     time_limit_s: float | None = Field(None, gt=0, le=3600, description="MILP: budget per solve, seconds")
     policy: Policy = Field(default_factory=Policy)
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> DeploymentConfig:
-        given = [n for n in ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
-                 if getattr(self.cluster, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"cluster: give only one of slots_per_gpu, num_redundant, memory_budget_bytes ({given})")
-        return self
 
 
 def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:

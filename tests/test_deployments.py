@@ -781,6 +781,23 @@ def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestCl
     assert holes["detail"].startswith("placement.phy2log[0][11] is -1, an empty slot")
 
 
+def test_a_cluster_given_two_slot_budgets_is_refused_naming_the_cluster(client: TestClient) -> None:
+    """The rule was checked on the whole config: its 422 named the field `body`, with 'cluster: ...' as the
+    message. It names `cluster` now, as POST /placement does for the same rule."""
+    for budgets in ({"slots_per_gpu": 4, "num_redundant": 4},
+                    {"slots_per_gpu": [4, 4, 4, 4], "memory_budget_bytes": 1e11},
+                    {"num_redundant": 4, "memory_budget_bytes": [1e11] * 4}):
+        given = [k for k in ("slots_per_gpu", "num_redundant", "memory_budget_bytes") if k in budgets]
+        message = f"give only one of slots_per_gpu, num_redundant, memory_budget_bytes (got {given})"
+        answer = client.put("/deployments/budgets", json={**MIXTRAL, "cluster": {"num_gpus": 4, **budgets}})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["errors"] == [{"field": "cluster", "message": message}], answer.text
+        assert answer.json()["detail"] == f"cluster: {message}"
+        request = {"model": "mixtral-8x7b", "loads": MIXTRAL_LOADS, "cluster": {"num_gpus": 4, **budgets}}
+        assert client.post("/placement", json=request).json()["errors"] == [{"field": "cluster", "message": message}]
+    assert client.get("/deployments/budgets").status_code == 404
+
+
 def test_the_cli_keeps_its_flags_in_the_registrys_groups_refusal() -> None:
     """The registry's message names the JSON fields only when asked to (names=), as the option messages do."""
     problem = registry.Problem(np.zeros((1, 8)), np.array([3, 3, 3, 3]), 2, 2,
