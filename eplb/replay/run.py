@@ -316,6 +316,8 @@ def warm_up(solver: str, time_limit_s: float | None = None) -> None:
     solve times). `replay` calls it before its loop; later calls in a process cost two tiny solves."""
     import scipy.optimize  # noqa: F401  (solvers.migration imports it on demand)
 
+    if registry.get_solver(solver).capabilities.coactivation:  # loaded; a solve would need co-activation data
+        return
     cluster = Cluster(np.array([3, 3]))
     serving = initial_placement(1, 4, cluster.slots_per_gpu)
     solve(np.array([[4.0, 3.0, 2.0, 1.0]]), cluster, solver=solver, options=applicable(solver, Options(
