@@ -538,15 +538,11 @@ static void merge_sort_desc(Pair *a, Pair *tmp, i64 n) {
     }
 }
 
-/* One row: loads [E] over bins with capacity [bins] (sum = slots of the row, >= E). Writes the expert
- * of each slot, bin by bin, into out [slots]. Returns 1 when some bin had to take a second replica of
- * one expert (every bin with room already held it), else 0. */
-static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64 max_replicas, i64 *out,
-                     i64 *cnt, double *key, i64 *item, Pair *items, Pair *tmp, double *load, i64 *used,
-                     i64 *tree, double *key_of_bin, i64 *prev, i64 *first_slot) {
-    i64 slots = 0;
-    for (i64 b = 0; b < bins; b++) slots += cap[b];
-    /* replicate: each extra slot to the largest load per replica (lowest index on ties) */
+/* replicate, one row: each of the slots beyond the E experts' first replicas to the expert with the largest
+ * load per replica (lowest index on ties), at most max_replicas (0: no cap) while any expert is below it.
+ * Writes cnt [E]. */
+static void replicate_row(const double *w, i64 num_log, i64 slots, i64 max_replicas, i64 *cnt, double *key,
+                          i64 *item) {
     for (i64 e = 0; e < num_log; e++) {
         cnt[e] = 1;
         key[e] = w[e];
@@ -570,6 +566,100 @@ static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64
             heap_down(&h, 0);
         }
     }
+}
+
+/* Gale-Ryser on experts x bins, one replica per pair: counts cnt [E] fit on bins of capacity cap [bins] with the
+ * fewest same-bin duplicates any counts allow, D = slots - sum_b min(cap_b, E) (0 when no bin has more slots than
+ * there are experts), exactly when the k most replicated experts hold at most room_k + D replicas for every k,
+ * room_k = sum_b min(cap_b, k) (max-flow min-cut). slack [E + 1] gets, for k = 1..E, what the k most replicated
+ * experts may hold beyond one replica each when every count is 1: room_k + D - k (>= 0). work [slots + 1]. */
+static void initial_slack(const i64 *cap, i64 bins, i64 num_log, i64 slots, i64 *slack, i64 *work) {
+    for (i64 k = 0; k <= num_log; k++) work[k] = 0;
+    for (i64 b = 0; b < bins; b++) work[cap[b] < num_log ? cap[b] : num_log]++;
+    for (i64 k = num_log - 1; k >= 1; k--) work[k] += work[k + 1]; /* work[k]: bins with at least k slots */
+    i64 room = 0;
+    for (i64 k = 1; k <= num_log; k++) {
+        room += work[k];
+        slack[k] = room - k; /* D added below, once room_E is known */
+    }
+    for (i64 k = 1; k <= num_log; k++) slack[k] += slots - room;
+}
+
+/* 1 when counts cnt [E] force more same-bin duplicates than the slots themselves do (some k most replicated
+ * experts hold more than slack[k] replicas beyond one each), else 0. hist [max(cnt) + 1]. */
+static int counts_excess(const i64 *cnt, i64 num_log, const i64 *slack, i64 *hist) {
+    i64 most = 1;
+    for (i64 e = 0; e < num_log; e++) most = cnt[e] > most ? cnt[e] : most;
+    for (i64 v = 0; v <= most; v++) hist[v] = 0;
+    for (i64 e = 0; e < num_log; e++) hist[cnt[e]]++;
+    i64 k = 0, beyond = 0;
+    for (i64 v = most; v >= 1; v--)
+        for (i64 j = 0; j < hist[v]; j++) {
+            k++;
+            beyond += v - 1;
+            if (beyond > slack[k]) return 1;
+        }
+    return 0;
+}
+
+/* Whether one more replica of an expert with `c` replicas keeps the counts within the slack: it becomes the
+ * (above[c] + 1)-th most replicated, so the k most replicated hold one more for every k > above[c]. */
+static inline int can_add(i64 c, i64 num_log, const i64 *slack, const i64 *above) {
+    for (i64 k = above[c] + 1; k <= num_log; k++)
+        if (slack[k] < 1) return 0;
+    return 1;
+}
+
+/* replicate_row under the Gale-Ryser condition (initial_slack: slack [E + 1], consumed): each extra slot to the
+ * expert with the largest load per replica whose extra replica still lets the counts fit with the fewest
+ * duplicates the slots force (none when no bin has more slots than there are experts). The counts that fit form
+ * a polymatroid, so an expert that cannot take one more never can again (it is dropped), the greedy fills every
+ * slot, and its largest load per replica is the lowest any such counts have. When every expert left is capped,
+ * the largest load per replica among those that fit, else among all (as replicate_row). above [slots + 1]. */
+static void replicate_row_fit(const double *w, i64 num_log, i64 slots, i64 max_replicas, i64 *cnt, double *key,
+                              i64 *item, i64 *slack, i64 *above) {
+    for (i64 e = 0; e < num_log; e++) {
+        cnt[e] = 1;
+        key[e] = w[e];
+        item[e] = e;
+    }
+    for (i64 v = 0; v <= slots; v++) above[v] = 0; /* above[v]: experts with more than v replicas */
+    above[0] = num_log;
+    Heap h = {key, item, num_log};
+    for (i64 i = h.size / 2 - 1; i >= 0; i--) heap_down(&h, i);
+    if (max_replicas == 1) h.size = 0;
+    for (i64 s = num_log; s < slots; s++) {
+        i64 e = -1;
+        while (h.size > 0 && !can_add(cnt[h.item[0]], num_log, slack, above)) { /* never fits again: drop */
+            h.item[0] = h.item[--h.size];
+            heap_down(&h, 0);
+        }
+        int from_heap = h.size > 0;
+        if (from_heap) {
+            e = h.item[0];
+        } else {
+            for (i64 pass = 0; pass < 2 && e < 0; pass++)
+                for (i64 k = 0; k < num_log; k++)
+                    if ((pass || can_add(cnt[k], num_log, slack, above)) &&
+                        (e < 0 || w[k] / (double)cnt[k] > w[e] / (double)cnt[e]))
+                        e = k;
+        }
+        for (i64 k = above[cnt[e]] + 1; k <= num_log; k++) slack[k]--;
+        above[cnt[e]]++;
+        cnt[e]++;
+        if (from_heap) {
+            key[e] = w[e] / (double)cnt[e];
+            if (max_replicas > 0 && cnt[e] >= max_replicas) h.item[0] = h.item[--h.size];
+            heap_down(&h, 0);
+        }
+    }
+}
+
+/* pack, one row: replicas (cnt [E]) heaviest first, an expert's one after another, each into the least-loaded
+ * bin with room that does not hold its expert yet. Returns 1 when some bin had to take a second replica of one
+ * expert (every bin with room already held it), else 0. */
+static int pack_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64 *out, const i64 *cnt, Pair *items,
+                    Pair *tmp, double *load, i64 *used, i64 *tree, double *key_of_bin, i64 *prev, i64 *first_slot) {
     /* experts by load per replica, heaviest first; an expert's replicas go one after another */
     for (i64 e = 0; e < num_log; e++) items[e] = (Pair){w[e] / (double)cnt[e], e};
     merge_sort_desc(items, tmp, num_log);
@@ -619,6 +709,26 @@ static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64
     return stuck;
 }
 
+/* One row: loads [E] over bins with capacity [bins] (sum = slots of the row, >= E). Writes the expert
+ * of each slot, bin by bin, into out [slots], and the replica counts into cnt [E]. Returns 1 when some bin had to
+ * take a second replica of one expert, else 0. When the packing is stuck and replicate_row's counts force more
+ * duplicates than the slots do (uneven slots: two hot experts with a replica on every GPU, where GPUs of one slot
+ * cannot hold both), the counts are chosen again under that condition (replicate_row_fit) and packed again; rows
+ * the first packing places without a duplicate never get there. slack [E + 1], above [slots + 1]. */
+static int place_row(const double *w, i64 num_log, const i64 *cap, i64 bins, i64 max_replicas, i64 *out,
+                     i64 *cnt, double *key, i64 *item, Pair *items, Pair *tmp, double *load, i64 *used,
+                     i64 *tree, double *key_of_bin, i64 *prev, i64 *first_slot, i64 *slack, i64 *above) {
+    i64 slots = 0;
+    for (i64 b = 0; b < bins; b++) slots += cap[b];
+    replicate_row(w, num_log, slots, max_replicas, cnt, key, item);
+    int stuck = pack_row(w, num_log, cap, bins, out, cnt, items, tmp, load, used, tree, key_of_bin, prev, first_slot);
+    if (!stuck) return 0;
+    initial_slack(cap, bins, num_log, slots, slack, above);
+    if (!counts_excess(cnt, num_log, slack, above)) return stuck;
+    replicate_row_fit(w, num_log, slots, max_replicas, cnt, key, item, slack, above);
+    return pack_row(w, num_log, cap, bins, out, cnt, items, tmp, load, used, tree, key_of_bin, prev, first_slot);
+}
+
 static PyObject *py_place(PyObject *self, PyObject *args) {
     PyObject *o_loads, *o_cap, *o_out, *o_stuck;
     Py_ssize_t rows, num_log, bins, width, max_replicas;
@@ -651,15 +761,20 @@ static PyObject *py_place(PyObject *self, PyObject *args) {
     i64 *used = malloc(sizeof(i64) * (bins + 1)), *tree = malloc(sizeof(i64) * 2 * leaves);
     double *key_of_bin = malloc(sizeof(double) * (bins + 1));
     i64 *prev = malloc(sizeof(i64) * (width + 1)), *first_slot = malloc(sizeof(i64) * (bins + 1));
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t row = 0; row < rows; row++) {
-        i64 *o = out + row * width;
-        for (Py_ssize_t s = 0; s < width; s++) o[s] = -1;
-        stuck[row] = (unsigned char)place_row(loads + row * num_log, num_log, capacity + row * bins, bins,
-                                              max_replicas, o, cnt, key, item, items, tmp, load, used, tree,
-                                              key_of_bin, prev, first_slot);
+    i64 *slack = malloc(sizeof(i64) * (num_log + 1)), *above = malloc(sizeof(i64) * (width + 1));
+    int ok = cnt && item && key && load && items && tmp && used && tree && key_of_bin && prev && first_slot && slack &&
+             above;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t row = 0; row < rows; row++) {
+            i64 *o = out + row * width;
+            for (Py_ssize_t s = 0; s < width; s++) o[s] = -1;
+            stuck[row] = (unsigned char)place_row(loads + row * num_log, num_log, capacity + row * bins, bins,
+                                                  max_replicas, o, cnt, key, item, items, tmp, load, used, tree,
+                                                  key_of_bin, prev, first_slot, slack, above);
+        }
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
     free(cnt);
     free(item);
     free(key);
@@ -671,10 +786,13 @@ static PyObject *py_place(PyObject *self, PyObject *args) {
     free(key_of_bin);
     free(prev);
     free(first_slot);
+    free(slack);
+    free(above);
     PyBuffer_Release(&bs);
     PyBuffer_Release(&bo);
     PyBuffer_Release(&bc);
     PyBuffer_Release(&bl);
+    if (!ok) return PyErr_NoMemory();
     Py_RETURN_NONE;
 e4:
     PyBuffer_Release(&bs);
@@ -1017,9 +1135,10 @@ static PyObject *py_greedy(PyObject *self, PyObject *args) {
     i64 *used = malloc(sizeof(i64) * (gpus + 1)), *tree = malloc(sizeof(i64) * 2 * leaves);
     double *key_of_bin = malloc(sizeof(double) * (gpus + 1)), *w = malloc(sizeof(double) * (width + 1));
     i64 *prev = malloc(sizeof(i64) * (width + 1)), *first_slot = malloc(sizeof(i64) * (gpus + 1));
+    i64 *slack = malloc(sizeof(i64) * (num_log + 1)), *above = malloc(sizeof(i64) * (width + 1));
     RefineWork k;
     int ok = refine_alloc(&k, gpus, most, num_log) && cnt && item && key && load && items && tmp && used && tree &&
-             key_of_bin && w && prev && first_slot;
+             key_of_bin && w && prev && first_slot && slack && above;
     i64 total = 0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
@@ -1028,7 +1147,7 @@ static PyObject *py_greedy(PyObject *self, PyObject *args) {
             const double *l = loads + row * num_log;
             for (i64 s = 0; s < width; s++) o[s] = -1;
             stuck[row] = (unsigned char)place_row(l, num_log, count, gpus, max_replicas, o, cnt, key, item, items,
-                                                  tmp, load, used, tree, key_of_bin, prev, first_slot);
+                                                  tmp, load, used, tree, key_of_bin, prev, first_slot, slack, above);
             if (stuck[row] || gpus < 2 || max_rounds <= 0) continue; /* the caller spreads duplicates first */
             for (i64 s = 0; s < width; s++) w[s] = l[o[s]] / (double)cnt[o[s]];
             total += refine_layer(o, w, first_slot, count, gpus, most, num_log, max_rounds, &k);
@@ -1048,6 +1167,8 @@ static PyObject *py_greedy(PyObject *self, PyObject *args) {
     free(w);
     free(prev);
     free(first_slot);
+    free(slack);
+    free(above);
     PyBuffer_Release(&bs);
     PyBuffer_Release(&bo);
     PyBuffer_Release(&bl);

@@ -102,7 +102,8 @@ def _place(
     loads: FloatArray, capacity: IntArray, max_replicas: int | None
 ) -> tuple[IntArray, NDArray[np.bool_]]:
     """Replicate then pack rows of experts onto rows of bins (`replicate` and `pack` in one compiled pass,
-    an expert's replicas packed one after another). loads: [rows, E]; capacity: [rows, bins].
+    an expert's replicas packed one after another; counts that force a duplicate the slots do not are replicated
+    again under the Gale-Ryser condition, see `solve_greedy`). loads: [rows, E]; capacity: [rows, bins].
     Returns [rows, max slots] expert ids in slot order (bin by bin, -1 padding where a row has fewer
     slots) and stuck [rows]: True where a bin had to take a second replica of one expert."""
     rows, num_experts = loads.shape
@@ -280,6 +281,10 @@ def solve_greedy(
     max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node);
     refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
     the busiest GPU cannot improve; 0 turns it off).
+    No GPU holds two replicas of one expert unless it has more slots than there are experts (node experts for the
+    hierarchical policy), and then only as many as those extra slots: a layer whose packing gets stuck with
+    replica counts that force more (uneven slots) is replicated again under the Gale-Ryser condition in the
+    compiled loop (`_kernels.c`, place_row), then packed again; `spread_duplicates` repairs what the packing leaves.
     Returns phy2log [layers, sum(slots_per_gpu)], validated.
     """
     loads = np.asarray(loads, dtype=np.float64)

@@ -20,7 +20,7 @@ from eplb.io.windows import read_window
 from eplb.placement import Placement, load_placement
 from eplb.synth import SEED004_TABLE, seed004_counts
 from solvers.bounds import lower_bound
-from solvers.greedy import rebalance_experts, solve_greedy, spread_duplicates
+from solvers.greedy import rebalance_experts, replicate, solve_greedy, spread_duplicates
 from solvers.torch_order import sum_last_like_torch
 from solvers.validation import duplicate_count, duplicate_free_possible, replica_counts, validate_placement
 
@@ -307,7 +307,8 @@ def test_property_uneven_slots_no_duplicate_when_a_duplicate_free_layout_exists(
 def test_property_hierarchical_uneven_slots_stay_on_nodes_without_duplicates() -> None:
     """Hierarchical policy, uneven slots: every group's replicas stay on one node (duplicates too, where a node has
     more slots than its experts fill without them; the spread used to swap them onto other nodes), and each node
-    has the fewest duplicates its counts allow (none when they allow none)."""
+    has the fewest duplicates its counts allow, which are the fewest its slots allow (none when a GPU has no more
+    slots than the node has experts)."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         nodes, per_node = int(rng.integers(2, 4)), int(rng.integers(1, 5))
@@ -327,3 +328,79 @@ def test_property_hierarchical_uneven_slots_stay_on_nodes_without_duplicates() -
                 local, local_slots = layer[node_of_slot == node], slots[node * per_node:(node + 1) * per_node]
                 fewest = _fewest_duplicates_by_max_flow(np.bincount(local, minlength=experts), local_slots)
                 assert duplicate_count(local[None, :], local_slots)[0] == fewest, (loads, slots, layer)
+                # and the node's counts force no more than its slots do (GPUs with more slots than node experts)
+                assert fewest == np.maximum(local_slots - experts // nodes, 0).sum(), (loads, slots, layer)
+
+
+def _forced_by_slots(slots: np.ndarray, experts: int) -> int:
+    """The fewest duplicates any replica counts allow: a GPU holds at most `experts` different experts, and a cyclic
+    filling (slot i takes expert i mod E) has no other."""
+    return int(np.maximum(slots - experts, 0).sum())
+
+
+def test_replica_counts_leave_room_for_a_duplicate_free_layout() -> None:
+    """Loads (100, 90, 1) on GPUs of 3, 3 and 1 slots: replicating by load per replica alone gives both hot experts a
+    replica on every GPU (3, 3, 1), which the one-slot GPU cannot hold (Gale-Ryser: 6 > 2 + 2 + 1), so a GPU got two
+    replicas of one expert. The third replica of 90 goes to the next best, 1: (3, 2, 2), GPUs {0, 1, 2} {0, 1, 2} {0}.
+    Node by node the same (hierarchical: two such nodes)."""
+    loads, slots = np.array([[100.0, 90, 1]]), np.array([3, 3, 1])
+    _, _, plain = replicate(loads, np.array([7]), max_replicas=3)
+    assert plain.tolist() == [[3, 3, 1]] and not duplicate_free_possible(plain, slots)[0]
+    phy2log = solve_greedy(loads, slots)
+    assert duplicate_count(phy2log, slots).tolist() == [0]
+    assert replica_counts(phy2log, 3).tolist() == [[3, 2, 2]]
+    assert sorted(phy2log[0, 6:].tolist()) == [0]
+    two = solve_greedy(np.hstack([loads, loads]), np.tile(slots, 2), num_groups=2, gpus_per_node=3)
+    assert duplicate_count(two, np.tile(slots, 2)).tolist() == [0]
+    assert replica_counts(two, 6).tolist() == [[3, 2, 2, 3, 2, 2]]
+
+
+def test_property_uneven_slots_no_duplicate_whenever_some_counts_allow_none() -> None:
+    """3,000 seeded random pairs of small layers (2-8 GPUs of 1-7 slots, 1-16 experts): every layer has exactly the
+    duplicates its slots force (GPUs with more slots than experts), so none whenever a duplicate-free filling
+    exists, with every slot filled and every expert placed; replicating by load alone would have left counts that
+    force a duplicate in many of them (the path the check exercises)."""
+    rng = np.random.default_rng(4242)
+    fitted = free = 0
+    for _ in range(3000):
+        loads, slots = _uneven_case(rng)
+        experts = loads.shape[1]
+        phy2log = solve_greedy(loads, slots)
+        validate_placement(phy2log, slots, experts)
+        counts = replica_counts(phy2log, experts)
+        assert np.all(counts.sum(axis=1) == slots.sum()) and np.all(phy2log >= 0)
+        forced = _forced_by_slots(slots, experts)
+        assert duplicate_count(phy2log, slots).tolist() == [forced] * 2, (loads.tolist(), slots.tolist())
+        _, _, plain = replicate(loads, np.full(2, slots.sum()), max_replicas=slots.size)
+        if forced == 0:
+            free += 2
+            fitted += int((~duplicate_free_possible(plain, slots)).sum())
+    assert free > 3000 and fitted > 500
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(total,)]
+    return [(first, *rest) for first in range(1, total - parts + 2) for rest in _compositions(total - first, parts - 1)]
+
+
+def test_fitted_counts_have_the_lowest_max_load_per_replica() -> None:
+    """Small layers whose load-per-replica counts force a duplicate: the counts greedy chooses instead have the
+    lowest largest load per replica of all duplicate-free counts (every composition of the slots enumerated)."""
+    rng = np.random.default_rng(99)
+    checked = 0
+    while checked < 150:
+        gpus, experts = int(rng.integers(2, 5)), int(rng.integers(2, 6))
+        slots = rng.integers(1, experts + 1, size=gpus)
+        if slots.sum() < experts:
+            continue
+        loads = rng.pareto(1.0, (1, experts)) * 50 + 1e-3
+        _, _, plain = replicate(loads, slots.sum(keepdims=True), max_replicas=gpus)
+        if duplicate_free_possible(plain, slots)[0]:
+            continue
+        options = np.array(_compositions(int(slots.sum()), experts))
+        options = options[duplicate_free_possible(options, slots)]
+        best = (loads / options).max(axis=1).min()
+        counts = replica_counts(solve_greedy(loads, slots), experts)
+        assert (loads / counts).max() == pytest.approx(best, rel=1e-12), (loads.tolist(), slots.tolist())
+        checked += 1
