@@ -361,13 +361,7 @@ def coactivation(req: CostIn, loads: NDArray[np.float64]) -> CoactivationSummary
     return summary
 
 
-GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
-                     "node; give both, or neither")
-
-
 def cluster(value: ClusterIn, model: ModelSpec | None, num_experts: int) -> Cluster:
-    if value.num_groups is not None and value.gpus_per_node is None:  # it would be ignored
-        raise FieldError("cluster.num_groups", GROUPS_NEED_NODES)
     if value.memory_budget_bytes is not None and model is None:
         raise FieldError("model", f"memory_budget_bytes needs a model: no preset has {num_experts} experts")
     try:

@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from eplb.errors import FieldError
+from eplb.io.exports import checked_layer_ids
+from eplb.rules import groups_need_nodes, one_budget
 from eplb.schemas import PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 from eplb.specs import HardwareSpec, ModelSpec
@@ -46,11 +49,14 @@ class ClusterIn(BaseModel):
         None, description="bytes of expert weights each GPU may hold (up to 1e15): one number or one per GPU"
     )
 
+    @field_validator("num_groups")
+    @classmethod
+    def _groups_need_nodes(cls, num_groups: int | None, info: ValidationInfo) -> int | None:
+        return groups_need_nodes(num_groups, info.data)  # every solve would ignore groups without nodes
+
     @model_validator(mode="after")
-    def _one_budget(self) -> ClusterIn:
-        given = [n for n in ("slots_per_gpu", "num_redundant", "memory_budget_bytes") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give only one of slots_per_gpu, num_redundant, memory_budget_bytes (got {given})")
+    def _one_budget(self) -> ClusterIn:  # on the cluster, so a 422's errors name it
+        one_budget(self)
         return self
 
 
@@ -74,13 +80,11 @@ class PlacementIn(BaseModel):
         if ids is None:
             return ids
         rows = info.data.get("phy2log")
-        if rows is not None and len(ids) != len(rows):
-            raise ValueError(f"has {len(ids)} ids, phy2log has {len(rows)} rows: give one model layer per row")
-        seen: set[int] = set()
-        for layer in ids:
-            if layer in seen:
-                raise ValueError(f"layer {layer} appears twice: every row is a different model layer")
-            seen.add(layer)
+        if rows is not None:
+            try:
+                checked_layer_ids(ids, len(rows))
+            except FieldError as exc:
+                raise ValueError(exc.message) from None
         return ids
 
 

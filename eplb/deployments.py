@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from sqlalchemy import delete, func, select
 
 from eplb import trigger
@@ -31,6 +31,7 @@ from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
+from eplb.rules import groups_need_nodes, one_budget
 from eplb.schemas import PlacementOut, PlacementResponse
 from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_shapes, check_uniform_shares, evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
@@ -74,11 +75,14 @@ class ClusterShape(BaseModel):
     num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
     memory_budget_bytes: Bytes | list[Bytes] | None = Field(None, description="expert bytes each GPU may hold")
 
+    @field_validator("num_groups")
+    @classmethod
+    def _groups_need_nodes(cls, num_groups: int | None, info: ValidationInfo) -> int | None:
+        return groups_need_nodes(num_groups, info.data)  # every solve would ignore groups without nodes
+
     @model_validator(mode="after")
-    def _one_budget(self) -> ClusterShape:  # on the cluster, so a 422's errors name it (as POST /placement's)
-        given = [n for n in ("slots_per_gpu", "num_redundant", "memory_budget_bytes") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give only one of slots_per_gpu, num_redundant, memory_budget_bytes (got {given})")
+    def _one_budget(self) -> ClusterShape:  # on the cluster, so a 422's errors name it
+        one_budget(self)
         return self
 
 

@@ -52,6 +52,9 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, defer_build=True)
     name: str = Field(min_length=1, max_length=200)
     num_moe_layers: int = Field(ge=1, le=10_000, description="MoE layers (dense-FFN layers excluded)")
+    first_dense_layers: int = Field(0, ge=0, le=10_000, description="dense-FFN layers before the MoE layers "
+                                    "(config.json's first_k_dense_replace; 0: every layer is MoE): the model "
+                                    "layers are 0..first_dense_layers + num_moe_layers - 1, the MoE ones last")
     num_experts: int = Field(ge=1, le=65_536, description="routed experts per MoE layer (E)")
     top_k: int = Field(ge=1, le=65_536, description="routed experts chosen per token (k)")
     num_shared_experts: int = Field(ge=0, le=1024, description="experts every token goes through (0 if none)")
@@ -67,6 +70,15 @@ class ModelSpec(BaseModel):
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
         return self
+
+    @property
+    def num_model_layers(self) -> int:
+        """Every layer of the model, dense ones included (DeepSeek-V3: 3 + 58 = 61)."""
+        return self.first_dense_layers + self.num_moe_layers
+
+    def moe_layer_ids(self) -> list[int]:
+        """The model layer of each MoE layer (DeepSeek-V3: 3..60), as SGLang and TensorRT-LLM number them."""
+        return list(range(self.first_dense_layers, self.num_model_layers))
 
     @property
     def expert_params(self) -> int:
@@ -135,6 +147,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "deepseek-v3": ModelSpec.model_construct(
         name="deepseek-v3",
         num_moe_layers=58,
+        first_dense_layers=3,
         num_experts=256,
         top_k=8,
         num_shared_experts=1,
@@ -148,6 +161,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "kimi-k2": ModelSpec.model_construct(
         name="kimi-k2",
         num_moe_layers=60,
+        first_dense_layers=1,
         num_experts=384,
         top_k=8,
         num_shared_experts=1,
@@ -187,6 +201,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "deepseek-v2-lite": ModelSpec.model_construct(
         name="deepseek-v2-lite",
         num_moe_layers=26,
+        first_dense_layers=1,
         num_experts=64,
         top_k=6,
         num_shared_experts=2,

@@ -134,7 +134,7 @@ def test_eplb_solve_out_files_are_taken_with_their_layer_ids(base: str, solved_f
     r = httpx.post(f"{base}/deployments/from-file/placement", json={"placement": solved_file}, timeout=60)
     assert r.status_code == 200 and r.json()["action"] == "applied", r.text
     # checked: one id per row, each row a different layer
-    for ids, message in ((solved_file["layer_ids"][:-1], "has 57 ids, phy2log has 58 rows"),
+    for ids, message in ((solved_file["layer_ids"][:-1], "57 ids for the placement's 58 layers"),
                          ([3, *solved_file["layer_ids"][:-1]], "layer 3 appears twice"),
                          ([*solved_file["layer_ids"][:-1], "60"], "valid integer")):
         bad = httpx.post(f"{base}/placement", json={**body, "current_placement": {**solved_file, "layer_ids": ids}},

@@ -631,6 +631,28 @@ def test_a_cluster_shape_every_window_refuses_is_refused_at_put(
     assert client.get("/deployments/shape").status_code == 404
 
 
+def test_groups_without_nodes_are_refused_by_the_cluster_shape_itself(store: Store, client: TestClient) -> None:
+    """The rule lived in the HTTP layer only (twice): `eplb.deployments.register` took a config with num_groups and
+    no gpus_per_node and every window ignored the groups. ClusterShape refuses it (as POST /placement's ClusterIn,
+    one rule), naming cluster.num_groups; a gpus_per_node that fails its own bound is the one error shown."""
+    from api.schemas import ClusterIn
+
+    with pytest.raises(ValidationError) as refused:
+        dep.register(store, "g", dep.DeploymentConfig(model="mixtral-8x7b", cluster={"num_gpus": 4, "num_groups": 2}))
+    assert [(e["loc"], e["msg"]) for e in refused.value.errors()] == [
+        (("cluster", "num_groups"), f"Value error, {GROUPS_NEED_NODES}")]
+    with pytest.raises(dep.NotFound):
+        dep.get(store, "g")
+    for shape in (dep.ClusterShape, ClusterIn):
+        with pytest.raises(ValidationError) as bad_nodes:
+            shape.model_validate({"num_gpus": 4, "gpus_per_node": 0, "num_groups": 2})
+        assert [e["loc"] for e in bad_nodes.value.errors()] == [("gpus_per_node",)]
+        assert shape.model_validate({"num_gpus": 4, "gpus_per_node": 2, "num_groups": 2}).num_groups == 2
+    answer = client.post("/placement", json={"model": "mixtral-8x7b", "loads": MIXTRAL_LOADS,
+                                             "cluster": {"num_gpus": 4, "num_groups": 2}})
+    assert answer.json()["errors"] == [{"field": "cluster.num_groups", "message": GROUPS_NEED_NODES}], answer.text
+
+
 HIERARCHICAL = {"num_gpus": 4, "num_redundant": 4, "gpus_per_node": 2, "num_groups": 2}  # 2 nodes of 2 GPUs
 
 
@@ -735,15 +757,35 @@ def test_exports_key_sglang_and_trtllm_by_model_layer(client: TestClient) -> Non
     assert client.get("/deployments/v3", params={"layer_ids": "3-60"}).status_code == 422
 
 
+def test_export_layer_ids_are_bounded_by_the_placement_and_the_model(client: TestClient) -> None:
+    """`layer_ids=0,99999999999` made to_sglang allocate a table of 10^11 rows (a 500), `0-99999999999` expanded
+    the range into a list until memory ran out, and `0,40` wrote 41 SGLang rows for Mixtral's 32 layers. The
+    count is bounded by the placement's layers before any range is expanded, and ids by the model's layers."""
+    assert client.put("/deployments/mx", json=MIXTRAL).status_code == 201
+    assert client.post("/deployments/mx/windows", json={"loads": MIXTRAL_LOADS}).status_code == 200
+    for value, message in (("0,99999999999", "beyond any model's"), ("0-99999999999", "beyond any model's"),
+                           ("0,40", "layer 40 is beyond the model's 32 layers (0-31)"),
+                           ("0-31", "more than the placement's 2 layers"), ("1,1", "layer 1 appears twice"),
+                           ("0-9" * 3000, "expected numbers")):
+        for target in ("sglang", "trtllm"):
+            bad = client.get("/deployments/mx", params={"format": target, "layer_ids": value[:10_000]})
+            assert bad.status_code == 422, (value[:40], bad.text)
+            assert [e["field"] for e in bad.json()["errors"]] == ["layer_ids"], bad.text
+            assert message in bad.json()["detail"], bad.text
+    rows = client.get("/deployments/mx", params={"format": "sglang", "layer_ids": "30,31"}).json()
+    assert len(rows["physical_to_logical_map"]) == 32
+
+
 def test_the_dense_layer_counts_are_the_presets_sources() -> None:
     import re
 
-    from api.routes.deployments import FIRST_DENSE_LAYERS
     from eplb.specs import MODEL_PRESET_SOURCES
 
     quoted = {name: int(m.group(1)) for name, text in MODEL_PRESET_SOURCES.items()
               if (m := re.search(r"first_k_dense_replace (\d+)", text))}
-    assert quoted == FIRST_DENSE_LAYERS and set(quoted) <= set(MODEL_PRESETS)
+    assert quoted == {name: m.first_dense_layers for name, m in MODEL_PRESETS.items() if m.first_dense_layers}
+    assert set(quoted) == {"deepseek-v3", "kimi-k2", "deepseek-v2-lite"}
+    assert MODEL_PRESETS["deepseek-v3"].num_model_layers == 61
 
 
 def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestClient) -> None:

@@ -16,8 +16,16 @@ import yaml
 from numpy.typing import NDArray
 
 from eplb.cli import interop as cli_interop
-from eplb.errors import EplbError
-from eplb.io.exports import export_text, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend, write_export
+from eplb.errors import EplbError, FieldError
+from eplb.io.exports import (
+    checked_layer_ids,
+    export_text,
+    parse_layer_ids,
+    to_sglang,
+    to_trtllm,
+    to_vllm_ascend,
+    write_export,
+)
 from eplb.io.foreign import parse_placement, parse_trtllm_yaml, read_placement_any, read_placement_file
 from eplb.io.statistics import (
     fold_physical,
@@ -170,9 +178,16 @@ def test_layer_ids() -> None:
     assert parse_layer_ids("3-5,9") == [3, 4, 5, 9]
     with pytest.raises(EplbError, match="runs backwards"):
         parse_layer_ids("5-3")
-    with pytest.raises(EplbError, match="name 1 layers but the placement has 2"):
+    with pytest.raises(EplbError, match="more than the placement's 2 layers"):  # before expanding the range
+        parse_layer_ids("0-99999999", max_count=2)
+    with pytest.raises(EplbError, match="layer 61 is beyond the model's 61 layers"):
+        parse_layer_ids("3,61", num_model_layers=61)
+    with pytest.raises(FieldError, match="layer -1 is negative") as negative:
+        checked_layer_ids([-1, 3], 2)
+    assert negative.value.fields == ("layer_ids",)
+    with pytest.raises(EplbError, match="1 ids for the placement's 2 layers"):
         to_trtllm(_placement(), [3])
-    with pytest.raises(EplbError, match="layer id 3 appears twice"):
+    with pytest.raises(EplbError, match="layer 3 appears twice"):
         to_trtllm(_placement(), [3, 3])
     with pytest.raises(EplbError, match="num_model_layers is 4 but layer id 4"):
         to_sglang(_placement(), [3, 4], num_model_layers=4)
@@ -420,6 +435,32 @@ def test_cli_export_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(EplbError, match="--placement applies to --from vllm and trtllm only"):
         _cli(["import-load", "--from", "sglang", str(folder), "--placement", str(tmp_path / "p.json"),
               "--out", str(tmp_path / "x.json")])
+
+
+def test_cli_export_of_a_whole_model_placement_keys_the_presets_moe_layers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A placement of all of DeepSeek-V3's 58 MoE layers without layer ids: the service's export wrote SGLang's 61
+    model layers (the 3 dense ones first), `eplb export` 58 rows (the MoE layers as model layers 0..57). Both now
+    take the preset's first_dense_layers; --layer-ids still names others; a Mixtral placement (no dense layers)
+    keeps its rows."""
+    rng = np.random.default_rng(0)
+    phy2log = np.stack([np.concatenate([rng.permutation(256), rng.integers(0, 256, 32)]) for _ in range(58)])
+    save_placement(Placement(phy2log, np.full(32, 9), 256), tmp_path / "v3.json")
+    out = tmp_path / "v3.sglang.json"
+    assert _cli(["export", "--placement", str(tmp_path / "v3.json"), "--to", "sglang", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["physical_to_logical_map"]
+    assert len(rows) == 61 and rows[3:] == phy2log.tolist() and rows[0] == [s % 256 for s in range(288)]
+    assert "model layers 3-60, deepseek-v3's MoE layers after its 3 dense ones" in capsys.readouterr().out
+    yaml_out = tmp_path / "v3.yaml"
+    assert _cli(["export", "--placement", str(tmp_path / "v3.json"), "--to", "trtllm", "--out", str(yaml_out)]) == 0
+    assert list(parse_trtllm_yaml(yaml_out.read_text())["initial_global_assignments"]) == list(range(3, 61))
+    assert _cli(["export", "--placement", str(tmp_path / "v3.json"), "--to", "sglang", "--layer-ids", "0-57",
+                 "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["physical_to_logical_map"]) == 58
+    save_placement(_placement(), tmp_path / "p.json")  # 2 layers of 4 experts: no preset
+    assert _cli(["export", "--placement", str(tmp_path / "p.json"), "--to", "sglang", "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["physical_to_logical_map"]) == 2
 
 
 def test_trtllm_slot_counts_fold_with_the_live_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

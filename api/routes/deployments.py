@@ -12,7 +12,6 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.convert import GROUPS_NEED_NODES
 from api.database import DbDep, in_db
 from api.deps import Authorized, PoolDep, SettingsDep
 from api.pool import QueueFull, SolvePool, WorkerDied
@@ -22,7 +21,7 @@ from api.settings import Settings
 from eplb import deployments
 from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, NotFound, WindowResult
 from eplb.errors import EplbError, FieldError
-from eplb.io.exports import parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
+from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
 from eplb.solve import Outcome, solve
 from eplb.specs import MODEL_PRESETS
@@ -31,9 +30,6 @@ MAX_ID = 2**31 - 1
 """The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
 parameter; SQLite's are int64): a larger `before` is a 422, not a database error."""
 router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized)
-FIRST_DENSE_LAYERS: dict[str, int] = {"deepseek-v3": 3, "kimi-k2": 1, "deepseek-v2-lite": 1}
-"""Dense-FFN layers before the MoE layers of the model presets that have them (config.json's
-first_k_dense_replace, quoted in eplb.specs.MODEL_PRESET_SOURCES); every other preset is MoE in every layer."""
 
 
 class WindowIn(BaseModel):
@@ -108,8 +104,6 @@ async def list_deployments(db: DbDep) -> DeploymentList:
             summary="Register a deployment, or update its config (history stays; the serving placement too unless "
                     "the new shape no longer fits it: `placement_dropped` then says so)")
 async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentUpdate:
-    if body.cluster.num_groups is not None and body.cluster.gpus_per_node is None:  # every window would ignore it
-        raise FieldError("cluster.num_groups", GROUPS_NEED_NODES)
     try:
         old: DeploymentView | None = await in_db(deployments.get, db, name)
     except NotFound:
@@ -125,26 +119,23 @@ def model_layers(config: DeploymentConfig, placement: Placement,
     """The model layer of each placement row, and the model's layer count, for the SGLang and TensorRT-LLM
     exports (SGLang's rows and TensorRT-LLM's keys are model layers, dense ones included), as `eplb export` takes
     them from a placement file's layer_ids: `given` (the `layer_ids` query, e.g. 3-60); else, when the placement
-    has the model's MoE layer count, the preset's MoE layers (after its first dense ones: DeepSeek-V3's 3..60 of
-    61); else None, None (the rows are the placement's own, 0..L-1: windows of a part of the model name no
-    layers)."""
+    has the model's MoE layer count, the preset's MoE layers (after its `first_dense_layers`: DeepSeek-V3's 3..60
+    of 61, as `eplb export` writes them); else None, None (the rows are the placement's own, 0..L-1: windows of
+    a part of the model name no layers). `given` is bounded: at most one id per placement layer (counted before
+    a range is expanded), each below the model's layer count; a 422 naming layer_ids otherwise."""
     model = MODEL_PRESETS.get(config.model)  # a stored config names a preset (Setup refuses any other name)
-    dense = FIRST_DENSE_LAYERS.get(config.model, 0)
-    total = dense + (placement.num_layers if model is None else model.num_moe_layers)
+    total = placement.num_layers if model is None else model.num_model_layers
     if given is None:
         if model is not None and placement.num_layers == model.num_moe_layers:
-            return list(range(dense, total)), total
+            return model.moe_layer_ids(), total
         return None, None
     try:
-        ids = parse_layer_ids(given)
+        ids = checked_layer_ids(parse_layer_ids(given, placement.num_layers, total), placement.num_layers)
+    except FieldError:
+        raise
     except EplbError as exc:
         raise _layer_ids_error(str(exc).removeprefix("layer ids: ")) from None
-    if len(ids) != placement.num_layers:
-        raise _layer_ids_error(f"{len(ids)} ids for the placement's {placement.num_layers} layers: give one model "
-                               "layer per placement layer")
-    if len(set(ids)) != len(ids):
-        raise _layer_ids_error("a layer appears twice: every placement layer is a different model layer")
-    return ids, max(total, max(ids) + 1)
+    return ids, total
 
 
 def _layer_ids_error(message: str) -> FieldError:

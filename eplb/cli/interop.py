@@ -13,7 +13,7 @@ from eplb.io.files import output_file
 from eplb.io.foreign import ForeignPlacement, read_placement_file, refuse_other_gpus
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
-from eplb.specs import MODEL_PRESETS
+from eplb.specs import MODEL_PRESETS, ModelSpec
 
 _EXPERT_COUNTS = {spec.num_experts for spec in MODEL_PRESETS.values()}
 
@@ -22,7 +22,8 @@ Write a placement in the form a serving system loads at start-up:
 
   sglang        JSON for SGLang's --init-expert-location: {"physical_to_logical_map": [model layers][slots]}.
                 One row per model layer, dense layers included (they get SGLang's trivial map), so say
-                which model layer each placement layer is with --layer-ids (DeepSeek-V3: 3-60).
+                which model layer each placement layer is with --layer-ids (DeepSeek-V3: 3-60; the default
+                for a placement of all of a preset's MoE layers, as the service's export).
   trtllm        YAML for TensorRT-LLM's moe_config.load_balancer: num_slots, initial_global_assignments
                 {model layer: [expert per slot]}, layer_updates_per_iter: 0 (static).
   vllm-ascend   JSON for vllm-ascend's eplb_config.expert_map_path: moe_layer_count, layer_list of
@@ -130,8 +131,14 @@ def run_export(args: argparse.Namespace) -> int:
     layer_ids = _file_layer_ids(foreign)
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
-    write_export(placement, args.to, args.out, layer_ids=layer_ids, num_model_layers=args.num_model_layers)
-    print(_export_summary(placement, args.to, args.out, layer_ids, args.num_model_layers))
+    num_model_layers, preset = args.num_model_layers, None
+    if layer_ids is None and args.layer_ids is None and args.to in ("sglang", "trtllm"):
+        preset = _whole_model(placement)
+        if preset is not None:  # the preset's MoE layers, after its dense ones (DeepSeek-V3: 3..60 of 61)
+            layer_ids = preset.moe_layer_ids()
+            num_model_layers = preset.num_model_layers if num_model_layers is None else num_model_layers
+    write_export(placement, args.to, args.out, layer_ids=layer_ids, num_model_layers=num_model_layers)
+    print(_export_summary(placement, args.to, args.out, layer_ids, num_model_layers, preset))
     return 0
 
 
@@ -170,12 +177,23 @@ def _file_layer_ids(foreign: ForeignPlacement) -> list[int] | None:
     return foreign.layer_ids
 
 
+def _whole_model(placement: Placement) -> ModelSpec | None:
+    """The one model preset whose MoE layers and experts the placement's rows are all of, when it has dense
+    layers first (its MoE layers are then not rows 0..L-1), else None: as the service's export of a deployment."""
+    matches = [m for m in MODEL_PRESETS.values()
+               if (m.num_experts, m.num_moe_layers) == (placement.num_experts, placement.num_layers)]
+    return matches[0] if len(matches) == 1 and matches[0].first_dense_layers > 0 else None
+
+
 def _export_summary(placement: Placement, target: str, out: str, layer_ids: list[int] | None,
-                    num_model_layers: int | None) -> str:
+                    num_model_layers: int | None, preset: ModelSpec | None = None) -> str:
     g, p, e = placement.num_gpus, placement.num_physical, placement.num_experts
     slots = int(placement.slots_per_gpu[0])
     ids = list(range(placement.num_layers)) if layer_ids is None else layer_ids
     layers = f"placement layers -> model layers {_ranges(ids)}"
+    if preset is not None:
+        layers += (f", {preset.name}'s MoE layers after its {preset.first_dense_layers} dense ones (--layer-ids "
+                   "to name others)")
     hint = "" if layer_ids is not None or target in ("json", "vllm-ascend") else (
         "; if the model starts with dense layers, pass --layer-ids (DeepSeek-V3: 3-60)")
     name = Path(out).name

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.files import output_file
 from eplb.placement import Placement
 
@@ -38,18 +38,51 @@ _EQUAL_SLOTS_REASON = {
 }
 
 
-def parse_layer_ids(text: str) -> list[int]:
-    """Parse a layer id list such as `3-60` or `0,1,5-7` into ids, in the order given."""
-    ids: list[int] = []
+def parse_layer_ids(text: str, max_count: int | None = None, num_model_layers: int | None = None) -> list[int]:
+    """Parse a layer id list such as `3-60` or `0,1,5-7` into ids, in the order given. With `max_count`, a list
+    of more ids is refused before any range is expanded (`0-99999999999` costs nothing); with `num_model_layers`,
+    an id the model does not have (>= it) is refused."""
+    spans: list[tuple[int, int]] = []
+    count = 0
     for part in text.replace(" ", "").split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
             raise EplbError(f"layer ids: expected numbers and ranges like 3-60 or 0,1,5-7, got {text!r}")
+        if max(len(g) for g in m.groups() if g is not None) > 9:  # int() of a long digit string is slow, or refused
+            raise EplbError(f"layer ids: {part} names a layer beyond any model's (at most 9 digits)")
         start = int(m.group(1))
         stop = int(m.group(2)) if m.group(2) is not None else start
         if stop < start:
             raise EplbError(f"layer ids: range {part} runs backwards; write it low-high")
-        ids.extend(range(start, stop + 1))
+        if num_model_layers is not None and stop >= num_model_layers:
+            raise EplbError(f"layer ids: layer {stop} is beyond the model's {num_model_layers} layers "
+                            f"(0-{num_model_layers - 1})")
+        count += stop - start + 1
+        if max_count is not None and count > max_count:
+            raise EplbError(f"layer ids: {text!r} names more than the placement's {max_count} layers: give one "
+                            "model layer per placement layer")
+        spans.append((start, stop))
+    return [layer for start, stop in spans for layer in range(start, stop + 1)]
+
+
+def checked_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> list[int]:
+    """The model layer of each of a placement's `num_layers` layers (rows): `layer_ids` when it has one id >= 0
+    per row, each a different layer; None: 0..num_layers-1. Raises FieldError('layer_ids', ...) otherwise (the
+    one check of exports, placement files, and the service's bodies and queries)."""
+    if layer_ids is None:
+        return list(range(num_layers))
+    ids = [int(v) for v in layer_ids]
+    if len(ids) != num_layers:
+        raise FieldError("layer_ids", f"{len(ids)} ids for the placement's {num_layers} layers: give one model "
+                         "layer per placement layer (e.g. 3-60 for DeepSeek-V3's 58 MoE layers)")
+    seen: set[int] = set()
+    for v in ids:
+        if v < 0:
+            raise FieldError("layer_ids", f"layer {v} is negative: model layers count from 0")
+        if v in seen:
+            raise FieldError("layer_ids", f"layer {v} appears twice: every placement layer is a different model "
+                             "layer")
+        seen.add(v)
     return ids
 
 
@@ -80,7 +113,7 @@ def to_sglang(
     num_model_layers defaults to max(layer_ids) + 1.
     """
     check_exportable(placement, "sglang")
-    ids = _checked_layer_ids(placement, layer_ids)
+    ids = checked_layer_ids(layer_ids, placement.num_layers)
     rows = max(ids) + 1 if num_model_layers is None else num_model_layers
     if rows <= max(ids):
         raise EplbError(f"num_model_layers is {rows} but layer id {max(ids)} needs at least {max(ids) + 1} rows")
@@ -94,7 +127,7 @@ def to_trtllm(placement: Placement, layer_ids: Sequence[int] | None = None) -> d
     `{model layer id: [P expert ids]}` (slot j of layer l holds expert [l][j]; each rank owns P / ep_size
     consecutive slots) and `layer_updates_per_iter: 0` (static placement)."""
     check_exportable(placement, "trtllm")
-    ids = _checked_layer_ids(placement, layer_ids)
+    ids = checked_layer_ids(layer_ids, placement.num_layers)
     assignments = {layer: row for layer, row in zip(ids, placement.phy2log.tolist(), strict=True)}
     return {"num_slots": placement.num_physical, "initial_global_assignments": assignments, "layer_updates_per_iter": 0}
 
@@ -123,7 +156,7 @@ def to_json(placement: Placement, layer_ids: Sequence[int] | None = None) -> dic
     """Our placement file object (docs/formats.md), with `layer_ids` (model layer of each row) when given."""
     out = placement.to_dict()
     if layer_ids is not None:
-        out["layer_ids"] = _checked_layer_ids(placement, layer_ids)
+        out["layer_ids"] = checked_layer_ids(layer_ids, placement.num_layers)
     return out
 
 
@@ -159,7 +192,7 @@ def export_text(
         return trtllm_yaml(to_trtllm(placement, layer_ids))
     if target == "vllm-ascend":
         if layer_ids is not None:
-            _checked_layer_ids(placement, layer_ids)
+            checked_layer_ids(layer_ids, placement.num_layers)
         return json.dumps(to_vllm_ascend(placement)) + "\n"
     return json.dumps(to_json(placement, layer_ids)) + "\n"
 
@@ -244,22 +277,3 @@ def _require_distinct_per_gpu(placement: Placement) -> None:
         f"{int(ordered[layer, gpu, k])} twice in layer {layer}; re-solve so no GPU holds two copies of an expert "
         "(more GPUs or fewer redundant slots)"
     )
-
-
-def _checked_layer_ids(placement: Placement, layer_ids: Sequence[int] | None) -> list[int]:
-    if layer_ids is None:
-        return list(range(placement.num_layers))
-    ids = [int(v) for v in layer_ids]
-    if len(ids) != placement.num_layers:
-        raise EplbError(
-            f"layer ids name {len(ids)} layers but the placement has {placement.num_layers}; give one model layer "
-            "id per placement layer (e.g. --layer-ids 3-60 for DeepSeek-V3's 58 MoE layers)"
-        )
-    if min(ids) < 0:
-        raise EplbError(f"layer ids must be >= 0, got {min(ids)}")
-    seen: set[int] = set()
-    for v in ids:
-        if v in seen:
-            raise EplbError(f"layer id {v} appears twice; each placement layer needs its own model layer")
-        seen.add(v)
-    return ids

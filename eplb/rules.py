@@ -1,0 +1,38 @@
+"""Rules on request fields shared by the service's request models (`api.schemas`), deployments' configs
+(`eplb.deployments`) and the light client side (`eplb.integrations`, `eplb.client`): one text each. Light to
+import (no numpy, no SQLAlchemy): the engine plug-ins read it."""
+
+from __future__ import annotations
+
+import re
+
+DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""The names the service gives deployments; match them whole (`is_deployment_name`: fullmatch, so a trailing
+newline is no name, as `^...$` with `re.match` let through)."""
+DEPLOYMENT_NAME_RULE = "use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
+GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
+                     "node; give both, or neither")
+
+
+def is_deployment_name(name: str) -> bool:
+    return DEPLOYMENT_NAME.fullmatch(name) is not None
+
+
+def one_budget(cluster: object) -> None:
+    """At most one slot budget on a cluster (its fields `BUDGETS`); ValueError otherwise, for a pydantic
+    validator on the cluster (so a 422 names the field `cluster`)."""
+    given = [n for n in BUDGETS if getattr(cluster, n) is not None]
+    if len(given) > 1:
+        raise ValueError(f"give only one of {', '.join(BUDGETS)} (got {given})")
+
+
+def groups_need_nodes(num_groups: int | None, data: dict[str, object]) -> int | None:
+    """num_groups only with gpus_per_node (a cluster without nodes would ignore the groups); ValueError
+    otherwise, for a pydantic validator of the field num_groups (`data`: the fields validated before it; a
+    gpus_per_node that failed its own check is absent, and its error is the one to show), so a 422 names
+    cluster.num_groups."""
+    if num_groups is not None and "gpus_per_node" in data and data["gpus_per_node"] is None:
+        raise ValueError(GROUPS_NEED_NODES)
+    return num_groups
