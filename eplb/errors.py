@@ -21,3 +21,7 @@ class FieldError(EplbError):
         self.fields: tuple[str, ...] = (fields,) if isinstance(fields, str) else tuple(fields)
         self.message = message
         super().__init__(text if text is not None else f"{', '.join(self.fields)}: {message}")
+
+    def __reduce__(self) -> tuple[type[FieldError], tuple[tuple[str, ...], str, str]]:
+        """Pickled with its fields and message (args holds the text only): it crosses the solver processes."""
+        return (type(self), (self.fields, self.message, str(self)))
