@@ -14,7 +14,6 @@ for its time budget)."""
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,7 +30,7 @@ from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
-from eplb.rules import groups_need_nodes, one_budget
+from eplb.rules import DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, groups_need_nodes, is_deployment_name, one_budget
 from eplb.schemas import PlacementOut, PlacementResponse
 from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_shapes, check_uniform_shares, evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
@@ -44,7 +43,7 @@ from solvers.registry import Options, Problem, applicable
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME = DEPLOYMENT_NAME  # eplb.rules: light, the plug-ins read it too
 STRICT = ConfigDict(extra="forbid", strict=True)
 MAX_GPUS = 4096
 SlotCount = Annotated[int, Field(ge=1, le=MAX_GPUS)]
@@ -388,9 +387,8 @@ SolveFn = Callable[..., Outcome]
 
 # ----- operations ------------------------------------------------------------------------------------------------
 def check_name(name: str) -> str:
-    if not NAME.match(name):
-        raise EplbError(f"deployment name {name!r}: use 1-100 letters, digits, '.', '_' or '-', starting with a "
-                        "letter or digit")
+    if not is_deployment_name(name):  # fullmatch: 'victim\n' is no name
+        raise EplbError(f"deployment name {name!r}: {DEPLOYMENT_NAME_RULE}")
     return name
 
 

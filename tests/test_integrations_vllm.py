@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-from eplb.deployments import NAME
+from eplb.deployments import NAME, check_name
+from eplb.errors import EplbError
 from eplb.integrations import core
 from eplb.integrations import vllm as plugin
 from eplb.integrations.vllm import EplbPolicy, policy_class
+from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -545,7 +547,9 @@ def test_remote_deployment_name_is_one_path_segment(
             EplbPolicy.rebalance_experts(weight, 16, 1, 1, 4)
         assert f"solved locally: EPLB_DEPLOYMENT={name!r} is no deployment name the service can have" in caplog.text
     assert httpx.get(f"{base}/deployments/plugin-target", timeout=60).json()["windows"] == 0
-    assert core.DEPLOYMENT_NAME.pattern == NAME.pattern  # the plug-in's copy of the service's rule
+    assert core.is_deployment_name is is_deployment_name and NAME is DEPLOYMENT_NAME  # one rule, eplb.rules
+    with pytest.raises(EplbError, match=re.escape(repr("victim\n"))):  # '$' matched before a trailing newline
+        check_name("victim\n")
 
 
 def test_environment_errors_are_one_line() -> None:

@@ -10,7 +10,6 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ import httpx
 import numpy as np
 from numpy.typing import NDArray
 
+from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
@@ -32,8 +32,6 @@ INCREMENTAL = "incremental"
 """Registry name of the incremental (move-budgeted) solver, used when the engine passes its current map."""
 INCREMENTAL_LB_TOLERANCE = 1.01
 """Without a move budget, the incremental map is used when its mean lb is at most 1% above a fresh placement's."""
-DEPLOYMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-"""The names the service gives deployments (`eplb.deployments.NAME`, not imported: it loads the database layer)."""
 
 
 class PolicyInputError(ValueError, AssertionError):
@@ -267,9 +265,9 @@ def post_window(
     placement is used only for the cluster the engine asked for: `num_ranks` GPUs of `num_replicas / num_ranks`
     slots each (a deployment configured for another shape can answer the same [L, P])."""
     assert settings.service_url is not None and settings.deployment is not None
-    if not DEPLOYMENT_NAME.match(settings.deployment):
-        return (f"EPLB_DEPLOYMENT={settings.deployment!r} is no deployment name the service can have (1-100 letters, "
-                "digits, '.', '_' or '-', starting with a letter or digit)")
+    if not is_deployment_name(settings.deployment):
+        return (f"EPLB_DEPLOYMENT={settings.deployment!r} is no deployment name the service can have "
+                f"({DEPLOYMENT_NAME_RULE})")
     url = f"{settings.service_url}/deployments/{quote(settings.deployment, safe='')}/windows"
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     try:
