@@ -199,10 +199,18 @@ def check_options(
     return cls
 
 
+def _group_names(names: Mapping[str, str] | None) -> str:
+    """What to drop for the hierarchical policy: by default the CLI's --groups/--gpus-per-node."""
+    return "/".join((names or {}).get(k, flag) for k, flag in (("num_groups", "--groups"),
+                                                               ("gpus_per_node", "--gpus-per-node")))
+
+
 def check(name: str, problem: Problem, options: Options, names: Mapping[str, str] | None = None) -> type[Solver]:
     """Refuse, in one place, every input or option the solver cannot honour (`check_options` first; `names`
     as there, and `num_groups` / `gpus_per_node` for the groups a solver cannot keep within nodes: by default
-    the CLI's --groups/--gpus-per-node). Returns the solver class."""
+    the CLI's --groups/--gpus-per-node; `current_phy2log` for the serving placement a solver cannot take with
+    them: by default the CLI's --current; a mapping without it offers no dropping of it, as a deployment,
+    whose every rebalance starts from one, cannot). Returns the solver class."""
     cls = check_options(name, options, problem.current_phy2log is not None, names)
     caps = cls.capabilities
     loads, slots = problem.loads, problem.slots_per_gpu
@@ -223,18 +231,21 @@ def check(name: str, problem: Problem, options: Options, names: Mapping[str, str
     if not caps.ep_beyond_experts and slots.size > num_experts:
         raise SolverError(f"solver {name!r} needs at most {num_experts} GPUs ({slots.size} given)")
     if problem.hierarchical and not caps.hierarchical:
-        drop = "/".join((names or {}).get(k, flag) for k, flag in (("num_groups", "--groups"),
-                                                                   ("gpus_per_node", "--gpus-per-node")))
+        drop = _group_names(names)
         raise SolverError(
             f"solver {name!r} does not keep expert groups within nodes: drop {drop} "
             f"or choose one of {', '.join(n for n in _TABLE if get_solver(n).capabilities.hierarchical)}"
         )
     if problem.hierarchical and problem.current_phy2log is not None and not caps.hierarchical_with_current:
-        both = [n for n in _TABLE if get_solver(n).capabilities.hierarchical
-                and get_solver(n).capabilities.hierarchical_with_current]
+        both = [n for n in _TABLE if (c := get_solver(n).capabilities).hierarchical and c.hierarchical_with_current
+                and c.current]  # keep groups within nodes and take (not merely accept) the serving placement
+        drop = _group_names(names)
+        current = "--current" if names is None else names.get("current_phy2log")
+        if current is not None:
+            drop = f"{drop} or {current}"
         raise SolverError(
             f"solver {name!r} keeps expert groups within nodes or minimizes copies from a current placement, not "
-            f"both ({', '.join(both)} do both)"
+            f"both: drop {drop}, or choose a solver that does both ({', '.join(both)})"
         )
     if options.robust and (problem.scenarios is None or problem.scenarios.shape[1:] != loads.shape):
         raise SolverError("robust needs scenarios: [S, layers, experts] recent sub-windows of the loads")

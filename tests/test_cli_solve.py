@@ -301,3 +301,44 @@ def test_long_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) 
 
     every = parsers(build_parser())
     assert len(every) > 15 and all(not p.allow_abbrev for p in every)
+
+
+def test_the_milp_refusing_groups_with_a_current_placement_says_what_to_drop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal said '(greedy, deepseek, incremental do both)', but greedy and deepseek do not minimize copies
+    from a current placement, and it no longer said which flags to drop (the MILP's own message did). The list
+    comes from the capabilities; the solver it names takes the same command."""
+    hierarchy = ["--gpus", "32", "--gpus-per-node", "8", "--groups", "8"]
+    current = tmp_path / "p.json"
+    assert main(["solve", *hierarchy, "--out", str(current)]) == 0
+    capsys.readouterr()
+    assert main(["solve", *hierarchy, "--current", str(current), "--solver", "milp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the MILP's 'solving ...' line
+    assert err == ("eplb solve: error: solver 'milp' keeps expert groups within nodes or minimizes copies from a "
+                   "current placement, not both: drop --groups/--gpus-per-node or --current, or choose a solver "
+                   "that does both (incremental)")
+    assert main(["solve", *hierarchy, "--current", str(current), "--solver", "incremental", "--json"]) == 0
+
+
+def test_the_solvers_said_to_do_both_keep_groups_and_take_the_current_placement() -> None:
+    """Built from the capabilities; the hint names what the caller's names call the groups and the current
+    placement, and offers no dropping of the current placement when the names do not name it (a deployment)."""
+    from solvers import registry
+    from solvers.registry import Options, Problem
+
+    both = [n for n in registry.names() if (c := registry.get_solver(n).capabilities).hierarchical
+            and c.hierarchical_with_current and c.current]
+    assert both == ["incremental"]
+    assert not registry.get_solver("greedy").capabilities.current  # it was listed
+    problem = Problem(np.ones((1, 64)), np.full(8, 9, dtype=np.int64), num_groups=8, gpus_per_node=4,
+                      current_phy2log=np.zeros((1, 72), dtype=np.int64))
+    fields = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node",
+              "current_phy2log": "current_placement"}
+    with pytest.raises(registry.SolverError, match=r"not both: drop cluster.num_groups/cluster.gpus_per_node or "
+                       r"current_placement, or choose a solver that does both \(incremental\)$"):
+        registry.check("milp", problem, Options(), names=fields)
+    del fields["current_phy2log"]
+    with pytest.raises(registry.SolverError, match=r"not both: drop cluster.num_groups/cluster.gpus_per_node, or "
+                       r"choose a solver that does both \(incremental\)$"):
+        registry.check("milp-weighted", problem, Options(), names=fields)

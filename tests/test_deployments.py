@@ -341,8 +341,8 @@ def test_concurrent_windows_rebalance_once(store: Store) -> None:
      "nodes"),
     ({"solver": "milp", "cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 4, "num_groups": 8}},
      "^solver, cluster.gpus_per_node, cluster.num_groups: every rebalance starts from the serving placement, and "
-     "solver 'milp' keeps expert groups within nodes or minimizes copies from a current placement, not both "
-     r"\(greedy, deepseek, incremental do both\)$"),
+     "solver 'milp' keeps expert groups within nodes or minimizes copies from a current placement, not both"
+     r": drop cluster.num_groups/cluster.gpus_per_node, or choose a solver that does both \(incremental\)$"),
 ])
 def test_bad_configs_are_one_line_errors(store: Store, change: dict[str, Any], message: str) -> None:
     body = {**config().model_dump(mode="json", exclude_none=True), **change}
