@@ -449,7 +449,7 @@ def test_applied_sends_every_field_of_the_placement(base: str) -> None:
         first = eplb.send_window("client-applied", window(0))
         assert first.result is not None
         placement = first.result.placement.model_dump(exclude_none=True)
-        with pytest.raises(ServiceError, match=r"^422 Invalid request: .*layer_ids.*has 2 ids, phy2log has 4 rows"):
+        with pytest.raises(ServiceError, match=r"^422 Invalid request: .*layer_ids: 2 ids for the placement's 4"):
             eplb.applied("client-applied", {**placement, "layer_ids": [3, 4]})
         with pytest.raises(ServiceError, match=r"^422 Invalid request: .*replicas"):
             eplb.applied("client-applied", {**placement, "replicas": [[1] * 64] * 4})  # not phy2log's counts
