@@ -26,7 +26,7 @@ import asyncio
 import base64
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 from urllib.parse import quote
@@ -287,6 +287,30 @@ def _job_segment(job_id: str) -> str:
     return quote(job_id, safe="")
 
 
+def _layer_ids(layer_ids: str | Iterable[int]) -> str:
+    """`layer_ids` as GET /deployments/{name}?format=... takes it: a string as given ("3-60", "0,1,5-7"; the
+    service judges it), or ints, in their order, with runs written as ranges (3..60 is "3-60")."""
+    if isinstance(layer_ids, str):
+        return layer_ids
+    try:
+        ids = list(layer_ids)
+    except TypeError:
+        raise InvalidRequest(f"layer_ids: a string such as 3-60 or 0,1,5-7, or a sequence of ints, not a "
+                             f"{type(layer_ids).__name__}") from None
+    bad = [v for v in ids if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0]
+    if bad or not ids:
+        what = f"{bad[0]!r} is no model layer" if bad else "none given"
+        raise InvalidRequest(f"layer_ids: {what}: give one model layer (an int >= 0) per placement layer, or a "
+                             "string such as 3-60 or 0,1,5-7")
+    runs: list[list[int]] = []
+    for v in map(int, ids):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _config(config: DeploymentConfig | Mapping[str, Any]) -> dict[str, Any]:
     """A deployment config as PUT sends it. A dict is sent as given (JSON-ready): the service judges it, so a
     field a newer service takes is never refused here (its 422 is InvalidConfig); a DeploymentConfig sends only
@@ -382,8 +406,9 @@ class _Api:
                      lambda r: [_view(d) for d in r.json()["deployments"]])
 
     @staticmethod
-    def export(name: str, format: Export) -> _Call[dict[str, Any]]:
-        return _Call("GET", f"/deployments/{_segment(name)}", lambda r: dict(r.json()), params={"format": format})
+    def export(name: str, format: Export, layer_ids: str | Iterable[int] | None) -> _Call[dict[str, Any]]:
+        params = {"format": format} if layer_ids is None else {"format": format, "layer_ids": _layer_ids(layer_ids)}
+        return _Call("GET", f"/deployments/{_segment(name)}", lambda r: dict(r.json()), params=params)
 
     @staticmethod
     def delete_deployment(name: str) -> _Call[None]:
@@ -510,9 +535,11 @@ class Client:
     def deployments(self) -> list[DeploymentView]:
         return self._do(_Api.deployments())
 
-    def export(self, name: str, format: Export) -> dict[str, Any]:
-        """The current placement in a serving system's format (sglang, trtllm, vllm-ascend)."""
-        return self._do(_Api.export(name, format))
+    def export(self, name: str, format: Export, layer_ids: str | Iterable[int] | None = None) -> dict[str, Any]:
+        """The current placement in a serving system's format (sglang, trtllm, vllm-ascend). layer_ids (sglang
+        and trtllm): the model layer of each placement layer, "3-60" or "0,1,5-7" or ints (default: the model
+        preset's MoE layers when the placement has all of them, else 0..L-1); the service checks them."""
+        return self._do(_Api.export(name, format, layer_ids))
 
     def delete_deployment(self, name: str) -> None:
         self._do(_Api.delete_deployment(name))
@@ -601,8 +628,8 @@ class AsyncClient:
     async def deployments(self) -> list[DeploymentView]:
         return await self._do(_Api.deployments())
 
-    async def export(self, name: str, format: Export) -> dict[str, Any]:
-        return await self._do(_Api.export(name, format))
+    async def export(self, name: str, format: Export, layer_ids: str | Iterable[int] | None = None) -> dict[str, Any]:
+        return await self._do(_Api.export(name, format, layer_ids))
 
     async def delete_deployment(self, name: str) -> None:
         await self._do(_Api.delete_deployment(name))

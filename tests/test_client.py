@@ -468,3 +468,35 @@ def test_applied_sends_every_field_of_the_placement(base: str) -> None:
         eplb.applied("prod", first.result.placement)
     assert sent == [{"placement": {**placement, "layer_ids": [3, 4, 5, 6]}}, {"placement": placement}]
     assert set(placement) == {"format", "num_experts", "num_gpus", "slots_per_gpu", "phy2log", "replicas"}
+
+
+def test_export_sends_the_layer_ids(base: str) -> None:
+    """docs/api.md documents `&layer_ids=` for GET /deployments/{name}?format=..., but the client's export() could
+    not send it: a window of a part of the model got rows 0..L-1. A string goes as given, ints as ranges."""
+    with Client(base, api_key=KEY) as eplb:
+        eplb.put_deployment("client-layers", config())
+        placed = eplb.send_window("client-layers", window(0))
+        assert placed.result is not None
+        phy2log = placed.result.placement.phy2log  # 4 of deepseek-v2-lite's 27 layers
+        assert list(eplb.export("client-layers", "trtllm")["initial_global_assignments"]) == ["0", "1", "2", "3"]
+        for ids, keys in (("10-13", [10, 11, 12, 13]), ([1, 5, 6, 7], [1, 5, 6, 7]), (np.arange(20, 24), None)):
+            exported = eplb.export("client-layers", "trtllm", layer_ids=ids)["initial_global_assignments"]
+            assert [int(k) for k in exported] == (keys or list(range(20, 24)))
+            assert list(exported.values()) == phy2log
+        rows = eplb.export("client-layers", "sglang", layer_ids=[26, 3, 4, 5])["physical_to_logical_map"]
+        assert len(rows) == 27 and rows[26] == phy2log[0] and rows[3:6] == phy2log[1:]
+        with pytest.raises(ServiceError) as beyond:
+            eplb.export("client-layers", "sglang", layer_ids=[24, 25, 26, 27])
+        assert beyond.value.status == 422 and "beyond the model's 27 layers" in beyond.value.detail
+        assert [e["field"] for e in beyond.value.errors or []] == ["layer_ids"]
+        for bad in ([1, -2, 3, 4], [], [1.0, 2, 3, 4], [True, 2, 3, 4], 7):
+            with pytest.raises(InvalidRequest, match=r"^layer_ids: "):
+                eplb.export("client-layers", "trtllm", layer_ids=bad)  # type: ignore[arg-type]
+
+    async def run() -> dict[str, Any]:
+        async with AsyncClient(base, api_key=KEY) as client:
+            return await client.export("client-layers", "trtllm", layer_ids="3-6")
+
+    assert list(asyncio.run(run())["initial_global_assignments"]) == ["3", "4", "5", "6"]
+    with Client(base, api_key=KEY) as eplb:
+        eplb.delete_deployment("client-layers")
