@@ -437,6 +437,25 @@ def test_cli_export_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str
               "--out", str(tmp_path / "x.json")])
 
 
+def test_gpus_without_a_placement_says_what_is_true_for_each_source(tmp_path: Path) -> None:
+    """--from sglang --gpus 8 was told to 'give --placement with it', which --from sglang refuses: SGLang records
+    logical experts and needs neither. --from vllm and trtllm are still told to give the placement."""
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps({"logical_count": [[[1, 2, 3], [4, 5, 6]]]}))
+    out = str(tmp_path / "w.json")
+    with pytest.raises(EplbError) as sglang:
+        _cli(["import-load", "--from", "sglang", str(sg), "--gpus", "8", "--out", out])
+    assert str(sglang.value) == ("--gpus is the EP size of the --placement that --from vllm and trtllm take: SGLang "
+                                 "records logical experts, so --from sglang needs neither: drop --gpus")
+    assert "give --placement" not in str(sglang.value)
+    assert _cli(["import-load", "--from", "sglang", str(sg), "--out", out]) == 0  # as it says: without --gpus
+    folder, _ = _trtllm_dir(tmp_path)
+    with pytest.raises(EplbError) as trtllm:
+        _cli(["import-load", "--from", "trtllm", str(folder), "--gpus", "8", "--out", out])
+    assert str(trtllm.value) == ("--gpus is the EP size of an SGLang or TensorRT-LLM --placement: give --placement "
+                                 "with it, or drop --gpus")
+
+
 def test_cli_export_of_a_whole_model_placement_keys_the_presets_moe_layers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

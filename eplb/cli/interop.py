@@ -150,6 +150,9 @@ def run_import_load(args: argparse.Namespace) -> int:
             raise EplbError("--placement applies to --from vllm and trtllm only (SGLang records logical experts)")
         live = read_placement_file(args.placement, num_gpus=args.gpus)
         refuse_other_gpus(args.placement, live.placement, args.gpus)
+    elif args.gpus is not None and args.source_format == "sglang":
+        raise EplbError("--gpus is the EP size of the --placement that --from vllm and trtllm take: SGLang records "
+                        "logical experts, so --from sglang needs neither: drop --gpus")
     elif args.gpus is not None:
         raise EplbError("--gpus is the EP size of an SGLang or TensorRT-LLM --placement: give --placement with it, "
                         "or drop --gpus")
