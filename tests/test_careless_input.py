@@ -753,3 +753,34 @@ def test_synth_steps_beyond_the_disk_are_refused_before_the_work(
     assert code == 2 and err.startswith(f"eplb synth: error: the log would take {what} but {tmp_path} has "), err
     assert err.endswith(" GB free: lower them"), err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("name", "argv", "checked"), [
+    ("log.npz", ["--format", "topk", "--compress"], False),
+    ("log.npz", ["--format", "topk"], True),
+    ("log.npz", ["--compress"], False),
+    ("log.npz", [], True),
+    ("log.jsonl", ["--compress"], True),  # written as it is: --compress deflates a .npz only
+    ("log.npz", ["--preset", "seed004", "--compress"], False),
+])  # fmt: skip
+def test_synth_checks_the_disk_for_what_it_writes_uncompressed_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str,
+    argv: list[str], checked: bool
+) -> None:
+    """--format topk --compress was refused on the size of the ids uncompressed, while a --compress counts log
+    skipped the check (how much deflate saves is the data's to decide): both skip it now; a .jsonl, which
+    --compress leaves as it is, is checked."""
+    import shutil
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(free=1000))  # 1 kB: below every log here
+    shape = ["--steps", "20", "--layers", "2"] + ([] if "seed004" in argv else
+                                                  ["--experts", "16", "--top-k", "2", "--tokens", "64"])
+    code, err = run(capsys, "synth", "--out", str(tmp_path / name), *shape, *argv)
+    if checked:
+        assert code == 2 and err.startswith("eplb synth: error: the log would take 0.0 GB") and \
+            err.endswith(" GB free: lower them"), err
+        assert not list(tmp_path.iterdir())
+    else:
+        assert code == 0, err
+        assert (tmp_path / name).exists()

@@ -375,6 +375,9 @@ def run_synth(args: argparse.Namespace) -> int:
 def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> dict[str, Any]:
     """Draw the log `args` asks for, write it to `out` and feed its counts to `acc`; returns its config."""
     config: dict[str, Any]
+    # A deflated .npz (counts or expert ids) takes less, by how much the data decides: its size is not checked.
+    # .jsonl is written as it is, --compress or not.
+    deflated = args.compress and out.suffix.lower() == ".npz"
     if args.preset == "seed004":
         for flag in ("experts", "top_k", "tokens", "exponent", "hot_ratio"):
             if getattr(args, flag) is not None:
@@ -385,7 +388,7 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         for flag, v in (("--steps", steps), ("--layers", layers)):
             if v < 1:
                 raise EplbError(f"{flag} must be >= 1, got {v}")
-        if not args.compress:  # the writer stores them as uint16 (at most 4,096 x 8 a layer)
+        if not deflated:  # the writer stores them as uint16 (at most 4,096 x 8 a layer)
             _check_disk(out, steps * layers * 256 * 2.0, f"--steps {steps:,} x --layers {layers} x 256 experts' "
                         "counts of 2 bytes")
         counts = seed004_log(steps, layers, args.seed)
@@ -400,10 +403,12 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         output_log(out)  # a directory, or a file in the way: refused before the work
         config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
         shape = f"--steps {cfg.steps:,} x --layers {cfg.layers}"  # the per-layer arrays fit (MemoryError): the log?
-        if args.format == "topk":
+        if deflated:
+            pass
+        elif args.format == "topk":
             _check_disk(out, 2.0 * cfg.steps * cfg.tokens * cfg.layers * cfg.top_k,
                         f"{shape} x --tokens {cfg.tokens:,} x --top-k {cfg.top_k} expert ids of 2 bytes")
-        elif not args.compress:  # deflated counts take less, by how much the data decides
+        else:
             # JSONL: a digit and a comma at least
             size = 2 if out.suffix.lower() == ".jsonl" else cfg.count_dtype.itemsize
             _check_disk(out, float(size) * cfg.steps * cfg.layers * cfg.experts,
