@@ -38,6 +38,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     check_links,
     check_uniform_shares,
     evaluate,
+    groups_refusal,
     infer_model,
     least_stage_gib,
     solve,
@@ -52,7 +53,7 @@ from eplb.specs import (
     all_to_all_links,
 )
 from solvers import registry
-from solvers.registry import Options, Problem, SolverError
+from solvers.registry import Options
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -414,29 +415,14 @@ def _check_groups(name: str, named: bool, the_cluster: Cluster, current: Placeme
                   num_experts: int) -> None:
     """A hierarchical cluster (groups within nodes) the solver cannot honour, refused naming the request's fields
     (the solver, when the request named it, cluster.gpus_per_node, cluster.num_groups) before any solve or job,
-    as a deployment's PUT does: the registry's check on an empty window, with and without the groups. Any
-    other refusal is left to the solve, which says what it is."""
+    as a deployment's PUT does (`eplb.solve.groups_refusal`). Any other refusal is left to the solve, which
+    says what it is."""
     if the_cluster.num_groups is None or the_cluster.gpus_per_node is None:
         return
-    caps = registry.get_solver(name).capabilities
-
-    def probe(hierarchical: bool) -> None:
-        registry.check(name, Problem(
-            np.zeros((1, num_experts)), the_cluster.slots_per_gpu,
-            the_cluster.num_groups if hierarchical else None, the_cluster.gpus_per_node if hierarchical else None,
-            current_phy2log=None if current is None else current.phy2log,
-            coactivation=np.zeros((1, num_experts, num_experts)) if caps.coactivation else None),
-            options, names=GROUP_FIELDS)  # fmt: skip
-
-    try:
-        probe(True)
-    except SolverError as exc:
-        try:
-            probe(False)
-        except SolverError:
-            return  # refused for something else as well
-        fields = (["solver"] if named else []) + ["cluster.gpus_per_node", "cluster.num_groups"]
-        raise field_problem(FieldError(fields, str(exc))) from None
+    refused = groups_refusal(name, the_cluster, num_experts, options, names=GROUP_FIELDS, named=named,
+                             current_phy2log=None if current is None else current.phy2log)
+    if isinstance(refused, FieldError):
+        raise field_problem(refused)
 
 
 def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_default_time_limit_s: float) -> SolveJob:

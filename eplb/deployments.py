@@ -32,13 +32,23 @@ from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.rules import DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, groups_need_nodes, is_deployment_name, one_budget
 from eplb.schemas import PlacementOut, PlacementResponse
-from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_shapes, check_uniform_shares, evaluate, solve
+from eplb.solve import (
+    Cluster,
+    CostSetup,
+    Outcome,
+    check_links,
+    check_shapes,
+    check_uniform_shares,
+    evaluate,
+    groups_refusal,
+    solve,
+)
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
 from solvers import registry
 from solvers.migration import count_moves
-from solvers.registry import Options, Problem, applicable
+from solvers.registry import Options, applicable
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -198,47 +208,16 @@ class Setup:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices
                 check_uniform_shares(config.solver, config.objective, names=FIELD_NAMES)  # as every solve would
             for has_current in (False, True):  # the first window, then every rebalance (from the serving one)
-                options = self.options(has_current)
-                try:
-                    self._probe(has_current, options)
-                except registry.SolverError as exc:
-                    raise self._refusal(has_current, options, exc) from None
+                refused = groups_refusal(
+                    self.solver_name(has_current), self.cluster, self.model.num_experts,
+                    self.options(has_current), names=FIELD_NAMES, named=self.config.solver is not None,
+                    current_phy2log=np.zeros((1, int(self.cluster.slots_per_gpu.sum())), dtype=np.int64)
+                    if has_current else None,
+                    when="every rebalance starts from the serving placement, and " if has_current else "")
+                if refused is not None:  # a SolverError: FieldError('solver', ...) below
+                    raise refused
         except registry.SolverError as exc:
             raise FieldError("solver", str(exc), str(exc)) from None
-
-    def _probe(self, has_current: bool, options: Options, hierarchical: bool = True) -> None:
-        """`solvers.registry.check` on an empty window of the model's shape: what every window's solve would
-        refuse (slots, nodes or groups the solver cannot honour; with has_current, what every rebalance's
-        would: the MILP keeps groups within nodes only without a serving placement). A solver that needs the
-        serving placement is not probed without one: the cluster may record what it serves first.
-        hierarchical=False: the cluster without its groups (what `_refusal` compares with)."""
-        name = self.solver_name(has_current)
-        caps = registry.get_solver(name).capabilities
-        if caps.requires_current and not has_current:
-            return
-        experts, slots = self.model.num_experts, self.cluster.slots_per_gpu
-        groups, nodes = (self.cluster.num_groups, self.cluster.gpus_per_node) if hierarchical else (None, None)
-        registry.check(name, Problem(
-            np.zeros((1, experts)), slots, groups, nodes,
-            current_phy2log=np.zeros((1, int(slots.sum())), dtype=np.int64) if has_current else None,
-            coactivation=np.zeros((1, experts, experts)) if caps.coactivation else None), options,
-            names=FIELD_NAMES)  # fmt: skip
-
-    def _refusal(self, has_current: bool, options: Options, exc: registry.SolverError) -> EplbError:
-        """A probe's refusal as a config error: when the solver takes the same cluster without its groups, the
-        hierarchical policy is what it refuses, and the error names the fields (the solver and
-        cluster.gpus_per_node, cluster.num_groups); otherwise the solver's."""
-        if self.cluster.num_groups is None or self.cluster.gpus_per_node is None:
-            return FieldError("solver", str(exc), str(exc))
-        try:
-            self._probe(has_current, options, hierarchical=False)
-        except registry.SolverError:
-            return FieldError("solver", str(exc), str(exc))  # refused for something else as well
-        fields = ["cluster.gpus_per_node", "cluster.num_groups"]
-        if self.config.solver is not None:
-            fields = ["solver", *fields]
-        when = "every rebalance starts from the serving placement, and " if has_current else ""
-        return FieldError(fields, f"{when}{exc}")
 
     def solver_name(self, has_current: bool) -> str:
         if self.config.solver is not None:
