@@ -87,3 +87,16 @@ def server_factory() -> Iterator[Callable[..., str]]:
     yield get
     for cm in reversed(stack):
         cm.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+
+def remote_mixtral_deployment(base: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment `name` of mixtral-8x7b on 4 GPUs x 4 slots (greedy, periodic) on the service at `base`, and
+    the plug-ins' environment pointed at it (EPLB_SERVICE_URL, EPLB_DEPLOYMENT)."""
+    import httpx
+
+    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
+              "policy": {"trigger": "periodic"}}
+    created = httpx.put(f"{base}/deployments/{name}", json=config, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", name)

@@ -18,6 +18,7 @@ import torch
 
 from eplb.integrations import core
 from eplb.integrations import sglang as plugin
+from tests.conftest import remote_mixtral_deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "deepseek_eplb_golden.json").read_text())["cases"]
@@ -203,12 +204,7 @@ def test_remote_placement_for_another_cluster_shape_is_not_used(
     import httpx
 
     base = server_factory()
-    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
-              "policy": {"trigger": "periodic"}}
-    created = httpx.put(f"{base}/deployments/sglang-shape", json=config, timeout=60)
-    assert created.status_code in (200, 201), created.text
-    monkeypatch.setenv("EPLB_SERVICE_URL", base)
-    monkeypatch.setenv("EPLB_DEPLOYMENT", "sglang-shape")
+    remote_mixtral_deployment(base, "sglang-shape", monkeypatch)
     tokens = torch.from_numpy(np.random.default_rng(1).pareto(1.0, size=(2, 4, 8)) * 100)
     with caplog.at_level(logging.INFO, logger=plugin.logger.name):
         out, _, _ = plugin.rebalance_experts(tokens, 16, 1, None, 1)

@@ -27,6 +27,7 @@ from eplb.integrations import vllm as plugin
 from eplb.integrations.vllm import EplbPolicy, policy_class
 from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
+from tests.conftest import remote_mixtral_deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "deepseek_eplb_golden.json").read_text())["cases"]
@@ -502,12 +503,7 @@ def test_remote_placement_for_another_cluster_shape_is_not_used(
     """A deployment of 4 GPUs x 4 slots answers a [L, 16] map, the shape of an engine with 16 ranks of one slot:
     the engine gets a local solve and a WARNING naming the fields that disagree; with 4 ranks it gets the map."""
     base = server_factory()
-    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
-              "policy": {"trigger": "periodic"}}
-    created = httpx.put(f"{base}/deployments/plugin-shape", json=config, timeout=60)
-    assert created.status_code in (200, 201), created.text
-    monkeypatch.setenv("EPLB_SERVICE_URL", base)
-    monkeypatch.setenv("EPLB_DEPLOYMENT", "plugin-shape")
+    remote_mixtral_deployment(base, "plugin-shape", monkeypatch)
     weight = torch.from_numpy(np.random.default_rng(1).pareto(1.0, size=(4, 8)) * 100)
     with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
         out = EplbPolicy.rebalance_experts(weight, 16, 1, 1, 16)
