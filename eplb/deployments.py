@@ -237,8 +237,8 @@ class Setup:
         refused = sorted(k for k in wanted if k not in takes)
         if refused:
             able = [n for n in registry.names() if set(refused) <= registry.get_solver(n).options]
-            fields = ["solver", *(POLICY_FIELDS.get(k, k) for k in refused)]
-            message = (f"solver {name!r} does not take {', '.join(refused)}: choose a solver that does "
+            fields = ["solver", *(POLICY_FIELDS.get(k, k) for k in refused)]  # the config's names, as in errors
+            message = (f"solver {name!r} does not take {', '.join(fields[1:])}: choose a solver that does "
                        f"({', '.join(able) or 'none is registered'})")
             raise FieldError(fields, message, message)
         return Options(**wanted)

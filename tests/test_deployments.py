@@ -325,7 +325,9 @@ def test_concurrent_windows_rebalance_once(store: Store) -> None:
     ({"model": "gpt-9"}, "model: unknown preset 'gpt-9'"),
     ({"hardware": "tpu"}, "hardware: unknown preset 'tpu'"),
     ({"solver": "simplex"}, "unknown solver 'simplex'"),
-    ({"solver": "greedy", "policy": {"max_moves": 10}}, "solver 'greedy' does not take max_moves"),
+    ({"solver": "greedy", "policy": {"max_moves": 10}}, "solver 'greedy' does not take policy.max_moves: choose"),
+    ({"solver": "greedy", "time_limit_s": 5}, "^solver 'greedy' does not take time_limit_s: "
+     "choose a solver that does"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 7}}, "cannot hold|fewer than"),
     ({"link": "nvlink+nic"}, "link: .*GPUs per node"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 3}},
@@ -798,7 +800,9 @@ def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestCl
         ({**MIXTRAL, "link": "nvlink+nic"}, ["link"], "GPUs per node"),
         ({**MIXTRAL, "solver": "simplex"}, ["solver"], "unknown solver 'simplex'"),
         ({**MIXTRAL, "solver": "greedy", "policy": {"max_moves": 10}}, ["solver", "policy.max_moves"],
-         "solver 'greedy' does not take max_moves"),
+         "solver 'greedy' does not take policy.max_moves: choose a solver that does"),
+        ({**MIXTRAL, "solver": "greedy", "time_limit_s": 5}, ["solver", "time_limit_s"],  # not total_time_limit_s
+         "solver 'greedy' does not take time_limit_s: choose a solver that does"),
         ({**MIXTRAL, "solver": "milp", "cluster": HIERARCHICAL}, ["solver", "cluster.gpus_per_node",
                                                                  "cluster.num_groups"], "every rebalance starts"),
         ({**MIXTRAL, "solver": "greedy-coact", "cluster": HIERARCHICAL},
