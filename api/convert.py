@@ -345,21 +345,15 @@ def _check_links(cost: CostSetup | None, the_cluster: Cluster, field: str) -> No
         raise FieldError(field, str(exc)) from None
 
 
-def coactivation(req: CostIn, loads: NDArray[np.float64]) -> CoactivationSummary | None:
-    """The request's co-activation summary, checked against the window [layers, E] (FieldError otherwise)."""
+def coactivation(req: CostIn, window: NDArray[np.float64]) -> CoactivationSummary | None:
+    """The request's co-activation summary, checked against the window [layers, E] (FieldError otherwise): as a
+    deployment's window's (`CoactivationSummary.for_window`)."""
     if req.coactivation is None:
         return None
     from eplb.coactivation import CoactivationSummary
 
-    try:
-        value = req.coactivation
-        summary = CoactivationSummary.parse(value if isinstance(value, str) else value.model_dump())
-    except EplbError as exc:
-        raise FieldError("coactivation", str(exc).removeprefix("co-activation summary: ")) from None
-    if summary.loads.shape != loads.shape:
-        raise FieldError("coactivation", f"is for {summary.loads.shape[0]} layers x {summary.loads.shape[1]} experts, "
-                         f"the loads are {loads.shape[0]} x {loads.shape[1]}")
-    return summary
+    value = req.coactivation
+    return CoactivationSummary.for_window(value if isinstance(value, str) else value.model_dump(), window)
 
 
 def cluster(value: ClusterIn, model: ModelSpec | None, num_experts: int) -> Cluster:

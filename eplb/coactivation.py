@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.logs import coactivation as _coactivation
 from eplb.io.logs import open_log
 from eplb.npy import NpyError, read_npy
@@ -533,6 +533,23 @@ class CoactivationSummary:
                 raise EplbError("co-activation summary: a string must be base64 of its .npz image") from None
             return cls.from_bytes(data)
         return cls.from_dict(value)
+
+    @classmethod
+    def for_window(
+        cls, value: dict[str, Any] | str, loads: NDArray[np.float64], field: str = "coactivation"
+    ) -> CoactivationSummary:
+        """A request's or a deployment window's summary (`parse`), checked against the loads [layers, E] it
+        comes with: the one conversion POST /placement and a deployment's window share, so both answer a bad
+        summary alike: a FieldError naming `field` ('coactivation: missing array ...', 'coactivation: the
+        summary is for 2 layers x 8 experts, the loads are 3 x 8')."""
+        try:
+            summary = cls.parse(value)
+        except EplbError as exc:
+            raise FieldError(field, str(exc).removeprefix("co-activation summary: ")) from None
+        if summary.loads.shape != loads.shape:
+            raise FieldError(field, f"the summary is for {summary.loads.shape[0]} layers x {summary.loads.shape[1]} "
+                             f"experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
+        return summary
 
     def layers(self, count: int) -> CoactivationSummary:
         """The summary of the first `count` layers."""

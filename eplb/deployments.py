@@ -271,19 +271,13 @@ class Setup:
     def coactivation(
         self, value: dict[str, Any] | str | None, loads: NDArray[np.float64]
     ) -> CoactivationSummary | None:
-        """A window's co-activation summary (`CoactivationSummary.parse`) checked against its loads, or None."""
+        """A window's co-activation summary checked against its loads (`CoactivationSummary.for_window`, as
+        POST /placement's), or None."""
         if value is None:
             return None
         from eplb.coactivation import CoactivationSummary
 
-        try:
-            summary = CoactivationSummary.parse(value)
-        except EplbError as exc:  # its text names the summary: 'co-activation summary: missing field ...'
-            raise FieldError("coactivation", str(exc), str(exc)) from None
-        if summary.loads.shape != loads.shape:
-            raise FieldError("coactivation", f"the summary is for {summary.loads.shape[0]} layers x "
-                             f"{summary.loads.shape[1]} experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
-        return summary
+        return CoactivationSummary.for_window(value, loads)
 
     def loads(self, value: Any, what: str = "loads") -> NDArray[np.float64]:
         try:

@@ -474,7 +474,7 @@ def test_windows_carry_coactivation_and_the_history_keeps_it(store: Store) -> No
     assert again.result.moves.total == sum(len(stage["copies"]) for stage in plan["stages"])
     with pytest.raises(EplbError, match="coactivation: the summary is for 2 layers"):
         dep.process_window(store, "coact", loads.tolist(), coactivation=summarize(ids[:, :2], EXPERTS).to_dict())
-    with pytest.raises(EplbError, match="co-activation summary"):
+    with pytest.raises(EplbError, match=r"^coactivation: missing field"):
         dep.process_window(store, "coact", loads.tolist(), coactivation={"tokens": "many"})
 
 
@@ -487,13 +487,14 @@ def test_a_windows_summary_that_does_not_read_is_a_422_naming_coactivation(clien
     from eplb.coactivation import summarize
 
     assert client.put("/deployments/pairs", json=MIXTRAL).status_code == 201
-    for value, message in (("not base64!", "co-activation summary: a string must be base64 of its .npz image"),
-                           (base64.b64encode(b"hello").decode(), "co-activation summary: not a .npz image of one")):
+    for value, message in (("not base64!", "a string must be base64 of its .npz image"),
+                           (base64.b64encode(b"hello").decode(), "not a .npz image of one")):
         answer = client.post("/deployments/pairs/windows", json={"loads": MIXTRAL_LOADS, "coactivation": value})
         assert answer.status_code == 422, answer.text
         problem = answer.json()
         assert [e["field"] for e in problem["errors"]] == ["coactivation"], problem
-        assert problem["errors"][0]["message"].startswith(message) and problem["detail"].startswith(message)
+        assert problem["errors"][0]["message"].startswith(message), problem
+        assert problem["detail"].startswith(f"coactivation: {message}"), problem
     ids = np.array([[[0, 1], [0, 5]], [[2, 3], [3, 6]]])  # 2 tokens x 2 layers, top-2 of the 8 experts
     summary = summarize(ids, 8)
     loads = summary.loads.astype(float).tolist()
@@ -825,6 +826,36 @@ def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestCl
     holes = client.post("/deployments/named/placement", json={"placement": WITH_EMPTY_SLOT}).json()
     assert holes["errors"][0]["field"] == "placement.phy2log.0.11", holes
     assert holes["detail"].startswith("placement.phy2log[0][11] is -1, an empty slot")
+
+
+def test_a_bad_summary_gets_one_answer_from_a_window_and_from_post_placement(client: TestClient) -> None:
+    """A deployment's window said 'co-activation summary: missing array ...' (in `errors` too), POST /placement
+    'coactivation: missing array ...' (its errors without the prefix): one conversion now
+    (`CoactivationSummary.for_window`), the same detail and `errors` from both."""
+    import base64
+    import io
+
+    import numpy as np
+
+    from eplb.coactivation import summarize
+
+    summary = summarize(np.array([[[0, 1], [0, 5]], [[2, 3], [3, 6]]]), 8)
+    image = io.BytesIO()
+    np.savez(image, tokens=summary.tokens)  # an .npz image without its other arrays
+    other_layers = summary.layers(1)
+    loads = summary.loads.astype(float).tolist()
+    assert client.put("/deployments/same", json=MIXTRAL).status_code == 201
+    for value, detail in ((base64.b64encode(image.getvalue()).decode(), "coactivation: missing array"),
+                          ({**summary.to_dict(), "tokens": [1]}, "coactivation: tokens must be [2]"),
+                          (other_layers.to_dict(), "coactivation: the summary is for 1 layers x 8 experts, "
+                                                   "the loads are 2 x 8")):
+        window = client.post("/deployments/same/windows", json={"loads": loads, "coactivation": value})
+        placed = client.post("/placement", json={**MIXTRAL, "loads": loads, "coactivation": value})
+        assert window.status_code == placed.status_code == 422, (window.text, placed.text)
+        assert window.json()["detail"] == placed.json()["detail"], (window.text, placed.text)
+        assert window.json()["detail"].startswith(detail), window.text
+        assert window.json()["errors"] == placed.json()["errors"], (window.text, placed.text)
+        assert [e["field"] for e in window.json()["errors"]] == ["coactivation"], window.text
 
 
 def test_a_cluster_given_two_slot_budgets_is_refused_naming_the_cluster(client: TestClient) -> None:
