@@ -437,6 +437,35 @@ def test_cli_export_and_import(tmp_path: Path, capsys: pytest.CaptureFixture[str
               "--out", str(tmp_path / "x.json")])
 
 
+def test_cli_export_bounds_layer_ids_by_the_placements_layers(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`eplb export --layer-ids 0-99999999` expanded the whole range before any check (parse_layer_ids without
+    max_count): it is refused now at the placement's layer count, before expanding, in one line naming the flag;
+    --num-model-layers is a model's layer count, and bounds the ids too."""
+    import time
+
+    from eplb.cli import main
+
+    save_placement(_placement(), tmp_path / "p.json")  # 2 layers
+    base = ["export", "--placement", str(tmp_path / "p.json"), "--to", "sglang", "--out", str(tmp_path / "o.json")]
+    started = time.perf_counter()
+    assert main([*base, "--layer-ids", "0-99999999"]) == 2
+    assert time.perf_counter() - started < 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("eplb export: error: --layer-ids: '0-99999999' names more than the placement's 2 layers: give "
+                   "one model layer per placement layer"), err
+    assert main([*base, "--layer-ids", "3,61", "--num-model-layers", "61"]) == 2
+    assert "--layer-ids: layer 61 is beyond the model's 61 layers (0-60)" in capsys.readouterr().err
+    assert main([*base, "--layer-ids", "0,999999999"]) == 2  # SGLang would write a billion rows
+    assert "--layer-ids: layer 999999999 is beyond any model's layers" in capsys.readouterr().err
+    for bad in ("0", "99999999999"):
+        with pytest.raises(SystemExit):
+            main([*base, "--layer-ids", "3-4", "--num-model-layers", bad])
+        assert "--num-model-layers: " in capsys.readouterr().err
+    assert main([*base, "--layer-ids", "3-4", "--num-model-layers", "61"]) == 0
+    assert len(json.loads((tmp_path / "o.json").read_text())["physical_to_logical_map"]) == 61
+
+
 def test_gpus_without_a_placement_says_what_is_true_for_each_source(tmp_path: Path) -> None:
     """--from sglang --gpus 8 was told to 'give --placement with it', which --from sglang refuses: SGLang records
     logical experts and needs neither. --from vllm and trtllm are still told to give the placement."""

@@ -80,11 +80,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "SGLang, TensorRT-LLM or vllm-ascend file (those need --gpus)")
     e.add_argument("--to", required=True, choices=TARGETS, help="target system")
     e.add_argument("--out", required=True, metavar="FILE", help="file to write (SGLang: name must end in .json)")
-    e.add_argument("--layer-ids", type=_layer_ids, metavar="IDS", help="model layer of each placement layer, "
+    e.add_argument("--layer-ids", metavar="IDS", help="model layer of each placement layer, "
                    "e.g. 3-60 or 0,1,5-7 (default: the file's own, else 0, 1, ...); for SGLang and TensorRT-LLM "
                    "input files it selects those layers")
-    e.add_argument("--num-model-layers", type=int, metavar="N", help="SGLang only: rows to write, all model "
-                   "layers (default: the last layer id + 1)")
+    e.add_argument("--num-model-layers", type=_num_model_layers, metavar="N", help="SGLang only: rows to write, "
+                   "all model layers (default: the last layer id + 1)")
     e.add_argument("--gpus", type=int, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files")
     e.set_defaults(func=run_export)
 
@@ -108,11 +108,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     i.set_defaults(func=run_import_load)
 
 
-def _layer_ids(text: str) -> list[int]:
+MAX_MODEL_LAYERS = 10_000
+"""The most layers `--num-model-layers` and a `--layer-ids` id may name (SGLang writes a row per model layer;
+the largest models have a few hundred)."""
+
+
+def _num_model_layers(text: str) -> int:
     try:
-        return parse_layer_ids(text)
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_MODEL_LAYERS:
+        raise argparse.ArgumentTypeError(f"{value} is not a model's layer count: give 1 to {MAX_MODEL_LAYERS:,}")
+    return value
+
+
+def _layer_ids(text: str, num_layers: int, num_model_layers: int | None) -> list[int]:
+    """--layer-ids for a placement (file) of `num_layers` layers: at most one id per layer, counted before a
+    range is expanded (`0-99999999` costs nothing), each below --num-model-layers (or `MAX_MODEL_LAYERS`)."""
+    try:
+        ids = parse_layer_ids(text, max_count=num_layers, num_model_layers=num_model_layers)
     except EplbError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise EplbError(f"--layer-ids: {str(exc).removeprefix('layer ids: ')}") from None
+    if ids and max(ids) >= MAX_MODEL_LAYERS:
+        raise EplbError(f"--layer-ids: layer {max(ids)} is beyond any model's layers (at most {MAX_MODEL_LAYERS:,})")
+    return ids
 
 
 def _step_range(text: str) -> tuple[int | None, int | None]:
@@ -125,7 +145,10 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 def run_export(args: argparse.Namespace) -> int:
     output_file(args.out, "--out")
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
-    foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=args.layer_ids)
+    foreign = read_placement_file(args.placement, num_gpus=args.gpus)
+    if args.layer_ids is not None:  # bounded by the file's layers (rows), so read it once without them first
+        ids = _layer_ids(args.layer_ids, foreign.placement.num_layers, args.num_model_layers)
+        foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids)
     placement = foreign.placement
     refuse_other_gpus(args.placement, placement, args.gpus)
     layer_ids = _file_layer_ids(foreign)
