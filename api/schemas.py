@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from eplb.errors import FieldError
 from eplb.io.exports import checked_layer_ids
-from eplb.rules import groups_need_nodes, one_budget
-from eplb.schemas import PlacementResponse
+from eplb.schemas import ClusterRules, PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 from eplb.specs import HardwareSpec, ModelSpec
 
@@ -31,7 +30,7 @@ Loads = Annotated[
 ]
 
 
-class ClusterIn(BaseModel):
+class ClusterIn(ClusterRules):
     """The EP group. Give at most one of slots_per_gpu, num_redundant, memory_budget_bytes
     (none: one redundant expert per GPU; one slot per GPU when there are more GPUs than experts)."""
 
@@ -49,15 +48,6 @@ class ClusterIn(BaseModel):
         None, description="bytes of expert weights each GPU may hold (up to 1e15): one number or one per GPU"
     )
 
-    @field_validator("num_groups")
-    @classmethod
-    def _groups_need_nodes(cls, num_groups: int | None, info: ValidationInfo) -> int | None:
-        return groups_need_nodes(num_groups, info.data)  # every solve would ignore groups without nodes
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> ClusterIn:  # on the cluster, so a 422's errors name it
-        one_budget(self)
-        return self
 
 
 class PlacementIn(BaseModel):

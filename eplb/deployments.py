@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, select
 
 from eplb import trigger
@@ -30,8 +30,8 @@ from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
-from eplb.rules import DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, groups_need_nodes, is_deployment_name, one_budget
-from eplb.schemas import PlacementOut, PlacementResponse
+from eplb.rules import DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, is_deployment_name
+from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
     Cluster,
     CostSetup,
@@ -71,7 +71,7 @@ class NotFound(EplbError):
 
 
 # ----- configuration -------------------------------------------------------------------------------------------
-class ClusterShape(BaseModel):
+class ClusterShape(ClusterRules):
     """The EP group and its slot budget: at most one of slots_per_gpu, num_redundant, memory_budget_bytes
     (none: one redundant expert per GPU; one slot per GPU when there are more GPUs than experts)."""
 
@@ -84,15 +84,6 @@ class ClusterShape(BaseModel):
     num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
     memory_budget_bytes: Bytes | list[Bytes] | None = Field(None, description="expert bytes each GPU may hold")
 
-    @field_validator("num_groups")
-    @classmethod
-    def _groups_need_nodes(cls, num_groups: int | None, info: ValidationInfo) -> int | None:
-        return groups_need_nodes(num_groups, info.data)  # every solve would ignore groups without nodes
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> ClusterShape:  # on the cluster, so a 422's errors name it
-        one_budget(self)
-        return self
 
 
 class Policy(BaseModel):

@@ -1,12 +1,15 @@
 """The answer shapes, defined once: `eplb solve|evaluate --json` prints them and `POST /placement|/evaluate`
 returns them (the pydantic models are also the OpenAPI schema). `Outcome.to_model()` in eplb/solve.py builds
-them. Times are in microseconds, loads in tokens."""
+them. Times are in microseconds, loads in tokens. Also `ClusterRules`, the checks a cluster shape gets in a
+request (`api.schemas.ClusterIn`) and in a deployment's config (`eplb.deployments.ClusterShape`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from eplb.rules import groups_need_nodes, one_budget
 
 
 class PlacementOut(BaseModel):
@@ -93,3 +96,18 @@ class PlacementResponse(BaseModel):
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON object (absent fields left out): what `--json` prints and the API answers."""
         return self.model_dump(mode="json", exclude_none=True)
+
+
+class ClusterRules(BaseModel):
+    """The rules of a cluster shape's fields (`eplb.rules`), for the models that declare them: num_groups only
+    with gpus_per_node, at most one slot budget; on the cluster, so a 422's errors name its fields."""
+
+    @field_validator("num_groups", check_fields=False)
+    @classmethod
+    def _groups_need_nodes(cls, num_groups: int | None, info: ValidationInfo) -> int | None:
+        return groups_need_nodes(num_groups, info.data)  # every solve would ignore groups without nodes
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> Self:
+        one_budget(self)
+        return self
