@@ -89,12 +89,19 @@ def slots_per_gpu(
     else:
         default = num_gpus if num_gpus <= num_experts else num_gpus - num_experts
         redundant = default if num_redundant is None else int(num_redundant)
+        fewest, most = max(0, num_gpus - num_experts), num_experts * (num_gpus - 1)  # every GPU a slot; <= E each
         if redundant < 0:
             raise EplbError(f"{name['num_redundant']} must be >= 0, got {redundant}")
-        out = spread_evenly(num_experts + redundant, num_gpus)
-        if np.any(out < 1):
+        if redundant < fewest:
             raise EplbError(f"{lead(source)}{num_experts} experts + {redundant} redundant leave some of the "
-                            f"{num_gpus} GPUs without a slot")
+                            f"{num_gpus} GPUs without a slot: give at least {fewest} redundant experts")
+        if redundant > most:  # checked before spreading: a huge count would not fit an int64
+            raise EplbError(
+                f"{lead(source)}{redundant} redundant experts put more than {num_experts} slots (one per expert) on "
+                f"some of the {num_gpus} GPUs: give at most {most} redundant experts (extra slots would only hold a "
+                "second copy on the same GPU)"
+            )
+        out = spread_evenly(num_experts + redundant, num_gpus)
     if memory_budget_bytes is not None:
         out = np.minimum(out, num_experts)  # a GPU never needs more slots than there are experts
     elif int(out.max()) > num_experts:

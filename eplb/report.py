@@ -105,18 +105,21 @@ def parse_solvers(text: str) -> list[str]:
 
 
 def cluster_shapes(
-    num_experts: int, eps: Sequence[int], redundant: Sequence[int] | None
+    num_experts: int, eps: Sequence[int], redundant: Sequence[int] | None, flags: tuple[str, str] | None = None
 ) -> list[tuple[int, NDArray[np.int64]]]:
-    """(EP, slots per GPU) for every EP and redundancy; redundancy None: `slots_per_gpu`'s default."""
+    """(EP, slots per GPU) for every EP and redundancy; redundancy None: `slots_per_gpu`'s default. flags: what
+    the messages call the EP sizes and the redundant counts (the CLI: ("--ep", "--redundant")); by default the
+    quantities."""
+    ep_name, redundant_name = flags or ("EP sizes", "redundancy")
+    if not eps or (redundant is not None and not redundant):
+        raise EplbError(f"no cluster shape to compare: no {ep_name if not eps else redundant_name} given")
     shapes = []
     for ep in eps:
         if ep < 1:
-            raise EplbError(f"EP sizes must be >= 1, got {ep}")
+            raise EplbError(f"{ep_name} must be >= 1, got {ep}")
         for r in redundant if redundant is not None else [None]:
-            try:
-                shapes.append((ep, slots_per_gpu(ep, num_experts, num_redundant=r)))
-            except EplbError as exc:
-                raise EplbError(f"EP{ep}: {exc}") from None
+            names = {"num_gpus": ep_name, "num_redundant": f"{redundant_name} at EP{ep}"}  # what failed, where
+            shapes.append((ep, slots_per_gpu(ep, num_experts, num_redundant=r, names=names)))
     return shapes
 
 

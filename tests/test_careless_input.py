@@ -210,7 +210,13 @@ def test_a_binary_spec_file_is_refused_in_one_line(tmp_path: Path, capsys: pytes
      "per GPU on 32 GPUs"),
     (["--redundant", "-5"], "--redundant must be >= 0, got -5"),
     (["--gpus", "300", "--redundant", "0"], "--redundant: 256 experts + 0 redundant leave some of the 300 GPUs "
-     "without a slot"),
+     "without a slot: give at least 44 redundant experts"),
+    (["--redundant", "7937"], "--redundant: 7937 redundant experts put more than 256 slots (one per expert) on some "
+     "of the 32 GPUs: give at most 7936 redundant experts (extra slots would only hold a second copy on the same "
+     "GPU)"),
+    (["--redundant", HUGE], f"--redundant: {HUGE} redundant experts put more than 256 slots (one per expert) on "
+     "some of the 32 GPUs: give at most 7936 redundant experts (extra slots would only hold a second copy on the "
+     "same GPU)"),  # was an OverflowError traceback
     (["--gpus", "0"], "--gpus must be at least 1, got 0"),
 ])  # fmt: skip
 def test_slot_budget_errors_name_the_flags(capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:

@@ -96,7 +96,39 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["compare", "--solvers", "greedy,magic", "--out", str(tmp_path)]) == 2
     assert "unknown solver" in capsys.readouterr().err
     assert main(["compare", "--ep", "4,x", "--out", str(tmp_path)]) == 2
-    assert "--ep must be comma-separated whole numbers" in capsys.readouterr().err
+    assert "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536, got '4,x'" in capsys.readouterr().err
+
+
+REDUNDANT = "--redundant takes comma-separated whole numbers of redundant experts in all, 0 or more, got"
+EP = "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536, got"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--redundant", "-1"], f"{REDUNDANT} -1"),
+    (["--redundant", "1.5"], f"{REDUNDANT} '1.5'"),
+    (["--redundant", "0,,32"], f"{REDUNDANT} '0,,32'"),  # a blank entry was skipped
+    (["--redundant", ""], f"{REDUNDANT} ''"),  # no shape at all: a matplotlib traceback
+    (["--redundant", ","], f"{REDUNDANT} ','"),
+    (["--ep", "32", "--redundant", "0,7937"], "--redundant at EP32: 7937 redundant experts put more than 256 slots "
+     "(one per expert) on some of the 32 GPUs: give at most 7936 redundant experts (extra slots would only hold a "
+     "second copy on the same GPU)"),  # was 'EP32: 7937 slots on one GPU ...', the slots and no flag
+    (["--ep", "32", "--redundant", "9" * 30], f"--redundant at EP32: {'9' * 30} redundant experts put more than 256 "
+     "slots"),  # was an OverflowError traceback
+    (["--ep", "300", "--redundant", "0"], "--redundant at EP300: 256 experts + 0 redundant leave some of the 300 "
+     "GPUs without a slot: give at least 44 redundant experts"),  # was 'EP300: redundant experts ...', no flag
+    (["--ep", "0"], f"{EP} 0"),  # was 'EP sizes must be >= 1', no flag
+    (["--ep", "16,,32"], f"{EP} '16,,32'"),
+    (["--ep", ""], f"{EP} ''"),
+    (["--ep", "999999999"], f"{EP} 999999999"),  # was an 8 GB allocation, minutes of nothing
+])  # fmt: skip
+def test_bad_ep_and_redundant_name_the_flag_and_what_it_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    assert main(["compare", "--solvers", "greedy", "--layers", "1", *argv, "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"eplb compare: error: {said}"), err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
 
 
 # ----- --log: the same schedule replayed by every solver ------------------------------------------------------

@@ -10,6 +10,7 @@ from eplb.cli.replay import add_progress_options, add_schedule_options, schedule
 from eplb.cli.solve import (
     DEFAULT_HARDWARE,
     MAX_COUNT,
+    MAX_GPUS,
     add_cost_options,
     coactivation_for,
     cost_setup,
@@ -49,6 +50,8 @@ examples:
   eplb compare --loads window.json --solvers greedy,milp,milp-weighted --ep 8,16,32,64 --redundant 0,32 --out r/
   eplb compare --log log.npz --window 500 --interval 1000 --layers 8 --time-limit 1 --out r/"""
 
+FLAGS = ("--ep", "--redundant")
+"""What `cluster_shapes`' messages call the EP sizes and the redundant counts."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,11 +86,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _ints(text: str, what: str) -> list[int]:
+def _ints(text: str, flag: str, unit: str, low: int, high: int | None = None) -> list[int]:
+    """A flag's comma-separated whole numbers, each in [low, high] (high None: unbounded here) -> [int]; unit:
+    what they count, for the message. A blank entry ('4,,8', '') is refused, not skipped."""
+    accepted = f"comma-separated whole numbers of {unit}, " + (f"{low:,} or more" if high is None else
+                                                                f"{low:,} to {high:,}")  # fmt: skip
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",")]
     except ValueError:
-        raise EplbError(f"{what} must be comma-separated whole numbers, got {text!r}") from None
+        raise EplbError(f"{flag} takes {accepted}, got {text!r}") from None
+    for v in values:
+        if v < low or (high is not None and v > high):
+            raise EplbError(f"{flag} takes {accepted}, got {v}")
+    return values
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
         raise EplbError("--time-limit must be > 0")
     if args.layers is not None and args.layers < 1:
         raise EplbError("--layers must be >= 1")
-    eps = _ints(args.ep, "--ep")
-    redundant = None if args.redundant is None else _ints(args.redundant, "--redundant")
+    eps = _ints(args.ep, "--ep", "GPUs", 1, MAX_GPUS)
+    # the most --redundant one EP size takes is checked with it (cluster_shapes)
+    redundant = None if args.redundant is None else _ints(args.redundant, "--redundant", "redundant experts in all", 0)
     with executor_from(args) as args.run_on:
         runs, meta = _run_log(args, solvers, eps, redundant) if args.log else _run_window(args, solvers, eps, redundant)
     meta["command"] = "eplb " + " ".join(args.argv)
@@ -114,7 +126,7 @@ def _run_window(
 ) -> tuple[list[Run], dict[str, Any]]:
     window = read_window(args.loads)
     loads = window.loads if args.layers is None else window.loads[: args.layers]
-    shapes = cluster_shapes(window.num_experts, eps, redundant)
+    shapes = cluster_shapes(window.num_experts, eps, redundant, FLAGS)
     args.tokens_per_gpu_default = DEFAULT_TOKENS_PER_GPU  # a window's own total is no step size
     model = model_for(args, window)
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
@@ -143,7 +155,7 @@ def _run_log(
         raise EplbError("--objectives and --coactivation compare placements on one window: give --loads, not --log")
     log = open_log(args.log)
     info = log.info
-    shapes = cluster_shapes(info.num_experts, eps, redundant)
+    shapes = cluster_shapes(info.num_experts, eps, redundant, FLAGS)
     if args.oracle_every < 0:
         raise EplbError("--oracle-every must be >= 0")
     model = model_for(args, info)
