@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 from solvers import _incremental
 from solvers.migration import arrange_slots, relabel_gpus
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
+from solvers.validation import EMPTY_SLOT, InvalidPlacement, validate_placement
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -126,6 +127,7 @@ def trajectories(
     w = np.ascontiguousarray(loads, dtype=np.float64)
     phy = np.ascontiguousarray(current_phy2log, dtype=np.int64)
     slots = np.ascontiguousarray(slots_per_gpu, dtype=np.int64)
+    _check_serving(w, phy, slots)
     num_layers, num_experts = w.shape
     num_physical, num_gpus = phy.shape[1], slots.size
     steps_cap = num_physical if max_steps is None else max_steps
@@ -166,6 +168,24 @@ def trajectories(
         expert=out_expert[layer, step, col],
         mean_load=mean,
     )
+
+
+def _check_serving(loads: FloatArray, current_phy2log: IntArray, slots_per_gpu: IntArray) -> None:
+    """ValueError (InvalidPlacement) unless ``current_phy2log [L, P]`` is a placement of ``loads [L, E]`` on
+    ``slots_per_gpu [G]`` with every slot filled: the compiled walk indexes by its expert ids."""
+    if loads.ndim != 2:
+        raise ValueError(f"loads must be [layers, experts], got shape {loads.shape}")
+    if current_phy2log.ndim != 2 or current_phy2log.shape[0] != loads.shape[0]:
+        raise InvalidPlacement(f"the serving placement must be [layers, slots] with the loads' {loads.shape[0]} "
+                               f"layers, got shape {current_phy2log.shape}")
+    try:
+        validate_placement(current_phy2log, slots_per_gpu, loads.shape[1])
+    except InvalidPlacement as exc:
+        raise InvalidPlacement(f"the serving placement: {exc}") from None
+    if (current_phy2log == EMPTY_SLOT).any():
+        layer, slot = (int(v) for v in np.argwhere(current_phy2log == EMPTY_SLOT)[0])
+        raise InvalidPlacement(f"the serving placement has an empty slot (-1; layer {layer}, slot {slot}): "
+                               "incremental edits need every slot holding an expert")
 
 
 State = tuple[list[int], list[int], list[float]]

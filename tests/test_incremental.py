@@ -19,7 +19,7 @@ from solvers.incremental import frontier, rebalance, trajectories
 from solvers.loads import gpu_loads
 from solvers.migration import count_moves, relabel_gpus
 from solvers.registry import Options, Problem, SolverError
-from solvers.validation import duplicate_count, replica_counts, validate_placement
+from solvers.validation import InvalidPlacement, duplicate_count, replica_counts, validate_placement
 
 PREFILL = "fixtures/sglang6017-dsv3-prefill-in4096.json"
 DECODE = "fixtures/sglang6017-dsv3-decode-in1000out1000.json"
@@ -268,3 +268,24 @@ def test_default_takes_fresh_greedy_where_edits_fall_short() -> None:
     assert solution.info["fresh_layers"]  # the edits alone fall short here
     budgeted = registry.solve("incremental", problem, Options(max_moves=500))
     assert count_moves(budgeted.phy2log, current, slots).sum() <= 500 and "fresh_layers" not in budgeted.info
+
+
+@pytest.mark.parametrize(
+    ("current", "message"),
+    [
+        ([[0, 1, -1, 2]], "empty slot \\(-1; layer 0, slot 2\\)"),
+        ([[0, 1, 2]], "the serving placement: phy2log has 3 slots per layer but slots_per_gpu sums to 4"),
+        ([[0, 1, 1, 3]], "the serving placement: phy2log\\[0\\]\\[3\\] is 3: expert ids run 0..2"),
+        ([[0, 1, 1, 1]], "the serving placement: logical expert 2 has no replica in layer 0"),
+        ([[0, 1, 1, 2], [0, 1, 1, 2]], "with the loads' 1 layers, got shape \\(2, 4\\)"),
+    ],
+)
+def test_a_serving_placement_the_walk_cannot_index_is_refused(current: list[list[int]], message: str) -> None:
+    """The compiled walk indexes by the serving placement's expert ids and slot count: an empty slot, an id out of
+    range or a slot count that is not the GPUs' overran its buffers (the process aborted: 'double free or
+    corruption'); each is now refused with what is wrong."""
+    loads, slots = np.array([[5.0, 1.0, 1.0]]), np.array([2, 2], dtype=np.int64)
+    with pytest.raises(InvalidPlacement, match=message):
+        registry.solve("incremental", Problem(loads, slots, current_phy2log=np.array(current)), Options())
+    with pytest.raises(InvalidPlacement, match=message):
+        rebalance(loads, np.array(current), slots, max_moves=2)
