@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -283,6 +283,7 @@ def solve(
     objective: str = "lb",
     coactivation: CoactivationSummary | None = None,
     empty_slots: bool = True,
+    starting: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
     loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
@@ -294,7 +295,9 @@ def solve(
     the lowest predicted time, `eplb.objective`; needs `cost`). coactivation: the window's co-activation
     summary: the predicted comm counts one copy per GPU a token reaches, and the time objective may
     co-locate experts chosen together. empty_slots: whether the time objective may leave slots empty (one
-    slot per expert); False where the placement will serve as the next `current` (deployments)."""
+    slot per expert); False where the placement will serve as the next `current` (deployments). starting:
+    called with the solver's registry name once every input is checked, just before the solver runs (the CLI's
+    progress line, so that no refusal follows it)."""
     check_shapes(loads, cluster)
     check_links(cost, cluster)
     check_objective(objective, cost, coactivation, loads)
@@ -313,6 +316,9 @@ def solve(
         coactivation=solver_pairs(name, coactivation),
     )
     try:
+        if starting is not None:
+            registry.check(name, problem, options or Options())  # its refusals before the caller's output
+            starting(name)
         solution = registry.solve(name, problem, options or Options())
     except InvalidPlacement:
         raise  # a solver bug, never the caller's fault

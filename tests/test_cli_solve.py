@@ -313,8 +313,7 @@ def test_the_milp_refusing_groups_with_a_current_placement_says_what_to_drop(
     current = tmp_path / "p.json"
     assert main(["solve", *hierarchy, "--out", str(current)]) == 0
     capsys.readouterr()
-    assert main(["solve", *hierarchy, "--current", str(current), "--solver", "milp"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the MILP's 'solving ...' line
+    err = _error(capsys, *hierarchy, "--current", str(current), "--solver", "milp")  # no 'solving ...' line first
     assert err == ("eplb solve: error: solver 'milp' keeps expert groups within nodes or minimizes copies from a "
                    "current placement, not both: drop --groups/--gpus-per-node or --current, or choose a solver "
                    "that does both (incremental)")
@@ -342,3 +341,40 @@ def test_the_solvers_said_to_do_both_keep_groups_and_take_the_current_placement(
     with pytest.raises(registry.SolverError, match=r"not both: drop cluster.num_groups/cluster.gpus_per_node, or "
                        r"choose a solver that does both \(incremental\)$"):
         registry.check("milp-weighted", problem, Options(), names=fields)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--solver", "milp", "--gpus-per-node", "8", "--groups", "8", "--current", "CURRENT"],
+     "solver 'milp' keeps expert groups within nodes or minimizes copies from a current placement, not both"),
+    (["--solver", "milp", "--split", "weighted", "--objective", "time", "--model", "deepseek-v3"],
+     "the time objective places uniform shares: drop --split weighted (solver 'milp-weighted')"),
+    (["--solver", "milp-weighted", "--objective", "time", "--model", "deepseek-v3"],
+     "the time objective places uniform shares, and solver 'milp-weighted' weights them"),
+    (["--solver", "milp", "--link", "bogus"], "--link bogus: link must be"),
+    (["--solver", "milp", "--hardware", "nope"], "unknown hardware 'nope'"),
+    (["--solver", "milp", "--gpus-per-node", "3"], "32 GPUs do not split into nodes of 3"),
+    (["--solver", "milp", "--node-limit", "2"], "a node limit caps the nodes a token reaches"),
+    (["--solver", "milp", "--coactivation", "MISSING"], "co-activation file not found"),
+])  # fmt: skip
+def test_the_milp_refuses_before_its_progress_line(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """The 'solving N layers with the MILP ...' line came before these refusals (solve's checks, the registry's,
+    the cost and co-activation setup): now `solve` calls it back once every input is checked."""
+    swap = {"CURRENT": str(serving), "MISSING": str(tmp_path / "missing.json")}
+    err = _error(capsys, *[swap.get(a, a) for a in argv])  # the one line: the error, no progress before it
+    assert err.startswith(f"eplb solve: error: {said}"), err
+
+
+def test_the_milp_progress_line_comes_before_a_solve_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check above can fail: the line is still printed, first, for both MILP solvers that do run."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": read_window(None).loads[:1].tolist()}))
+    for solver in ("milp", "milp-weighted"):
+        capsys.readouterr()
+        assert main(["solve", "--loads", str(window), "--solver", solver, "--time-limit", "0.05", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert err.startswith("solving 1 layers with the MILP, up to 0.05 s per layer on ") and err.count("\n") == 1
+        assert json.loads(out)["solver"]["name"] == solver

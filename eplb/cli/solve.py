@@ -473,14 +473,6 @@ def run_solve(args: argparse.Namespace) -> int:
 
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
                                      num_gpus=args.gpus)
-    if args.solver == "milp":
-        from solvers.milp import DEFAULT_LAYER_LIMIT_S
-
-        per_layer = args.time_limit or args.total_time_limit or DEFAULT_LAYER_LIMIT_S
-        waves = -(-window.num_layers // max(1, os.cpu_count() or 1))
-        at_most = min(waves * per_layer, args.total_time_limit or math.inf)
-        print(f"solving {window.num_layers} layers with the MILP, up to {per_layer:g} s per layer on "
-              f"{os.cpu_count()} cores (about {at_most:,.0f} s at most)...", file=sys.stderr)
     cluster = Cluster(slots, args.gpus_per_node, args.groups)
     if args.frontier:
         assert current is not None
@@ -496,6 +488,7 @@ def run_solve(args: argparse.Namespace) -> int:
         stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
         objective=args.objective,
         coactivation=coactivation_for(args, window),
+        starting=lambda name: _milp_progress(args, name, window.num_layers),
     )
     if args.out:
         from eplb.io.exports import write_export
@@ -510,6 +503,20 @@ def run_solve(args: argparse.Namespace) -> int:
     else:
         print("\n".join([_summary(window, outcome, model, args.out), *_notes(args, outcome)]))
     return 0
+
+
+def _milp_progress(args: argparse.Namespace, name: str, num_layers: int) -> None:
+    """The MILP's 'solving ...' line on stderr, when solver `name` (the registry's) is one: `solve` calls this once
+    every input is checked, so no refusal follows it."""
+    if name not in ("milp", "milp-weighted"):
+        return
+    from solvers.milp import DEFAULT_LAYER_LIMIT_S
+
+    per_layer = args.time_limit or args.total_time_limit or DEFAULT_LAYER_LIMIT_S
+    waves = -(-num_layers // max(1, os.cpu_count() or 1))
+    at_most = min(waves * per_layer, args.total_time_limit or math.inf)
+    print(f"solving {num_layers} layers with the MILP, up to {per_layer:g} s per layer on "
+          f"{os.cpu_count()} cores (about {at_most:,.0f} s at most)...", file=sys.stderr)
 
 
 def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
