@@ -766,7 +766,7 @@ def test_synth_steps_beyond_the_disk_are_refused_before_the_work(
     ("log.npz", ["--format", "topk"], True),
     ("log.npz", ["--compress"], False),
     ("log.npz", [], True),
-    ("log.jsonl", ["--compress"], True),  # written as it is: --compress deflates a .npz only
+    ("log.jsonl", [], True),  # --compress with it is refused (tests/test_logs.py)
     ("log.npz", ["--preset", "seed004", "--compress"], False),
 ])  # fmt: skip
 def test_synth_checks_the_disk_for_what_it_writes_uncompressed_only(
@@ -774,8 +774,7 @@ def test_synth_checks_the_disk_for_what_it_writes_uncompressed_only(
     argv: list[str], checked: bool
 ) -> None:
     """--format topk --compress was refused on the size of the ids uncompressed, while a --compress counts log
-    skipped the check (how much deflate saves is the data's to decide): both skip it now; a .jsonl, which
-    --compress leaves as it is, is checked."""
+    skipped the check (how much deflate saves is the data's to decide): both skip it now; a .jsonl is checked."""
     import shutil
     from types import SimpleNamespace
 

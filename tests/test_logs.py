@@ -359,3 +359,55 @@ def test_float16_counts_are_checked_in_float64() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert count_problem(np.array([[[3.0, 1.0]]], dtype=np.float16)) is None
+
+
+NOT_NPZ = "--compress deflates an .npz log's members; "
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["synth", "--out", "OUT/log.jsonl", "--compress"],
+     "eplb synth: error: " + NOT_NPZ + "--out OUT/log.jsonl is JSONL, written as plain text: drop --compress, or "
+     "name it .npz"),
+    (["logs", "convert", "LOG", "OUT/log.jsonl", "--compress"],
+     "eplb logs: error: " + NOT_NPZ + "OUT OUT/log.jsonl is JSONL, written as plain text: drop --compress, or name "
+     "it .npz"),
+    (["logs", "convert", "LOG", "OUT/log.ndjson", "--compress"], "eplb logs: error: " + NOT_NPZ + "OUT "
+     "OUT/log.ndjson is JSONL"),
+    (["logs", "convert", "LOG", "OUT/log.parquet", "--compress"], "eplb logs: error: " + NOT_NPZ + "OUT "
+     "OUT/log.parquet is Parquet, whose shards are always compressed (zstd): drop --compress"),
+    (["logs", "convert", "LOG", "OUT/shards", "--to", "parquet", "--compress"], "eplb logs: error: " + NOT_NPZ +
+     "OUT OUT/shards is Parquet"),
+])  # fmt: skip
+def test_compress_for_a_log_it_cannot_deflate_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], counts: np.ndarray, argv: list[str], said: str
+) -> None:
+    """--compress with a .jsonl (eplb synth, eplb logs convert) or Parquet output was silently ignored; now
+    refused, naming the flag and the output, before anything is written."""
+    from eplb.cli import main
+
+    log = tmp_path / "in.npz"
+    write_counts(log, counts)
+    out = tmp_path / "out"
+    out.mkdir()
+    swap = {"LOG": str(log)}
+    argv = [swap.get(a, a.replace("OUT/", f"{out}/")) for a in argv]
+    assert main(argv + (["--steps", "10", "--layers", "2"] if argv[0] == "synth" else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(said.replace("OUT/", f"{out}/")), err
+    assert not list(out.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("argv", [["synth", "--out", "OUT/log.npz"], ["logs", "convert", "LOG", "OUT/log.npz"]])
+def test_compress_deflates_an_npz_log(tmp_path: Path, counts: np.ndarray, argv: list[str]) -> None:
+    """The refusal above can fail: with an .npz, --compress deflates every member, and the log reads back."""
+    from eplb.cli import main
+
+    log = tmp_path / "in.npz"
+    write_counts(log, counts)
+    out = tmp_path / "log.npz"
+    swap = {"LOG": str(log), "OUT/log.npz": str(out)}
+    extra = ["--steps", "10", "--layers", "2", "--experts", "16", "--top-k", "2"] if argv[0] == "synth" else []
+    assert main([swap.get(a, a) for a in argv] + extra + ["--compress"]) == 0
+    with zipfile.ZipFile(out) as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
+    assert open_log(out).info.num_steps == (10 if argv[0] == "synth" else counts.shape[0])

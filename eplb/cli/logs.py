@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--to", choices=("npz", "jsonl", "parquet"), help="output format (default: from OUT's name)")
     c.add_argument("--shard-steps", type=int, default=SHARD_STEPS, metavar="N",
                    help=f"Parquet: steps per shard file (default {SHARD_STEPS:,})")
-    c.add_argument("--compress", action="store_true", help="npz: deflate the members (smaller, slower to read)")
+    c.add_argument("--compress", action="store_true", help="npz: deflate the members (smaller, slower to read); "
+                   "refused for JSONL and Parquet")
     c.set_defaults(func=run_convert)
 
 
@@ -56,9 +57,21 @@ def output_format(dst: Path, to: str | None) -> str:
     return formats[suffix]
 
 
+def refuse_compress(compress: bool, fmt: str, what: str) -> None:
+    """--compress deflates an .npz log's members, nothing else: EplbError when it is given for output format `fmt`
+    (npz, jsonl or parquet), rather than a silent no-op; what: the output as the message names it ('--out
+    log.jsonl')."""
+    if not compress or fmt == "npz":
+        return
+    why = ("is JSONL, written as plain text: drop --compress, or name it .npz" if fmt == "jsonl" else
+           "is Parquet, whose shards are always compressed (zstd): drop --compress")  # fmt: skip
+    raise EplbError(f"--compress deflates an .npz log's members; {what} {why}")
+
+
 def run_convert(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), Path(args.dst)
     fmt = output_format(dst, args.to)
+    refuse_compress(args.compress, fmt, f"OUT {dst}")
     if fmt == "parquet" and args.shard_steps < 1:
         raise EplbError(f"--shard-steps must be >= 1 (steps per shard file), got {args.shard_steps}")
     if src.resolve() == dst.resolve():

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots
+from eplb.cli.logs import refuse_compress
 from eplb.cli.solve import (
     MAX_COUNT,
     add_cluster_options,
@@ -135,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--gpus", type=int, default=32, metavar="N",
                    help="EP size for the printed no-EPLB imbalance (default 32)")
     s.add_argument("--compress", action="store_true",
-                   help="deflate the .npz (about 1.5x smaller, several times slower to read)")
+                   help="deflate the .npz (about 1.5x smaller, several times slower to read); refused for .jsonl")
     s.add_argument("--json", action="store_true", help="print the config and statistics as JSON")
     s.set_defaults(func=run_synth)
 
@@ -341,6 +342,7 @@ def run_synth(args: argparse.Namespace) -> int:
         raise EplbError(f"--out {out}: use a .npz or .jsonl file name")
     if args.format == "topk" and suffix != ".npz":
         raise EplbError("--format topk writes a .npz (topk_ids and step_offsets); name the file .npz")
+    refuse_compress(args.compress, suffix.removeprefix("."), f"--out {out}")
     if args.gpus < 1:
         raise EplbError("--gpus must be >= 1")
     if args.seed < 0:
@@ -375,9 +377,9 @@ def run_synth(args: argparse.Namespace) -> int:
 def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> dict[str, Any]:
     """Draw the log `args` asks for, write it to `out` and feed its counts to `acc`; returns its config."""
     config: dict[str, Any]
-    # A deflated .npz (counts or expert ids) takes less, by how much the data decides: its size is not checked.
-    # .jsonl is written as it is, --compress or not.
-    deflated = args.compress and out.suffix.lower() == ".npz"
+    # A deflated .npz (counts or expert ids) takes less, by how much the data decides: its size is not checked
+    # (--compress with a .jsonl is refused).
+    deflated = args.compress
     if args.preset == "seed004":
         for flag in ("experts", "top_k", "tokens", "exponent", "hot_ratio"):
             if getattr(args, flag) is not None:
