@@ -377,6 +377,10 @@ NOT_NPZ = "--compress deflates an .npz log's members; "
      "OUT/log.parquet is Parquet, whose shards are always compressed (zstd): drop --compress"),
     (["logs", "convert", "LOG", "OUT/shards", "--to", "parquet", "--compress"], "eplb logs: error: " + NOT_NPZ +
      "OUT OUT/shards is Parquet"),
+    (["logs", "convert", "LOG", "OUT/log.jsonl", "--to", "npz"], "eplb logs: error: --to npz writes NPZ: OUT "
+     "OUT/log.jsonl must end in .npz (a log's format is told from its name when it is read)"),  # written, then
+    (["logs", "convert", "LOG", "OUT/log.npz", "--to", "jsonl"], "eplb logs: error: --to jsonl writes JSONL: OUT "
+     "OUT/log.npz must end in .jsonl or .ndjson"),  # 'not valid JSON' reading it back
 ])  # fmt: skip
 def test_compress_for_a_log_it_cannot_deflate_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], counts: np.ndarray, argv: list[str], said: str

@@ -57,6 +57,10 @@ def output_format(dst: Path, to: str | None) -> str:
     return formats[suffix]
 
 
+SUFFIXES = {"npz": (".npz",), "jsonl": (".jsonl", ".ndjson")}
+"""The names a log of each one-file format must have: readers tell a log's format from its name."""
+
+
 def refuse_compress(compress: bool, fmt: str, what: str) -> None:
     """--compress deflates an .npz log's members, nothing else: EplbError when it is given for output format `fmt`
     (npz, jsonl or parquet), rather than a silent no-op; what: the output as the message names it ('--out
@@ -71,6 +75,9 @@ def refuse_compress(compress: bool, fmt: str, what: str) -> None:
 def run_convert(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), Path(args.dst)
     fmt = output_format(dst, args.to)
+    if fmt in SUFFIXES and dst.suffix.lower() not in SUFFIXES[fmt]:  # it was written, then not read back
+        raise EplbError(f"--to {fmt} writes {fmt.upper()}: OUT {dst} must end in {' or '.join(SUFFIXES[fmt])} (a "
+                        "log's format is told from its name when it is read)")
     refuse_compress(args.compress, fmt, f"OUT {dst}")
     if fmt == "parquet" and args.shard_steps < 1:
         raise EplbError(f"--shard-steps must be >= 1 (steps per shard file), got {args.shard_steps}")
