@@ -132,7 +132,7 @@ def sglang_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[bool],
         algorithms.compute_algorithm = compute_algorithm  # type: ignore[attr-defined]
         algorithms.rebalance_experts = rebalance_experts  # type: ignore[attr-defined]
         modules = {"sglang": types.ModuleType("sglang"), "sglang.srt.eplb.eplb_algorithms": algorithms}
-        modules["sglang"].__path__ = []  # type: ignore[attr-defined]
+        modules["sglang"].__path__ = []
         modules["sglang"].__spec__ = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
         if with_hooks:
             hook_module = types.ModuleType("sglang.srt.plugins.hook_registry")
@@ -219,3 +219,27 @@ def test_remote_placement_for_another_cluster_shape_is_not_used(
         served, _, _ = plugin.rebalance_experts(tokens, 16, 4, None, 1)
     assert "eplb algorithm (remote): placement from" in caplog.text
     assert served.tolist() == httpx.get(f"{base}/deployments/sglang-shape", timeout=60).json()["placement"]["phy2log"]
+
+
+def test_a_refused_remote_placement_leaves_the_serving_map(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deployment is changed to 2 GPUs x 8 slots under an SGLang of 4 ranks x 4: its placement is refused, the
+    serving map (SGLang's current_phy2log) is answered unchanged, and the deployment is not told it was applied."""
+    import httpx
+
+    base = server_factory()
+    remote_mixtral_deployment(base, "sglang-refused", monkeypatch)
+    tokens = torch.from_numpy(np.random.default_rng(3).pareto(1.0, size=(2, 4, 8)) * 100)
+    first, _, _ = plugin.rebalance_experts(tokens, 16, 4, None, 1)
+    other = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 2, "slots_per_gpu": 8}, "solver": "greedy",
+             "policy": {"trigger": "periodic"}}
+    assert httpx.put(f"{base}/deployments/sglang-refused", json=other, timeout=60).status_code == 200
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        phy2log, log2phy, logcnt = plugin.rebalance_experts(tokens.flip(2), 16, 4, None, 1, current_phy2log=first)
+    (record,) = [r for r in caplog.records if r.name == plugin.logger.name]
+    assert record.levelno == logging.WARNING and "eplb algorithm (kept): the serving placement stays" in record.message
+    assert phy2log.tolist() == first.tolist()
+    assert [t.tolist() for t in core.logical_maps(first.numpy(), 8)] == [log2phy.tolist(), logcnt.tolist()]
+    history = httpx.get(f"{base}/deployments/sglang-refused/history", timeout=60).json()["entries"]
+    assert "applied" not in [e["action"] for e in history]

@@ -463,7 +463,7 @@ def _answering(status: int, body: Any) -> httpx.Client:
     return httpx.Client(transport=httpx.MockTransport(handler), base_url="http://svc")
 
 
-def _placed(phy2log: list[list[int]], slots_per_gpu: Any = (3, 3), **more: Any) -> dict[str, Any]:
+def _placed(phy2log: list[list[Any]], slots_per_gpu: Any = (3, 3), **more: Any) -> dict[str, Any]:
     placement = {"phy2log": phy2log, "slots_per_gpu": list(slots_per_gpu), **more}
     return {"action": "placed", "result": {"placement": placement}}
 
@@ -543,7 +543,7 @@ def test_remote_deployment_name_is_one_path_segment(
             EplbPolicy.rebalance_experts(weight, 16, 1, 1, 4)
         assert f"solved locally: EPLB_DEPLOYMENT={name!r} is no deployment name the service can have" in caplog.text
     assert httpx.get(f"{base}/deployments/plugin-target", timeout=60).json()["windows"] == 0
-    assert core.is_deployment_name is is_deployment_name and NAME is DEPLOYMENT_NAME  # one rule, eplb.rules
+    assert vars(core)["is_deployment_name"] is is_deployment_name and NAME is DEPLOYMENT_NAME  # one rule, eplb.rules
     with pytest.raises(EplbError, match=re.escape(repr("victim\n"))):  # '$' matched before a trailing newline
         check_name("victim\n")
 
@@ -567,3 +567,201 @@ def test_without_a_budget_a_rebalance_never_costs_balance(nodes: int) -> None:
     kept_lb = core.layer_lb(DECODE, result.phy2log, 32).mean()
     assert kept_lb <= core.INCREMENTAL_LB_TOLERANCE * core.layer_lb(DECODE, fresh, 32).mean()
     assert core.moves(result.phy2log, old, 32).sum() < core.moves(fresh, old, 32).sum()
+
+
+# --- the deployment's serving placement after refusals and failures ------------------------------------------------
+
+
+def _history(base: str, name: str) -> list[dict[str, Any]]:
+    """The deployment's history entries, oldest first."""
+    page = httpx.get(f"{base}/deployments/{name}/history", params={"limit": 100}, timeout=60).json()
+    return list(reversed(page["entries"]))
+
+
+def _current(base: str, name: str) -> dict[str, Any]:
+    deployment: dict[str, Any] = httpx.get(f"{base}/deployments/{name}", timeout=60).json()
+    return deployment
+
+
+def test_a_refused_placement_leaves_the_engines_map_and_is_not_recorded_as_applied(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine (4 ranks x 4 slots) serves the deployment's placement; the deployment is then changed to 2 GPUs x 8
+    slots (a [L, 16] map too) and answers a placement for them: the engine keeps its map as it was (a WARNING), the
+    deployment is never told the refused placement was applied, and, holding a placement for another cluster, gets
+    no further windows. Set back to 4 x 4, the deployment is told what serves, rebalances from it, and the engine
+    serves that placement."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-refused", monkeypatch)
+    rng = np.random.default_rng(5)
+    windows = [torch.from_numpy(rng.pareto(1.0, size=(4, 8)) * 100) for _ in range(4)]
+    first = EplbPolicy.rebalance_experts(windows[0], 16, 1, 1, 4)
+    assert first.tolist() == _current(base, "plugin-refused")["placement"]["phy2log"]
+    other = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 2, "slots_per_gpu": 8}, "solver": "greedy",
+             "policy": {"trigger": "periodic"}}
+    assert httpx.put(f"{base}/deployments/plugin-refused", json=other, timeout=60).status_code == 200
+    for window in windows[1:3]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+            out = EplbPolicy.rebalance_experts(window, 16, 1, 1, 4, first.clone())
+        assert out.tolist() == first.tolist()  # the engine's expert map is unchanged
+        (record,) = [r for r in caplog.records if r.name == "vllm.eplb_plugin"]
+        assert record.levelno == logging.WARNING and "eplb policy (kept): the serving placement stays" in record.message
+        assert "num_gpus 2 vs the engine's 4 ranks, slots_per_gpu 8 vs the engine's 4 per rank" in record.message
+    deployment = _current(base, "plugin-refused")
+    assert deployment["windows"] == 2  # the window after the refusal was not sent to a deployment of 2 GPUs
+    assert deployment["placement"]["slots_per_gpu"] == [8, 8]  # the service's own answer, never reported applied
+    assert [e["action"] for e in _history(base, "plugin-refused")] == ["placed", "placed"]
+    config = {**other, "cluster": {"num_gpus": 4, "slots_per_gpu": 4}}
+    assert httpx.put(f"{base}/deployments/plugin-refused", json=config, timeout=60).status_code == 200
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        served = EplbPolicy.rebalance_experts(windows[3], 16, 1, 1, 4, first.clone())
+    assert "eplb policy (remote): placement from" in caplog.text and "WARNING" not in caplog.text
+    entries = _history(base, "plugin-refused")
+    assert [e["action"] for e in entries[2:4]] == ["applied", "rebalanced"]  # from the map serving, not afresh
+    assert entries[2]["seq"] == 2 and entries[3]["lb_before"] == pytest.approx(
+        core.layer_lb(windows[3].numpy(), first.numpy(), 4).mean(), abs=1e-5)
+    assert served.tolist() == _current(base, "plugin-refused")["placement"]["phy2log"]
+    assert stays_in_old_slot(first.numpy(), served.numpy(), 4)
+
+
+def _relay(base: str, alter: Callable[[httpx.Request, httpx.Response], httpx.Response]) -> httpx.Client:
+    """An httpx client whose every request goes to the real service at `base`; `alter(request, answer)` may change
+    the answer (or raise, as a lost connection does)."""
+    real = httpx.Client(base_url=base, timeout=60)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = real.request(request.method, request.url.raw_path.decode(), content=request.content,
+                              headers={"content-type": "application/json"})
+        return alter(request, httpx.Response(answer.status_code, content=answer.content, headers=answer.headers))
+
+    return httpx.Client(transport=httpx.MockTransport(handler), base_url=base)
+
+
+def _windows_only(change: Callable[[httpx.Response], httpx.Response]) -> Callable[..., httpx.Response]:
+    def alter(request: httpx.Request, answer: httpx.Response) -> httpx.Response:
+        return change(answer) if request.url.path.endswith("/windows") else answer
+
+    return alter
+
+
+def _rebalance(weight: np.ndarray, old: np.ndarray | None, base: str, name: str,
+               alter: Callable[..., httpx.Response] = lambda request, answer: answer) -> core.Rebalanced:
+    settings = core.Settings(service_url=base, deployment=name)
+    with _relay(base, alter) as client:
+        return core.rebalance(weight, 16, 1, 1, 4, old, settings, client=client)
+
+
+def test_a_refused_placement_is_replaced_by_the_serving_one_on_the_deployment(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service rebalances and stores its placement as serving, but its answer reaches the engine without one
+    expert (a broken proxy): the engine keeps its map, tells the deployment it still serves it (an `applied` entry,
+    the refused placement never reported), and the next window is judged against that map and rebalanced from it."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-relay", monkeypatch)
+    rng = np.random.default_rng(6)
+    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(2)]
+    first = _rebalance(windows[0], None, base, "plugin-relay")
+    assert first.source == "remote" and not first.fell_back
+
+    def drop_an_expert(answer: httpx.Response) -> httpx.Response:
+        body = answer.json()
+        body["result"]["placement"]["phy2log"][0] = [0] * 16
+        return httpx.Response(200, json=body)
+
+    refused = _rebalance(windows[1], first.phy2log, base, "plugin-relay", _windows_only(drop_an_expert))
+    assert refused.source == "kept" and refused.fell_back and "does not place each of the 8 experts" in refused.how
+    assert np.array_equal(refused.phy2log, first.phy2log)
+    entries = _history(base, "plugin-relay")
+    assert [e["action"] for e in entries] == ["placed", "rebalanced", "applied"]
+    assert entries[2]["moves"] == entries[1]["moves"] > 0  # back from the refused placement to the serving one
+    assert _current(base, "plugin-relay")["placement"]["phy2log"] == first.phy2log.tolist()
+    good = _rebalance(windows[1], refused.phy2log, base, "plugin-relay")
+    entries = _history(base, "plugin-relay")
+    assert [e["action"] for e in entries[3:]] == ["rebalanced"]  # no report needed: the deployment holds the map
+    assert entries[3]["lb_before"] == pytest.approx(entries[2]["lb_after"]) == pytest.approx(
+        core.layer_lb(windows[1], first.phy2log, 4).mean(), abs=1e-5)
+    assert good.source == "remote" and _current(base, "plugin-relay")["placement"]["phy2log"] == good.phy2log.tolist()
+
+
+def test_after_an_error_status_the_deployment_is_told_what_serves(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 to the window (the service stored nothing): the engine solves locally from its map and the deployment
+    records that local placement as applied, so the next window starts from it."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-busy", monkeypatch)
+    rng = np.random.default_rng(7)
+    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(3)]
+    first = _rebalance(windows[0], None, base, "plugin-busy")
+    busy = _windows_only(lambda answer: httpx.Response(503, json={"detail": "every solver worker is busy"}))
+    local = _rebalance(windows[1], first.phy2log, base, "plugin-busy", busy)
+    assert local.source == "local" and local.fell_back and "answered 503: every solver worker is busy" in local.how
+    assert not np.array_equal(local.phy2log, first.phy2log)
+    assert [e["action"] for e in _history(base, "plugin-busy")] == ["placed", "rebalanced", "applied"]
+    assert _current(base, "plugin-busy")["placement"]["phy2log"] == local.phy2log.tolist()
+    _rebalance(windows[2], local.phy2log, base, "plugin-busy")
+    last = _history(base, "plugin-busy")[-1]
+    assert last["action"] == "rebalanced" and last["lb_before"] == pytest.approx(
+        core.layer_lb(windows[2], local.phy2log, 4).mean(), abs=1e-5)
+
+
+def test_a_lost_answer_is_made_good_before_the_next_window(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service rebalanced, but its answer never arrived (the read timed out): the engine solves locally and
+    asks nothing more of a service that does not answer; before the next window it finds the deployment holding the
+    lost placement and records the one serving, which the window is then judged against."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-lost", monkeypatch)
+    rng = np.random.default_rng(8)
+    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(3)]
+    first = _rebalance(windows[0], None, base, "plugin-lost")
+
+    def lost(answer: httpx.Response) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out")
+
+    local = _rebalance(windows[1], first.phy2log, base, "plugin-lost", _windows_only(lost))
+    assert local.source == "local" and local.fell_back and "no answer from" in local.how
+    lost_placement = _current(base, "plugin-lost")["placement"]["phy2log"]
+    assert [e["action"] for e in _history(base, "plugin-lost")] == ["placed", "rebalanced"]
+    assert lost_placement != local.phy2log.tolist()
+    _rebalance(windows[2], local.phy2log, base, "plugin-lost")
+    entries = _history(base, "plugin-lost")
+    assert [e["action"] for e in entries[2:4]] == ["applied", "rebalanced"]
+    assert entries[3]["lb_before"] == pytest.approx(core.layer_lb(windows[2], local.phy2log, 4).mean(), abs=1e-5)
+
+
+def test_a_placement_relabelled_to_keep_slots_is_what_the_deployment_holds(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plug-in relabels the service's answer's GPUs to keep the engine's slots: the deployment, which stored the
+    answer as it sent it, is told the relabelled map the engine serves."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-relabel", monkeypatch)
+    rng = np.random.default_rng(9)
+    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(2)]
+    first = _rebalance(windows[0], None, base, "plugin-relabel")
+    rotated = np.roll(first.phy2log, 4, axis=1)  # the same GPUs, numbered one on: every expert moves
+    served = _rebalance(windows[1], rotated, base, "plugin-relabel")
+    actions = [e["action"] for e in _history(base, "plugin-relabel")]
+    assert actions[:2] == ["placed", "applied"]  # the engine serves `rotated`, not the placement first answered
+    assert _current(base, "plugin-relabel")["placement"]["phy2log"] == served.phy2log.tolist()
+    assert stays_in_old_slot(rotated, served.phy2log, 4)
+
+
+def test_kept_without_the_engines_map_serves_the_deployments(server_factory: Callable[..., str]) -> None:
+    """An engine that passes no current map (vLLM before old_global_expert_indices) and is answered `kept` serves
+    the deployment's placement, which is what the service judged, not a local solve it knows nothing of."""
+    base = server_factory()
+    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
+              "policy": {"trigger": "periodic", "every": 5}}
+    assert httpx.put(f"{base}/deployments/plugin-kept", json=config, timeout=60).status_code == 201
+    rng = np.random.default_rng(10)
+    first = _rebalance(rng.pareto(1.0, size=(4, 8)) * 100, None, base, "plugin-kept")
+    kept = _rebalance(rng.pareto(1.0, size=(4, 8)) * 100, None, base, "plugin-kept")
+    assert kept.source == "remote" and not kept.fell_back and "kept the current placement" in kept.how
+    assert np.array_equal(kept.phy2log, first.phy2log)
+    assert [e["action"] for e in _history(base, "plugin-kept")] == ["placed", "kept"]

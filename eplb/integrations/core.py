@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -92,10 +92,11 @@ def _parse(env: Mapping[str, str], name: str, kind: type[Any], default: Any) -> 
 
 @dataclass
 class Rebalanced:
-    """A new map and how it was made. source: "local" or "remote"; how: one line for the engine's log
-    (solver, moves, fallback reason); log2phy: DeepSeek's own replica order when the drop-in produced the
-    map unchanged, else None (`logical_maps` derives it in slot order); fell_back: remote mode was asked
-    for and failed."""
+    """A new map and how it was made. source: "local", "remote" (the service's placement, or its `kept`) or "kept"
+    (the engine's map unchanged: the service answered a placement the engine refuses); how: one line for the
+    engine's log (solver, moves, fallback reason, reports to the service that failed); log2phy: DeepSeek's own
+    replica order when the drop-in produced the map unchanged, else None (`logical_maps` derives it in slot
+    order); fell_back: remote mode was asked for and failed (the plug-ins log a WARNING)."""
 
     phy2log: IntArray
     source: str
@@ -257,66 +258,147 @@ def solve_local(
     return Rebalanced(new, "local", f"{how}, {int(moves(new, old, num_ranks).sum())} copies ({budget})")
 
 
+FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
+
+
+class Failure(str):
+    """A one-line reason the service's answer cannot be used, and its kind: "unreachable" (no answer: refused, timed
+    out, a bad deployment name), "error" (an error status, not JSON), "refused" (a placement the engine cannot
+    serve: wrong layers, not every expert placed) or "other-cluster" (a placement for another cluster shape, so no
+    placement of the engine's can be recorded on that deployment either)."""
+
+    kind: FailureKind
+
+    def __new__(cls, text: str, kind: FailureKind = "error") -> Failure:
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+
+UNCHANGED = "unchanged"
+"""`post_window`'s answer when the service kept the placement it holds (action kept)."""
+
+
+class Service:
+    """The calls the plug-ins make to the service's deployment `settings.deployment`, on one httpx client (the
+    caller's, or one of our own with `settings.timeout_s`, closed by `close`). Each answers a value or a `Failure`."""
+
+    def __init__(self, settings: Settings, client: httpx.Client | None = None) -> None:
+        assert settings.service_url is not None and settings.deployment is not None
+        self.settings = settings
+        self.url = f"{settings.service_url}/deployments/{quote(settings.deployment, safe='')}"
+        self._own = client is None
+        self._http = httpx.Client(timeout=settings.timeout_s) if client is None else client
+        self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+
+    def close(self) -> None:
+        if self._own:
+            self._http.close()
+
+    def _json(self, method: str, url: str, body: Any = None) -> Any:
+        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON."""
+        try:
+            response = self._http.request(method, url, json=body, headers=self._headers)
+        except httpx.TimeoutException:
+            return Failure(f"no answer from {url} within {self.settings.timeout_s:g} s", "unreachable")
+        except httpx.HTTPError as err:
+            return Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")
+        if response.status_code == 404:
+            return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
+                           "deployments)")
+        if response.status_code >= 400:
+            return Failure(f"{url} answered {response.status_code}: {_detail(response)}")
+        try:
+            return response.json()
+        except ValueError:
+            return Failure(f"{url} answered {response.status_code} with a body that is not JSON")
+
+    def current(self, weight: FloatArray, num_replicas: int, num_ranks: int) -> IntArray | Failure | None:
+        """GET the deployment: the phy2log [L, P] it holds as serving, None when it holds none yet, or a Failure
+        ("other-cluster" when its placement is for another cluster shape than the engine's)."""
+        body = self._json("GET", self.url)
+        if isinstance(body, Failure):
+            return body
+        if not isinstance(body, dict) or "config" not in body:
+            return Failure(f"{self.url} answered something that is not a deployment")
+        if body.get("placement") is None:
+            return None
+        return _usable(body["placement"], self.url, weight, num_replicas, num_ranks)
+
+    def send_window(self, weight: FloatArray, num_replicas: int, num_ranks: int) -> IntArray | str:
+        """POST the window [L, E]: the new phy2log [L, P], UNCHANGED when the service kept its placement, or a
+        Failure."""
+        url = f"{self.url}/windows"
+        body = self._json("POST", url, {"loads": weight.tolist()})
+        if isinstance(body, Failure):
+            return body
+        # POST /deployments/{name}/windows answers {"action": placed|rebalanced|kept, "result": {"placement": ...}}
+        result = body.get("result") if isinstance(body, dict) else None
+        placement = result.get("placement") if isinstance(result, dict) else None
+        if placement is None:
+            return UNCHANGED
+        return _usable(placement, url, weight, num_replicas, num_ranks)
+
+    def applied(self, phy2log: IntArray, num_ranks: int) -> Failure | None:
+        """POST /placement: the engine serves `phy2log` [L, P] (num_ranks GPUs of P / num_ranks slots); None when
+        the service recorded it, else why not."""
+        spg = phy2log.shape[1] // num_ranks
+        body = {"placement": {"phy2log": phy2log.tolist(), "slots_per_gpu": [spg] * num_ranks}}
+        answer = self._json("POST", f"{self.url}/placement", body)
+        return answer if isinstance(answer, Failure) else None
+
+
+def _usable(placement: Any, url: str, weight: FloatArray, num_replicas: int, num_ranks: int) -> IntArray | Failure:
+    """An answered placement's phy2log [L, P] when it is one for the cluster the engine asked for (`num_ranks` GPUs
+    of `num_replicas / num_ranks` slots each: a deployment configured for another shape can answer the same [L, P])
+    and places each expert; else a Failure saying why."""
+    if not isinstance(placement, dict):
+        return Failure(f"{url} answered a placement that is not an object", "refused")
+    try:
+        phy2log = np.asarray(placement["phy2log"], dtype=np.int64)
+    except (KeyError, TypeError, ValueError):
+        return Failure(f"{url} answered a placement without an integer phy2log", "refused")
+    slots = placement.get("slots_per_gpu")
+    if not isinstance(slots, list) or not slots or not all(isinstance(n, int) for n in slots):
+        return Failure(f"{url} answered a placement whose slots_per_gpu {slots!r} is not a list of counts, so the GPUs "
+                       "cannot be checked", "refused")
+    shape = _shape_mismatch(placement, num_replicas, num_ranks)
+    if shape:
+        return Failure(f"{url} answered a placement for another cluster ({shape}): set the deployment's cluster to "
+                       "the engine's", "other-cluster")
+    layers, num_experts = weight.shape
+    if phy2log.shape != (layers, num_replicas):
+        return Failure(f"{url} answered phy2log {phy2log.shape}, the engine needs {(layers, num_replicas)}", "refused")
+    if phy2log.min() < 0 or phy2log.max() >= num_experts or not _every_expert(phy2log, num_experts):
+        return Failure(f"{url} answered a phy2log that does not place each of the {num_experts} experts", "refused")
+    return phy2log
+
+
 def post_window(
     weight: FloatArray, num_replicas: int, num_ranks: int, settings: Settings, client: httpx.Client | None = None
 ) -> IntArray | str:
     """POST the window to the service's deployment; the new phy2log [L, P], "unchanged" when the service
-    decided not to rebalance, or a one-line reason it could not be used (the caller then solves locally). A
-    placement is used only for the cluster the engine asked for: `num_ranks` GPUs of `num_replicas / num_ranks`
-    slots each (a deployment configured for another shape can answer the same [L, P])."""
-    assert settings.service_url is not None and settings.deployment is not None
-    if not is_deployment_name(settings.deployment):
-        return (f"EPLB_DEPLOYMENT={settings.deployment!r} is no deployment name the service can have "
-                f"({DEPLOYMENT_NAME_RULE})")
-    url = f"{settings.service_url}/deployments/{quote(settings.deployment, safe='')}/windows"
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    decided not to rebalance, or a one-line reason (a `Failure`) it could not be used. A placement is used only
+    for the cluster the engine asked for: `num_ranks` GPUs of `num_replicas / num_ranks` slots each."""
+    if not is_deployment_name(settings.deployment or ""):
+        return _bad_name(settings)
+    service = Service(settings, client)
     try:
-        if client is None:
-            with httpx.Client(timeout=settings.timeout_s) as own:
-                response = own.post(url, json={"loads": weight.tolist()}, headers=headers)
-        else:
-            response = client.post(url, json={"loads": weight.tolist()}, headers=headers)
-    except httpx.TimeoutException:
-        return f"no answer from {url} within {settings.timeout_s:g} s"
-    except httpx.HTTPError as err:
-        return f"{url} unreachable ({type(err).__name__}: {err})"
-    if response.status_code == 404:
-        return f"{url} answered 404 (no deployment {settings.deployment!r}, or a service without deployments)"
-    if response.status_code >= 400:
-        return f"{url} answered {response.status_code}: {_detail(response)}"
-    try:
-        body = response.json()
-    except ValueError:
-        return f"{url} answered {response.status_code} with a body that is not JSON"
-    # POST /deployments/{name}/windows answers {"action": placed|rebalanced|kept, "result": {"placement": ...}}
-    result = body.get("result") if isinstance(body, dict) else None
-    placement = result.get("placement") if isinstance(result, dict) else None
-    if placement is None:
-        return "unchanged"
-    if not isinstance(placement, dict):
-        return f"{url} answered a placement that is not an object"
-    try:
-        phy2log = np.asarray(placement["phy2log"], dtype=np.int64)
-    except (KeyError, TypeError, ValueError):
-        return f"{url} answered a placement without an integer phy2log"
-    shape = _shape_mismatch(placement, num_replicas, num_ranks)
-    if shape:
-        return f"{url} answered a placement for another cluster ({shape}): set the deployment's cluster to the engine's"
-    layers, num_experts = weight.shape
-    if phy2log.shape != (layers, num_replicas):
-        return f"{url} answered phy2log {phy2log.shape}, the engine needs {(layers, num_replicas)}"
-    if phy2log.min() < 0 or phy2log.max() >= num_experts or not _every_expert(phy2log, num_experts):
-        return f"{url} answered a phy2log that does not place each of the {num_experts} experts"
-    return phy2log
+        return service.send_window(weight, num_replicas, num_ranks)
+    finally:
+        service.close()
+
+
+def _bad_name(settings: Settings) -> Failure:
+    return Failure(f"EPLB_DEPLOYMENT={settings.deployment!r} is no deployment name the service can have "
+                   f"({DEPLOYMENT_NAME_RULE})", "unreachable")
 
 
 def _shape_mismatch(placement: dict[str, Any], num_replicas: int, num_ranks: int) -> str:
     """Which of the answer's num_gpus and slots_per_gpu disagree with the engine's ranks and slots per rank, as
-    'field answered vs engine' (empty when both agree)."""
+    'field answered vs engine' (empty when both agree); its slots_per_gpu is a list of ints."""
     per_rank = num_replicas // num_ranks
-    slots = placement.get("slots_per_gpu")
-    if not isinstance(slots, list) or not slots or not all(isinstance(n, int) for n in slots):
-        return f"slots_per_gpu {slots!r} is not a list of counts, so the GPUs cannot be checked"
+    slots: list[int] = placement["slots_per_gpu"]
     gpus = placement.get("num_gpus", len(slots))
     wrong = []
     if gpus != num_ranks or len(slots) != num_ranks:
@@ -356,9 +438,10 @@ def rebalance(
     num_ranks: int,
     old: IntArray | None = None,
     settings: Settings | None = None,
+    client: httpx.Client | None = None,
 ) -> Rebalanced:
-    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (falling back to local on any failure,
-    with the reason in `how`), else local. weight: [L, E] tokens; old: [L, P] the engine's current map."""
+    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local. weight: [L, E] tokens;
+    old: [L, P] the engine's current map; client: the httpx client for the service (default: one per call)."""
     settings = settings or Settings.from_env()
     weight = np.asarray(weight, dtype=np.float64)
     check_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks)
@@ -368,20 +451,112 @@ def rebalance(
         local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         local.how += "; EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT, so solved locally"
         return local
-    answer = post_window(weight, num_replicas, num_ranks, settings)
+    return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
+
+
+def remote(
+    weight: FloatArray,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_ranks: int,
+    old: IntArray | None,
+    settings: Settings,
+    client: httpx.Client | None = None,
+) -> Rebalanced:
+    """The deployment's answer to the window, with the deployment kept on the placement that really serves:
+
+    1. GET the deployment. When it holds another placement than `old` (the engine's, every slot filled), `old` is
+       POSTed as applied first, so the window is judged against, and a rebalance starts from, what serves.
+    2. POST the window. A placement for the engine's cluster is served (relabelled to keep `old`'s slots, and then
+       reported as applied); `kept` serves `old` (without it, the deployment's placement).
+    3. An answer the engine refuses (another cluster shape, a wrong phy2log) is not served: `old` stays (a local
+       solve without it), and the deployment, which stored the refused placement as serving, is told what serves
+       (unless it is for another cluster shape: then it can hold no map of the engine's and gets no more windows).
+    4. No answer, or an error status: a local solve from `old`, reported as applied when the service answered.
+    fell_back marks 3 and 4; `how` names the reason and any report that failed."""
+    args = (weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+    if not is_deployment_name(settings.deployment or ""):
+        return _instead(_bad_name(settings), *args, None, [])
     where = f"{settings.service_url} deployment {settings.deployment!r}"
-    if isinstance(answer, np.ndarray):
-        if old is not None and old.shape == answer.shape:
-            hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
-            answer = keep_slots(answer, old, num_ranks, num_nodes if hier else 1)
-        return Rebalanced(answer, "remote", f"placement from {where}")
-    if answer == "unchanged" and old is not None and old.shape == (weight.shape[0], num_replicas):
-        return Rebalanced(old.copy(), "remote", f"{where} kept the current placement")
-    local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
-    reason = "the service kept a placement the engine did not pass" if answer == "unchanged" else answer
-    local.how += f"; remote failed, solved locally: {reason}"
-    local.fell_back = True
-    return local
+    serving = old if old is not None and old.shape == (weight.shape[0], num_replicas) else None
+    service = Service(settings, client)
+    notes: list[str] = []
+    try:
+        held = service.current(weight, num_replicas, num_ranks)
+        if isinstance(held, Failure):  # a service that fails, or a deployment that cannot serve this engine
+            return _instead(held, *args, None, [])
+        if serving is not None and not (serving < 0).any() and (held is None or not np.array_equal(held, serving)):
+            failed = service.applied(serving, num_ranks)
+            if failed is not None and failed.kind == "unreachable":  # no window either: it would wait as long
+                return _instead(failed, *args, None, [])
+            if failed is None:
+                held = serving
+            else:
+                notes.append(f"the deployment did not take the serving placement: {failed}")
+        answer = service.send_window(weight, num_replicas, num_ranks)
+        if isinstance(answer, np.ndarray):
+            served = answer
+            if serving is not None:
+                hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
+                served = keep_slots(answer, serving, num_ranks, num_nodes if hier else 1)
+            if not np.array_equal(served, answer):  # the deployment stored the map as answered
+                _report(service, served, num_ranks, notes)
+            return Rebalanced(served, "remote", _with(f"placement from {where}", notes))
+        kept = serving if serving is not None else held
+        if answer == UNCHANGED and kept is not None:
+            return Rebalanced(kept.copy(), "remote", _with(f"{where} kept the current placement", notes))
+        if not isinstance(answer, Failure):
+            answer = Failure("the service kept a placement it does not hold", "refused")
+        return _instead(answer, *args, service, notes, held)
+    finally:
+        service.close()
+
+
+def _instead(
+    failure: Failure,
+    weight: FloatArray,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_ranks: int,
+    old: IntArray | None,
+    settings: Settings,
+    service: Service | None,
+    notes: list[str],
+    held: IntArray | None = None,
+) -> Rebalanced:
+    """What the engine serves when the remote answer cannot be used: `old` after a refused placement (when it is
+    the engine's [L, P] map), else a local solve from it. With `service` (the window was sent and answered), the
+    deployment is told what serves unless it holds that already (`held` after an error status; after a refusal it
+    holds the refused map)."""
+    refused = failure.kind in ("refused", "other-cluster")
+    if refused and old is not None and old.shape == (weight.shape[0], num_replicas):
+        result = Rebalanced(old.copy(), "kept", f"the serving placement stays; remote refused: {failure}")
+    else:
+        result = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+        result.how += f"; remote failed, solved locally: {failure}"
+    result.fell_back = True
+    stale = failure.kind == "refused" or held is None or not np.array_equal(held, result.phy2log)
+    if service is not None and failure.kind in ("refused", "error") and stale:
+        _report(service, result.phy2log, num_ranks, notes)
+    result.how = _with(result.how, notes)
+    return result
+
+
+def _report(service: Service, phy2log: IntArray, num_ranks: int, notes: list[str]) -> None:
+    """Tell the deployment the engine serves `phy2log` [L, P]; a note when it cannot hold it (empty slots) or
+    did not take it."""
+    if (phy2log < 0).any():
+        notes.append("the deployment was not told what serves (the map has empty slots, which it cannot hold)")
+        return
+    failed = service.applied(phy2log, num_ranks)
+    if failed is not None:
+        notes.append(f"the deployment was not told what serves: {failed}")
+
+
+def _with(how: str, notes: list[str]) -> str:
+    return "; ".join([how, *notes])
 
 
 def logical_maps(phy2log: IntArray, num_experts: int) -> tuple[IntArray, IntArray]:
