@@ -441,6 +441,13 @@ def test_remote_mode_uses_the_services_deployment(
     assert phy2log.tolist() == current["placement"]["phy2log"]  # the engine got the service's placement
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "ftp://127.0.0.1", "no url"])
+def test_a_service_url_that_is_no_http_url_falls_back(url: str) -> None:
+    """httpx raises InvalidURL, no HTTPError, for 'http://[::1': a WARNING and a local solve, not a traceback."""
+    result = core.rebalance(np.ones((2, 4)), 8, 1, 1, 2, settings=core.Settings(service_url=url, deployment="d"))
+    assert result.source == "local" and result.fell_back and "unreachable" in result.how
+
+
 def test_remote_falls_back_when_the_service_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -477,6 +484,8 @@ def _placed(phy2log: list[list[Any]], slots_per_gpu: Any = (3, 3), **more: Any) 
         (200, _placed([[0, 1, 2, 3]] * 2, (2, 2)), "slots_per_gpu 2 vs the engine's 3 per rank"),
         (200, _placed([[0, 1, 2, 3]] * 2, (3, 3)), "the engine needs (2, 6)"),
         (200, _placed([[0, 1, 2, 2, 0, 0]] * 2), "does not place each"),
+        (200, _placed([[0, 1, 2, 3, 0.5, 0]] * 2), "without an integer phy2log"),  # not cast to expert 0
+        (200, _placed([[0, 1, 2, 3, 0], [0, 1]]), "without an integer phy2log"),
         # the same [L, P] for another cluster: GPUs, slots per GPU, or both, named
         (200, _placed([[0, 1, 2, 3, 0, 0]] * 2, (2, 2, 2)), "(num_gpus 3 vs the engine's 2 ranks, slots_per_gpu 2 vs "
                                                            "the engine's 3 per rank): set the deployment's cluster"),

@@ -301,7 +301,7 @@ class Service:
             response = self._http.request(method, url, json=body, headers=self._headers)
         except httpx.TimeoutException:
             return Failure(f"no answer from {url} within {self.settings.timeout_s:g} s", "unreachable")
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:  # InvalidURL ('http://[::1') is no HTTPError
             return Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")
         if response.status_code == 404:
             return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
@@ -355,9 +355,12 @@ def _usable(placement: Any, url: str, weight: FloatArray, num_replicas: int, num
     if not isinstance(placement, dict):
         return Failure(f"{url} answered a placement that is not an object", "refused")
     try:
-        phy2log = np.asarray(placement["phy2log"], dtype=np.int64)
+        phy2log = np.asarray(placement["phy2log"])
     except (KeyError, TypeError, ValueError):
+        phy2log = np.empty(0)
+    if phy2log.dtype.kind not in "iu":  # 1.5 would be cast to expert 1
         return Failure(f"{url} answered a placement without an integer phy2log", "refused")
+    phy2log = phy2log.astype(np.int64)
     slots = placement.get("slots_per_gpu")
     if not isinstance(slots, list) or not slots or not all(isinstance(n, int) for n in slots):
         return Failure(f"{url} answered a placement whose slots_per_gpu {slots!r} is not a list of counts, so the GPUs "
