@@ -5,9 +5,9 @@
         eplb.put_deployment("prod", {"model": "deepseek-v3", "hardware": "h100",
                                      "cluster": {"num_gpus": 32, "num_redundant": 32}})
         answer = eplb.send_window("prod", loads)          # loads: [layers, E] tokens (numpy or lists)
-        if answer.action != "kept":
-            apply(answer.result.placement.phy2log)         # the serving system moves the weights ...
-            eplb.applied("prod", answer.result.placement)  # ... and says what it now serves
+        if answer.result is not None:                    # placed or rebalanced: the service holds it as serving
+            if not apply(answer.result.placement.phy2log):  # the serving system moves the weights, or refuses ...
+                eplb.applied("prod", serving)            # ... and then says what it still serves
 
 Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` for background solves,
 `DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
@@ -550,7 +550,10 @@ class Client:
         plan) or kept (and why). coactivation: the window's co-activation summary (`eplb.coactivation.
         CoactivationSummary`, sent as base64 of its .npz image; or its dict, or base64 of its image): the
         predictions count the GPUs a token reaches (`result.predicted.copies_per_token`), the time objective
-        co-locates experts chosen together, and the history keeps it."""
+        co-locates experts chosen together, and the history keeps it. The service stores a placement it answers
+        as the deployment's serving one: a cluster that serves another (the plan refused or delayed; or after
+        `Unreachable` for a timeout, when the service may have rebalanced all the same) says so with `applied`,
+        or the next window is judged against, and rebalanced from, a placement that does not serve."""
         return self._do(_Api.send_window(name, loads, force, coactivation))
 
     def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
