@@ -747,7 +747,7 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
     labels = [f"{r.label}\n{r.solver}" for r in runs]
     face = [colors[r.solver] for r in runs]
     _boxes(ax1, [r.lb for r in runs], labels, face, "lb over layers", "Spread of lb over layers", log=False)
-    _boxes(ax2, [r.solve_ms for r in runs], labels, face, "solve time per layer (ms, log scale)",
+    _boxes(ax2, [r.solve_ms for r in runs], labels, face, "solve time per layer (ms{scale})",
            "Solve time per layer", log=True)
     fig.tight_layout()
     fig.savefig(out / "spread_and_time.png", dpi=110)
@@ -801,9 +801,9 @@ def _moves_plot(runs: Sequence[Run], colors: dict[str, str], out: Path) -> tuple
         b = per.pop()
         sec = ax1.secondary_yaxis("right", functions=(lambda m: m * b / GIB, lambda g: g * GIB / b))
         sec.set_ylabel("GiB of expert weights copied")
-    ax2.set_yscale("log")
+    scale = _log_y(ax2, [ms for r in runs if r.replay is not None for ms in r.replay.solve_ms])
     ax2.set_xlabel("log step of the rebalance")
-    ax2.set_ylabel("solver wall time per rebalance (s, log scale)")
+    ax2.set_ylabel(f"solver wall time per rebalance (s{scale})")
     ax2.set_title("Solve time per rebalance (all layers)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
@@ -814,16 +814,25 @@ def _moves_plot(runs: Sequence[Run], colors: dict[str, str], out: Path) -> tuple
     return "moves_per_rebalance.png", "Moves and solve time per rebalance of the log replay"
 
 
+def _log_y(ax: Any, values: Sequence[float]) -> str:
+    """A log y axis when some value is > 0, else linear (a log axis of no positive value, e.g. solve times that
+    all round to 0 ms, warns and draws nothing): ", log scale" or "", for the axis label."""
+    if any(v > 0 for v in values):
+        ax.set_yscale("log")
+        return ", log scale"
+    return ""
+
+
 def _boxes(ax: Any, data: list[list[float]], labels: list[str], face: list[str], ylabel: str, title: str,
            log: bool) -> None:
-    """One box per run, coloured by solver."""
+    """One box per run, coloured by solver. log: a log y axis when the data allow (`_log_y`); ylabel may hold
+    {scale}, filled with what `_log_y` says."""
     box = ax.boxplot(data, positions=list(range(len(data))), patch_artist=True)
     for patch, color in zip(box["boxes"], face, strict=True):
         patch.set_facecolor(color)
-    if log:
-        ax.set_yscale("log")
+    scale = _log_y(ax, [v for d in data for v in d]) if log else ""
     ax.set_xticks(list(range(len(data))), labels, rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(ylabel.format(scale=scale))
     ax.set_title(title)
     ax.grid(alpha=0.3)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from eplb.cli import main
 from eplb.io.logs import open_log, write_counts
 from eplb.io.windows import read_window
 from eplb.replay import Schedule, replay
+from eplb.report import ReplayStats, Run, write_report
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth, load_model
 from eplb.synth import SynthConfig, synth_log
@@ -365,8 +367,7 @@ def test_time_objective_solve_time_is_the_whole_solve(
     """A SOLVER+time run's solve time covers the time objective's candidates and predictions, not only the base
     solver's own time (greedy+time showed greedy's 0.01 ms per layer); here the pick is slowed by 0.2 s."""
     import eplb.solve
-
-    pick = eplb.solve.choose_by_time
+    from eplb.objective import choose_by_time as pick  # what eplb.solve calls (the name it imports is patched)
 
     def slow_pick(*args: object, **kwargs: object) -> object:
         time.sleep(0.2)
@@ -382,3 +383,52 @@ def test_time_objective_solve_time_is_the_whole_solve(
     assert sum(runs["greedy+time"]["solve_ms"]) >= 200 > sum(runs["greedy"]["solve_ms"])
     said = re.search(r"greedy\+time predicted faster than greedy .*; solve ([\d,.]+) vs", capsys.readouterr().out)
     assert said is not None and float(said[1].replace(",", "")) >= 100  # the verdict's median per layer
+
+
+# ----- plots of data a log axis cannot show ------------------------------------------------------------------
+
+
+def _zero_time_run(solver: str, solve_ms: list[float], rebalance_ms: list[float] | None = None) -> Run:
+    """A 2-layer run whose solve times are `solve_ms` (0: rounded away, as a fast greedy layer's are), replayed
+    with rebalances taking `rebalance_ms` when given."""
+    run = Run(solver=solver, ep=4, slots_per_gpu=[5] * 4, lb=[1.0, 1.1], bound=[1.0, 1.0], solve_ms=solve_ms,
+              status=["optimal"] * 2, gap=[0.0, 0.0], baseline_lb=[1.5, 1.6])  # fmt: skip
+    if rebalance_ms is not None:
+        run.moves = [0] * len(rebalance_ms)
+        run.replay = ReplayStats(
+            steps=10, first_step=1, rebalance_steps=list(range(5, 5 + 5 * len(rebalance_ms), 5)),
+            solve_ms=rebalance_ms, layer_solve_ms=[solve_ms] * len(rebalance_ms), bytes_moved=None,
+            window_lb=[1.0] * len(rebalance_ms), lb_all_steps=[1.0, 1.1], static_lb=[1.0, 1.1], oracle_lb=None,
+            oracle_steps=0)  # fmt: skip
+    return run
+
+
+@pytest.mark.parametrize("rebalance_ms", [None, [0.0, 0.0]])
+def test_a_report_whose_solve_times_are_all_zero_plots_without_warnings(
+    tmp_path: Path, rebalance_ms: list[float] | None
+) -> None:
+    """The solve-time plots (per layer, per rebalance) had a log y axis whatever the data: with every time 0
+    matplotlib warned 'Data has no positive values, and therefore cannot be log-scaled' and drew an empty axis.
+    Warnings are errors here whatever pytest's flags (-p no:warnings included)."""
+    runs = [_zero_time_run(s, [0.0, 0.0], rebalance_ms) for s in ("greedy", "milp")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(runs, tmp_path, {"title": "zero solve times"})
+    pngs = {"lb_per_layer.png", "spread_and_time.png"} | ({"moves_per_rebalance.png"} if rebalance_ms else set())
+    assert pngs <= {p.name for p in tmp_path.iterdir()}
+    assert all((tmp_path / p).stat().st_size > 10_000 for p in pngs)
+
+
+def test_the_solve_time_axis_is_log_when_some_time_is_positive() -> None:
+    """The guard above can fail both ways: positive times (zeros among them) keep the log axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eplb.report import _log_y
+
+    fig, (some, none) = plt.subplots(1, 2)
+    assert _log_y(some, [0.0, 0.4, 12.0]) == ", log scale" and some.get_yscale() == "log"
+    assert _log_y(none, [0.0, 0.0]) == "" and none.get_yscale() == "linear"
+    plt.close(fig)
