@@ -28,6 +28,7 @@ from eplb.io.windows import check_loads
 from eplb.npy import NpyError, read_npy
 from eplb.placement import FORMAT as PLACEMENT_FORMAT
 from eplb.placement import Placement
+from eplb.rules import CLUSTER_FIELDS
 from eplb.schemas import SolverOut
 from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, shared with Outcome.to_model
     Cluster,
@@ -399,8 +400,9 @@ def _check_budgets(req: PlacementRequest, name: str, model: ModelSpec | None, nu
                          f"least {least:g}")
 
 
-GROUP_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
-"""What the registry's refusal of a hierarchical cluster calls its settings here (the CLI: its flags)."""
+GROUP_FIELDS = {**CLUSTER_FIELDS, "current_phy2log": "current_placement"}
+"""What the registry's refusal of a hierarchical cluster calls its settings here (the CLI: its flags); a request,
+unlike a deployment, may drop its current placement, and the refusal offers that too."""
 SETTING_FIELDS = {"solver": "solver", "split": "split", "objective": "objective"}
 """What `eplb.solve`'s refusals of a share split call the settings here (the CLI: its flags, `SETTING_FLAGS`)."""
 

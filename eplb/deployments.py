@@ -30,7 +30,7 @@ from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
-from eplb.rules import DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, is_deployment_name
+from eplb.rules import CLUSTER_FIELDS, DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, is_deployment_name
 from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
     Cluster,
@@ -62,7 +62,7 @@ Action = Literal["placed", "rebalanced", "kept", "applied"]
 POLICY_FIELDS = {"max_moves": "policy.max_moves", "target_lb": "policy.target_lb",
                  "total_time_limit_s": "time_limit_s"}
 """The config's field of each solver option a deployment sets."""
-FIELD_NAMES = {**POLICY_FIELDS, "num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
+FIELD_NAMES = {**POLICY_FIELDS, **CLUSTER_FIELDS}
 """What the registry's messages call options and cluster settings in a deployment's config (its JSON fields)."""
 
 

@@ -11,6 +11,10 @@ DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 newline is no name, as `^...$` with `re.match` let through)."""
 DEPLOYMENT_NAME_RULE = "use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
+CLUSTER_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
+"""What the registry's refusals call the cluster settings in the service's JSON (`POST /placement`, a deployment's
+config); the CLI keeps its flags."""
+
 BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
 GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
                      "node; give both, or neither")

@@ -240,7 +240,21 @@ def test_a_hierarchical_cluster_the_solver_cannot_honour_names_the_fields(base: 
                                                "time_limit_s": 2}, timeout=60)
     assert r.status_code == 422 and [e["field"] for e in r.json()["errors"]] == [
         "solver", "cluster.gpus_per_node", "cluster.num_groups"], r.text
-    assert "minimizes copies from a current placement, not both" in r.json()["detail"]
+    assert r.json()["detail"].endswith(  # every way out: it offered dropping the groups only, not current_placement
+        "solver 'milp' keeps expert groups within nodes or minimizes copies from a current placement, not both: drop "
+        "cluster.num_groups/cluster.gpus_per_node or current_placement, or choose a solver that does both "
+        "(incremental)"), r.text
+    one = {**BODY, "loads": V3[:1].tolist()}  # each way out taken, on one layer
+    serving = httpx.post(f"{base}/placement", json=one, timeout=60).json()["placement"]
+    for way_out in ({"cluster": groups, "solver": "milp", "time_limit_s": 1},
+                    {"current_placement": serving, "solver": "milp", "time_limit_s": 1},
+                    {"cluster": groups, "current_placement": serving, "solver": "incremental"}):
+        taken = httpx.post(f"{base}/placement", json={**one, **way_out}, timeout=60)
+        assert taken.status_code == 200, (way_out.keys(), taken.text)
+    r = post_json(base, "/deployments/milp-groups", {**CONFIG, "cluster": groups, "solver": "milp", "time_limit_s": 2},
+                  "PUT")  # a deployment's every rebalance starts from the serving placement: no dropping it offered
+    assert r.status_code == 422 and r.json()["detail"].endswith(
+        "drop cluster.num_groups/cluster.gpus_per_node, or choose a solver that does both (incremental)"), r.text
 
 
 def test_a_weighted_split_the_request_cannot_have_names_the_json_fields(base: str) -> None:
