@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from eplb.errors import FieldError
 from eplb.io.exports import checked_layer_ids
+from eplb.rules import MAX_GPUS
 from eplb.schemas import ClusterRules, PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 from eplb.specs import HardwareSpec, ModelSpec
@@ -20,34 +21,18 @@ EXAMPLE_LOADS: list[Any] = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10
 EXAMPLE_PHY2LOG: list[Any] = [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
 STRICT = ConfigDict(extra="forbid", strict=True)
 
-MAX_GPUS = 4096
-SlotCount = Annotated[int, Field(ge=0, le=MAX_GPUS)]
+SlotCount = Annotated[int, Field(ge=0, le=MAX_GPUS)]  # a placement's slots on one GPU
 ExpertId = Annotated[int, Field(ge=-1, le=65_535)]  # -1: an empty slot (or no partner)
 LayerId = Annotated[int, Field(ge=0, le=65_535)]  # a model layer number (DeepSeek-V3's MoE layers are 3..60)
-Bytes = Annotated[float, Field(ge=0, le=1e15)]  # at most a petabyte
 Loads = Annotated[
     list[list[float]], Field(description="[layers][E] tokens routed to each expert over the window")
 ]
 
 
 class ClusterIn(ClusterRules):
-    """The EP group. Give at most one of slots_per_gpu, num_redundant, memory_budget_bytes
-    (none: one redundant expert per GPU; one slot per GPU when there are more GPUs than experts)."""
-
-    model_config = STRICT
-    num_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the expert-parallel group")
-    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node (hierarchical policy, "
-                                      "a '+' link)")
-    num_groups: int | None = Field(None, ge=1, le=65_536, description="expert groups (hierarchical policy; "
-                                   "needs gpus_per_node)")
-    slots_per_gpu: SlotCount | Annotated[list[SlotCount], Field(min_length=1, max_length=MAX_GPUS)] | None = Field(
-        None, description="expert slots (0 to 4096): one count or one per GPU"
-    )
-    num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
-    memory_budget_bytes: Bytes | Annotated[list[Bytes], Field(min_length=1, max_length=MAX_GPUS)] | None = Field(
-        None, description="bytes of expert weights each GPU may hold (up to 1e15): one number or one per GPU"
-    )
-
+    """The EP group: the fields, bounds and rules of `eplb.schemas.ClusterRules`, as a deployment's cluster. Give
+    at most one of slots_per_gpu, num_redundant, memory_budget_bytes (none: one redundant expert per GPU; one
+    slot per GPU when there are more GPUs than experts)."""
 
 
 class PlacementIn(BaseModel):

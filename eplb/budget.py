@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
+from eplb.rules import gpu_count_mismatch
 
 GIB = 1024**3
 
@@ -121,8 +122,9 @@ def _per_gpu(value: float | Sequence[float], num_gpus: int, what: str, integer: 
     arr = np.asarray(value, dtype=np.float64).reshape(-1)
     if arr.size == 1:
         arr = np.full(num_gpus, arr[0])
-    if arr.size != num_gpus:
-        raise EplbError(f"{what}: got {arr.size} values for {num_gpus} GPUs (give one, or one per GPU)")
+    wrong = gpu_count_mismatch(arr.size, num_gpus)
+    if wrong is not None:
+        raise EplbError(f"{what}: {wrong}")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise EplbError(f"{what} must be finite and >= 0")
     if integer and not np.all(np.mod(arr, 1) == 0):

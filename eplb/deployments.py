@@ -17,7 +17,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,7 +30,7 @@ from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
-from eplb.rules import CLUSTER_FIELDS, DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, is_deployment_name
+from eplb.rules import CLUSTER_FIELDS, DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, MAX_GPUS, is_deployment_name
 from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
     Cluster,
@@ -55,9 +55,6 @@ if TYPE_CHECKING:
 
 NAME = DEPLOYMENT_NAME  # eplb.rules: light, the plug-ins read it too
 STRICT = ConfigDict(extra="forbid", strict=True)
-MAX_GPUS = 4096
-SlotCount = Annotated[int, Field(ge=1, le=MAX_GPUS)]
-Bytes = Annotated[float, Field(gt=0, le=1e15)]
 Action = Literal["placed", "rebalanced", "kept", "applied"]
 POLICY_FIELDS = {"max_moves": "policy.max_moves", "target_lb": "policy.target_lb",
                  "total_time_limit_s": "time_limit_s"}
@@ -72,18 +69,9 @@ class NotFound(EplbError):
 
 # ----- configuration -------------------------------------------------------------------------------------------
 class ClusterShape(ClusterRules):
-    """The EP group and its slot budget: at most one of slots_per_gpu, num_redundant, memory_budget_bytes
-    (none: one redundant expert per GPU; one slot per GPU when there are more GPUs than experts)."""
-
-    model_config = STRICT
-    num_gpus: int = Field(ge=1, le=MAX_GPUS)
-    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node: hierarchical policy "
-                                      "(with num_groups), and a '+' link")
-    num_groups: int | None = Field(None, ge=1, le=65_536)
-    slots_per_gpu: SlotCount | list[SlotCount] | None = Field(None, description="one count or one per GPU")
-    num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
-    memory_budget_bytes: Bytes | list[Bytes] | None = Field(None, description="expert bytes each GPU may hold")
-
+    """A deployment's EP group and its slot budget: the fields, bounds and rules of `eplb.schemas.ClusterRules`,
+    as POST /placement's cluster (at most one of slots_per_gpu, num_redundant, memory_budget_bytes; none: one
+    redundant expert per GPU, one slot per GPU when there are more GPUs than experts, written out at PUT)."""
 
 
 class Policy(BaseModel):

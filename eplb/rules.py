@@ -5,6 +5,8 @@ import (no numpy, no SQLAlchemy): the engine plug-ins read it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import TypeVar
 
 DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """The names the service gives deployments; match them whole (`is_deployment_name`: fullmatch, so a trailing
@@ -15,6 +17,12 @@ CLUSTER_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.
 """What the registry's refusals call the cluster settings in the service's JSON (`POST /placement`, a deployment's
 config); the CLI keeps its flags."""
 
+T = TypeVar("T")
+
+MAX_GPUS = 4096
+"""The most GPUs a cluster may have, and the most slots on one of its GPUs (`eplb.schemas.ClusterRules`)."""
+MAX_BUDGET_BYTES = 1e15
+"""The largest memory budget of one GPU, bytes (a petabyte)."""
 BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
 GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
                      "node; give both, or neither")
@@ -40,3 +48,23 @@ def groups_need_nodes(num_groups: int | None, data: dict[str, object]) -> int | 
     if num_groups is not None and "gpus_per_node" in data and data["gpus_per_node"] is None:
         raise ValueError(GROUPS_NEED_NODES)
     return num_groups
+
+
+def gpu_count_mismatch(count: int, num_gpus: int) -> str | None:
+    """What is wrong with `count` values of a per-GPU setting for `num_gpus` GPUs (one value, or one per GPU,
+    fits): None when nothing is."""
+    if count in (1, num_gpus):
+        return None
+    return f"got {count} values for {num_gpus} GPUs (give one, or one per GPU)"
+
+
+def one_per_gpu(values: T, data: Mapping[str, object]) -> T:
+    """A per-GPU setting (slots_per_gpu, memory_budget_bytes) holds one value or one per GPU; ValueError
+    otherwise, for a pydantic validator of the field (`data`: the fields validated before it; a num_gpus that
+    failed its own check is absent, and its error is the one to show), so a 422 names the field."""
+    num_gpus = data.get("num_gpus")
+    if isinstance(values, list) and isinstance(num_gpus, int):
+        wrong = gpu_count_mismatch(len(values), num_gpus)
+        if wrong is not None:
+            raise ValueError(wrong)
+    return values

@@ -1,15 +1,18 @@
 """The answer shapes, defined once: `eplb solve|evaluate --json` prints them and `POST /placement|/evaluate`
 returns them (the pydantic models are also the OpenAPI schema). `Outcome.to_model()` in eplb/solve.py builds
-them. Times are in microseconds, loads in tokens. Also `ClusterRules`, the checks a cluster shape gets in a
-request (`api.schemas.ClusterIn`) and in a deployment's config (`eplb.deployments.ClusterShape`)."""
+them. Times are in microseconds, loads in tokens. Also `ClusterRules`, a cluster shape's fields with their
+bounds and checks, once for a request (`api.schemas.ClusterIn`) and a deployment's config
+(`eplb.deployments.ClusterShape`)."""
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from eplb.rules import groups_need_nodes, one_budget
+from eplb.rules import MAX_BUDGET_BYTES, MAX_GPUS, groups_need_nodes, one_budget, one_per_gpu
+
+T = TypeVar("T")
 
 
 class PlacementOut(BaseModel):
@@ -98,14 +101,45 @@ class PlacementResponse(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class ClusterRules(BaseModel):
-    """The rules of a cluster shape's fields (`eplb.rules`), for the models that declare them: num_groups only
-    with gpus_per_node, at most one slot budget; on the cluster, so a 422's errors name its fields."""
+GpuSlots = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+"""Expert slots on one GPU: every GPU holds at least one expert (`solvers.registry.check`)."""
+BudgetBytes = Annotated[float, Field(gt=0, le=MAX_BUDGET_BYTES)]
+"""Bytes of expert weights one GPU may hold: a budget of none fits no expert."""
+PerGpu = Field(min_length=1, max_length=MAX_GPUS)  # a per-GPU list: one value, or one per GPU
 
-    @field_validator("num_groups", check_fields=False)
+
+class ClusterRules(BaseModel):
+    """A cluster shape's fields, bounds and rules, declared once for the models that take one (POST /placement's
+    `api.schemas.ClusterIn`, a deployment's `eplb.deployments.ClusterShape`): num_gpus; gpus_per_node and
+    num_groups (hierarchical policy; num_groups only with gpus_per_node); at most one slot budget, of which
+    slots_per_gpu and memory_budget_bytes are one value or one per GPU (`eplb.rules`). On the cluster, so a
+    422's errors name its fields. No budget: one redundant expert per GPU (one slot per GPU when there are
+    more GPUs than experts; `eplb.budget.slots_per_gpu`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    num_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the expert-parallel group (1 to 4,096)")
+    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node: the hierarchical "
+                                      "policy (with num_groups), and a '+' link")
+    num_groups: int | None = Field(None, ge=1, le=65_536, description="expert groups, each kept within a node "
+                                   "(hierarchical policy; needs gpus_per_node)")
+    slots_per_gpu: GpuSlots | Annotated[list[GpuSlots], PerGpu] | None = Field(
+        None, description="expert slots (1 to 4,096): one count, or one per GPU (num_gpus of them)"
+    )
+    num_redundant: int | None = Field(None, ge=0, le=1_000_000, description="redundant experts in all")
+    memory_budget_bytes: BudgetBytes | Annotated[list[BudgetBytes], PerGpu] | None = Field(
+        None, description="bytes of expert weights each GPU may hold (above 0, up to 1e15): one number, or one "
+        "per GPU (num_gpus of them)"
+    )
+
+    @field_validator("num_groups")
     @classmethod
     def _groups_need_nodes(cls, num_groups: int | None, info: ValidationInfo) -> int | None:
         return groups_need_nodes(num_groups, info.data)  # every solve would ignore groups without nodes
+
+    @field_validator("slots_per_gpu", "memory_budget_bytes")
+    @classmethod
+    def _one_per_gpu(cls, values: T, info: ValidationInfo) -> T:
+        return one_per_gpu(values, info.data)
 
     @model_validator(mode="after")
     def _one_budget(self) -> Self:

@@ -257,6 +257,76 @@ def test_a_hierarchical_cluster_the_solver_cannot_honour_names_the_fields(base: 
         "drop cluster.num_groups/cluster.gpus_per_node, or choose a solver that does both (incremental)"), r.text
 
 
+BAD_CLUSTERS: list[tuple[dict[str, Any], str, str]] = [  # (fields over a 16-GPU cluster, the field named, its message)
+    ({"num_gpus": 0}, "cluster.num_gpus", "Input should be greater than or equal to 1"),
+    ({"num_gpus": 4097}, "cluster.num_gpus", "Input should be less than or equal to 4096"),
+    ({"gpus_per_node": 0}, "cluster.gpus_per_node", "Input should be greater than or equal to 1"),
+    ({"gpus_per_node": 8, "num_groups": 0}, "cluster.num_groups", "Input should be greater than or equal to 1"),
+    ({"slots_per_gpu": 0}, "cluster.slots_per_gpu", "Input should be greater than or equal to 1"),
+    ({"slots_per_gpu": [17] * 15 + [0]}, "cluster.slots_per_gpu.15", "Input should be greater than or equal to 1"),
+    ({"slots_per_gpu": 4097}, "cluster.slots_per_gpu", "Input should be less than or equal to 4096"),
+    ({"slots_per_gpu": [17] * 4097}, "cluster.slots_per_gpu",
+     "List should have at most 4096 items after validation, not 4097"),
+    ({"slots_per_gpu": []}, "cluster.slots_per_gpu", "List should have at least 1 item after validation, not 0"),
+    ({"slots_per_gpu": [17] * 15}, "cluster.slots_per_gpu", "got 15 values for 16 GPUs (give one, or one per GPU)"),
+    ({"num_redundant": -1}, "cluster.num_redundant", "Input should be greater than or equal to 0"),
+    ({"memory_budget_bytes": 0.0}, "cluster.memory_budget_bytes", "Input should be greater than 0"),
+    ({"memory_budget_bytes": -1e9}, "cluster.memory_budget_bytes", "Input should be greater than 0"),
+    ({"memory_budget_bytes": 2e15}, "cluster.memory_budget_bytes",
+     "Input should be less than or equal to 1000000000000000"),
+    ({"memory_budget_bytes": [1e11] * 3 + [0.0] + [1e11] * 12}, "cluster.memory_budget_bytes.3",
+     "Input should be greater than 0"),
+    ({"memory_budget_bytes": [1e11] * 4097}, "cluster.memory_budget_bytes",
+     "List should have at most 4096 items after validation, not 4097"),
+    ({"memory_budget_bytes": [1e11] * 17}, "cluster.memory_budget_bytes",
+     "got 17 values for 16 GPUs (give one, or one per GPU)"),
+]
+
+
+def test_a_bad_cluster_gets_one_422_from_post_placement_and_put_deployments(base: str) -> None:
+    """The two cluster models had their own bounds: POST /placement took 0 slots and 0-byte budgets (refused
+    later, naming `cluster`), PUT /deployments took per-GPU lists of any length (a 422 naming no field) and a list
+    of the wrong length ('slots per GPU: got 15 values for 16 GPUs', no `errors`). One set of bounds now
+    (`eplb.schemas.ClusterRules`): the same 422 from both, naming the field."""
+    for over, field, message in BAD_CLUSTERS:
+        cluster = {"num_gpus": 16, **over}
+        placed = post_json(base, "/placement", {**BODY, "cluster": cluster})
+        put = post_json(base, "/deployments/bad-cluster", {**CONFIG, "cluster": cluster}, "PUT")
+        for r in (placed, put):
+            assert r.status_code == 422 and r.headers["content-type"] == PROBLEM, (over, r.text[:300])
+            assert r.json()["errors"] == [{"field": field, "message": message}], (over, r.text[:300])
+            assert r.json()["detail"] == f"{field}: {message}", (over, r.text[:300])
+    assert httpx.get(f"{base}/deployments/bad-cluster", timeout=30).status_code == 404
+    # one value in a list is one for every GPU; no budget, the same default from both
+    good: list[dict[str, Any]] = [{"num_gpus": 16, "slots_per_gpu": [17]},
+                                  {"num_gpus": 16, "memory_budget_bytes": [4.4e10]}, {"num_gpus": 16}]
+    for cluster in good:
+        placed = post_json(base, "/placement", {**BODY, "cluster": cluster})
+        put = post_json(base, "/deployments/good-cluster", {**CONFIG, "cluster": cluster}, "PUT")
+        assert placed.status_code == 200 and put.status_code == 201, (placed.text[:300], put.text[:300])
+        window = post_json(base, "/deployments/good-cluster/windows", {"loads": V3.tolist()})
+        assert window.status_code == 200 and window.json()["action"] == "placed", window.text[:300]
+        slots = placed.json()["placement"]["slots_per_gpu"]
+        assert slots == window.json()["result"]["placement"]["slots_per_gpu"] == [17] * 16, cluster
+        assert httpx.delete(f"{base}/deployments/good-cluster", timeout=30).status_code == 204
+    assert put.json()["config"]["cluster"]["num_redundant"] == 16  # the default, written out
+
+
+def test_the_two_cluster_models_share_every_field_with_its_bounds_and_default() -> None:
+    """POST /placement's cluster and a deployment's declare no field of their own: the base's, once."""
+    from api.schemas import ClusterIn
+    from eplb.deployments import ClusterShape
+    from eplb.schemas import ClusterRules
+
+    def fields(model: type[ClusterRules]) -> dict[str, tuple[object, ...]]:
+        return {n: (repr(f.annotation), f.default, repr(f.metadata)) for n, f in model.model_fields.items()}
+
+    assert fields(ClusterIn) == fields(ClusterShape) == fields(ClusterRules)
+    assert set(fields(ClusterRules)) == {"num_gpus", "gpus_per_node", "num_groups", "slots_per_gpu", "num_redundant",
+                                         "memory_budget_bytes"}
+    assert ClusterIn.model_config == ClusterShape.model_config == {"extra": "forbid", "strict": True}
+
+
 def test_a_weighted_split_the_request_cannot_have_names_the_json_fields(base: str) -> None:
     """The time objective with weighted shares was told to 'drop --split weighted' (the CLI's flag), with no
     `errors`, and an async one became a job that failed; a weighted split of a solver without one was told to 'use
