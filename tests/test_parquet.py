@@ -60,6 +60,27 @@ def test_a_missing_shard_is_named(tmp_path: Path, counts: np.ndarray) -> None:
         open_log(out)
 
 
+def test_one_shard_given_alone_is_a_log_of_its_own_steps(
+    tmp_path: Path, counts: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/formats.md: every command takes the directory or one `.parquet` shard, any of them (a shard after the
+    first was refused: 'starts at step position 77, but the shards before it end at 0')."""
+    out = tmp_path / "q.parquet"
+    steps = np.arange(counts.shape[0]) * 2 + 7
+    write_parquet(out, open_log(_npz(tmp_path, counts, steps=steps)).iter_counts(64), shard_steps=77)
+    for i, (a, b) in enumerate([(0, 77), (77, 154), (154, 231), (231, 300)]):
+        log = open_log(out / f"part-{i:05d}.parquet")
+        assert log.info.num_steps == b - a
+        whole = log.read_counts()
+        np.testing.assert_array_equal(whole.counts, counts[a:b])
+        np.testing.assert_array_equal(whole.steps, steps[a:b])
+    part = open_parquet(out / "part-00001.parquet", layers=range(2, 4), positions=range(10, 20))
+    np.testing.assert_array_equal(part.read_counts().counts, counts[87:97, 2:4])
+    assert main(["replay", str(out / "part-00001.parquet"), "--gpus", "8", "--interval", "20", "--window", "20",
+                 "--json", "--no-progress"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["log"]["steps"] == 77
+
+
 def test_corrupt_shard_data_is_one_error_naming_the_shard(tmp_path: Path, counts: np.ndarray) -> None:
     out = tmp_path / "log.parquet"
     write_parquet(out, counts, shard_steps=100)

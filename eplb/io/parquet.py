@@ -1,7 +1,8 @@
 """Routing logs as a directory of Parquet shards (`eplb.counts-parquet/v1`), for logs too long for one file.
 
 Layout (docs/formats.md, "Parquet"): `LOG/part-00000.parquet`, `part-00001.parquet`, ... each holding
-consecutive steps (a time range; `shard_steps` steps each, the last one shorter). A shard has one row
+consecutive steps (a time range; `shard_steps` steps each, the last one shorter); one shard opened by itself
+is a log of its own steps (its positions from 0, its step ids kept). A shard has one row
 per step: `step` (int64 step id) and one column per MoE layer, `layer_0` .. `layer_{L-1}`, each a
 fixed-size list of E counts (the log's integer type). Every shard's schema metadata carries, under the
 key `eplb`, JSON with the format, `num_experts`, `num_layers`, `model`, `top_k`, `layer_ids`, and the
@@ -74,6 +75,7 @@ class ParquetLog(RoutingLog):
         self.shards: list[tuple[Path, int, int]] = []  # (file, start position, steps)
         meta: dict[str, Any] | None = None
         total = 0
+        alone = self.path.is_file()  # one shard given by itself: a log of its own steps, from position 0
         for f in _shard_files(self.path):
             try:
                 md = pq.read_metadata(f)
@@ -88,7 +90,7 @@ class ParquetLog(RoutingLog):
             except json.JSONDecodeError:
                 raise EplbError(f"{f}: its 'eplb' metadata is not JSON") from None
             start = shard_meta.pop("start", None)
-            if start != total:
+            if start != total and not alone:
                 raise EplbError(f"{f}: starts at step position {start}, but the shards before it end at {total}: "
                                 "a shard is missing or out of order")  # fmt: skip
             if meta is None:
@@ -159,7 +161,8 @@ def _fixed_lists(column: Any, experts: int, f: Path) -> NDArray[Any]:
 
 
 def open_parquet(path: str | Path, layers: range | None = None, positions: range | None = None) -> ParquetLog:
-    """Open a Parquet routing log (a directory of shards or one `.parquet` file), or part of it."""
+    """Open a Parquet routing log (a directory of shards, or one `.parquet` shard: a log of that shard's steps,
+    positions from 0), or part of it."""
     return ParquetLog(path, layers, positions)
 
 
