@@ -833,3 +833,38 @@ assert seen == [True], seen
     import eplb.report
 
     assert not hasattr(eplb.report, "_warm_up")  # compare's replays go through `replay`'s warm-up
+
+
+@pytest.mark.parametrize("objective", ["lb", "time"])
+def test_the_warm_up_solves_by_the_replays_objective(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, objective: str
+) -> None:
+    """`warm_up` solved by lb whatever the replay's objective, so a `--objective time` replay's first rebalance
+    still paid the time path's one-time costs (the co-activation summary, the candidates' co-location search,
+    the cost model with copies per token). Its tiny solve now takes the rebalances' path: the same objective,
+    a cost (the replay's specs) and a co-activation summary with the time objective, none without."""
+    import eplb.replay.run as run
+    from eplb.io.logs import write_topk
+
+    log = tmp_path / "topk.npz"
+    ids = (np.arange(40 * 16)[:, None, None] * 7 + np.arange(2)[None, None, :] * 3 + np.arange(2)[None, :, None]) % 16
+    write_topk(log, ids, np.arange(0, 40 * 16 + 1, 16), num_experts=16)  # 40 steps x 16 tokens x 2 layers, top-2
+    cost = small_cost(16, top_k=2, tokens_per_gpu=16)
+    calls: list[dict[str, object]] = []
+    real = solve  # what eplb.replay.run imports, patched there
+
+    def spy(loads: np.ndarray, cluster: Cluster, **kwargs: object) -> object:
+        calls.append(kwargs)
+        return real(loads, cluster, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "solve", spy)
+    replay(log, Cluster(np.full(4, 5, dtype=np.int64)), schedule=Schedule(window=10, interval=10, trigger="periodic"),
+           solver="greedy", cost=cost, objective=objective, oracle_every=0, hindsight=False)  # fmt: skip
+    warm, *rebalances = calls
+    assert rebalances and all(c["objective"] == objective for c in calls)
+    timed = objective == "time"
+    assert (warm["cost"] is not None, warm["coactivation"] is not None) == (timed, timed)
+    assert (rebalances[0]["cost"] is not None, rebalances[0]["coactivation"] is not None) == (timed, timed)
+    if timed:
+        assert warm["cost"].hardware == cost.hardware and warm["cost"].link_bw == cost.link_bw  # type: ignore[attr-defined]
+    assert warm["current"] is not None and warm["empty_slots"] is False  # as a rebalance solves

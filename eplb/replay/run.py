@@ -303,25 +303,46 @@ def replay(
         if hindsight and not one_shot:
             run.plan_hindsight(chunk_steps)
         if src.info.num_steps is None or src.info.num_steps > sched.first_position:  # a check will run
-            warm_up(policy.name, time_limit_s)
+            warm_up(policy.name, time_limit_s, objective, cost)
         return run.run(chunk_steps, oracle_every, collect, on_steps, progress)
 
 
-def warm_up(solver: str, time_limit_s: float | None = None) -> None:
+def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb",
+            cost: CostSetup | None = None) -> None:
     """Pay now, outside a replay's solve timing, what the first rebalance of a process would pay once: loading
     the solver's modules (a tiny solve from a serving placement, as a rebalance solves) and scipy's linear
     assignment, which relabelling a new placement onto the serving one imports on first use
     (`solvers.migration`, ~0.3 s). Otherwise the first rebalance's solve time carries that start-up and
     inflates the per-rebalance figures (`eplb replay`'s solve_ms_mean and solve_ms_max, `eplb compare --log`'s
-    solve times). `replay` calls it before its loop; later calls in a process cost two tiny solves."""
+    solve times). objective, cost: the replay's; the tiny solve takes the rebalances' path: with the time
+    objective (or a solver that needs co-activation data) it solves with a co-activation summary of tiny
+    token-level routing, and by time with `cost`'s specs on a model of its few experts (the candidates'
+    co-location search, solvers.coactivation's compiled kernels, the cost model with copies per token).
+    `replay` calls it before its loop; later calls in a process cost two tiny solves."""
     import scipy.optimize  # noqa: F401  (solvers.migration imports it on demand)
 
-    if registry.get_solver(solver).capabilities.coactivation:  # loaded; a solve would need co-activation data
-        return
-    cluster = Cluster(np.array([3, 3]))
-    serving = initial_placement(1, 4, cluster.slots_per_gpu)
-    solve(np.array([[4.0, 3.0, 2.0, 1.0]]), cluster, solver=solver, options=applicable(solver, Options(
-        time_limit_s=time_limit_s)), current=serving)
+    check_objective(objective, cost)
+    by_time = objective == "time"
+    pairs = by_time or registry.get_solver(solver).capabilities.coactivation
+    top_k = 2 if cost is None else cost.model.top_k
+    experts = 2 * max(2, top_k)  # every tiny token picks top_k distinct experts
+    nodes = cost is not None and (cost.inter_node_bw is not None or cost.node_limit is not None)
+    cluster = Cluster(np.full(2, experts // 2 + 1), gpus_per_node=1 if nodes else None)  # one redundant a GPU
+    serving = initial_placement(1, experts, cluster.slots_per_gpu)
+    loads = np.arange(experts, 0, -1, dtype=np.float64)[None, :]
+    summary = None
+    if pairs:
+        from eplb.coactivation import summarize
+
+        tokens = np.arange(4 * experts)[:, None, None]
+        summary = summarize((tokens + np.arange(top_k)) % experts, experts)  # [tokens, 1 layer, top_k]
+        loads = summary.loads.astype(np.float64)
+    tiny = None
+    if by_time:
+        assert cost is not None
+        tiny = replace(cost, model=cost.model.model_copy(update={"num_experts": experts}))
+    solve(loads, cluster, solver=solver, options=applicable(solver, Options(time_limit_s=time_limit_s)),
+          current=serving, objective=objective, cost=tiny, coactivation=summary, empty_slots=False)
 
 
 def _check_shapes(info: LogInfo, cluster: Cluster, cost: CostSetup | None) -> None:
