@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -488,7 +489,7 @@ def test_an_integer_beyond_float_range_gets_the_range_message(tmp_path: Path,
 def test_npz_counts_no_window_takes_are_refused_by_replay(
     small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: type, value: float, shown: str
 ) -> None:
-    counts = open_log(small["log"]).read_counts().counts.astype(dtype)
+    counts: np.ndarray = open_log(small["log"]).read_counts().counts.astype(dtype)
     counts[10, 0, 3] = value
     np.savez(huge := tmp_path / "huge.npz", counts=counts)
     code, err = run(capsys, "replay", str(huge), "--interval", "10", "--window", "10", "--no-progress")
@@ -597,7 +598,7 @@ def test_an_oracle_whose_sampled_steps_are_empty_says_so(tmp_path: Path, capsys:
                      "num_experts": 4}, "topk_ids has 0 experts per token (shape [3, 2, 0])"),
 ])  # fmt: skip
 def test_a_log_with_no_layers_or_experts_is_refused_by_name(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, arrays: object, said: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, arrays: dict[str, Any] | np.ndarray, said: str
 ) -> None:
     """0 layers replayed with numpy's warnings into 'no step has tokens (every count is 0)', a token-level one
     into an IndexError; `eplb logs convert` wrote it on (an unreadable JSONL, a '0 layers' npz)."""

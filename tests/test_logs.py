@@ -248,7 +248,7 @@ def test_npz_and_npy_counts_are_whole_token_counts(
     tmp_path: Path, counts: np.ndarray, dtype: type, value: float, shown: str
 ) -> None:
     """The limit and the whole-number rule of a load window and a JSONL log, for every integer and float type."""
-    bad = counts.astype(dtype)
+    bad: np.ndarray = counts.astype(dtype)
     bad[10, 0, 3] = value
     npz, npy = tmp_path / "c.npz", tmp_path / "c.npy"
     np.savez(npz, counts=bad)
