@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import spread_evenly
 from eplb.errors import EplbError
+from eplb.io.logs import count_dtype
 
 SEED004_TABLE = {
     # EP: (contiguous, load-sorted without redundancy, one redundant expert per GPU), seed 004 section 5.2
@@ -164,8 +165,9 @@ class SynthConfig:
 
     @property
     def count_dtype(self) -> np.dtype[Any]:
-        """uint16 when a layer's assignments in one step (tokens x top_k) fit, else uint32."""
-        return np.dtype(np.uint16 if self.tokens * self.top_k <= np.iinfo(np.uint16).max else np.uint32)
+        """The writers' type (`eplb.io.logs.count_dtype`) for counts of at most a layer's assignments in one step,
+        tokens x top_k: uint16 when they fit."""
+        return count_dtype(self.tokens * self.top_k)
 
 
 def _group_of(experts: int, groups: int) -> NDArray[np.int64]:

@@ -116,6 +116,29 @@ def test_convert_round_trips_through_every_format(tmp_path: Path, counts: np.nda
     assert len(list(shards.glob("part-*.parquet"))) == 5
 
 
+@pytest.mark.parametrize("top", [300, 70_000])
+def test_a_round_trip_through_every_format_keeps_the_narrowest_dtype(tmp_path: Path, top: int) -> None:
+    """npz -> jsonl -> parquet -> npz: every writer stores the counts as the narrowest type they fit (uint16, else
+    uint32), so the last npz is the first one's size (the converter widened uint16 to uint32, even npz -> npz)."""
+    counts = np.random.default_rng(5).integers(0, top, size=(40, 3, 8)).astype(np.int64)
+    want = np.dtype(np.uint16 if top < 2**16 else np.uint32)
+    steps = np.arange(40) * 3 + 1
+    src = tmp_path / "a.npz"
+    write_counts(src, counts, model="m", top_k=2, steps=steps, layer_ids=[4, 5, 6])
+    chain = [src, tmp_path / "b.jsonl", tmp_path / "c.parquet", tmp_path / "d.npz", tmp_path / "e.npz"]
+    for a, b in zip(chain, chain[1:], strict=False):
+        assert main(["logs", "convert", str(a), str(b), "--shard-steps", "16"]) == 0
+    for path in chain:
+        whole = open_log(path).read_counts()
+        np.testing.assert_array_equal(whole.counts, counts)
+        np.testing.assert_array_equal(whole.steps, steps)
+        if path.suffix != ".jsonl":
+            assert whole.counts.dtype == want, path
+    for shard in (tmp_path / "c.parquet").glob("part-*.parquet"):
+        assert pq.read_schema(shard).field("layer_0").type.value_type.to_pandas_dtype() == want
+    assert (tmp_path / "d.npz").stat().st_size == (tmp_path / "e.npz").stat().st_size == src.stat().st_size
+
+
 def test_convert_errors_are_one_line(tmp_path: Path, counts: np.ndarray, capsys: pytest.CaptureFixture[str]) -> None:
     src = _npz(tmp_path, counts)
     assert main(["logs", "convert", str(src), str(tmp_path / "out.csv")]) == 2
@@ -147,7 +170,7 @@ def test_parquet_counts_share_the_log_check(tmp_path: Path, counts: np.ndarray) 
     """A shard written by another tool with counts no window takes is refused like an .npz log, by step."""
     bad = counts.astype(np.uint64)
     bad[150, 2, 5] = 2**63 + 5
-    write_parquet(out := tmp_path / "log.parquet", bad, shard_steps=100)
+    write_parquet(out := tmp_path / "log.parquet", bad, shard_steps=100, dtype=np.uint64)  # the type given: only fit
     with pytest.raises(EplbError) as info:
         open_log(out).read_counts()
     assert str(info.value) == (f"{out}: step 150 (position 150), layer 2, expert 5: count is 9223372036854775813, "

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
 from eplb.errors import EplbError
-from eplb.io.logs import RoutingLog, open_log, write_counts, write_jsonl
-from eplb.io.parquet import ROW_GROUP_STEPS, SHARD_STEPS, write_parquet
+from eplb.io.logs import open_log, write_counts, write_jsonl
+from eplb.io.parquet import SHARD_STEPS, write_parquet
 
 DESCRIPTION = """\
 Convert a routing log between formats, streaming (memory: one chunk of steps). The output's type comes
@@ -87,30 +83,14 @@ def run_convert(args: argparse.Namespace) -> int:
     info = log.info
     if info.num_steps == 0:
         raise EplbError(f"{src}: the log has no steps: nothing to convert")
+    # the writers keep the step ids and store the counts as the narrowest type they fit (`count_dtype`)
+    meta: dict[str, Any] = {"model": info.model, "top_k": info.top_k, "layer_ids": info.layer_ids}
     if fmt == "parquet":
-        steps = write_parquet(dst, log.iter_counts(ROW_GROUP_STEPS), model=info.model, top_k=info.top_k,
-                              layer_ids=info.layer_ids, shard_steps=args.shard_steps)  # fmt: skip
+        write_parquet(dst, log, shard_steps=args.shard_steps, **meta)
+    elif fmt == "npz":
+        write_counts(dst, log, compress=args.compress, **meta)
     else:
-        ids = _step_ids(log)
-        steps = int(ids.size)
-        keep = None if np.array_equal(ids, np.arange(steps)) else ids
-        if fmt == "npz":
-            write_counts(dst, _counts(log), model=info.model, top_k=info.top_k, steps=keep, layer_ids=info.layer_ids,
-                         num_steps=steps, compress=args.compress)  # fmt: skip
-        else:
-            write_jsonl(dst, _counts(log), model=info.model, top_k=info.top_k, steps=keep, layer_ids=info.layer_ids,
-                        num_steps=steps)  # fmt: skip
+        write_jsonl(dst, log, **meta)
     out = open_log(dst).info
     print(f"wrote {out.describe()}" + (f" in {len(list(dst.glob('part-*.parquet')))} shards" if dst.is_dir() else ""))
     return 0
-
-
-def _step_ids(log: RoutingLog) -> NDArray[np.int64]:
-    """Every step id of the log (one pass: the npz and JSONL writers take the ids before the counts)."""
-    parts = [chunk.steps for chunk in log.iter_counts(4096)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _counts(log: RoutingLog) -> Iterator[NDArray[Any]]:
-    for chunk in log.iter_counts(1024):
-        yield chunk.counts

@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -48,6 +48,7 @@ __all__ = [
     "RoutingLog",
     "as_log",
     "coactivation",
+    "count_dtype",
     "open_log",
     "output_log",
     "read_counts",
@@ -115,6 +116,8 @@ class RoutingLog(ABC):
     info: LogInfo
     steps_counted = False
     """True when info.num_steps was counted when the log was opened, not read from the file."""
+    stored_dtype: np.dtype[Any] | None = None
+    """The type the file stores counts as, when it has one (npz and npy counts, Parquet; not JSONL, topk_ids)."""
 
     @abstractmethod
     def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
@@ -149,6 +152,18 @@ class RoutingLog(ABC):
         if said is not None and start != said:
             held = f"held {said} steps when opened" if self.steps_counted else f"says {said} steps"
             raise EplbError(f"{self.info.path}: truncated: the file {held} but holds {start}; step {start} is missing")
+
+    def narrowest_dtype(self) -> np.dtype[Any]:
+        """The type every writer stores this log's counts as (`count_dtype` of its largest count): without reading
+        the counts when the file's own type holds none above uint16's limit, else after one pass over them."""
+        stored = self.stored_dtype
+        if stored is not None and stored.kind in "iu" and np.iinfo(stored).max <= np.iinfo(np.uint16).max:
+            return count_dtype(0)
+        top = 0
+        for chunk in self.iter_counts(4096):
+            if chunk.counts.size:
+                top = max(top, int(chunk.counts.max()))
+        return count_dtype(top)
 
     def read_counts(self) -> CountsChunk:
         """The whole log as one chunk (for small logs: memory is steps x layers x E)."""
@@ -372,7 +387,7 @@ class _NpzCounts(RoutingLog):
         if num_experts is not None and num_experts != shape[2]:
             raise EplbError(f"{path}: metadata says {num_experts} experts, counts have {shape[2]} per layer")
         self._shape = shape
-        self._dtype = dtype
+        self._dtype = self.stored_dtype = dtype
         self._steps = _step_ids(meta, shape[0], str(path))
         self.info = LogInfo(
             path=str(path),
@@ -432,6 +447,7 @@ class _NpyCounts(RoutingLog):
         if arr.dtype.kind not in "iuf":
             raise EplbError(f"{path}: counts must be numbers, got dtype {arr.dtype}")
         self._arr = arr
+        self.stored_dtype = arr.dtype
         self.info = LogInfo(str(path), "counts", int(arr.shape[0]), int(arr.shape[1]), int(arr.shape[2]))
 
     def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
@@ -458,6 +474,7 @@ class _ArrayLog(RoutingLog):
                 raise EplbError(f"{name}: counts must be [steps, layers, experts], got shape {list(source.shape)}")
             _check_axes(name, "counts", source.shape)
             shape = source.shape
+            self.stored_dtype = source.dtype
             self.info = LogInfo(name, "counts", int(shape[0]), int(shape[1]), int(shape[2]), top_k, model)
             self._first: NDArray[Any] | None = None
             self._rest: Iterator[NDArray[Any]] | None = None
@@ -938,11 +955,58 @@ def as_log(
     return _ArrayLog(source, num_steps=num_steps, top_k=top_k, model=model)
 
 
-def _smallest_dtype(max_value: int) -> np.dtype[Any]:
+def count_dtype(max_count: float) -> np.dtype[Any]:
+    """The integer type a log's counts of at most `max_count` are stored as, by every writer (the one rule): the
+    narrowest of uint16, uint32 and int64 that holds them (int64 holds MAX_LOAD). uint16 is the floor (the format's
+    documented type; narrower would overflow sooner where callers add counts in their own type)."""
     for dt in (np.uint16, np.uint32):
-        if max_value <= np.iinfo(dt).max:
+        if max_count <= np.iinfo(dt).max:
             return np.dtype(dt)
     return np.dtype(np.int64)
+
+
+def check_fits(counts: NDArray[Any], dtype: np.dtype[Any], first: int) -> None:
+    """EplbError when counts [n, layers, E] of the steps at positions first.. do not fit the type `dtype` a writer
+    stores them as: < 0 or above its largest, or, for an integer type, not whole numbers."""
+    if dtype.kind in "iu" and counts.dtype.kind == "f":
+        refuse_counts(counts, first)
+    limit = np.iinfo(dtype).max if dtype.kind in "iu" else math.inf
+    if counts.size and (counts.min() < 0 or counts.max() > limit):
+        raise EplbError(f"counts in steps {first}..{first + counts.shape[0] - 1} do not fit {dtype} (or are < 0)")
+
+
+def refuse_counts(counts: NDArray[Any], first: int) -> None:
+    """EplbError naming the first entry of counts [n, layers, E] (steps at positions first..) that `count_problem`
+    refuses: a writer never writes a log its readers refuse."""
+    found = count_problem(counts)
+    if found is not None:
+        (step, layer, e), why = found
+        raise EplbError(f"counts: step position {first + step}, layer {layer}, expert {e}: {why}")
+
+
+def counts_to_write(
+    counts: RoutingLog | ArrayLike | Iterable[Any], dtype: Any, pick: bool = True
+) -> tuple[Iterable[Any], np.dtype[Any] | None, int | None]:
+    """What a log writer streams, from what it was given: (chunks, arrays [n, layers, E] or CountsChunks; the type
+    to store them as; the number of steps when known). An array (checked: [steps, layers, E] token counts) is one
+    chunk, a RoutingLog its `iter_counts`, anything else is taken as chunks. The type is `dtype` when given, else,
+    when `pick`, `count_dtype` of an array's largest count or a log's `narrowest_dtype` (a pass over the log
+    unless its file's type tells), else None (other chunks: the writer's default)."""
+    chosen = None if dtype is None else np.dtype(dtype)
+    if isinstance(counts, RoutingLog):
+        if chosen is None and pick:
+            chosen = counts.narrowest_dtype()
+        return counts.iter_counts(1024), chosen, counts.info.num_steps
+    if isinstance(counts, np.ndarray | list | tuple):
+        arr = np.asarray(counts)
+        if arr.ndim != 3:
+            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+        if chosen is None:
+            refuse_counts(arr, 0)
+            if pick:
+                chosen = count_dtype(int(arr.max()) if arr.size else 0)
+        return [arr], chosen, int(arr.shape[0])
+    return cast(Iterable[Any], counts), chosen, None
 
 
 def output_log(path: str | Path) -> Path:
@@ -970,7 +1034,7 @@ def _write_error(path: Path, exc: OSError) -> EplbError:
 
 def write_counts(
     path: str | Path,
-    counts: ArrayLike | Iterable[NDArray[Any]],
+    counts: RoutingLog | ArrayLike | Iterable[NDArray[Any] | CountsChunk],
     *,
     model: str | None = None,
     top_k: int | None = None,
@@ -982,28 +1046,22 @@ def write_counts(
 ) -> None:
     """Write per-step counts `.npz` (eplb.counts/v1), streaming.
 
-    counts: [steps, layers, E] array, or an iterable of [n, layers, E] chunks (give num_steps when
-    known; otherwise the chunks are spooled to a temporary file first). dtype: stored integer type
-    (default: the smallest unsigned type that holds an array's maximum; uint32 for chunks).
+    counts: [steps, layers, E] array, a RoutingLog (read once more for its largest count unless its file's type
+    tells), or an iterable of [n, layers, E] chunks or CountsChunks (give num_steps when known; otherwise the
+    chunks are spooled to a temporary file first). The step ids of a RoutingLog or CountsChunks are kept unless
+    `steps` is given (stored when they are not 0, 1, ...). dtype: stored integer type (default: `count_dtype` of
+    the largest count of an array or RoutingLog, uint16 when it fits; uint32 for other chunks, whose largest count
+    is not known before they are written: give it, e.g. `count_dtype(bound)`).
     compress: deflate the members (level 1): about 1.5x smaller for synthetic counts, and about
     6x slower to read (zlib), so off by default, as with np.savez.
     The file appears under its name only when complete (written to NAME.part, then renamed).
     """
     p = Path(path)
-    arr: NDArray[Any] | None = None
-    if isinstance(counts, np.ndarray | list | tuple):
-        arr = np.asarray(counts)
-        if arr.ndim != 3:
-            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
-        if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0):
-            raise EplbError("counts must be finite and >= 0")
-        if dtype is None:
-            dtype = _smallest_dtype(int(arr.max()) if arr.size else 0) if arr.dtype.kind in "iu" else arr.dtype
-        chunks: Iterable[NDArray[Any]] = [arr]
-        num_steps = int(arr.shape[0])
-    else:
-        chunks = counts  # type: ignore[assignment]
-    out_dtype = np.dtype(np.uint32 if dtype is None else dtype)
+    chunks, chosen, known = counts_to_write(counts, dtype)
+    num_steps = known if known is not None else num_steps
+    out_dtype = np.dtype(np.uint32) if chosen is None else chosen
+    seen: list[NDArray[np.int64]] = []  # step ids of CountsChunks
+    chunks = _counts_only(chunks, seen)
     tmp = _atomic_target(p)
     spool: IO[bytes] | None = None
     try:
@@ -1035,6 +1093,8 @@ def write_counts(
                 if written != num_steps:
                     raise EplbError(f"write_counts: num_steps is {num_steps} but the chunks hold {written} steps")
             assert shape_tail is not None
+            if steps is None and seen:
+                steps = _kept_ids(seen)
             _write_meta(zf, FORMAT_COUNTS, model, shape_tail[1], top_k, steps, layer_ids, num_steps, shape_tail[0])
         os.replace(tmp, p)
     except OSError as exc:
@@ -1046,11 +1106,26 @@ def write_counts(
             tmp.unlink()
 
 
+def _counts_only(chunks: Iterable[Any], seen: list[NDArray[np.int64]]) -> Iterator[NDArray[Any]]:
+    """The counts of a stream of arrays or CountsChunks; the step ids of CountsChunks appended to `seen`."""
+    for chunk in chunks:
+        if isinstance(chunk, CountsChunk):
+            seen.append(chunk.steps)
+            yield chunk.counts
+        else:
+            yield chunk
+
+
+def _kept_ids(seen: list[NDArray[np.int64]]) -> NDArray[np.int64] | None:
+    """The step ids of a log's CountsChunks, or None when they are 0, 1, ... (the readers' default)."""
+    ids = np.concatenate(seen)
+    return None if np.array_equal(ids, np.arange(ids.size)) else ids
+
+
 def _write_chunks(
     f: IO[bytes], chunks: Iterable[NDArray[Any]], dtype: np.dtype[Any], shape_tail: tuple[int, ...] | None
 ) -> tuple[int, tuple[int, ...]]:
     written = 0
-    limit = np.iinfo(dtype).max if dtype.kind in "iu" else math.inf
     for chunk in chunks:
         block = np.asarray(chunk)
         if block.ndim != 3:
@@ -1059,9 +1134,7 @@ def _write_chunks(
             shape_tail = block.shape[1:]
         if block.shape[1:] != shape_tail:
             raise EplbError(f"step {written} has shape {list(block.shape[1:])}, earlier steps {list(shape_tail)}")
-        if block.size and (block.min() < 0 or block.max() > limit):
-            last = written + block.shape[0] - 1
-            raise EplbError(f"counts in steps {written}..{last} do not fit {dtype} (or are < 0)")
+        check_fits(block, dtype, written)
         f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
         written += block.shape[0]
     if shape_tail is None:
@@ -1146,7 +1219,7 @@ def write_topk(
 
 def write_jsonl(
     path: str | Path,
-    counts: ArrayLike | Iterable[NDArray[Any]],
+    counts: RoutingLog | ArrayLike | Iterable[NDArray[Any] | CountsChunk],
     *,
     model: str | None = None,
     top_k: int | None = None,
@@ -1157,14 +1230,12 @@ def write_jsonl(
 ) -> None:
     """Write JSONL counts: a header line (format, model, num_experts, top_k, num_layers, num_steps
     when known, layer_ids) unless header=False, then `{"step", "layer", "counts"}` per step and layer.
-    `layer` is the model layer id when layer_ids is given, else the index 0..L-1."""
+    `layer` is the model layer id when layer_ids is given, else the index 0..L-1. counts: as `write_counts`
+    takes them (the step ids of a RoutingLog or CountsChunks are kept unless `steps` is given); every count is
+    checked (`count_problem`) and written as an integer."""
     p = Path(path)
-    arr = np.asarray(counts) if isinstance(counts, np.ndarray | list | tuple) else None
-    chunks: Iterable[NDArray[Any]] = [arr] if arr is not None else counts  # type: ignore[assignment]
-    if arr is not None:
-        if arr.ndim != 3:
-            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
-        num_steps = int(arr.shape[0])
+    chunks, _, known = counts_to_write(counts, None, pick=False)
+    num_steps = known if known is not None else num_steps
     step_ids = None if steps is None else np.asarray(steps, dtype=np.int64).reshape(-1)
     if step_ids is not None and step_ids.size > 1 and np.any(np.diff(step_ids) <= 0):
         raise EplbError("step ids must increase")
@@ -1175,11 +1246,11 @@ def write_jsonl(
             pos = 0
             wrote_header = not header
             for chunk in chunks:
-                block = np.asarray(chunk)
+                ids = chunk.steps if isinstance(chunk, CountsChunk) else None
+                block = np.asarray(chunk.counts if isinstance(chunk, CountsChunk) else chunk)
                 if block.ndim != 3:
                     raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
-                if block.size and block.min() < 0:
-                    raise EplbError("counts must be >= 0")
+                refuse_counts(block, pos)
                 if not wrote_header:
                     head: dict[str, Any] = {"format": FORMAT_JSONL, "num_experts": int(block.shape[2])}
                     if model is not None:
@@ -1195,10 +1266,10 @@ def write_jsonl(
                     wrote_header = True
                 if lids is not None and len(lids) != block.shape[1]:
                     raise EplbError(f"layer_ids lists {len(lids)} layers, the counts have {block.shape[1]}")
-                values = block.tolist()
+                values = block.astype(np.int64, copy=False).tolist()
                 lines = []
                 for i, step_rows in enumerate(values):
-                    step = int(step_ids[pos + i]) if step_ids is not None else pos + i
+                    step = int(step_ids[pos + i] if step_ids is not None else ids[i] if ids is not None else pos + i)
                     for j, row in enumerate(step_rows):
                         layer = lids[j] if lids is not None else j
                         lines.append(f'{{"step": {step}, "layer": {layer}, "counts": {json.dumps(row)}}}\n')

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.logs import CountsChunk, LogInfo, RoutingLog
+from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, check_fits, counts_to_write
 
 __all__ = ["FORMAT_PARQUET", "ParquetLog", "is_parquet", "open_parquet", "write_parquet"]
 
@@ -94,7 +94,7 @@ class ParquetLog(RoutingLog):
                 raise EplbError(f"{f}: starts at step position {start}, but the shards before it end at {total}: "
                                 "a shard is missing or out of order")  # fmt: skip
             if meta is None:
-                meta = shard_meta
+                meta, first_schema = shard_meta, md.schema
             elif shard_meta != meta:
                 raise EplbError(f"{f}: its metadata differs from the first shard's (shards of different logs?)")
             self.shards.append((f, total, int(md.num_rows)))
@@ -112,6 +112,7 @@ class ParquetLog(RoutingLog):
             raise EplbError(f"{self.path}: step positions {self.positions.start}..{self.positions.stop - 1} are "
                             f"not in the log's 0..{total - 1}")  # fmt: skip
         ids = meta.get("layer_ids")
+        self.stored_dtype = _value_dtype(first_schema)
         self.info = LogInfo(
             path=str(self.path),
             kind="parquet",
@@ -151,6 +152,15 @@ class ParquetLog(RoutingLog):
                 raise EplbError(f"{f}: unreadable Parquet data ({' '.join(str(exc).split())})") from None
 
 
+def _value_dtype(schema: Any) -> np.dtype[Any] | None:
+    """The numpy type of the counts in a shard's schema (its `layer_0` lists), None when it has none."""
+    try:
+        found: np.dtype[Any] = np.dtype(schema.to_arrow_schema().field("layer_0").type.value_type.to_pandas_dtype())
+    except (KeyError, AttributeError, TypeError, NotImplementedError):  # not a column of lists of numbers
+        return None
+    return found
+
+
 def _fixed_lists(column: Any, experts: int, f: Path) -> NDArray[Any]:
     """A fixed-size-list column of n rows -> [n, E] array (no nulls allowed)."""
     arr = column.combine_chunks()
@@ -168,31 +178,36 @@ def open_parquet(path: str | Path, layers: range | None = None, positions: range
 
 def write_parquet(
     path: str | Path,
-    chunks: Iterable[CountsChunk] | NDArray[Any],
+    chunks: RoutingLog | Iterable[CountsChunk] | NDArray[Any],
     *,
     model: str | None = None,
     top_k: int | None = None,
     layer_ids: list[int] | None = None,
     shard_steps: int = SHARD_STEPS,
     compression: str = "zstd",
+    dtype: Any = None,
 ) -> int:
     """Write a routing log as a directory of Parquet shards; returns the steps written.
 
-    chunks: CountsChunks (step ids and counts [n, layers, E]), e.g. `open_log(src).iter_counts()`, or
-    a [steps, layers, E] array (step ids 0..steps-1). shard_steps: steps per shard file. The directory
-    appears under its name only when complete (written to NAME.part, then renamed); an existing one is
-    refused."""
+    chunks: a RoutingLog (e.g. `open_log(src)`), CountsChunks (step ids and counts [n, layers, E]), or a
+    [steps, layers, E] array (step ids 0..steps-1). dtype: the counts' stored integer type (default, as
+    `eplb.io.logs.write_counts`: `count_dtype` of an array's or a RoutingLog's largest count; uint32 for other
+    chunks). shard_steps: steps per shard file. The directory appears under its name only when complete
+    (written to NAME.part, then renamed); an existing one is refused."""
     pa, pq = _arrow()
     out = Path(path)
     if out.exists():
         raise EplbError(f"{out}: already exists; remove it or choose another name")
     if shard_steps < 1:
         raise EplbError(f"shard_steps must be >= 1, got {shard_steps}")
-    if isinstance(chunks, np.ndarray):
-        arr = chunks
-        if arr.ndim != 3:
-            raise EplbError(f"counts must be [steps, layers, experts], got shape {list(arr.shape)}")
-        chunks = [CountsChunk(0, np.arange(arr.shape[0], dtype=np.int64), arr)]
+    blocks: Iterable[CountsChunk]
+    if isinstance(chunks, RoutingLog | np.ndarray):  # the type from the counts (an array's are checked)
+        streamed, chosen, _ = counts_to_write(chunks, dtype)
+        arr = chunks if isinstance(chunks, np.ndarray) else None
+        blocks = streamed if arr is None else [CountsChunk(0, np.arange(arr.shape[0], dtype=np.int64), arr)]
+    else:
+        blocks, chosen = chunks, None if dtype is None else np.dtype(dtype)
+    out_dtype = np.dtype(np.uint32) if chosen is None else chosen
     tmp = out.with_name(out.name + ".part")
     try:
         _remove(tmp)
@@ -200,8 +215,8 @@ def write_parquet(
     except OSError as exc:
         raise EplbError(f"cannot write {out}: cannot create {tmp} ({exc.strerror or exc})") from None
     try:
-        writer = _ShardWriter(pa, pq, tmp, shard_steps, compression, model, top_k, layer_ids)
-        for chunk in chunks:
+        writer = _ShardWriter(pa, pq, tmp, shard_steps, compression, model, top_k, layer_ids, out_dtype)
+        for chunk in blocks:
             writer.add(chunk.steps, np.asarray(chunk.counts))
         written = writer.close()
         if written == 0:
@@ -227,9 +242,10 @@ class _ShardWriter:
 
     def __init__(
         self, pa: Any, pq: Any, folder: Path, shard_steps: int, compression: str, model: str | None,
-        top_k: int | None, layer_ids: list[int] | None,
+        top_k: int | None, layer_ids: list[int] | None, dtype: np.dtype[Any],
     ) -> None:  # fmt: skip
         self.pa, self.pq, self.folder, self.shard_steps, self.compression = pa, pq, folder, shard_steps, compression
+        self.dtype = dtype
         self.meta: dict[str, Any] = {"format": FORMAT_PARQUET, "model": model, "top_k": top_k, "layer_ids": layer_ids}
         self.writer: Any = None
         self.schema: Any = None
@@ -248,12 +264,14 @@ class _ShardWriter:
             if ids is not None and len(ids) != layers:
                 raise EplbError(f"layer_ids lists {len(ids)} layers, the counts have {layers}")
             self.meta.update(num_layers=int(layers), num_experts=int(experts))
-            value = self.pa.from_numpy_dtype(counts.dtype)
+            value = self.pa.from_numpy_dtype(self.dtype)
             self.schema = self.pa.schema(
                 [("step", self.pa.int64()), *((f"layer_{i}", self.pa.list_(value, experts)) for i in range(layers))]
             )
         elif counts.shape[1:] != self.shape:
             raise EplbError(f"step {self.written} has shape {list(counts.shape[1:])}, earlier steps {list(self.shape)}")
+        check_fits(counts, self.dtype, self.written)
+        counts = counts.astype(self.dtype, copy=False)
         done = 0
         while done < counts.shape[0]:
             if self.writer is None or self.in_shard == self.shard_steps:
