@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import delete, func, select
 
 from eplb import trigger
@@ -45,6 +45,7 @@ from eplb.solve import (
 )
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
+    DEFAULT_TOKENS_PER_GPU,
 from eplb.store.arrays import pack, unpack
 from solvers import registry
 from solvers.migration import count_moves
@@ -116,7 +117,9 @@ class DeploymentConfig(BaseModel):
     hardware: str = Field("b200", min_length=1, max_length=200)
     link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s; or within + "
                       "between nodes, e.g. nvlink+nic (DeepEP across nodes; needs cluster.gpus_per_node)")
-    tokens_per_gpu: float | None = Field(None, gt=0, le=1e9, description="tokens per GPU in one step")
+    tokens_per_gpu: float = Field(DEFAULT_TOKENS_PER_GPU, gt=0, le=1e9, description="tokens per GPU in one step, "
+                                  "for the predicted times and the cost trigger (default 4,096, as POST /placement "
+                                  "and `eplb solve`): a window sums many steps, each priced at this size")
     overlap: bool = True
     objective: Literal["lb", "time"] = Field("lb", description="lb: balance tokens; time: lowest predicted layer "
                                              "time (docs/solvers.md, 'Objectives')")
@@ -140,6 +143,13 @@ def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:
 def explicit_slots(config: DeploymentConfig) -> DeploymentConfig:
     """`config` with its default slot budget written out (num_redundant), so the stored deployment keeps its
     shape should the default ever change."""
+    @field_validator("tokens_per_gpu", mode="before")
+    @classmethod
+    def _default_tokens(cls, value: object) -> object:
+        """null is the default: a config stored before there was one (null then priced the whole window as one
+        step) reads with it."""
+        return DEFAULT_TOKENS_PER_GPU if value is None else value
+
     shape = config.cluster
     if any(v is not None for v in (shape.slots_per_gpu, shape.num_redundant, shape.memory_budget_bytes)):
         return config

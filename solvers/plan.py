@@ -8,16 +8,20 @@ slot; see :mod:`solvers.migration`). Every slot whose expert changes is written 
   else one whose replica stays put when there is one; among those, replicas that stay put first, reads
   spread over the holders in turn;
 * a **local** write when the GPU already holds the expert in another slot (no transfer between GPUs;
-  only placements with two replicas of one expert on one GPU need it).
+  only placements with two replicas of one expert on one GPU need it);
+* a **release** (expert -1, local, no bytes) when the new placement leaves the slot empty (-1): nothing
+  is copied, and the slot's old replica can still be read until its layer's last copy. An empty slot of
+  the serving placement is never read; filling it is a copy (or a local write) like any other.
 
 Copies are grouped in **stages** of at most ``stage_bytes`` each. A stage is applied as a unit: read
-every source, write every destination, then the stage's local writes. A copy never reads a slot that
-an earlier stage overwrote: when every holder of the expert is overwritten, the copy goes in the same
-stage as the overwrite or an earlier one, and copies that read each other's slots (a cycle) share one
+every source, write every destination, then the stage's local writes and releases. A copy never reads a
+slot that an earlier stage overwrote: when every holder of the expert is overwritten, the copy goes in the
+same stage as the overwrite or an earlier one, and copies that read each other's slots (a cycle) share one
 stage. So every expert keeps a replica after every stage, the cluster can serve between stages, and
 applying the stages in order to the serving placement gives the new one.
 
-Shapes: ``phy2log [L, P]``, ``slots_per_gpu [G]``; a plan holds one row per write, arrays ``[N]``.
+Shapes: ``phy2log [L, P]`` (-1: an empty slot), ``slots_per_gpu [G]``; a plan holds one row per write,
+arrays ``[N]``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from solvers.validation import EMPTY_SLOT, replica_counts
 
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
@@ -41,10 +47,11 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class MigrationPlan:
-    """One row per slot write, in application order: layer (row of phy2log), expert, source GPU and
-    slot (in the serving placement; the destination GPU for a local write), destination GPU and slot,
-    local (no transfer), stage (0, 1, ...). bytes_per_copy: one expert in one layer, bytes (None when
-    unknown); stage_bytes: the budget of one stage (None: one stage per layer)."""
+    """One row per slot write, in application order: layer (row of phy2log), expert (-1: a release, the
+    slot left empty), source GPU and slot (in the serving placement; the destination GPU for a local write,
+    the slot itself for a release), destination GPU and slot, local (no transfer), stage (0, 1, ...).
+    bytes_per_copy: one expert in one layer, bytes (None when unknown); stage_bytes: the budget of one stage
+    (None: one stage per layer)."""
 
     layer: IntArray
     expert: IntArray
@@ -132,11 +139,12 @@ def build_plan(
     gpus_per_node: int | None = None,
 ) -> MigrationPlan:
     """The plan from ``current_phy2log [L, P]`` to the aligned ``new_phy2log [L, P]`` (same
-    ``slots_per_gpu [G]``). bytes_per_copy: one expert's weights in one layer, bytes; stage_bytes: most
-    bytes copied per stage (needs bytes_per_copy); None gives each layer with copies a stage. gpus_per_node:
-    a copy reads a source on its destination's node when there is one (NVLink, not the NIC), even one whose
-    slot is overwritten (the copy then comes no later than the overwrite), except where that would tie
-    copies into a cycle longer than the stage budget and a replica that stays put elsewhere breaks it."""
+    ``slots_per_gpu [G]``; -1: an empty slot). bytes_per_copy: one expert's weights in one layer, bytes;
+    stage_bytes: most bytes copied per stage (needs bytes_per_copy); None gives each layer with copies a stage.
+    gpus_per_node: a copy reads a source on its destination's node when there is one (NVLink, not the NIC),
+    even one whose slot is overwritten (the copy then comes no later than the overwrite), except where that
+    would tie copies into a cycle longer than the stage budget and a replica that stays put elsewhere breaks
+    it (that copy then reads across the NIC)."""
     cur = np.asarray(current_phy2log, dtype=np.int64)
     new = np.asarray(new_phy2log, dtype=np.int64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
@@ -144,6 +152,9 @@ def build_plan(
         raise PlanError(
             f"current {cur.shape} and new {new.shape} placements must both be [layers, {int(slots.sum())} slots]"
         )
+    if cur.size and min(int(cur.min()), int(new.min())) < EMPTY_SLOT:
+        raise PlanError(f"placement entries must be expert ids >= 0 or {EMPTY_SLOT} (an empty slot), got "
+                        f"{min(int(cur.min()), int(new.min()))}")
     budget = None
     if stage_bytes is not None:
         if bytes_per_copy is None:
@@ -159,10 +170,14 @@ def build_plan(
     gpu = np.repeat(np.arange(slots.size), slots)
     layer_all = np.repeat(np.arange(num_layers), num_physical)
     gpu_all = np.tile(gpu, num_layers)
+    cur_flat, new_flat = cur.ravel(), new.ravel()
+    occupied = cur_flat != EMPTY_SLOT  # an empty slot of the serving placement holds nothing to read
     holds = np.zeros((num_layers, slots.size, num_experts), dtype=bool)
-    holds[layer_all, gpu_all, cur.ravel()] = True
-    changed = np.flatnonzero((cur != new).ravel())
-    c_layer, c_slot, c_expert = layer_all[changed], changed % num_physical, new.ravel()[changed]
+    holds[layer_all[occupied], gpu_all[occupied], cur_flat[occupied]] = True
+    overwritten = (cur_flat != new_flat) & (new_flat != EMPTY_SLOT)  # written by the plan; a released slot is not
+    changed = np.flatnonzero(overwritten)
+    released = np.flatnonzero((cur_flat != new_flat) & (new_flat == EMPTY_SLOT))
+    c_layer, c_slot, c_expert = layer_all[changed], changed % num_physical, new_flat[changed]
     c_gpu = gpu[c_slot]
     key = (c_layer * slots.size + c_gpu) * num_experts + c_expert
     held = holds[c_layer, c_gpu, c_expert]
@@ -170,30 +185,34 @@ def build_plan(
     remote = np.flatnonzero(~local)
     # sources: the expert's holders in the serving placement; those on the destination's node first (replicas
     # that stay put first among them, else the node's others), else replicas that stay put anywhere (else
-    # all); in turn within each choice
-    holder_key = layer_all * num_experts + cur.ravel()
-    moved = (cur != new).ravel()
+    # all); in turn within each choice. Empty slots get key -1, which no copy asks for.
+    holder_key = np.where(occupied, layer_all * num_experts + cur_flat, -1)
+    stays = occupied & ~overwritten
     node = gpu // (gpus_per_node or slots.size)
     nodes = int(node.max(initial=0)) + 1
     holder_node = np.tile(node, num_layers)
     flat_index = np.arange(holder_key.size)
     want = c_layer[remote] * num_experts + c_expert[remote]
-    # on the destination's node: holders sorted by (layer and expert, node, moved, slot)
-    node_key = holder_key * nodes + holder_node
-    near_order = np.lexsort((flat_index, moved, holder_node, holder_key))
+    # on the destination's node: holders sorted by (layer and expert, node, overwritten, slot)
+    node_key = np.where(occupied, holder_key * nodes + holder_node, -1)
+    near_order = np.lexsort((flat_index, overwritten, holder_node, holder_key))
     want_near = want * nodes + node[c_slot[remote]]
     near_first = np.searchsorted(node_key[near_order], want_near)
     near = np.searchsorted(node_key[near_order], want_near, side="right") - near_first
-    near_stable = np.bincount(node_key[~moved], minlength=num_layers * num_experts * nodes)[want_near]
+    near_stable = np.bincount(node_key[stays], minlength=num_layers * num_experts * nodes)[want_near]
     near_block = np.where(near_stable > 0, near_stable, near)
     src_near = near_order[np.where(near > 0, near_first + _occurrence(want_near) % np.maximum(near_block, 1), 0)]
-    # anywhere: holders sorted by (layer and expert, moved, slot)
-    far_order = np.lexsort((flat_index, moved, holder_key))
+    # anywhere: holders sorted by (layer and expert, overwritten, slot)
+    far_order = np.lexsort((flat_index, overwritten, holder_key))
     first = np.searchsorted(holder_key[far_order], want)
     n_all = np.searchsorted(holder_key[far_order], want, side="right") - first
-    stable = np.bincount(holder_key[~moved], minlength=num_layers * num_experts)[want]
+    if not n_all.all():
+        i = remote[int(np.argmin(n_all))]
+        raise PlanError(f"layer {int(c_layer[i])}: expert {int(c_expert[i])} is in no slot of the serving placement, "
+                        f"so its copy onto GPU {int(c_gpu[i])} has nothing to read; give the placement serving now")
+    stable = np.bincount(holder_key[stays], minlength=num_layers * num_experts)[want]
     block = np.where(stable > 0, stable, n_all)
-    src_far = far_order[first + _occurrence(want) % np.maximum(block, 1)]
+    src_far = far_order[first + _occurrence(want) % block]
     use_near = near > 0
     # a copy must not come after the copy that overwrites its source slot; copies reading each other's slots
     # (a cycle) share a stage, so a cycle longer than the stage budget gives up a node-local source that is
@@ -232,12 +251,12 @@ def build_plan(
         stage_of_unit[u], filled, last_layer = stage, filled + size, layer
     r_stage = np.repeat(stage_of_unit, sizes)
     # local writes read a slot of their GPU that holds the expert in the new placement and is not itself
-    # a local destination; they join the stage of their layer's last copy (or a stage after all)
+    # a local destination; they and the releases join the stage of their layer's last copy (or a stage after all)
     lo = np.flatnonzero(local)
-    final = np.ones(num_layers * num_physical, dtype=bool)
+    final = new_flat != EMPTY_SLOT
     final[changed[lo]] = False
     final_idx = np.flatnonzero(final)
-    final_key = (layer_all[final_idx] * slots.size + gpu_all[final_idx]) * num_experts + new.ravel()[final_idx]
+    final_key = (layer_all[final_idx] * slots.size + gpu_all[final_idx]) * num_experts + new_flat[final_idx]
     key_order = np.argsort(final_key, kind="stable")
     pos = np.searchsorted(final_key[key_order], key[lo]).clip(max=max(final_key.size - 1, 0))
     found = final_key[key_order[pos]] == key[lo] if final_key.size else np.zeros(lo.size, dtype=bool)
@@ -248,48 +267,53 @@ def build_plan(
     lo_src = final_idx[key_order[pos]] % num_physical
     last_stage = np.full(num_layers, -1, dtype=np.int64)
     np.maximum.at(last_stage, r_layer, r_stage)
-    lo_stage = last_stage[c_layer[lo]]
-    lo_stage = np.where(lo_stage >= 0, lo_stage, (r_stage.max(initial=-1) + 1))
+    after_all = r_stage.max(initial=-1) + 1
+    lo_stage, rel_stage = (np.where(s >= 0, s, after_all) for s in (last_stage[c_layer[lo]],
+                                                                    last_stage[layer_all[released]]))
     rows_remote = remote[sequence]
-    rows = np.concatenate([rows_remote, lo])
-    stages = np.concatenate([r_stage, lo_stage])
-    src = np.concatenate([src_slot[sequence], lo_src])
-    is_local = np.concatenate([np.zeros(rows_remote.size, dtype=bool), np.ones(lo.size, dtype=bool)])
-    final_order = np.lexsort((is_local, stages), axis=0) if rows.size else np.zeros(0, dtype=np.int64)
-    rows, stages, src, is_local = rows[final_order], stages[final_order], src[final_order], is_local[final_order]
+    rel_slot = released % num_physical
+    layers = np.concatenate([c_layer[rows_remote], c_layer[lo], layer_all[released]])
+    experts = np.concatenate([c_expert[rows_remote], c_expert[lo], np.full(released.size, EMPTY_SLOT)])
+    src = np.concatenate([src_slot[sequence], lo_src, rel_slot])
+    dst = np.concatenate([c_slot[rows_remote], c_slot[lo], rel_slot])
+    stages = np.concatenate([r_stage, lo_stage, rel_stage])
+    is_local = np.concatenate([np.zeros(rows_remote.size, dtype=bool), np.ones(lo.size + released.size, dtype=bool)])
+    order = np.lexsort((is_local, stages))
     return MigrationPlan(
-        layer=c_layer[rows],
-        expert=c_expert[rows],
-        src_gpu=gpu[src],
-        src_slot=src,
-        dst_gpu=c_gpu[rows],
-        dst_slot=c_slot[rows],
-        local=is_local,
-        stage=stages,
+        layer=layers[order],
+        expert=experts[order],
+        src_gpu=gpu[src[order]],
+        src_slot=src[order],
+        dst_gpu=gpu[dst[order]],
+        dst_slot=dst[order],
+        local=is_local[order],
+        stage=stages[order],
         bytes_per_copy=bytes_per_copy,
         stage_bytes=stage_bytes,
     )
 
 
 def apply_plan(current_phy2log: ArrayLike, plan: MigrationPlan) -> IntArray:
-    """Apply ``plan`` stage by stage to ``current_phy2log [L, P]``; returns the result ``[L, P]``.
-    Raises PlanError when a write reads a slot that does not hold its expert, or when an expert has no
-    replica in some layer after a stage (the cluster could not serve between stages)."""
+    """Apply ``plan`` stage by stage to ``current_phy2log [L, P]`` (-1: an empty slot); returns the result
+    ``[L, P]``. Raises PlanError when a write reads a slot that does not hold its expert (a release, expert
+    -1, reads nothing), or when an expert of the serving placement has no replica in some layer after a stage
+    (the cluster could not serve between stages)."""
     state = np.array(current_phy2log, dtype=np.int64, copy=True)
-    num_layers, num_experts = state.shape[0], int(state.max(initial=0)) + 1
+    num_experts = int(max(state.max(initial=0), plan.expert.max(initial=0))) + 1
+    served = replica_counts(state, num_experts) > 0  # [L, E] the experts that must keep a replica
     for k in range(plan.num_stages):
         in_stage = plan.stage == k
         for local in (False, True):  # copies read before any write of the stage; local writes after them
             rows = np.flatnonzero(in_stage & (plan.local == local))
-            bad = state[plan.layer[rows], plan.src_slot[rows]] != plan.expert[rows]
+            reads = plan.expert[rows] != EMPTY_SLOT
+            bad = reads & (state[plan.layer[rows], plan.src_slot[rows]] != plan.expert[rows])
             if bad.any():
                 i = rows[np.argmax(bad)]
                 raise PlanError(f"stage {k}: expert {plan.expert[i]} of layer {plan.layer[i]} is read from slot "
                                 f"{plan.src_slot[i]}, which holds {state[plan.layer[i], plan.src_slot[i]]}")
             state[plan.layer[rows], plan.dst_slot[rows]] = plan.expert[rows]
-        counts = np.zeros((num_layers, num_experts), dtype=np.int64)
-        np.add.at(counts, (np.repeat(np.arange(num_layers), state.shape[1]), state.ravel()), 1)
-        if (counts == 0).any():
-            layer, expert = (int(v) for v in np.argwhere(counts == 0)[0])
+        lost = served & (replica_counts(state, num_experts) == 0)
+        if lost.any():
+            layer, expert = (int(v) for v in np.argwhere(lost)[0])
             raise PlanError(f"after stage {k}, expert {expert} of layer {layer} has no replica")
     return state

@@ -883,3 +883,30 @@ def test_the_cli_keeps_its_flags_in_the_registrys_groups_refusal() -> None:
         registry.check("greedy-coact", problem, Options())
     with pytest.raises(registry.SolverError, match=r"drop cluster\.num_groups/cluster\.gpus_per_node or choose"):
         registry.check("greedy-coact", problem, Options(), names=dep.FIELD_NAMES)
+
+
+def test_a_config_without_tokens_per_gpu_prices_steps_as_post_placement_does(
+    store: Store, client: TestClient
+) -> None:
+    """Without tokens_per_gpu a deployment priced the whole window as one step (DeepSeek-V3 at EP32: 10.6 s, and the
+    cost trigger fired at every window); POST /placement and `eplb solve` take 4,096 tokens per GPU. One default now,
+    and a config stored with null reads with it."""
+    from api.schemas import CostIn
+    from eplb.cli import build_parser
+    from eplb.solve import DEFAULT_TOKENS_PER_GPU
+
+    assert dep.DeploymentConfig.model_fields["tokens_per_gpu"].default is DEFAULT_TOKENS_PER_GPU
+    assert CostIn.model_fields["tokens_per_gpu"].default is DEFAULT_TOKENS_PER_GPU
+    assert build_parser(["solve"]).parse_args(["solve"]).tokens_per_gpu_default is DEFAULT_TOKENS_PER_GPU
+    shape = {"model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8, "slots_per_gpu": 10}}
+    put = client.put("/deployments/t", json={**shape, "policy": {"trigger": "cost"}})
+    assert put.status_code == 201 and put.json()["config"]["tokens_per_gpu"] == DEFAULT_TOKENS_PER_GPU, put.text
+    placed = client.post("/deployments/t/windows", json={"loads": window(0)}).json()
+    posted = client.post("/placement", json={**shape, "loads": window(0)}).json()
+    assert placed["result"]["placement"] == posted["placement"]
+    assert placed["result"]["predicted"]["time_us"] == posted["predicted"]["time_us"]
+    assert placed["entry"]["time_after_us"] == pytest.approx(sum(posted["predicted"]["time_us"]), abs=1e-3)
+    _edit_stored_config(store, "t", lambda c: {**c, "tokens_per_gpu": None})  # as an older eplb stored it
+    assert dep.get(store, "t").config.tokens_per_gpu == DEFAULT_TOKENS_PER_GPU
+    again = client.post("/deployments/t/windows", json={"loads": window(0, seed=1)}).json()  # the same hot experts
+    assert again["entry"]["time_before_us"] == pytest.approx(placed["entry"]["time_after_us"], rel=0.05), again

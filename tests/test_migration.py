@@ -139,3 +139,39 @@ def test_relabel_keeps_hierarchical_groups_on_their_nodes() -> None:
     kept = relabel_gpus(fresh, current, slots, gpus_per_node=4)
     assert spread(kept) == 1
     assert np.all(count_moves(kept, current, slots) <= count_moves(fresh, current, slots))
+
+
+def _empty_some(row: NDArray[np.int64], rng: np.random.Generator) -> None:
+    """Empty (-1) some redundant replicas of row [P] in place; every expert keeps one."""
+    for s in rng.permutation(row.size):
+        if row[s] >= 0 and (row == row[s]).sum() > 1 and rng.random() < 0.3:
+            row[s] = -1
+
+
+def random_aligned_pair(rng: np.random.Generator, gpus: int, slots_each: int, empties: bool) -> tuple[
+        NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:  # fmt: skip
+    """(current, new [3, P], slots [G]): random placements of E <= P experts, every expert held in every layer;
+    new rewrites random slots with experts their GPU does not hold (so it is aligned: nothing a GPU keeps
+    moves), which makes swaps and longer cycles of copies across GPUs and nodes; with empties, some redundant
+    replicas of both are -1."""
+    slots = np.full(gpus, slots_each, dtype=np.int64)
+    p = gpus * slots_each
+    e = int(rng.integers(max(1, p // 2), p + 1))
+    gpu = np.repeat(np.arange(gpus), slots)
+    cur = np.stack([rng.permutation(np.concatenate([np.arange(e), rng.integers(0, e, p - e)])) for _ in range(3)])
+    new = cur.copy()
+    for layer in range(3):
+        if empties:
+            _empty_some(cur[layer], rng)
+        row = cur[layer].copy()
+        for s in rng.choice(p, size=int(rng.integers(0, p + 1)), replace=False):
+            options = np.setdiff1d(np.arange(e), cur[layer, gpu == gpu[s]])
+            if options.size:
+                row[s] = rng.choice(options)
+        if np.setdiff1d(np.arange(e), row).size:  # an expert lost: keep the layer as it is
+            row = cur[layer].copy()
+        if empties:
+            _empty_some(row, rng)
+        new[layer] = row
+    return cur, new, slots
+

@@ -17,6 +17,7 @@ from solvers.greedy import solve_greedy
 from solvers.incremental import rebalance
 from solvers.migration import count_moves, relabel_gpus
 from solvers.plan import MigrationPlan, PlanError, apply_plan, build_plan
+from tests.test_migration import random_aligned_pair
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 EXPERT_BYTES = 44_040_192.0  # DeepSeek-V3: 3 x 7168 x 2048 fp8 weights
@@ -112,6 +113,60 @@ def test_random_plans_apply_stage_by_stage(seed: int, budget: int | None, gpus_p
         assert _reads_across_with_a_holder_on_the_node(current, plan, gpus_per_node, slots) == 0
 
 
+def test_an_empty_slot_is_never_read_and_an_emptied_one_is_released() -> None:
+    """Serving [[0, 1, 2, -1]] (GPU 1's second slot empty), new [[0, -1, 2, 1]]: expert 1 moves to GPU 1 into the
+    empty slot (one copy, read from GPU 0's slot 1, not the empty slot); GPU 0's slot 1 is then released: a row
+    with expert -1, no bytes, after the copy that reads it, so the cluster serves 1 until its copy lands."""
+    slots = np.array([2, 2])
+    current, new = np.array([[0, 1, 2, -1]]), np.array([[0, -1, 2, 1]])
+    plan = build_plan(current, new, slots, EXPERT_BYTES)
+    rows = sorted(zip(plan.expert.tolist(), plan.src_slot.tolist(), plan.dst_slot.tolist(), plan.local.tolist(),
+                      plan.stage.tolist(), strict=True))  # fmt: skip
+    assert rows == [(-1, 1, 1, True, 0), (1, 1, 3, False, 0)]
+    assert plan.num_copies == 1 and plan.to_dict()["total_bytes"] == EXPERT_BYTES
+    assert [c["bytes"] for c in plan.to_dict()["stages"][0]["copies"]] == [EXPERT_BYTES, 0.0]  # the copy first
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+    # a slot empty in both needs nothing; filling an empty slot with an expert the GPU holds is a local write
+    current, new = np.array([[0, 1, -1, 2, -1, 3]]), np.array([[0, 1, 1, 2, -1, 3]])
+    plan = build_plan(current, new, np.array([3, 3]))
+    assert plan.expert.tolist() == [1] and plan.local.tolist() == [True] and plan.src_slot.tolist() == [1]
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+    with pytest.raises(PlanError, match="expert 3 is in no slot of the serving placement"):
+        build_plan([[0, 1, 2, -1]], [[0, 1, 2, 3]], slots)  # nothing to copy it from (was a wrong source)
+    with pytest.raises(PlanError, match="or -1"):
+        build_plan([[0, 1, 2, -2]], [[0, 1, 2, 3]], slots)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), budget=st.sampled_from([None, 2, 4]), gpus_per_node=st.sampled_from([None, 1, 2]))
+def test_random_plans_with_empty_slots_apply_stage_by_stage(seed: int, budget: int | None,
+                                                            gpus_per_node: int | None) -> None:
+    """Placements whose redundant replicas are partly empty (-1) in the serving and the new placement: the plan
+    copies exactly the (expert, GPU) pairs the new placement adds, releases the slots it empties, never copies from
+    an empty slot, keeps to the budget, and applied stage by stage gives the new placement."""
+    rng = np.random.default_rng(seed)
+    current, new, slots = random_aligned_pair(rng, 4, int(rng.integers(2, 4)), empties=True)
+    try:
+        plan = build_plan(current, new, slots, 1.0, None if budget is None else float(budget), gpus_per_node)
+    except PlanError as exc:
+        assert budget is not None and "at least" in str(exc)
+        return
+    added = {(layer, gpu, e) for layer, row in enumerate(new.tolist()) for gpu, e in
+             zip(np.repeat(np.arange(4), slots).tolist(), row, strict=True) if e >= 0} - {
+        (layer, gpu, e) for layer, row in enumerate(current.tolist()) for gpu, e in
+        zip(np.repeat(np.arange(4), slots).tolist(), row, strict=True)}  # fmt: skip
+    copy = ~plan.local
+    assert sorted(zip(plan.layer[copy].tolist(), plan.dst_gpu[copy].tolist(), plan.expert[copy].tolist(),
+                      strict=True)) == sorted(added)  # fmt: skip
+    released = plan.expert == -1
+    assert sorted(zip(plan.layer[released].tolist(), plan.dst_slot[released].tolist(), strict=True)) == sorted(
+        map(tuple, np.argwhere((new == -1) & (current != -1)).tolist()))  # fmt: skip
+    assert np.all(current[plan.layer[copy], plan.src_slot[copy]] != -1)  # local writes read the new placement
+    if budget is not None:
+        assert np.bincount(plan.stage[copy]).max(initial=0) <= budget
+    np.testing.assert_array_equal(apply_plan(current, plan), new)
+
+
 def test_bad_inputs_are_refused() -> None:
     slots = np.array([2, 2])
     with pytest.raises(PlanError, match="layers"):
@@ -186,7 +241,8 @@ def test_user_trial_plan_reads_on_the_destinations_node(tmp_path: Path) -> None:
     data = json.loads(plan_file.read_text())
     rows = [(c["layer"], c["expert"], c["src_gpu"], c["src_slot"], c["dst_gpu"], c["dst_slot"], c["bytes"] == 0.0, k)
             for k, stage in enumerate(data["stages"]) for c in stage["copies"]]
-    plan = MigrationPlan(*(np.asarray(column) for column in zip(*rows, strict=True)))
+    layer, expert, src_gpu, src_slot, dst_gpu, dst_slot, local, stage = (np.asarray(c) for c in zip(*rows, strict=True))
+    plan = MigrationPlan(layer, expert, src_gpu, src_slot, dst_gpu, dst_slot, local, stage)
     slots = current.slots_per_gpu
     assert _reads_across_with_a_holder_on_the_node(current.phy2log, plan, 8, slots) == 0
     np.testing.assert_array_equal(apply_plan(current.phy2log, plan), new.phy2log)
