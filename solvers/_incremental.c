@@ -2,6 +2,8 @@
  *
  * walk(): every layer, from the serving placement, takes one best move per step (spread, replace or
  * swap; see solvers/incremental.py) and records the busiest GPU's load and the copies after each step.
+ * Its first moves repair the serving placement's duplicates (a second replica of an expert on one GPU), up to
+ * a per-layer number of them (`repair_step`).
  * Layers are independent; one step looks at every replica of the busiest GPU against every redundant
  * slot, the coldest experts and the slots of the lightest GPUs, so a layer's step is a few thousand
  * arithmetic operations. The numpy version of the same loop took 0.6 to 2 s on a DeepSeek-V3-sized
@@ -34,7 +36,8 @@ typedef struct {
     double *load, *share, *top_load, *add, *rise, *red_base, *red_nx;
     double level, alpha; /* excess: load above level (inf: none); a move's rank: excess drop + alpha x peak drop */
     double *gain_more, *cost_less; /* [E] excess change of all holders if the expert gains / loses a replica */
-    unsigned char *holds, *orig; /* [G * E] */
+    uint16_t *holds;     /* [G * E] replicas of each expert on each GPU (2 or more: a duplicate) */
+    unsigned char *orig; /* [G * E] 1 where the GPU held the expert in the serving placement */
 } Walk;
 
 static inline int allowed(const Walk *c, i64 e, i64 g) {
@@ -122,17 +125,73 @@ static inline void consider(Move *best, double peak, double score, double drop, 
     }
 }
 
+/* One repair of a duplicate: a slot s whose expert e has another replica on its GPU g is overwritten by an expert
+ * f that g lacks (and may hold: its group is on g's node), 1 copy. Of all (s, f), the one with the lowest
+ * estimated busiest GPU afterwards: g's new load, the busiest other holder of e (its replicas serve more) and the
+ * busiest GPU other than g (f's holders only lose load); on ties the f whose holders lose the most. Returns 0 when
+ * no duplicate can be repaired (every expert g may hold is on it already: the slots force the duplicate). */
+static int repair_step(Walk *c, i64 *slot, i64 *expert) {
+    const i64 E = c->E, P = c->P, G = c->G;
+    i64 first = -1, second = -1; /* the two busiest GPUs */
+    for (i64 g = 0; g < G; g++) {
+        if (first < 0 || c->load[g] > c->load[first]) {
+            second = first;
+            first = g;
+        } else if (second < 0 || c->load[g] > c->load[second]) {
+            second = g;
+        }
+    }
+    holder_tops(c);
+    double best_score = INFINITY, best_drop = -INFINITY;
+    *slot = -1;
+    for (i64 s = P - 1; s >= 0; s--) { /* the last slot of a duplicate: the first keeps its place */
+        i64 g = c->gpu_of[s], e = c->ex[s], k = c->holds[g * E + e];
+        if (k < 2) continue;
+        int later = 0; /* one slot per (g, e): skip s when a later slot of g holds e too */
+        for (i64 t = s + 1; t < c->start[g] + c->count[g]; t++) later |= c->ex[t] == e;
+        if (later) continue;
+        double base = c->load[g] - c->share[e] + (double)(k - 1) * c->rise[e];
+        double ne = holder_max(c, e, g, g) + c->rise[e];
+        double rest = g == first ? (second >= 0 ? c->load[second] : -INFINITY) : c->load[first];
+        double fixed = ne > rest ? ne : rest;
+        for (i64 f = 0; f < E; f++) {
+            if (c->holds[g * E + f] || !allowed(c, f, g)) continue;
+            double nh = base + c->add[f], score = nh > fixed ? nh : fixed, drop = c->share[f] - c->add[f];
+            if (score < best_score || (score == best_score && drop > best_drop)) {
+                best_score = score;
+                best_drop = drop;
+                *slot = s;
+                *expert = f;
+            }
+        }
+    }
+    return *slot >= 0;
+}
+
+/* expert e replaces the expert of slot s (state, replica counts and their shares) */
+static void write_slot(Walk *c, const double *w, i64 s, i64 e) {
+    i64 g = c->gpu_of[s], old = c->ex[s];
+    c->holds[g * c->E + old]--;
+    c->cnt[old]--;
+    c->holds[g * c->E + e]++;
+    c->cnt[e]++;
+    c->ex[s] = e;
+    expert_terms(c, w, old);
+    expert_terms(c, w, e);
+}
+
 static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, i64 max_copies, double min_gain,
-                       double *out_max, i64 *out_copies, i64 *out_steps, i64 *out_slot, i64 *out_expert) {
+                       i64 max_repairs, double *out_max, i64 *out_copies, i64 *out_steps, i64 *out_slot,
+                       i64 *out_expert, i64 *out_repairs) {
     const i64 E = c->E, P = c->P, G = c->G;
     memcpy(c->ex, phy, sizeof(i64) * P);
     memset(c->cnt, 0, sizeof(i64) * E);
-    memset(c->holds, 0, (size_t)G * E);
+    memset(c->holds, 0, sizeof(uint16_t) * (size_t)G * E);
     for (i64 s = 0; s < P; s++) {
         c->cnt[c->ex[s]]++;
-        c->holds[c->gpu_of[s] * E + c->ex[s]] = 1;
+        c->holds[c->gpu_of[s] * E + c->ex[s]]++;
     }
-    memcpy(c->orig, c->holds, (size_t)G * E);
+    for (i64 i = 0; i < G * E; i++) c->orig[i] = c->holds[i] > 0;
     for (i64 e = 0; e < E; e++) expert_terms(c, w, e);
     if (isinf(c->level)) /* no excess anywhere: moves ranked by the busiest GPU's drop alone */
         for (i64 e = 0; e < E; e++) c->gain_more[e] = c->cost_less[e] = 0.0;
@@ -140,6 +199,18 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
     double peak = compute_loads(c);
     out_max[0] = peak;
     out_copies[0] = 0;
+    /* repairs first: each duplicate of the serving placement costs one copy, budget permitting */
+    for (i64 s, f; step < c->K && step < max_repairs && (max_copies < 0 || copies < max_copies); step++) {
+        if (!repair_step(c, &s, &f)) break;
+        copies += !c->orig[c->gpu_of[s] * E + f];
+        write_slot(c, w, s, f);
+        out_slot[2 * step] = s;
+        out_expert[2 * step] = f;
+        peak = compute_loads(c);
+        out_max[step + 1] = peak;
+        out_copies[step + 1] = copies;
+    }
+    *out_repairs = step;
     for (; step < c->K && G > 1; step++) {
         if (target >= 0 && peak <= target) break;
         i64 h = 0;
@@ -182,7 +253,8 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
         }
         Move best = {-INFINITY, 0, {-1, -1}, {-1, -1}};
         i64 left = max_copies >= 0 ? max_copies - copies : -1;
-        const unsigned char *hold_h = c->holds + h * E, *orig_h = c->orig + h * E;
+        const uint16_t *hold_h = c->holds + h * E;
+        const unsigned char *orig_h = c->orig + h * E;
         /* redundant replicas off h: where a spread may land */
         i64 nred = 0;
         double bar = peak - min_gain;
@@ -250,26 +322,12 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
         }
         if (best.slot[0] < 0) break;
         /* apply: both writes of a swap use the experts read above */
-        i64 old_expert[2] = {-1, -1};
         for (int i = 0; i < 2; i++) {
-            i64 s = best.slot[i];
-            out_slot[2 * step + i] = s;
+            out_slot[2 * step + i] = best.slot[i];
             out_expert[2 * step + i] = best.expert[i];
-            if (s < 0) continue;
-            i64 g = c->gpu_of[s], old = c->ex[s], e = best.expert[i];
-            old_expert[i] = old;
-            c->holds[g * E + old] = 0;
-            c->cnt[old]--;
-            c->holds[g * E + e] = 1;
-            c->cnt[e]++;
-            c->ex[s] = e;
+            if (best.slot[i] >= 0) write_slot(c, w, best.slot[i], best.expert[i]);
         }
         copies += best.cost;
-        for (int i = 0; i < 2; i++) {
-            if (best.slot[i] < 0) continue;
-            expert_terms(c, w, best.expert[i]);
-            expert_terms(c, w, old_expert[i]);
-        }
         peak = compute_loads(c);
         out_max[step + 1] = peak;
         out_copies[step + 1] = copies;
@@ -283,16 +341,17 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
 
 static PyObject *py_walk(PyObject *self, PyObject *args) {
     PyObject *o_w, *o_phy, *o_slots, *o_node_ok, *o_target, *o_min_gain, *o_max, *o_copies, *o_steps, *o_slot,
-        *o_expert, *o_level;
+        *o_expert, *o_level, *o_max_repairs, *o_repairs;
     double alpha;
     Py_ssize_t L, E, P, G, K, light, group_size, node_size, num_groups, num_nodes, max_copies;
-    if (!PyArg_ParseTuple(args, "OOOnnnnnnOnnnnOnOOOOOOOd", &o_w, &o_phy, &o_slots, &L, &E, &P, &G, &K, &light,
+    if (!PyArg_ParseTuple(args, "OOOnnnnnnOnnnnOnOOOOOOOdOO", &o_w, &o_phy, &o_slots, &L, &E, &P, &G, &K, &light,
                           &o_node_ok, &group_size, &node_size, &num_groups, &num_nodes, &o_target, &max_copies,
-                          &o_min_gain, &o_max, &o_copies, &o_steps, &o_slot, &o_expert, &o_level, &alpha))
+                          &o_min_gain, &o_max, &o_copies, &o_steps, &o_slot, &o_expert, &o_level, &alpha,
+                          &o_max_repairs, &o_repairs))
         return NULL;
-    Py_buffer b[12];
-    int has_nodes = o_node_ok != Py_None, held = has_nodes ? 12 : 11;  /* node_ok last, only when given */
-    const BufferSpec spec[12] = {
+    Py_buffer b[14];
+    int has_nodes = o_node_ok != Py_None, held = has_nodes ? 14 : 13;  /* node_ok last, only when given */
+    const BufferSpec spec[14] = {
         {o_w, 8, L * E, 0, "loads"},
         {o_phy, 8, L * P, 0, "phy2log"},
         {o_slots, 8, G, 0, "slots_per_gpu"},
@@ -304,12 +363,22 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
         {o_slot, 8, L * K * 2, 1, "out_slot"},
         {o_expert, 8, L * K * 2, 1, "out_expert"},
         {o_level, 8, L, 0, "level"},
+        {o_max_repairs, 8, L, 0, "max_repairs"},
+        {o_repairs, 8, L, 1, "out_repairs"},
         {o_node_ok, 8, L * num_nodes * num_groups, 0, "node_ok"},
     };
     if (buffers(spec, held, b) < 0) return NULL;
     const double *w = b[0].buf, *target = b[3].buf, *min_gain = b[4].buf;
-    const i64 *phy = b[1].buf, *slots = b[2].buf, *node_ok = has_nodes ? b[11].buf : NULL;
+    const i64 *phy = b[1].buf, *slots = b[2].buf, *node_ok = has_nodes ? b[13].buf : NULL;
     const double *level = b[10].buf;
+    const i64 *max_repairs = b[11].buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t g = 0; g < G; g++) total += slots[g] > 0 ? slots[g] : 0;
+    if (total != P) { /* gpu_of below has P entries, one per slot */
+        release_buffers(b, held);
+        PyErr_Format(PyExc_ValueError, "slots_per_gpu sums to %zd slots, phy2log has %zd per layer", total, P);
+        return NULL;
+    }
     Walk c = {E, P, G, K, light > 0 ? light : 1, group_size, node_size, num_groups};
     i64 *gpu_of = malloc(sizeof(i64) * P), *start = malloc(sizeof(i64) * G);
     for (i64 g = 0, s = 0; g < G; g++) {
@@ -331,7 +400,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
     c.rise = malloc(sizeof(double) * E);
     c.red_base = malloc(sizeof(double) * P);
     c.red_nx = malloc(sizeof(double) * P);
-    c.holds = malloc((size_t)G * E);
+    c.holds = malloc(sizeof(uint16_t) * (size_t)G * E);
     c.gain_more = malloc(sizeof(double) * E);
     c.cost_less = malloc(sizeof(double) * E);
     c.alpha = alpha;
@@ -340,9 +409,9 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
     for (i64 l = 0; l < L; l++) {
         c.node_ok = node_ok ? node_ok + l * num_nodes * num_groups : NULL;
         c.level = level[l];
-        walk_layer(&c, w + l * E, phy + l * P, target[l], max_copies, min_gain[l], (double *)b[5].buf + l * (K + 1),
-                   (i64 *)b[6].buf + l * (K + 1), (i64 *)b[7].buf + l, (i64 *)b[8].buf + l * K * 2,
-                   (i64 *)b[9].buf + l * K * 2);
+        walk_layer(&c, w + l * E, phy + l * P, target[l], max_copies, min_gain[l], max_repairs[l],
+                   (double *)b[5].buf + l * (K + 1), (i64 *)b[6].buf + l * (K + 1), (i64 *)b[7].buf + l,
+                   (i64 *)b[8].buf + l * K * 2, (i64 *)b[9].buf + l * K * 2, (i64 *)b[12].buf + l);
     }
     Py_END_ALLOW_THREADS
     free(gpu_of); free(start); free(c.ex); free(c.cnt); free(c.top_gpu); free(c.lights);
@@ -355,7 +424,8 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"walk", py_walk, METH_VARARGS,
      "walk(loads, phy2log, slots, L, E, P, G, K, light, node_ok, group_size, node_size, num_groups, num_nodes, "
-     "target, max_copies, min_gain, out_max, out_copies, out_steps, out_slot, out_expert, level, alpha)"},
+     "target, max_copies, min_gain, out_max, out_copies, out_steps, out_slot, out_expert, level, alpha, "
+     "max_repairs, out_repairs)"},
     {NULL, NULL, 0, NULL},
 };
 

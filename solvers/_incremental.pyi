@@ -31,4 +31,6 @@ def walk(
     out_expert: _I,
     level: _F,
     rank_by_peak: float,
+    max_repairs: _I,
+    out_repairs: _I,
 ) -> None: ...

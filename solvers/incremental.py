@@ -7,7 +7,9 @@ busiest GPU the most per copy:
 * spread: copy an expert of the busiest GPU ``h`` over a slot elsewhere that holds a redundant replica
   (the expert gains a replica, so ``h`` serves less of it; 1 copy);
 * replace: overwrite a redundant replica on ``h`` with a replica of a colder expert (1 copy);
-* swap: exchange a replica on ``h`` with one on a light GPU (2 copies).
+* swap: exchange a replica on ``h`` with one on a light GPU (2 copies);
+* repair (first, while the serving placement has a duplicate): overwrite the second replica of an expert on a
+  GPU with an expert the GPU lacks, the pair that leaves the lowest busiest GPU (1 copy).
 
 With a target, a move is ranked instead by how much it lowers the summed excess above the target of every GPU
 it touches, per copy: fixing ``h`` by lifting a light GPU over the target is charged for the new overload, and
@@ -17,6 +19,12 @@ A copy is one expert's weights landing on a GPU that did not hold it in the serv
 that puts an expert back where it was serving costs nothing). Every expert keeps >= 1 replica, no GPU
 gets a second replica of an expert, GPUs keep their slot counts and, for hierarchical placements, an
 expert only lands on a node its group already occupies.
+
+A serving placement may hold two replicas of one expert on one GPU (DeepSeek's algorithm, which vLLM and SGLang
+run, places some): a layer's first moves repair each such duplicate, whatever the target, by overwriting it with
+an expert the GPU lacks (1 copy each), as far as the budget pays for them (a whole-model budget: the most
+imbalanced layers first). A duplicate stays only where the GPU already holds every expert it may hold (more slots
+than experts, or than its node's groups have), or the budget is spent.
 
 Every layer walks its own trajectory of moves (all layers advance together, one numpy step per move);
 the whole model's budget is then shared by marginal gain: the lower convex hull of each layer's
@@ -35,7 +43,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from solvers import _incremental
-from solvers.migration import arrange_slots, relabel_gpus
+from solvers.loads import gpu_loads
+from solvers.migration import arrange_slots, gpu_membership, relabel_gpus
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.validation import EMPTY_SLOT, InvalidPlacement, validate_placement
 
@@ -68,7 +77,8 @@ class Trajectory:
     max_load: [L, K + 1] busiest GPU's tokens after k moves (k = 0: the serving placement; padded with
     the last value once a layer stops); copies: [L, K + 1] expert copies the state after k moves needs;
     steps: [L] moves each layer took; layer, step, slot, expert: one row per slot written (a swap writes
-    two): step k's slot gets expert; mean_load: [L] mean GPU load, tokens.
+    two): step k's slot gets expert; mean_load: [L] mean GPU load, tokens; repairs: [L] the first moves of each
+    layer that repaired a duplicate of the serving placement (every state worth stopping at comes after them).
     """
 
     max_load: FloatArray
@@ -79,6 +89,7 @@ class Trajectory:
     slot: IntArray
     expert: IntArray
     mean_load: FloatArray
+    repairs: IntArray
 
     def apply(self, current_phy2log: IntArray, take: IntArray) -> IntArray:
         """The placement after the first ``take[l]`` moves of each layer: [L, P]."""
@@ -114,6 +125,7 @@ def trajectories(
     max_steps: int | None = None,
     target_max_load: FloatArray | None = None,
     max_copies: int | None = None,
+    max_repairs: IntArray | None = None,
 ) -> Trajectory:
     """Walk every layer from the serving placement, one best move per layer per step (compiled loop,
     solvers/_incremental.c).
@@ -121,7 +133,8 @@ def trajectories(
     loads: [L, E] tokens of the new window; current_phy2log: [L, P] the serving placement;
     num_groups and gpus_per_node: keep every expert on the nodes its group occupies; max_steps: moves
     per layer at most (default: P); target_max_load: [L] a layer stops once its busiest GPU is at or
-    below it; max_copies: a layer takes no move that would need more copies than this. A layer also
+    below it; max_copies: a layer takes no move that would need more copies than this; max_repairs: [L]
+    duplicates of the serving placement each layer repairs first at most (default: all of them). A layer also
     stops within BALANCED of the mean load, or when no move lowers its busiest GPU by MIN_GAIN of it.
     """
     w = np.ascontiguousarray(loads, dtype=np.float64)
@@ -151,11 +164,13 @@ def trajectories(
     steps = np.empty(num_layers, dtype=np.int64)
     out_slot = np.full((num_layers, steps_cap, 2), -1, dtype=np.int64)
     out_expert = np.full((num_layers, steps_cap, 2), -1, dtype=np.int64)
+    repairs = np.zeros(num_layers, dtype=np.int64)
+    repair_cap = np.full(num_layers, num_physical, dtype=np.int64) if max_repairs is None else max_repairs
     _incremental.walk(
         w, phy, slots, num_layers, num_experts, num_physical, num_gpus, steps_cap, light, node_ok,
         group_size, node_size, groups, nodes, target, -1 if max_copies is None else max_copies,
         np.ascontiguousarray(MIN_GAIN * mean), out_max, out_copies, steps, out_slot, out_expert,
-        np.ascontiguousarray(level), rank_by_peak,
+        np.ascontiguousarray(level), rank_by_peak, np.ascontiguousarray(repair_cap, dtype=np.int64), repairs,
     )
     layer, step, col = np.nonzero(out_slot >= 0)
     return Trajectory(
@@ -167,6 +182,7 @@ def trajectories(
         slot=out_slot[layer, step, col],
         expert=out_expert[layer, step, col],
         mean_load=mean,
+        repairs=repairs,
     )
 
 
@@ -188,17 +204,33 @@ def _check_serving(loads: FloatArray, current_phy2log: IntArray, slots_per_gpu: 
                                "incremental edits need every slot holding an expert")
 
 
+def _repairable(
+    phy2log: IntArray, slots_per_gpu: IntArray, num_experts: int, num_groups: int | None, gpus_per_node: int | None
+) -> IntArray:
+    """[L] duplicates of ``phy2log [L, P]`` the repairs can remove: per GPU, as many as it has slots beyond the
+    distinct experts it holds, up to the experts it may hold (all, or those of the groups on its node) but lacks."""
+    distinct = gpu_membership(phy2log, slots_per_gpu, num_experts).sum(axis=2)  # [L, G]
+    may_hold = np.full(distinct.shape, num_experts, dtype=np.int64)
+    if num_groups is not None and gpus_per_node is not None:
+        gpu = np.repeat(np.arange(slots_per_gpu.size), slots_per_gpu)
+        on_node = _node_groups(phy2log, gpu, num_groups, gpus_per_node, num_experts)  # [L, nodes, groups]
+        node = np.arange(slots_per_gpu.size) // gpus_per_node
+        may_hold = on_node.sum(axis=2)[:, node] * (num_experts // num_groups)
+    room = np.minimum(slots_per_gpu[None, :], may_hold) - distinct
+    return np.asarray(np.maximum(room, 0).sum(axis=1), dtype=np.int64)
+
+
 State = tuple[list[int], list[int], list[float]]
 """One layer's states worth stopping at: (steps, copies, max load), copies increasing, max load decreasing."""
 
 
 def _pareto(traj: Trajectory, layer: int, cap: int | None) -> State:
-    """The layer's Pareto states; the first is step 0 (nothing moved: the only state with 0 copies has
-    the serving placement's loads)."""
-    k = int(traj.steps[layer]) + 1
+    """The layer's Pareto states, all after its repairs; the first is the step right after them (step 0 without
+    any: nothing moved, the only state with 0 copies has the serving placement's loads)."""
+    k, first = int(traj.steps[layer]) + 1, int(traj.repairs[layer])
     copies, top = traj.copies[layer, :k].tolist(), traj.max_load[layer, :k].tolist()
     steps: list[int] = []
-    for i in sorted(range(k), key=lambda i: (copies[i], top[i], i)):
+    for i in sorted(range(first, k), key=lambda i: (copies[i], top[i], i)):
         if cap is not None and copies[i] > cap:
             break
         if not steps or (top[i] < top[steps[-1]] * (1 - 1e-12) and copies[i] > copies[steps[-1]]):
@@ -266,7 +298,7 @@ def allocate(traj: Trajectory, max_moves: int | None, cap: int | None) -> IntArr
             good = min(top) + DEFAULT_TOLERANCE * float(traj.mean_load[layer])
             take.append(next(s for s, t in zip(steps, top, strict=True) if t <= good))
         return np.array(take, dtype=np.int64)
-    spent = 0
+    spent = sum(copies[0] for _, copies, _ in states)  # the repairs (rebalance's budget has room for them)
     at = [0] * len(states)  # index into each layer's states
     closed = [False] * len(states)
     for _, layer, b in segs:
@@ -299,10 +331,11 @@ def frontier(traj: Trajectory, cap: int | None = None) -> Frontier:
     """The whole model's moves-vs-lb curve: hull segments of every layer taken by gain per copy."""
     states, segs = _segments(traj, cap)
     top = np.array([s[2][0] for s in states])
-    copies = np.zeros(len(states), dtype=np.int64)
+    copies = np.array([s[1][0] for s in states], dtype=np.int64)  # the repairs' copies, if any
     mean = np.where(traj.mean_load > 0, traj.mean_load, 1.0)
     lb = top / mean
-    out_c, out_mean, out_max, out_sum = [0], [float(lb.mean())], [float(lb.max())], [float(top.sum())]
+    out_c, out_mean = [int(copies.sum())], [float(lb.mean())]
+    out_max, out_sum = [float(lb.max())], [float(top.sum())]
     for _, layer, b in segs:
         _, c, t = states[layer]
         copies[layer], top[layer] = c[b], t[b]
@@ -341,8 +374,16 @@ def rebalance(
     cap = max_moves_per_layer
     if max_moves is not None:
         cap = max_moves if cap is None else min(cap, max_moves)
+    repairs = None
+    if max_moves is not None:  # the whole model's budget pays for the repairs first, most imbalanced layers first
+        _check_serving(w, cur, slots)
+        need = _repairable(cur, slots, w.shape[1], num_groups, gpus_per_node)
+        order = np.argsort(-(gpu_loads(w, cur, slots).max(axis=1) / np.where(mean > 0, mean, 1.0)), kind="stable")
+        repairs = np.zeros_like(need)
+        repairs[order] = np.minimum(need[order], np.maximum(max_moves - (np.cumsum(need[order]) - need[order]), 0))
     traj = trajectories(
-        w, cur, slots, num_groups=num_groups, gpus_per_node=gpus_per_node, target_max_load=target, max_copies=cap
+        w, cur, slots, num_groups=num_groups, gpus_per_node=gpus_per_node, target_max_load=target, max_copies=cap,
+        max_repairs=repairs,
     )
     if max_moves == 0 or cap == 0:
         take = np.zeros(w.shape[0], dtype=np.int64)
