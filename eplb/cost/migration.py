@@ -1,8 +1,9 @@
 """What moving expert weights costs: bytes per destination GPU, transfer time, and its effect on serving.
 
 A rebalance copies every expert that lands on a GPU not holding it (in that layer) from a GPU that
-does. Copies into different GPUs run in parallel, one stream per GPU, so the transfer lasts as long as
-the busiest destination: `max_g bytes_in[g] / link_bw`. Two ways to apply them (docs/cost-model.md,
+does: the copies and their sources are the migration plan's (`solvers.plan.build_plan`, `plan_for`).
+Copies into different GPUs run in parallel, one stream per GPU, so the transfer lasts as long as the
+busiest destination: `max_g bytes_in[g] / link_bw`. Two ways to apply them (docs/cost-model.md,
 "Migration"):
 
 - blocking: serving stops while the weights move; the stall adds to the simulated time;
@@ -28,6 +29,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
+from solvers.plan import MigrationPlan, build_plan
+from solvers.validation import EMPTY_SLOT
 
 if TYPE_CHECKING:
     from eplb.cost.model import LayerPrediction
@@ -37,7 +40,7 @@ MAX_FIXED_STALL_S = 3600.0
 
 __all__ = [
     "MAX_FIXED_STALL_S", "MigrationCost", "MigrationSpec",
-    "copies_from_gpu", "copies_from_other_nodes", "copies_per_gpu",
+    "copies_from_gpu", "copies_from_other_nodes", "copies_per_gpu", "plan_copies", "plan_for",
 ]
 
 
@@ -111,18 +114,18 @@ class MigrationSpec:
         serving: LayerPrediction,
     ) -> MigrationCost:
         """What turning the serving placement `old` into `new` (phy2log [L, P], aligned) costs while steps like
-        the one `serving` predicts (the serving placement on the recent mean step) are served."""
-        bytes_in = copies_per_gpu(new, old, slots_per_gpu).astype(np.float64) * expert_bytes
-        bytes_out = copies_from_gpu(new, old, slots_per_gpu, self.gpus_per_node) * expert_bytes
-        remote_in = None
-        if self.inter_node_bw is not None and self.gpus_per_node is not None:
-            remote_in = copies_from_other_nodes(new, old, slots_per_gpu, self.gpus_per_node) * expert_bytes
+        the one `serving` predicts (the serving placement on the recent mean step) are served: the copies, their
+        sources and which of them cross nodes are the migration plan's (`plan_for`)."""
+        copies_in, copies_out, across = plan_copies(plan_for(new, old, slots_per_gpu, self.gpus_per_node),
+                                                    slots_per_gpu.size, self.gpus_per_node)  # fmt: skip
+        remote_in = across * expert_bytes if self.inter_node_bw is not None and self.gpus_per_node else None
         t = serving.time_us
 
         def share(term: NDArray[np.float64]) -> float:
             return float(np.mean(np.divide(term, t, out=np.zeros_like(term), where=t > 0)))
 
-        return self.cost(bytes_in, share(serving.comm_us), bytes_out, share(serving.weight_read_us), remote_in)
+        return self.cost(copies_in * expert_bytes, share(serving.comm_us), copies_out * expert_bytes,
+                         share(serving.weight_read_us), remote_in)
 
 
 @dataclass(frozen=True)
@@ -152,12 +155,13 @@ class MigrationCost:
 
 
 def _holds(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], experts: int) -> NDArray[np.bool_]:
-    """[L, G, E] True where the GPU holds the expert in that layer."""
+    """[L, G, E] True where the GPU holds the expert in that layer (an empty slot, -1, holds none)."""
     layers = phy2log.shape[0]
     gpus = slots_per_gpu.size
     gpu = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu)
     base = (np.arange(layers, dtype=np.int64)[:, None] * gpus + gpu[None, :]) * experts
-    held = np.bincount((base + phy2log).ravel(), minlength=layers * gpus * experts) > 0
+    full = phy2log != EMPTY_SLOT
+    held = np.bincount((base + phy2log)[full], minlength=layers * gpus * experts) > 0
     out: NDArray[np.bool_] = held.reshape(layers, gpus, experts)
     return out
 
@@ -166,84 +170,57 @@ def copies_per_gpu(
     new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
 ) -> NDArray[np.int64]:
     """Expert copies each GPU receives: [G], summed over layers. new, old: phy2log [L, P] on the same
-    slots; a copy is an expert a GPU holds in `new` but not in `old` (same layer)."""
+    slots (-1: empty); a copy is an expert a GPU holds in `new` but not in `old` (same layer)."""
     experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
     copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)
     out: NDArray[np.int64] = copied.sum(axis=(0, 2)).astype(np.int64)
     return out
 
 
-def _source_slots(new: NDArray[np.int64], old: NDArray[np.int64], experts: int) -> tuple[
-        NDArray[np.bool_], NDArray[np.float64]]:  # fmt: skip
-    """The slots of `old` an expert's copies are read from, as the migration plan reads them (`solvers.plan`):
-    its replicas whose slot keeps it in `new`, or all of its replicas when none stays. Returns (reads [L, P],
-    sources [L, E]: how many slots each expert's copies are read from)."""
-    layers = old.shape[0]
-    stays = new == old  # [L, P] slots whose replica stays put
-    flat = (np.arange(layers, dtype=np.int64)[:, None] * experts + old).ravel()
-    staying = np.bincount(flat, weights=stays.ravel(), minlength=layers * experts).reshape(layers, experts)
-    holders = np.bincount(flat, minlength=layers * experts).reshape(layers, experts).astype(np.float64)
-    reads = np.where(staying[np.arange(layers)[:, None], old] > 0, stays, True)
-    return reads, np.where(staying > 0, staying, holders)
+def plan_for(
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None = None,
+    stage_copies: int | None = None,
+) -> MigrationPlan:
+    """The migration plan from `old` to the aligned `new` (phy2log [L, P], -1: empty) that the estimates count:
+    `solvers.plan.build_plan`, whose choice of sources (on the destination's node when the cluster has nodes and
+    one is there, replicas that stay put first, in turn; a copy across the NIC where a stage budget breaks a
+    cycle) is the one rule the plan and the estimate share. stage_copies: most copies per stage (the plan's
+    stage budget / one copy's bytes); None: one stage per layer, the plan `eplb solve` builds without
+    --stage-gib. PlanError (a ValueError) for placements that are not aligned."""
+    budget = None if stage_copies is None else float(stage_copies)
+    return build_plan(old, new, slots_per_gpu, 1.0, budget, gpus_per_node)
 
 
-def _by_node(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None
-) -> tuple[NDArray[np.bool_], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.int64],
-           NDArray[np.bool_], NDArray[np.float64]]:
-    """(reads [L, P], sources [L, E], source slots per node [L, E, N], copies into each node [L, E, N], node of
-    each slot [P], near reads [L, P], replicas per node [L, E, N]); one node of all GPUs without gpus_per_node.
-    reads and sources are the plan's sources for a copy with no replica of its expert on its node; on a node
-    with one it reads a replica there (`solvers.plan`): near reads are those, the ones that stay put on their
-    node when there are any, else all of them, and the source slots per node count them."""
-    layers, gpus = old.shape[0], slots_per_gpu.size
-    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    per_node = gpus_per_node or gpus
-    nodes = gpus // per_node
-    reads, sources = _source_slots(new, old, experts)
-    node: NDArray[np.int64] = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu) // per_node  # [P]
-    index = ((np.arange(layers)[:, None] * experts + old) * nodes + node[None, :]).ravel()
-    stays = (new == old).ravel()
-    held = np.bincount(index, minlength=layers * experts * nodes).astype(np.float64)
-    staying = np.bincount(index, weights=stays, minlength=layers * experts * nodes)
-    near_reads = np.where(staying[index] > 0, stays, True).reshape(old.shape)
-    on_node = np.where(staying > 0, staying, held)
-    copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
-    into: NDArray[np.float64] = copied.reshape(layers, nodes, per_node, experts).sum(axis=2).transpose(
-        0, 2, 1).astype(np.float64)  # fmt: skip
-    shape = (layers, experts, nodes)
-    return reads, sources, on_node.reshape(shape), into, node, near_reads, held.reshape(shape)
+def plan_copies(plan: MigrationPlan, num_gpus: int, gpus_per_node: int | None) -> tuple[
+        NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:  # fmt: skip
+    """(copies into each GPU [G], copies read from each GPU [G], copies into each GPU read from another node [G]),
+    summed over layers, of `plan`'s copies (local writes and releases move nothing between GPUs); nodes are
+    gpus_per_node consecutive GPUs (None: one node, nothing crosses)."""
+    copy = ~plan.local
+    per_node = gpus_per_node or num_gpus
+    across = copy & (plan.src_gpu // per_node != plan.dst_gpu // per_node)
+    into, sent, far = (np.bincount(g, minlength=num_gpus).astype(np.float64)
+                       for g in (plan.dst_gpu[copy], plan.src_gpu[copy], plan.dst_gpu[across]))
+    return into, sent, far
 
 
 def copies_from_gpu(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None = None
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None = None,
+    stage_copies: int | None = None,
 ) -> NDArray[np.float64]:
-    """Expert copies each GPU sends: [G], summed over layers, as the plan reads them (`_source_slots`; with
-    gpus_per_node, a copy reads from its destination's node when a source is there), spread evenly over the
-    sources (the plan takes them in turn, so its count per source differs by less than one per expert and
-    layer)."""
-    layers = old.shape[0]
-    reads, sources, on_node, into, node, near_reads, held = _by_node(new, old, slots_per_gpu, gpus_per_node)
-    near = np.divide(into, on_node, out=np.zeros_like(into), where=on_node > 0)  # per source slot on that node
-    far = np.divide((into * (held == 0)).sum(axis=2), sources, out=np.zeros(sources.shape), where=sources > 0)
-    layer = np.arange(layers)[:, None]
-    per_read = near[layer, old, node[None, :]] * near_reads + far[layer, old] * reads  # [L, P]
-    gpu = np.repeat(np.arange(slots_per_gpu.size), slots_per_gpu)
-    sent = np.bincount(np.tile(gpu, layers), weights=per_read.ravel(), minlength=slots_per_gpu.size)
-    out: NDArray[np.float64] = sent.astype(np.float64)
-    return out
+    """Expert copies each GPU sends: [G], summed over layers: the copies the migration plan reads from it
+    (`plan_for`)."""
+    plan = plan_for(new, old, slots_per_gpu, gpus_per_node, stage_copies)
+    return plan_copies(plan, slots_per_gpu.size, gpus_per_node)[1]
 
 
 def copies_from_other_nodes(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int
+    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int,
+    stage_copies: int | None = None,
 ) -> NDArray[np.float64]:
-    """Expert copies each GPU receives from a GPU on another node: [G], summed over layers: the copies whose
-    expert has no source on the destination's node (the plan reads one there when it can). Nodes are
-    gpus_per_node consecutive GPUs."""
-    gpus = slots_per_gpu.size
-    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    held = _by_node(new, old, slots_per_gpu, gpus_per_node)[6]
-    copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)  # [L, G, E]
-    none_near = held[:, :, np.arange(gpus) // gpus_per_node] == 0  # [L, E, G]
-    out: NDArray[np.float64] = (copied & none_near.transpose(0, 2, 1)).sum(axis=(0, 2)).astype(np.float64)
-    return out
+    """Expert copies each GPU receives from a GPU on another node: [G], summed over layers: the migration plan's
+    (`plan_for`): the copies whose expert has no replica on the destination's node, and, under a stage budget,
+    those that read across the NIC to break a cycle of copies longer than the budget. Nodes are gpus_per_node
+    consecutive GPUs."""
+    plan = plan_for(new, old, slots_per_gpu, gpus_per_node, stage_copies)
+    return plan_copies(plan, slots_per_gpu.size, gpus_per_node)[2]
