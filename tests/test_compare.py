@@ -133,6 +133,25 @@ def test_bad_ep_and_redundant_name_the_flag_and_what_it_takes(
     assert "Traceback" not in err and not (tmp_path / "r").exists()
 
 
+def test_more_layers_than_the_window_and_an_endless_time_limit_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--layers beyond the window's was taken as all of them without a word (and named 'layers', not the flag,
+    for a log); --time-limit inf or nan was taken (a MILP without end), which eplb solve refuses."""
+    log = tmp_path / "log.npz"
+    write_counts(log, np.ones((30, 2, 16), dtype=np.int64))
+    for argv, said in (
+        (["--layers", "59"], "--layers 59: the window has 58 layers (give 1 to 58)"),
+        (["--log", str(log), "--layers", "3"], "--layers 3: the log has 2 layers (give 1 to 2)"),
+        (["--time-limit", "inf"], "--time-limit must be > 0 seconds and finite, got inf"),
+        (["--time-limit", "nan"], "--time-limit must be > 0 seconds and finite, got nan"),
+    ):
+        assert main(["compare", "--solvers", "greedy", *argv, "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+        assert capsys.readouterr().err == f"eplb compare: error: {said}\n"
+    assert main(["compare", "--solvers", "greedy", "--layers", "58", "--ep", "8", "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 0  # fmt: skip
+
+
 # ----- --log: the same schedule replayed by every solver ------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,8 @@ def _ints(text: str, flag: str, unit: str, low: int, high: int | None = None) ->
 
 def run(args: argparse.Namespace) -> int:
     solvers = parse_solvers(args.solvers)
-    if not args.time_limit > 0:
-        raise EplbError("--time-limit must be > 0")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):  # as eplb solve's
+        raise EplbError(f"--time-limit must be > 0 seconds and finite, got {args.time_limit:g}")
     if args.layers is not None and args.layers < 1:
         raise EplbError("--layers must be >= 1")
     eps = _ints(args.ep, "--ep", "GPUs", 1, MAX_GPUS)
@@ -125,6 +126,7 @@ def _run_window(
     args: argparse.Namespace, solvers: list[str], eps: list[int], redundant: list[int] | None
 ) -> tuple[list[Run], dict[str, Any]]:
     window = read_window(args.loads)
+    _check_layers(args, window.num_layers, "window")
     loads = window.loads if args.layers is None else window.loads[: args.layers]
     shapes = cluster_shapes(window.num_experts, eps, redundant, FLAGS)
     args.tokens_per_gpu_default = DEFAULT_TOKENS_PER_GPU  # a window's own total is no step size
@@ -155,6 +157,7 @@ def _run_log(
         raise EplbError("--objectives and --coactivation compare placements on one window: give --loads, not --log")
     log = open_log(args.log)
     info = log.info
+    _check_layers(args, info.num_layers, "log")
     shapes = cluster_shapes(info.num_experts, eps, redundant, FLAGS)
     if args.oracle_every < 0:
         raise EplbError("--oracle-every must be >= 0")
@@ -182,6 +185,12 @@ def _run_log(
         "MILP time limit per layer": f"{args.time_limit} s",
         "tokens per GPU (time prediction)": "each step's own" if args.tokens_per_gpu is None else args.tokens_per_gpu,
     }
+
+
+def _check_layers(args: argparse.Namespace, num_layers: int, source: str) -> None:
+    """--layers at most the window's (or log's) layer count: more was taken as all of them, without a word."""
+    if args.layers is not None and args.layers > num_layers:
+        raise EplbError(f"--layers {args.layers}: the {source} has {num_layers} layers (give 1 to {num_layers})")
 
 
 def _one_link_cost(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
