@@ -20,6 +20,14 @@ same stage as the overwrite or an earlier one, and copies that read each other's
 stage. So every expert keeps a replica after every stage, the cluster can serve between stages, and
 applying the stages in order to the serving placement gives the new one.
 
+Every copy reads a replica of the serving placement, never one that an earlier copy landed: two GPUs of
+one node that both receive an expert the node does not hold both read it across the NIC. Reading the
+second from the first once it has landed would save NIC bytes, but is not done: the second copy would have
+to come in a later stage than the first (a copy is readable only after its stage), so a layer's copies
+would no longer go out in one stage (without a budget) and the cluster would wait for a chain of stages;
+and the transfer estimate (`eplb.cost.migration`: every GPU's copies at once, the busiest GPU's bytes set
+the time) gains only where the busiest GPU's NIC bytes are such second copies.
+
 Shapes: ``phy2log [L, P]`` (-1: an empty slot), ``slots_per_gpu [G]``; a plan holds one row per write,
 arrays ``[N]``.
 """
