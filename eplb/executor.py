@@ -402,20 +402,6 @@ def _merged_blocks(parts: list[_PartResult]) -> Iterator[StepBlock]:
         yield StepBlock(first.start, first.steps, oracle_sampled=first.oracle_sampled, **arrays)
 
 
-def _merge_stats(parts: list[RowStats]) -> RowStats:
-    """One row's statistics over all layers from its statistics over layer ranges of the same steps."""
-    out = RowStats()
-    out.count = sum(p.count for p in parts)
-    out.lb_sum = sum(p.lb_sum for p in parts)
-    out.lb_max = max(p.lb_max for p in parts)
-    out.hist = np.sum([p.hist for p in parts], axis=0)
-    out.steps = parts[0].steps
-    out.has_time = all(p.has_time for p in parts)
-    out.step_time_sum = sum(p.step_time_sum for p in parts)
-    out.migration_s = sum(p.migration_s for p in parts)
-    return out
-
-
 def _merge_info(infos: list[dict[str, Any]]) -> dict[str, Any]:
     """Solver reports of layer ranges -> one: per-layer lists concatenated, *_ms summed, the rest the
     first part's."""
@@ -457,7 +443,7 @@ def _merge(info: LogInfo, parts: list[_PartResult], wall: float) -> ReplayResult
     results = [p.result for p in parts]
     first = results[0]
     rebalances = [_merge_rebalance(list(group)) for group in zip(*(r.rebalances for r in results), strict=True)]
-    stats = {name: _merge_stats([p.stats[name] for p in parts]) for name in BASELINES}
+    stats = {name: RowStats.merged([p.stats[name] for p in parts]) for name in BASELINES}
     summary = dict(first.summary)
     summary["log"] = {**first.summary["log"], "layers": info.num_layers}
     base = stats["no_eplb"].to_dict()

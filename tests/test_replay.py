@@ -10,6 +10,7 @@ import json
 import math
 import sys
 import tracemalloc
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from eplb.placement import Placement
 from eplb.progress import Progress
 from eplb.replay import Schedule, initial_placement, predict_time_us, replay
 from eplb.replay.schedule import Window
+from eplb.replay.summary import EXACT_VALUES, RowStats
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.synth import SEED004_TABLE, SynthConfig, log_stats, synth_counts, synth_log, synth_topk
@@ -728,6 +730,47 @@ def test_a_log_with_one_busy_step_reports_that_steps_lb() -> None:
         balance(log[0].astype(float), start).lb.mean(), abs=1e-6)
     empty = replay(np.zeros((20, 2, 32), dtype=np.int64), Cluster(np.full(8, 5)), schedule=Schedule(10, 10))
     assert all(row == {"steps": 0} for row in empty.summary["results"].values())
+
+
+def test_lb_percentiles_are_nearest_rank_and_exact_on_small_samples() -> None:
+    """p50 and p99 are the ceil(q n)-th smallest lb (numpy's inverted_cdf), exactly while a row has at most
+    EXACT_VALUES of them; beyond, at most one 0.001 bin above. A 1-step, 2-layer log reported p99 = p50, the
+    smaller lb, though p99 of two values is the larger one."""
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 3, 7, 50, 99, 100, 101, 1000):
+        values = 1.0 + rng.exponential(0.3, size=n)
+        stats = RowStats()
+        for part in np.array_split(values, 3):
+            stats.add(part[:, None], np.zeros((part.size, 1)))
+        for q in (0.01, 0.5, 0.9, 0.99, 1.0):
+            assert stats.quantile(q) == np.quantile(values, q, method="inverted_cdf"), (n, q)
+        # 0.07 x 100 is 7.000000000000001 in floats, and numpy takes the 8th smallest of 100: the 7th is 7%'s
+        assert stats.quantile(0.07) == np.sort(values)[max(1, math.ceil(Fraction(7, 100) * n)) - 1], n
+    big = 1.0 + rng.exponential(0.3, size=EXACT_VALUES + 10)
+    stats = RowStats()
+    stats.add(big[: EXACT_VALUES // 2, None], np.zeros((EXACT_VALUES // 2, 1)))
+    assert stats.exact
+    stats.add(big[EXACT_VALUES // 2 :, None], np.zeros((big.size - EXACT_VALUES // 2, 1)))
+    assert not stats.exact and not stats.values
+    for q in (0.5, 0.99):
+        want = np.quantile(big, q, method="inverted_cdf")
+        assert want <= stats.quantile(q) <= want + 1e-3
+    log = two_regimes(1, shift=5, layers=2)
+    lb = balance(log[0].astype(float), contiguous_placement(2, 32, 8)).lb
+    assert lb[0] != lb[1]
+    row = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=1, interval=2)).summary["results"]["no_eplb"]
+    assert (row["lb_p50"], row["lb_p99"]) == (round(lb.min(), 3), round(lb.max(), 3))
+
+
+def test_layer_ranges_merge_to_the_whole_rows_percentiles() -> None:
+    rng = np.random.default_rng(2)
+    lb = 1.0 + rng.exponential(0.2, size=(40, 6))
+    whole, parts = RowStats(), [RowStats(), RowStats()]
+    whole.add(lb, np.zeros_like(lb))
+    parts[0].add(lb[:, :4], np.zeros((40, 4)))
+    parts[1].add(lb[:, 4:], np.zeros((40, 2)))
+    merged = RowStats.merged(parts)
+    assert merged.exact and merged.to_dict() == whole.to_dict()
 
 
 def test_a_sampled_oracles_total_time_is_scaled_to_all_steps() -> None:

@@ -16,17 +16,22 @@ BASELINES: tuple[str, ...] = ("no_eplb", "static", "replay", "hindsight", "oracl
 
 _HIST_BINS = 16_000  # lb histogram for percentiles: bins of 0.001 from 1.0 to 17.0, then overflow
 _HIST_WIDTH = 1e-3
+EXACT_VALUES = 65_536
+"""lb values a row keeps as they are (512 KiB): its percentiles are exact up to this many layer-steps, and come
+from the histogram (at most 0.001 above) beyond."""
 
 
 @dataclass
 class RowStats:
-    """Running lb and time statistics of one row (memory: a fixed histogram). migration_s: seconds
-    charged for weight moves (stalls, or the slowdown of steps served while copies run)."""
+    """Running lb and time statistics of one row (memory: a fixed histogram, and the first EXACT_VALUES lb values).
+    migration_s: seconds charged for weight moves (stalls, or the slowdown of steps served while copies run)."""
 
     count: int = 0
     lb_sum: float = 0.0
     lb_max: float = 0.0
     hist: NDArray[np.int64] = field(default_factory=lambda: np.zeros(_HIST_BINS + 1, dtype=np.int64))
+    values: list[NDArray[np.float64]] = field(default_factory=list)
+    """Every lb value added, while there are at most EXACT_VALUES of them (then emptied: the histogram alone)."""
     steps: int = 0
     step_time_sum: float = 0.0
     has_time: bool = True
@@ -42,6 +47,10 @@ class RowStats:
             return
         values = lb[~np.isnan(lb)]
         if values.size:
+            if self.exact and self.count + values.size <= EXACT_VALUES:
+                self.values.append(values.astype(np.float64))
+            else:
+                self.values = []
             self.count += values.size
             self.lb_sum += float(values.sum())
             self.lb_max = max(self.lb_max, float(values.max()))
@@ -53,12 +62,38 @@ class RowStats:
         else:
             self.step_time_sum += float(time_us.sum())
 
+    @property
+    def exact(self) -> bool:
+        """True while `values` holds every lb value added (at most EXACT_VALUES)."""
+        return sum(v.size for v in self.values) == self.count
+
     def quantile(self, q: float) -> float:
+        """The nearest-rank q-quantile of the lb values: the k-th smallest, k = ceil(q x count) (at least 1), as
+        numpy's `np.quantile(values, q, method="inverted_cdf")`; exact while `exact`, else the upper edge of the
+        histogram bin holding it (at most 0.001 above; lb_max for the overflow bin). NaN without values."""
         if not self.count:
             return math.nan
-        rank = q * (self.count - 1)
-        i = int(np.searchsorted(np.cumsum(self.hist), rank, side="right"))
+        k = max(1, math.ceil(round(q * self.count, 9)))  # rounded: 0.07 x 100 is 7.000000000000001
+        if self.exact:
+            return float(np.partition(np.concatenate(self.values), k - 1)[k - 1])
+        i = int(np.searchsorted(np.cumsum(self.hist), k, side="left"))
         return self.lb_max if i >= _HIST_BINS else min(self.lb_max, 1.0 + (i + 1) * _HIST_WIDTH)
+
+    @classmethod
+    def merged(cls, parts: list[RowStats]) -> RowStats:
+        """One row's statistics over all layers from its statistics over layer ranges of the same steps."""
+        out = cls()
+        out.count = sum(p.count for p in parts)
+        out.lb_sum = sum(p.lb_sum for p in parts)
+        out.lb_max = max(p.lb_max for p in parts)
+        out.hist = np.sum([p.hist for p in parts], axis=0)
+        exact = all(p.exact for p in parts) and out.count <= EXACT_VALUES
+        out.values = [v for p in parts for v in p.values] if exact else []
+        out.steps = parts[0].steps
+        out.has_time = all(p.has_time for p in parts)
+        out.step_time_sum = sum(p.step_time_sum for p in parts)
+        out.migration_s = sum(p.migration_s for p in parts)
+        return out
 
     @property
     def lb_mean(self) -> float:
