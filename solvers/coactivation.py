@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 from threadpoolctl import ThreadpoolController
 
 from solvers import _coact
-from solvers.greedy import solve_greedy
+from solvers.greedy import solve_greedy, spread_duplicates
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver, SolverError
 
 FloatArray = NDArray[np.float64]
@@ -384,10 +384,10 @@ def pack_within_nodes(
 ) -> IntArray:
     """Each node's slots (the experts it holds, per layer) packed onto its own GPUs heaviest first, each to the
     least loaded GPU with a free slot that does not hold the expert yet; where that leaves an expert twice on
-    a GPU, the swap with a slot of another GPU of the node that removes it and moves the least load. Which node
-    holds what is kept, the GPUs of a node are balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G
-    a multiple of gpus_per_node. Returns phy2log [L, P]. All layers and nodes are packed at once, one item rank
-    at a time."""
+    a GPU, greedy's repair within the node (`solvers.greedy.spread_duplicates`: swaps, then chains of moves), so
+    no GPU holds an expert twice when the node's replicas allow it. Which node holds what is kept, the GPUs of a
+    node are balanced. phy2log: [L, P]; loads: [L, E]; slots_per_gpu: [G], G a multiple of gpus_per_node.
+    Returns phy2log [L, P]. All layers and nodes are packed at once, one item rank at a time."""
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     layers, num_slots = phy2log.shape
     experts, n = loads.shape[1], gpus_per_node
@@ -428,39 +428,20 @@ def pack_within_nodes(
     out = phy2log.copy()
     gpu_start = np.r_[0, np.cumsum(slots)]
     for layer, v in zip(*np.nonzero(valid.any(axis=2)), strict=True):
-        lists: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        lists: list[list[int]] = [[] for _ in range(n)]
         for k in np.flatnonzero(valid[layer, v]):
-            lists[int(placed[layer, v, k])].append((int(expert[layer, v, k]), float(w[layer, v, k])))
-        if (count[layer, v] > 1).any():
-            _split_duplicates(lists)
+            lists[int(placed[layer, v, k])].append(int(expert[layer, v, k]))
         a, b = gpu_start[v * n], gpu_start[(v + 1) * n]
-        out[layer, a:b] = np.asarray([e for h in lists for e, _ in h], dtype=np.int64)
+        out[layer, a:b] = np.asarray([e for h in lists for e in h], dtype=np.int64)
+    per_replica = loads / np.maximum(reps, 1)  # [L, E] tokens each replica serves (replicas on every node)
+    for v in range(nodes):  # where the packing left an expert twice on a GPU, node by node
+        rows = np.flatnonzero((count[:, v] > 1).any(axis=(1, 2)))
+        if rows.size:
+            a, b, node_slots = gpu_start[v * n], gpu_start[(v + 1) * n], slots[v * n : (v + 1) * n]
+            local = out[rows, a:b]
+            held = np.stack([np.bincount(row, minlength=experts) for row in local])  # replicas on this node
+            out[rows, a:b] = spread_duplicates(per_replica[rows] * held, local, node_slots)
     return out
-
-
-def _split_duplicates(held: list[list[tuple[int, float]]]) -> None:
-    """In place: while a GPU holds an expert twice, swap one copy with the slot of another GPU that holds
-    neither's expert yet, the swap moving the least load. held: per GPU its (expert, load) slots."""
-    for g, slots in enumerate(held):
-        i = 0
-        while i < len(slots):
-            expert, w = slots[i]
-            if sum(e == expert for e, _ in slots) < 2:
-                i += 1
-                continue
-            best = None
-            for h, other in enumerate(held):
-                if h == g or any(e == expert for e, _ in other):
-                    continue
-                for j, (f, x) in enumerate(other):
-                    if all(e != f for e, _ in slots) and (best is None or abs(x - w) < best[0]):
-                        best = (abs(x - w), h, j)
-            if best is None:
-                i += 1  # nowhere to put it: the node holds the expert on every GPU already
-                continue
-            _, h, j = best
-            slots[i], held[h][j] = held[h][j], slots[i]
-            i += 1
 
 
 def refine_on_nodes(
