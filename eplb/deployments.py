@@ -33,6 +33,7 @@ from eplb.placement import Placement
 from eplb.rules import CLUSTER_FIELDS, DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, MAX_GPUS, is_deployment_name
 from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
+    DEFAULT_TOKENS_PER_GPU,
     Cluster,
     CostSetup,
     Outcome,
@@ -45,7 +46,6 @@ from eplb.solve import (
 )
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
-    DEFAULT_TOKENS_PER_GPU,
 from eplb.store.arrays import pack, unpack
 from solvers import registry
 from solvers.migration import count_moves
@@ -131,6 +131,13 @@ class DeploymentConfig(BaseModel):
     time_limit_s: float | None = Field(None, gt=0, le=3600, description="MILP: budget per solve, seconds")
     policy: Policy = Field(default_factory=Policy)
 
+    @field_validator("tokens_per_gpu", mode="before")
+    @classmethod
+    def _default_tokens(cls, value: object) -> object:
+        """null is the default: a config stored before there was one (null then priced the whole window as one
+        step) reads with it."""
+        return DEFAULT_TOKENS_PER_GPU if value is None else value
+
 
 def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:
     """Slots per GPU [G] of a config's cluster (`eplb.budget.slots_per_gpu`; the model must be a preset)."""
@@ -143,13 +150,6 @@ def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:
 def explicit_slots(config: DeploymentConfig) -> DeploymentConfig:
     """`config` with its default slot budget written out (num_redundant), so the stored deployment keeps its
     shape should the default ever change."""
-    @field_validator("tokens_per_gpu", mode="before")
-    @classmethod
-    def _default_tokens(cls, value: object) -> object:
-        """null is the default: a config stored before there was one (null then priced the whole window as one
-        step) reads with it."""
-        return DEFAULT_TOKENS_PER_GPU if value is None else value
-
     shape = config.cluster
     if any(v is not None for v in (shape.slots_per_gpu, shape.num_redundant, shape.memory_budget_bytes)):
         return config
