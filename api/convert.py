@@ -20,7 +20,7 @@ import orjson
 from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
-from api.problems import ProblemError, field_errors, field_problem, invalid, problem_body
+from api.problems import ProblemError, field_errors, field_problem, invalid, not_json, problem_body
 from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
 from eplb.budget import slots_per_gpu
 from eplb.errors import EplbError, FieldError
@@ -273,7 +273,7 @@ def _validate(model: type[M], data: bytes) -> M:
         errors = exc.errors(include_url=False)
         bad_json = next((e for e in errors if e["type"] == "json_invalid"), None)
         if bad_json is not None:
-            raise ProblemError(400, "Body is not JSON", f"the body is not valid JSON: {bad_json['msg']}") from None
+            raise not_json(bad_json["msg"]) from None
         raise invalid(field_errors(errors)) from None
 
 

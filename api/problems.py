@@ -122,6 +122,12 @@ def _chosen_members(errors: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [merged.get(id(e), e) for e in errors if id(e) not in drop]
 
 
+def not_json(reason: str) -> ProblemError:
+    """The 400 for a body that is not JSON, one text whichever route read it (`api.routing.parse_json`, the worker
+    side's `api.convert`); reason: the parser's ('EOF while parsing a list at line 1 column 17')."""
+    return ProblemError(400, "Body is not JSON", f"the body is not valid JSON: {reason.removeprefix('Invalid JSON: ')}")
+
+
 def invalid(errors: list[dict[str, str]]) -> ProblemError:
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
     return ProblemError(422, "Invalid request", detail, errors=errors)
@@ -138,8 +144,8 @@ def install_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         bad_json = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
         if bad_json is not None:  # FastAPI reports it as a field at a character offset; it is a bad body
-            return problem_response(400, "Body is not JSON", f"the body is not valid JSON: {bad_json.get('msg')}",
-                                    request.url.path)
+            error = not_json(str(bad_json.get("ctx", {}).get("error") or bad_json.get("msg")))
+            return problem_response(error.status, error.title, error.detail, request.url.path)
         error = invalid(field_errors(exc.errors()))
         return problem_response(422, error.title, error.detail, request.url.path, errors=error.errors)
 

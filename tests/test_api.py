@@ -273,6 +273,44 @@ def test_non_json_is_400_and_other_media_types_415(base: str) -> None:
     assert r.status_code == 400 and "npy" in r.json()["detail"]
 
 
+def body_routes(base: str) -> list[tuple[str, str, set[str]]]:
+    """(method, path with its parameters filled, content types) of every route the schema says takes a body."""
+    schema = httpx.get(f"{base}/openapi.json", timeout=60).json()
+    return [(method.upper(), path.replace("{name}", "x").replace("{job_id}", "x"), set(op["requestBody"]["content"]))
+            for path, ops in schema["paths"].items() for method, op in ops.items() if "requestBody" in op]
+
+
+def test_every_route_with_a_body_checks_its_type_and_parses_json_as_placement_does(base: str) -> None:
+    """The /deployments routes answered a form or text body 422 'body: Input should be a valid dictionary', and a
+    deeply nested body 400 'There was an error parsing the body', where POST /placement answers 415 naming the type
+    and 'recursion limit exceeded'. One check and one parser for every route now; .npy only where it is taken."""
+    routes = body_routes(base)
+    assert {(m, p) for m, p, _ in routes} >= {("PUT", "/deployments/x"), ("POST", "/deployments/x/windows"),
+                                              ("POST", "/deployments/x/placement"), ("POST", "/placement")}
+    deep = httpx.post(f"{base}/placement", content=b"[" * 100_000, headers={"content-type": "application/json"},
+                      timeout=60).json()
+    broken = httpx.post(f"{base}/placement", content=b'{"loads": [[1, 2,', timeout=60).json()
+    assert deep["title"] == "Body is not JSON" and "recursion limit exceeded" in deep["detail"], deep
+    for method, path, types in routes:
+        npy = "application/x-npy" in types
+        others = ["text/plain", "application/x-www-form-urlencoded", "application/xml"]
+        for content_type in others if npy else [*others, "application/x-npy"]:
+            r = httpx.request(method, f"{base}{path}", content=b'{"loads": [[1.0]]}',
+                              headers={"content-type": content_type}, timeout=60)
+            assert r.status_code == 415 and r.headers["content-type"] == PROBLEM, (method, path, r.text)
+            wanted = "application/json (or the loads as application/x-npy)" if npy else "application/json"
+            assert r.json()["detail"] == f"send the request as {wanted}, not {content_type}", (method, path, r.text)
+        for content, problem in ((b"[" * 100_000, deep), (b'{"loads": [[1, 2,', broken)):
+            r = httpx.request(method, f"{base}{path}", content=content, headers={"content-type": "application/json"},
+                              timeout=60)
+            assert r.status_code == 400 and r.headers["content-type"] == PROBLEM, (method, path, r.text)
+            assert {k: v for k, v in r.json().items() if k != "instance"} == {
+                k: v for k, v in problem.items() if k != "instance"}, (method, path, r.text)
+    no_type = httpx.request("PUT", f"{base}/deployments/untyped", content=json.dumps(
+        {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4}}).encode(), timeout=60)
+    assert no_type.status_code == 201, no_type.text  # no Content-Type is JSON, as at POST /placement
+
+
 LOOSE = [
     ({"time_limit": 5}, "time_limit"),
     ({"async": "yes"}, "async"),

@@ -212,7 +212,8 @@ def test_an_unusable_database_url_is_one_line_naming_it_without_the_password(
 ) -> None:
     """An unreachable PostgreSQL printed libpq's two lines (its hint on the second), with the driver's URL
     (postgresql+psycopg://) instead of the one given; a bad port, a missing driver, a SQLite path under a file or
-    a file that is no database were tracebacks. Through `open_store` and `eplb deployments --database-url`."""
+    a file that is no database were tracebacks. Through `open_store` and `eplb deployments --database-url` (which
+    only reads: a SQLite file that is not there is no database to it, not a directory to create)."""
     from eplb.cli import main
 
     for url, said in _unusable_urls(tmp_path):
@@ -224,4 +225,6 @@ def test_an_unusable_database_url_is_one_line_naming_it_without_the_password(
         capsys.readouterr()
         assert main(["deployments", "list", "--database-url", url]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "secret" not in err and said[0] in err, err
+        missing = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).parent.is_dir()
+        read_only = f"no database at {url.removeprefix('sqlite:///')} ({url}: no such file)"
+        assert err.count("\n") == 1 and "secret" not in err and (read_only if missing else said[0]) in err, err

@@ -16,6 +16,7 @@ from api.database import DbDep, in_db
 from api.deps import Authorized, PoolDep, SettingsDep
 from api.pool import QueueFull, SolvePool, WorkerDied
 from api.problems import ProblemError, documented
+from api.routing import Route
 from api.schemas import CoactivationBinary, CoactivationIn, PlacementIn
 from api.settings import Settings
 from eplb import deployments
@@ -29,7 +30,7 @@ from eplb.specs import MODEL_PRESETS
 MAX_ID = 2**31 - 1
 """The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
 parameter; SQLite's are int64): a larger `before` is a 422, not a database error."""
-router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized)
+router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized, route_class=Route)
 
 
 class WindowIn(BaseModel):

@@ -6,9 +6,10 @@ from fastapi import APIRouter, Depends
 
 from api.deps import JobsDep, SettingsDep, require_key
 from api.problems import ProblemError, documented
+from api.routing import Route
 from api.schemas import Job, JobList
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=Route)
 
 
 def no_such_job(job_id: str) -> ProblemError:

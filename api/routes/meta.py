@@ -9,10 +9,11 @@ from fastapi.responses import PlainTextResponse
 
 from api.deps import InlineDep, MetricsDep, PoolDep, SettingsDep
 from api.problems import documented, problem_response
+from api.routing import Route
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from solvers import registry
 
-router = APIRouter(tags=["meta"])
+router = APIRouter(tags=["meta"], route_class=Route)
 
 
 @router.get("/presets", summary="Model and hardware presets")

@@ -21,15 +21,13 @@ from api.jobs import JobWork, TooManyJobs
 from api.metrics import Metrics
 from api.pool import QueueFull, SolvePool, WorkerDied
 from api.problems import PROBLEM, ProblemError, documented
+from api.routing import JSON, NPY, Route, is_json, media_type, unsupported
 from api.schemas import EvaluateRequest, Job, PlacementRequest
 from api.settings import Settings
 from eplb.errors import FieldError
 from eplb.schemas import PlacementResponse
 
-router = APIRouter(tags=["placement"], dependencies=Authorized)
-
-JSON = "application/json"
-NPY = "application/x-npy"
+router = APIRouter(tags=["placement"], dependencies=Authorized, route_class=Route)
 RequestFields = Annotated[
     str | None,
     Query(alias="request", description="with an application/x-npy body (the loads): the request's other "
@@ -48,16 +46,15 @@ def body_doc(model: type[BaseModel]) -> dict[str, Any]:
 
 
 async def read_body(request: Request, fields: str | None) -> convert.Body:
-    """The body and its kind; 415 for any Content-Type but JSON and .npy."""
-    content_type = request.headers.get("content-type", JSON).split(";")[0].strip().lower()
-    if content_type in (JSON, "") or content_type.endswith("+json"):
+    """The body and its kind; 415 for any Content-Type but JSON and .npy (`api.routing`, every route's check)."""
+    content_type = media_type(request)
+    if is_json(content_type):
         if fields is not None:
             raise FieldError("request", "only with an application/x-npy body")
         return convert.Body(await request.body(), "json", request.url.path)
     if content_type == NPY:
         return convert.Body(await request.body(), "npy", request.url.path, fields)
-    raise ProblemError(415, "Unsupported Media Type",
-                       f"send the request as {JSON} (or the loads as {NPY}), not {content_type}")
+    raise unsupported(content_type, NPY)
 
 
 def busy(settings: Settings) -> ProblemError:

@@ -16,9 +16,11 @@ from eplb.errors import EplbError
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
     from eplb.client import Client
     from eplb.deployments import DeploymentView, HistoryEntry, HistoryPage
-    from eplb.store import Store
+    from eplb.store import Store, StoreSettings
 
 GIB = 1024**3
+WHERE = ("point at the service's database with --database-url URL, EPLB_DATABASE_URL or EPLB_DATA_DIR (the "
+         "directory holding its eplb.db), or ask the running service with --url URL")
 
 
 class _Source:
@@ -70,11 +72,26 @@ class _Source:
         return Client(self.url, api_key=self.api_key)
 
     def _store(self) -> Store:
-        from eplb.store import open_store
+        """The database, opened to read only: one that does not exist is refused, naming it, never created."""
+        from eplb.store import MissingDatabase, StoreSettings, database_url, open_existing
 
         if self._opened is None:
-            self._opened = open_store(self.database_url)
+            settings = StoreSettings()
+            try:
+                self._opened = open_existing(self.database_url or database_url(settings))
+            except MissingDatabase as exc:
+                raise EplbError(f"{exc}; it came from {self._origin(settings)}: {WHERE}") from None
         return self._opened
+
+    def _origin(self, settings: StoreSettings) -> str:
+        """Where the database URL came from, for a refusal."""
+        if self.database_url:
+            return "--database-url"
+        if settings.database_url:
+            return "EPLB_DATABASE_URL"
+        if any(k.upper() == "EPLB_DATA_DIR" for k in os.environ):
+            return f"EPLB_DATA_DIR={str(settings.data_dir)!r}"
+        return f"the default data directory {settings.data_dir} (EPLB_DATA_DIR is not set)"
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.request import pathname2url
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,9 +71,15 @@ def _reason(exc: BaseException) -> str:
     return "; ".join(said) or type(orig).__name__
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`. postgresql:// means psycopg 3; a SQLite file's directory is created. Every problem
-    is one EplbError naming the URL (without its password) and what failed."""
+class MissingDatabase(EplbError):
+    """A read-only open (`open_existing`) found nothing to read: no SQLite file there, or a database without the
+    eplb tables. The message names the database; the caller says how to point at the right one."""
+
+
+def make_engine(url: str, *, read_only: bool = False) -> Engine:
+    """An engine for `url`. postgresql:// means psycopg 3; a SQLite file's directory is created, unless
+    `read_only`: then the file must exist (MissingDatabase), is opened read-only and nothing is created. Every
+    problem is one EplbError naming the URL (without its password) and what failed."""
     shown = shown_url(url)
     try:
         parsed = make_url(url)
@@ -83,7 +90,7 @@ def make_engine(url: str) -> Engine:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     try:
-        return _engine(parsed)
+        return _read_only_engine(parsed, shown) if read_only else _engine(parsed)
     except OSError as exc:  # the SQLite file's directory
         raise EplbError(f"cannot open the database {shown}: cannot create the directory {exc.filename} "
                         f"({exc.strerror or exc})") from None
@@ -116,6 +123,22 @@ def _engine(parsed: URL) -> Engine:
     given = "connect_timeout" in parsed.query or os.environ.get("PGCONNECT_TIMEOUT")
     timeout = {} if given else {"connect_timeout": CONNECT_TIMEOUT_S}
     return create_engine(parsed, pool_pre_ping=True, connect_args=timeout)
+
+
+def _read_only_engine(parsed: URL, shown: str) -> Engine:
+    """An engine that creates nothing: SQLite opened with mode=ro (a missing file is MissingDatabase, never an
+    empty new one; the journal mode is the file's own), PostgreSQL as `_engine` (it creates no database)."""
+    if parsed.get_backend_name() != "sqlite":
+        return _engine(parsed)
+    if parsed.database in (None, "", ":memory:"):
+        raise MissingDatabase(f"{shown} is an in-memory database: it holds no deployments")
+    path = Path(parsed.database).expanduser().absolute()
+    if not path.is_file():
+        raise MissingDatabase(f"no database at {path} ({shown}: {'not a file' if path.exists() else 'no such file'})")
+    uri = f"file:{pathname2url(str(path))}?mode=ro"
+    engine = create_engine(parsed, creator=lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False))
+    _sqlite_transactions(engine)
+    return engine
 
 
 def _sqlite_transactions(engine: Engine) -> None:
@@ -206,6 +229,32 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def open_existing(url: str | None = None) -> Store:
+    """Open the store at `url` (default: `database_url()`) to read it, creating and changing nothing: no file, no
+    directory, no tables, no migration. MissingDatabase when there is no SQLite file or no eplb tables; EplbError
+    when its schema is not this version's (`eplb serve` of this version migrates it at start)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    url = url or database_url()
+    shown = shown_url(url)
+    engine = make_engine(url, read_only=True)
+    try:
+        with engine.connect() as conn:
+            revision = MigrationContext.configure(conn).get_current_revision()
+    except DBAPIError as exc:  # unreachable, refused, not a database: what the driver said, on one line
+        engine.dispose()
+        raise EplbError(f"cannot open the database {shown}: {_reason(exc)}") from None
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if revision != head:
+        engine.dispose()
+        if revision is None:
+            raise MissingDatabase(f"the database {shown} has no eplb tables (no eplb service has used it)")
+        raise EplbError(f"the database {shown} has schema revision {revision}, this eplb reads {head}: start this "
+                        "version's `eplb serve` on it (it migrates at start), or ask the service that uses it")
+    return Store(engine)
 
 
 def open_store(url: str | None = None, *, upgrade: bool = True) -> Store:

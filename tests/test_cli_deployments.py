@@ -1,0 +1,118 @@
+"""`eplb deployments list|show|history` and `eplb history --plot` on real databases (a SQLite file and a throwaway
+PostgreSQL) and against a real `eplb serve` with an API key: read-only opens that create nothing, the paging
+flags checked once for both paths, the service's refusals in the CLI's words, long names, the history plot;
+`eplb serve`'s settings errors and help."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eplb import deployments as dep
+from eplb.cli import main
+from eplb.store import Store, open_store
+from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
+from tests.test_deployments import config, window
+from tests.test_replicas import replica
+
+KEY = "cli-secret"
+LONG = "a" * 5000
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*"))
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = open_store(db_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A service with API key KEY and one deployment, 'web', with a rebalance and an applied placement."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'eplb.db'}"
+    store = open_store(db)
+    dep.register(store, "web", config(trigger="periodic", every=1))
+    first = dep.process_window(store, "web", window(0))
+    dep.process_window(store, "web", window(1))
+    assert first.result is not None
+    dep.record_applied(store, "web", first.result.placement.model_dump(exclude_none=True))
+    store.close()
+    with replica(db, api_key=KEY) as (url, _):
+        yield url
+
+
+READS = [["deployments", "list"], ["deployments", "show", "web"], ["deployments", "history", "web"],
+         ["history", "web"], ["history", "web", "--plot", "h.png"]]
+
+
+# --- read-only commands never create a database -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", READS)
+def test_a_read_only_command_refuses_a_database_that_does_not_exist_and_creates_nothing(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.font_manager  # noqa: F401  (its cache stays where it is when HOME moves)
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("EPLB_DATA_DIR", "EPLB_DATABASE_URL", "XDG_DATA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    given = "sqlite:///nonexistent/x.db"
+    assert main([*argv, "--database-url", given]) == 2
+    err = capsys.readouterr().err
+    assert f"no database at {tmp_path / 'nonexistent' / 'x.db'} ({given}: no such file); it came from --database-url"\
+        in err and "--url URL" in err and "EPLB_DATA_DIR" in err and err.count("\n") == 1
+    assert main(argv) == 2  # EPLB_DATA_DIR unset: the default directory under HOME
+    default = tmp_path / "home" / ".local" / "share" / "eplb"
+    err = capsys.readouterr().err
+    assert f"no database at {default / 'eplb.db'}" in err and "(EPLB_DATA_DIR is not set)" in err
+    monkeypatch.setenv("EPLB_DATA_DIR", str(tmp_path / "data"))
+    assert main(argv) == 2
+    assert f"it came from EPLB_DATA_DIR='{tmp_path / 'data'}'" in capsys.readouterr().err
+    assert _files(tmp_path) == [tmp_path / "home"]  # no file, no directory, no image
+
+
+def test_a_database_without_the_eplb_tables_is_refused_and_left_as_it_was(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlalchemy
+
+    if db_url.startswith("sqlite:///"):
+        Path(db_url.removeprefix("sqlite:///")).touch()  # an empty file: what SQLite makes of a mistyped name
+    assert main(["deployments", "list", "--database-url", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "has no eplb tables" in err and "--database-url" in err and "Traceback" not in err
+    engine = sqlalchemy.create_engine(db_url)
+    try:
+        assert sqlalchemy.inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
+
+
+def test_a_database_of_another_schema_revision_is_refused_not_migrated(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eplb.store import make_engine, migrate
+
+    engine = make_engine(db_url)
+    migrate(engine, "0001")
+    engine.dispose()
+    assert main(["deployments", "list", "--database-url", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "has schema revision 0001" in err and "eplb serve" in err
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        from alembic.runtime.migration import MigrationContext
+
+        assert MigrationContext.configure(conn).get_current_revision() == "0001"
+    engine.dispose()
+
+
