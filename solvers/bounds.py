@@ -19,6 +19,13 @@ smallest pieces         yes        no          uniform replicas never serve fewe
 
 A weighted placement may choose any shares, uniform ones included, so a bound valid
 for weighted shares is valid for every placement; that is the default.
+
+The solvers' rule that no GPU holds two replicas of one expert enters only through
+`max_replicas_per_expert` (one replica per GPU): it can only raise the optimum, so the
+bounds stay valid under it, and they hold for placements with such duplicates too (an
+expert on r GPUs still leaves load/r on one of them; tests/test_bounds.py checks every
+placement of small layers, duplicates included). The cap of one replica per GPU never
+lifts the result above the mean bound (load/G <= total/G).
 """
 
 from __future__ import annotations
