@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from eplb.budget import spread_evenly
 from eplb.errors import EplbError
 from eplb.io.logs import count_dtype
+from eplb.specs import MODEL_PRESETS
 
 SEED004_TABLE = {
     # EP: (contiguous, load-sorted without redundancy, one redundant expert per GPU), seed 004 section 5.2
@@ -144,6 +145,12 @@ class SynthConfig:
         if self.coact_std is None and not (math.isfinite(self.partner_lift) and self.partner_lift >= 1):
             raise EplbError(f"{n('partner_lift')} must be >= 1 (1 = independent picks), got {self.partner_lift!r}")
 
+    def check_model(self, names: Mapping[str, str] | None = None) -> None:
+        """Raise EplbError when `model` is a preset whose shape this log's disagrees with (`check_model_shape`);
+        names as `check`'s (the CLI's flags). Not part of `check`: a config made for its arrays alone keeps the
+        default model's name whatever its shape."""
+        check_model_shape(self.model, self.layers, self.experts, self.top_k, names)
+
     def resolved_exponent(self) -> float:
         """The power-law exponent a: `exponent`, or the one that gives `hot_ratio`."""
         if self.exponent is not None:
@@ -168,6 +175,32 @@ class SynthConfig:
         """The writers' type (`eplb.io.logs.count_dtype`) for counts of at most a layer's assignments in one step,
         tokens x top_k: uint16 when they fit."""
         return count_dtype(self.tokens * self.top_k)
+
+
+def check_model_shape(
+    model: str | None, layers: int, experts: int, top_k: int, names: Mapping[str, str] | None = None
+) -> None:
+    """EplbError when `model`, the name a synthetic log will carry, is a model preset (case-insensitive) whose shape
+    the log's disagrees with: other routed experts or top-k, or more layers than its MoE layers (fewer are a part
+    of the model). `eplb replay` and `eplb solve` take the cost model from a log's model and refused such a log
+    only then ('model ... has 8 experts, the log has 16'). A name that is no preset is left alone. names: what the
+    message calls "model", "layers", "experts" and "top_k" (default `synth: FIELD`)."""
+    preset = None if model is None else MODEL_PRESETS.get(model.strip().lower())
+    if preset is None:
+        return
+
+    def n(field: str) -> str:
+        return names[field] if names and field in names else f"synth: {field}"
+
+    wrong = [what for bad, what in (
+        (experts != preset.num_experts, f"{experts} experts ({n('experts')})"),
+        (top_k != preset.top_k, f"top-{top_k} ({n('top_k')})"),
+        (layers > preset.num_moe_layers, f"{layers} layers ({n('layers')})"),
+    ) if bad]  # fmt: skip
+    if wrong:
+        raise EplbError(f"{n('model')} {model}: the preset has {preset.num_experts} experts, top-{preset.top_k} and "
+                        f"{preset.num_moe_layers} MoE layers, but the log would have {', '.join(wrong)}; make them "
+                        f"agree, or drop {n('model')} (the log then names no model)")
 
 
 def _group_of(experts: int, groups: int) -> NDArray[np.int64]:
@@ -214,7 +247,8 @@ def exponent_for_hot_ratio(
     while _median_hot_ratio(hi, draws, group_std, drift_std) < hot_ratio:
         hi *= 2
         if hi > 64:
-            raise EplbError(f"synth: a hot ratio of {hot_ratio:g} is out of reach for {experts} experts")
+            raise EplbError(f"synth: a hot ratio of {hot_ratio:g} is out of reach for {experts} experts (the hottest "
+                            f"is at most {experts}x the mean): lower --hot-ratio or give --exponent")
     for _ in range(50):
         mid = (lo + hi) / 2
         if _median_hot_ratio(mid, draws, group_std, drift_std) < hot_ratio:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.io.logs import (
     coactivation,
@@ -415,3 +416,15 @@ def test_compress_deflates_an_npz_log(tmp_path: Path, counts: np.ndarray, argv: 
     with zipfile.ZipFile(out) as zf:
         assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
     assert open_log(out).info.num_steps == (10 if argv[0] == "synth" else counts.shape[0])
+
+
+def test_the_documented_jsonl_example_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/formats.md's JSONL example named model deepseek-v3 (256 experts) for 4 experts: eplb replay refused it."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    example = re.search(r"```json\n(\{\"format\": \"eplb\.counts-jsonl/v1\".*?)```", doc, re.S)
+    assert example is not None
+    path = tmp_path / "log.jsonl"
+    path.write_text(example.group(1))
+    assert main(["replay", str(path), "--gpus", "2", "--json", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["log"]["steps"] == 2 and summary["results"]["no_eplb"]["steps"] == 2

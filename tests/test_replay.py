@@ -354,6 +354,53 @@ def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.Cap
     assert json.loads(capsys.readouterr().out)["rebalances"]["count"] == 2
 
 
+def test_synth_takes_the_shape_of_a_model_preset_and_refuses_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log named after a preset has its shape: `eplb synth --experts 16 --top-k 2 --model mixtral-8x7b` wrote a log
+    `eplb replay` then refused ('model 'mixtral-8x7b' has 8 experts, the log has 16'), naming no way out."""
+    out = tmp_path / "s.npz"
+    for flags, wrong in ((["--experts", "16", "--top-k", "2"], "16 experts (--experts)"),
+                         (["--experts", "8", "--top-k", "4"], "top-4 (--top-k)"),
+                         (["--layers", "33"], "33 layers (--layers)")):  # fmt: skip
+        assert run_cli(["synth", "--out", str(out), "--model", "mixtral-8x7b", "--steps", "5", *flags]) == 2
+        assert capsys.readouterr().err.strip().endswith(
+            f"--model mixtral-8x7b: the preset has 8 experts, top-2 and 32 MoE layers, but the log would have "
+            f"{wrong}; make them agree, or drop --model (the log then names no model)")
+        assert not out.exists()
+    assert run_cli(["synth", "--out", str(out), "--preset", "seed004", "--model", "kimi-k2"]) == 2
+    assert "but the log would have 256 experts (--preset seed004); make them agree" in capsys.readouterr().err
+    assert run_cli(["synth", "--out", str(out), "--model", "Mixtral-8x7B", "--steps", "30", "--layers", "3",
+                    "--hot-ratio", "3", "--tokens", "64"]) == 0  # fmt: skip
+    info = open_log(out).info
+    assert (info.num_layers, info.num_experts, info.top_k, info.model) == (3, 8, 2, "Mixtral-8x7B")
+    capsys.readouterr()
+    assert run_cli(["replay", str(out), "--gpus", "4", "--window", "10", "--interval", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cost"]["model"] == "mixtral-8x7b"
+    assert run_cli(["synth", "--out", str(out), "--model", "my-own-model", "--experts", "16", "--top-k", "2",
+                    "--steps", "5", "--layers", "2"]) == 0  # a name that is no preset: any shape  # fmt: skip
+
+
+def test_a_log_whose_model_has_other_experts_names_the_way_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "s.npz"
+    write_counts(log, synth_log(SynthConfig(steps=5, layers=2, experts=16, top_k=2, tokens=32)), model="mixtral-8x7b")
+    assert run_cli(["replay", str(log), "--gpus", "4"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"model 'mixtral-8x7b' has 8 experts, the log has 16: {log} names it as its model: give --model NAME or "
+        "FILE with 16 experts to override it")
+    assert run_cli(["replay", str(log), "--gpus", "4", "--model", "deepseek-v2-lite"]) == 2  # the log's: no drop
+    assert capsys.readouterr().err.strip().endswith(
+        "model 'deepseek-v2-lite' has 64 experts, the log has 16: give --model a model with 16 experts, a preset or "
+        "a JSON file")
+    write_counts(log, synth_log(SynthConfig(steps=5, layers=2, experts=64, top_k=2, tokens=32)))
+    assert run_cli(["replay", str(log), "--gpus", "4", "--model", "mixtral-8x7b"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "model 'mixtral-8x7b' has 8 experts, the log has 64: give --model a model with 64 experts (the preset "
+        "deepseek-v2-lite has), a preset or a JSON file, or drop --model")
+
+
 def test_replay_with_a_model_reports_time_and_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "log.npz"
     counts = synth_log(SynthConfig(steps=12, layers=58, experts=256, tokens=2048))

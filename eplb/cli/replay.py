@@ -37,8 +37,8 @@ from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup, time_limited
-from eplb.specs import link_bandwidth
-from eplb.synth import StatsAccumulator, SynthConfig, seed004_log, synth_counts, synth_topk
+from eplb.specs import MODEL_PRESETS, link_bandwidth
+from eplb.synth import StatsAccumulator, SynthConfig, check_model_shape, seed004_log, synth_counts, synth_topk
 from solvers import registry
 
 SYNTH_DESCRIPTION = """\
@@ -132,7 +132,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="also switch at random times this many steps apart on average (default: never)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--model", default=None, metavar="NAME",
-                   help="model name stored in the log (default deepseek-v3 for the default shape)")
+                   help="model name stored in the log (default deepseek-v3 for the default shape); a preset ("
+                   f"{', '.join(MODEL_PRESETS)}) sets the default --layers, --experts and --top-k to its own, and "
+                   "those given must agree with it (its experts and top-k, at most its MoE layers)")
     s.add_argument("--gpus", type=int, default=32, metavar="N",
                    help="EP size for the printed no-EPLB imbalance (default 32)")
     s.add_argument("--compress", action="store_true",
@@ -294,7 +296,7 @@ def add_progress_options(p: argparse.ArgumentParser) -> None:
 SYNTH_FLAGS = {"steps": "--steps", "layers": "--layers", "experts": "--experts", "top_k": "--top-k",
                "tokens": "--tokens", "exponent": "--exponent", "hot_ratio": "--hot-ratio", "groups": "--groups",
                "group_std": "--group-std", "drift_std": "--drift-std", "drift_steps": "--drift-steps",
-               "shift_at": "--shift-at", "shift_every": "--shift-every"}  # fmt: skip
+               "shift_at": "--shift-at", "shift_every": "--shift-every", "model": "--model"}  # fmt: skip
 """SynthConfig's fields as `eplb synth` names them, for `SynthConfig.check`'s messages."""
 
 
@@ -314,13 +316,18 @@ def _check_disk(out: Path, need: float, what: str) -> None:
 
 
 def _synth_config(args: argparse.Namespace) -> SynthConfig:
+    """The SynthConfig of `eplb synth`'s flags: --layers, --experts and --top-k not given are --model's preset's (when
+    it names one), else the defaults."""
     d = SynthConfig()
     default_shape = all(getattr(args, k) is None for k in ("layers", "experts", "top_k"))
+    preset = MODEL_PRESETS.get(args.model.strip().lower()) if args.model else None
+    shape = d if preset is None else SynthConfig(layers=preset.num_moe_layers, experts=preset.num_experts,
+                                                 top_k=preset.top_k)  # fmt: skip
     return SynthConfig(
         steps=d.steps if args.steps is None else args.steps,
-        layers=d.layers if args.layers is None else args.layers,
-        experts=d.experts if args.experts is None else args.experts,
-        top_k=d.top_k if args.top_k is None else args.top_k,
+        layers=shape.layers if args.layers is None else args.layers,
+        experts=shape.experts if args.experts is None else args.experts,
+        top_k=shape.top_k if args.top_k is None else args.top_k,
         tokens=d.tokens if args.tokens is None else args.tokens,
         exponent=args.exponent,
         hot_ratio=d.hot_ratio if args.hot_ratio is None else args.hot_ratio,
@@ -390,6 +397,8 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         for flag, v in (("--steps", steps), ("--layers", layers)):
             if v < 1:
                 raise EplbError(f"{flag} must be >= 1, got {v}")
+        check_model_shape(args.model, layers, 256, 8, {**SYNTH_FLAGS, "experts": "--preset seed004",
+                                                       "top_k": "--preset seed004"})  # fmt: skip
         if not deflated:  # the writer stores them as uint16 (at most 4,096 x 8 a layer)
             _check_disk(out, steps * layers * 256 * 2.0, f"--steps {steps:,} x --layers {layers} x 256 experts' "
                         "counts of 2 bytes")
@@ -402,6 +411,7 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
     else:
         cfg = _synth_config(args)
         cfg.check(SYNTH_FLAGS)
+        cfg.check_model(SYNTH_FLAGS)
         output_log(out)  # a directory, or a file in the way: refused before the work
         config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
         shape = f"--steps {cfg.steps:,} x --layers {cfg.layers}"  # the per-layer arrays fit (MemoryError): the log?

@@ -261,6 +261,7 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
     """The model for memory and time: --model; else, for a routing log, the preset its header names; else
     (with a note on stderr when the log names a model no preset has) the preset with the data's expert and layer
     count (None when none)."""
+    given = bool(args.model)
     if args.model:
         model = load_model(args.model)
     elif not isinstance(data, LoadWindow) and data.model and data.model.strip():
@@ -276,7 +277,16 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
         return infer_model(data.num_experts, data.num_layers)
     if model.num_experts != data.num_experts:
         what = "the loads have" if isinstance(data, LoadWindow) else "the log has"
-        raise EplbError(f"model {model.name!r} has {model.num_experts} experts, {what} {data.num_experts}")
+        fits = infer_model(data.num_experts, data.num_layers)
+        other = f" (the preset {fits.name} has)" if fits is not None else ""
+        if not isinstance(data, LoadWindow) and not given:
+            way = (f"{data.path} names it as its model: give --model NAME or FILE with {data.num_experts} "
+                   f"experts{other} to override it")
+        else:  # dropping --model helps unless the log names a preset of other experts too
+            named = None if isinstance(data, LoadWindow) else MODEL_PRESETS.get((data.model or "").strip().lower())
+            drop = "" if named is not None and named.num_experts != data.num_experts else ", or drop --model"
+            way = f"give --model a model with {data.num_experts} experts{other}, a preset or a JSON file{drop}"
+        raise EplbError(f"model {model.name!r} has {model.num_experts} experts, {what} {data.num_experts}: {way}")
     return model
 
 
