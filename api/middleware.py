@@ -1,6 +1,7 @@
 """The raw-ASGI gate in front of every route: it times and counts every answer (the 401s and 413s it gives
-itself included), checks the API key of a request that may carry a body before reading a byte of it, and
-refuses bodies over the limit while they stream in."""
+itself included), answers HEAD as the GET of its path without the body (RFC 9110: every GET route answers HEAD,
+whatever methods it declares), checks the API key of a request that may carry a body before reading a byte of it,
+and refuses bodies over the limit while they stream in."""
 
 from __future__ import annotations
 
@@ -34,17 +35,22 @@ class Gate:
             return
         started = time.perf_counter()
         status = 500
+        method = scope["method"]
+        if method == "HEAD":  # the GET, headers and all (its Content-Length too), without the body
+            scope = {**scope, "method": "GET"}
 
         async def send_counted(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif method == "HEAD" and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
             await send(message)
 
         try:
             await self._guarded(scope, receive, send_counted)
         finally:
-            self.metrics.request(self._route(scope), scope["method"], status, time.perf_counter() - started)
+            self.metrics.request(self._route(scope), method, status, time.perf_counter() - started)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] not in GUARDED:

@@ -174,13 +174,14 @@ def field_problem(exc: EplbError) -> ProblemError:
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """The methods some route answers on the request's path (each method tried against the app's routes)."""
+    """The methods some route answers on the request's path (each method tried against the app's routes; HEAD
+    wherever GET is, `api.middleware.Gate` answers it)."""
     allowed = []
-    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
         scope = {**request.scope, "method": method}
         if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
             allowed.append(method)
-    return allowed
+    return [*allowed[:1], "HEAD", *allowed[1:]] if "GET" in allowed else allowed
 
 
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:

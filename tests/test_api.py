@@ -311,6 +311,26 @@ def test_every_route_with_a_body_checks_its_type_and_parses_json_as_placement_do
     assert no_type.status_code == 201, no_type.text  # no Content-Type is JSON, as at POST /placement
 
 
+def test_every_get_route_answers_head(base: str) -> None:
+    """HEAD /deployments/prod was a 405 although GET answers: FastAPI's routes answer only the methods they
+    declare. Every GET route of the schema (and the docs) answers HEAD as its GET, without the body."""
+    assert httpx.put(f"{base}/deployments/prod", json={"model": "mixtral-8x7b", "cluster": {"num_gpus": 4}},
+                     timeout=60).status_code in (200, 201)
+    schema = httpx.get(f"{base}/openapi.json", timeout=60).json()
+    paths = [path.replace("{name}", "prod").replace("{job_id}", "no-such-job")
+             for path, ops in schema["paths"].items() if "get" in ops]
+    assert {"/deployments/prod", "/deployments", "/jobs", "/healthz"} <= set(paths)
+    for path in [*paths, "/docs", "/openapi.json", "/deployments/nobody"]:
+        got, head = httpx.get(f"{base}{path}", timeout=60), httpx.head(f"{base}{path}", timeout=60)
+        assert head.status_code == got.status_code != 405 and head.content == b"", (path, head, got)
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if path not in ("/metrics", "/readyz"):  # these count the requests themselves
+            assert head.headers.get("content-length") == got.headers.get("content-length"), path
+    posted = httpx.head(f"{base}/placement", timeout=60)  # no GET there: no HEAD either
+    assert posted.status_code == 405 and posted.headers["allow"] == "POST", posted.headers
+    assert httpx.put(f"{base}/jobs/x", timeout=60).headers["allow"] == "GET, HEAD, DELETE"
+
+
 LOOSE = [
     ({"time_limit": 5}, "time_limit"),
     ({"async": "yes"}, "async"),
