@@ -30,7 +30,14 @@ from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
-from eplb.rules import CLUSTER_FIELDS, DEPLOYMENT_NAME, DEPLOYMENT_NAME_RULE, MAX_GPUS, is_deployment_name
+from eplb.rules import (
+    CLUSTER_FIELDS,
+    DEPLOYMENT_NAME,
+    DEPLOYMENT_NAME_RULE,
+    HISTORY_PAGE_MAX,
+    MAX_GPUS,
+    is_deployment_name,
+)
 from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
     DEFAULT_TOKENS_PER_GPU,
@@ -404,8 +411,8 @@ def retire(store: Store, name: str) -> None:
 
 def history(store: Store, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
     """Up to `limit` entries older than id `before` (default: the newest), newest first."""
-    if not 1 <= limit <= 1000:
-        raise EplbError(f"limit must be 1-1000, got {limit}")
+    if not 1 <= limit <= HISTORY_PAGE_MAX:
+        raise EplbError(f"limit must be 1-{HISTORY_PAGE_MAX}, got {limit}")
     with store.read() as session:
         _row(session.get(DeploymentRow, name), name)
         query = select(HistoryRow).where(HistoryRow.deployment == name)

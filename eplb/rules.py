@@ -13,6 +13,13 @@ DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 newline is no name, as `^...$` with `re.match` let through)."""
 DEPLOYMENT_NAME_RULE = "use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
+HISTORY_PAGE_MAX = 1000
+"""The most history entries one page holds (`GET /deployments/{name}/history?limit=`, `eplb deployments history
+--limit`); the least is 1."""
+MAX_HISTORY_ID = 2**31 - 1
+"""The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
+parameter; SQLite's are int64): a larger `before` is refused by name, not a database error; the least is 1."""
+
 CLUSTER_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
 """What the registry's refusals call the cluster settings in the service's JSON (`POST /placement`, a deployment's
 config); the CLI keeps its flags."""

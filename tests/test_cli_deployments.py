@@ -12,6 +12,7 @@ import pytest
 
 from eplb import deployments as dep
 from eplb.cli import main
+from eplb.rules import MAX_HISTORY_ID
 from eplb.store import Store, open_store
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 from tests.test_deployments import config, window
@@ -114,5 +115,69 @@ def test_a_database_of_another_schema_revision_is_refused_not_migrated(
 
         assert MigrationContext.configure(conn).get_current_revision() == "0001"
     engine.dispose()
+
+
+# --- paging flags, the service's refusals, long names ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--before", "-3"], f"--before must be 1 to {MAX_HISTORY_ID} (entries older than this history id, a page's "
+                         "next), got -3"),
+    (["--before", "0"], "--before must be 1 to"),
+    (["--before", "99999999999"], "got 99999999999"),
+    (["--limit", "0"], "--limit must be 1 to 1000 (entries per page), got 0"),
+    (["--limit", "1001"], "got 1001"),
+])
+def test_paging_flags_are_refused_by_name_with_the_service_and_with_the_database(
+    flags: list[str], message: str, served: str, store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dep.register(store, "web", config())
+    for source in (["--url", served, "--api-key", KEY], ["--database-url", db_url]):
+        assert main(["deployments", "history", "web", *flags, *source]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "query." not in err and err.count("\n") == 1
+
+
+def test_a_422_of_the_service_on_a_paging_parameter_names_the_flag(served: str) -> None:
+    from eplb.cli.deployments import refusal
+    from eplb.client import Client, ServiceError
+
+    with Client(served, api_key=KEY) as client, pytest.raises(ServiceError) as raised:
+        client.history("web", limit=5000, before=-3)  # what a CLI with other bounds would send
+    said = str(refusal(raised.value, served, "--api-key", {"limit": 5000, "before": -3}))
+    assert "query." not in said and f"--before -3: the service at {served} refuses it" in said
+    assert "--limit 5000: " in said and "give 1 to 1000 (entries per page)" in said
+
+
+@pytest.mark.parametrize("argv", READS)
+def test_a_401_names_the_flag_and_the_variable_that_send_the_key(
+    argv: list[str], served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EPLB_API_KEY", raising=False)
+    assert main([*argv, "--url", served]) == 2
+    err = capsys.readouterr().err
+    assert f"the service at {served} needs its API key: give --api-key KEY or set EPLB_API_KEY" in err
+    assert "Authorization" not in err and "Bearer" not in err
+    assert main([*argv, "--url", served, "--api-key", "wrong"]) == 2
+    assert f"the service at {served} refused the API key from --api-key" in capsys.readouterr().err
+    monkeypatch.setenv("EPLB_API_KEY", "wrong")
+    assert main([*argv, "--url", served]) == 2
+    assert "refused the API key from EPLB_API_KEY" in capsys.readouterr().err
+    assert main([*argv, "--url", served, "--api-key", KEY]) == 0
+
+
+@pytest.mark.parametrize("argv", [["deployments", "show", LONG], ["deployments", "history", LONG],
+                                  ["history", LONG, "--plot", "h.png"]])
+def test_a_long_name_is_echoed_clipped(
+    argv: list[str], served: str, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for source in (["--url", served], ["--database-url", db_url]):
+        assert main([*argv, *source]) == 2
+        err = capsys.readouterr().err
+        assert len(err) < 300 and "(5,000 characters): use 1-100 letters" in err and "\u2026" in err
+    assert _files(tmp_path) == []
 
 

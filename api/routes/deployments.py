@@ -24,12 +24,12 @@ from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, His
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
+from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID
 from eplb.solve import Outcome, solve
 from eplb.specs import MODEL_PRESETS
 
-MAX_ID = 2**31 - 1
-"""The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
-parameter; SQLite's are int64): a larger `before` is a 422, not a database error."""
+MAX_ID = MAX_HISTORY_ID
+"""The largest history id the store holds (`eplb.rules.MAX_HISTORY_ID`): a larger `before` is a 422."""
 router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized, route_class=Route)
 
 
@@ -197,7 +197,7 @@ async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, setti
             responses=documented(401, 404, 422), summary="The deployment's events, newest first, paged")
 async def get_history(
     name: str, db: DbDep,
-    limit: Annotated[int, Query(ge=1, le=1000, description="entries per page")] = 50,
+    limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MAX, description="entries per page")] = 50,
     before: Annotated[int | None, Query(ge=1, le=MAX_ID,
                                         description="entries older than this id (a page's `next`)")] = None,
 ) -> HistoryPage:

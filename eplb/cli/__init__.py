@@ -30,6 +30,19 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def clip(text: str, width: int = 40) -> str:
+    """`text` as it fits in `width` characters: cut, its last character an ellipsis, when longer (a name a message
+    or a table cell echoes)."""
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def shown(value: object, width: int = 40) -> str:
+    """`value` for a message: repr of a string (clipped to `width` characters, with its length when cut), else str."""
+    if not isinstance(value, str):
+        return str(value)
+    return repr(value) if len(value) <= width else f"{clip(value, width)!r} ({len(value):,} characters)"
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for `argv`'s command (every command when argv names none, e.g. for --help)."""
     words = [w for w in (argv or []) if not w.startswith("-")]

@@ -9,16 +9,23 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
+from eplb.cli import shown
 from eplb.errors import EplbError
+from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, is_deployment_name
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
-    from eplb.client import Client
+    from eplb.client import Client, ServiceError
     from eplb.deployments import DeploymentView, HistoryEntry, HistoryPage
     from eplb.store import Store, StoreSettings
 
 GIB = 1024**3
+PAGE_FLAGS = {"limit": ("--limit", HISTORY_PAGE_MAX, "entries per page"),
+              "before": ("--before", MAX_HISTORY_ID, "entries older than this history id, a page's next")}
+"""The paging flags of `history`, by the service's query parameter: the flag, its largest value (the least is
+1) and what it means."""
 WHERE = ("point at the service's database with --database-url URL, EPLB_DATABASE_URL or EPLB_DATA_DIR (the "
          "directory holding its eplb.db), or ask the running service with --url URL")
 
@@ -28,14 +35,15 @@ class _Source:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.url, self.database_url = args.url, args.database_url
-        self.api_key = args.api_key or os.environ.get("EPLB_API_KEY")
+        self.api_key = args.api_key or os.environ.get("EPLB_API_KEY") or None
+        self.key_source = "--api-key" if args.api_key else "EPLB_API_KEY" if self.api_key else None
         if self.url and self.database_url:
             raise EplbError("give --url or --database-url, not both")
         self._opened: Store | None = None
 
     def list(self) -> list[DeploymentView]:
         if self.url:
-            with self._client() as client:
+            with self._asking() as client:
                 return client.deployments()
         from eplb import deployments
 
@@ -43,7 +51,7 @@ class _Source:
 
     def show(self, name: str) -> DeploymentView:
         if self.url:
-            with self._client() as client:
+            with self._asking() as client:
                 return client.deployment(name)
         from eplb import deployments
 
@@ -51,7 +59,7 @@ class _Source:
 
     def history(self, name: str, limit: int, before: int | None) -> HistoryPage:
         if self.url:
-            with self._client() as client:
+            with self._asking({"limit": limit, "before": before}) as client:
                 return client.history(name, limit, before)
         from eplb import deployments
 
@@ -60,16 +68,23 @@ class _Source:
     def all_history(self, name: str) -> Iterator[HistoryEntry]:
         before = None
         while True:
-            page = self.history(name, 1000, before)
+            page = self.history(name, HISTORY_PAGE_MAX, before)
             yield from page.entries
             if page.next is None:
                 return
             before = page.next
 
-    def _client(self) -> Client:
-        from eplb.client import Client
+    @contextmanager
+    def _asking(self, query: dict[str, Any] | None = None) -> Iterator[Client]:
+        """A client of the service; its 401 and its 422 on a query parameter (`query`: the values sent) said in the
+        CLI's words (`refusal`)."""
+        from eplb.client import Client, ServiceError
 
-        return Client(self.url, api_key=self.api_key)
+        with Client(self.url, api_key=self.api_key) as client:
+            try:
+                yield client
+            except ServiceError as exc:
+                raise refusal(exc, self.url, self.key_source, query or {}) from None
 
     def _store(self) -> Store:
         """The database, opened to read only: one that does not exist is refused, naming it, never created."""
@@ -94,6 +109,29 @@ class _Source:
         return f"the default data directory {settings.data_dir} (EPLB_DATA_DIR is not set)"
 
 
+def refusal(exc: ServiceError, url: str, key_source: str | None, query: dict[str, Any]) -> EplbError:
+    """A problem the service answered, in the CLI's words: a 401 names --api-key and EPLB_API_KEY (the service's
+    own text names an HTTP header), a 422 on a query parameter names its flag, the value and the flag's range;
+    any other problem as the service said it."""
+    if exc.status == 401:
+        if key_source is None:
+            return EplbError(f"the service at {url} needs its API key: give --api-key KEY or set EPLB_API_KEY")
+        return EplbError(f"the service at {url} refused the API key from {key_source}: give the key the service "
+                         "runs with (its EPLB_API_KEY) with --api-key KEY or EPLB_API_KEY")
+    if exc.status == 422:
+        flagged = []
+        for err in exc.errors:
+            field = str(err.get("field") or "") if isinstance(err, dict) else ""
+            param = field.removeprefix("query.")
+            if field.startswith("query.") and param in PAGE_FLAGS:
+                flag, most, what = PAGE_FLAGS[param]
+                flagged.append(f"{flag} {query.get(param)}: the service at {url} refuses it "
+                               f"({' '.join(str(err.get('message', '')).split())}); give 1 to {most} ({what})")
+        if flagged:
+            return EplbError("; ".join(flagged))
+    return exc
+
+
 def _source_args(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("where the deployments are")
     src.add_argument("--url", metavar="URL", help="a running service, e.g. http://127.0.0.1:8000")
@@ -104,8 +142,10 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 def _history_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="deployment name")
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="entries to show, newest first (default 50)")
-    p.add_argument("--before", type=int, metavar="ID", help="entries older than this id (a page's next)")
+    p.add_argument("--limit", type=int, default=50, metavar="N",
+                   help=f"entries to show, newest first: 1 to {HISTORY_PAGE_MAX} (default 50)")
+    p.add_argument("--before", type=int, metavar="ID",
+                   help=f"entries older than this history id (a page's next): 1 to {MAX_HISTORY_ID}")
     p.add_argument("--json", action="store_true", help="print the page as JSON")
 
 
@@ -136,6 +176,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     h.set_defaults(func=run_history)
 
 
+def _checked_name(name: str) -> str:
+    """`name` when a deployment can have it; else EplbError quoting it clipped (it can be any length)."""
+    if not is_deployment_name(name):
+        raise EplbError(f"deployment name {shown(name)}: {DEPLOYMENT_NAME_RULE}")
+    return name
+
+
+def _check_page(args: argparse.Namespace) -> None:
+    """--limit and --before within what the service and the database take, whichever answers."""
+    for param, (flag, most, what) in PAGE_FLAGS.items():
+        value = getattr(args, param)
+        if value is not None and not 1 <= value <= most:
+            raise EplbError(f"{flag} must be 1 to {most} ({what}), got {value}")
+
+
 def run_list(args: argparse.Namespace) -> int:
     views = _Source(args).list()
     if args.json:
@@ -155,7 +210,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    view = _Source(args).show(args.name)
+    view = _Source(args).show(_checked_name(args.name))
     if args.json:
         print(json.dumps(view.model_dump(mode="json", exclude_none=True), indent=2))
         return 0
@@ -173,13 +228,15 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_history(args: argparse.Namespace) -> int:
+    name = _checked_name(args.name)
+    _check_page(args)
     source = _Source(args)
     if getattr(args, "plot", None):
-        entries = list(source.all_history(args.name))
-        _plot(args.name, entries, args.plot)
+        entries = list(source.all_history(name))
+        _plot(name, entries, args.plot)
         print(f"wrote {args.plot} ({len(entries)} events)")
         return 0
-    page = source.history(args.name, args.limit, args.before)
+    page = source.history(name, args.limit, args.before)
     if args.json:
         print(json.dumps(page.model_dump(mode="json", exclude_none=True), indent=2))
         return 0
