@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -81,6 +82,16 @@ def test_one_shard_given_alone_is_a_log_of_its_own_steps(
     assert json.loads(capsys.readouterr().out)["log"]["steps"] == 77
 
 
+@pytest.mark.parametrize("argv", [["replay", "--help"], ["compare", "--help"], ["logs", "convert", "--help"]])
+def test_every_command_reading_a_log_says_it_takes_parquet(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """eplb replay's LOG and eplb compare's --log listed '.npz, .npy or .jsonl' only, though both read Parquet."""
+    with pytest.raises(SystemExit):
+        main(argv)
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert (".npz (per-step counts or token-level topk_ids), .npy, .jsonl, or Parquet: a directory of shards or one "
+            ".parquet shard") in text  # fmt: skip
+
+
 def test_corrupt_shard_data_is_one_error_naming_the_shard(tmp_path: Path, counts: np.ndarray) -> None:
     out = tmp_path / "log.parquet"
     write_parquet(out, counts, shard_steps=100)
@@ -126,7 +137,7 @@ def test_a_round_trip_through_every_format_keeps_the_narrowest_dtype(tmp_path: P
     src = tmp_path / "a.npz"
     write_counts(src, counts, model="m", top_k=2, steps=steps, layer_ids=[4, 5, 6])
     chain = [src, tmp_path / "b.jsonl", tmp_path / "c.parquet", tmp_path / "d.npz", tmp_path / "e.npz"]
-    for a, b in zip(chain, chain[1:], strict=False):
+    for a, b in itertools.pairwise(chain):
         assert main(["logs", "convert", str(a), str(b), "--shard-steps", "16"]) == 0
     for path in chain:
         whole = open_log(path).read_counts()

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eplb.cli.logs import LOG_HELP
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
 from eplb.cli.solve import (
     DEFAULT_HARDWARE,
@@ -62,8 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--loads", metavar="FILE", help="load window (default: the embedded DeepSeek-V3 window)")
-    source.add_argument("--log", metavar="FILE", help="routing log to replay (.npz, .npy or .jsonl) instead of "
-                        "one window")
+    source.add_argument("--log", metavar="FILE", help=f"routing log to replay instead of one window: {LOG_HELP}")
     p.add_argument("--layers", type=int, metavar="N", help="use only the first N layers (quicker MILP runs)")
     p.add_argument("--solvers", default="greedy,milp", help="comma-separated: greedy, milp, milp-weighted "
                    "(default: greedy,milp)")

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = p.add_subparsers(dest="logs_command", metavar="ACTION", required=True)
     c = sub.add_parser("convert", help="convert a routing log (npz, JSONL, Parquet)", description=DESCRIPTION,
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("src", metavar="IN", help="routing log: .npz, .npy, .jsonl, .parquet or a Parquet directory")
+    c.add_argument("src", metavar="IN", help=f"routing log: {LOG_HELP}")
     c.add_argument("dst", metavar="OUT", help="file or directory to write")
     c.add_argument("--to", choices=("npz", "jsonl", "parquet"), help="output format (default: from OUT's name)")
     c.add_argument("--shard-steps", type=int, default=SHARD_STEPS, metavar="N",
@@ -52,6 +52,10 @@ def output_format(dst: Path, to: str | None) -> str:
                         "or .parquet, or give --to")  # fmt: skip
     return formats[suffix]
 
+
+LOG_HELP = (".npz (per-step counts or token-level topk_ids), .npy, .jsonl, or Parquet: a directory of shards or one "
+            ".parquet shard")
+"""What every command that reads a routing log takes (`eplb.io.logs.open_log`), for its help."""
 
 SUFFIXES = {"npz": (".npz",), "jsonl": (".jsonl", ".ndjson")}
 """The names a log of each one-file format must have: readers tell a log's format from its name."""

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots
-from eplb.cli.logs import refuse_compress
+from eplb.cli.logs import LOG_HELP, refuse_compress
 from eplb.cli.solve import (
     MAX_COUNT,
     add_cluster_options,
@@ -149,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=REPLAY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("log", metavar="LOG", help="routing log: .npz (counts or topk_ids), .npy or .jsonl")
+    r.add_argument("log", metavar="LOG", help=f"routing log: {LOG_HELP}")
     add_schedule_options(r)
     default_solver = "incremental" if "incremental" in registry.names() else "greedy"
     r.add_argument("--solver", choices=registry.names(), default=default_solver,
