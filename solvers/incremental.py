@@ -26,7 +26,7 @@ an expert the GPU lacks (1 copy each), as far as the budget pays for them (a who
 imbalanced layers first). A duplicate stays only where the GPU already holds every expert it may hold (more slots
 than experts, or than its node's groups have), or the budget is spent.
 
-Every layer walks its own trajectory of moves (all layers advance together, one numpy step per move);
+Every layer walks its own trajectory of moves (a compiled loop, solvers/_incremental.c, layer by layer);
 the whole model's budget is then shared by marginal gain: the lower convex hull of each layer's
 (copies, busiest GPU load) points, merged by slope. The objective summed over layers is the busiest
 GPU's tokens, i.e. the MoE time per step.
