@@ -13,7 +13,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EPLB_")
 
-    api_key: str | None = Field(None, description="when set, POST routes need 'Authorization: Bearer <key>'")
+    api_key: str | None = Field(None, description="when set, POST, PUT, PATCH and DELETE routes, GET /jobs and every "
+                                "/deployments route need 'Authorization: Bearer <key>'")
     solver_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="solver processes")
     queue_limit: int = Field(8, ge=0, description="solves that may wait for a worker before 503")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger request bodies get 413")

@@ -181,3 +181,34 @@ def test_a_long_name_is_echoed_clipped(
     assert _files(tmp_path) == []
 
 
+# --- eplb serve ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--workers", "0"], {}, "--workers 0: give a whole number >= 1 (solver processes)"),
+    ([], {"EPLB_QUEUE_LIMIT": "abc"}, "EPLB_QUEUE_LIMIT='abc': give a whole number >= 0 (solves that may wait"),
+    ([], {"EPLB_SOLVER_WORKERS": "-1"}, "EPLB_SOLVER_WORKERS='-1': give a whole number >= 1"),
+    ([], {"EPLB_JOB_LEASE_S": "abc"}, "EPLB_JOB_LEASE_S='abc': give a number > 0 and <= 3600 (job lease"),
+])
+def test_serve_names_the_flag_or_variable_of_a_bad_setting_and_what_it_takes(
+    argv: list[str], env: dict[str, str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPLB_DATA_DIR", str(tmp_path / "data"))
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert main(["serve", "--port", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eplb serve: error: {message}") and err.count("\n") == 1
+    assert "bad setting" not in err and not (tmp_path / "data").exists()
+
+
+def test_serve_help_says_which_routes_need_the_api_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from api.middleware import GUARDED
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "POST routes" not in text
+    assert all(method in text for method in GUARDED)
+    assert "GET /jobs and every /deployments route, reads too" in text and "--api-key or EPLB_API_KEY" in text

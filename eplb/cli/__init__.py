@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+import typing
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from eplb.errors import EplbError
+
+if TYPE_CHECKING:  # pydantic is imported by the commands that read settings, not at every start-up
+    from pydantic import BaseModel, ValidationError
 
 MODULES = ("solve", "cost", "replay", "compare", "interop", "logs", "serve", "deployments")
 """The subcommand modules, in the order `eplb --help` lists their commands."""
@@ -41,6 +46,40 @@ def shown(value: object, width: int = 40) -> str:
     if not isinstance(value, str):
         return str(value)
     return repr(value) if len(value) <= width else f"{clip(value, width)!r} ({len(value):,} characters)"
+
+
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+_BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "int_from_float"})
+"""pydantic's errors that the accepted type and bounds say all of (others add pydantic's message)."""
+_KINDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+
+
+def settings_error(exc: ValidationError, model: type[BaseModel], flags: Mapping[str, str] | None = None) -> EplbError:
+    """One line for settings pydantic-settings refused: for each bad field, where its value came from (the flag
+    `flags` maps the field to, else the environment variable EPLB_<FIELD> as it is spelled there), the value,
+    and what the field accepts (its type, bounds and description), e.g. `EPLB_QUEUE_LIMIT='abc': give a whole
+    number >= 0 (solves that may wait for a worker before 503)`."""
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        info = model.model_fields.get(field)
+        if info is None:
+            parts.append(f"bad setting{' ' + field if field else ''}: {err['msg']}")
+            continue
+        flag = (flags or {}).get(field)
+        if flag is not None:
+            source = f"{flag} {shown(err['input'])}"
+        else:
+            env = next((k for k in os.environ if k.upper() == f"EPLB_{field.upper()}"), f"EPLB_{field.upper()}")
+            source = f"{env}={shown(err['input'])}"
+        kinds = [t for t in (typing.get_args(info.annotation) or (info.annotation,)) if t is not type(None)]
+        kind = " or ".join(_KINDS.get(t, getattr(t, "__name__", str(t))) for t in kinds)
+        bounds = [f"{sign} {getattr(m, attr):g}" for m in info.metadata for attr, sign in _BOUNDS if hasattr(m, attr)]
+        accepted = " and ".join([f"{kind} {bounds[0]}" if bounds else kind, *bounds[1:]])
+        about = f" ({info.description})" if info.description else ""
+        said = "" if err["type"].endswith("_parsing") or err["type"] in _BOUND_ERRORS else f"{err['msg']}; "
+        parts.append(f"{source}: {said}give {accepted}{about}")
+    return EplbError("; ".join(parts))
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -88,10 +88,16 @@ class _Source:
 
     def _store(self) -> Store:
         """The database, opened to read only: one that does not exist is refused, naming it, never created."""
+        from pydantic import ValidationError
+
+        from eplb.cli import settings_error
         from eplb.store import MissingDatabase, StoreSettings, database_url, open_existing
 
         if self._opened is None:
-            settings = StoreSettings()
+            try:
+                settings = StoreSettings()
+            except ValidationError as exc:
+                raise settings_error(exc, StoreSettings) from None
             try:
                 self._opened = open_existing(self.database_url or database_url(settings))
             except MissingDatabase as exc:

@@ -10,9 +10,12 @@ DESCRIPTION = """\
 Run the HTTP placement service. A serving cluster POSTs per-expert loads to /placement and gets a placement
 back; /docs has the interactive OpenAPI docs with examples.
 
-Settings come from the environment (EPLB_ prefix): EPLB_API_KEY (Bearer key required on POST routes when
-set), EPLB_SOLVER_WORKERS, EPLB_QUEUE_LIMIT, EPLB_MAX_BODY_BYTES, EPLB_ASYNC_THRESHOLD_S,
-EPLB_MILP_DEFAULT_TIME_LIMIT_S, EPLB_MAX_JOBS, EPLB_JOB_TTL_S, EPLB_RETRY_AFTER_S (docs/api.md).
+Settings come from the environment (EPLB_ prefix): EPLB_API_KEY (when set, requests must send
+'Authorization: Bearer KEY' to POST, PUT, PATCH and DELETE routes, GET /jobs and every /deployments route,
+reads too; GET /jobs/{id}, /presets, /healthz, /readyz, /metrics and the docs need none; the CLI sends it
+with --api-key or EPLB_API_KEY), EPLB_SOLVER_WORKERS, EPLB_QUEUE_LIMIT, EPLB_MAX_BODY_BYTES,
+EPLB_ASYNC_THRESHOLD_S, EPLB_MILP_DEFAULT_TIME_LIMIT_S, EPLB_MAX_JOBS, EPLB_JOB_TTL_S, EPLB_RETRY_AFTER_S
+(docs/api.md).
 Deployments, their history and jobs live in a database: SQLite in EPLB_DATA_DIR (default
 ~/.local/share/eplb), or PostgreSQL at EPLB_DATABASE_URL, migrated at start; several `eplb serve` processes
 on one database share them (EPLB_JOB_LEASE_S: a dead replica's jobs fail after this many seconds).
@@ -37,13 +40,18 @@ def run(args: argparse.Namespace) -> int:
 
     from api.database import create_service
     from api.settings import Settings
+    from eplb.cli import settings_error
+    from eplb.store import StoreSettings
 
     if not 0 < args.port < 65536:
         raise EplbError(f"--port must be 1-65535, got {args.port}")
     try:
         settings = Settings() if args.workers is None else Settings(solver_workers=args.workers)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise EplbError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise settings_error(exc, Settings, {} if args.workers is None else {"solver_workers": "--workers"}) from None
+    try:
+        StoreSettings()  # EPLB_DATABASE_URL, EPLB_DATA_DIR, EPLB_JOB_LEASE_S: read again where the store opens
+    except ValidationError as exc:
+        raise settings_error(exc, StoreSettings) from None
     uvicorn.run(create_service(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
