@@ -5,6 +5,7 @@ flags checked once for both paths, the service's refusals in the CLI's words, lo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -179,6 +180,108 @@ def test_a_long_name_is_echoed_clipped(
         err = capsys.readouterr().err
         assert len(err) < 300 and "(5,000 characters): use 1-100 letters" in err and "\u2026" in err
     assert _files(tmp_path) == []
+
+
+# --- list and show --------------------------------------------------------------------------------------------
+
+
+def test_list_shows_the_configs_slots_before_the_first_window_and_clips_long_names(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "n" * 100
+    dep.register(store, name, config())  # 8 GPUs x 10 slots, no window yet
+    dep.register(store, "short", config(trigger="periodic", every=1))
+    dep.process_window(store, "short", window(0))
+    assert main(["deployments", "list", "--database-url", db_url]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert len({len(line) for line in (header, *rows)}) == 1  # every column where the header says
+    assert rows[0].startswith("n" * 23 + "\u2026 deepseek-v2-lite") and rows[0].split()[4] == "80"
+    assert rows[1].startswith("short ") and rows[1].split()[4] == "80"
+
+
+def test_show_counts_in_words(store: Store, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    dep.register(store, "one", config(trigger="periodic", every=1))
+    assert main(["deployments", "show", "one", "--database-url", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "deployment one: 0 windows" in out and "placement: none yet (80 slots when the next window" in out
+    dep.process_window(store, "one", window(0))
+    assert main(["deployments", "show", "one", "--database-url", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "deployment one: 1 window," in out and "on 8 GPUs, 80 slots" in out
+
+
+# --- the history plot ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> Iterator[tuple[str, list[dep.HistoryEntry]]]:
+    """A SQLite database's URL and the history of 'h': placed, rebalanced, and an applied placement in the
+    rebalance's window (the cluster went back to the first placement)."""
+    url = f"sqlite:///{tmp_path / 'eplb.db'}"
+    store = open_store(url)
+    dep.register(store, "h", config(trigger="periodic", every=1))
+    first = dep.process_window(store, "h", window(0))
+    dep.process_window(store, "h", window(1))
+    assert first.result is not None
+    dep.record_applied(store, "h", first.result.placement.model_dump(exclude_none=True))
+    yield url, dep.history(store, "h").entries
+    store.close()
+
+
+def test_plot_writes_exactly_the_path_given_and_refuses_a_suffix_it_cannot_write(
+    history: tuple[str, list[dep.HistoryEntry]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = history
+    monkeypatch.chdir(tmp_path)
+    assert main(["history", "h", "--database-url", url, "--plot", "x"]) == 0
+    assert capsys.readouterr().out == "wrote x (PNG, 3 events)\n"
+    assert (tmp_path / "x").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "x.png").exists()
+    assert main(["history", "h", "--database-url", url, "--plot", "h.svg"]) == 0
+    assert "wrote h.svg (SVG, 3 events)" in capsys.readouterr().out
+    assert (tmp_path / "h.svg").read_text().lstrip().startswith("<?xml")
+    assert main(["history", "h", "--database-url", url, "--plot", "h.txt"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot 'h.txt': .txt is no image format matplotlib writes; give a name ending in .png" in err
+    assert not (tmp_path / "h.txt").exists()
+
+
+def test_the_plot_draws_the_applied_lb_and_side_by_side_bars_on_whole_windows(
+    history: tuple[str, list[dep.HistoryEntry]]
+) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    from eplb.cli.deployments import history_figure
+
+    _, entries = history
+    applied = [e for e in entries if e.action == "applied"]
+    assert len(applied) == 1 and applied[0].seq == 2 and applied[0].lb_after is not None
+    fig = history_figure("h", entries)
+    try:
+        fig.canvas.draw()
+        top, bottom = fig.axes
+        points = np.concatenate([np.column_stack([np.asarray(line.get_xdata(), dtype=float),
+                                                  np.asarray(line.get_ydata(), dtype=float)])
+                                 for line in top.get_lines()])
+        assert np.isclose(points, [2.0, applied[0].lb_after]).all(axis=1).any()  # the applied placement's lb
+        assert all(float(t).is_integer() for t in bottom.get_xticks())
+        assert all(float(t).is_integer() for t in bottom.get_yticks())
+        bars = sorted((b.get_x(), b.get_x() + b.get_width(), b.get_facecolor()) for b in bottom.patches
+                      if isinstance(b, Rectangle))
+        assert len(bars) == 3
+        assert all(a[1] <= b[0] + 1e-9 for a, b in itertools.pairwise(bars))  # none over another
+        assert len({c for _, _, c in bars}) == 3  # placed, rebalanced, applied: three colours
+        assert bars[1][1] > 1.5 and bars[2][0] < 2.5  # window 2's two events share its slot
+        for ax in (top, bottom):
+            legend = ax.get_legend()
+            assert legend is not None
+            box = legend.get_window_extent()
+            assert box.x0 >= ax.get_window_extent().x1  # right of the axes: covers no bar, no line
+        assert np.isclose(top.get_lines()[0].get_xdata(), [1, 2]).all()
+    finally:
+        plt.close(fig)
 
 
 # --- eplb serve ------------------------------------------------------------------------------------------------

@@ -10,13 +10,16 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eplb.cli import shown
+from eplb.cli import clip, shown
 from eplb.errors import EplbError
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, is_deployment_name
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
+    from matplotlib.figure import Figure
+
     from eplb.client import Client, ServiceError
     from eplb.deployments import DeploymentView, HistoryEntry, HistoryPage
     from eplb.store import Store, StoreSettings
@@ -160,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("deployments", help="list and inspect the deployments the service remembers",
                               description=__doc__)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="every deployment: model, GPUs, windows, last rebalance")
+    ls = sub.add_parser("list", help="every deployment: model, GPUs, slots, windows, last rebalance")
     ls.add_argument("--json", action="store_true", help="print the deployments as JSON")
     show = sub.add_parser("show", help="one deployment's config and current placement")
     show.add_argument("name", metavar="NAME")
@@ -173,11 +176,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.set_defaults(func=run_show)
     hist.set_defaults(func=run_history)
 
-    h = subparsers.add_parser("history", help="a deployment's history; --plot draws predicted lb and moves (PNG)",
-                              description="A deployment's events, newest first; with --plot, a PNG of the "
-                              "predicted lb before and after each window and the expert copies of each rebalance.")
+    h = subparsers.add_parser("history", help="a deployment's history; --plot draws predicted lb and moves",
+                              description="A deployment's events, newest first; with --plot, an image of the "
+                              "predicted lb before and after each window, the lb of each placement the cluster "
+                              "reported applied, and the expert copies of each event.")
     _history_args(h)
-    h.add_argument("--plot", metavar="FILE.png", help="draw the whole history into this PNG")
+    h.add_argument("--plot", metavar="FILE", help="draw the whole history into FILE, written as named: PNG, or the "
+                   "format its suffix names (.svg, .pdf, .jpg, ...: those matplotlib writes); another suffix is "
+                   "refused")
     _source_args(h)
     h.set_defaults(func=run_history)
 
@@ -197,6 +203,10 @@ def _check_page(args: argparse.Namespace) -> None:
             raise EplbError(f"{flag} must be 1 to {most} ({what}), got {value}")
 
 
+def _counted(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def run_list(args: argparse.Namespace) -> int:
     views = _Source(args).list()
     if args.json:
@@ -208,11 +218,23 @@ def run_list(args: argparse.Namespace) -> int:
     print(f"{'name':<24} {'model':<20} {'hardware':<9} {'GPUs':>5} {'slots':>6} {'windows':>8} {'rebalanced':>10} "
           f"{'trigger':<9}")
     for v in views:
-        slots = "-" if v.placement is None else str(sum(v.placement.slots_per_gpu))
         last = "-" if v.last_rebalance is None else f"#{v.last_rebalance}"
-        print(f"{v.name:<24} {v.config.model:<20} {v.config.hardware:<9} {v.config.cluster.num_gpus:>5} {slots:>6} "
-              f"{v.windows:>8} {last:>10} {v.config.policy.trigger:<9}")
+        print(f"{clip(v.name, 24):<24} {clip(v.config.model, 20):<20} {clip(v.config.hardware, 9):<9} "
+              f"{v.config.cluster.num_gpus:>5} {_slots(v):>6} {v.windows:>8} {last:>10} {v.config.policy.trigger:<9}")
     return 0
+
+
+def _slots(view: DeploymentView) -> str:
+    """The slots of the serving placement, else those its config fixes ('-' for a config this version cannot
+    resolve, e.g. a model preset it does not have)."""
+    if view.placement is not None:
+        return str(sum(view.placement.slots_per_gpu))
+    from eplb.deployments import config_slots
+
+    try:
+        return str(int(config_slots(view.config).sum()))
+    except (EplbError, KeyError):
+        return "-"
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -220,27 +242,29 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(view.model_dump(mode="json", exclude_none=True), indent=2))
         return 0
-    print(f"deployment {view.name}: {view.windows} windows, last rebalance "
+    print(f"deployment {view.name}: {_counted(view.windows, 'window')}, last rebalance "
           f"{'never' if view.last_rebalance is None else f'at window {view.last_rebalance}'}")
     print(f"  created {_when(view.created_at)}, updated {_when(view.updated_at)}")
     print("  config " + json.dumps(view.config.model_dump(mode="json", exclude_none=True)))
     if view.placement is None:
-        print("  placement: none yet (send a window)")
+        print(f"  placement: none yet ({_slots(view)} slots when the next window places it)")
     else:
         p = view.placement
-        print(f"  placement: {len(p.phy2log)} layers, {p.num_experts} experts on {p.num_gpus} GPUs, "
-              f"{sum(p.slots_per_gpu)} slots (show --json prints phy2log)")
+        print(f"  placement: {_counted(len(p.phy2log), 'layer')}, {_counted(p.num_experts, 'expert')} on "
+              f"{_counted(p.num_gpus, 'GPU')}, {_counted(sum(p.slots_per_gpu), 'slot')} (show --json prints phy2log)")
     return 0
 
 
 def run_history(args: argparse.Namespace) -> int:
     name = _checked_name(args.name)
     _check_page(args)
+    plot = getattr(args, "plot", None)
+    image = None if plot is None else _image_format(plot)  # refused before anything is read
     source = _Source(args)
-    if getattr(args, "plot", None):
+    if plot is not None and image is not None:
         entries = list(source.all_history(name))
-        _plot(name, entries, args.plot)
-        print(f"wrote {args.plot} ({len(entries)} events)")
+        _plot(name, entries, plot, image)
+        print(f"wrote {plot} ({image.upper()}, {_counted(len(entries), 'event')})")
         return 0
     page = source.history(name, args.limit, args.before)
     if args.json:
@@ -258,37 +282,83 @@ def run_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(name: str, entries: list[HistoryEntry], path: str) -> None:
-    """Predicted lb before/after per window (top) and expert copies per event (bottom), oldest first."""
+def _image_format(path: str) -> str:
+    """The format --plot writes `path` in: its suffix's, when matplotlib writes it; PNG for a name without one;
+    any other suffix is refused by name."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lower().removeprefix(".")
+    if not suffix:
+        return "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        raise EplbError(f"--plot {shown(path)}: .{clip(suffix, 20)} is no image format matplotlib writes; give a "
+                        f"name ending in .png (or {', '.join('.' + f for f in formats if f != 'png')}), or none "
+                        "for PNG")
+    return suffix
+
+
+ACTION_COLORS = {"placed": "tab:green", "rebalanced": "tab:blue", "kept": "lightgrey", "applied": "tab:orange"}
+
+
+def history_figure(name: str, entries: list[HistoryEntry]) -> Figure:
+    """The history plot, oldest first: top, the predicted lb (mean over layers) of the serving placement before
+    each window and after its decision, and of each placement the cluster reported applied (judged on the last
+    window); bottom, the expert copies of each event, the events of one window side by side. Windows on the
+    x axis and copies are whole numbers; the legends sit right of the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if not entries:
         raise EplbError(f"deployment {name!r} has no history to plot")
     entries = sorted(entries, key=lambda e: e.id)
     windows = [e for e in entries if e.action != "applied"]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=[2, 1])
+    applied = [e for e in entries if e.action == "applied"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, height_ratios=[2, 1], layout="constrained")
     top.plot([e.seq for e in windows], [e.lb_before for e in windows], "o-", color="tab:red", ms=3,
-             label="serving placement (before)")
+             label="serving placement,\nbefore the window")
     top.plot([e.seq for e in windows], [e.lb_after for e in windows], "o-", color="tab:blue", ms=3,
              label="after the decision")
+    if applied:
+        top.plot([e.seq for e in applied], [e.lb_after for e in applied], "D", color=ACTION_COLORS["applied"],
+                 ms=7, mfc="none", mew=1.5, label="applied by the cluster")
     top.axhline(1.0, color="grey", lw=0.8, ls=":")
     top.set_ylabel("predicted lb (mean over layers)")
-    top.legend(loc="upper right")
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     top.set_title(f"deployment {name}: predicted load balance and expert copies per window")
-    colors = {"placed": "tab:green", "rebalanced": "tab:blue", "kept": "lightgrey", "applied": "tab:orange"}
-    for action, color in colors.items():
-        chosen = [e for e in entries if e.action == action]
-        if chosen:
-            bottom.bar([e.seq for e in chosen], [e.moves or 0 for e in chosen], color=color, label=action, width=0.6)
+    by_window: dict[int, list[HistoryEntry]] = {}
+    for e in entries:
+        by_window.setdefault(e.seq, []).append(e)
+    width = 0.8
+    for action, color in ACTION_COLORS.items():
+        xs, heights, widths = [], [], []
+        for seq, events in by_window.items():
+            for i, e in enumerate(events):
+                if e.action == action:
+                    w = width / len(events)
+                    xs.append(seq - width / 2 + (i + 0.5) * w)
+                    heights.append(e.moves or 0)
+                    widths.append(w)
+        if xs:
+            bottom.bar(xs, heights, width=widths, color=color, edgecolor="black", linewidth=0.3, label=action)
     bottom.set_ylabel("expert copies")
     bottom.set_xlabel("window")
-    bottom.legend(loc="upper right", ncols=4)
-    fig.tight_layout()
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def _plot(name: str, entries: list[HistoryEntry], path: str, image: str) -> None:
+    """`history_figure` written to `path` as is, in format `image` (a suffix `_image_format` took)."""
+    import matplotlib.pyplot as plt
+
+    fig = history_figure(name, entries)
     try:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, format=image, dpi=120)
     except OSError as exc:
         raise EplbError(f"cannot write {path}: {exc.strerror}") from None
     finally:
