@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import spread_evenly
 from eplb.errors import EplbError
+from eplb.io.files import plural
 from eplb.io.logs import count_dtype
 from eplb.specs import MODEL_PRESETS
 
@@ -122,8 +123,8 @@ class SynthConfig:
             raise EplbError(f"{n('top_k')} ({self.top_k}) must not exceed {n('experts').removeprefix('synth: ')} "
                             f"({self.experts})")
         if self.experts % self.groups:
-            raise EplbError(f"{n('groups')} {self.groups}: {self.experts} experts do not split into {self.groups} "
-                            "equal groups")
+            raise EplbError(f"{n('groups')} {self.groups}: {plural(self.experts, 'expert')} "
+                            f"{'does' if self.experts == 1 else 'do'} not split into {self.groups} equal groups")
         for name in ("group_std", "drift_std", "shift_every"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
@@ -193,9 +194,9 @@ def check_model_shape(
         return names[field] if names and field in names else f"synth: {field}"
 
     wrong = [what for bad, what in (
-        (experts != preset.num_experts, f"{experts} experts ({n('experts')})"),
+        (experts != preset.num_experts, f"{plural(experts, 'expert')} ({n('experts')})"),
         (top_k != preset.top_k, f"top-{top_k} ({n('top_k')})"),
-        (layers > preset.num_moe_layers, f"{layers} layers ({n('layers')})"),
+        (layers > preset.num_moe_layers, f"{plural(layers, 'layer')} ({n('layers')})"),
     ) if bad]  # fmt: skip
     if wrong:
         raise EplbError(f"{n('model')} {model}: the preset has {preset.num_experts} experts, top-{preset.top_k} and "
@@ -247,7 +248,8 @@ def exponent_for_hot_ratio(
     while _median_hot_ratio(hi, draws, group_std, drift_std) < hot_ratio:
         hi *= 2
         if hi > 64:
-            raise EplbError(f"synth: a hot ratio of {hot_ratio:g} is out of reach for {experts} experts (the hottest "
+            raise EplbError(f"synth: a hot ratio of {hot_ratio:g} is out of reach for {plural(experts, 'expert')} (the "
+                            "hottest "
                             f"is at most {experts}x the mean): lower --hot-ratio or give --exponent")
     for _ in range(50):
         mid = (lo + hi) / 2

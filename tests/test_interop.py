@@ -185,7 +185,7 @@ def test_layer_ids() -> None:
     with pytest.raises(FieldError, match="layer -1 is negative") as negative:
         checked_layer_ids([-1, 3], 2)
     assert negative.value.fields == ("layer_ids",)
-    with pytest.raises(EplbError, match="1 ids for the placement's 2 layers"):
+    with pytest.raises(EplbError, match="1 id for the placement's 2 layers"):
         to_trtllm(_placement(), [3])
     with pytest.raises(EplbError, match="layer 3 appears twice"):
         to_trtllm(_placement(), [3, 3])

@@ -12,6 +12,7 @@ import pytest
 
 from eplb.cli import main
 from eplb.errors import EplbError
+from eplb.io.files import plural
 from eplb.io.logs import (
     coactivation,
     open_log,
@@ -428,3 +429,24 @@ def test_the_documented_jsonl_example_replays(tmp_path: Path, capsys: pytest.Cap
     assert main(["replay", str(path), "--gpus", "2", "--json", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["log"]["steps"] == 2 and summary["results"]["no_eplb"]["steps"] == 2
+
+
+def test_messages_count_one_in_the_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'1 shards', '1 steps', '1 layers' read wrong: counts in messages go through eplb.io.files.plural."""
+    assert [plural(1, "step"), plural(0, "step"), plural(4000, "step"), plural(1, "entry", "entries"),
+            plural(np.int64(2), "entry", "entries")] == ["1 step", "0 steps", "4,000 steps", "1 entry", "2 entries"]
+    one = tmp_path / "one.npz"
+    write_counts(one, np.full((1, 1, 1), 3))
+    assert open_log(one).info.describe() == f"{one}: 1 step x 1 layer x 1 expert"
+    assert main(["logs", "convert", str(one), str(tmp_path / "one.parquet")]) == 0
+    assert capsys.readouterr().out.strip().endswith(": 1 step x 1 layer x 1 expert in 1 shard")
+    with pytest.raises(EplbError, match=r"^write_counts: num_steps is 2 but the chunks hold 1 step$"):
+        write_counts(tmp_path / "x.npz", iter([np.ones((1, 2, 4))]), num_steps=2)
+    with pytest.raises(EplbError, match=r"^steps lists 1 id for 2 steps$"):
+        write_jsonl(tmp_path / "x.jsonl", np.ones((2, 1, 4)), steps=[5])
+    with pytest.raises(EplbError, match=r"^layer_ids lists 1 layer, the counts have 2$"):
+        write_counts(tmp_path / "x.npz", np.ones((2, 2, 4)), layer_ids=[3])
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"num_steps": 2}\n{"step": 0, "layer": 0, "counts": [1, 2]}\n')
+    with pytest.raises(EplbError, match=r"truncated: the file says 2 steps but holds 1; step 1 is missing"):
+        open_log(short).read_counts()

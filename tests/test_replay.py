@@ -194,7 +194,7 @@ def test_a_header_overstating_the_steps_does_not_size_the_window(tmp_path: Path)
         path.write_text(json.dumps({**json.loads(header), "num_steps": said}) + "\n" + "".join(records))
         tracemalloc.start()
         try:
-            with pytest.raises(EplbError, match=f"truncated: the file says {said} steps but holds 100; step 100 is"):
+            with pytest.raises(EplbError, match=f"truncated: the file says {said:,} steps but holds 100; step 100 is"):
                 replay(path, Cluster(np.full(4, 5)), schedule=Schedule(window=said, interval=40), oracle_every=0,
                        hindsight=hindsight)  # fmt: skip
             _, top = tracemalloc.get_traced_memory()

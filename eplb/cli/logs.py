@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eplb.errors import EplbError
+from eplb.io.files import plural
 from eplb.io.logs import open_log, write_counts, write_jsonl
 from eplb.io.parquet import SHARD_STEPS, write_parquet
 
@@ -96,5 +97,6 @@ def run_convert(args: argparse.Namespace) -> int:
     else:
         write_jsonl(dst, log, **meta)
     out = open_log(dst).info
-    print(f"wrote {out.describe()}" + (f" in {len(list(dst.glob('part-*.parquet')))} shards" if dst.is_dir() else ""))
+    shards = f" in {plural(len(list(dst.glob('part-*.parquet'))), 'shard')}" if dst.is_dir() else ""
+    print(f"wrote {out.describe()}{shards}")
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import output_file
+from eplb.io.files import output_file, plural
 from eplb.placement import Placement
 
 TARGETS = ("sglang", "trtllm", "vllm-ascend", "json")
@@ -55,11 +55,12 @@ def parse_layer_ids(text: str, max_count: int | None = None, num_model_layers: i
         if stop < start:
             raise EplbError(f"layer ids: range {part} runs backwards; write it low-high")
         if num_model_layers is not None and stop >= num_model_layers:
-            raise EplbError(f"layer ids: layer {stop} is beyond the model's {num_model_layers} layers "
+            raise EplbError(f"layer ids: layer {stop} is beyond the model's {plural(num_model_layers, 'layer')} "
                             f"(0-{num_model_layers - 1})")
         count += stop - start + 1
         if max_count is not None and count > max_count:
-            raise EplbError(f"layer ids: {text!r} names more than the placement's {max_count} layers: give one "
+            raise EplbError(f"layer ids: {text!r} names more than the placement's {plural(max_count, 'layer')}: "
+                            "give one "
                             "model layer per placement layer")
         spans.append((start, stop))
     return [layer for start, stop in spans for layer in range(start, stop + 1)]
@@ -73,7 +74,8 @@ def checked_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> list[
         return list(range(num_layers))
     ids = [int(v) for v in layer_ids]
     if len(ids) != num_layers:
-        raise FieldError("layer_ids", f"{len(ids)} ids for the placement's {num_layers} layers: give one model "
+        raise FieldError("layer_ids", f"{plural(len(ids), 'id')} for the placement's {plural(num_layers, 'layer')}: "
+                         "give one model "
                          "layer per placement layer (e.g. 3-60 for DeepSeek-V3's 58 MoE layers)")
     seen: set[int] = set()
     for v in ids:
@@ -116,7 +118,8 @@ def to_sglang(
     ids = checked_layer_ids(layer_ids, placement.num_layers)
     rows = max(ids) + 1 if num_model_layers is None else num_model_layers
     if rows <= max(ids):
-        raise EplbError(f"num_model_layers is {rows} but layer id {max(ids)} needs at least {max(ids) + 1} rows")
+        raise EplbError(f"num_model_layers is {rows} but layer id {max(ids)} needs at least "
+                        f"{plural(max(ids) + 1, 'row')}")
     table = np.tile(np.arange(placement.num_physical, dtype=np.int64) % placement.num_experts, (rows, 1))
     table[ids] = placement.phy2log
     return {"physical_to_logical_map": table.tolist()}

@@ -91,6 +91,12 @@ def number_text(v: float | np.number[Any]) -> str:
     return repr(x)
 
 
+def plural(n: int | np.integer[Any], noun: str, many: str | None = None) -> str:
+    """`n noun` for a message, the noun in the plural unless n is 1: `1 step`, `0 steps`, `4,000 steps` (thousands
+    separated). many: an irregular plural (`plural(n, "entry", "entries")`)."""
+    return f"{int(n):,} {noun if n == 1 else many or noun + 's'}"
+
+
 def refuse_bools(data: Any, text: str | bytes | None, what: str) -> None:
     """EplbError naming the first true/false in a list that also holds numbers, in `data` parsed from JSON
     `text` (JSON's true is no number, yet numpy reads it as 1); flags (an object's value, a list of bools)
@@ -128,7 +134,8 @@ def check_rectangular(rows: list[Any], what: str) -> None:
         return
     for i, r in enumerate(rows):
         if len(r) != len(rows[0]):
-            raise EplbError(f"{what} is ragged: row 0 has {len(rows[0])} entries, row {i} has {len(r)}")
+            raise EplbError(f"{what} is ragged: row 0 has {plural(len(rows[0]), 'entry', 'entries')}, row {i} has "
+                            f"{len(r)}")
     for i, r in enumerate(rows):
         check_rectangular(r, f"{what}[{i}]")
 

@@ -14,7 +14,7 @@ import yaml
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, int_list, int_table, refuse_bools
+from eplb.io.files import existing_file, int_list, int_table, plural, refuse_bools
 from eplb.placement import Placement
 from solvers.validation import EMPTY_SLOT
 
@@ -52,8 +52,9 @@ def read_placement_for(
         placement, picked = read_placement_any(path, num_gpus=num_gpus), exc  # the file's own error, if any
     if (placement.num_layers, placement.num_experts) != (num_layers, num_experts):
         raise EplbError(
-            f"{path}: the placement is {placement.num_layers} layers x {placement.num_physical} slots of "
-            f"{placement.num_experts} experts but the loads are {num_layers} layers x {num_experts} experts; "
+            f"{path}: the placement is {plural(placement.num_layers, 'layer')} x "
+            f"{plural(placement.num_physical, 'slot')} of {plural(placement.num_experts, 'expert')} but the loads are "
+            f"{plural(num_layers, 'layer')} x {plural(num_experts, 'expert')}; "
             "give the placement solved for these loads"
         )
     if picked is not None:  # the right shape, but its rows are other model layers than the loads name
@@ -102,7 +103,8 @@ def parse_placement(
         own = data.get("layer_ids")
         rows = list(range(placement.num_layers)) if own is None else int_list(own, f"{source}: layer_ids")
         if own is not None and len(rows) != placement.num_layers:
-            raise EplbError(f"{source}: layer_ids has {len(rows)} entries but phy2log has {placement.num_layers} rows")
+            raise EplbError(f"{source}: layer_ids has {plural(len(rows), 'entry', 'entries')} but phy2log has "
+                            f"{plural(placement.num_layers, 'row')}")
         return _pick_rows(placement, "json", rows, layer_ids, source, labels_only=own is None)
     if "physical_to_logical_map" in data:
         table = int_table(data["physical_to_logical_map"], f"{source}: physical_to_logical_map")
@@ -158,7 +160,8 @@ def _parse_trtllm(
     table = int_table([rows[i] for i in ids], f"{source}: initial_global_assignments")
     num_slots = data.get("num_slots")
     if num_slots is not None and num_slots != table.shape[1]:
-        raise EplbError(f"{source}: num_slots is {num_slots} but the assignments list {table.shape[1]} slots per layer")
+        raise EplbError(f"{source}: num_slots is {num_slots} but the assignments list "
+                        f"{plural(table.shape[1], 'slot')} per layer")
     placement = _from_table(table, num_gpus, source, "TensorRT-LLM")
     return _pick_rows(placement, "trtllm", ids, layer_ids, source, labels_only=False)
 
@@ -169,7 +172,7 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str) -> Placement:
         raise EplbError(f"{source}: layer_list must be a non-empty list of layers")
     count = data.get("moe_layer_count")
     if count is not None and count != len(layers):
-        raise EplbError(f"{source}: moe_layer_count is {count} but layer_list has {len(layers)} layers")
+        raise EplbError(f"{source}: moe_layer_count is {count} but layer_list has {plural(len(layers), 'layer')}")
     rows: list[list[int]] = []
     slots: list[int] | None = None
     for i, layer in enumerate(layers):
@@ -197,7 +200,8 @@ def _from_table(table: NDArray[np.int64], num_gpus: int | None, source: str, sys
     if num_gpus is None:
         raise EplbError(f"{source}: {system} placement files do not record the EP size; pass the GPU count (--gpus)")
     if num_gpus < 1 or table.shape[1] % num_gpus:
-        raise EplbError(f"{source}: {table.shape[1]} slots per layer do not split evenly over {num_gpus} GPUs; "
+        raise EplbError(f"{source}: {plural(table.shape[1], 'slot')} per layer do not split evenly over "
+                        f"{plural(num_gpus, 'GPU')}; "
                         "pass the EP size the file was made for (--gpus)")
     slots = np.full(num_gpus, table.shape[1] // num_gpus, dtype=np.int64)
     return Placement(table, slots, _num_experts(table, source))
@@ -223,7 +227,8 @@ def _pick_rows(
     want = [int(v) for v in wanted]
     if labels_only:
         if len(want) != placement.num_layers:
-            raise EplbError(f"{source}: {len(want)} layer ids given for a placement of {placement.num_layers} layers")
+            raise EplbError(f"{source}: {plural(len(want), 'layer id')} given for a placement of "
+                            f"{plural(placement.num_layers, 'layer')}")
         return ForeignPlacement(placement, fmt, want)
     index = {layer: i for i, layer in enumerate(rows)}
     missing = [v for v in want if v not in index]

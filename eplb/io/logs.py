@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, number_text, real_array, refuse_bools
+from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools
 from eplb.io.windows import MAX_LOAD
 
 __all__ = [
@@ -89,10 +89,10 @@ class LogInfo:
 
     def describe(self) -> str:
         """One line: `path: 4,000 steps x 58 layers x 256 experts (deepseek-v3, top-8)`."""
-        steps = "? steps" if self.num_steps is None else f"{self.num_steps:,} step{'' if self.num_steps == 1 else 's'}"
+        steps = "? steps" if self.num_steps is None else plural(self.num_steps, "step")
         extra = [x for x in (self.model, None if self.top_k is None else f"top-{self.top_k}") if x]
         tail = f" ({', '.join(extra)})" if extra else ""
-        return f"{self.path}: {steps} x {self.num_layers} layers x {self.num_experts} experts{tail}"
+        return f"{self.path}: {steps} x {plural(self.num_layers, 'layer')} x {plural(self.num_experts, 'expert')}{tail}"
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,8 @@ class RoutingLog(ABC):
             yield CountsChunk(start, steps, counts)
             start += counts.shape[0]
         if said is not None and start != said:
-            held = f"held {said} steps when opened" if self.steps_counted else f"says {said} steps"
+            held = plural(said, "step")
+            held = f"held {held} when opened" if self.steps_counted else f"says {held}"
             raise EplbError(f"{self.info.path}: truncated: the file {held} but holds {start}; step {start} is missing")
 
     def narrowest_dtype(self) -> np.dtype[Any]:
@@ -345,7 +346,7 @@ def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | 
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ID:
             raise EplbError(f"{path}: layer_ids[{i}] is {v!r}: layer ids are integers 0 .. 2**63 - 1")
     if len(ids) != num_layers:
-        raise EplbError(f"{path}: 'layer_ids' lists {len(ids)} layers, the counts have {num_layers}")
+        raise EplbError(f"{path}: 'layer_ids' lists {plural(len(ids), 'layer')}, the counts have {num_layers}")
     return [int(v) for v in ids]
 
 
@@ -385,7 +386,7 @@ class _NpzCounts(RoutingLog):
             raise EplbError(f"{path}: counts must be numbers, got dtype {dtype}")
         num_experts = _meta_int(meta, "num_experts", str(path))
         if num_experts is not None and num_experts != shape[2]:
-            raise EplbError(f"{path}: metadata says {num_experts} experts, counts have {shape[2]} per layer")
+            raise EplbError(f"{path}: metadata says {plural(num_experts, 'expert')}, counts have {shape[2]} per layer")
         self._shape = shape
         self._dtype = self.stored_dtype = dtype
         self._steps = _step_ids(meta, shape[0], str(path))
@@ -438,7 +439,8 @@ class _NpyCounts(RoutingLog):
             if step_bytes:
                 have = (path.stat().st_size - offset) // step_bytes
                 raise EplbError(
-                    f"{path}: truncated: the file ends inside step {have} of {shape[0]} ({have} complete steps)"
+                    f"{path}: truncated: the file ends inside step {have} of {shape[0]} "
+                    f"({plural(have, 'complete step')})"
                 ) from None
             raise EplbError(f"{path}: not a readable .npy array ({exc})") from None
         if arr.ndim != 3:
@@ -564,7 +566,7 @@ class _TopkNpz(RoutingLog):
                             f"(at most {MAX_TOPK_EXPERTS:,})")
         top_k = _meta_int(meta, "top_k", str(path))
         if top_k is not None and top_k != shape[2]:
-            raise EplbError(f"{path}: metadata says top_k {top_k}, topk_ids has {shape[2]} experts per token")
+            raise EplbError(f"{path}: metadata says top_k {top_k}, topk_ids has {plural(shape[2], 'expert')} per token")
         assert offsets_arr is not None
         self._offsets = _check_offsets(offsets_arr, shape[0], str(path))
         num_steps = self._offsets.size - 1
@@ -667,7 +669,8 @@ def _check_offsets(raw: NDArray[Any], tokens: int, path: str) -> NDArray[np.int6
     if offsets[-1] != tokens:
         end = int(np.searchsorted(offsets, tokens, side="right"))
         hint = f"; truncated: tokens end inside step {end - 1}" if offsets[-1] > tokens else ""
-        raise EplbError(f"{path}: step_offsets end at token {int(offsets[-1])}, topk_ids has {tokens} tokens{hint}")
+        raise EplbError(f"{path}: step_offsets end at token {int(offsets[-1])}, topk_ids has "
+                        f"{plural(tokens, 'token')}{hint}")
     return offsets
 
 
@@ -683,7 +686,7 @@ def topk_counts(topk_ids: ArrayLike, step_offsets: ArrayLike, num_experts: int) 
     steps = offsets.size - 1
     step_of_token = np.repeat(np.arange(steps, dtype=np.int64), np.diff(offsets))
     if step_of_token.size != tokens:
-        raise EplbError(f"step_offsets cover {step_of_token.size} tokens, topk_ids has {tokens}")
+        raise EplbError(f"step_offsets cover {plural(step_of_token.size, 'token')}, topk_ids has {tokens:,}")
     row = (step_of_token[:, None] * layers + np.arange(layers, dtype=np.int64)[None, :]) * num_experts  # [T, L]
     flat = (row[:, :, None] + ids.astype(np.int64)).ravel()
     counts = np.bincount(flat, minlength=steps * layers * num_experts)
@@ -741,7 +744,8 @@ class _Jsonl(RoutingLog):
         if not isinstance(counts, list) or not counts:
             raise EplbError(f"{path}: the first record has no 'counts' list")
         if num_experts is not None and num_experts != len(counts):
-            raise EplbError(f"{path}: the header says {num_experts} experts, the first record has {len(counts)} counts")
+            raise EplbError(f"{path}: the header says {plural(num_experts, 'expert')}, the first record has "
+                            f"{plural(len(counts), 'count')}")
         self._header = header
         self._layers = self._first_step_layers()
         num_steps = _meta_int(header, "num_steps", str(path))
@@ -892,8 +896,8 @@ def _step_layer(rec: dict[str, Any], lineno: int, path: str) -> tuple[int, int]:
 def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) -> NDArray[np.int64]:
     raw = rec.get("counts")
     if not isinstance(raw, list) or len(raw) != num_experts:
-        got = f"{len(raw)} values" if isinstance(raw, list) else repr(raw)[:40]
-        raise EplbError(f"{path}: line {lineno}: 'counts' must list {num_experts} numbers, got {got}")
+        got = plural(len(raw), "value") if isinstance(raw, list) else repr(raw)[:40]
+        raise EplbError(f"{path}: line {lineno}: 'counts' must list {plural(num_experts, 'number')}, got {got}")
     arr = real_array(raw, f"{path}: line {lineno}: counts", f"{path}: line {lineno}: 'counts' must hold numbers")
     found = count_problem(arr)
     if found is not None:
@@ -1091,7 +1095,8 @@ def write_counts(
                     _write_npy_header(f, (num_steps, *shape_tail), out_dtype)
                     written, _ = _write_chunks(f, _prepend(first, it), out_dtype, shape_tail)
                 if written != num_steps:
-                    raise EplbError(f"write_counts: num_steps is {num_steps} but the chunks hold {written} steps")
+                    raise EplbError(f"write_counts: num_steps is {num_steps} but the chunks hold "
+                                    f"{plural(written, 'step')}")
             assert shape_tail is not None
             if steps is None and seen:
                 steps = _kept_ids(seen)
@@ -1162,7 +1167,7 @@ def _write_meta(
     if steps is not None:
         ids = np.asarray(steps, dtype=np.int64).reshape(-1)
         if ids.size != num_steps:
-            raise EplbError(f"steps lists {ids.size} ids for {num_steps} steps")
+            raise EplbError(f"steps lists {plural(ids.size, 'id')} for {plural(num_steps, 'step')}")
         bad = np.flatnonzero(np.diff(ids) <= 0)
         if bad.size:
             raise EplbError(f"step ids must increase: {int(ids[bad[0] + 1])} follows {int(ids[bad[0]])}")
@@ -1170,7 +1175,7 @@ def _write_meta(
     if layer_ids is not None:
         lids = np.asarray(layer_ids, dtype=np.int64).reshape(-1)
         if lids.size != num_layers:
-            raise EplbError(f"layer_ids lists {lids.size} layers, the counts have {num_layers}")
+            raise EplbError(f"layer_ids lists {plural(lids.size, 'layer')}, the counts have {num_layers}")
         _write_member(zf, "layer_ids", lids)
 
 
@@ -1239,6 +1244,8 @@ def write_jsonl(
     step_ids = None if steps is None else np.asarray(steps, dtype=np.int64).reshape(-1)
     if step_ids is not None and step_ids.size > 1 and np.any(np.diff(step_ids) <= 0):
         raise EplbError("step ids must increase")
+    if step_ids is not None and num_steps is not None and step_ids.size != num_steps:
+        raise EplbError(f"steps lists {plural(step_ids.size, 'id')} for {plural(num_steps, 'step')}")
     lids = None if layer_ids is None else [int(v) for v in np.asarray(layer_ids).reshape(-1)]
     tmp = _atomic_target(p)
     try:
@@ -1251,6 +1258,8 @@ def write_jsonl(
                 if block.ndim != 3:
                     raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
                 refuse_counts(block, pos)
+                if step_ids is not None and pos + block.shape[0] > step_ids.size:
+                    raise EplbError(f"steps lists {plural(step_ids.size, 'id')} for more steps")
                 if not wrote_header:
                     head: dict[str, Any] = {"format": FORMAT_JSONL, "num_experts": int(block.shape[2])}
                     if model is not None:
@@ -1265,7 +1274,7 @@ def write_jsonl(
                     f.write(json.dumps(head) + "\n")
                     wrote_header = True
                 if lids is not None and len(lids) != block.shape[1]:
-                    raise EplbError(f"layer_ids lists {len(lids)} layers, the counts have {block.shape[1]}")
+                    raise EplbError(f"layer_ids lists {plural(len(lids), 'layer')}, the counts have {block.shape[1]}")
                 values = block.astype(np.int64, copy=False).tolist()
                 lines = []
                 for i, step_rows in enumerate(values):
@@ -1278,7 +1287,7 @@ def write_jsonl(
             if pos == 0:  # a JSONL log without a step record is no log (no record gives the layers)
                 raise EplbError("no steps to write")
             if step_ids is not None and step_ids.size != pos:
-                raise EplbError(f"steps lists {step_ids.size} ids for {pos} steps")
+                raise EplbError(f"steps lists {plural(step_ids.size, 'id')} for {plural(pos, 'step')}")
         os.replace(tmp, p)
     except OSError as exc:
         raise _write_error(p, exc) from None

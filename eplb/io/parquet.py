@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
+from eplb.io.files import plural
 from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, check_fits, counts_to_write
 
 __all__ = ["FORMAT_PARQUET", "ParquetLog", "is_parquet", "open_parquet", "write_parquet"]
@@ -262,7 +263,7 @@ class _ShardWriter:
             layers, experts = self.shape
             ids = self.meta["layer_ids"]
             if ids is not None and len(ids) != layers:
-                raise EplbError(f"layer_ids lists {len(ids)} layers, the counts have {layers}")
+                raise EplbError(f"layer_ids lists {plural(len(ids), 'layer')}, the counts have {layers}")
             self.meta.update(num_layers=int(layers), num_experts=int(experts))
             value = self.pa.from_numpy_dtype(self.dtype)
             self.schema = self.pa.schema(

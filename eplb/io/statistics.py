@@ -27,7 +27,7 @@ import safetensors.numpy
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, int_table, number_text, numeric_array, output_file, read_json
+from eplb.io.files import existing_file, int_table, number_text, numeric_array, output_file, plural, read_json
 from eplb.io.windows import MAX_LOAD
 from solvers.validation import EMPTY_SLOT
 
@@ -72,7 +72,7 @@ class ImportedLoads:
         picked = self.counts[start:stop]
         if picked.shape[0] == 0:
             raise EplbError(f"steps {'' if start is None else start}:{'' if stop is None else stop} select none of "
-                            f"the {self.num_steps} recorded steps")
+                            f"the {plural(self.num_steps, 'recorded step')}")
         return replace(self, counts=picked, meta={**self.meta, "steps_selected": [start, stop]})
 
 
@@ -133,7 +133,7 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
             raise EplbError(f"{', '.join(names)}: every count is 0; record while requests are being served")
         counts = counts[:, keep]
         layer_ids = [int(v) for v in keep]
-    source = f"SGLang expert distribution ({', '.join(names)}, {counts.shape[0]} step(s))"
+    source = f"SGLang expert distribution ({', '.join(names)}, {plural(counts.shape[0], 'step')})"
     return ImportedLoads(counts, layer_ids, source, "sglang", in_time_order=in_order, order_note=note)
 
 
@@ -165,9 +165,11 @@ def _sglang_dump_steps(part: NDArray[np.float64], name: str) -> tuple[NDArray[np
         return part[:1], True, ""
     if written.all():
         n = part.shape[0]
-        return part, True, (f"{name}: all {n} rows hold counts: read in time order, as SGLang's unbounded buffer "
+        rows = "the 1 row holds" if n == 1 else f"all {n:,} rows hold"
+        return part, True, (f"{name}: {rows} counts: read in time order, as SGLang's unbounded buffer "
                             "(--expert-distribution-recorder-buffer-size -1) dumps them; a full circular buffer of "
-                            f"{n} rows (buffer size {n}; SGLang's default is 1000) is rotated by an offset the dump "
+                            f"{plural(n, 'row')} (buffer size {n}; SGLang's default is 1000) is rotated by an offset "
+                            "the dump "
                             "does not record, and --steps would pick arbitrary steps of it")
     starts = np.flatnonzero(written & ~np.roll(written, 1))  # written rows after an unwritten one, circularly
     if starts.size > 1:
@@ -295,7 +297,7 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
     if recorder:
         (counts,), in_order = _circular_buffer_steps([counts])
     ranks = f", {len(names)} ranks summed" if len(names) > 1 else ""
-    source = f"vLLM-style counts ({', '.join(names)}{ranks}, {counts.shape[0]} step(s))"
+    source = f"vLLM-style counts ({', '.join(names)}{ranks}, {plural(counts.shape[0], 'step')})"
     return ImportedLoads(counts, list(range(counts.shape[1])), source, "vllm", {"ranks": len(names)},
                          in_time_order=in_order, order_note="" if in_order else (
                              "a full expert_load_window: vLLM fills it circularly and the dump does not record "
@@ -310,7 +312,8 @@ def fold_physical(
     slots of absent ranks) hold no expert: their counts must be 0."""
     table = np.asarray(phy2log, dtype=np.int64)
     if table.ndim != 2 or table.shape != counts.shape[1:]:
-        raise EplbError(f"{what}: counts have {counts.shape[1]} layers x {counts.shape[2]} slots but the "
+        raise EplbError(f"{what}: counts have {plural(counts.shape[1], 'layer')} x {plural(counts.shape[2], 'slot')} "
+                        "but the "
                         f"physical_to_logical_map is {list(table.shape)}; use the map that was live while recording")
     if table.min() < EMPTY_SLOT:
         raise EplbError(f"{what}: physical_to_logical_map holds {int(table.min())}; expert ids are >= 0 "
@@ -410,7 +413,8 @@ def _trtllm_rank_counts(p: Path) -> dict[str, Any]:
 def _counts_vector(value: Any, what: str, num_experts: int) -> NDArray[np.float64]:
     arr = numeric_array(value, what)
     if arr.ndim != 1 or arr.size != num_experts:
-        raise EplbError(f"{what} has shape {list(arr.shape)}; expected {num_experts} counts (meta_info num_experts)")
+        raise EplbError(f"{what} has shape {list(arr.shape)}; expected {plural(num_experts, 'count')} (meta_info "
+                        "num_experts)")
     _check_counts(arr, what)
     return arr
 
@@ -446,7 +450,8 @@ def _check_counts(arr: NDArray[np.float64], what: str) -> None:
 def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.float64]:
     for part, name in zip(parts[1:], names[1:], strict=True):
         if part.shape[1:] != parts[0].shape[1:]:
-            raise EplbError(f"{name} has {part.shape[1]} layers x {part.shape[2]} experts but {names[0]} has "
+            raise EplbError(f"{name} has {plural(part.shape[1], 'layer')} x {plural(part.shape[2], 'expert')} but "
+                            f"{names[0]} has "
                             f"{parts[0].shape[1]} x {parts[0].shape[2]}; import files of one model together")
     return np.concatenate(parts, axis=0)
 

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, number_text, read_json, real_array
+from eplb.io.files import existing_file, number_text, plural, read_json, real_array
 
 DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
 MAX_LOAD = 1e15  # token counts per expert and window; larger values would overflow sums of squares and products
@@ -52,7 +52,7 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
         _check_rectangular(value, what)
     arr = real_array(value, what, f"{what} must be numbers in a [layers][experts] array")
     if arr.ndim == 1:
-        raise EplbError(f"{what} must be [layers][experts]; got one row of {arr.size} numbers "
+        raise EplbError(f"{what} must be [layers][experts]; got one row of {plural(arr.size, 'number')} "
                         "(wrap a single layer in another list)")
     if arr.ndim == 3:
         arr = arr.sum(axis=0)
@@ -83,7 +83,7 @@ def _check_rectangular(rows: list[Any], what: str) -> None:
         lengths = [len(r) for r in rows]
         for i, n in enumerate(lengths):
             if n != lengths[0]:
-                raise EplbError(f"{what} is ragged: row 0 has {lengths[0]} experts, row {i} has {n}")
+                raise EplbError(f"{what} is ragged: row 0 has {plural(lengths[0], 'expert')}, row {i} has {n}")
         for i, r in enumerate(rows):
             if r and isinstance(r[0], list):
                 _check_rectangular(r, f"{what}[{i}]")
