@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.problems import ProblemError, field_errors, field_problem, invalid, not_json, problem_body
 from api.schemas import ClusterIn, CostIn, EvaluateRequest, PlacementIn, PlacementRequest
-from eplb.budget import slots_per_gpu
+from eplb.budget import cluster_slots
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
 from eplb.npy import NpyError, read_npy
@@ -59,7 +59,6 @@ from solvers.registry import Options
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
 
-MAX_LINK_BW = 1e15  # B/s: a petabyte per second per GPU is beyond any link
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -331,8 +330,6 @@ def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
         within, between = all_to_all_links(hardware, req.link)
     except EplbError as exc:
         raise FieldError("link", str(exc)) from None
-    if max(within, between or 0.0) > MAX_LINK_BW:
-        raise FieldError("link", f"{req.link}: a bandwidth beyond any link (at most {MAX_LINK_BW / 1e9:,.0f} GB/s)")
     if model is None:
         return None
     return CostSetup(model, hardware, within, req.tokens_per_gpu, req.overlap, req.node_limit, between)
@@ -360,17 +357,7 @@ def coactivation(req: CostIn, window: NDArray[np.float64]) -> CoactivationSummar
 def cluster(value: ClusterIn, model: ModelSpec | None, num_experts: int) -> Cluster:
     if value.memory_budget_bytes is not None and model is None:
         raise FieldError("model", f"memory_budget_bytes needs a model: no preset has {num_experts} experts")
-    try:
-        slots = slots_per_gpu(
-            value.num_gpus,
-            num_experts,
-            slots=value.slots_per_gpu,
-            num_redundant=value.num_redundant,
-            memory_budget_bytes=value.memory_budget_bytes,
-            slot_bytes=None if model is None else model.expert_bytes_all_layers,
-        )
-    except EplbError as exc:
-        raise FieldError("cluster", str(exc)) from None
+    slots = cluster_slots(value, num_experts, None if model is None else model.expert_bytes_all_layers)
     return Cluster(slots, value.gpus_per_node, value.num_groups)
 
 

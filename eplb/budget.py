@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
-from eplb.rules import gpu_count_mismatch
+from eplb.errors import EplbError, FieldError
+from eplb.rules import BUDGETS, gpu_count_mismatch
+
+if TYPE_CHECKING:
+    from eplb.schemas import ClusterRules
 
 GIB = 1024**3
 
@@ -116,6 +120,20 @@ def slots_per_gpu(
             f"{-(-num_experts // num_gpus)} slots per GPU on {num_gpus} GPUs"
         )
     return out
+
+
+def cluster_slots(cluster: ClusterRules, num_experts: int, slot_bytes: float | None) -> NDArray[np.int64]:
+    """Slots per GPU [G] of a cluster of the service's JSON (POST /placement's, a deployment's:
+    `eplb.schemas.ClusterRules`) for `num_experts` experts of `slot_bytes` bytes per slot (None: no model);
+    `slots_per_gpu`'s refusal as a FieldError naming the budget it came from (`cluster.slots_per_gpu`,
+    `cluster.num_redundant`, `cluster.memory_budget_bytes`; `cluster` when none is given)."""
+    given = next((name for name in BUDGETS if getattr(cluster, name) is not None), None)
+    try:
+        return slots_per_gpu(cluster.num_gpus, num_experts, slots=cluster.slots_per_gpu,
+                             num_redundant=cluster.num_redundant, memory_budget_bytes=cluster.memory_budget_bytes,
+                             slot_bytes=slot_bytes)  # fmt: skip
+    except EplbError as exc:
+        raise FieldError("cluster" if given is None else f"cluster.{given}", str(exc)) from None
 
 
 def _per_gpu(value: float | Sequence[float], num_gpus: int, what: str, integer: bool = True) -> NDArray[np.float64]:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import delete, func, select
 
 from eplb import trigger
-from eplb.budget import describe_slots, slots_per_gpu
+from eplb.budget import cluster_slots, describe_slots
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.io.windows import check_loads
@@ -147,11 +147,10 @@ class DeploymentConfig(BaseModel):
 
 
 def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:
-    """Slots per GPU [G] of a config's cluster (`eplb.budget.slots_per_gpu`; the model must be a preset)."""
-    shape, model = config.cluster, MODEL_PRESETS[config.model]
-    return slots_per_gpu(shape.num_gpus, model.num_experts, slots=shape.slots_per_gpu,
-                         num_redundant=shape.num_redundant, memory_budget_bytes=shape.memory_budget_bytes,
-                         slot_bytes=model.expert_bytes_all_layers)  # fmt: skip
+    """Slots per GPU [G] of a config's cluster (`eplb.budget.cluster_slots`: a FieldError naming the cluster's
+    budget field; the model must be a preset)."""
+    model = MODEL_PRESETS[config.model]
+    return cluster_slots(config.cluster, model.num_experts, model.expert_bytes_all_layers)
 
 
 def explicit_slots(config: DeploymentConfig) -> DeploymentConfig:
@@ -177,7 +176,10 @@ class Setup:
         self.config = config
         self.model: ModelSpec = MODEL_PRESETS[config.model]
         hardware = HARDWARE_PRESETS[config.hardware]
-        within, between = all_to_all_links(hardware, config.link)
+        try:
+            within, between = all_to_all_links(hardware, config.link)
+        except EplbError as exc:
+            raise FieldError("link", str(exc)) from None
         self.cost = CostSetup(self.model, hardware, within, config.tokens_per_gpu, config.overlap,
                               config.node_limit, between)
         self.migration = MigrationSpec(within, overlap=config.policy.migration == "overlap",
@@ -357,7 +359,7 @@ SolveFn = Callable[..., Outcome]
 # ----- operations ------------------------------------------------------------------------------------------------
 def check_name(name: str) -> str:
     if not is_deployment_name(name):  # fullmatch: 'victim\n' is no name
-        raise EplbError(f"deployment name {name!r}: {DEPLOYMENT_NAME_RULE}")
+        raise FieldError("name", DEPLOYMENT_NAME_RULE, f"deployment name {name!r}: {DEPLOYMENT_NAME_RULE}")
     return name
 
 

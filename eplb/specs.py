@@ -461,6 +461,17 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
 PCIE_BANDWIDTH = 64e9
 """B/s per direction of a PCIe Gen5 x16 link (32 GT/s x 16 lanes, 128b/130b): the path weights take
 between GPUs without NVLink, or through host memory."""
+LINK_GBPS = (1e-3, 1e6)
+"""Plausible link bandwidths, GB/s per GPU and direction (1 MB/s .. 1 PB/s): a link given as a number outside is
+refused (`link_bandwidth`: the CLI's flags, the service's `link`, a deployment's alike)."""
+
+
+def implausible_link(gbps: float) -> str | None:
+    """What is wrong with a link of `gbps` GB/s per GPU and direction (outside `LINK_GBPS`), or None."""
+    lo, hi = LINK_GBPS
+    if lo <= gbps <= hi:
+        return None
+    return f"{gbps:g} GB/s is not a link bandwidth (give {lo:g} to {hi:,.0f} GB/s per GPU and direction)"
 
 
 def all_to_all_links(hw: HardwareSpec, link: str | float) -> tuple[float, float | None]:
@@ -480,7 +491,7 @@ def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
     """Per-GPU, one-direction bandwidth of the all-to-all link, in B/s.
 
     `link` is "nvlink", "nic", "pcie" (PCIe Gen5 x16, `PCIE_BANDWIDTH`), or a number of GB/s (decimal:
-    100 means 100e9 B/s).
+    100 means 100e9 B/s), within `LINK_GBPS`.
     """
     if isinstance(link, str):
         key = link.strip().lower()
@@ -502,4 +513,7 @@ def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
         gbps = float(link)
     if not math.isfinite(gbps) or gbps <= 0:
         raise EplbError(f"link bandwidth must be a positive number of GB/s, got {link!r}")
+    wrong = implausible_link(gbps)
+    if wrong is not None:
+        raise EplbError(wrong)
     return gbps * 1e9

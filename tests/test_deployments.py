@@ -910,3 +910,37 @@ def test_a_config_without_tokens_per_gpu_prices_steps_as_post_placement_does(
     assert dep.get(store, "t").config.tokens_per_gpu == DEFAULT_TOKENS_PER_GPU
     again = client.post("/deployments/t/windows", json={"loads": window(0, seed=1)}).json()  # the same hot experts
     assert again["entry"]["time_before_us"] == pytest.approx(placed["entry"]["time_after_us"], rel=0.05), again
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"link": "abc"}, "link"),
+    ({"link": "0"}, "link"),
+    ({"link": "1e308"}, "link"),
+    ({"cluster": {"num_gpus": 8, "memory_budget_bytes": 1}}, "cluster.memory_budget_bytes"),
+    ({"cluster": {"num_gpus": 8, "slots_per_gpu": 1}}, "cluster.slots_per_gpu"),
+    ({"cluster": {"num_gpus": 80, "num_redundant": 0}}, "cluster.num_redundant"),
+], ids=["link-abc", "link-0", "link-1e308", "memory_budget_bytes", "slots_per_gpu", "num_redundant"])
+def test_every_422_of_a_config_names_its_field_in_errors_as_post_placement_does(
+    client: TestClient, change: dict[str, Any], field: str
+) -> None:
+    """These 422s had no `errors` (and the budgets' detail named no field: 'a budget of 0.00 GiB on GPU 0 fits no
+    expert'); link "1e308" was accepted. The same fields of POST /placement get the same errors."""
+    body = {"model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8}, **change}
+    put = client.put("/deployments/bad", json=body)
+    assert put.status_code == 422, put.text
+    problem = put.json()
+    assert [e["field"] for e in problem["errors"]] == [field] and problem["detail"].startswith(f"{field}: "), problem
+    posted = client.post("/placement", json={**body, "loads": window(0)})
+    assert posted.status_code == 422 and posted.json()["errors"] == problem["errors"], posted.text
+    assert client.get("/deployments/bad").status_code == 404
+
+
+def test_a_bad_name_and_an_export_the_system_cannot_express_name_their_fields(client: TestClient) -> None:
+    named = client.put("/deployments/-dash", json=config().model_dump(mode="json", exclude_none=True))
+    assert named.status_code == 422 and [e["field"] for e in named.json()["errors"]] == ["name"], named.text
+    uneven = {"model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8, "slots_per_gpu": [8] * 7 + [10]}}
+    assert client.put("/deployments/uneven", json=uneven).status_code == 201
+    assert client.post("/deployments/uneven/windows", json={"loads": window(0)}).status_code == 200
+    for target in ("sglang", "trtllm", "vllm-ascend"):
+        export = client.get("/deployments/uneven", params={"format": target})
+        assert export.status_code == 422 and [e["field"] for e in export.json()["errors"]] == ["format"], export.text

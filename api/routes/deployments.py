@@ -167,11 +167,19 @@ async def get_deployment(
     if format == "vllm-ascend":  # its map is indexed by MoE layer
         if layer_ids is not None:
             raise _layer_ids_error("only with format=sglang or format=trtllm (vllm-ascend indexes MoE layers)")
-        return JSONResponse(to_vllm_ascend(placement))
+        return _exported(to_vllm_ascend, placement)
     ids, total = model_layers(view.config, placement, layer_ids)
     if format == "sglang":
-        return JSONResponse(to_sglang(placement, ids, total))
-    return JSONResponse(to_trtllm(placement, ids))
+        return _exported(to_sglang, placement, ids, total)
+    return _exported(to_trtllm, placement, ids)
+
+
+def _exported(export: Callable[..., dict[str, Any]], *args: Any) -> JSONResponse:
+    """The export's JSON; a placement the serving system cannot express is a 422 naming `format`."""
+    try:
+        return JSONResponse(export(*args))
+    except EplbError as exc:
+        raise FieldError("format", str(exc)) from None
 
 
 @router.delete("/{name}", status_code=204, responses=documented(401, 404),

@@ -36,6 +36,7 @@ from eplb.specs import (
     MODEL_PRESETS,
     ModelSpec,
     all_to_all_links,
+    implausible_link,
     load_hardware,
     load_model,
     named_model,
@@ -78,8 +79,6 @@ MAX_TOKENS_PER_GPU = 1e9
 """Tokens per GPU in one step (as the API)."""
 MAX_STAGE_GIB = 1e6
 """GiB per stage of a migration plan (as the API)."""
-LINK_GBPS = (1e-3, 1e6)
-"""Plausible link bandwidths, GB/s per GPU and direction (1 MB/s .. 1 PB/s: the API's cap)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -369,11 +368,11 @@ def flag_link(flag: str, text: str, read: Callable[[], T]) -> T:
 
 
 def check_link(bw: float | None, flag: str, text: str) -> None:
-    """Refuse an implausible link bandwidth (B/s; None: no link) of `flag` given as `text`."""
-    lo, hi = LINK_GBPS
-    if bw is not None and not lo <= bw / 1e9 <= hi:
-        raise EplbError(f"{flag} {text}: {bw / 1e9:g} GB/s is not a link bandwidth (give {lo:g} to {hi:,.0f} GB/s "
-                        "per GPU and direction)")
+    """Refuse an implausible link bandwidth (B/s; None: no link; `eplb.specs.implausible_link`: a hardware file's
+    link too) of `flag` given as `text`."""
+    wrong = None if bw is None else implausible_link(bw / 1e9)
+    if wrong is not None:
+        raise EplbError(f"{flag} {text}: {wrong}")
 
 
 DEFAULTS: dict[str, object] = {"--max-lb-slack": 0.01, "--split": "uniform", "--objective": "lb"}
