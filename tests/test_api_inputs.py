@@ -189,8 +189,8 @@ def test_per_gpu_budgets_are_described_as_given(base: str) -> None:
                                                                             "memory_budget_bytes": [2e9, 1e9]}}
     r = post_json(base, "/placement", lite)
     assert r.status_code == 422 and r.json()["detail"] == (
-        "cluster.memory_budget_bytes: budgets of 0.93-1.86 GiB per GPU (2.79 GiB in all) fit 6 expert slots in all, fewer than the 64 "
-        "experts; give at least 13.41 GiB per GPU (0.42 GiB per slot) or more GPUs"), r.text
+        "cluster.memory_budget_bytes: budgets of 0.93-1.86 GiB per GPU (2.79 GiB in all) fit 6 expert slots in all, "
+        "fewer than the 64 experts; give at least 13.41 GiB per GPU (0.42 GiB per slot) or more GPUs"), r.text
 
 
 def test_groups_without_nodes_are_refused_by_name(base: str) -> None:
