@@ -440,6 +440,9 @@ def test_messages_count_one_in_the_singular(tmp_path: Path, capsys: pytest.Captu
     assert open_log(one).info.describe() == f"{one}: 1 step x 1 layer x 1 expert"
     assert main(["logs", "convert", str(one), str(tmp_path / "one.parquet")]) == 0
     assert capsys.readouterr().out.strip().endswith(": 1 step x 1 layer x 1 expert in 1 shard")
+    write_counts(one, np.full((1, 1, 4), 3))
+    assert main(["replay", str(one), "--gpus", "2", "--no-progress"]) == 0
+    assert "\nreplayed 1 step x 1 layer in " in capsys.readouterr().out
     with pytest.raises(EplbError, match=r"^write_counts: num_steps is 2 but the chunks hold 1 step$"):
         write_counts(tmp_path / "x.npz", iter([np.ones((1, 2, 4))]), num_steps=2)
     with pytest.raises(EplbError, match=r"^steps lists 1 id for 2 steps$"):

@@ -33,6 +33,7 @@ from eplb.cost import TimeModel
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
+from eplb.io.files import plural
 from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
@@ -376,7 +377,7 @@ def run_synth(args: argparse.Namespace) -> int:
         f"imbalance (max - mean) / mean {stats.imbalance:.2f}"
     )
     if stats.hot_set_overlap:
-        parts = ", ".join(f"{v:.0%} after {k:,} step{'' if k == 1 else 's'}" for k, v in stats.hot_set_overlap.items())
+        parts = ", ".join(f"{v:.0%} after {plural(k, 'step')}" for k, v in stats.hot_set_overlap.items())
         print(f"  top-{stats.top} hot set kept: {parts}")
     return 0
 
@@ -626,14 +627,15 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
         lines.append(f"  replay lb / hindsight lb: {ratio:.4f} (1.0: as good as a placement solved on each interval)")
     oe = s["schedule"]["oracle_every"]
     if oe > 1 and s["results"]["oracle"].get("steps"):
-        lines.append(f"  (oracle on every {oe}-th step only: lb over those {s['results']['oracle']['steps']:,} steps, "
-                     "total s scaled from them to all steps)")
+        sampled = plural(s["results"]["oracle"]["steps"], "step")
+        lines.append(f"  (oracle on every {oe}-th step only: lb over those {sampled}, total s scaled from them to all "
+                     "steps)")
     tm = s["timing"]
     lines.append("")
     rate = tm.get("evaluation_layer_steps_per_s")
     lines.append(
-        f"replayed {s['log']['steps']:,} steps x {s['log']['layers']} layers in {tm['wall_s']:.2f} s: evaluation "
-        f"{tm['evaluation_s']:.2f} s ({'-' if rate is None else f'{rate:,.0f}'} layer-steps/s), solves "
+        f"replayed {plural(s['log']['steps'], 'step')} x {plural(s['log']['layers'], 'layer')} in {tm['wall_s']:.2f} "
+        f"s: evaluation {tm['evaluation_s']:.2f} s ({'-' if rate is None else f'{rate:,.0f}'} layer-steps/s), solves "
         f"{tm['solve_s']:.2f} s, oracle {tm['oracle_s']:.2f} s"
     )
     if out is not None:
