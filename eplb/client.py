@@ -4,10 +4,11 @@
     with Client("http://127.0.0.1:8000", api_key="...") as eplb:
         eplb.put_deployment("prod", {"model": "deepseek-v3", "hardware": "h100",
                                      "cluster": {"num_gpus": 32, "num_redundant": 32}})
-        answer = eplb.send_window("prod", loads)          # loads: [layers, E] tokens (numpy or lists)
-        if answer.result is not None:                    # placed or rebalanced: the service holds it as serving
-            if not apply(answer.result.placement.phy2log):  # the serving system moves the weights, or refuses ...
-                eplb.applied("prod", serving)            # ... and then says what it still serves
+        serving = None                                   # the placement the cluster serves, once one does
+        for loads in windows:                            # loads: [layers, E] tokens (numpy or lists)
+            answer = eplb.send_window("prod", loads, current_placement=serving)  # recorded first if not held
+            if answer.result is not None and apply(answer.result.placement.phy2log):  # moved, or refused
+                serving = answer.result.placement        # (refused: the next window says what still serves)
 
 Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` for background solves,
 `DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
@@ -415,10 +416,13 @@ class _Api:
         return _Call("DELETE", f"/deployments/{_segment(name)}", lambda r: None)
 
     @staticmethod
-    def send_window(name: str, loads: Any, force: bool, coactivation: Coactivation | None) -> _Call[WindowResult]:
+    def send_window(name: str, loads: Any, force: bool, coactivation: Coactivation | None,
+                    current_placement: PlacementOut | dict[str, Any] | None) -> _Call[WindowResult]:
         body = {"loads": _json(loads, "loads"), "force": force}
         if coactivation is not None:
             body["coactivation"] = _coactivation(coactivation)
+        if current_placement is not None:
+            body["current_placement"] = _placement_body(current_placement, "current_placement")
         return _Call("POST", f"/deployments/{_segment(name)}/windows", _model(WindowResult), json=body)
 
     @staticmethod
@@ -428,12 +432,17 @@ class _Api:
 
     @staticmethod
     def applied(name: str, placement: PlacementOut | dict[str, Any]) -> _Call[HistoryEntry]:
-        body = _json(placement, "placement")
-        if not isinstance(body, dict):
-            raise InvalidRequest(f"placement: a placement object (PlacementOut or its dict), not a "
-                                 f"{type(placement).__name__}")
-        body = {k: v for k, v in body.items() if v is not None}  # every field: the service judges them
+        body = _placement_body(placement, "placement")
         return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body})
+
+
+def _placement_body(placement: PlacementOut | dict[str, Any], name: str) -> dict[str, Any]:
+    """A placement object as the service takes it: every field given but the absent ones (the service judges
+    them); InvalidRequest naming `name` for anything else."""
+    body = _json(placement, name)
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"{name}: a placement object (PlacementOut or its dict), not a {type(placement).__name__}")
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -544,17 +553,20 @@ class Client:
     def delete_deployment(self, name: str) -> None:
         self._do(_Api.delete_deployment(name))
 
-    def send_window(self, name: str, loads: Any, force: bool = False, *,
-                    coactivation: Coactivation | None = None) -> WindowResult:
+    def send_window(self, name: str, loads: Any, force: bool = False, *, coactivation: Coactivation | None = None,
+                    current_placement: PlacementOut | dict[str, Any] | None = None) -> WindowResult:
         """Send a load window ([layers, E] tokens); the answer says placed/rebalanced (with the result and
         plan) or kept (and why). coactivation: the window's co-activation summary (`eplb.coactivation.
         CoactivationSummary`, sent as base64 of its .npz image; or its dict, or base64 of its image): the
         predictions count the GPUs a token reaches (`result.predicted.copies_per_token`), the time objective
         co-locates experts chosen together, and the history keeps it. The service stores a placement it answers
-        as the deployment's serving one: a cluster that serves another (the plan refused or delayed; or after
-        `Unreachable` for a timeout, when the service may have rebalanced all the same) says so with `applied`,
-        or the next window is judged against, and rebalanced from, a placement that does not serve."""
-        return self._do(_Api.send_window(name, loads, force, coactivation))
+        as the deployment's serving one: current_placement, the placement the cluster serves (a PlacementOut or
+        its dict), is recorded first when the deployment holds another (the plan refused or delayed; or after
+        `Unreachable` for a timeout, when the service may have rebalanced all the same), so the window is judged
+        against, and rebalanced from, what serves (`applied` says so between windows). The same window sent again
+        (same loads, current_placement, force, summary) while nothing changed gets the same answer, nothing
+        stored: a retry after `Unreachable` is safe, and so is every EP rank sending it."""
+        return self._do(_Api.send_window(name, loads, force, coactivation, current_placement))
 
     def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
         return self._do(_Api.history(name, limit, before))
@@ -638,8 +650,9 @@ class AsyncClient:
         await self._do(_Api.delete_deployment(name))
 
     async def send_window(self, name: str, loads: Any, force: bool = False, *,
-                          coactivation: Coactivation | None = None) -> WindowResult:
-        return await self._do(_Api.send_window(name, loads, force, coactivation))
+                          coactivation: Coactivation | None = None,
+                          current_placement: PlacementOut | dict[str, Any] | None = None) -> WindowResult:
+        return await self._do(_Api.send_window(name, loads, force, coactivation, current_placement))
 
     async def history(self, name: str, limit: int = 50, before: int | None = None) -> HistoryPage:
         return await self._do(_Api.history(name, limit, before))

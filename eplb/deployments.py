@@ -7,14 +7,19 @@ serving; the policy's trigger decides whether to rebalance; a rebalance is solve
 cluster actually applied is recorded separately (`record_applied`): a serving system may refuse or delay a plan.
 
 Every write to one deployment happens in one transaction that holds the deployment's lock (`Store.write`
-plus `Store.lock_deployment`), so two replicas given concurrent windows rebalance once, one after the other.
+plus `Store.lock_deployment`), so two replicas given concurrent windows process them one after the other.
 The solve runs inside that transaction (a greedy solve takes well under a second; a long MILP holds the lock
-for its time budget)."""
+for its time budget). Under the same lock a window that repeats the last one processed (`window_key`: the same
+loads, current placement, force and co-activation summary, the deployment unchanged since) is answered that
+window's stored answer and changes nothing: an engine's EP ranks each send the one window of a rebalance, and
+all get one answer."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -216,6 +221,10 @@ class Setup:
                     raise refused
         except registry.SolverError as exc:
             raise FieldError("solver", str(exc), str(exc)) from None
+        if config.policy.max_moves == 0:  # every rebalance would keep the serving placement and say 'rebalanced'
+            raise FieldError("policy.max_moves", "0 copies leave the serving placement as it is, so no rebalance "
+                             "would change anything: give at least 1 (absent: no budget), or a trigger that fires "
+                             "less often")
 
     def solver_name(self, has_current: bool) -> str:
         if self.config.solver is not None:
@@ -350,6 +359,8 @@ class WindowResult(BaseModel):
     history_id: int
     entry: HistoryEntry = Field(description="the stored history entry")
     result: PlacementResponse | None = None
+    window_key: str | None = Field(None, description="sha256 hex of what the window said (`window_key`); the same "
+                                   "window sent again, nothing changed since, is answered this answer unchanged")
 
 
 SolveFn = Callable[..., Outcome]
@@ -363,10 +374,25 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_policy(policy: Policy) -> None:
+    """Only the options of the policy's trigger (`eplb.trigger.unused_option`, the rule `eplb replay` refuses
+    --threshold by without --trigger threshold): another trigger's option set to other than its default would change
+    nothing, and is refused by name. At PUT only: a config stored with one reads and works as before."""
+    defaults = Policy()
+    given = [field for options in trigger.TRIGGER_OPTIONS.values() for field in options
+             if getattr(policy, field) != getattr(defaults, field)]
+    names = {field: f"policy.{field}" for field in Policy.model_fields}
+    unused = trigger.unused_option(policy.trigger, given, names, "this policy's",
+                                   default="trigger" not in policy.model_fields_set)
+    if unused is not None:
+        raise FieldError((names[unused[0]], names["trigger"]), unused[1], unused[1])
+
+
 def register(store: Store, name: str, config: DeploymentConfig) -> tuple[DeploymentView, bool]:
     """Create or update deployment `name`. An update keeps the serving placement and history when the slot
     layout is unchanged (and drops the placement otherwise). Returns the view and whether it was created."""
     check_name(name)
+    check_policy(config.policy)
     setup = Setup(config)
     config = explicit_slots(config)
     now = time.time()
@@ -452,11 +478,19 @@ def window_loads(store: Store, history_id: int) -> NDArray[np.float64]:
 
 
 def process_window(store: Store, name: str, loads_value: Any, *, force: bool = False,
-                   run_solve: SolveFn = solve, coactivation: dict[str, Any] | str | None = None) -> WindowResult:
+                   run_solve: SolveFn = solve, coactivation: dict[str, Any] | str | None = None,
+                   current_placement: Any = None) -> WindowResult:
     """Judge one window ([layers][E] tokens) for deployment `name`, rebalance when the trigger fires (or
     `force`), store the event; holds the deployment's lock throughout. coactivation: the window's summary
     (`CoactivationSummary.parse`: its object or base64 of its .npz image): the predictions count the GPUs a
-    token reaches, the time objective may co-locate experts chosen together, and the history keeps it."""
+    token reaches, the time objective may co-locate experts chosen together, and the history keeps it.
+    current_placement: the placement the cluster serves (a placement object, as `record_applied` takes); when it
+    is not the stored serving one it is recorded first (an applied entry), so the window is judged against, and
+    a rebalance starts from, what serves.
+
+    A duplicate, the window this deployment processed last sent again (equal `window_key`) while the deployment
+    is as that window left it (serving placement and config), is answered that window's stored answer, and
+    nothing is recorded: each EP rank of an engine sends the same window and must get the same placement."""
     with store.write() as session:
         row = _row(store.lock_deployment(session, name), name)
         setup = Setup(DeploymentConfig.model_validate(row.config))
@@ -465,10 +499,21 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
         current = _placement(row)
         if current is not None and current.num_layers != loads.shape[0]:
             raise FieldError("loads", f"{loads.shape[0]} layers, but the serving placement has {current.num_layers}")
+        served = None
+        if current_placement is not None:
+            served = _serving(setup, current_placement, "current_placement")
+            if served.num_layers != loads.shape[0]:
+                raise FieldError("current_placement", f"{served.num_layers} layers, the window has {loads.shape[0]}")
+        summary = setup.coactivation(coactivation, loads)
+        key = window_key(loads, served, force, summary)
+        if row.last_window_answer is not None and row.last_window_key == _state_key(key, row):
+            return WindowResult.model_validate_json(zlib.decompress(row.last_window_answer))
+        if served is not None and (current is None or not _same_placement(served, current)):
+            _record_serving(session, row, setup, served, "sent with the window as current_placement")
+            current = served
         seq = row.windows + 1
         now = time.time()
         entry = HistoryRow(deployment=name, seq=seq, at=now, loads=pack(loads), **_window_columns(loads))
-        summary = setup.coactivation(coactivation, loads)
         if summary is not None:
             entry.coactivation = summary.to_bytes()
         nodes = setup.cluster.gpus_per_node
@@ -523,8 +568,11 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
             result = outcome.to_model()
             if result.plan is None and isinstance(entry.plan, dict):
                 result.plan = entry.plan
-        return WindowResult(deployment=name, seq=seq, action=entry.action, reason=reason,
-                            history_id=entry.id, entry=_entry(entry), result=result)
+        answer = WindowResult(deployment=name, seq=seq, action=entry.action, reason=reason, history_id=entry.id,
+                              entry=_entry(entry), result=result, window_key=key).model_dump_json()
+        row.last_window_key = _state_key(key, row)
+        row.last_window_answer = zlib.compress(answer.encode(), 6)
+        return WindowResult.model_validate_json(answer)  # as a duplicate gets it, to the last digit
 
 
 def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
@@ -534,49 +582,35 @@ def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
     with store.write() as session:
         row = _row(store.lock_deployment(session, name), name)
         setup = Setup(DeploymentConfig.model_validate(row.config))
-        if isinstance(value, dict) and "num_experts" not in value:
-            value = {**value, "num_experts": setup.model.num_experts}
-        try:
-            applied = Placement.from_dict(value, "placement")
-        except EplbError as exc:
-            raise FieldError("placement", str(exc).removeprefix("placement: ")) from None
-        if applied.num_experts != setup.model.num_experts:
-            raise FieldError("placement", f"{applied.num_experts} experts, the model has {setup.model.num_experts}")
-        if applied.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
-            raise FieldError("placement", f"{describe_slots(applied.slots_per_gpu)}, the deployment has "
-                             f"{describe_slots(setup.cluster.slots_per_gpu)}")
-        if applied.empty_slots.any():  # it would serve as every window's current placement, which refuses them
-            layer, slot = (int(v) for v in np.argwhere(applied.empty_slots)[0])
-            why = ("is -1, an empty slot: a deployment's placement is what the next window rebalances from, so "
-                   "every slot must hold an expert (record the placement served once EP scaling finished)")
-            raise FieldError(f"placement.phy2log.{layer}.{slot}", why, f"placement.phy2log[{layer}][{slot}] {why}")
+        applied = _serving(setup, value, "placement")
         previous = _placement(row)
-        entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied",
-                           reason="reported by the cluster")
-        if previous is not None:
-            if previous.num_layers != applied.num_layers:
-                raise FieldError("placement", f"{applied.num_layers} layers, the serving one has {previous.num_layers}")
-            moves = int(count_moves(applied.phy2log, previous.phy2log, setup.cluster.slots_per_gpu).sum())
-            entry.moves, entry.bytes_moved = moves, moves * setup.model.expert_bytes
-        last = session.scalars(select(HistoryRow).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
-                               .order_by(HistoryRow.id.desc()).limit(1)).first()
-        if last is not None and last.loads is not None:
-            loads = np.asarray(unpack(last.loads), dtype=np.float64)
-            if loads.shape[0] == applied.num_layers:
-                entry.window_digest, entry.window_layers = last.window_digest, last.window_layers
-                entry.window_experts, entry.window_tokens = last.window_experts, last.window_tokens
-                nodes = setup.cluster.gpus_per_node
-                if previous is not None:
-                    before = evaluate(loads, previous, setup.cost, gpus_per_node=nodes)
-                    entry.lb_before, entry.time_before_us = _lb_time(before)
-                after = evaluate(loads, applied, setup.cost, gpus_per_node=nodes)
-                entry.lb_after, entry.time_after_us = _lb_time(after)
-        entry.phy2log = pack(applied.phy2log)
-        entry.shares = None if applied.shares is None else pack(applied.shares)
-        row.phy2log, row.shares, row.updated_at = entry.phy2log, entry.shares, entry.at
-        session.add(entry)
-        session.flush()
-        return _entry(entry)
+        if previous is not None and previous.num_layers != applied.num_layers:
+            raise FieldError("placement", f"{applied.num_layers} layers, the serving one has {previous.num_layers}")
+        return _entry(_record_serving(session, row, setup, applied, "reported by the cluster"))
+
+
+def window_key(loads: NDArray[np.float64], current: Placement | None, force: bool,
+               summary: CoactivationSummary | None) -> str:
+    """What a window request says, as sha256 hex: the loads [L, E] (float64), the current placement's phy2log
+    [L, P] (int64) and shares (float64; absent: uniform), `force`, and the co-activation summary's arrays
+    (whichever form it was sent in). Every EP rank of an engine sends the same window and map: one key."""
+    digest = hashlib.sha256(b"eplb.window-key/v1")
+    arrays: list[tuple[str, Any]] = [("loads", np.asarray(loads, dtype=np.float64)), ("force", np.int64(force))]
+    if current is not None:
+        arrays += [("phy2log", current.phy2log.astype(np.int64)),
+                   ("shares", None if current.shares is None else current.shares.astype(np.float64))]
+    if summary is not None:
+        arrays += [(f"coactivation.{field}", np.asarray(value, dtype=np.int64)) for field, value in (
+            ("tokens", summary.tokens), ("top_k", summary.top_k), ("loads", summary.loads),
+            ("partners", summary.partners), ("counts", summary.counts))]
+    for field, array in arrays:  # each named, with its dtype and shape, so no two requests run together
+        if array is None:
+            digest.update(f"{field}=none;".encode())
+            continue
+        array = np.ascontiguousarray(array)
+        digest.update(f"{field}={array.dtype.str}{array.shape};".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 # ----- helpers -------------------------------------------------------------------------------------------------
@@ -584,6 +618,77 @@ def _row(row: DeploymentRow | None, name: str) -> DeploymentRow:
     if row is None:
         raise NotFound(f"no deployment named {name!r}: register it with PUT /deployments/{name}")
     return row
+
+
+def _serving(setup: Setup, value: Any, field: str) -> Placement:
+    """A placement the cluster serves (a placement object, as `POST /placement` returns it) checked against the
+    deployment: the model's experts, the cluster's slots per GPU, every slot filled; a FieldError naming `field`."""
+    if isinstance(value, dict) and "num_experts" not in value:
+        value = {**value, "num_experts": setup.model.num_experts}
+    try:
+        served = Placement.from_dict(value, field)
+    except EplbError as exc:
+        raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
+    if served.num_experts != setup.model.num_experts:
+        raise FieldError(field, f"{served.num_experts} experts, the model has {setup.model.num_experts}")
+    if served.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
+        raise FieldError(field, f"{describe_slots(served.slots_per_gpu)}, the deployment has "
+                         f"{describe_slots(setup.cluster.slots_per_gpu)}")
+    if served.empty_slots.any():  # it would serve as every window's current placement, which refuses them
+        layer, slot = (int(v) for v in np.argwhere(served.empty_slots)[0])
+        why = ("is -1, an empty slot: a deployment's placement is what the next window rebalances from, so "
+               "every slot must hold an expert (record the placement served once EP scaling finished)")
+        raise FieldError(f"{field}.phy2log.{layer}.{slot}", why, f"{field}.phy2log[{layer}][{slot}] {why}")
+    return served
+
+
+def _record_serving(session: Any, row: DeploymentRow, setup: Setup, applied: Placement, reason: str) -> HistoryRow:
+    """Make `applied` (of the serving placement's layers, when one serves) the deployment's serving placement, with
+    an applied history entry: moves from the previous placement, lb and time predicted on the last window."""
+    name = row.name
+    previous = _placement(row)
+    entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied", reason=reason)
+    if previous is not None:
+        moves = int(count_moves(applied.phy2log, previous.phy2log, setup.cluster.slots_per_gpu).sum())
+        entry.moves, entry.bytes_moved = moves, moves * setup.model.expert_bytes
+    last = session.scalars(select(HistoryRow).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
+                           .order_by(HistoryRow.id.desc()).limit(1)).first()
+    if last is not None and last.loads is not None:
+        loads = np.asarray(unpack(last.loads), dtype=np.float64)
+        if loads.shape[0] == applied.num_layers:
+            entry.window_digest, entry.window_layers = last.window_digest, last.window_layers
+            entry.window_experts, entry.window_tokens = last.window_experts, last.window_tokens
+            nodes = setup.cluster.gpus_per_node
+            if previous is not None:
+                before = evaluate(loads, previous, setup.cost, gpus_per_node=nodes)
+                entry.lb_before, entry.time_before_us = _lb_time(before)
+            after = evaluate(loads, applied, setup.cost, gpus_per_node=nodes)
+            entry.lb_after, entry.time_after_us = _lb_time(after)
+    entry.phy2log = pack(applied.phy2log)
+    entry.shares = None if applied.shares is None else pack(applied.shares)
+    row.phy2log, row.shares, row.updated_at = entry.phy2log, entry.shares, entry.at
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def _same_placement(a: Placement, b: Placement) -> bool:
+    """Whether two placements of one cluster put the same experts in the same slots with the same shares."""
+    if not np.array_equal(a.phy2log, b.phy2log):
+        return False
+    return (a.shares is None and b.shares is None) or (
+        a.shares is not None and b.shares is not None and np.array_equal(a.shares, b.shares))
+
+
+def _state_key(key: str, row: DeploymentRow) -> str:
+    """`key` (a `window_key`) bound to the deployment's state: its stored serving placement and config. Stored
+    after a window, it matches the same window again only while nothing recorded since has changed them (an
+    applied placement, another window, a PUT)."""
+    digest = hashlib.sha256(key.encode())
+    for blob in (row.phy2log, row.shares):
+        digest.update(b"none;" if blob is None else len(blob).to_bytes(8, "little") + blob)
+    digest.update(json.dumps(row.config, sort_keys=True, separators=(",", ":")).encode())
+    return digest.hexdigest()
 
 
 def _placement(row: DeploymentRow) -> Placement | None:

@@ -470,6 +470,35 @@ def test_applied_sends_every_field_of_the_placement(base: str) -> None:
     assert set(placement) == {"format", "num_experts", "num_gpus", "slots_per_gpu", "phy2log", "replicas"}
 
 
+def test_a_window_carries_the_serving_placement_and_is_answered_once(base: str) -> None:
+    """send_window(current_placement=...) (a PlacementOut or its dict): the service records it as serving before the
+    window when it holds another; the same window sent again (a retry, another rank, the async client) gets the same
+    answer and stores nothing. A current_placement that is no placement object is refused unsent."""
+    with Client(base, api_key=KEY) as eplb:
+        eplb.put_deployment("client-current", config(trigger="periodic"))
+        first = eplb.send_window("client-current", window(0))
+        assert first.result is not None
+        serving = first.result.placement.model_copy(update={"phy2log": np.roll(first.result.placement.phy2log, 10,
+                                                                                axis=1).tolist()})
+        moved = eplb.send_window("client-current", window(1), current_placement=serving)
+        assert moved.action == "rebalanced" and moved.window_key is not None
+        again = eplb.send_window("client-current", np.asarray(window(1)),
+                                 current_placement=serving.model_dump(exclude_none=True))
+        assert again == moved
+        assert [e.action for e in eplb.history("client-current").entries] == ["rebalanced", "applied", "placed"]
+        with pytest.raises(InvalidRequest, match=r"^current_placement: a placement object .* not a list$"):
+            eplb.send_window("client-current", window(1), current_placement=[[0, 1]])  # type: ignore[arg-type]
+
+    async def run() -> WindowResult:
+        async with AsyncClient(base, api_key=KEY) as client:
+            return await client.send_window("client-current", window(1), current_placement=serving)
+
+    assert asyncio.run(run()) == moved
+    with Client(base, api_key=KEY) as eplb:
+        assert eplb.deployment("client-current").windows == 2
+        eplb.delete_deployment("client-current")
+
+
 def test_export_sends_the_layer_ids(base: str) -> None:
     """docs/api.md documents `&layer_ids=` for GET /deployments/{name}?format=..., but the client's export() could
     not send it: a window of a part of the model got rows 0..L-1. A string goes as given, ints as ranges."""

@@ -5,6 +5,7 @@ and the HTTP routes over the same database."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 from eplb import deployments as dep
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError, FieldError
+from eplb.placement import Placement
 from eplb.solve import evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.store import Store, open_store
@@ -300,25 +302,103 @@ def test_applied_placement_becomes_current(store: Store) -> None:
         dep.record_applied(store, "a", {"phy2log": [list(range(64))] * LAYERS, "slots_per_gpu": [8] * 8})
 
 
-def test_concurrent_windows_rebalance_once(store: Store) -> None:
-    """Two threads send the same moved window at once: the lock makes the second see the first's placement."""
-    dep.register(store, "c", config(trigger="threshold", threshold=1.10))
-    dep.process_window(store, "c", window(0))
-    results: list[dep.WindowResult] = []
-    barrier = threading.Barrier(2)
+def _concurrently(count: int, send: Any) -> list[Any]:
+    """`send(i)` for i < count, each in its thread, released together; their answers in order of i."""
+    results: list[Any] = [None] * count
+    barrier = threading.Barrier(count)
 
-    def send() -> None:
+    def run(i: int) -> None:
         barrier.wait()
-        results.append(dep.process_window(store, "c", window(1)))
+        results[i] = send(i)
 
-    threads = [threading.Thread(target=send) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def test_concurrent_windows_are_judged_one_after_the_other(store: Store) -> None:
+    """Two threads send two moved windows (the same hot experts) at once: the lock makes the second see the first's
+    placement."""
+    dep.register(store, "c", config(trigger="threshold", threshold=1.10))
+    dep.process_window(store, "c", window(0))
+    results = _concurrently(2, lambda i: dep.process_window(store, "c", window(1, seed=i)))
     assert sorted(r.action for r in results) == ["kept", "rebalanced"]
     assert sorted(r.seq for r in results) == [2, 3]
     assert dep.get(store, "c").windows == 3
+
+
+def test_every_rank_sending_one_window_gets_one_answer(store: Store) -> None:
+    """Four threads (an engine's EP ranks) send the same window with the same serving placement at once: one is
+    processed (the placement recorded, one rebalance), the others get its answer unchanged and store nothing."""
+    dep.register(store, "ranks", config(trigger="threshold", threshold=1.10))
+    first = dep.process_window(store, "ranks", window(0))
+    assert first.result is not None
+    serving = first.result.placement.model_copy(update={"phy2log": np.roll(first.result.placement.phy2log, 10,
+                                                                            axis=1).tolist()}).model_dump()
+    count = dep.history_count(store, "ranks")
+    answers = _concurrently(4, lambda i: dep.process_window(store, "ranks", window(1), current_placement=serving))
+    assert answers[0].action == "rebalanced" and all(a == answers[0] for a in answers)
+    assert dep.get(store, "ranks").windows == 2
+    entries = dep.history(store, "ranks").entries
+    assert len(entries) == count + 2 and [e.action for e in entries[:2]] == ["rebalanced", "applied"]
+    assert entries[0].lb_before == pytest.approx(evaluate(
+        np.asarray(window(1)), Placement.from_dict(serving), dep.Setup(config()).cost).balance.lb.mean(), abs=1e-6)
+
+
+def test_a_duplicate_is_the_last_window_sent_again_with_nothing_changed(store: Store) -> None:
+    """The same window (loads, current placement, force, summary) again while the deployment is as it left it: the
+    stored answer, to the last field, nothing stored. Anything else is a new window: other loads, another serving
+    placement sent, force; the same content after another window, an applied placement or a config change."""
+    dep.register(store, "dup", config(trigger="periodic", every=2))
+    placed = dep.process_window(store, "dup", window(0))
+    assert placed.window_key is not None and len(placed.window_key) == 64
+    assert dep.process_window(store, "dup", window(0)) == placed  # 'placed' again, not 'kept' at window 2
+    assert dep.get(store, "dup").windows == 1 and dep.history_count(store, "dup") == 1
+    assert placed.result is not None
+    serving = placed.result.placement.model_dump()
+    same = dep.process_window(store, "dup", window(0), current_placement=serving)  # another request: a new window
+    assert (same.action, same.seq) == ("kept", 2) and same.window_key != placed.window_key
+    assert dep.history_count(store, "dup") == 2  # the placement sent is the one held: nothing applied
+    assert dep.process_window(store, "dup", window(0), current_placement=serving) == same
+    forced = dep.process_window(store, "dup", window(0), force=True, current_placement=serving)
+    assert (forced.action, forced.seq) == ("rebalanced", 3)
+    # the first window's content again, after other windows: a new window
+    assert dep.process_window(store, "dup", window(0)).seq == 4
+    # after an applied placement that changes what serves, the same content is a new window too
+    again = dep.process_window(store, "dup", window(1))
+    dep.record_applied(store, "dup", serving)
+    assert dep.process_window(store, "dup", window(1)).seq == again.seq + 1
+    # and after a config change (the same slots: the placement stays)
+    last = dep.process_window(store, "dup", window(2))
+    dep.register(store, "dup", config(trigger="periodic", every=3))
+    assert dep.process_window(store, "dup", window(2)).seq == last.seq + 1
+
+
+def test_a_current_placement_is_checked_against_the_deployment(store: Store) -> None:
+    """A window's current_placement of another cluster, model or layer count, or with an empty slot, is refused
+    naming the field, and nothing is stored."""
+    dep.register(store, "cur", config())
+    placed = dep.process_window(store, "cur", window(0))
+    assert placed.result is not None
+    good = placed.result.placement.model_dump()
+    for bad, message in (
+        ({**good, "slots_per_gpu": [8] * 10, "num_gpus": 10}, "current_placement: 10 GPUs, 8 slots each, the "
+         "deployment has 8 GPUs, 10 slots each"),
+        ({"phy2log": [list(range(32)) * 2 + list(range(16))] * LAYERS, "slots_per_gpu": [10] * 8, "num_experts": 32},
+         "current_placement: 32 experts, the model has 64"),
+        ({**good, "phy2log": good["phy2log"][:2], "replicas": good["replicas"][:2]},
+         "current_placement: 2 layers, the window has 4"),
+        ({"phy2log": [[-1, *row[1:]] for row in good["phy2log"]], "slots_per_gpu": good["slots_per_gpu"]},
+         "current_placement.phy2log[0][0] is -1, an empty slot"),
+        ({"phy2log": good["phy2log"]}, "current_placement: missing field 'slots_per_gpu'"),
+    ):
+        with pytest.raises(FieldError, match=f"^{re.escape(message)}") as refused:
+            dep.process_window(store, "cur", window(1), current_placement=bad)
+        assert refused.value.fields[0].startswith("current_placement")
+    assert dep.get(store, "cur").windows == 1 and dep.history_count(store, "cur") == 1
 
 
 @pytest.mark.parametrize("change, message", [
@@ -423,13 +503,36 @@ def test_http_walkthrough(client: TestClient) -> None:
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "coactivation.top_k"
 
 
+def test_http_windows_with_the_serving_placement(client: TestClient) -> None:
+    """current_placement in a window: recorded when the deployment holds another, then the window judged; the same
+    request again gets the same body; one the deployment cannot hold is a 422 whose errors name it (what the
+    plug-ins read as a deployment for another cluster)."""
+    body = config(trigger="periodic").model_dump(mode="json", exclude_none=True)
+    assert client.put("/deployments/serving", json=body).status_code == 201
+    placed = client.post("/deployments/serving/windows", json={"loads": window(0)}).json()["result"]["placement"]
+    rolled = {"phy2log": np.roll(placed["phy2log"], 10, axis=1).tolist(), "slots_per_gpu": placed["slots_per_gpu"]}
+    request = {"loads": window(1), "current_placement": rolled}
+    answers = [client.post("/deployments/serving/windows", json=request) for _ in range(2)]
+    assert answers[0].status_code == 200 and answers[0].content == answers[1].content
+    assert answers[0].json()["action"] == "rebalanced" and answers[0].json()["seq"] == 2
+    history = client.get("/deployments/serving/history").json()["entries"]
+    assert [e["action"] for e in history] == ["rebalanced", "applied", "placed"]
+    assert history[1]["reason"] == "sent with the window as current_placement"
+    other = {"phy2log": [list(range(EXPERTS))] * LAYERS, "slots_per_gpu": [8] * 8}  # a cluster of 8 x 8 slots
+    refused = client.post("/deployments/serving/windows", json={"loads": window(2), "current_placement": other})
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "current_placement"
+    assert refused.json()["detail"] == ("current_placement: 8 GPUs, 8 slots each, the deployment has 8 GPUs, "
+                                        "10 slots each")
+    assert client.get("/deployments/serving").json()["windows"] == 2
+
+
 
 def test_cli_reads_the_database(store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from eplb.cli import main
 
     dep.register(store, "cli", config(threshold=1.1))
-    for phase in (0, 0, 1):
-        dep.process_window(store, "cli", window(phase))
+    for phase, seed in ((0, 0), (0, 1), (1, 0)):  # placed, kept, rebalanced
+        dep.process_window(store, "cli", window(phase, seed))
     assert main(["deployments", "list", "--database-url", db_url]) == 0
     assert "cli " in capsys.readouterr().out
     assert main(["deployments", "show", "cli", "--database-url", db_url, "--json"]) == 0
@@ -944,3 +1047,71 @@ def test_a_bad_name_and_an_export_the_system_cannot_express_name_their_fields(cl
     for target in ("sglang", "trtllm", "vllm-ascend"):
         export = client.get("/deployments/uneven", params={"format": target})
         assert export.status_code == 422 and [e["field"] for e in export.json()["errors"]] == ["format"], export.text
+
+
+def test_a_policy_of_zero_copies_is_refused_by_name(client: TestClient, store: Store, tmp_path: Path) -> None:
+    """policy.max_moves 0 was stored, and every window then 'rebalanced' with 0 moves (last_rebalance advancing). It
+    is a 422 naming the field; a config stored with it reads, and its windows are refused by name until a PUT fixes
+    it. `eplb solve --max-moves 0` keeps its meaning (the docs': copies allowed, so the serving placement)."""
+    from eplb.cli import main
+
+    body = config(max_moves=0).model_dump(mode="json", exclude_none=True)
+    put = client.put("/deployments/zero", json=body)
+    assert put.status_code == 422 and [e["field"] for e in put.json()["errors"]] == ["policy.max_moves"], put.text
+    assert put.json()["detail"].startswith("policy.max_moves: 0 copies leave the serving placement as it is")
+    assert client.put("/deployments/zero", json=config(max_moves=1).model_dump(mode="json")).status_code == 201
+    dep.register(store, "old", config())
+    dep.process_window(store, "old", window(0))
+    _edit_stored_config(store, "old", lambda c: {**c, "policy": {**c["policy"], "max_moves": 0}})
+    assert dep.get(store, "old").config.policy.max_moves == 0
+    with pytest.raises(FieldError, match=r"^policy\.max_moves: 0 copies"):
+        dep.process_window(store, "old", window(1), force=True)
+    assert dep.get(store, "old").last_rebalance == 1
+    placed, loads = tmp_path / "p.json", tmp_path / "w.json"
+    loads.write_text(json.dumps({"loads": window(1)}))
+    assert main(["solve", "--loads", str(loads), "--gpus", "8", "--slots-per-gpu", "10", "--out", str(placed)]) == 0
+    moved = tmp_path / "w2.json"
+    moved.write_text(json.dumps({"loads": window(2)}))
+    assert main(["solve", "--loads", str(moved), "--gpus", "8", "--slots-per-gpu", "10", "--current", str(placed),
+                 "--max-moves", "0", "--out", str(tmp_path / "q.json")]) == 0  # fmt: skip
+    assert json.loads((tmp_path / "q.json").read_text())["phy2log"] == json.loads(placed.read_text())["phy2log"]
+
+
+@pytest.mark.parametrize("policy, option, owner", [
+    ({"trigger": "periodic", "threshold": 1.5}, "threshold", "threshold"),
+    ({"trigger": "threshold", "every": 5}, "every", "periodic"),
+    ({"trigger": "periodic", "steps": 10}, "steps", "cost"),
+    ({"trigger": "threshold", "migration": "blocking"}, "migration", "cost"),
+    ({"trigger": "periodic", "migration_stall_s": 0.5}, "migration_stall_s", "cost"),
+    ({"every": 5}, "every", "periodic"),
+], ids=["threshold", "every", "steps", "migration", "migration_stall_s", "default-trigger"])
+def test_an_option_the_policys_trigger_does_not_read_is_refused_as_replay_refuses_it(
+    client: TestClient, policy: dict[str, Any], option: str, owner: str
+) -> None:
+    """{"trigger": "periodic", "threshold": 1.5} was stored (the threshold read by nothing), where `eplb replay`
+    refuses --threshold without --trigger threshold: one rule now (`eplb.trigger.unused_option`), naming the field."""
+    body = {**config().model_dump(mode="json", exclude_none=True), "policy": policy}
+    put = client.put("/deployments/stray", json=body)
+    assert put.status_code == 422, put.text
+    trigger = policy.get("trigger", "threshold")
+    default = "" if "trigger" in policy else " (the default)"
+    assert put.json()["detail"] == (f"policy.{option} is used by policy.trigger {owner} only; this policy's trigger "
+                                    f"is {trigger}{default}: use policy.trigger {owner} or drop policy.{option}")
+    assert [e["field"] for e in put.json()["errors"]] == [f"policy.{option}", "policy.trigger"]
+    fixed = client.put("/deployments/stray", json={**body, "policy": {**policy, "trigger": owner}})
+    assert fixed.status_code == 201, fixed.text
+    again = client.put("/deployments/stray", json=client.get("/deployments/stray").json()["config"])
+    assert again.status_code == 200, again.text  # what GET answers goes back as it is: defaults are no options
+
+
+def test_a_config_reads_back_as_it_was_put_to_the_byte(client: TestClient) -> None:
+    """PUT, GET and the list answer one serialization of a config (a trial saw migration_stall_s 0 where PUT said
+    0.0: jq 1.6 prints 0.0 as 0; the service's bytes agree)."""
+    body = {**config(trigger="cost", migration_stall_s=0, steps=10).model_dump(mode="json", exclude_none=True),
+            "tokens_per_gpu": 4096}
+    put = client.put("/deployments/bytes", json=body)
+    got = client.get("/deployments/bytes")
+    listed = client.get("/deployments")
+    assert put.status_code == 201 and '"migration_stall_s":0.0' in put.text and '"tokens_per_gpu":4096.0' in put.text
+    config_text = put.text[put.text.index('"config":'):put.text.index(',"windows"')]
+    assert config_text in got.text and config_text in listed.text, (put.text, got.text)

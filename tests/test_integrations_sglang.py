@@ -1,4 +1,5 @@
-"""The SGLang algorithm plug-in: SGLang's rebalance_experts contract, the two AROUND hooks, registration."""
+"""The SGLang algorithm plug-in: SGLang's rebalance_experts contract, the two AROUND hooks, registration, remote
+mode (every rank's call of one rebalance answered one map)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import importlib
 import json
 import logging
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
@@ -243,3 +245,34 @@ def test_a_refused_remote_placement_leaves_the_serving_map(
     assert [t.tolist() for t in core.logical_maps(first.numpy(), 8)] == [log2phy.tolist(), logcnt.tolist()]
     history = httpx.get(f"{base}/deployments/sglang-refused/history", timeout=60).json()["entries"]
     assert "applied" not in [e["action"] for e in history]
+
+
+def test_every_rank_gets_the_same_remote_map(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's EPLBManager.rebalance runs on every rank with the all-reduced logical counts and the global expert
+    location: three ranks calling the plug-in at once with SGLang's map get one map, one window stored."""
+    import httpx
+
+    base = server_factory()
+    remote_mixtral_deployment(base, "sglang-ranks", monkeypatch)
+    monkeypatch.setenv("EPLB_SERVICE_TIMEOUT_S", "60")
+    tokens = torch.from_numpy(np.random.default_rng(4).pareto(1.0, size=(2, 4, 8)) * 100)
+    serving = torch.from_numpy(np.tile(np.arange(8), (4, 2)))
+    maps: list[Any] = [None] * 3
+    barrier = threading.Barrier(3)
+
+    def rank(i: int) -> None:
+        barrier.wait()
+        maps[i] = plugin.rebalance_experts(tokens.clone(), 16, 4, None, 1, current_phy2log=serving.clone())[0]
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert maps[0].tolist() != serving.tolist() and all(m.tolist() == maps[0].tolist() for m in maps)
+    deployment = httpx.get(f"{base}/deployments/sglang-ranks", timeout=60).json()
+    assert deployment["windows"] == 1 and deployment["placement"]["phy2log"] == maps[0].tolist()
+    history = httpx.get(f"{base}/deployments/sglang-ranks/history", timeout=60).json()["entries"]
+    assert [e["action"] for e in history] == ["rebalanced", "applied"]

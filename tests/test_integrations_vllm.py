@@ -1,5 +1,7 @@
 """The vLLM policy plug-in: vLLM's interface in both return conventions, DeepSeek-equal fresh placements,
-move budgets and slot keeping with the serving map, -1 slots, registration, and the service with fallback."""
+move budgets and slot keeping with the serving map, -1 slots, registration, and the service with fallback; in
+remote mode, every EP rank calling the policy with one window gets one placement (one service, two replicas on a
+SQLite file and on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,8 @@ from eplb.integrations.vllm import EplbPolicy, policy_class
 from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
 from tests.conftest import remote_mixtral_deployment
+from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
+from tests.test_replicas import replica
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "deepseek_eplb_golden.json").read_text())["cases"]
@@ -596,10 +602,9 @@ def test_a_refused_placement_leaves_the_engines_map_and_is_not_recorded_as_appli
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The engine (4 ranks x 4 slots) serves the deployment's placement; the deployment is then changed to 2 GPUs x 8
-    slots (a [L, 16] map too) and answers a placement for them: the engine keeps its map as it was (a WARNING), the
-    deployment is never told the refused placement was applied, and, holding a placement for another cluster, gets
-    no further windows. Set back to 4 x 4, the deployment is told what serves, rebalances from it, and the engine
-    serves that placement."""
+    slots (a [L, 16] map too): it refuses the engine's map the windows carry (a 422 naming current_placement), so the
+    engine keeps its map as it was (a WARNING naming both shapes), and nothing is stored: no window, no placement.
+    Set back to 4 x 4, the next window records the engine's map, rebalances from it, and the engine serves that."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-refused", monkeypatch)
     rng = np.random.default_rng(5)
@@ -616,11 +621,10 @@ def test_a_refused_placement_leaves_the_engines_map_and_is_not_recorded_as_appli
         assert out.tolist() == first.tolist()  # the engine's expert map is unchanged
         (record,) = [r for r in caplog.records if r.name == "vllm.eplb_plugin"]
         assert record.levelno == logging.WARNING and "eplb policy (kept): the serving placement stays" in record.message
-        assert "num_gpus 2 vs the engine's 4 ranks, slots_per_gpu 8 vs the engine's 4 per rank" in record.message
+        assert "current_placement: 4 GPUs, 4 slots each, the deployment has 2 GPUs, 8 slots each" in record.message
     deployment = _current(base, "plugin-refused")
-    assert deployment["windows"] == 2  # the window after the refusal was not sent to a deployment of 2 GPUs
-    assert deployment["placement"]["slots_per_gpu"] == [8, 8]  # the service's own answer, never reported applied
-    assert [e["action"] for e in _history(base, "plugin-refused")] == ["placed", "placed"]
+    assert deployment["windows"] == 1 and deployment.get("placement") is None  # the PUT dropped it; nothing since
+    assert [e["action"] for e in _history(base, "plugin-refused")] == ["placed"]
     config = {**other, "cluster": {"num_gpus": 4, "slots_per_gpu": 4}}
     assert httpx.put(f"{base}/deployments/plugin-refused", json=config, timeout=60).status_code == 200
     caplog.clear()
@@ -628,8 +632,8 @@ def test_a_refused_placement_leaves_the_engines_map_and_is_not_recorded_as_appli
         served = EplbPolicy.rebalance_experts(windows[3], 16, 1, 1, 4, first.clone())
     assert "eplb policy (remote): placement from" in caplog.text and "WARNING" not in caplog.text
     entries = _history(base, "plugin-refused")
-    assert [e["action"] for e in entries[2:4]] == ["applied", "rebalanced"]  # from the map serving, not afresh
-    assert entries[2]["seq"] == 2 and entries[3]["lb_before"] == pytest.approx(
+    assert [e["action"] for e in entries[1:]] == ["applied", "rebalanced"]  # from the map serving, not afresh
+    assert entries[1]["seq"] == 1 and entries[2]["lb_before"] == pytest.approx(
         core.layer_lb(windows[3].numpy(), first.numpy(), 4).mean(), abs=1e-5)
     assert served.tolist() == _current(base, "plugin-refused")["placement"]["phy2log"]
     assert stays_in_old_slot(first.numpy(), served.numpy(), 4)
@@ -666,12 +670,13 @@ def test_a_refused_placement_is_replaced_by_the_serving_one_on_the_deployment(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The service rebalances and stores its placement as serving, but its answer reaches the engine without one
-    expert (a broken proxy): the engine keeps its map, tells the deployment it still serves it (an `applied` entry,
-    the refused placement never reported), and the next window is judged against that map and rebalanced from it."""
+    expert (a broken proxy): the engine keeps its map and sends nothing more; the next window carries that map, which
+    the deployment records as serving (an `applied` entry, the refused placement never reported) before judging the
+    window against it and rebalancing from it."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-relay", monkeypatch)
     rng = np.random.default_rng(6)
-    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(2)]
+    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(3)]
     first = _rebalance(windows[0], None, base, "plugin-relay")
     assert first.source == "remote" and not first.fell_back
 
@@ -683,23 +688,20 @@ def test_a_refused_placement_is_replaced_by_the_serving_one_on_the_deployment(
     refused = _rebalance(windows[1], first.phy2log, base, "plugin-relay", _windows_only(drop_an_expert))
     assert refused.source == "kept" and refused.fell_back and "does not place each of the 8 experts" in refused.how
     assert np.array_equal(refused.phy2log, first.phy2log)
+    assert [e["action"] for e in _history(base, "plugin-relay")] == ["placed", "rebalanced"]
+    good = _rebalance(windows[2], refused.phy2log, base, "plugin-relay")
     entries = _history(base, "plugin-relay")
-    assert [e["action"] for e in entries] == ["placed", "rebalanced", "applied"]
+    assert [e["action"] for e in entries[2:]] == ["applied", "rebalanced"]
     assert entries[2]["moves"] == entries[1]["moves"] > 0  # back from the refused placement to the serving one
-    assert _current(base, "plugin-relay")["placement"]["phy2log"] == first.phy2log.tolist()
-    good = _rebalance(windows[1], refused.phy2log, base, "plugin-relay")
-    entries = _history(base, "plugin-relay")
-    assert [e["action"] for e in entries[3:]] == ["rebalanced"]  # no report needed: the deployment holds the map
-    assert entries[3]["lb_before"] == pytest.approx(entries[2]["lb_after"]) == pytest.approx(
-        core.layer_lb(windows[1], first.phy2log, 4).mean(), abs=1e-5)
+    assert entries[3]["lb_before"] == pytest.approx(core.layer_lb(windows[2], first.phy2log, 4).mean(), abs=1e-5)
     assert good.source == "remote" and _current(base, "plugin-relay")["placement"]["phy2log"] == good.phy2log.tolist()
 
 
 def test_after_an_error_status_the_deployment_is_told_what_serves(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 503 to the window (the service stored nothing): the engine solves locally from its map and the deployment
-    records that local placement as applied, so the next window starts from it."""
+    """A 503 to the window (a proxy's: the service behind it rebalanced): the engine solves locally from its map; the
+    next window carries that local placement, which the deployment records before judging the window against it."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-busy", monkeypatch)
     rng = np.random.default_rng(7)
@@ -709,20 +711,19 @@ def test_after_an_error_status_the_deployment_is_told_what_serves(
     local = _rebalance(windows[1], first.phy2log, base, "plugin-busy", busy)
     assert local.source == "local" and local.fell_back and "answered 503: every solver worker is busy" in local.how
     assert not np.array_equal(local.phy2log, first.phy2log)
-    assert [e["action"] for e in _history(base, "plugin-busy")] == ["placed", "rebalanced", "applied"]
-    assert _current(base, "plugin-busy")["placement"]["phy2log"] == local.phy2log.tolist()
+    assert [e["action"] for e in _history(base, "plugin-busy")] == ["placed", "rebalanced"]
     _rebalance(windows[2], local.phy2log, base, "plugin-busy")
-    last = _history(base, "plugin-busy")[-1]
-    assert last["action"] == "rebalanced" and last["lb_before"] == pytest.approx(
-        core.layer_lb(windows[2], local.phy2log, 4).mean(), abs=1e-5)
+    entries = _history(base, "plugin-busy")
+    assert [e["action"] for e in entries[2:]] == ["applied", "rebalanced"]
+    assert entries[3]["lb_before"] == pytest.approx(core.layer_lb(windows[2], local.phy2log, 4).mean(), abs=1e-5)
 
 
 def test_a_lost_answer_is_made_good_before_the_next_window(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The service rebalanced, but its answer never arrived (the read timed out): the engine solves locally and
-    asks nothing more of a service that does not answer; before the next window it finds the deployment holding the
-    lost placement and records the one serving, which the window is then judged against."""
+    asks nothing more of a service that does not answer; the next window carries the map serving, which the
+    deployment, holding the lost placement, records first and judges the window against."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-lost", monkeypatch)
     rng = np.random.default_rng(8)
@@ -746,8 +747,9 @@ def test_a_lost_answer_is_made_good_before_the_next_window(
 def test_a_placement_relabelled_to_keep_slots_is_what_the_deployment_holds(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The plug-in relabels the service's answer's GPUs to keep the engine's slots: the deployment, which stored the
-    answer as it sent it, is told the relabelled map the engine serves."""
+    """The engine serves its map relabelled (every expert on another GPU number than the deployment holds): the
+    window carries it, the deployment records it and rebalances from it, keeping its slots, and the engine serves
+    that answer as it is, which the deployment holds."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-relabel", monkeypatch)
     rng = np.random.default_rng(9)
@@ -774,3 +776,109 @@ def test_kept_without_the_engines_map_serves_the_deployments(server_factory: Cal
     assert kept.source == "remote" and not kept.fell_back and "kept the current placement" in kept.how
     assert np.array_equal(kept.phy2log, first.phy2log)
     assert [e["action"] for e in _history(base, "plugin-kept")] == ["placed", "kept"]
+
+
+# --- every EP rank calls the policy ---------------------------------------------------------------------------------
+# vLLM's EplbState.rearrange all-reduces the load window, then every rank calls the policy with it and with the same
+# physical_to_logical_map (SGLang's EPLBManager.rebalance likewise, per rank): in remote mode every rank sends it.
+
+MIXTRAL_4X4 = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy"}
+INITIAL = np.tile(np.arange(8), (4, 2))  # [4 layers, 16 slots]: vLLM's first map, each expert twice, by id
+
+
+def _on_ranks(ranks: int, call: Callable[[int], Any]) -> list[Any]:
+    """`call(rank)` on `ranks` threads released together (the ranks reach the rebalance at once); answers by rank."""
+    answers: list[Any] = [None] * ranks
+    barrier = threading.Barrier(ranks)
+
+    def run(rank: int) -> None:
+        barrier.wait()
+        answers[rank] = call(rank)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
+def test_every_rank_calling_the_policy_gets_one_placement(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four ranks call the plug-in with the same window and map at once, three rebalances running: every rank gets
+    the same map each time (kept, rebalanced, kept: periodic every 2), and the deployment records one window per
+    rebalance, one rebalance, and the engine's first map once."""
+    base = server_factory()
+    config = {**MIXTRAL_4X4, "policy": {"trigger": "periodic", "every": 2}}
+    assert httpx.put(f"{base}/deployments/plugin-ranks", json=config, timeout=60).status_code == 201
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "plugin-ranks")
+    monkeypatch.setenv("EPLB_SERVICE_TIMEOUT_S", "60")
+    rng = np.random.default_rng(11)
+    old = torch.from_numpy(INITIAL)
+    expected = [["applied", "kept"], ["rebalanced"], ["kept"]]
+    for windows, actions in enumerate(expected, start=1):
+        weight = torch.from_numpy(rng.pareto(1.0, size=(4, 8)) * 100)
+        caplog.clear()
+        def rank(_: int, weight: torch.Tensor = weight, old: torch.Tensor = old) -> Any:
+            return EplbPolicy.rebalance_experts(weight.clone(), 16, 1, 1, 4, old.clone())
+
+        with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+            maps = _on_ranks(4, rank)
+        assert all(m.tolist() == maps[0].tolist() for m in maps), [m.tolist() for m in maps]
+        lines = [r for r in caplog.records if r.name == "vllm.eplb_plugin"]
+        assert len(lines) == 4 and all(r.levelno == logging.INFO and "(remote)" in r.message for r in lines)
+        deployment = _current(base, "plugin-ranks")
+        assert deployment["windows"] == windows and deployment["placement"]["phy2log"] == maps[0].tolist()
+        assert [e["action"] for e in _history(base, "plugin-ranks")][-len(actions):] == actions
+        if actions == ["rebalanced"]:
+            assert not np.array_equal(maps[0].numpy(), old.numpy()) and stays_in_old_slot(old.numpy(),
+                                                                                           maps[0].numpy(), 4)
+        else:
+            assert maps[0].tolist() == old.tolist()
+        old = maps[0]
+    assert len(_history(base, "plugin-ranks")) == 4
+
+
+def test_ranks_on_two_replicas_get_one_placement_per_window(db_url: str) -> None:
+    """Four ranks, two sending to each of two `eplb serve` replicas on one database, rebalance twice: one answer per
+    window for every rank, one window and one rebalance stored each time. A duplicate reaching a new replica process
+    later gets the stored answer; the first window's content sent again after a new placement (an engine restarted
+    on its first map) is a new window, and so is a window after an applied placement that changed what serves."""
+    with ExitStack() as stack:
+        bases = [stack.enter_context(replica(db_url))[0] for _ in range(2)]
+        assert httpx.put(f"{bases[0]}/deployments/ranks", json={**MIXTRAL_4X4, "policy": {"trigger": "periodic"}},
+                         timeout=60).status_code == 201
+        rng = np.random.default_rng(12)
+        windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(2)]
+
+        def on_ranks(weight: np.ndarray, old: np.ndarray) -> np.ndarray:
+            def rank(i: int) -> core.Rebalanced:
+                settings = core.Settings(service_url=bases[i % 2], deployment="ranks", timeout_s=60)
+                return core.rebalance(weight, 16, 1, 1, 4, old.copy(), settings)
+
+            answers = _on_ranks(4, rank)
+            assert all(a.source == "remote" and not a.fell_back for a in answers), [a.how for a in answers]
+            assert all(np.array_equal(a.phy2log, answers[0].phy2log) for a in answers)
+            return np.asarray(answers[0].phy2log)
+
+        first = on_ranks(windows[0], INITIAL)
+        assert [e["action"] for e in _history(bases[1], "ranks")] == ["applied", "rebalanced"]
+        second = on_ranks(windows[1], first)
+        assert [e["action"] for e in _history(bases[1], "ranks")] == ["applied", "rebalanced", "rebalanced"]
+        assert _current(bases[0], "ranks")["placement"]["phy2log"] == second.tolist()
+        with replica(db_url) as (late, _):  # a rank whose request arrives late, at a replica started since
+            settings = core.Settings(service_url=late, deployment="ranks", timeout_s=60)
+            assert np.array_equal(core.rebalance(windows[1], 16, 1, 1, 4, first.copy(), settings).phy2log, second)
+        assert _current(bases[0], "ranks")["windows"] == 2
+        again = on_ranks(windows[0], INITIAL)  # the first window's content, after a new placement: a new window
+        entries = _history(bases[0], "ranks")
+        assert [e["action"] for e in entries[3:]] == ["applied", "rebalanced"] and entries[-1]["seq"] == 3
+        assert np.array_equal(again, first)  # rebalanced from the same map on the same window: the same answer
+        served = {"phy2log": second.tolist(), "slots_per_gpu": [4] * 4}
+        assert httpx.post(f"{bases[0]}/deployments/ranks/placement", json={"placement": served},
+                          timeout=60).status_code == 200
+        on_ranks(windows[0], INITIAL)  # what serves changed since that window: it is processed again
+        assert [e["action"] for e in _history(bases[0], "ranks")[5:]] == ["applied", "applied", "rebalanced"]
+        assert _current(bases[0], "ranks")["windows"] == 4

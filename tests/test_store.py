@@ -19,7 +19,7 @@ from eplb.store import Base, DeploymentRow, HistoryRow, make_engine, migrate, op
 from eplb.store.arrays import pack, unpack
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 
-HEAD = "0003"
+HEAD = "0004"
 
 
 def revision(url: str) -> str | None:

@@ -44,6 +44,11 @@ class WindowIn(BaseModel):
                                                 "summary (object or base64 of its .npz image, as POST "
                                                 "/placement takes it): kept in the history, used by the predictions "
                                                 "and the time objective")
+    current_placement: PlacementIn | None = Field(None, description="the placement the cluster serves now (as "
+                                                  "POST /deployments/{name}/placement takes it): recorded as "
+                                                  "serving first when the deployment holds another, so the window is "
+                                                  "judged against what serves; every EP rank of an engine may send "
+                                                  "the same window with it and gets the same answer")
 
 
 class AppliedIn(BaseModel):
@@ -191,13 +196,15 @@ async def delete_deployment(name: str, db: DbDep) -> Response:
 
 @router.post("/{name}/windows", response_model=WindowResult, response_model_exclude_none=True,
              responses=documented(401, 404, 422, 500, 503),
-             summary="Send a load window: rebalance when the deployment's trigger fires, else 'kept' and why")
+             summary="Send a load window: rebalance when the deployment's trigger fires, else 'kept' and why (the "
+                     "last window sent again, nothing changed since: its answer again, nothing stored)")
 async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, settings: SettingsDep) -> WindowResult:
     solver = _pool_solver(pool, settings, asyncio.get_running_loop())
     value = body.coactivation
     coactivation = value if value is None or isinstance(value, str) else value.model_dump()
+    current = None if body.current_placement is None else body.current_placement.model_dump(exclude_none=True)
     result: WindowResult = await _call(deployments.process_window, db, name, body.loads, force=body.force,
-                                       run_solve=solver, coactivation=coactivation)
+                                       run_solve=solver, coactivation=coactivation, current_placement=current)
     return result
 
 

@@ -264,8 +264,8 @@ FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
 class Failure(str):
     """A one-line reason the service's answer cannot be used, and its kind: "unreachable" (no answer: refused, timed
     out, a bad deployment name), "error" (an error status, not JSON), "refused" (a placement the engine cannot
-    serve: wrong layers, not every expert placed) or "other-cluster" (a placement for another cluster shape, so no
-    placement of the engine's can be recorded on that deployment either)."""
+    serve: wrong layers, not every expert placed) or "other-cluster" (a placement for another cluster shape, or the
+    engine's map refused by the deployment: it is not for the engine's cluster or model)."""
 
     kind: FailureKind
 
@@ -277,6 +277,8 @@ class Failure(str):
 
 UNCHANGED = "unchanged"
 """`post_window`'s answer when the service kept the placement it holds (action kept)."""
+CURRENT = "current_placement"
+"""The window's field for the engine's map (POST /deployments/{name}/windows)."""
 
 
 class Service:
@@ -306,6 +308,9 @@ class Service:
         if response.status_code == 404:
             return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
                            "deployments)")
+        if response.status_code == 422 and _names_field(response, CURRENT):
+            return Failure(f"{url} refused the engine's map as the window's current placement ({_detail(response)})",
+                           "other-cluster")
         if response.status_code >= 400:
             return Failure(f"{url} answered {response.status_code}: {_detail(response)}")
         try:
@@ -325,11 +330,18 @@ class Service:
             return None
         return _usable(body["placement"], self.url, weight, num_replicas, num_ranks)
 
-    def send_window(self, weight: FloatArray, num_replicas: int, num_ranks: int) -> IntArray | str:
-        """POST the window [L, E]: the new phy2log [L, P], UNCHANGED when the service kept its placement, or a
-        Failure."""
+    def send_window(
+        self, weight: FloatArray, num_replicas: int, num_ranks: int, current: IntArray | None = None
+    ) -> IntArray | str:
+        """POST the window [L, E], with `current` [L, P] (the engine's map, every slot filled) as its
+        current_placement: the new phy2log [L, P], UNCHANGED when the service kept its placement, or a Failure.
+        Every rank sending the same window and map gets the same answer (the service's window key)."""
         url = f"{self.url}/windows"
-        body = self._json("POST", url, {"loads": weight.tolist()})
+        window: dict[str, Any] = {"loads": weight.tolist()}
+        if current is not None:
+            spg = current.shape[1] // num_ranks
+            window[CURRENT] = {"phy2log": current.tolist(), "slots_per_gpu": [spg] * num_ranks}
+        body = self._json("POST", url, window)
         if isinstance(body, Failure):
             return body
         # POST /deployments/{name}/windows answers {"action": placed|rebalanced|kept, "result": {"placement": ...}}
@@ -338,14 +350,6 @@ class Service:
         if placement is None:
             return UNCHANGED
         return _usable(placement, url, weight, num_replicas, num_ranks)
-
-    def applied(self, phy2log: IntArray, num_ranks: int) -> Failure | None:
-        """POST /placement: the engine serves `phy2log` [L, P] (num_ranks GPUs of P / num_ranks slots); None when
-        the service recorded it, else why not."""
-        spg = phy2log.shape[1] // num_ranks
-        body = {"placement": {"phy2log": phy2log.tolist(), "slots_per_gpu": [spg] * num_ranks}}
-        answer = self._json("POST", f"{self.url}/placement", body)
-        return answer if isinstance(answer, Failure) else None
 
 
 def _usable(placement: Any, url: str, weight: FloatArray, num_replicas: int, num_ranks: int) -> IntArray | Failure:
@@ -378,16 +382,18 @@ def _usable(placement: Any, url: str, weight: FloatArray, num_replicas: int, num
 
 
 def post_window(
-    weight: FloatArray, num_replicas: int, num_ranks: int, settings: Settings, client: httpx.Client | None = None
+    weight: FloatArray, num_replicas: int, num_ranks: int, settings: Settings, client: httpx.Client | None = None,
+    current: IntArray | None = None,
 ) -> IntArray | str:
-    """POST the window to the service's deployment; the new phy2log [L, P], "unchanged" when the service
-    decided not to rebalance, or a one-line reason (a `Failure`) it could not be used. A placement is used only
-    for the cluster the engine asked for: `num_ranks` GPUs of `num_replicas / num_ranks` slots each."""
+    """POST the window to the service's deployment (with `current`, the engine's [L, P] map, every slot filled);
+    the new phy2log [L, P], "unchanged" when the service decided not to rebalance, or a one-line reason (a
+    `Failure`) it could not be used. A placement is used only for the cluster the engine asked for: `num_ranks`
+    GPUs of `num_replicas / num_ranks` slots each."""
     if not is_deployment_name(settings.deployment or ""):
         return _bad_name(settings)
     service = Service(settings, client)
     try:
-        return service.send_window(weight, num_replicas, num_ranks)
+        return service.send_window(weight, num_replicas, num_ranks, current)
     finally:
         service.close()
 
@@ -417,6 +423,16 @@ def _counts(slots: list[int]) -> str:
     """[4, 4, 5, 5] as '[4, 4, 5, 5]'; a long list cut after 8."""
     head = ", ".join(map(str, slots[:8]))
     return f"[{head}{', ...' if len(slots) > 8 else ''}]"
+
+
+def _names_field(response: httpx.Response, field: str) -> bool:
+    """Whether a problem answer's `errors` name `field` or a field inside it."""
+    try:
+        errors = response.json().get("errors")
+    except (ValueError, AttributeError):
+        return False
+    names = [e.get("field") for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
+    return any(isinstance(n, str) and (n == field or n.startswith(f"{field}.")) for n in names)
 
 
 def _detail(response: httpx.Response) -> str:
@@ -467,51 +483,43 @@ def remote(
     settings: Settings,
     client: httpx.Client | None = None,
 ) -> Rebalanced:
-    """The deployment's answer to the window, with the deployment kept on the placement that really serves:
+    """The deployment's answer to the window, in one request that every EP rank may send (vLLM and SGLang call the
+    policy on each rank, with the same all-reduced load and map): the window carries `old` (the engine's map, every
+    slot filled) as its current_placement, which the service records as serving first when it holds another, and
+    the service answers the same window and map once, then with that answer again (its window key).
 
-    1. GET the deployment. When it holds another placement than `old` (the engine's, every slot filled), `old` is
-       POSTed as applied first, so the window is judged against, and a rebalance starts from, what serves.
-    2. POST the window. A placement for the engine's cluster is served (relabelled to keep `old`'s slots, and then
-       reported as applied); `kept` serves `old` (without it, the deployment's placement).
-    3. An answer the engine refuses (another cluster shape, a wrong phy2log) is not served: `old` stays (a local
-       solve without it), and the deployment, which stored the refused placement as serving, is told what serves
-       (unless it is for another cluster shape: then it can hold no map of the engine's and gets no more windows).
-    4. No answer, or an error status: a local solve from `old`, reported as applied when the service answered.
-    fell_back marks 3 and 4; `how` names the reason and any report that failed."""
+    1. A placement for the engine's cluster is served as answered: the service rebalanced from `old` and kept its
+       slots (every expert that stays on a GPU stays in its slot), and holds that placement as serving. Only a map
+       with -1 slots, which the deployment cannot hold and is not sent, has the answer relabelled here to keep its
+       slots. `kept` serves `old` (an engine that passes no map: the deployment's placement, read then).
+    2. An answer the engine refuses (another cluster shape, a wrong phy2log), or the engine's map refused by the
+       deployment (not its cluster or model): `old` stays (a local solve without it).
+    3. No answer, or an error status: a local solve from `old`.
+    fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
+    deployment with the next window."""
     args = (weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
     if not is_deployment_name(settings.deployment or ""):
-        return _instead(_bad_name(settings), *args, None, [])
+        return _instead(_bad_name(settings), *args)
     where = f"{settings.service_url} deployment {settings.deployment!r}"
     serving = old if old is not None and old.shape == (weight.shape[0], num_replicas) else None
     service = Service(settings, client)
-    notes: list[str] = []
     try:
-        held = service.current(weight, num_replicas, num_ranks)
-        if isinstance(held, Failure):  # a service that fails, or a deployment that cannot serve this engine
-            return _instead(held, *args, None, [])
-        if serving is not None and not (serving < 0).any() and (held is None or not np.array_equal(held, serving)):
-            failed = service.applied(serving, num_ranks)
-            if failed is not None and failed.kind == "unreachable":  # no window either: it would wait as long
-                return _instead(failed, *args, None, [])
-            if failed is None:
-                held = serving
-            else:
-                notes.append(f"the deployment did not take the serving placement: {failed}")
-        answer = service.send_window(weight, num_replicas, num_ranks)
+        sent = serving if serving is not None and not (serving < 0).any() else None  # the deployment fills every slot
+        answer = service.send_window(weight, num_replicas, num_ranks, sent)
         if isinstance(answer, np.ndarray):
-            served = answer
-            if serving is not None:
+            served = answer  # rebalanced from `sent`, its slots kept by the service, and held so
+            if serving is not None and sent is None:  # rebalanced from the deployment's map: keep the engine's slots
                 hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
                 served = keep_slots(answer, serving, num_ranks, num_nodes if hier else 1)
-            if not np.array_equal(served, answer):  # the deployment stored the map as answered
-                _report(service, served, num_ranks, notes)
-            return Rebalanced(served, "remote", _with(f"placement from {where}", notes))
-        kept = serving if serving is not None else held
-        if answer == UNCHANGED and kept is not None:
-            return Rebalanced(kept.copy(), "remote", _with(f"{where} kept the current placement", notes))
-        if not isinstance(answer, Failure):
-            answer = Failure("the service kept a placement it does not hold", "refused")
-        return _instead(answer, *args, service, notes, held)
+            return Rebalanced(served, "remote", f"placement from {where}")
+        if answer == UNCHANGED:
+            kept = serving if serving is not None else service.current(weight, num_replicas, num_ranks)
+            if isinstance(kept, np.ndarray):
+                return Rebalanced(kept.copy(), "remote", f"{where} kept the current placement")
+            answer = kept if isinstance(kept, Failure) else Failure("the service kept a placement it does not hold",
+                                                                    "refused")
+        assert isinstance(answer, Failure)
+        return _instead(answer, *args)
     finally:
         service.close()
 
@@ -525,14 +533,9 @@ def _instead(
     num_ranks: int,
     old: IntArray | None,
     settings: Settings,
-    service: Service | None,
-    notes: list[str],
-    held: IntArray | None = None,
 ) -> Rebalanced:
     """What the engine serves when the remote answer cannot be used: `old` after a refused placement (when it is
-    the engine's [L, P] map), else a local solve from it. With `service` (the window was sent and answered), the
-    deployment is told what serves unless it holds that already (`held` after an error status; after a refusal it
-    holds the refused map)."""
+    the engine's [L, P] map), else a local solve from it; fell_back set, `how` naming the failure."""
     refused = failure.kind in ("refused", "other-cluster")
     if refused and old is not None and old.shape == (weight.shape[0], num_replicas):
         result = Rebalanced(old.copy(), "kept", f"the serving placement stays; remote refused: {failure}")
@@ -540,26 +543,7 @@ def _instead(
         result = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         result.how += f"; remote failed, solved locally: {failure}"
     result.fell_back = True
-    stale = failure.kind == "refused" or held is None or not np.array_equal(held, result.phy2log)
-    if service is not None and failure.kind in ("refused", "error") and stale:
-        _report(service, result.phy2log, num_ranks, notes)
-    result.how = _with(result.how, notes)
     return result
-
-
-def _report(service: Service, phy2log: IntArray, num_ranks: int, notes: list[str]) -> None:
-    """Tell the deployment the engine serves `phy2log` [L, P]; a note when it cannot hold it (empty slots) or
-    did not take it."""
-    if (phy2log < 0).any():
-        notes.append("the deployment was not told what serves (the map has empty slots, which it cannot hold)")
-        return
-    failed = service.applied(phy2log, num_ranks)
-    if failed is not None:
-        notes.append(f"the deployment was not told what serves: {failed}")
-
-
-def _with(how: str, notes: list[str]) -> str:
-    return "; ".join([how, *notes])
 
 
 def logical_maps(phy2log: IntArray, num_experts: int) -> tuple[IntArray, IntArray]:

@@ -19,7 +19,10 @@ class Base(DeclarativeBase):
 class DeploymentRow(Base):
     """A registered serving cluster. config: the `DeploymentConfig` JSON object; phy2log: [layers, slots] of
     the placement now serving (None until the first window or an applied placement); windows: windows
-    received; last_rebalance: the window number of the last new placement."""
+    received; last_rebalance: the window number of the last new placement; last_window_key: sha256 hex of the
+    last processed window's key and of this row's state after it (`eplb.deployments.process_window`: the same
+    window sent again while nothing changed is answered `last_window_answer`, its answer as zlib-compressed
+    JSON)."""
 
     __tablename__ = "deployments"
 
@@ -29,6 +32,8 @@ class DeploymentRow(Base):
     shares: Mapped[bytes | None] = mapped_column(LargeBinary)
     windows: Mapped[int] = mapped_column(Integer, default=0)
     last_rebalance: Mapped[int | None] = mapped_column(Integer)
+    last_window_key: Mapped[str | None] = mapped_column(String(64))
+    last_window_answer: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)  # read by windows only
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
