@@ -8,9 +8,17 @@ itself. Why this choice: docs/replay.md ("Rebalancing policies, triggers and mig
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["LB_TOLERANCE", "MOVE_BUDGETS", "NET_TOLERANCE", "candidates", "choose_candidate"]
+__all__ = ["LB_TOLERANCE", "MOVE_BUDGETS", "NET_TOLERANCE", "TRIGGER_OPTIONS", "candidates", "choose_candidate",
+           "unused_option"]
+
+TRIGGER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "periodic": ("every",), "threshold": ("threshold",), "cost": ("steps", "migration", "migration_stall_s"),
+}
+"""The options only one trigger reads: a deployment policy's (`eplb.deployments.Policy`), and `eplb replay`'s
+--threshold. Given with another trigger, one is refused (`unused_option`): it would change nothing."""
 
 MOVE_BUDGETS: tuple[float, ...] = (0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 """Move budgets the cost trigger tries with the incremental solver, as fractions of all slots."""
@@ -41,3 +49,19 @@ def choose_candidate(net_s: list[float], lb: list[float], moves: list[int]) -> i
     near = [i for i, n in enumerate(net_s) if n >= best * (1 - NET_TOLERANCE)]
     balanced = min(lb[i] for i in near)
     return min((i for i in near if lb[i] <= balanced * (1 + LB_TOLERANCE)), key=lambda i: (moves[i], lb[i]))
+
+
+def unused_option(trigger: str, given: Iterable[str], names: Mapping[str, str] | None = None, whose: str = "the",
+                  default: bool = False) -> tuple[str, str] | None:
+    """The first of the options `given` that `trigger` does not read (`TRIGGER_OPTIONS`), with the one text that
+    refuses it, or None. names: what the text calls the options and `trigger` (the CLI: its flags; a deployment:
+    its JSON fields); whose: whose trigger it is ("this run's"); default: the trigger was not chosen."""
+    def n(field: str) -> str:
+        return (names or {}).get(field, field)
+
+    for option in given:
+        owner = next((t for t, options in TRIGGER_OPTIONS.items() if option in options), trigger)
+        if owner != trigger:
+            return option, (f"{n(option)} is used by {n('trigger')} {owner} only; {whose} trigger is {trigger}"
+                            f"{' (the default)' if default else ''}: use {n('trigger')} {owner} or drop {n(option)}")
+    return None

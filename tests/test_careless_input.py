@@ -142,6 +142,26 @@ def test_threshold_without_the_threshold_trigger_is_refused(
     assert code == 2 and "--threshold is used by --trigger threshold only" in err and shown in err
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--interval", "10", "--robust-windows", "15"], "--robust-windows 15: the window of the first check (step 10, "
+     "--interval) holds 10 steps (--interval), too few for 15 sub-windows of a step or more: give --robust-windows "
+     "2 .. 10"),
+    (["--interval", "10", "--window", "8", "--robust-windows", "9"], "--robust-windows must be 2 .. --window (8)"),
+    (["--interval", "10", "--first-rebalance", "1", "--robust-windows", "2"], "holds 1 step (--first-rebalance), "
+     "too few for 2 sub-windows of a step or more: drop --robust-windows or give a later --first-rebalance"),
+])
+def test_more_robust_sub_windows_than_the_window_holds_steps_are_refused(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """`--interval 100 --robust-windows 900` ran 'robust over 900 sub-windows' of the first check's 100 steps (the
+    replay cut 100 of a step each, and said 900)."""
+    code, err = run(capsys, "replay", str(small["log"]), *flags, "--no-progress")
+    assert code == 2 and message in err, err
+    assert main(["replay", str(small["log"]), "--interval", "10", "--robust-windows", "10", "--no-progress",
+                 "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["schedule"]["robust_windows"] == 10
+
+
 def test_threshold_with_its_trigger_runs(small: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(small["log"]), "--interval", "10", "--window", "10", "--trigger", "threshold",
                  "--threshold", "1.2", "--no-progress", "--json"]) == 0  # fmt: skip

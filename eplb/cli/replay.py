@@ -40,6 +40,7 @@ from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup, time_limited
 from eplb.specs import MODEL_PRESETS, link_bandwidth
 from eplb.synth import StatsAccumulator, SynthConfig, check_model_shape, seed004_log, synth_counts, synth_topk
+from eplb.trigger import unused_option
 from solvers import registry
 
 SYNTH_DESCRIPTION = """\
@@ -201,8 +202,9 @@ def add_schedule_options(p: argparse._ActionsContainer) -> None:
                    help=f"realized lb (mean over the window's steps and layers) above which --trigger threshold "
                    f"rebalances (default {d.threshold:g})")
     p.add_argument("--robust-windows", type=int_at_most(MAX_COUNT, "sub-windows"), metavar="K",
-                   help="cut the window into K sub-windows, 2 .. --window, and refine the placement so its worst lb "
-                   "over them is lowest (solvers/robust.py; any solver; default: none)")
+                   help="cut the window into K sub-windows, 2 .. the steps the first check's window holds (--window, "
+                   "or the first check's step when earlier), and refine the placement so its worst lb over them is "
+                   "lowest (solvers/robust.py; any solver; default: none)")
 
 
 def add_migration_options(p: argparse._ActionsContainer) -> None:
@@ -271,14 +273,32 @@ def schedule_from(args: argparse.Namespace, cost: CostSetup | None) -> Schedule:
         raise EplbError("--trigger cost needs a model to predict times: give --model NAME, or choose --trigger "
                         "periodic or threshold")  # fmt: skip
     trigger = args.trigger or ("cost" if cost is not None else "periodic")
-    if args.threshold is not None and trigger != "threshold":
-        raise EplbError(f"--threshold is used by --trigger threshold only; this run's trigger is {trigger}"
-                        + ("" if args.trigger else " (the default)") + ": add --trigger threshold or drop --threshold")
+    unused = unused_option(trigger, ["threshold"] if args.threshold is not None else [], SCHEDULE_FLAGS,
+                           "this run's", default=args.trigger is None)
+    if unused is not None:
+        raise EplbError(unused[1])
     threshold = Schedule().threshold if args.threshold is None else args.threshold
     schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma, trigger,
                         threshold, args.robust_windows)  # fmt: skip
     schedule.check(SCHEDULE_FLAGS)
+    check_robust_windows(schedule, args.first_rebalance is not None)
     return schedule
+
+
+def check_robust_windows(schedule: Schedule, first_given: bool) -> None:
+    """--robust-windows K cuts each check's window into K sub-windows of at least one step: refused, naming the
+    flags, when the first check's window holds fewer steps (min(--window, the first check's position: --interval,
+    or --first-rebalance)); a replay took K = 900 at a 100-step first check and cut 100 sub-windows."""
+    k = schedule.robust_windows
+    held = min(schedule.window, schedule.first_position)
+    if k is None or k <= held:
+        return
+    at = "--first-rebalance" if first_given else "--interval"
+    source = "--window" if schedule.window <= schedule.first_position else at
+    fix = f"give --robust-windows 2 .. {held}" if held >= 2 else f"drop --robust-windows or give a later {at}"
+    raise EplbError(f"--robust-windows {k}: the window of the first check (step {schedule.first_position:,}, "
+                    f"{at}) holds {plural(held, 'step')} ({source}), too few for {k:,} sub-windows of a step or more: "
+                    f"{fix}")
 
 
 def add_progress_options(p: argparse.ArgumentParser) -> None:
