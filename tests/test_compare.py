@@ -152,6 +152,27 @@ def test_more_layers_than_the_window_and_an_endless_time_limit_are_refused(
                  "--no-progress"]) == 0  # fmt: skip
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--loads", str(FIXTURE), "--window", "5", "--trigger", "cost"], f"--window, --trigger set how --log replays a "
+     f"routing log; --loads {FIXTURE} compares placements on one window: give --log FILE, or drop them"),
+    (["--loads", str(FIXTURE), "--interval", "3000"], "--interval sets how --log replays"),  # its default, given
+    (["--oracle-every", "3"], "--oracle-every sets how --log replays a routing log; the embedded window (no --log "
+     "given) compares placements on one window: give --log FILE, or drop it"),
+    (["--first-rebalance", "5", "--delay", "0", "--ewma", "0.5", "--threshold", "1.2", "--robust-windows", "2"],
+     "--first-rebalance, --delay, --ewma, --threshold, --robust-windows set how --log replays"),
+])  # fmt: skip
+def test_log_replay_flags_with_a_window_are_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """--window, --trigger, ... (the 'log replay' group) with --loads or the embedded window were ignored without a
+    word (rc 0), while --objectives with --log is refused: they are refused by name, whatever their value."""
+    assert main(["compare", "--solvers", "greedy", "--layers", "1", *argv, "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"eplb compare: error: {said}"), err
+    assert not (tmp_path / "r").exists()
+
+
 # ----- --log: the same schedule replayed by every solver ------------------------------------------------------
 
 

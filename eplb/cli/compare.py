@@ -84,7 +84,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="solve the oracle on every N-th step (default 10; 0: skip it)")
     add_progress_options(p)
     add_executor_options(p)
-    p.set_defaults(func=run)
+    # the log-only flags default to None, so that one given with a window is refused (`_refuse_log_options`),
+    # whatever its value; `_run_log` puts their defaults back
+    log_options = {a.dest: (a.option_strings[0], a.default) for a in replay._group_actions}
+    p.set_defaults(func=run, log_options=log_options, **dict.fromkeys(log_options))
 
 
 def _ints(text: str, flag: str, unit: str, low: int, high: int | None = None) -> list[int]:
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_window(
     args: argparse.Namespace, solvers: list[str], eps: list[int], redundant: list[int] | None
 ) -> tuple[list[Run], dict[str, Any]]:
+    _refuse_log_options(args)
     window = read_window(args.loads)
     _check_layers(args, window.num_layers, "window")
     loads = window.loads if args.layers is None else window.loads[: args.layers]
@@ -155,6 +159,9 @@ def _run_log(
 ) -> tuple[list[Run], dict[str, Any]]:
     if args.objectives != "lb" or args.coactivation:
         raise EplbError("--objectives and --coactivation compare placements on one window: give --loads, not --log")
+    for dest, (_, default) in args.log_options.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
     log = open_log(args.log)
     info = log.info
     _check_layers(args, info.num_layers, "log")
@@ -185,6 +192,17 @@ def _run_log(
         "MILP time limit per layer": f"{args.time_limit} s",
         "tokens per GPU (time prediction)": "each step's own" if args.tokens_per_gpu is None else args.tokens_per_gpu,
     }
+
+
+def _refuse_log_options(args: argparse.Namespace) -> None:
+    """The log-replay flags (`register`'s 'log replay' group: --window, --interval, --trigger, --oracle-every, ...)
+    given without --log, named: a window run ignored them without a word."""
+    given = [flag for dest, (flag, _) in args.log_options.items() if getattr(args, dest) is not None]
+    if given:
+        source = f"--loads {args.loads}" if args.loads else "the embedded window (no --log given)"
+        raise EplbError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} how --log replays a routing log; "
+                        f"{source} compares placements on one window: give --log FILE, or drop "
+                        f"{'it' if len(given) == 1 else 'them'}")
 
 
 def _check_layers(args: argparse.Namespace, num_layers: int, source: str) -> None:
