@@ -96,12 +96,23 @@ class Run:
 
 
 def parse_solvers(text: str) -> list[str]:
-    """`greedy,milp,milp-weighted` -> list, checked."""
+    """`greedy,milp,milp-weighted` -> list, checked (a solver listed twice is refused: it ran twice)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in names if s not in SOLVER_CHOICES]
     if bad or not names:
         raise EplbError(f"unknown solver(s) {bad or text!r}: choose from {', '.join(SOLVER_CHOICES)}")
-    return list(dict.fromkeys(names))
+    refuse_repeats(names, "--solvers")
+    return names
+
+
+def refuse_repeats(values: Sequence[object], flag: str) -> None:
+    """EplbError naming `flag` and the first value it lists twice: a sweep entry given twice ran twice, silently
+    (`--ep 4,4`, `--solvers greedy,greedy`)."""
+    seen: set[object] = set()
+    for v in values:
+        if v in seen:
+            raise EplbError(f"{flag} lists {v} twice: give each once")
+        seen.add(v)
 
 
 def cluster_shapes(

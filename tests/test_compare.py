@@ -173,6 +173,25 @@ def test_log_replay_flags_with_a_window_are_refused_by_name(
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--ep", "4,4"], "--ep lists 4 twice: give each once"),
+    (["--ep", "4,8,04"], "--ep lists 4 twice"),
+    (["--redundant", "0,4,0"], "--redundant lists 0 twice"),
+    (["--solvers", "greedy,greedy"], "--solvers lists greedy twice"),
+    (["--solvers", "greedy, milp,greedy"], "--solvers lists greedy twice"),
+    (["--objectives", "lb,time,lb"], "--objectives lists lb twice"),  # was deduplicated without a word
+])  # fmt: skip
+def test_a_sweep_entry_given_twice_is_refused_naming_the_flag_and_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """`--ep 4,4` and `--solvers greedy,greedy` ran the same shape or solver twice, silently."""
+    assert main(["compare", "--solvers", "greedy", "--layers", "1", *argv, "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"eplb compare: error: {said}"), err
+    assert not (tmp_path / "r").exists()
+
+
 # ----- --log: the same schedule replayed by every solver ------------------------------------------------------
 
 

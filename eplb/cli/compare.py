@@ -25,7 +25,16 @@ from eplb.executor import add_executor_options, executor_from
 from eplb.io.logs import open_log
 from eplb.io.windows import read_window
 from eplb.objective import OBJECTIVES
-from eplb.report import Run, cluster_shapes, compare_log, compare_window, parse_solvers, verdict, write_report
+from eplb.report import (
+    Run,
+    cluster_shapes,
+    compare_log,
+    compare_window,
+    parse_solvers,
+    refuse_repeats,
+    verdict,
+    write_report,
+)
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, CostSetup
 from eplb.specs import ModelSpec
 
@@ -102,6 +111,7 @@ def _ints(text: str, flag: str, unit: str, low: int, high: int | None = None) ->
     for v in values:
         if v < low or (high is not None and v > high):
             raise EplbError(f"{flag} takes {accepted}, got {v}")
+    refuse_repeats(values, flag)
     return values
 
 
@@ -138,11 +148,12 @@ def _run_window(
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     if not objectives or any(o not in OBJECTIVES for o in objectives):
         raise EplbError(f"--objectives takes {', '.join(OBJECTIVES)} (comma-separated), got {args.objectives!r}")
+    refuse_repeats(objectives, "--objectives")
     coactivation = coactivation_for(args, window)
     if coactivation is not None and args.layers is not None:
         coactivation = coactivation.layers(args.layers)
     runs = compare_window(loads, shapes, solvers, _one_link_cost(args, model), args.time_limit, progress=args.progress,
-                          executor=args.run_on, objectives=list(dict.fromkeys(objectives)),
+                          executor=args.run_on, objectives=objectives,
                           coactivation=coactivation)  # fmt: skip
     return runs, {
         "title": f"{', '.join(solvers)} on {window.source}",
