@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, portable, reopen
+from eplb.io.files import plural
 from eplb.io.logs import RoutingLog
 from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
@@ -359,10 +360,7 @@ def compare_log(
     served_from = sched.first_position + sched.delay
     num_steps = view.info.num_steps
     if num_steps is not None and served_from >= num_steps:
-        raise EplbError(
-            f"the log has {num_steps:,} steps but the first rebalanced placement serves from step position "
-            f"{served_from:,}: lower --interval or --first-rebalance"
-        )
+        raise EplbError(_too_short(num_steps, sched))
     ex = executor or LocalExecutor()
     sent = portable(log) if isinstance(ex, RayExecutor) else log
     tasks = [
@@ -382,6 +380,28 @@ def compare_log(
             assert bounds is not None
             runs.append(_log_run(name, ep, slots, split, rebalances, means, shared, bounds, schedule_info))
     return runs
+
+
+def _too_short(num_steps: int, sched: Schedule) -> str:
+    """Why no rebalanced placement serves a step of a `num_steps`-step log under `sched`, and what would help: the
+    first rebalance comes at step position 1 at the earliest (it needs a step before it) and its placement serves
+    `delay` steps later, so a log needs more than first + delay steps; no schedule fits a 1-step log."""
+    first, delay = sched.first_position, sched.delay
+    served_from = first + delay
+    at = "--first-rebalance" if sched.first is not None else "--interval"
+    head = (f"the log has {plural(num_steps, 'step')} but the first rebalanced placement serves from step position "
+            f"{served_from:,} ({at} {first:,}, --delay {delay})")
+    longer = f"a log of more than {plural(served_from, 'step')}"
+    last = num_steps - 1  # the last position a placement could serve
+    if last < 1:
+        least = "" if served_from == 1 else " (or of 2 steps or more with --first-rebalance 1 --delay 0)"
+        return (f"{head}: a rebalance needs a step before it and a step its placement serves, so no schedule fits "
+                f"{plural(num_steps, 'step')}: give {longer}{least}")
+    if delay <= last - 1:
+        fix = "give --first-rebalance " + ("1" if last - delay == 1 else f"{last - delay:,} or less")
+    else:
+        fix = "give --delay " + ("0" if last == 1 else f"{last - 1:,} or less") + " with --first-rebalance 1"
+    return f"{head}: {fix}, or {longer}"
 
 
 @dataclass(frozen=True)
@@ -418,10 +438,7 @@ def _log_task(
         on_steps=means, progress=report, hindsight=False,
     )  # fmt: skip
     if means.steps == 0:
-        raise EplbError(
-            f"the log has {means.all_steps:,} steps but the first rebalanced placement serves from "
-            f"step position {task.served_from:,}: lower --interval or --first-rebalance"
-        )
+        raise EplbError(_too_short(means.all_steps, task.schedule))
     return means, bounds, result.rebalances, result.summary["schedule"]
 
 
@@ -527,11 +544,12 @@ def _lb_versus(label: str, run: Run, ref: Run) -> str:
     ms, g_ms = float(np.median(run.solve_ms)), float(np.median(ref.solve_ms))
     if better == 0:
         return (
-            f"{label}: {run.solver} did not beat {ref.solver} on any of {len(run.lb)} layers (lb max {r_max:.4f} vs "
-            f"{g_max:.4f}); it took a median {ms:,.1f} ms per layer against {ref.solver}'s {g_ms:,.2f} ms."
+            f"{label}: {run.solver} did not beat {ref.solver} on any layer ({plural(len(run.lb), 'layer')}; lb max "
+            f"{r_max:.4f} vs {g_max:.4f}); it took a median {ms:,.1f} ms per layer against {ref.solver}'s "
+            f"{g_ms:,.2f} ms."
         )
     return (
-        f"{label}: {run.solver} beat {ref.solver} on {better} of {len(run.lb)} layers"
+        f"{label}: {run.solver} beat {ref.solver} on {better} of {plural(len(run.lb), 'layer')}"
         + (f" (worse on {worse})" if worse else "")
         + f": worst-layer lb {r_max:.4f} vs {g_max:.4f} ({100 * (g_max - r_max) / g_max:.2f}% lower), "
         f"mean lb {r_mean:.4f} vs {g_mean:.4f}, at a median {ms:,.1f} ms per layer ({ref.solver} {g_ms:,.2f} ms)."
@@ -549,7 +567,7 @@ def _time_versus(label: str, run: Run, ref: Run) -> str:
                   f"{np.mean(ref.extra['copies_per_token']):.2f}")
     ms, g_ms = float(np.median(run.solve_ms)), float(np.median(ref.solve_ms))
     return (
-        f"{label}: {run.solver} predicted faster than {ref.solver} on {faster} of {t.size} layers (slower on "
+        f"{label}: {run.solver} predicted faster than {ref.solver} on {faster} of {plural(t.size, 'layer')} (slower on "
         f"{slower}): {t.sum() / 1000:,.3f} ms vs {b.sum() / 1000:,.3f} ms per step, lb mean "
         f"{np.mean(run.lb):.4f} vs {np.mean(ref.lb):.4f}{copies}; solve {ms:,.2f} vs {g_ms:,.2f} ms per layer "
         "(median)."
@@ -587,7 +605,7 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
     assert st is not None
     context = [f"no EPLB {np.mean(first.baseline_lb):.3f}"]
     if st.oracle_lb is not None:
-        context.append(f"oracle {np.mean(st.oracle_lb):.3f} on {st.oracle_steps:,} sampled steps")
+        context.append(f"oracle {np.mean(st.oracle_lb):.3f} on {plural(st.oracle_steps, 'sampled step')}")
     context.append(f"lower bound {np.mean(first.bound):.3f}")
     counts = {name: len(r.moves or []) for name, r in group.items()}
     same_count = len(set(counts.values())) == 1
@@ -600,13 +618,13 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
             continue
         parts.append(
             f"{name} {np.mean(r.lb):.3f} (static {np.mean(rs.static_lb):.3f})"
-            + ("" if same_count else f" over {_rebalances(counts[name])}")
+            + ("" if same_count else f" over {plural(counts[name], 'rebalance')}")
             + f" moving {_moves_text(float(np.median(r.moves)), _bytes_per_move(r))} expert copies and solving in "
             f"{_ms(float(np.median(rs.solve_ms)))} ms per rebalance (medians)"
         )
     lines = [
-        f"{label}, replaying {st.steps:,} steps from step {st.first_step:,}"
-        + (f" ({_rebalances(counts[first.solver])})" if same_count else "")
+        f"{label}, replaying {plural(st.steps, 'step')} from step {st.first_step:,}"
+        + (f" ({plural(counts[first.solver], 'rebalance')})" if same_count else "")
         + f": mean lb {'; '.join(parts)}; for reference {', '.join(context)}."
     ]
     ref_name = "greedy" if "greedy" in group else first.solver
@@ -616,10 +634,6 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
             continue
         lines.append(_versus(label, name, r, ref_name, ref))
     return lines
-
-
-def _rebalances(n: int) -> str:
-    return f"{n:,} rebalance" + ("" if n == 1 else "s")
 
 
 def _ms(ms: float) -> str:
@@ -646,7 +660,7 @@ def _versus(label: str, name: str, r: Run, ref_name: str, ref: Run) -> str:
     g_ms = float(np.median(ref.replay.solve_ms)) if ref.replay.solve_ms else 0.0
     return (
         f"{label}: {name} against {ref_name}: mean realized lb {r_lb:.4f} vs {g_lb:.4f} ({lb_word}; lower on "
-        f"{better} of {len(r.lb)} layers, worst layer {max(r.lb):.4f} vs {max(ref.lb):.4f}); "
+        f"{better} of {plural(len(r.lb), 'layer')}, worst layer {max(r.lb):.4f} vs {max(ref.lb):.4f}); "
         f"{r_moves:,} vs {g_moves:,} expert copies over the rebalances ({mv_word}); "
         f"solve {_ms(r_ms)} vs {_ms(g_ms)} ms per rebalance (median)."
     )

@@ -291,6 +291,40 @@ def test_log_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], log_repo
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("steps", "argv", "said"), [
+    (1, ["--interval", "1", "--delay", "0"], "the log has 1 step but the first rebalanced placement serves from step "
+     "position 1 (--interval 1, --delay 0): a rebalance needs a step before it and a step its placement serves, so "
+     "no schedule fits 1 step: give a log of more than 1 step"),  # was 'the log has 1 steps ...: lower --interval'
+    (1, [], "the log has 1 step but the first rebalanced placement serves from step position 3,001 (--interval "
+     "3,000, --delay 1): a rebalance needs a step before it and a step its placement serves, so no schedule fits 1 "
+     "step: give a log of more than 3,001 steps (or of 2 steps or more with --first-rebalance 1 --delay 0)"),
+    (5, ["--first-rebalance", "4"], "the log has 5 steps but the first rebalanced placement serves from step "
+     "position 5 (--first-rebalance 4, --delay 1): give --first-rebalance 3 or less, or a log of more than 5 steps"),
+    (5, ["--interval", "4", "--delay", "3"], "(--interval 4, --delay 3): give --first-rebalance 1, or a log of more "
+     "than 7 steps"),
+    (2, ["--interval", "4", "--delay", "3"], "(--interval 4, --delay 3): give --delay 0 with --first-rebalance 1, or "
+     "a log of more than 7 steps"),
+])  # fmt: skip
+def test_a_log_too_short_for_the_schedule_gets_advice_that_helps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], steps: int, argv: list[str], said: str
+) -> None:
+    """A 1-step log was told to 'lower --interval' at --interval 1: no schedule fits one step. The advice is a
+    change that makes the first placement serve a step of the log (and it works), or a longer log."""
+    log = tmp_path / "log.npz"
+    write_counts(log, np.ones((steps, 2, 16), dtype=np.int64))
+    base = ["compare", "--log", str(log), "--solvers", "greedy", "--ep", "4", "--out", str(tmp_path / "r"),
+            "--no-progress"]  # fmt: skip
+    assert main([*base, *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "lower --interval" not in err, err
+    fix = re.search(r"give (--\S+ \d+)(?: or less)?(?: with (--first-rebalance 1))?, or a log", err)
+    if fix is not None:  # the advice, taken, replays
+        advised = [a for part in fix.groups() if part for a in part.split()]
+        assert main([*base, *argv, *advised]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "replaying 1 step from" in out and "1 steps" not in out and "1 rebalances" not in out, out
+
+
 def test_log_report_leaves_out_steps_without_tokens(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
 ) -> None:

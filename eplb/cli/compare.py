@@ -22,6 +22,7 @@ from eplb.cli.solve import (
 )
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from
+from eplb.io.files import plural
 from eplb.io.logs import open_log
 from eplb.io.windows import read_window
 from eplb.objective import OBJECTIVES
@@ -157,7 +158,7 @@ def _run_window(
                           coactivation=coactivation)  # fmt: skip
     return runs, {
         "title": f"{', '.join(solvers)} on {window.source}",
-        "loads": f"{window.source}, {loads.shape[0]} layers x {loads.shape[1]} experts",
+        "loads": f"{window.source}, {plural(loads.shape[0], 'layer')} x {plural(loads.shape[1], 'expert')}",
         "model": model.name if model else "unknown (no time prediction)",
         "hardware": args.hardware or DEFAULT_HARDWARE,
         "MILP time limit per layer": f"{args.time_limit} s",
@@ -189,7 +190,7 @@ def _run_log(
     first = runs[0].replay
     return runs, {
         "title": f"{', '.join(solvers)} replaying {info.path}",
-        "log": info.describe() + (f"; first {layers} layers" if args.layers is not None else ""),
+        "log": info.describe() + (f"; first {plural(layers, 'layer')}" if args.layers is not None else ""),
         "schedule": schedule.describe("each solver"),
         "solve time": "wall time of each rebalance's solve" + (" (all the cost trigger's candidates and their "
                       "judging)" if schedule.trigger == "cost" else "") + "; the one-time start-up (imports) is "
@@ -219,7 +220,8 @@ def _refuse_log_options(args: argparse.Namespace) -> None:
 def _check_layers(args: argparse.Namespace, num_layers: int, source: str) -> None:
     """--layers at most the window's (or log's) layer count: more was taken as all of them, without a word."""
     if args.layers is not None and args.layers > num_layers:
-        raise EplbError(f"--layers {args.layers}: the {source} has {num_layers} layers (give 1 to {num_layers})")
+        raise EplbError(f"--layers {args.layers}: the {source} has {plural(num_layers, 'layer')} (give 1 to "
+                        f"{num_layers})")
 
 
 def _one_link_cost(args: argparse.Namespace, model: ModelSpec | None) -> CostSetup | None:
