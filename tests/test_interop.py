@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -205,6 +206,33 @@ def test_placement_detection_errors(tmp_path: Path) -> None:
         read_placement_any(tmp_path / "bad.yaml", num_gpus=1)
     with pytest.raises(EplbError, match="not found"):
         read_placement_any(tmp_path / "missing.json")
+
+
+def test_export_of_a_placement_that_is_no_file_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb export --placement /dev/null` said 'placement file not found': it exists. Each path says what is wrong
+    with it: a device or a pipe is no regular file, an empty file is empty, a directory a directory, a symbolic link
+    to nothing broken, a JSON file of something else no placement."""
+    from eplb.cli import main
+
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "broken").symlink_to(tmp_path / "gone.json")
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "other.json").write_text('{"foo": 1}')
+    for path, said in (
+        ("/dev/null", "placement file /dev/null exists but is not a regular file (a character device); give a file"),
+        (tmp_path / "pipe", f"placement file {tmp_path / 'pipe'} exists but is not a regular file (a named pipe)"),
+        (tmp_path / "empty.json", f"placement file {tmp_path / 'empty.json'} is empty (0 bytes)"),
+        (tmp_path, f"placement file {tmp_path} is a directory; give a file"),
+        (tmp_path / "broken", f"placement file not found: {tmp_path / 'broken'} (a broken symbolic link)"),
+        (tmp_path / "missing.json", f"placement file not found: {tmp_path / 'missing.json'}\n"),
+        (tmp_path / "other.json", "not a placement file I know"),
+    ):
+        assert main(["export", "--placement", str(path), "--to", "sglang", "--out", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("eplb export: error: ") and said in err, (path, err)
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_empty_slots_read_and_export(tmp_path: Path) -> None:

@@ -152,15 +152,31 @@ def read_json(p: Path) -> Any:
 
 
 def existing_file(raw: str | Path, what: str = "file") -> Path:
-    """The path of a readable, non-empty file; otherwise an EplbError that says which of those it is not."""
+    """The path of a readable, non-empty regular file; otherwise an EplbError that says which of those it is not
+    (a directory, a device such as /dev/null, a pipe, nothing there)."""
     p = Path(raw)
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file")
     if not p.is_file():
-        raise EplbError(f"{what} not found: {p}")
+        if not p.exists():
+            raise EplbError(f"{what} not found: {p}" + (" (a broken symbolic link)" if p.is_symlink() else ""))
+        raise EplbError(f"{what} {p} exists but is not a regular file ({_kind(p)}); give a file")
     if p.stat().st_size == 0:
         raise EplbError(f"{what} {p} is empty (0 bytes)")
     return p
+
+
+def _kind(p: Path) -> str:
+    """What p, which exists and is neither a regular file nor a directory, is, for a message."""
+    if p.is_char_device():
+        return "a character device"
+    if p.is_block_device():
+        return "a block device"
+    if p.is_fifo():
+        return "a named pipe"
+    if p.is_socket():
+        return "a socket"
+    return "another kind of file"
 
 
 def output_file(raw: str | Path, what: str = "output file") -> Path:
