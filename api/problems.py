@@ -16,9 +16,11 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from api.schemas import Problem
-from eplb.errors import EplbError, FieldError
+from eplb.errors import EplbError, FieldError, clip
 
 PROBLEM = "application/problem+json"
+INSTANCE_SHOWN = 200
+"""The most characters of a request's path a problem echoes (every route's path with a name it can have fits)."""
 
 
 class ProblemError(Exception):
@@ -37,8 +39,9 @@ class ProblemError(Exception):
 
 def problem_body(status: int, title: str, detail: str, instance: str | None = None,
                  errors: list[dict[str, Any]] | None = None) -> bytes:
-    """The JSON bytes of one problem."""
-    problem = Problem(title=title, status=status, detail=detail, instance=instance, errors=errors)
+    """The JSON bytes of one problem; `instance` (the request's path) clipped to `INSTANCE_SHOWN` characters."""
+    shown = None if instance is None else clip(instance, INSTANCE_SHOWN)
+    problem = Problem(title=title, status=status, detail=detail, instance=shown, errors=errors)
     return orjson.dumps(problem.model_dump(exclude_none=True))
 
 

@@ -32,7 +32,7 @@ from sqlalchemy import delete, func, select
 from eplb import trigger
 from eplb.budget import cluster_slots, describe_slots
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
-from eplb.errors import EplbError, FieldError
+from eplb.errors import EplbError, FieldError, shown
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.rules import (
@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
 
 NAME = DEPLOYMENT_NAME  # eplb.rules: light, the plug-ins read it too
+NAME_SHOWN = 100
+"""The most characters of a deployment name a message echoes (`eplb.errors.shown`): any name one can have, whole."""
 STRICT = ConfigDict(extra="forbid", strict=True)
 Action = Literal["placed", "rebalanced", "kept", "applied"]
 POLICY_FIELDS = {"max_moves": "policy.max_moves", "target_lb": "policy.target_lb",
@@ -370,7 +372,8 @@ SolveFn = Callable[..., Outcome]
 # ----- operations ------------------------------------------------------------------------------------------------
 def check_name(name: str) -> str:
     if not is_deployment_name(name):  # fullmatch: 'victim\n' is no name
-        raise FieldError("name", DEPLOYMENT_NAME_RULE, f"deployment name {name!r}: {DEPLOYMENT_NAME_RULE}")
+        text = f"deployment name {shown(name, NAME_SHOWN)}: {DEPLOYMENT_NAME_RULE}"
+        raise FieldError("name", DEPLOYMENT_NAME_RULE, text)
     return name
 
 
@@ -616,7 +619,8 @@ def window_key(loads: NDArray[np.float64], current: Placement | None, force: boo
 # ----- helpers -------------------------------------------------------------------------------------------------
 def _row(row: DeploymentRow | None, name: str) -> DeploymentRow:
     if row is None:
-        raise NotFound(f"no deployment named {name!r}: register it with PUT /deployments/{name}")
+        hint = f"register it with PUT /deployments/{name}" if is_deployment_name(name) else DEPLOYMENT_NAME_RULE
+        raise NotFound(f"no deployment named {shown(name, NAME_SHOWN)}: {hint}")
     return row
 
 

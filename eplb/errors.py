@@ -25,3 +25,17 @@ class FieldError(EplbError):
     def __reduce__(self) -> tuple[type[FieldError], tuple[tuple[str, ...], str, str]]:
         """Pickled with its fields and message (args holds the text only): it crosses the solver processes."""
         return (type(self), (self.fields, self.message, str(self)))
+
+
+def clip(text: str, width: int = 40) -> str:
+    """`text` as it fits in `width` characters: cut, its last character an ellipsis, when longer (a name a message
+    or a table cell echoes)."""
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def shown(value: object, width: int = 40) -> str:
+    """`value` for a message: repr of a string (clipped to `width` characters, with its length when cut), else str.
+    The CLI's messages and the service's (a deployment name, a path) echo what they were given through it."""
+    if not isinstance(value, str):
+        return str(value)
+    return repr(value) if len(value) <= width else f"{clip(value, width)!r} ({len(value):,} characters)"

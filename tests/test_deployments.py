@@ -1115,3 +1115,21 @@ def test_a_config_reads_back_as_it_was_put_to_the_byte(client: TestClient) -> No
     assert put.status_code == 201 and '"migration_stall_s":0.0' in put.text and '"tokens_per_gpu":4096.0' in put.text
     config_text = put.text[put.text.index('"config":'):put.text.index(',"windows"')]
     assert config_text in got.text and config_text in listed.text, (put.text, got.text)
+
+
+def test_a_long_name_is_echoed_clipped_in_detail_and_instance(client: TestClient) -> None:
+    """A 5000-character deployment name came back whole in `detail` (twice for a 404) and in `instance`."""
+    name = "a" * 5000
+    body = config().model_dump(mode="json", exclude_none=True)
+    for method, path, json_body in (("PUT", f"/deployments/{name}", body), ("GET", f"/deployments/{name}", None),
+                                    ("DELETE", f"/deployments/{name}", None),
+                                    ("POST", f"/deployments/{name}/windows", {"loads": window(0)}),
+                                    ("GET", f"/deployments/{name}/history", None), ("GET", f"/jobs/{name}", None)):
+        r = client.request(method, path, json=json_body)
+        assert r.status_code in (404, 422), (method, path[:40], r.status_code)
+        problem = r.json()
+        assert len(problem["detail"]) < 250 and "(5,000 characters)" in problem["detail"], (method, problem)
+        assert len(problem["instance"]) == 200 and problem["instance"].endswith("\u2026"), (method, problem)
+    named = client.put("/deployments/web.1", json=body)
+    assert named.status_code == 201
+    assert "'web.2': register it with PUT /deployments/web.2" in client.get("/deployments/web.2").json()["detail"]

@@ -8,12 +8,13 @@ from api.deps import JobsDep, SettingsDep, require_key
 from api.problems import ProblemError, documented
 from api.routing import Route
 from api.schemas import Job, JobList
+from eplb.errors import shown
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=Route)
 
 
 def no_such_job(job_id: str) -> ProblemError:
-    return ProblemError(404, "No such job", f"job {job_id!r} does not exist or has expired")
+    return ProblemError(404, "No such job", f"job {shown(job_id)} does not exist or has expired")
 
 
 @router.get("", response_model=JobList, response_model_exclude_none=True, responses=documented(401),

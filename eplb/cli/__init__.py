@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from eplb.errors import EplbError
+from eplb.errors import clip as clip  # the commands echo values through these (eplb.errors)
+from eplb.errors import shown as shown
 
 if TYPE_CHECKING:  # pydantic is imported by the commands that read settings, not at every start-up
     from pydantic import BaseModel, ValidationError
@@ -33,19 +35,6 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
-
-
-def clip(text: str, width: int = 40) -> str:
-    """`text` as it fits in `width` characters: cut, its last character an ellipsis, when longer (a name a message
-    or a table cell echoes)."""
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
-
-
-def shown(value: object, width: int = 40) -> str:
-    """`value` for a message: repr of a string (clipped to `width` characters, with its length when cut), else str."""
-    if not isinstance(value, str):
-        return str(value)
-    return repr(value) if len(value) <= width else f"{clip(value, width)!r} ({len(value):,} characters)"
 
 
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
