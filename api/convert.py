@@ -36,6 +36,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     Outcome,
     _balance_dict,
     _time_dict,
+    check_coactivation,
     check_links,
     check_uniform_shares,
     evaluate,
@@ -429,6 +430,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
                              f"{window.shape[1]} experts)")
         check_uniform_shares(name, req.objective, req.split, names=SETTING_FIELDS)  # before any solve or job
         summary = coactivation(req, window)
+        check_coactivation(name, summary, names=SETTING_FIELDS)  # before any solve or job, naming the field
         _check_budgets(req, name, model, window.shape[1])
     except EplbError as exc:
         raise field_problem(exc) from None

@@ -49,6 +49,7 @@ from eplb.solve import (
     Cluster,
     CostSetup,
     Outcome,
+    check_coactivation,
     check_links,
     check_shapes,
     check_uniform_shares,
@@ -273,9 +274,11 @@ class Setup:
             options = replace(options, **budget)
         if fresh:
             options = applicable("greedy", options)
-        return run_solve(loads=loads, cluster=self.cluster, solver="greedy" if fresh else self.solver_name(
-            current is not None), cost=self.cost, current=current, options=options, objective=self.config.objective,
-            coactivation=summary, empty_slots=False)  # fmt: skip
+        solver = "greedy" if fresh else self.solver_name(current is not None)
+        check_coactivation(solver, summary, names=FIELD_NAMES)  # the window's field, not the CLI's flag
+        return run_solve(loads=loads, cluster=self.cluster, solver=solver, cost=self.cost, current=current,
+                         options=options, objective=self.config.objective, coactivation=summary,
+                         empty_slots=False)  # fmt: skip
 
     def coactivation(
         self, value: dict[str, Any] | str | None, loads: NDArray[np.float64]

@@ -388,11 +388,27 @@ def solver_pairs(name: str, coactivation: CoactivationSummary | None) -> NDArray
     (`CoactivationSummary.pairs`); None for the others. EplbError naming the inputs when there is no summary."""
     if name not in registry.names() or not registry.get_solver(name).capabilities.coactivation:
         return None
-    if coactivation is None:
-        raise EplbError(f"solver {name!r} needs the window's co-activation data: give --coactivation FILE (a summary "
-                        "or a token-level log), \"coactivation\" in the request or the deployment's window, or replay "
-                        "a token-level log")
+    check_coactivation(name, coactivation)
+    assert coactivation is not None
     return coactivation.pairs()
+
+
+def check_coactivation(name: str, coactivation: CoactivationSummary | None,
+                       names: Mapping[str, str] | None = None) -> None:
+    """A co-activation-aware solver (greedy-coact) without the window's summary is refused, saying where to give
+    it: the CLI's --coactivation or a token-level log (names None), or, with the caller's names (the service's
+    JSON: names.get('coactivation', 'coactivation')), a FieldError naming that field. The service checks before
+    any solve; `solve` itself with the CLI's text."""
+    if coactivation is not None or name not in registry.names():
+        return
+    if not registry.get_solver(name).capabilities.coactivation:
+        return
+    lead = f"solver {name!r} needs the window's co-activation data"
+    if names is None:
+        raise EplbError(f"{lead}: give --coactivation FILE (a summary or a token-level log), or replay a token-level "
+                        "log")
+    field = names.get("coactivation", "coactivation")
+    raise FieldError(field, f"{lead}: give {field}, the window's co-activation summary (docs/formats.md)")
 
 
 def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Cluster) -> None:

@@ -59,7 +59,7 @@ def test_greedy_coact_runs_from_a_token_log_or_a_summary(tmp_path: Path, capsys:
         assert answer["solver"]["name"] == "greedy-coact"
         assert np.mean(answer["predicted"]["copies_per_token"]["gpus"]) < 0.9 * np.mean(greedy)
     code, _, err = run([*base, "--solver", "greedy-coact"], capsys)
-    assert code == 2 and "--coactivation" in err and '"coactivation"' in err and "Traceback" not in err
+    assert code == 2 and "--coactivation FILE" in err and '"coactivation"' not in err and "Traceback" not in err
 
 
 def test_max_lb_slack_reaches_greedy_coact_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
@@ -217,7 +217,8 @@ def test_service_runs_greedy_coact_from_a_summary(
     assert placed.status_code == 200, placed.text
     assert placed.json()["solver"]["name"] == "greedy-coact"
     missing = client.post("/placement", json=body)
-    assert missing.status_code == 422 and '"coactivation"' in missing.json()["detail"], missing.text
+    assert missing.status_code == 422 and missing.json()["errors"][0]["field"] == "coactivation", missing.text
+    assert "--coactivation" not in missing.text  # the JSON field, not the CLI's flag
     config = {"model": "deepseek-v2-lite", "hardware": "h800", "tokens_per_gpu": 256.0, "solver": "greedy-coact",
               "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}  # fmt: skip
     assert client.put("/deployments/coact", json=config).status_code == 201
@@ -225,7 +226,8 @@ def test_service_runs_greedy_coact_from_a_summary(
     assert sent.status_code == 200, sent.text
     assert sent.json()["action"] == "placed" and sent.json()["entry"]["solver"] == "greedy-coact"
     bare = client.post("/deployments/coact/windows", json={"loads": loads.tolist(), "force": True})
-    assert bare.status_code == 422 and '"coactivation"' in bare.json()["detail"], bare.text
+    assert bare.status_code == 422 and bare.json()["errors"][0]["field"] == "coactivation", bare.text
+    assert "--coactivation" not in bare.text
 
 
 def test_service_refuses_a_summary_of_impossible_tokens(client: TestClient, law: tuple[np.ndarray, np.ndarray]) -> None:

@@ -1133,3 +1133,29 @@ def test_a_long_name_is_echoed_clipped_in_detail_and_instance(client: TestClient
     named = client.put("/deployments/web.1", json=body)
     assert named.status_code == 201
     assert "'web.2': register it with PUT /deployments/web.2" in client.get("/deployments/web.2").json()["detail"]
+
+
+def test_messages_name_the_window_and_the_json_fields(client: TestClient) -> None:
+    """`{"loads": []}` said 'got one row of 0 numbers'; layer_ids=0,0 of a 1-layer placement 'names more than the
+    placement's 1 layers'; a greedy-coact window without a summary was told to give '--coactivation FILE'."""
+    body = config().model_dump(mode="json", exclude_none=True)
+    assert client.put("/deployments/msg", json=body).status_code == 201
+    request = {"model": MODEL, "hardware": "h100", "cluster": body["cluster"]}
+    for loads in ([], [[]]):
+        for answer in (client.post("/deployments/msg/windows", json={"loads": loads}),
+                       client.post("/placement", json={**request, "loads": loads})):
+            assert answer.status_code == 422 and [e["field"] for e in answer.json()["errors"]] == ["loads"]
+            assert "is empty: a window holds at least one layer of the model's experts" in answer.json()["detail"]
+    assert client.post("/deployments/msg/windows", json={"loads": window(0)[:1]}).status_code == 200
+    twice = client.get("/deployments/msg", params={"format": "sglang", "layer_ids": "0,0"})
+    assert twice.status_code == 422 and twice.json()["errors"] == [
+        {"field": "layer_ids", "message": "'0,0': layer 0 appears twice: every placement layer is a different model "
+         "layer"}], twice.text
+    assert client.put("/deployments/coact", json={**body, "solver": "greedy-coact"}).status_code == 201
+    window_answer = client.post("/deployments/coact/windows", json={"loads": window(0)})
+    placed = client.post("/placement", json={**request, "loads": window(0), "solver": "greedy-coact"})
+    for answer in (window_answer, placed):
+        assert answer.status_code == 422 and answer.json()["errors"] == [
+            {"field": "coactivation", "message": "solver 'greedy-coact' needs the window's co-activation data: give "
+             "coactivation, the window's co-activation summary (docs/formats.md)"}], answer.text
+        assert "--coactivation" not in answer.text

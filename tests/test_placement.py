@@ -95,7 +95,7 @@ def test_load_window_formats(tmp_path: Path) -> None:
         ('{"loads": [[1, NaN]]}', r"loads\[0\]\[1\] is nan"),
         ('{"loads": [[1, 1e308]]}', r"loads\[0\]\[1\] is 1e\+308: larger than any token count"),
         ('{"loads": [1, 2, 3]}', "one row of 3 numbers"),
-        ('{"loads": []}', "must be"),
+        ('{"loads": []}', "loads is empty: a window holds at least one layer"),
         ('{"counts": [[1]]}', "expected a 'loads' field"),
         ('{"loads": [["a", 1]]}', "must be numbers"),
     ],

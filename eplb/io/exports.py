@@ -16,6 +16,7 @@ Every failure is an EplbError saying what to change.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from eplb.errors import EplbError, FieldError
+from eplb.errors import EplbError, FieldError, shown
 from eplb.io.files import output_file, plural
 from eplb.placement import Placement
 
@@ -47,7 +48,7 @@ def parse_layer_ids(text: str, max_count: int | None = None, num_model_layers: i
     for part in text.replace(" ", "").split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise EplbError(f"layer ids: expected numbers and ranges like 3-60 or 0,1,5-7, got {text!r}")
+            raise EplbError(f"layer ids: expected numbers and ranges like 3-60 or 0,1,5-7, got {shown(text)}")
         if max(len(g) for g in m.groups() if g is not None) > 9:  # int() of a long digit string is slow, or refused
             raise EplbError(f"layer ids: {part} names a layer beyond any model's (at most 9 digits)")
         start = int(m.group(1))
@@ -58,12 +59,25 @@ def parse_layer_ids(text: str, max_count: int | None = None, num_model_layers: i
             raise EplbError(f"layer ids: layer {stop} is beyond the model's {plural(num_model_layers, 'layer')} "
                             f"(0-{num_model_layers - 1})")
         count += stop - start + 1
-        if max_count is not None and count > max_count:
-            raise EplbError(f"layer ids: {text!r} names more than the placement's {plural(max_count, 'layer')}: "
-                            "give one "
-                            "model layer per placement layer")
         spans.append((start, stop))
+        if max_count is not None and count > max_count:
+            twice = _first_repeated(spans)
+            if twice is not None:  # the likelier mistake: say that one
+                raise EplbError(f"layer ids: {shown(text)}: {appears_twice(twice)}")
+            raise EplbError(f"layer ids: {shown(text)} names more than the placement's {plural(max_count, 'layer')}: "
+                            "give one model layer per placement layer")
     return [layer for start, stop in spans for layer in range(start, stop + 1)]
+
+
+def appears_twice(layer: int) -> str:
+    """The message for a layer named twice (a placement's layers are distinct model layers)."""
+    return f"layer {layer} appears twice: every placement layer is a different model layer"
+
+
+def _first_repeated(spans: list[tuple[int, int]]) -> int | None:
+    """A layer two of the ranges `spans` [(start, stop)] both hold, or None."""
+    ordered = sorted(spans)
+    return next((b[0] for a, b in itertools.pairwise(ordered) if b[0] <= a[1]), None)
 
 
 def checked_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> list[int]:
@@ -82,8 +96,7 @@ def checked_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> list[
         if v < 0:
             raise FieldError("layer_ids", f"layer {v} is negative: model layers count from 0")
         if v in seen:
-            raise FieldError("layer_ids", f"layer {v} appears twice: every placement layer is a different model "
-                             "layer")
+            raise FieldError("layer_ids", appears_twice(v))
         seen.add(v)
     return ids
 

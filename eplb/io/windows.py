@@ -51,6 +51,10 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
     if isinstance(value, list):
         _check_rectangular(value, what)
     arr = real_array(value, what, f"{what} must be numbers in a [layers][experts] array")
+    empty = (f"{what} is empty: a window holds at least one layer of the model's experts, one count per expert "
+             f"([layers][experts]; got shape {list(arr.shape)})")
+    if arr.ndim < 3 and arr.size == 0:  # [], [[]]: no layer, or a layer of no expert
+        raise EplbError(empty)
     if arr.ndim == 1:
         raise EplbError(f"{what} must be [layers][experts]; got one row of {plural(arr.size, 'number')} "
                         "(wrap a single layer in another list)")
@@ -58,8 +62,8 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
         arr = arr.sum(axis=0)
     if arr.ndim != 2:
         raise EplbError(f"{what} must be [layers][experts] or [steps][layers][experts], got shape {list(arr.shape)}")
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise EplbError(f"{what} is empty (shape {list(arr.shape)})")
+    if arr.size == 0:  # steps of no layer, or of layers of no expert
+        raise EplbError(empty)
     bad = np.argwhere(~np.isfinite(arr))
     if bad.size:
         layer, expert = (int(v) for v in bad[0])
