@@ -427,6 +427,27 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "use a .npz or .jsonl" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "0", "-1"])
+def test_a_time_limit_that_is_not_finite_and_positive_is_refused_as_solve_and_compare_refuse_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """eplb replay --time-limit inf was taken (a MILP without end at every rebalance), nan refused in other words
+    than eplb solve's and eplb compare's: one check (eplb.cli.solve.check_time_limit), the same words from the three
+    commands, before the log is read."""
+    from eplb.cli import main
+
+    log = tmp_path / "log.npz"
+    write_counts(log, np.ones((5, 2, 16), dtype=np.int64))
+    said = f"--time-limit must be > 0 seconds and finite, got {float(value):g}\n"
+    assert run_cli(["replay", str(log), "--solver", "milp", f"--time-limit={value}", "--gpus", "4"]) == 2
+    assert capsys.readouterr().err == f"eplb replay: error: {said}"
+    assert run_cli(["replay", str(tmp_path / "none.npz"), "--solver", "milp", f"--time-limit={value}"]) == 2
+    assert capsys.readouterr().err == f"eplb replay: error: {said}"  # before the log is opened
+    for command in (["solve", "--solver", "milp"], ["compare", "--solvers", "milp", "--out", str(tmp_path / "r")]):
+        assert main([*command, f"--time-limit={value}"]) == 2
+        assert capsys.readouterr().err == f"eplb {command[0]}: error: {said}"
+
+
 def test_progress_bar() -> None:
     """eplb.progress.Progress serves both the replay (a `progress(done)` callable, unit "steps",
     maybe no total) and `eplb compare` (`advance(n, note)` in a with block)."""

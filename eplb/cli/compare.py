@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from eplb.cli.solve import (
     MAX_COUNT,
     MAX_GPUS,
     add_cost_options,
+    check_time_limit,
     coactivation_for,
     cost_setup,
     int_at_most,
@@ -118,8 +118,7 @@ def _ints(text: str, flag: str, unit: str, low: int, high: int | None = None) ->
 
 def run(args: argparse.Namespace) -> int:
     solvers = parse_solvers(args.solvers)
-    if not (math.isfinite(args.time_limit) and args.time_limit > 0):  # as eplb solve's
-        raise EplbError(f"--time-limit must be > 0 seconds and finite, got {args.time_limit:g}")
+    check_time_limit("--time-limit", args.time_limit)
     if args.layers is not None and args.layers < 1:
         raise EplbError("--layers must be >= 1")
     eps = _ints(args.ep, "--ep", "GPUs", 1, MAX_GPUS)

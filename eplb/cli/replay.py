@@ -22,6 +22,7 @@ from eplb.cli.solve import (
     add_cost_options,
     check_groups,
     check_link,
+    check_time_limit,
     cost_setup,
     flag_link,
     int_at_most,
@@ -514,16 +515,15 @@ class _CsvSteps:
 
 def run_replay(args: argparse.Namespace) -> int:
     check_groups(args)
+    check_time_limit("--time-limit", args.time_limit)  # as eplb solve's and compare's, before the log is read
+    if args.time_limit is not None and args.solver not in time_limited():
+        raise EplbError(f"solver {args.solver!r} does not take --time-limit (it has no time limit): choose a solver "
+                        f"that does ({', '.join(time_limited())})")
     log = open_log(args.log)
     info = log.info
     model = model_for(args, info)
     slots = slots_for(args, info.num_experts, model)
     cost = cost_setup(args, model)
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise EplbError("--time-limit must be > 0 seconds")
-    if args.time_limit is not None and args.solver not in time_limited():
-        raise EplbError(f"solver {args.solver!r} does not take --time-limit (it has no time limit): choose a solver "
-                        f"that does ({', '.join(time_limited())})")
     if args.oracle_every < 0:
         raise EplbError(f"--oracle-every must be >= 0 (0 skips the oracle), got {args.oracle_every}")
     schedule = schedule_from(args, cost)

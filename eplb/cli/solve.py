@@ -231,6 +231,13 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def check_time_limit(flag: str, seconds: float | None) -> None:
+    """A time limit's flag (--time-limit, --total-time-limit): None (not given) or seconds > 0 and finite; inf or nan
+    (a MILP without end) and the rest are refused naming the flag. eplb solve's, compare's and replay's check."""
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise EplbError(f"{flag} must be > 0 seconds and finite, got {seconds:g}")
+
+
 def int_at_most(limit: int, unit: str) -> Callable[[str], int]:
     """argparse type: a whole number <= limit (`unit` says what it counts, for the message). Lower bounds are
     checked where the value is used."""
@@ -464,9 +471,8 @@ def run_solve(args: argparse.Namespace) -> int:
                         "another file")
     if args.stage_gib is not None and not 0 < args.stage_gib <= MAX_STAGE_GIB:
         raise EplbError(f"--stage-gib must be > 0 and at most {MAX_STAGE_GIB:g} GiB, got {args.stage_gib:g}")
-    for flag, limit in (("--time-limit", args.time_limit), ("--total-time-limit", args.total_time_limit)):
-        if limit is not None and not (math.isfinite(limit) and limit > 0):
-            raise EplbError(f"{flag} must be > 0 seconds and finite, got {limit:g}")
+    check_time_limit("--time-limit", args.time_limit)
+    check_time_limit("--total-time-limit", args.total_time_limit)
     if not 0 <= args.max_lb_slack <= 1:
         raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
     options = solve_options(args)
