@@ -12,6 +12,7 @@ Two entry points:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, TypeVar
 
 import numpy as np
@@ -276,8 +277,10 @@ def solve_greedy(
 
     loads: [layers, E] tokens per expert; slots_per_gpu: [G] slots on each GPU (may differ, each >= 1,
     sum >= E). With num_groups and gpus_per_node (and num_groups divisible by the node count) the
-    hierarchical policy runs: expert groups are packed onto nodes, replicated inside each node and packed
-    onto that node's GPUs, so a token's experts stay within few nodes; otherwise the global policy.
+    hierarchical policy runs: expert groups are packed onto nodes (bins of equal group counts balanced by tokens,
+    each bin on the node that carries it best when the nodes' slots differ: `_nodes_for_bins`), replicated inside
+    each node and packed onto that node's GPUs, so a token's experts stay within few nodes; otherwise the global
+    policy.
     max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node);
     refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
     the busiest GPU cannot improve; 0 turns it off).
@@ -315,7 +318,7 @@ def solve_greedy(
             phy2log[rows] = refine_swaps(loads[rows], spread, slots, refine_rounds)
     else:
         assert num_groups is not None and gpus_per_node is not None
-        phy2log, stuck = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas)
+        phy2log, stuck = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas, refine_rounds)
         if stuck.any():  # spread node by node: an expert's replicas stay on its group's node
             rows = np.flatnonzero(stuck)
             ends = np.cumsum(slots)
@@ -342,9 +345,12 @@ def _refine_within_nodes(
 
 
 def _place_hierarchical(
-    loads: FloatArray, slots: IntArray, num_groups: int, gpus_per_node: int, max_replicas: int | None
+    loads: FloatArray, slots: IntArray, num_groups: int, gpus_per_node: int, max_replicas: int | None,
+    refine_rounds: int = 1000,
 ) -> tuple[IntArray, NDArray[np.bool_]]:
-    """Groups onto nodes, then `_place` inside each node. Returns phy2log [layers, P] and stuck [layers]."""
+    """Groups onto nodes, then `_place` inside each node. Returns phy2log [layers, P] and stuck [layers].
+    refine_rounds: the refinement's, for judging which node carries which groups when the nodes' slots differ
+    (`_nodes_for_bins`)."""
     layers, num_experts = loads.shape
     num_nodes = slots.size // gpus_per_node
     group_size = num_experts // num_groups
@@ -355,16 +361,21 @@ def _place_hierarchical(
             f"hierarchical policy: every node needs at least {experts_per_node} slots "
             f"({num_experts} experts over {num_nodes} nodes), got {node_slots.sum(axis=1).tolist()}"
         )
-    # Step 1: groups onto nodes, equal group counts per node, balanced by tokens.
+    cap = max_replicas if max_replicas is not None else gpus_per_node
+    # Step 1: groups onto nodes, equal group counts per node, balanced by tokens; where the nodes' slots differ,
+    # each bin of groups goes to the node that carries it best.
     group_load = loads.reshape(layers, num_groups, group_size).sum(axis=2)
     node_cap = np.full((layers, num_nodes), num_groups // num_nodes, dtype=np.int64)
     node_of_group, rank_in_node = pack(group_load, node_cap)
+    kinds, kind_of_node = np.unique(node_slots, axis=0, return_inverse=True)
+    if len(kinds) > 1 and num_nodes * len(kinds) <= MAX_NODE_PAIRS:
+        node_of_group = _nodes_for_bins(loads, node_of_group, rank_in_node, group_size, kinds,
+                                        kind_of_node.reshape(-1), cap, refine_rounds)  # fmt: skip
     log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
     mlog2log = _inverse(log2mlog)
     # Step 2 and 3: replicate within each node and pack onto its GPUs (rows = layer x node).
     node_loads = _take(_f64(loads), mlog2log).reshape(layers * num_nodes, experts_per_node)
     capacity = np.tile(node_slots, (layers, 1))
-    cap = max_replicas if max_replicas is not None else gpus_per_node
     local, stuck = _place(node_loads, capacity, cap)
     # Rows of local are padded to the largest node; strip padding node by node, keeping slot order.
     local = local.reshape(layers, num_nodes, -1) + (np.arange(num_nodes) * experts_per_node)[None, :, None]
@@ -373,6 +384,81 @@ def _place_hierarchical(
     mlog = local[:, keep]
     stuck_layers = np.asarray(stuck.reshape(layers, num_nodes).any(axis=1), dtype=np.bool_)
     return _take(mlog2log, mlog), stuck_layers
+
+
+MAX_NODE_PAIRS = 1024
+"""The most (bin of groups, kind of node) pairs per layer `_nodes_for_bins` places to choose the nodes (nodes x
+distinct slot rows of a node); beyond, step 1's bins keep the nodes of its packing."""
+
+
+def _nodes_for_bins(
+    loads: FloatArray, node_of_group: IntArray, rank_in_node: IntArray, group_size: int, kinds: IntArray,
+    kind_of_node: IntArray, max_replicas: int, rounds: int,
+) -> IntArray:
+    """node_of_group [layers, groups] with step 1's bins of groups (the packing's node labels) given to the nodes
+    that carry them best, for nodes whose slots differ (kinds [K, gpus per node]: the distinct slot rows of a node;
+    kind_of_node [N]). The packing balances tokens as if the nodes were alike; a bin's hot experts on a node whose
+    GPUs cannot spread them (a GPU with more slots than the node has experts takes one replica of each, plus
+    duplicates) set the layer's busiest GPU although another node could carry them (loads 100, 90, 1, 5 in 2
+    groups on GPUs of 3, 1 | 1, 1 slots: 140 on node 0, 100 on node 1). So each bin is placed on each kind of node
+    as the node places it (`_place`, the duplicate spread, `refine_swaps`), and each layer gives the bins to the
+    nodes with the lowest busiest GPU over all assignments (a bottleneck assignment), keeping the packing's
+    labels where they reach it. loads: [layers, E]."""
+    layers, groups = node_of_group.shape
+    nodes = kind_of_node.size
+    mlog2log = _inverse(_group_order(node_of_group, rank_in_node, groups // nodes, group_size))
+    bins = mlog2log.reshape(layers * nodes, -1)  # [layers x bins, node experts]: logical experts, as placed
+    rows_loads = np.repeat(_f64(loads), nodes, axis=0)  # [layers x bins, E]
+    bin_loads = _take(rows_loads, bins)
+    peaks = np.empty((layers, nodes, len(kinds)))  # [layer, bin, kind]: the busiest GPU of the bin on the kind
+    for k, kind in enumerate(kinds):
+        kind = np.ascontiguousarray(kind, dtype=np.int64)
+        local, stuck = _place(bin_loads, np.tile(kind, (layers * nodes, 1)), max_replicas)
+        phy = _take(bins, local)
+        if stuck.any():
+            phy[stuck] = spread_duplicates(rows_loads[stuck], phy[stuck], kind)
+        phy = refine_swaps(rows_loads, phy, kind, rounds)
+        share = np.take_along_axis(rows_loads / np.maximum(_replica_counts(phy, loads.shape[1]), 1), phy, axis=1)
+        peaks[:, :, k] = np.add.reduceat(share, np.cumsum(kind) - kind, axis=1).max(axis=1).reshape(layers, nodes)
+    node_of_bin = _bottleneck_assignment(peaks[:, :, kind_of_node])
+    return np.take_along_axis(node_of_bin, node_of_group, axis=1)
+
+
+def _bottleneck_assignment(cost: NDArray[np.float64]) -> IntArray:
+    """[layers, n]: per layer a one-to-one assignment of n rows to n columns (column of each row) whose largest
+    cost [layers, n, n] is the least any has; the identity where it is one of them. Every permutation for n up to
+    BRUTE_FORCE_NODES (all layers at once), else a search for the least threshold that admits a perfect matching."""
+    layers, n, _ = cost.shape
+    if n <= BRUTE_FORCE_NODES:
+        perms = np.array(list(itertools.permutations(range(n))), dtype=np.int64)  # the identity first
+        worst = cost[:, np.arange(n)[None, :], perms].max(axis=2)  # [layers, n!]
+        best: IntArray = perms[np.argmin(worst, axis=1)]  # the first least: the identity when it is one
+        return best
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
+
+    out = np.broadcast_to(np.arange(n, dtype=np.int64), (layers, n)).copy()
+    for layer in range(layers):
+        c = cost[layer]
+        kept = np.diagonal(c).max()
+        if kept <= max(c.min(axis=1).max(), c.min(axis=0).max()):  # no assignment goes below these
+            continue
+        values = np.unique(c[c < kept])
+        lo, hi = 0, values.size  # values[hi] (kept, the identity's) always admits one
+        match = out[layer]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            found = maximum_bipartite_matching(csr_matrix(c <= values[mid]), perm_type="column")
+            if (found >= 0).all():
+                hi, match = mid, found
+            else:
+                lo = mid + 1
+        out[layer] = match
+    return out
+
+
+BRUTE_FORCE_NODES = 6
+"""Up to this many nodes `_bottleneck_assignment` tries every permutation (720)."""
 
 
 def _group_order(node_of_group: IntArray, rank_in_node: IntArray, groups_per_node: int, group_size: int) -> IntArray:

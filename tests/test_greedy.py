@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -20,7 +21,7 @@ from eplb.io.windows import read_window
 from eplb.placement import Placement, load_placement
 from eplb.synth import SEED004_TABLE, seed004_counts
 from solvers.bounds import lower_bound
-from solvers.greedy import rebalance_experts, replicate, solve_greedy, spread_duplicates
+from solvers.greedy import pack, rebalance_experts, replicate, solve_greedy, spread_duplicates
 from solvers.torch_order import sum_last_like_torch
 from solvers.validation import duplicate_count, duplicate_free_possible, replica_counts, validate_placement
 
@@ -174,7 +175,7 @@ def test_hierarchical_keeps_groups_inside_nodes() -> None:
     validate_placement(phy2log, slots, 32)
     node_of_slot = np.repeat(np.arange(2), 20)
     for layer in range(4):
-        group_nodes = {}
+        group_nodes: dict[int, set[int]] = {}
         for slot, expert in enumerate(phy2log[layer]):
             group_nodes.setdefault(expert // 4, set()).add(int(node_of_slot[slot]))
         assert all(len(nodes) == 1 for nodes in group_nodes.values())
@@ -404,3 +405,84 @@ def test_fitted_counts_have_the_lowest_max_load_per_replica() -> None:
         counts = replica_counts(solve_greedy(loads, slots), experts)
         assert (loads / counts).max() == pytest.approx(best, rel=1e-12), (loads.tolist(), slots.tolist())
         checked += 1
+
+
+def test_hierarchical_hot_groups_go_to_the_node_whose_gpus_can_spread_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb solve --gpus 4 --gpus-per-node 2 --groups 2 --slots-per-gpu 3,1,1,1` on loads 100, 90, 1, 5 gave lb 2.857
+    against 2.041 for no EPLB: the groups were packed onto nodes by tokens as if the nodes were alike, and the hot
+    group (100, 90) landed on node 0, whose 3-slot GPU holds a replica of both plus a duplicate (140). On node 1 the
+    two GPUs carry 100 and 90: lb 2.041, the baseline's, whichever order the nodes are listed in."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[100, 90, 1, 5]]}))
+    for slots in ("3,1,1,1", "1,1,3,1"):
+        args = ["solve", "--loads", str(window), "--gpus", "4", "--gpus-per-node", "2", "--groups", "2"]
+        assert main([*args, "--slots-per-gpu", slots, "--json"]) == 0
+        predicted = json.loads(capsys.readouterr().out)["predicted"]
+        assert predicted["lb"] == [pytest.approx(100 / 49)], slots
+        assert predicted["lb"][0] <= predicted["baseline"]["lb"][0] + 1e-12, predicted
+    loads, slots_per_gpu = np.array([[100.0, 90, 1, 5]]), np.array([3, 1, 1, 1])
+    phy2log = solve_greedy(loads, slots_per_gpu, num_groups=2, gpus_per_node=2)
+    assert sorted(phy2log[0, :4].tolist()) == [2, 2, 3, 3] and sorted(phy2log[0, 4:].tolist()) == [0, 1]
+    assert duplicate_count(phy2log, slots_per_gpu).tolist() == [1]  # node 0's 3-slot GPU: the one its slots force
+
+
+def _hierarchical_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """(loads [2, E], slots [G], groups, group size, GPUs per node): 2-3 nodes of 1-3 GPUs of 1-5 slots, whose nodes
+    hold at least their experts."""
+    nodes, per_node = int(rng.integers(2, 4)), int(rng.integers(1, 4))
+    groups, group_size = nodes * int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    experts = groups * group_size
+    slots = rng.integers(1, 6, size=nodes * per_node)
+    for node in range(nodes):
+        while slots[node * per_node:(node + 1) * per_node].sum() < experts // nodes:
+            slots[node * per_node + rng.integers(per_node)] += 1
+    return rng.pareto(1.0, (2, experts)) * 50, slots.astype(np.int64), groups, group_size, per_node
+
+
+def _busiest(loads: np.ndarray, slots: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
+    peaks: np.ndarray = balance(loads, Placement(phy2log, slots, loads.shape[1])).gpu_loads.max(axis=1)
+    return peaks
+
+
+def test_property_hierarchical_bins_of_groups_go_to_the_nodes_that_carry_them_best() -> None:
+    """Seeded small hierarchical layers whose nodes' slots differ: the busiest GPU is the least of every assignment
+    of the packing's bins of groups (equal group counts, balanced by tokens) to the nodes, each node placing its
+    bin as the global greedy places it on the node's GPUs (brute force over the permutations); so no worse than
+    the packing's own nodes (the placement before), whichever order the nodes are listed in. Groups stay on
+    nodes, with the fewest duplicates each node's slots force."""
+    rng = np.random.default_rng(11)
+    layers = moved = 0
+    while layers < 400:
+        loads, slots, groups, group_size, per_node = _hierarchical_case(rng)
+        nodes = slots.size // per_node
+        node_slots = slots.reshape(nodes, per_node)
+        if np.unique(node_slots, axis=0).shape[0] == 1:
+            continue  # alike nodes: the packing's nodes, unchanged
+        phy2log = solve_greedy(loads, slots, num_groups=groups, gpus_per_node=per_node)
+        ours = _busiest(loads, slots, phy2log)
+        order = rng.permutation(nodes)  # the same nodes listed in another order
+        shuffled = node_slots[order].reshape(-1)
+        assert np.allclose(_busiest(loads, shuffled, solve_greedy(loads, shuffled, num_groups=groups,
+                                                                    gpus_per_node=per_node)), ours, rtol=1e-12)
+        node_of_slot = np.repeat(np.arange(slots.size) // per_node, slots)
+        bin_of, rank = pack(loads.reshape(2, groups, group_size).sum(axis=2), np.full((2, nodes), groups // nodes))
+        for layer in range(2):
+            for group in range(groups):
+                assert np.unique(node_of_slot[phy2log[layer] // group_size == group]).size == 1
+            for node in range(nodes):
+                local = phy2log[layer, node_of_slot == node]
+                assert duplicate_count(local[None, :], node_slots[node])[0] == _forced_by_slots(
+                    node_slots[node], experts=loads.shape[1] // nodes)
+            bins = [np.concatenate([np.arange(g * group_size, (g + 1) * group_size)
+                                    for g in sorted(np.flatnonzero(bin_of[layer] == b), key=lambda g: rank[layer, g])])
+                    for b in range(nodes)]  # fmt: skip
+            on = np.array([[_busiest(loads[layer:layer + 1, bins[b]], node_slots[m],
+                                     solve_greedy(loads[layer:layer + 1, bins[b]], node_slots[m]))[0]
+                            for m in range(nodes)] for b in range(nodes)])  # fmt: skip
+            every = [on[np.arange(nodes), list(perm)].max() for perm in itertools.permutations(range(nodes))]
+            assert ours[layer] == pytest.approx(min(every), rel=1e-12), (loads[layer], slots, phy2log[layer])
+            moved += int(min(every) < every[0] * (1 - 1e-9))  # every[0]: the packing's own nodes
+            layers += 1
+    assert moved > 100
