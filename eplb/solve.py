@@ -237,34 +237,42 @@ def groups_refusal(
     """`solvers.registry.check` of solver `name` on an empty window of `num_experts` experts on the cluster
     (with the serving placement `current_phy2log`, if any), and, when it refuses a cluster with groups and
     nodes, again without them: None when the solver takes it; a FieldError naming the fields when the groups
-    are what it refuses (names['solver'] when `named`, names['gpus_per_node'], names['num_groups']; its text
-    `when` + the registry's); else the registry's SolverError. names: as `registry.check` (what the messages
-    call options and cluster settings: the caller's JSON fields). A solver that needs the serving placement
-    is not probed without one (a cluster may record what it serves first; the solve says so otherwise)."""
+    are what it refuses (names['solver'] when `named`, names['gpus_per_node'], names['num_groups'], and
+    names['current_phy2log'] when the caller may drop its serving placement (names has the key, as the
+    registry's message then offers it) and the groups without it are taken; its text `when` + the registry's);
+    else the registry's SolverError. names: as `registry.check` (what the messages call options and cluster
+    settings: the caller's JSON fields). A solver that needs the serving placement is not probed without one (a
+    cluster may record what it serves first; the solve says so otherwise)."""
     caps = registry.get_solver(name).capabilities
     if caps.requires_current and current_phy2log is None:
         return None
 
-    def probe(hierarchical: bool) -> None:
+    def probe(hierarchical: bool, current: bool = True) -> None:
         registry.check(name, Problem(
             np.zeros((1, num_experts)), cluster.slots_per_gpu,
             cluster.num_groups if hierarchical else None, cluster.gpus_per_node if hierarchical else None,
-            current_phy2log=current_phy2log,
+            current_phy2log=current_phy2log if current else None,
             coactivation=np.zeros((1, num_experts, num_experts)) if caps.coactivation else None),
             options, names=names)  # fmt: skip
+
+    def takes(hierarchical: bool, current: bool = True) -> bool:
+        try:
+            probe(hierarchical, current)
+        except SolverError:
+            return False
+        return True
 
     try:
         probe(True)
     except SolverError as exc:
-        if cluster.num_groups is None or cluster.gpus_per_node is None:
-            return exc
-        try:
-            probe(False)
-        except SolverError:
+        if cluster.num_groups is None or cluster.gpus_per_node is None or not takes(False):
             return exc  # refused for something else as well
         fields = [names.get(k, k) for k in ("gpus_per_node", "num_groups")]
         if named:
             fields = [names.get("solver", "solver"), *fields]
+        current = names.get("current_phy2log")
+        if current is not None and current_phy2log is not None and takes(True, current=False):
+            fields.append(current)  # the registry's message offers dropping it: groups and current, not both
         return FieldError(fields, f"{when}{exc}")
     return None
 
