@@ -20,6 +20,7 @@ from eplb.io.logs import (
     topk_counts,
     write_counts,
     write_jsonl,
+    write_log,
     write_topk,
 )
 from eplb.io.windows import read_window
@@ -417,6 +418,23 @@ def test_compress_deflates_an_npz_log(tmp_path: Path, counts: np.ndarray, argv: 
     with zipfile.ZipFile(out) as zf:
         assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
     assert open_log(out).info.num_steps == (10 if argv[0] == "synth" else counts.shape[0])
+
+
+@pytest.mark.parametrize("name", ["log.jsonl", "log.ndjson", "LOG.JSONL"])
+def test_write_log_refuses_compress_for_jsonl_as_the_cli_does(tmp_path: Path, counts: np.ndarray, name: str) -> None:
+    """eplb.io.logs.write_log(..., compress=True) to a .jsonl path dropped compress without a word (the CLI refuses
+    --compress there): the same check (eplb.io.logs.refuse_compress) in the API's words, before anything is
+    written; compress=False and an .npz still write."""
+    path = tmp_path / name
+    with pytest.raises(EplbError, match=re.escape(f"compress=True deflates an .npz log's members; {path} is JSONL, "
+                                                  "written as plain text: drop compress=True, or name it .npz")):
+        write_log(path, counts, compress=True)
+    assert not list(tmp_path.iterdir())
+    write_log(path, counts, compress=False)
+    assert open_log(path).read_counts().counts.tolist() == counts.tolist()
+    write_log(tmp_path / "log.npz", counts, compress=True)
+    with zipfile.ZipFile(tmp_path / "log.npz") as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
 
 
 def test_the_documented_jsonl_example_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from eplb.errors import EplbError
 from eplb.io.files import plural
 from eplb.io.logs import open_log, write_counts, write_jsonl
+from eplb.io.logs import refuse_compress as refuse_compress_option
 from eplb.io.parquet import SHARD_STEPS, write_parquet
 
 DESCRIPTION = """\
@@ -63,14 +64,9 @@ SUFFIXES = {"npz": (".npz",), "jsonl": (".jsonl", ".ndjson")}
 
 
 def refuse_compress(compress: bool, fmt: str, what: str) -> None:
-    """--compress deflates an .npz log's members, nothing else: EplbError when it is given for output format `fmt`
-    (npz, jsonl or parquet), rather than a silent no-op; what: the output as the message names it ('--out
-    log.jsonl')."""
-    if not compress or fmt == "npz":
-        return
-    why = ("is JSONL, written as plain text: drop --compress, or name it .npz" if fmt == "jsonl" else
-           "is Parquet, whose shards are always compressed (zstd): drop --compress")  # fmt: skip
-    raise EplbError(f"--compress deflates an .npz log's members; {what} {why}")
+    """`eplb.io.logs.refuse_compress` in the CLI's words: --compress given for output format `fmt` (npz, jsonl or
+    parquet) is refused unless it is npz; what: the output as the message names it ('--out log.jsonl')."""
+    refuse_compress_option(compress, fmt, what, option="--compress")
 
 
 def run_convert(args: argparse.Namespace) -> int:

@@ -1296,14 +1296,26 @@ def write_jsonl(
             tmp.unlink()
 
 
+def refuse_compress(compress: bool, fmt: str, what: str, option: str = "compress=True") -> None:
+    """Compression deflates an .npz log's members, nothing else: EplbError when it is asked for output format `fmt`
+    (npz, jsonl or parquet), rather than a silent no-op. what: the output as the message names it (a path, '--out
+    log.jsonl'); option: how the request is spelled (the CLI's: --compress)."""
+    if not compress or fmt == "npz":
+        return
+    why = (f"is JSONL, written as plain text: drop {option}, or name it .npz" if fmt == "jsonl" else
+           f"is Parquet, whose shards are always compressed (zstd): drop {option}")  # fmt: skip
+    raise EplbError(f"{option} deflates an .npz log's members; {what} {why}")
+
+
 def write_log(path: str | Path, counts: ArrayLike | Iterable[NDArray[Any]], **kwargs: Any) -> None:
-    """Write per-step counts by extension: `.npz` (write_counts) or `.jsonl` (write_jsonl)."""
+    """Write per-step counts by extension: `.npz` (write_counts) or `.jsonl` (write_jsonl; compress=True is refused,
+    `refuse_compress`)."""
     suffix = Path(path).suffix.lower()
     if suffix == ".npz":
         write_counts(path, counts, **kwargs)
     elif suffix in (".jsonl", ".ndjson"):
+        refuse_compress(bool(kwargs.pop("compress", False)), "jsonl", str(path))
         kwargs.pop("dtype", None)
-        kwargs.pop("compress", None)
         write_jsonl(path, counts, **kwargs)
     else:
         raise EplbError(f"{path}: unknown routing log type '{suffix}' (use .npz or .jsonl)")
