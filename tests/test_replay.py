@@ -342,6 +342,7 @@ def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.Cap
                     "--oracle-every", "2", "--out", str(out), "--progress"]) == 0  # fmt: skip
     captured = capsys.readouterr()
     assert "replay (incremental)" in captured.out and "rebalances: 2" in captured.out
+    assert "(oracle on one step in 2 only: lb over those 45 steps," in captured.out  # was 'every 2-th step'
     assert "90/90 steps 100%" in captured.err
     with (out / "steps.csv").open() as f:
         rows = list(csv.DictReader(f))

@@ -648,7 +648,7 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
     oe = s["schedule"]["oracle_every"]
     if oe > 1 and s["results"]["oracle"].get("steps"):
         sampled = plural(s["results"]["oracle"]["steps"], "step")
-        lines.append(f"  (oracle on every {oe}-th step only: lb over those {sampled}, total s scaled from them to all "
+        lines.append(f"  (oracle on one step in {oe:,} only: lb over those {sampled}, total s scaled from them to all "
                      "steps)")
     tm = s["timing"]
     lines.append("")
