@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from eplb.cli import clip, shown
 from eplb.errors import EplbError
+from eplb.io.files import plural
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, is_deployment_name
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
@@ -203,10 +204,6 @@ def _check_page(args: argparse.Namespace) -> None:
             raise EplbError(f"{flag} must be 1 to {most} ({what}), got {value}")
 
 
-def _counted(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def run_list(args: argparse.Namespace) -> int:
     views = _Source(args).list()
     if args.json:
@@ -242,7 +239,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(view.model_dump(mode="json", exclude_none=True), indent=2))
         return 0
-    print(f"deployment {view.name}: {_counted(view.windows, 'window')}, last rebalance "
+    print(f"deployment {view.name}: {plural(view.windows, 'window')}, last rebalance "
           f"{'never' if view.last_rebalance is None else f'at window {view.last_rebalance}'}")
     print(f"  created {_when(view.created_at)}, updated {_when(view.updated_at)}")
     print("  config " + json.dumps(view.config.model_dump(mode="json", exclude_none=True)))
@@ -250,8 +247,8 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"  placement: none yet ({_slots(view)} slots when the next window places it)")
     else:
         p = view.placement
-        print(f"  placement: {_counted(len(p.phy2log), 'layer')}, {_counted(p.num_experts, 'expert')} on "
-              f"{_counted(p.num_gpus, 'GPU')}, {_counted(sum(p.slots_per_gpu), 'slot')} (show --json prints phy2log)")
+        print(f"  placement: {plural(len(p.phy2log), 'layer')}, {plural(p.num_experts, 'expert')} on "
+              f"{plural(p.num_gpus, 'GPU')}, {plural(sum(p.slots_per_gpu), 'slot')} (show --json prints phy2log)")
     return 0
 
 
@@ -264,7 +261,7 @@ def run_history(args: argparse.Namespace) -> int:
     if plot is not None and image is not None:
         entries = list(source.all_history(name))
         _plot(name, entries, plot, image)
-        print(f"wrote {plot} ({image.upper()}, {_counted(len(entries), 'event')})")
+        print(f"wrote {plot} ({image.upper()}, {plural(len(entries), 'event')})")
         return 0
     page = source.history(name, args.limit, args.before)
     if args.json:
