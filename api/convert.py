@@ -37,6 +37,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     _balance_dict,
     _time_dict,
     check_coactivation,
+    check_current,
     check_links,
     check_uniform_shares,
     evaluate,
@@ -395,18 +396,33 @@ SETTING_FIELDS = {"solver": "solver", "split": "split", "objective": "objective"
 """What `eplb.solve`'s refusals of a share split call the settings here (the CLI: its flags, `SETTING_FLAGS`)."""
 
 
-def _check_groups(name: str, named: bool, the_cluster: Cluster, current: Placement | None, options: Options,
-                  num_experts: int) -> None:
-    """A hierarchical cluster (groups within nodes) the solver cannot honour, refused naming the request's fields
-    (the solver, when the request named it, cluster.gpus_per_node, cluster.num_groups) before any solve or job,
-    as a deployment's PUT does (`eplb.solve.groups_refusal`). Any other refusal is left to the solve, which
-    says what it is."""
-    if the_cluster.num_groups is None or the_cluster.gpus_per_node is None:
-        return
-    refused = groups_refusal(name, the_cluster, num_experts, options, names=GROUP_FIELDS, named=named,
+OPTION_FIELDS = {"total_time_limit_s": "time_limit_s"}
+"""The request's field of each solver option whose name differs (`Options`' others are the fields' names)."""
+
+
+def _check_solver(name: str, named: bool, the_cluster: Cluster, current: Placement | None, options: Options,
+                  window: NDArray[np.float64]) -> None:
+    """What the solve would refuse, refused before any solve or job naming the request's fields, as a deployment's
+    PUT does: a current placement of another shape (current_placement; `eplb.solve`'s own check), options the
+    solver does not take or cannot honour (the options given: the registry's `check_options`), a hierarchical
+    cluster the solver cannot honour (the solver, when the request named it, cluster.gpus_per_node,
+    cluster.num_groups: `eplb.solve.groups_refusal`), any other cluster it cannot honour (solver)."""
+    try:
+        if current is not None:
+            check_current(current, window, the_cluster)
+    except EplbError as exc:
+        raise field_problem(FieldError("current_placement", str(exc), str(exc))) from None
+    try:
+        registry.check_options(name, options, current is not None)
+    except registry.SolverError as exc:
+        given = [OPTION_FIELDS.get(option, option) for option in options.set_names()]
+        raise field_problem(FieldError(given or ["solver"], str(exc), str(exc))) from None
+    refused = groups_refusal(name, the_cluster, window.shape[1], options, names=GROUP_FIELDS, named=named,
                              current_phy2log=None if current is None else current.phy2log)
     if isinstance(refused, FieldError):
         raise field_problem(refused)
+    if refused is not None:
+        raise field_problem(FieldError("solver", str(refused), str(refused)))
 
 
 def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_default_time_limit_s: float) -> SolveJob:
@@ -443,7 +459,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         max_moves_per_layer=req.max_moves_per_layer,
         target_lb=req.target_lb,
     )
-    _check_groups(name, req.solver is not None, the_cluster, current, options, window.shape[1])
+    _check_solver(name, req.solver is not None, the_cluster, current, options, window)
     stage_bytes = None if req.stage_gib is None else req.stage_gib * 2**30
     return SolveJob(window, the_cluster, name, cost, current, options, stage_bytes, req.run_async, req.objective,
                     summary)

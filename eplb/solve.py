@@ -310,7 +310,7 @@ def solve(
     check_links(cost, cluster)
     check_objective(objective, cost, coactivation, loads)
     if current is not None:
-        _check_current(current, loads, cluster)
+        check_current(current, loads, cluster)
     started = time.perf_counter()
     name = solver_name(solver or ("incremental" if current is not None else "greedy"), split)
     check_uniform_shares(name, objective, split)
@@ -419,7 +419,9 @@ def check_coactivation(name: str, coactivation: CoactivationSummary | None,
     raise FieldError(field, f"{lead}: give {field}, the window's co-activation summary (docs/formats.md)")
 
 
-def _check_current(current: Placement, loads: NDArray[np.float64], cluster: Cluster) -> None:
+def check_current(current: Placement, loads: NDArray[np.float64], cluster: Cluster) -> None:
+    """A serving placement the solve can start from: the window's layers and experts, the cluster's slots per GPU,
+    no empty slot (EplbError otherwise; the service checks it before any solve, naming its field)."""
     if current.num_experts != loads.shape[1] or current.num_layers != loads.shape[0]:
         raise EplbError(
             f"the current placement is for {current.num_layers} layers x {current.num_experts} experts, "

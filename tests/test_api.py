@@ -109,6 +109,11 @@ BAD = [
     ({"hardware": "tpu"}, "hardware", "unknown preset"),
     ({"cluster": {"num_gpus": 0}}, "cluster.num_gpus", "greater than or equal to 1"),
     ({"solver": "magic"}, "solver", "greedy"),
+    ({"solver": "deepseek", "cluster": {"num_gpus": 16, "slots_per_gpu": [17] * 15 + [18]}}, "solver",
+     "needs the same slot count on every GPU"),  # these three were 422s without errors
+    ({"max_moves": 10}, "max_moves", "max_moves: a move budget needs the serving placement"),
+    ({"current_placement": {"phy2log": [list(range(256))] * 6, "slots_per_gpu": [16] * 16}}, "current_placement",
+     "the current placement is for 16 GPUs, 16 slots each, the request asks for 16 GPUs, 17 slots each"),
 ]
 
 
@@ -120,7 +125,7 @@ def test_errors_are_problem_details_naming_the_field(base: str, over: dict[str, 
     assert r.headers["content-type"] == PROBLEM
     problem = r.json()
     assert problem["status"] == 422 and problem["title"] and text in problem["detail"]
-    assert any(e["field"] == field for e in problem["errors"]), problem
+    assert [e["field"] for e in problem["errors"]] == [field], problem
 
 
 def test_body_limit_gives_413(server_factory: Callable[..., str]) -> None:
