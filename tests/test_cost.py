@@ -14,6 +14,7 @@ from eplb.cost import (
     comm_copies_per_token,
     dominance_grid,
     ep_min,
+    plot_dominance_map,
     predict,
     reuse_threshold_rows,
     sweep,
@@ -512,21 +513,34 @@ def test_cli_plot_writes_png(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "wrote" in capsys.readouterr().out
 
 
-def test_cli_plot_names_the_file_it_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """No extension: matplotlib writes FILE.png, and that is the path printed (it printed FILE); an extension
-    matplotlib does not write is one line listing those it does (it was a ValueError traceback)."""
-    bare = tmp_path / "costmap"
-    assert main(["cost", "--plot", str(bare), "--tokens-per-gpu", "256,4096"]) == 0
-    assert capsys.readouterr().out == f"wrote {bare}.png\n" and not bare.exists()
-    assert (tmp_path / "costmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    svg = tmp_path / "map.svg"
-    assert main(["cost", "--plot", str(svg), "--tokens-per-gpu", "256"]) == 0
-    assert capsys.readouterr().out == f"wrote {svg}\n" and b"<svg" in svg.read_bytes()
-    assert main(["cost", "--plot", str(tmp_path / "map.txt")]) == 2
+def test_cli_plot_writes_exactly_the_path_given_as_history_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """eplb cost --plot x wrote x.png while eplb history --plot x writes x: both write exactly the path given, in
+    the format its suffix names (PNG without one; eplb.io.images), and refuse by name a suffix matplotlib cannot
+    write, an empty name and a directory, before anything is computed; the Python API too."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["cost", "--plot", "costmap", "--tokens-per-gpu", "256,4096"]) == 0
+    assert capsys.readouterr().out == "wrote costmap (PNG)\n" and not (tmp_path / "costmap.png").exists()
+    assert (tmp_path / "costmap").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["cost", "--plot", "map.SVG", "--tokens-per-gpu", "256"]) == 0
+    assert capsys.readouterr().out == "wrote map.SVG (SVG)\n" and b"<svg" in (tmp_path / "map.SVG").read_bytes()
+    for plot, said in (("map.txt", "--plot 'map.txt': .txt is no image format matplotlib writes; give a name ending "
+                                   "in .png (or "),
+                       ("", "--plot: give a file name for the image"),
+                       (".", "--plot . is a directory; give a file name inside it"),
+                       ("no/map.png", "--plot no/map.png: directory no does not exist; create it first")):
+        assert main(["cost", "--plot", plot]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eplb cost: error: {said}") and len(err.strip().splitlines()) == 1, err
+    assert main(["cost", "--plot", "map.txt"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "'.txt' is not an image format" in err
-    assert ".png" in err and ".pdf" in err and ".svg" in err and "Traceback" not in err
-    assert not (tmp_path / "map.txt").exists()
+    assert ".pdf" in err and ".svg" in err and not (tmp_path / "map.txt").exists()
+    model, hw = MODEL_PRESETS["deepseek-v3"], HARDWARE_PRESETS["h100"]
+    links = [("nvlink", hw.nvlink_bandwidth)]
+    assert plot_dominance_map("api-map", model, hw, links, eps=[8], tokens=[256]) == "api-map"
+    assert (tmp_path / "api-map").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(EplbError, match=r"^plot 'api-map\.doc': \.doc is no image format matplotlib writes"):
+        plot_dominance_map("api-map.doc", model, hw, links)
 
 
 def test_every_preset_passes_the_spec_validation() -> None:

@@ -18,6 +18,7 @@ from eplb.cost import (
     uniform_cost,
 )
 from eplb.errors import EplbError
+from eplb.io.images import IMAGE_HELP, image_format
 from eplb.specs import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -116,9 +117,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--plot",
         default=None,
-        metavar="FILE.png",
-        help="write a map of which term is slowest per EP and T (PNG; the extension picks another format "
-        "matplotlib writes, e.g. .pdf or .svg; without one, .png is added)",
+        metavar="FILE",
+        help=f"write a map of which term is slowest per EP and T into FILE, {IMAGE_HELP}",
     )
     p.set_defaults(func=run)
 
@@ -196,6 +196,7 @@ def _explain(u: UniformCost, model: ModelSpec, hw: HardwareSpec, link: str) -> s
 
 def run(args: argparse.Namespace) -> int:
     """Run `eplb cost`; returns the exit code. Bad input raises EplbError."""
+    image = None if args.plot is None else image_format(args.plot, "--plot")  # refused before anything is read
     model = load_model(args.model)
     hw = load_hardware(args.hardware)
     h = args.hot_expert_factor
@@ -209,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
         if ep > model.num_experts:
             raise EplbError(f"--ep {ep} exceeds the model's {model.num_experts} routed experts")
 
-    if args.plot:
+    if args.plot is not None and image is not None:
         links = _links(hw, args.link if args.link else "nvlink,nic")
-        written = plot_dominance_map(
+        plot_dominance_map(
             args.plot,
             model,
             hw,
@@ -219,9 +220,10 @@ def run(args: argparse.Namespace) -> int:
             eps=eps or DEFAULT_SWEEP_EPS,
             tokens=tokens or DEFAULT_MAP_TOKENS,
             dedup=args.dedup,
+            name="--plot",
         )
         if not args.sweep and not args.json:
-            print(f"wrote {written}")
+            print(f"wrote {args.plot} ({image.upper()})")
         if not args.sweep and (eps is None or tokens is None):
             return 0
 

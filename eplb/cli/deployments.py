@@ -10,12 +10,12 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eplb.cli import clip, shown
 from eplb.errors import EplbError
 from eplb.io.files import plural
+from eplb.io.images import IMAGE_HELP, image_format, save_figure
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, is_deployment_name
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
@@ -182,9 +182,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               "predicted lb before and after each window, the lb of each placement the cluster "
                               "reported applied, and the expert copies of each event.")
     _history_args(h)
-    h.add_argument("--plot", metavar="FILE", help="draw the whole history into FILE, written as named: PNG, or the "
-                   "format its suffix names (.svg, .pdf, .jpg, ...: those matplotlib writes); another suffix is "
-                   "refused")
+    h.add_argument("--plot", metavar="FILE", help=f"draw the whole history into FILE, {IMAGE_HELP}")
     _source_args(h)
     h.set_defaults(func=run_history)
 
@@ -256,11 +254,12 @@ def run_history(args: argparse.Namespace) -> int:
     name = _checked_name(args.name)
     _check_page(args)
     plot = getattr(args, "plot", None)
-    image = None if plot is None else _image_format(plot)  # refused before anything is read
+    if plot is not None:
+        image_format(plot, "--plot")  # refused before anything is read
     source = _Source(args)
-    if plot is not None and image is not None:
+    if plot is not None:
         entries = list(source.all_history(name))
-        _plot(name, entries, plot, image)
+        image = save_figure(history_figure(name, entries), plot, "--plot")
         print(f"wrote {plot} ({image.upper()}, {plural(len(entries), 'event')})")
         return 0
     page = source.history(name, args.limit, args.before)
@@ -277,22 +276,6 @@ def run_history(args: argparse.Namespace) -> int:
     if page.next is not None:
         print(f"(older: --before {page.next})")
     return 0
-
-
-def _image_format(path: str) -> str:
-    """The format --plot writes `path` in: its suffix's, when matplotlib writes it; PNG for a name without one;
-    any other suffix is refused by name."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    suffix = Path(path).suffix.lower().removeprefix(".")
-    if not suffix:
-        return "png"
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if suffix not in formats:
-        raise EplbError(f"--plot {shown(path)}: .{clip(suffix, 20)} is no image format matplotlib writes; give a "
-                        f"name ending in .png (or {', '.join('.' + f for f in formats if f != 'png')}), or none "
-                        "for PNG")
-    return suffix
 
 
 ACTION_COLORS = {"placed": "tab:green", "rebalanced": "tab:blue", "kept": "lightgrey", "applied": "tab:orange"}
@@ -347,19 +330,6 @@ def history_figure(name: str, entries: list[HistoryEntry]) -> Figure:
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
-
-
-def _plot(name: str, entries: list[HistoryEntry], path: str, image: str) -> None:
-    """`history_figure` written to `path` as is, in format `image` (a suffix `_image_format` took)."""
-    import matplotlib.pyplot as plt
-
-    fig = history_figure(name, entries)
-    try:
-        fig.savefig(path, format=image, dpi=120)
-    except OSError as exc:
-        raise EplbError(f"cannot write {path}: {exc.strerror}") from None
-    finally:
-        plt.close(fig)
 
 
 def _when(t: float) -> str:

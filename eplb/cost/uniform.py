@@ -13,7 +13,6 @@ calibration table are in docs/cost-model.md.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
+from eplb.io.images import image_format, save_figure
 from eplb.specs import HardwareSpec, ModelSpec
 
 __all__ = [
@@ -330,27 +330,23 @@ def plot_dominance_map(
     eps: Sequence[int] = DEFAULT_SWEEP_EPS,
     tokens: Sequence[float] = DEFAULT_MAP_TOKENS,
     dedup: bool = False,
+    *,
+    name: str = "plot",
 ) -> str:
     """Write a figure-4-style map: one panel per (label, B/s) link, cells coloured by the slowest
-    term, each cell labelled with that term's µs. The file's extension picks the format (one matplotlib
-    writes: png, pdf, svg, ...); without one, ".png" is added. Returns the path written."""
+    term, each cell labelled with that term's µs. Written to `path` exactly, in the format its suffix names
+    (one matplotlib writes: png, pdf, svg, ...; PNG without one; `eplb.io.images.image_format`, whose
+    messages call the path `name`). Returns the path written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.backend_bases import FigureCanvasBase
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
     if not links:
         raise EplbError("plot needs at least one link")
-    suffix = os.path.splitext(path)[1]  # matplotlib's own reading of the format
-    if not suffix:
-        path, suffix = path + ".png", ".png"
-    formats = sorted(FigureCanvasBase.get_supported_filetypes())
-    if suffix[1:].lower() not in formats:
-        raise EplbError(f"cannot write plot {path!r}: {suffix!r} is not an image format matplotlib writes; end the "
-                        f"name in .png (the default) or {', '.join('.' + f for f in formats if f != 'png')}")
+    image_format(path, name)  # refused before the grid is computed
     cmap = ListedColormap([_TERM_COLORS[t] for t in TERMS])
     fig, axes = plt.subplots(1, len(links), figsize=(5.2 * len(links) + 0.6, 6.2), squeeze=False)
     for ax, (label, bw) in zip(axes[0], links, strict=True):
@@ -374,12 +370,5 @@ def plot_dominance_map(
         fontsize=11,
     )
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise EplbError(f"cannot write plot {path!r}: {exc.strerror}") from exc
-    except RuntimeError as exc:  # a format needing a missing tool: .pgf without LaTeX
-        raise EplbError(f"cannot write plot {path!r}: {exc}") from exc
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, name)
     return path
