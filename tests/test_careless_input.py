@@ -810,3 +810,24 @@ def test_synth_checks_the_disk_for_what_it_writes_uncompressed_only(
     else:
         assert code == 0, err
         assert (tmp_path / name).exists()
+
+
+LONG_NAME = "a" * 300  # beyond the 255 bytes a file name may have: os.stat raises ENAMETOOLONG
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["export", "--placement", LONG_NAME, "--to", "sglang", "--out", "x.json"], "placement file"),
+    (["solve", "--loads", LONG_NAME], "load file"),
+    (["solve", "--out", f"{LONG_NAME}.json"], "--out"),
+    (["cost", "--plot", f"{LONG_NAME}.png"], "--plot"),
+])  # fmt: skip
+def test_a_path_the_system_cannot_look_up_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], said: str
+) -> None:
+    """A file name longer than the system takes was an OSError traceback (Path.is_dir raises ENAMETOOLONG) from every
+    reader and writer checking its path (eplb.io.files.existing_file, output_file); now one line naming the flag or
+    file, the name clipped with its length."""
+    monkeypatch.chdir(tmp_path)
+    code, err = run(capsys, *argv)
+    assert code == 2 and err.startswith(f"eplb {argv[0]}: error: {said} 'aaaa"), err
+    assert "characters): the system cannot use this path (File name too long)" in err, err

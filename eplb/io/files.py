@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, shown
 
 
 def int_table(value: Any, what: str) -> NDArray[np.int64]:
@@ -153,8 +153,9 @@ def read_json(p: Path) -> Any:
 
 def existing_file(raw: str | Path, what: str = "file") -> Path:
     """The path of a readable, non-empty regular file; otherwise an EplbError that says which of those it is not
-    (a directory, a device such as /dev/null, a pipe, nothing there)."""
+    (a directory, a device such as /dev/null, a pipe, nothing there, a name the system refuses)."""
     p = Path(raw)
+    _refuse_unusable(p, what)
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file")
     if not p.is_file():
@@ -164,6 +165,17 @@ def existing_file(raw: str | Path, what: str = "file") -> Path:
     if p.stat().st_size == 0:
         raise EplbError(f"{what} {p} is empty (0 bytes)")
     return p
+
+
+def _refuse_unusable(p: Path, what: str) -> None:
+    """EplbError, naming `what`, for a path the system will not look up (a name too long, a directory it may not
+    search): Path's is_dir and is_file raise those as OSError tracebacks."""
+    try:
+        p.lstat()
+    except (FileNotFoundError, NotADirectoryError):  # nothing there: the caller says so
+        return
+    except OSError as exc:
+        raise EplbError(f"{what} {shown(str(p))}: the system cannot use this path ({exc.strerror or exc})") from None
 
 
 def _kind(p: Path) -> str:
@@ -183,6 +195,7 @@ def output_file(raw: str | Path, what: str = "output file") -> Path:
     """The path of a file that can be written: not a directory, in a directory that exists. Call it before
     the work whose result goes there."""
     p = Path(raw)
+    _refuse_unusable(p, what)
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file name inside it")
     if not p.parent.is_dir():
