@@ -225,3 +225,43 @@ def test_the_estimate_counts_a_read_across_nodes_that_breaks_a_cycle() -> None:
     assert copies_from_other_nodes(new, current, slots, 2).tolist() == [0, 0, 0, 0]
     assert copies_from_other_nodes(new, current, slots, 2, stage_copies=1).tolist() == [0, 0, 0, 1]
     assert copies_from_gpu(new, current, slots, 2, stage_copies=1).tolist() == [1, 0, 0, 1]
+
+
+def test_the_estimate_from_the_solves_plan_equals_the_one_it_builds() -> None:
+    """Replay passes `rebalance_cost` the plan its solve built (`Outcome.plan`, with the cluster's GPUs per node)
+    instead of the estimate building it again: on every ordered pair of shipped windows (the embedded one and
+    fixtures/sglang6017-*.json), EP32 in 4 nodes of 8 over NVLink + NIC, from a serving greedy placement to
+    incremental (a move budget and none) and fresh greedy, global and hierarchical, the bytes into, out of and
+    across nodes are the plan's either way, and so is the cost."""
+    from pathlib import Path
+
+    from eplb.cost.migration import MigrationSpec, plan_copies, plan_for
+    from eplb.io.windows import read_window
+    from eplb.solve import Cluster, CostSetup, evaluate, solve
+    from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, all_to_all_links
+    from solvers.registry import Options
+
+    shipped = sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("sglang6017-*.json"))
+    windows = [read_window(None).loads, *(read_window(str(p)).loads for p in shipped)]
+    model, hardware = MODEL_PRESETS["deepseek-v3"], HARDWARE_PRESETS["h800"]
+    nvlink, nic = all_to_all_links(hardware, "nvlink+nic")
+    cost = CostSetup(model, hardware, nvlink, 256.0, inter_node_bw=nic)
+    spec = MigrationSpec(nvlink, hbm_bw=hardware.hbm_bandwidth, inter_node_bw=nic, gpus_per_node=8)
+    slots = np.full(32, 9, dtype=np.int64)
+    across, ignored = 0.0, 0
+    for cluster in (Cluster(slots, gpus_per_node=8), Cluster(slots, gpus_per_node=8, num_groups=8)):
+        for before, after in itertools.permutations(windows, 2):
+            serving = solve(before, cluster, solver="greedy").placement
+            pred = evaluate(after, serving, cost, gpus_per_node=8).prediction
+            assert pred is not None
+            for kwargs in ({"options": Options(max_moves=2_000)}, {}, {"solver": "greedy"}):
+                out = solve(after, cluster, current=serving, cost=cost, **kwargs)
+                assert out.plan is not None
+                args = (out.placement.phy2log, serving.phy2log, slots, model.expert_bytes, pred)
+                given, built = spec.rebalance_cost(*args, out.plan), spec.rebalance_cost(*args)
+                assert given == built and given.bytes > 0, kwargs
+                across += float(plan_copies(out.plan, 32, 8)[2].sum())
+                nodeless = plan_for(out.placement.phy2log, serving.phy2log, slots)  # sources read anywhere
+                ignored += spec.rebalance_cost(*args, nodeless) == given
+    assert across > 0  # copies read on other nodes: the NIC's share is counted both ways
+    assert ignored < 36  # the plan given is the one counted: read without nodes, some of them cost otherwise

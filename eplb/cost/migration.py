@@ -112,12 +112,17 @@ class MigrationSpec:
         slots_per_gpu: NDArray[np.int64],
         expert_bytes: float,
         serving: LayerPrediction,
+        plan: MigrationPlan | None = None,
     ) -> MigrationCost:
         """What turning the serving placement `old` into `new` (phy2log [L, P], aligned) costs while steps like
         the one `serving` predicts (the serving placement on the recent mean step) are served: the copies, their
-        sources and which of them cross nodes are the migration plan's (`plan_for`)."""
-        copies_in, copies_out, across = plan_copies(plan_for(new, old, slots_per_gpu, self.gpus_per_node),
-                                                    slots_per_gpu.size, self.gpus_per_node)  # fmt: skip
+        sources and which of them cross nodes are the migration plan's. plan: the plan from `old` to `new` when the
+        caller has one (`eplb.solve.Outcome.plan` of the solve from `old`), read from sources on the destinations'
+        nodes of this spec's gpus_per_node (`solvers.plan.build_plan`'s gpus_per_node); its stages, if budgeted,
+        are the copies the cluster will run; None: built here (`plan_for`: one stage per layer)."""
+        if plan is None:
+            plan = plan_for(new, old, slots_per_gpu, self.gpus_per_node)
+        copies_in, copies_out, across = plan_copies(plan, slots_per_gpu.size, self.gpus_per_node)
         remote_in = across * expert_bytes if self.inter_node_bw is not None and self.gpus_per_node else None
         t = serving.time_us
 

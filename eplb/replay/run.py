@@ -648,7 +648,7 @@ class _Replay:
             outcome, cost, saving = choice
         else:
             outcome = self.solve(loads, scenarios)
-            cost, saving = self.migration_cost(outcome.placement, loads / max(weight, 1e-12)), None
+            cost, saving = self.migration_cost(outcome, loads / max(weight, 1e-12)), None
         solve_ms = (time.perf_counter() - t0) * 1000
         self.timing["solve_s"] += solve_ms / 1000
         charge, span = (0.0, 0) if cost is None else cost.charge_s(self.step_time_s)
@@ -707,14 +707,17 @@ class _Replay:
             self.summary_of = self.window_span
         return self.window_summary
 
-    def migration_cost(self, new: Placement, step_loads: NDArray[np.float64]) -> MigrationCost | None:
-        """What copying `new`'s experts onto the serving placement costs (None without a cost model)."""
+    def migration_cost(self, new: Outcome, step_loads: NDArray[np.float64]) -> MigrationCost | None:
+        """What copying the experts of `new` (a solve from the serving placement) onto the serving placement costs
+        (None without a cost model): the copies of its migration plan, built by the solve with the cluster's GPUs
+        per node (built again only for a migration spec that reads sources without them)."""
         if self.cost is None or self.migration is None:
             return None
         pred = evaluate(step_loads, self.serving, self.cost, gpus_per_node=self.cluster.gpus_per_node).prediction
         assert pred is not None
-        return self.migration.rebalance_cost(new.phy2log, self.serving.phy2log, self.cluster.slots_per_gpu,
-                                             self.cost.model.expert_bytes, pred)  # fmt: skip
+        plan = new.plan if self.migration.gpus_per_node == self.cluster.gpus_per_node else None
+        return self.migration.rebalance_cost(new.placement.phy2log, self.serving.phy2log, self.cluster.slots_per_gpu,
+                                             self.cost.model.expert_bytes, pred, plan)  # fmt: skip
 
     def candidates(self) -> list[dict[str, Any]]:
         """The cost trigger's candidates as `solve` keyword arguments: with the incremental solver
@@ -754,7 +757,7 @@ class _Replay:
         balance = _nan_mean(lb, axis=(1, 2))  # [1 + candidates] mean realized lb (of the step-layers with tokens)
         scored: list[tuple[float, float, MigrationCost | None, Outcome, float]] = []
         for outcome, t_new, b in zip(candidates, step_s[1:], balance[1:], strict=True):
-            cost = self.migration_cost(outcome.placement, step_loads)
+            cost = self.migration_cost(outcome, step_loads)
             charge, _ = (0.0, 0) if cost is None else cost.charge_s(self.step_time_s)
             # until the copies land, moving and keeping serve the same placement; after, the new one serves
             # at least an interval (no check runs while copies are in flight)
