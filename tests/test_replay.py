@@ -986,3 +986,32 @@ def test_the_warm_up_solves_by_the_replays_objective(
     if timed:
         assert warm["cost"].hardware == cost.hardware and warm["cost"].link_bw == cost.link_bw  # type: ignore[attr-defined]
     assert warm["current"] is not None and warm["empty_slots"] is False  # as a rebalance solves
+
+
+@pytest.mark.parametrize(("gpus_per_node", "num_groups"), [(None, None), (4, None), (4, 4)])
+def test_the_warm_up_solves_on_the_replays_cluster_shape(
+    monkeypatch: pytest.MonkeyPatch, gpus_per_node: int | None, num_groups: int | None
+) -> None:
+    """`warm_up` solved on a tiny cluster of no nodes and no groups whatever the replay's cluster, so a replay with
+    groups (the hierarchical policy) paid its path's one-time costs (the solver's hierarchical code, relabelling
+    node by node) in its first rebalance. The tiny cluster now follows the replay's: nodes when it has GPUs per
+    node, expert groups on them when it has groups; the solver gets a hierarchical problem exactly when every
+    rebalance does, from a serving placement as they are."""
+    from solvers import registry
+
+    counts = np.random.default_rng(3).integers(0, 40, (30, 2, 16))
+    problems: list[tuple[bool, bool, bool]] = []  # (nodes, hierarchical, from a serving placement) of each solve
+    real = registry.solve
+
+    def spy(name: str, problem: registry.Problem, options: registry.Options) -> registry.Solution:
+        problems.append((problem.gpus_per_node is not None, problem.hierarchical, problem.current_phy2log is not None))
+        return real(name, problem, options)
+
+    monkeypatch.setattr(registry, "solve", spy)
+    cluster = Cluster(np.full(8, 3, dtype=np.int64), gpus_per_node=gpus_per_node, num_groups=num_groups)
+    replay(counts, cluster, schedule=Schedule(window=10, interval=10, trigger="periodic"), solver="greedy",
+           oracle_every=0, hindsight=False)  # fmt: skip
+    warm, *rebalances = problems
+    assert len(rebalances) == 2 and set(rebalances) == {warm}
+    assert warm == (gpus_per_node is not None, num_groups is not None, True)
+

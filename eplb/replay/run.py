@@ -303,12 +303,12 @@ def replay(
         if hindsight and not one_shot:
             run.plan_hindsight(chunk_steps)
         if src.info.num_steps is None or src.info.num_steps > sched.first_position:  # a check will run
-            warm_up(policy.name, time_limit_s, objective, cost)
+            warm_up(policy.name, time_limit_s, objective, cost, cluster)
         return run.run(chunk_steps, oracle_every, collect, on_steps, progress)
 
 
 def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb",
-            cost: CostSetup | None = None) -> None:
+            cost: CostSetup | None = None, cluster: Cluster | None = None) -> None:
     """Pay now, outside a replay's solve timing, what the first rebalance of a process would pay once: loading
     the solver's modules (a tiny solve from a serving placement, as a rebalance solves) and scipy's linear
     assignment, which relabelling a new placement onto the serving one imports on first use
@@ -318,7 +318,9 @@ def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb
     objective (or a solver that needs co-activation data) it solves with a co-activation summary of tiny
     token-level routing, and by time with `cost`'s specs on a model of its few experts (the candidates'
     co-location search, solvers.coactivation's compiled kernels, the cost model with copies per token).
-    `replay` calls it before its loop; later calls in a process cost two tiny solves."""
+    cluster: the replay's; the tiny cluster follows its shape: two nodes of two GPUs when it has GPUs per node (or
+    `cost` needs nodes), and two expert groups, one a node, when it has groups too (the solver's hierarchical path,
+    relabelling node by node). `replay` calls it before its loop; later calls in a process cost two tiny solves."""
     import scipy.optimize  # noqa: F401  (solvers.migration imports it on demand)
 
     check_objective(objective, cost)
@@ -327,8 +329,12 @@ def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb
     top_k = 2 if cost is None else cost.model.top_k
     experts = 2 * max(2, top_k)  # every tiny token picks top_k distinct experts
     nodes = cost is not None and (cost.inter_node_bw is not None or cost.node_limit is not None)
-    cluster = Cluster(np.full(2, experts // 2 + 1), gpus_per_node=1 if nodes else None)  # one redundant a GPU
-    serving = initial_placement(1, experts, cluster.slots_per_gpu)
+    nodes = nodes or (cluster is not None and cluster.gpus_per_node is not None)
+    hierarchical = nodes and cluster is not None and cluster.num_groups is not None
+    gpus = 4 if nodes else 2  # nodes: two of two GPUs
+    tiny_cluster = Cluster(np.full(gpus, experts // gpus + 1), gpus_per_node=2 if nodes else None,
+                           num_groups=2 if hierarchical else None)  # one redundant expert a GPU  # fmt: skip
+    serving = initial_placement(1, experts, tiny_cluster.slots_per_gpu)
     loads = np.arange(experts, 0, -1, dtype=np.float64)[None, :]
     summary = None
     if pairs:
@@ -341,7 +347,7 @@ def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb
     if by_time:
         assert cost is not None
         tiny = replace(cost, model=cost.model.model_copy(update={"num_experts": experts}))
-    solve(loads, cluster, solver=solver, options=applicable(solver, Options(time_limit_s=time_limit_s)),
+    solve(loads, tiny_cluster, solver=solver, options=applicable(solver, Options(time_limit_s=time_limit_s)),
           current=serving, objective=objective, cost=tiny, coactivation=summary, empty_slots=False)
 
 
