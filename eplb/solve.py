@@ -192,6 +192,16 @@ def infer_model(num_experts: int, num_layers: int) -> ModelSpec | None:
     return matches[0] if len(matches) == 1 else None
 
 
+def other_experts(model: ModelSpec, num_experts: int, num_layers: int, what: str, way: Callable[[str], str]) -> str:
+    """The one refusal of `model` for data of another expert count (num_experts experts, num_layers layers; `what`
+    names them: 'the log has', 'the loads have'): 'model X has 8 experts, the log has 16: ' and the way out in the
+    caller's words (the CLI's flags, the Python API's arguments), way(preset): `preset` is ' (the preset P has)'
+    when a preset has the data's experts and layers (`infer_model`), else ''."""
+    fits = infer_model(num_experts, num_layers)
+    preset = f" (the preset {fits.name} has)" if fits is not None else ""
+    return f"model {model.name!r} has {model.num_experts} experts, {what} {num_experts}: {way(preset)}"
+
+
 def time_limited(option: str = "time_limit_s") -> list[str]:
     """The registered solvers that take the time limit `option` (time_limit_s per layer, total_time_limit_s)."""
     return [n for n in registry.names() if option in registry.get_solver(n).options]

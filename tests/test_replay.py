@@ -1015,3 +1015,19 @@ def test_the_warm_up_solves_on_the_replays_cluster_shape(
     assert len(rebalances) == 2 and set(rebalances) == {warm}
     assert warm == (gpus_per_node is not None, num_groups is not None, True)
 
+
+def test_the_python_apis_refusal_of_a_model_with_other_experts_names_the_way_out() -> None:
+    """`replay` with a cost whose model has other experts than the log said only 'model X has 8 experts, the log
+    has 64', naming no way out; it now says the CLI's one message (`eplb.solve.other_experts`) in the Python API's
+    words: the cost's model to give (the preset that has the log's experts), or no cost unless the cost trigger
+    needs one."""
+    counts = np.random.default_rng(4).integers(0, 30, (20, 2, 64))
+    cluster = Cluster(np.full(8, 9, dtype=np.int64))
+    lead = ("model 'mixtral-8x7b' has 8 experts, the log has 64: give cost (a CostSetup) a model with 64 experts "
+            "(the preset deepseek-v2-lite has), a preset or a JSON file (eplb.specs.load_model)")
+    cost = CostSetup(MODEL_PRESETS["mixtral-8x7b"], HARDWARE_PRESETS["h100"], 450e9, 64.0)
+    for trigger, way in (("periodic", ", or no cost (cost=None: no times, no bytes)"), ("cost", "")):
+        with pytest.raises(EplbError) as caught:
+            replay(counts, cluster, schedule=Schedule(window=10, interval=10, trigger=trigger), cost=cost,
+                   oracle_every=0, hindsight=False)  # fmt: skip
+        assert str(caught.value) == lead + way

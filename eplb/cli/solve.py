@@ -27,6 +27,7 @@ from eplb.solve import (
     evaluate,
     infer_model,
     least_stage_gib,
+    other_experts,
     solve,
     solver_name,
     time_limited,
@@ -282,17 +283,19 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
     else:
         return infer_model(data.num_experts, data.num_layers)
     if model.num_experts != data.num_experts:
-        what = "the loads have" if isinstance(data, LoadWindow) else "the log has"
-        fits = infer_model(data.num_experts, data.num_layers)
-        other = f" (the preset {fits.name} has)" if fits is not None else ""
-        if not isinstance(data, LoadWindow) and not given:
-            way = (f"{data.path} names it as its model: give --model NAME or FILE with {data.num_experts} "
-                   f"experts{other} to override it")
-        else:  # dropping --model helps unless the log names a preset of other experts too
-            named = None if isinstance(data, LoadWindow) else MODEL_PRESETS.get((data.model or "").strip().lower())
-            drop = "" if named is not None and named.num_experts != data.num_experts else ", or drop --model"
-            way = f"give --model a model with {data.num_experts} experts{other}, a preset or a JSON file{drop}"
-        raise EplbError(f"model {model.name!r} has {model.num_experts} experts, {what} {data.num_experts}: {way}")
+        what, n = ("the loads have" if isinstance(data, LoadWindow) else "the log has"), data.num_experts
+        named_by = None if isinstance(data, LoadWindow) or given else data.path  # the log names it
+        # dropping --model helps unless the log names a preset of other experts too
+        named = None if isinstance(data, LoadWindow) else MODEL_PRESETS.get((data.model or "").strip().lower())
+        drop = "" if named is not None and named.num_experts != n else ", or drop --model"
+
+        def way(preset: str) -> str:
+            if named_by is not None:
+                return (f"{named_by} names it as its model: give --model NAME or FILE with {n} experts{preset} to "
+                        "override it")
+            return f"give --model a model with {n} experts{preset}, a preset or a JSON file{drop}"
+
+        raise EplbError(other_experts(model, n, data.num_layers, what, way))  # replay's Python API: its own words
     return model
 
 

@@ -45,7 +45,7 @@ from eplb.placement import Placement
 from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.replay.schedule import Schedule, Window
 from eplb.replay.summary import BASELINES, RowStats
-from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, other_experts, solve
 from solvers import registry
 from solvers.registry import Options, applicable
 
@@ -290,7 +290,7 @@ def replay(
                                   gpus_per_node=cluster.gpus_per_node)  # fmt: skip
     if migration is not None:
         migration.check()
-    _check_shapes(src.info, cluster, cost)
+    _check_shapes(src.info, cluster, cost, needs_cost=sched.trigger == "cost")
     check_objective(objective, cost)
     if objective == "time" and src.info.kind != "topk":
         raise EplbError(
@@ -351,10 +351,15 @@ def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb
           current=serving, objective=objective, cost=tiny, coactivation=summary, empty_slots=False)
 
 
-def _check_shapes(info: LogInfo, cluster: Cluster, cost: CostSetup | None) -> None:
+def _check_shapes(info: LogInfo, cluster: Cluster, cost: CostSetup | None, needs_cost: bool = False) -> None:
+    """The log against the cluster's slots and the cost's model (needs_cost: the schedule needs a cost model, so
+    dropping it is no way out)."""
     experts, slots = info.num_experts, cluster.slots_per_gpu
     if cost is not None and cost.model.num_experts != experts:
-        raise EplbError(f"model {cost.model.name!r} has {cost.model.num_experts} experts, the log has {experts}")
+        drop = "" if needs_cost else ", or no cost (cost=None: no times, no bytes)"
+        raise EplbError(other_experts(cost.model, experts, info.num_layers, "the log has", lambda preset: (
+            f"give cost (a CostSetup) a model with {experts} experts{preset}, a preset or a JSON file "
+            f"(eplb.specs.load_model){drop}")))  # the CLI's refusal (eplb.cli.solve.model_for) in its flags
     if int(slots.sum()) < experts:
         raise EplbError(f"{int(slots.sum())} slots on {slots.size} GPUs cannot hold {experts} experts")
 
