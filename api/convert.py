@@ -313,15 +313,15 @@ def _spec(field: str, value: Any, presets: Mapping[str, Any]) -> Any:
 
 
 def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:
-    """The named or given model, checked against the window; absent: the preset with the window's expert
-    count (and layer count when several match), as `eplb solve` does; None when none matches."""
+    """The named or given model, checked against the window (`ModelSpec.window_mismatch`: its experts, at most its
+    MoE layers); absent: the preset with the window's expert count (and layer count when several match), as
+    `eplb solve` does; None when none matches."""
     if value is None:
         return infer_model(loads.shape[1], loads.shape[0])
     model: ModelSpec = _spec("model", value, MODEL_PRESETS)
-    if loads.shape[1] != model.num_experts:
-        raise FieldError(
-            "loads", f"rows have {loads.shape[1]} experts but model {model.name!r} has {model.num_experts}"
-        )
+    why = model.window_mismatch(*loads.shape)  # a deployment's windows, the same rule
+    if why is not None:
+        raise FieldError("loads", why)
     return model
 
 

@@ -296,9 +296,9 @@ class Setup:
             loads = check_loads(value, what)
         except EplbError as exc:  # its text names the value: 'loads[0][1] is -2: loads must be >= 0'
             raise FieldError(what, str(exc), str(exc)) from None
-        if loads.shape[1] != self.model.num_experts:
-            raise FieldError(what, f"rows have {loads.shape[1]} experts but model {self.model.name!r} "
-                             f"has {self.model.num_experts}")
+        why = self.model.window_mismatch(*loads.shape)  # POST /placement's rule: its experts, at most its MoE layers
+        if why is not None:
+            raise FieldError(what, why)
         return loads
 
 
@@ -638,6 +638,9 @@ def _serving(setup: Setup, value: Any, field: str) -> Placement:
         raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
     if served.num_experts != setup.model.num_experts:
         raise FieldError(field, f"{served.num_experts} experts, the model has {setup.model.num_experts}")
+    too_many = setup.model.window_mismatch(served.num_layers, served.num_experts)  # the windows' rule
+    if too_many is not None:
+        raise FieldError(field, too_many)
     if served.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():
         raise FieldError(field, f"{describe_slots(served.slots_per_gpu)}, the deployment has "
                          f"{describe_slots(setup.cluster.slots_per_gpu)}")
@@ -701,7 +704,8 @@ def _state_key(key: str, row: DeploymentRow) -> str:
 def _placement(row: DeploymentRow) -> Placement | None:
     """The stored serving placement, or None: none yet, or one that no longer fits the config's slots (stored
     before a change of the default slot budget, or a config this version cannot resolve), or one with empty
-    slots (recorded before `record_applied` refused them): the next window places afresh."""
+    slots (recorded before `record_applied` refused them), or one of more layers than the model has MoE layers
+    (stored before windows were held to them): the next window places afresh."""
     if row.phy2log is None:
         return None
     try:  # a stored config a newer eplb cannot resolve (a preset renamed, a stricter check) serves nothing
@@ -709,9 +713,9 @@ def _placement(row: DeploymentRow) -> Placement | None:
     except (EplbError, KeyError, ValueError):
         return None
     phy2log = unpack(row.phy2log)
-    if phy2log.shape[1] != int(slots.sum()) or (phy2log < 0).any():
-        return None
     model = MODEL_PRESETS[row.config["model"]]
+    if phy2log.shape[1] != int(slots.sum()) or (phy2log < 0).any() or phy2log.shape[0] > model.num_moe_layers:
+        return None
     shares = None if row.shares is None else unpack(row.shares)
     return Placement(phy2log, slots, model.num_experts, shares)
 

@@ -185,8 +185,10 @@ def _round(a: NDArray[np.floating[Any]], digits: int = 6) -> list[float]:
 
 
 def infer_model(num_experts: int, num_layers: int) -> ModelSpec | None:
-    """The preset matching a window's expert count (and layer count when several match), else None."""
-    matches = [m for m in MODEL_PRESETS.values() if m.num_experts == num_experts]
+    """The preset matching a window's expert count (and layer count when several match), else None. A preset with
+    fewer MoE layers than the window cannot be its model (`ModelSpec.window_mismatch`, the rule a named model is
+    checked by) and matches none."""
+    matches = [m for m in MODEL_PRESETS.values() if m.window_mismatch(num_layers, num_experts) is None]
     if len(matches) > 1:
         matches = [m for m in matches if m.num_moe_layers == num_layers] or matches[:0]
     return matches[0] if len(matches) == 1 else None

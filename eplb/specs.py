@@ -80,6 +80,20 @@ class ModelSpec(BaseModel):
         """The model layer of each MoE layer (DeepSeek-V3: 3..60), as SGLang and TensorRT-LLM number them."""
         return list(range(self.first_dense_layers, self.num_model_layers))
 
+    def window_mismatch(self, layers: int, experts: int) -> str | None:
+        """Why a window (or placement) of `layers` x `experts` cannot be of this model, or None: the one rule of
+        POST /placement and deployments. Its rows must have the model's routed experts, and it may hold at most
+        one row per MoE layer (fewer are a part of the model; more name MoE layers the model does not have, which
+        an export would write as model layers)."""
+        if experts != self.num_experts:
+            return f"rows have {experts} experts but model {self.name!r} has {self.num_experts}"
+        if layers > self.num_moe_layers:
+            dense = f", the first {self.first_dense_layers} dense" if self.first_dense_layers else ""
+            return (f"{layers} layers, but model {self.name!r} has {self.num_moe_layers} MoE layers "
+                    f"({self.num_model_layers} layers{dense}): send one row per MoE layer, at most "
+                    f"{self.num_moe_layers} (fewer are a part of the model)")
+        return None
+
     @property
     def expert_params(self) -> int:
         """Parameters of one expert in one layer: 3 x hidden x intermediate (gate + up + down)."""

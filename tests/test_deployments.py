@@ -715,6 +715,49 @@ def test_a_stored_placement_with_empty_slots_serves_nothing(store: Store) -> Non
     assert dep.record_applied(store, "holes", dep.get(store, "holes").placement.model_dump()).moves == 0
 
 
+def test_more_layers_than_the_model_has_are_refused_by_one_rule(client: TestClient, store: Store) -> None:
+    """A DeepSeek-V3 deployment took a 2000 x 256 window and exported 2000 SGLang rows, TensorRT-LLM keys and
+    vllm-ascend MoE layers of a 61-layer model; POST /placement took 100 layers for the named model. One rule now
+    (`ModelSpec.window_mismatch`): at most the model's MoE layers (fewer are a part of it), a 422 naming loads and
+    the count, nothing stored. An applied placement and a window's current_placement are held to it too, a
+    placement stored before serves nothing, and a window of more layers infers no preset for its times."""
+    loads = np.random.default_rng(0).integers(0, 100, (59, 256)).astype(float).tolist()
+    v3 = {"model": "deepseek-v3", "cluster": {"num_gpus": 32}}
+    assert client.put("/deployments/huge", json=v3).status_code == 201
+    window = client.post("/deployments/huge/windows", json={"loads": loads})
+    placed = client.post("/placement", json={"model": "deepseek-v3", "loads": loads, "cluster": {"num_gpus": 32}})
+    message = ("59 layers, but model 'deepseek-v3' has 58 MoE layers (61 layers, the first 3 dense): send one row per "
+               "MoE layer, at most 58 (fewer are a part of the model)")
+    for answer in (window, placed):
+        assert answer.status_code == 422 and answer.json()["errors"] == [{"field": "loads", "message": message}]
+        assert answer.json()["detail"] == f"loads: {message}"
+    assert client.get("/deployments/huge").json()["windows"] == 0
+    assert client.get("/deployments/huge", params={"format": "sglang"}).status_code == 404  # nothing to export
+    unnamed = client.post("/placement", json={"loads": loads, "cluster": {"num_gpus": 32}})
+    assert unnamed.status_code == 200 and "time_us" not in unnamed.json()["predicted"]  # no preset has 59 x 256
+    assert client.post("/placement", json={"loads": loads[:58], "cluster": {"num_gpus": 32}}).json()["predicted"][
+        "time_us"]  # 58 layers: DeepSeek-V3's, inferred
+
+    assert client.put("/deployments/mix", json=MIXTRAL).status_code == 201  # 32 MoE layers, no dense one
+    rows = [MIXTRAL_LOADS[0]] * 33
+    too_long = {"slots_per_gpu": [3] * 4, "phy2log": [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]] * 33}
+    applied = client.post("/deployments/mix/placement", json={"placement": too_long})
+    assert applied.status_code == 422 and applied.json()["errors"][0]["field"] == "placement"
+    assert "33 layers, but model 'mixtral-8x7b' has 32 MoE layers (32 layers):" in applied.json()["detail"]
+    sent = client.post("/deployments/mix/windows", json={"loads": rows, "current_placement": too_long})
+    assert sent.status_code == 422 and [e["field"] for e in sent.json()["errors"]] == ["loads"]
+    assert client.post("/deployments/mix/windows", json={"loads": rows[:32]}).json()["action"] == "placed"
+    from eplb.store.arrays import pack
+
+    with store.write() as session:  # a placement stored before the rule: it serves nothing, exports nothing
+        row = session.get(dep.DeploymentRow, "mix")
+        assert row is not None
+        row.phy2log = pack(np.asarray(too_long["phy2log"], dtype=np.int64))
+    assert client.get("/deployments/mix").json().get("placement") is None
+    assert client.get("/deployments/mix", params={"format": "trtllm"}).status_code == 404
+    assert client.post("/deployments/mix/windows", json={"loads": rows[:32]}).json()["action"] == "placed"
+
+
 GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
                      "node; give both, or neither")
 
