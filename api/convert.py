@@ -176,9 +176,9 @@ def answer_evaluate(body: Body) -> Answer:
 
 
 def _answer(outcome: Outcome, seconds: float, solver: str | None = None) -> Answer:
-    body, p, b = answer_json(outcome), outcome.balance.lb, outcome.baseline.lb
-    lb = (round(float(p.mean()), 6), round(float(p.max()), 6), round(float(b.mean()), 6), round(float(b.max()), 6))
-    return Answer(200, body, seconds=seconds, lb=lb, solver=solver)
+    p, b = outcome.balance.lb_over_tokens(), outcome.baseline.lb_over_tokens()  # None: no layer has tokens
+    lb = None if p is None or b is None else (round(p[0], 6), round(p[1], 6), round(b[0], 6), round(b[1], 6))
+    return Answer(200, answer_json(outcome), seconds=seconds, lb=lb, solver=solver)
 
 
 # Outcome fields answer_json builds itself; any other that is set sends the outcome through the answer models

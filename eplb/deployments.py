@@ -94,7 +94,7 @@ class Policy(BaseModel):
     """When to rebalance and how far.
 
     trigger: periodic (every `every` windows), threshold (the serving placement's predicted lb on the window,
-    mean over layers, above `threshold`) or cost (the predicted time saved over the next window, `steps`
+    mean over the layers with tokens, above `threshold`) or cost (the predicted time saved over the next window, `steps`
     steps, exceeds the migration charge: `eplb.cost.migration`; with the incremental solver and no budget of
     its own, the move budgets, no budget and fresh greedy are judged and `eplb.trigger.choose_candidate`
     picks, as in replay; migration: the copies overlap serving or block it, as replay's --migration;
@@ -313,8 +313,9 @@ class WindowInfo(BaseModel):
 
 
 class HistoryEntry(BaseModel):
-    """One event of a deployment (see HistoryRow). lb_*: predicted lb on the window, mean over layers;
-    time_*_us: predicted MoE time of one step; bytes_moved: moves x one expert's bytes in one layer."""
+    """One event of a deployment (see HistoryRow). lb_*: predicted lb on the window, mean over the layers with tokens
+    (None: no placement, or a window without tokens); time_*_us: predicted MoE time of one step; bytes_moved: moves
+    x one expert's bytes in one layer."""
 
     id: int
     seq: int = Field(description="window number (for applied: the windows received so far)")
@@ -528,7 +529,7 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
             before = evaluate(loads, current, setup.cost, coactivation=summary, gpus_per_node=nodes)
         if before is not None:
             entry.lb_before, entry.time_before_us = _lb_time(before)
-        fire, reason = _trigger(policy, seq, row.last_rebalance, before, force)
+        fire, reason = _trigger(policy, seq, row.last_rebalance, before, force, bool(loads.sum() > 0))
         outcome: Outcome | None = None
         after: Outcome | None = None
         moves = 0
@@ -750,14 +751,24 @@ def _window_columns(loads: NDArray[np.float64]) -> dict[str, Any]:
     }
 
 
-def _lb_time(outcome: Outcome) -> tuple[float, float | None]:
-    lb = round(float(outcome.balance.lb.mean()), 6)
+def _lb_time(outcome: Outcome) -> tuple[float | None, float | None]:
+    """The history's numbers of an outcome: lb, mean over the layers with tokens (None: no layer has any, no lb),
+    and the predicted MoE time of one step (None without a model)."""
+    lb_mean = outcome.balance.lb_over_tokens()
+    lb = None if lb_mean is None else round(lb_mean[0], 6)
     time_us = None if outcome.prediction is None else round(outcome.prediction.total_time_us, 3)
     return lb, time_us
 
 
-def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None, force: bool) -> tuple[bool, str]:
-    """Whether to solve for this window, and why (the cost trigger decides again after solving)."""
+def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None, force: bool,
+             tokens: bool) -> tuple[bool, str]:
+    """Whether to solve for this window, and why (the cost trigger decides again after solving). A window without
+    tokens (`tokens` False) is kept whatever the trigger or `force`: it has no lb to judge, and nothing to place
+    on (docs/replay.md: a layer without tokens has no lb, not 1.0)."""
+    if not tokens:
+        forced = "forced by the request, but " if force else ""
+        stays = "the serving placement stays" if before is not None else "nothing to place on, no placement serves yet"
+        return False, f"{forced}the window has no tokens (no lb to judge): {stays}"
     if before is None:
         return True, "no placement serves yet"
     if force:
@@ -767,7 +778,8 @@ def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None,
         if since >= policy.every:
             return True, f"periodic: {since} windows since the last rebalance (every {policy.every})"
         return False, f"periodic: {since} of {policy.every} windows since the last rebalance"
-    lb = float(before.balance.lb.mean())
+    lb_mean = before.balance.lb_over_tokens()  # the layers with tokens: the others have no lb
+    lb = 1.0 if lb_mean is None else lb_mean[0]  # None only on a window without tokens, kept above
     if policy.trigger == "threshold":
         if lb > policy.threshold:
             return True, f"threshold: predicted lb {lb:.4f} > {policy.threshold}"
@@ -792,7 +804,7 @@ def _worth_it(
                                         setup.model.expert_bytes, pred)  # fmt: skip
         charge.append(migration.charge_s(pred.total_time_us * 1e-6)[0])
         saved.append((pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps)
-    lbs = [float(after.balance.lb.mean()) for after, _, _ in tried]
+    lbs = [(after.balance.lb_over_tokens() or (1.0, 1.0))[0] for after, _, _ in tried]  # a window with tokens
     pick = trigger.choose_candidate([s - c for s, c in zip(saved, charge, strict=True)], lbs,
                                     [copies for _, copies, _ in tried])  # fmt: skip
     shown = max(range(len(tried)), key=lambda i: saved[i] - charge[i]) if pick is None else pick

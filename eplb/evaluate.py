@@ -14,13 +14,25 @@ from eplb.placement import Placement
 @dataclass(frozen=True)
 class Balance:
     """gpu_loads: [layers, G] tokens; lb = max/mean, balancedness = mean/max (vLLM, SGLang),
-    imbalance = (max - mean)/mean (TensorRT-LLM): each [layers]. A layer with no tokens counts as
-    perfectly balanced (lb 1)."""
+    imbalance = (max - mean)/mean (TensorRT-LLM): each [layers]. A layer with no tokens has no lb (docs/replay.md):
+    the arrays hold 1 there (so the solvers' arithmetic stays finite), `has_tokens` marks the layers that have one,
+    and every report leaves the others out (`lb_over_tokens`; the API's per-layer lists say null)."""
 
     gpu_loads: NDArray[np.float64]
     lb: NDArray[np.float64]
     balancedness: NDArray[np.float64]
     imbalance: NDArray[np.float64]
+
+    @property
+    def has_tokens(self) -> NDArray[np.bool_]:
+        """[layers] whether the layer routes any token (the others have no lb)."""
+        out: NDArray[np.bool_] = self.gpu_loads.sum(axis=1) > 0
+        return out
+
+    def lb_over_tokens(self) -> tuple[float, float] | None:
+        """(mean, max) lb over the layers with tokens; None when no layer has any."""
+        lb = self.lb[self.has_tokens]
+        return None if lb.size == 0 else (float(lb.mean()), float(lb.max()))
 
 
 def gpu_loads(loads: NDArray[np.float64], placement: Placement) -> NDArray[np.float64]:

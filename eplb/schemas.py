@@ -40,11 +40,12 @@ class CopiesPerToken(BaseModel):
 class Balance(BaseModel):
     """Per-layer balance, and the predicted per-layer time when a model is known. Times in microseconds."""
 
-    lb: list[float] = Field(description="max GPU load / mean GPU load, per layer (1.0 is perfect)")
-    balancedness: list[float] = Field(description="mean / max per layer (vLLM's and SGLang's number)")
-    imbalance: list[float] = Field(description="(max - mean) / mean per layer (TensorRT-LLM's number)")
-    lb_mean: float
-    lb_max: float
+    lb: list[float | None] = Field(description="max GPU load / mean GPU load, per layer (1.0 is perfect); null for "
+                                   "a layer without tokens (no lb)")
+    balancedness: list[float | None] = Field(description="mean / max per layer (vLLM's and SGLang's number)")
+    imbalance: list[float | None] = Field(description="(max - mean) / mean per layer (TensorRT-LLM's number)")
+    lb_mean: float | None = Field(None, description="over the layers with tokens (absent: no layer has any)")
+    lb_max: float | None = Field(None, description="over the layers with tokens (absent: no layer has any)")
     time_us: list[float] | None = Field(None, description="predicted layer time: the slowest GPU")
     compute_us: list[float] | None = None
     weight_read_us: list[float] | None = None

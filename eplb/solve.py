@@ -159,13 +159,16 @@ class Outcome:
 
 
 def _balance_dict(b: Balance) -> dict[str, Any]:
-    return {
-        "lb": _round(b.lb),
-        "balancedness": _round(b.balancedness),
-        "imbalance": _round(b.imbalance),
-        "lb_mean": round(float(b.lb.mean()), 6),
-        "lb_max": round(float(b.lb.max()), 6),
-    }
+    """The answer's balance numbers: per layer, None where the layer has no tokens (no lb, as replay reports it);
+    lb_mean and lb_max over the layers with tokens, left out when none has any."""
+    tokens = b.has_tokens.tolist()
+    out: dict[str, Any] = {name: [v if t else None for v, t in zip(_round(values), tokens, strict=True)]
+                           for name, values in (("lb", b.lb), ("balancedness", b.balancedness),
+                                                ("imbalance", b.imbalance))}
+    summary = b.lb_over_tokens()
+    if summary is not None:
+        out["lb_mean"], out["lb_max"] = (round(v, 6) for v in summary)
+    return out
 
 
 def _time_dict(p: LayerPrediction) -> dict[str, Any]:

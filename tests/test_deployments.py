@@ -758,6 +758,73 @@ def test_more_layers_than_the_model_has_are_refused_by_one_rule(client: TestClie
     assert client.post("/deployments/mix/windows", json={"loads": rows[:32]}).json()["action"] == "placed"
 
 
+def test_a_window_without_tokens_is_kept_and_a_layer_without_tokens_has_no_lb(store: Store) -> None:
+    """An all-zero window was judged 'predicted lb 1.0000 <= 1.1' (kept), and a layer without tokens counted as lb
+    1.0 in the trigger's mean: a window without tokens is kept whatever the trigger or force says, its reason saying
+    so, no lb stored; the trigger's mean, and the history's, are over the layers with tokens (docs/replay.md)."""
+    zero = np.zeros((LAYERS, EXPERTS)).tolist()
+    dep.register(store, "empty", config(trigger="threshold", threshold=2.0))
+    first = dep.process_window(store, "empty", zero)
+    assert (first.action, first.result, first.entry.lb_before, first.entry.lb_after) == ("kept", None, None, None)
+    assert first.reason == "the window has no tokens (no lb to judge): nothing to place on, no placement serves yet"
+    assert dep.get(store, "empty").placement is None and dep.get(store, "empty").windows == 1
+    assert dep.process_window(store, "empty", window(0)).action == "placed"
+    for force in (False, True):
+        kept = dep.process_window(store, "empty", zero, force=force)
+        assert kept.action == "kept" and kept.entry.lb_before is None and kept.entry.moves == 0
+        assert kept.reason == ("forced by the request, but " if force else "") + (
+            "the window has no tokens (no lb to judge): the serving placement stays")
+    serving = dep.current_placement(store, "empty")
+    assert serving is not None
+    moved = np.asarray(window(1))
+    moved[:3] = 0.0  # one layer of the moved load left: lb 3.47 there; with three layers of 1.0 the mean was 1.62
+    lb = evaluate(moved[3:], Placement(serving.phy2log[3:], serving.slots_per_gpu, EXPERTS), dep.Setup(config()).cost)
+    judged = dep.process_window(store, "empty", moved.tolist())
+    assert judged.action == "rebalanced" and judged.entry.lb_before == pytest.approx(float(lb.balance.lb[0]), abs=1e-6)
+    assert judged.reason == f"threshold: predicted lb {float(lb.balance.lb[0]):.4f} > 2.0"
+    assert judged.result is not None and judged.result.predicted.lb[:3] == [None] * 3
+    assert judged.result.predicted.lb_mean == judged.entry.lb_after
+    dep.register(store, "every", config(trigger="periodic", every=1))
+    dep.process_window(store, "every", window(0))
+    assert dep.process_window(store, "every", zero).action == "kept"
+
+
+def test_post_placement_and_a_window_report_no_lb_for_layers_without_tokens(client: TestClient) -> None:
+    """POST /placement answered lb 1.0 for an all-zero layer (lb_mean counted it): null there now, in lb,
+    balancedness and imbalance, placement and baseline, lb_mean and lb_max over the layers with tokens and left out
+    when none has any; the answer built straight from the outcome and the one through the models (a co-activation
+    summary sends it there) agree, and so does a deployment's window."""
+    from eplb.coactivation import summarize
+
+    loads = [[0.0] * 8, MIXTRAL_LOADS[0]]
+    for body in ({"loads": loads}, {"loads": [[0.0] * 8] * 2}):
+        answer = client.post("/placement", json={**MIXTRAL, **body})
+        assert answer.status_code == 200, answer.text
+        predicted = answer.json()["predicted"]
+        tokens = [any(row) for row in body["loads"]]
+        for numbers in (predicted, predicted["baseline"]):
+            for key in ("lb", "balancedness", "imbalance"):
+                assert [v is not None for v in numbers[key]] == tokens, (key, numbers)
+            assert ("lb_mean" in numbers) == ("lb_max" in numbers) == any(tokens)
+        if any(tokens):
+            assert predicted["lb_mean"] == predicted["lb_max"] == predicted["lb"][1] > 1.0
+    summary = summarize(np.array([[[0, 1], [3, 4]], [[0, 5], [2, 6]]]), 8)  # 2 tokens x 2 layers, top-2
+    paired = summary.loads.astype(float)
+    paired[0] = 0.0  # a layer without tokens in both the window and its summary
+    partners, counts = summary.partners.copy(), summary.counts.copy()
+    partners[0], counts[0] = -1, 0
+    zero_layer = {**summary.to_dict(), "tokens": [0, 2], "loads": [[0] * 8, summary.loads[1].tolist()],
+                  "partners": partners.tolist(), "counts": counts.tolist()}
+    through_models = client.post("/placement", json={**MIXTRAL, "loads": paired.tolist(), "coactivation": zero_layer})
+    assert through_models.status_code == 200, through_models.text
+    assert through_models.json()["predicted"]["lb"][0] is None and "copies_per_token" in through_models.json()[
+        "predicted"]
+    assert client.put("/deployments/zero", json=MIXTRAL).status_code == 201
+    placed = client.post("/deployments/zero/windows", json={"loads": loads}).json()
+    assert placed["action"] == "placed" and placed["result"]["predicted"]["lb"][0] is None
+    assert placed["entry"]["lb_after"] == placed["result"]["predicted"]["lb_mean"]
+
+
 GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps each group of experts within a "
                      "node; give both, or neither")
 
