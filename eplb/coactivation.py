@@ -66,6 +66,9 @@ RULES = ("vllm", "sglang", "coact")
 SUMMARY_FORMAT = "eplb.coactivation-summary/v1"
 BINARY_MAX = 256 * 2**20
 """Most bytes a binary summary may unpack to (DeepSeek-V3, 58 x 256 experts x 8 partners: 2 MB)."""
+WINDOW_TOLERANCE = 0.2
+"""The largest share of a layer's picks a summary may put on other experts than its load window does
+(`CoactivationSummary.window_contradiction`)."""
 IntArray = NDArray[np.int64]
 F64 = NDArray[np.float64]
 
@@ -549,7 +552,52 @@ class CoactivationSummary:
         if summary.loads.shape != loads.shape:
             raise FieldError(field, f"the summary is for {summary.loads.shape[0]} layers x {summary.loads.shape[1]} "
                              f"experts, the loads are {loads.shape[0]} x {loads.shape[1]}")
+        why = summary.window_contradiction(loads)
+        if why is not None:
+            raise FieldError((field, "loads"), why)
         return summary
+
+    def window_contradiction(self, loads: F64) -> str | None:
+        """Why this summary cannot be of the load window `loads` [layers, E] (same shape), or None: the one check
+        of POST /placement, a deployment's window (`for_window`) and the CLI's --coactivation.
+
+        Both count the same picks per expert (docs/formats.md), but need not be equal: a window may be scaled
+        (only its ratios matter to a placement, and the service asks for a large one scaled down) or smoothed,
+        and an engine's load counter and its top-k recorder may cover a few different steps or count dropped
+        picks otherwise. So totals are not compared (nor `tokens`: the predictions take tokens per GPU from the
+        config, not the window's sum), and per layer the shares are: the total variation distance between the
+        summary's and the window's split of the layer's picks over experts, 1/2 sum_e |s_e/S - w_e/W|, the
+        fraction of picks the summary puts on other experts than the window, may be at most `WINDOW_TOLERANCE`
+        (0.2). A summary of a tenth of the window's tokens stays well below it; a window whose experts are
+        numbered otherwise (reversed, or another window's) exceeds it (tests/test_coactivation_inputs.py measures
+        both on the fixtures). A layer with tokens in one and none in the other contradicts too; one empty in both
+        is taken."""
+        picks = self.loads.astype(np.float64)
+        sent, routed = picks.sum(axis=1), loads.sum(axis=1)
+        one_sided = np.flatnonzero((sent > 0) != (routed > 0))
+        if one_sided.size:
+            layer = int(one_sided[0])
+            if sent[layer] > 0:
+                return (f"layer {layer}: the window routes no token, the summary counts {int(sent[layer]):,} picks "
+                        "there: send the summary of the same window")
+            return (f"layer {layer}: the summary has no tokens, the window routes {routed[layer]:,.6g} picks there: "
+                    "send the summary of the same window")
+        both = sent > 0
+        share = np.zeros_like(picks)
+        window = np.zeros_like(picks)
+        share[both] = picks[both] / sent[both, None]
+        window[both] = loads[both] / routed[both, None]
+        apart = 0.5 * np.abs(share - window).sum(axis=1)
+        bad = np.flatnonzero(apart > WINDOW_TOLERANCE)
+        if bad.size == 0:
+            return None
+        worst = int(bad[np.argmax(apart[bad])])
+        fix = "send the summary of the same window, its experts numbered as the window's"
+        if bad.size == 1:
+            return (f"layer {worst}: the summary puts {apart[worst]:.0%} of the layer's picks on other experts than "
+                    f"the window's loads do (at most {WINDOW_TOLERANCE:.0%} may differ): {fix}")
+        return (f"{bad.size} of the {loads.shape[0]} layers: the summary puts more than {WINDOW_TOLERANCE:.0%} of a "
+                f"layer's picks on other experts than the window's loads do (layer {worst}: {apart[worst]:.0%}): {fix}")
 
     def layers(self, count: int) -> CoactivationSummary:
         """The summary of the first `count` layers."""

@@ -299,3 +299,92 @@ def test_a_summary_layer_without_tokens_is_refused_where_the_loads_route() -> No
     with pytest.raises(EplbError, match="no tokens in layer 0, which the loads route"):
         evaluate(np.array([[1.0, 1, 1, 1], [5, 5, 5, 5]]), placement, coactivation=s)
     assert evaluate(np.array([[0.0, 0, 0, 0], [5, 5, 5, 5]]), placement, coactivation=s).copies is not None
+
+
+# ----- a summary checked against its window ----------------------------------------------------------------------
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def summary_of(loads: np.ndarray, top_k: int = 8) -> CoactivationSummary:
+    """A consistent summary with these picks per expert (rounded) and no partners listed: enough tokens for every
+    pick, none picking an expert twice."""
+    picks = np.rint(loads).astype(np.int64)
+    tokens = np.maximum(picks.max(axis=1), -(-picks.sum(axis=1) // top_k))
+    none = np.zeros((*picks.shape, 1), dtype=np.int64)
+    return CoactivationSummary.from_dict({"tokens": tokens.tolist(), "top_k": top_k, "loads": picks.tolist(),
+                                          "partners": (none - 1).tolist(), "counts": none.tolist()})
+
+
+def apart(summary: CoactivationSummary, loads: np.ndarray) -> np.ndarray:
+    """[L] the total variation distance of the summary's and the window's split of each layer's picks."""
+    s, w = summary.loads / summary.loads.sum(axis=1, keepdims=True), loads / loads.sum(axis=1, keepdims=True)
+    distance: np.ndarray = 0.5 * np.abs(s - w).sum(axis=1)
+    return distance
+
+
+def test_a_summary_that_contradicts_its_window_is_refused_by_one_check() -> None:
+    """The trial sent a window's experts reversed with the window's own summary: 200, copies per token from data
+    that disagree. The shares of each layer's picks are compared (`CoactivationSummary.window_contradiction`, at
+    most WINDOW_TOLERANCE = 0.2 apart): the figures its docstring gives, measured here."""
+    from eplb.coactivation import WINDOW_TOLERANCE
+
+    ids, _ = read_topk(LAW)
+    loads = read_window(LAW).loads  # 26 x 64, the summary's own picks
+    whole, tenth = summarize(ids, 64), summarize(ids[: len(ids) // 10], 64)
+    assert whole.window_contradiction(loads) is None and whole.window_contradiction(loads * 1e-3) is None  # scaled
+    assert apart(tenth, loads).max() < 0.09 < WINDOW_TOLERANCE and tenth.window_contradiction(loads) is None
+    assert apart(whole, loads[:, ::-1]).min() > 0.17 and apart(whole, loads[:, ::-1]).max() < 0.41
+    assert whole.window_contradiction(loads[:, ::-1]).startswith("23 of the 26 layers: the summary puts more than "
+                                                                 "20% of a layer's picks on other experts")
+    for name in ("sglang6017-dsv3-prefill-in4096.json", "sglang6017-dsv3-decode-in1000out1000.json"):
+        window = read_window(FIXTURES / name).loads
+        own = summary_of(window)
+        assert own.window_contradiction(window) is None
+        reversed_apart = apart(own, window[:, ::-1])
+        assert reversed_apart.min() > 0.24 and reversed_apart.max() < 0.72, name
+        assert own.window_contradiction(window[:, ::-1]).startswith("58 of the 58 layers:")
+    one = loads.copy()
+    one[5] = one[5, ::-1]
+    assert whole.window_contradiction(one) == (
+        f"layer 5: the summary puts {apart(whole, one)[5]:.0%} of the layer's picks on other experts than the "
+        "window's loads do (at most 20% may differ): send the summary of the same window, its experts numbered as "
+        "the window's")
+    empty = loads.copy()
+    empty[2] = 0.0
+    assert whole.window_contradiction(empty) == (f"layer 2: the window routes no token, the summary counts "
+                                                 f"{int(whole.loads[2].sum()):,} picks there: send the summary of "
+                                                 "the same window")
+    both = summary_of(empty[:3], top_k=6)  # a layer without tokens in both: taken
+    assert both.tokens[2] == 0 and both.window_contradiction(empty[:3]) is None
+    assert both.window_contradiction(loads[:3]).startswith("layer 2: the summary has no tokens, the window routes")
+
+
+def test_post_placement_a_window_and_the_cli_refuse_a_contradicting_summary_alike(
+    client: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One check for the three ways a summary comes with a window: a 422 naming coactivation and loads from POST
+    /placement and a deployment's window (nothing stored), and the CLI's --coactivation refused with its text. The
+    trial's case: the window's experts reversed, sent with the window's own summary (layers 3-5 of the law log; its
+    first three layers are nearly even, reversed 0.17-0.18 apart, within the tolerance)."""
+    ids, _ = read_topk(LAW)
+    loads = read_window(LAW).loads[3:6]
+    summary = summarize(ids[:, 3:6], 64).to_dict()
+    flipped = loads[:, ::-1].tolist()
+    setup = {"model": "deepseek-v2-lite", "hardware": "h800", "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}
+    assert client.put("/deployments/flip", json=setup).status_code == 201
+    placed = client.post("/placement", json={**setup, "loads": flipped, "coactivation": summary})
+    window = client.post("/deployments/flip/windows", json={"loads": flipped, "coactivation": summary})
+    why = CoactivationSummary.from_dict(summary).window_contradiction(loads[:, ::-1])
+    assert why is not None and why.startswith("3 of the 3 layers:")
+    for refused in (placed, window):
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["errors"] == [{"field": "coactivation", "message": why}, {"field": "loads",
+                                                                                         "message": why}]
+        assert refused.json()["detail"] == f"coactivation, loads: {why}"
+    assert client.get("/deployments/flip").json()["windows"] == 0
+    assert client.post("/deployments/flip/windows", json={"loads": loads.tolist(), "coactivation": summary}).json()[
+        "action"] == "placed"
+    np.save(tmp_path / "flipped.npy", loads[:, ::-1])
+    code, _, err = run(["solve", "--loads", str(tmp_path / "flipped.npy"), "--gpus", "8", "--coactivation",
+                        summary_file(tmp_path, summary)], capsys)
+    assert code == 2 and f"contradicts the load window {tmp_path / 'flipped.npy'}: {why}" in err, err

@@ -497,9 +497,10 @@ def test_http_walkthrough(client: TestClient) -> None:
 
     ids, _ = read_topk(Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz")
     summary = summarize(ids[:, :LAYERS], EXPERTS).to_dict()
-    with_pairs = client.post("/deployments/x/windows", json={"loads": window(0), "coactivation": summary}).json()
+    loads = np.asarray(summary["loads"], dtype=float).tolist()  # the window the summary is of
+    with_pairs = client.post("/deployments/x/windows", json={"loads": loads, "coactivation": summary}).json()
     assert with_pairs["action"] == "placed" and len(with_pairs["result"]["predicted"]["copies_per_token"]["gpus"]) == 4
-    bad = client.post("/deployments/x/windows", json={"loads": window(0), "coactivation": {**summary, "top_k": "8"}})
+    bad = client.post("/deployments/x/windows", json={"loads": loads, "coactivation": {**summary, "top_k": "8"}})
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "coactivation.top_k"
 
 

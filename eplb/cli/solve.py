@@ -212,12 +212,17 @@ def add_coactivation_options(p: argparse.ArgumentParser) -> None:
 
 
 def coactivation_for(args: argparse.Namespace, window: LoadWindow) -> CoactivationSummary | None:
-    """The --coactivation summary of the window's shape, or None."""
+    """The --coactivation summary of the window's shape and loads (`CoactivationSummary.window_contradiction`, the
+    API's check), or None."""
     if not args.coactivation:
         return None
     from eplb.coactivation import read_summary
 
-    return read_summary(args.coactivation, window.num_experts, num_layers=window.num_layers)
+    summary = read_summary(args.coactivation, window.num_experts, num_layers=window.num_layers)
+    why = summary.window_contradiction(window.loads)
+    if why is not None:
+        raise EplbError(f"--coactivation {args.coactivation} contradicts the load window {window.source}: {why}")
+    return summary
 
 
 def int_list(text: str) -> list[int]:
