@@ -13,8 +13,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -742,6 +745,121 @@ def test_a_lost_answer_is_made_good_before_the_next_window(
     entries = _history(base, "plugin-lost")
     assert [e["action"] for e in entries[2:4]] == ["applied", "rebalanced"]
     assert entries[3]["lb_before"] == pytest.approx(core.layer_lb(windows[2], local.phy2log, 4).mean(), abs=1e-5)
+
+
+@contextmanager
+def proxy(base: str, first: Callable[[int, Any, bytes], bool]) -> Iterator[tuple[str, list[int]]]:
+    """A real HTTP proxy on a loopback port in front of the service at `base`: every request is forwarded and its
+    answer sent back, except that `first(n, handler, body)` (n: 1 for the first POST of a window, 2 for the next,
+    ...) may answer a window itself: returning True means it did (`handler.reply`). Yields its URL and the POSTs of
+    windows it saw, by number."""
+    seen: list[int] = []
+    upstream = httpx.Client(base_url=base, timeout=60)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "POST" and self.path.endswith("/windows"):
+                seen.append(len(seen) + 1)
+                if first(seen[-1], self, body):
+                    return
+            answer = upstream.request(self.command, self.path, content=body,
+                                      headers={"content-type": self.headers.get("content-type", "application/json")})
+            self.reply(answer.status_code, answer.content)
+
+        def reply(self, status: int, content: bytes) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+            except OSError:  # the client gave up on this attempt
+                pass
+
+        do_GET = do_POST = _forward
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        upstream.close()
+
+
+def test_a_window_that_fails_once_is_sent_again_and_every_rank_gets_the_services_answer(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank whose window got a 503, or no answer in time, fell back to a local solve and served another map than
+    the ranks the service answered. The plug-in sends the same request again (core.RETRIES, within
+    EPLB_SERVICE_TIMEOUT_S): after a 503 the service answers it; after a timeout, the first attempt having been
+    processed, the service answers the retry with that window's stored answer: one window, one answer, for the rank
+    that failed as for a rank that did not."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-retry", monkeypatch)
+    rng = np.random.default_rng(13)
+    windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(2)]
+
+    def busy_once(n: int, handler: Any, body: bytes) -> bool:
+        if n == 1:
+            handler.reply(503, json.dumps({"detail": "every solver worker is busy"}).encode())
+        return n == 1
+
+    def late_once(n: int, handler: Any, body: bytes) -> bool:
+        if n == 1:  # forwarded and processed, but answered after the attempt's share of the timeout (2 s)
+            answer = httpx.post(f"{base}{handler.path}", content=body, timeout=60,
+                                headers={"content-type": "application/json"})
+            time.sleep(2.5)
+            handler.reply(answer.status_code, answer.content)
+        return n == 1
+
+    settings = core.Settings(service_url="", deployment="plugin-retry", timeout_s=6.0)
+    with proxy(base, busy_once) as (url, seen):
+        first = core.rebalance(windows[0], 16, 1, 1, 4, INITIAL.copy(),
+                               replace(settings, service_url=url, timeout_s=60.0))  # a first solve may be slow
+    assert first.source == "remote" and not first.fell_back, first.how
+    assert seen == [1, 2] and first.phy2log.tolist() == _current(base, "plugin-retry")["placement"]["phy2log"]
+    assert [e["action"] for e in _history(base, "plugin-retry")] == ["applied", "rebalanced"]
+
+    direct = core.rebalance(windows[1], 16, 1, 1, 4, first.phy2log.copy(), replace(settings, service_url=base))
+    with proxy(base, late_once) as (url, seen):
+        started = time.monotonic()
+        retried = core.rebalance(windows[1], 16, 1, 1, 4, first.phy2log.copy(), replace(settings, service_url=url))
+        took = time.monotonic() - started
+    assert retried.source == "remote" and not retried.fell_back, retried.how
+    assert seen == [1, 2] and took < 6.0
+    assert np.array_equal(retried.phy2log, direct.phy2log)  # the rank that timed out serves the others' map
+    assert [e["action"] for e in _history(base, "plugin-retry")] == ["applied", "rebalanced", "rebalanced"]
+
+
+def test_a_service_that_never_answers_in_time_falls_back_within_the_timeout(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three attempts, each its share of EPLB_SERVICE_TIMEOUT_S: the local solve comes no later than before, and the
+    reason says how many attempts failed."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-silent", monkeypatch)
+
+    def silent(n: int, handler: Any, body: bytes) -> bool:
+        time.sleep(2.5)
+        handler.reply(503, b"{}")
+        return True
+
+    weight = np.random.default_rng(14).pareto(1.0, size=(4, 8)) * 100
+    core.solve_local(weight, 16, 1, 1, 4, INITIAL.copy(), core.Settings())  # its first call loads the solvers
+    with proxy(base, silent) as (url, seen):
+        started = time.monotonic()
+        local = core.rebalance(weight, 16, 1, 1, 4, INITIAL.copy(),
+                               core.Settings(service_url=url, deployment="plugin-silent", timeout_s=2.0))
+        took = time.monotonic() - started
+    assert local.source == "local" and local.fell_back and "within 2 s (3 attempts)" in local.how, local.how
+    assert seen == [1, 2, 3] and took < 2.5
 
 
 def test_a_placement_relabelled_to_keep_slots_is_what_the_deployment_holds(

@@ -10,6 +10,7 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,7 +48,8 @@ class Settings:
     solver: registry name for a fresh placement ("deepseek": exactly DeepSeek EPLB's output, the default;
     "greedy": eplb's greedy, lower lb); max_moves: expert copies allowed per rebalance (whole model) when
     the engine passes its current map, None for no limit; service_url + deployment: remote mode;
-    api_key: bearer token for the service; timeout_s: seconds to wait for the service before solving locally.
+    api_key: bearer token for the service; timeout_s: seconds to wait for the service's answer to one call,
+    retries included (`RETRIES`), before solving locally.
     """
 
     solver: str = "deepseek"
@@ -258,6 +260,18 @@ def solve_local(
     return Rebalanced(new, "local", f"{how}, {int(moves(new, old, num_ranks).sum())} copies ({budget})")
 
 
+RETRIES = 2
+"""Times a call to the service is sent again, the same request, after no answer in time, a lost connection or a 5xx,
+before the plug-in falls back to a local solve: a rank that fell back would serve another map than the ranks the
+service answered. Safe for the window too: the service answers the same window and map once, then with that answer
+(its window key), so a retry gets the first attempt's answer when that one was processed. All attempts share
+`Settings.timeout_s`: each waits its share of the time left (a third, then half, then the rest), so a fallback
+comes no later than before."""
+BACKOFF_S = (0.1, 0.3)
+"""Seconds between attempts (before the second, the third); an attempt that would have less than `MIN_ATTEMPT_S`
+of the timeout left is not made."""
+MIN_ATTEMPT_S = 0.05
+
 FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
 
 
@@ -298,13 +312,34 @@ class Service:
             self._http.close()
 
     def _json(self, method: str, url: str, body: Any = None) -> Any:
-        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON."""
-        try:
-            response = self._http.request(method, url, json=body, headers=self._headers)
-        except httpx.TimeoutException:
-            return Failure(f"no answer from {url} within {self.settings.timeout_s:g} s", "unreachable")
-        except (httpx.HTTPError, httpx.InvalidURL) as err:  # InvalidURL ('http://[::1') is no HTTPError
-            return Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")
+        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON. No answer
+        in time, a lost connection and a 5xx are tried again, the same request, `RETRIES` times within
+        `Settings.timeout_s` (`RETRIES` says why that is safe); the Failure then says how many attempts failed."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        attempts = RETRIES + 1
+        for attempt in range(attempts):
+            wait = (deadline - time.monotonic()) / (attempts - attempt)  # this attempt's share of the time left
+            try:
+                response = self._http.request(method, url, json=body, headers=self._headers, timeout=wait)
+            except httpx.TimeoutException:
+                failure = Failure(f"no answer from {url} within {self.settings.timeout_s:g} s", "unreachable")
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as err:  # refused, reset: a service restarting
+                failure = Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")
+            except (httpx.HTTPError, httpx.InvalidURL) as err:  # InvalidURL ('http://[::1') is no HTTPError
+                return Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")  # no retry helps
+            else:
+                if response.status_code < 500:
+                    return self._answer(url, response)
+                failure = Failure(f"{url} answered {response.status_code}: {_detail(response)}")
+            pause = BACKOFF_S[attempt] if attempt < RETRIES else None
+            if pause is None or deadline - time.monotonic() - pause < MIN_ATTEMPT_S:
+                break
+            time.sleep(pause)
+        tried = f" ({attempt + 1} attempts)" if attempt else ""
+        return Failure(f"{failure}{tried}", failure.kind)
+
+    def _answer(self, url: str, response: httpx.Response) -> Any:
+        """An answer below 500 as `_json` returns it: its JSON, or a Failure for 404, another error, not JSON."""
         if response.status_code == 404:
             return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
                            "deployments)")
@@ -494,7 +529,8 @@ def remote(
        slots. `kept` serves `old` (an engine that passes no map: the deployment's placement, read then).
     2. An answer the engine refuses (another cluster shape, a wrong phy2log), or the engine's map refused by the
        deployment (not its cluster or model): `old` stays (a local solve without it).
-    3. No answer, or an error status: a local solve from `old`.
+    3. No answer, or an error status: a local solve from `old` (after `RETRIES` of the same request, for no answer
+       in time, a lost connection or a 5xx).
     fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
     deployment with the next window."""
     args = (weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
