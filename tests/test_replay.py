@@ -895,7 +895,8 @@ def test_replay_help_states_the_defaults_and_ranges(capsys: pytest.CaptureFixtur
     assert "periodic rebalancing" not in text and "vLLM's defaults" not in text
     assert "--solver (default incremental" in text and "default: cost when a model is known" in text
     for phrase in ("MILP time limit per layer and rebalance, seconds (default: 5, as eplb solve)",
-                   "ALPHA in (0, 1], 1: the last step alone (default: plain sum)", "K sub-windows, 2 .. --window",
+                   "ALPHA in (0, 1], 1: the last step alone (default: plain sum)",
+                   "K sub-windows, 2 .. the steps the first check's window holds (--window,",
                    "the fraction of the link the copies take, in (0, 1)", "(default: the all-to-all link, --link;"):
         assert phrase in text
 
