@@ -66,6 +66,7 @@ from solvers.registry import Options, applicable
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
+    from solvers.plan import MigrationPlan
 
 NAME = DEPLOYMENT_NAME  # eplb.rules: light, the plug-ins read it too
 NAME_SHOWN = 100
@@ -547,7 +548,7 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
             pick = 0
             if judged:
                 assert before is not None and current is not None
-                pick, fire, reason = _worth_it(before, [(a, c, k) for _, a, c, k in tried], current, setup,
+                pick, fire, reason = _worth_it(before, [(a, c, k, o.plan) for o, a, c, k in tried], current, setup,
                                                policy.steps)  # fmt: skip
             outcome, after, moves, _ = tried[pick]
         if outcome is not None and after is not None and fire:
@@ -788,25 +789,30 @@ def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None,
 
 
 def _worth_it(
-    before: Outcome, tried: list[tuple[Outcome, int, dict[str, Any]]], current: Placement, setup: Setup, steps: int
+    before: Outcome,
+    tried: list[tuple[Outcome, int, dict[str, Any], MigrationPlan | None]],
+    current: Placement,
+    setup: Setup,
+    steps: int,
 ) -> tuple[int, bool, str]:
-    """Cost trigger: for each candidate (its judged outcome, copies, solve arguments), the predicted time saved
-    over `steps` steps minus the migration charge of copying its experts while serving (replay's cost model,
-    `eplb.cost.migration`); `eplb.trigger.choose_candidate` picks one. Returns (candidate, rebalance?, why)."""
+    """Cost trigger: for each candidate (its judged outcome, copies, solve arguments, the solve's migration plan),
+    the predicted time saved over `steps` steps minus the migration charge of copying its experts while serving
+    (replay's cost model, `eplb.cost.migration`, counting the plan's copies); `eplb.trigger.choose_candidate`
+    picks one. Returns (candidate, rebalance?, why)."""
     pred = before.prediction
-    if pred is None or any(after.prediction is None for after, _, _ in tried):
+    if pred is None or any(after.prediction is None for after, _, _, _ in tried):
         return 0, True, "cost: no time prediction, rebalanced"
     spec = setup.migration
     saved, charge = [], []
-    for after, _, _ in tried:
+    for after, _, _, plan in tried:
         assert after.prediction is not None
         migration = spec.rebalance_cost(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu,
-                                        setup.model.expert_bytes, pred)  # fmt: skip
+                                        setup.model.expert_bytes, pred, plan)  # fmt: skip
         charge.append(migration.charge_s(pred.total_time_us * 1e-6)[0])
         saved.append((pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps)
-    lbs = [(after.balance.lb_over_tokens() or (1.0, 1.0))[0] for after, _, _ in tried]  # a window with tokens
+    lbs = [(after.balance.lb_over_tokens() or (1.0, 1.0))[0] for after, _, _, _ in tried]  # a window with tokens
     pick = trigger.choose_candidate([s - c for s, c in zip(saved, charge, strict=True)], lbs,
-                                    [copies for _, copies, _ in tried])  # fmt: skip
+                                    [copies for _, copies, _, _ in tried])  # fmt: skip
     shown = max(range(len(tried)), key=lambda i: saved[i] - charge[i]) if pick is None else pick
     which = "" if len(tried) == 1 else f" ({_describe(tried[shown][2])}, of {len(tried)} candidates)"
     verb = "costs" if pick is not None else "would cost"
