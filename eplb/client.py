@@ -42,9 +42,9 @@ from eplb.deployments import (
     HistoryEntry,
     HistoryPage,
     WindowResult,
-    check_name,
 )
 from eplb.errors import EplbError
+from eplb.rules import name_refusal
 from eplb.schemas import PlacementOut, PlacementResponse
 
 if TYPE_CHECKING:
@@ -274,10 +274,9 @@ def _segment(name: str) -> str:
     deployment can exist, and a '/' or '?' in it would reach another route or deployment."""
     if not isinstance(name, str):
         raise InvalidRequest(f"deployment name {name!r}: a string, not a {type(name).__name__}")
-    try:
-        check_name(name)
-    except EplbError as exc:
-        raise InvalidRequest(str(exc)) from None
+    refused = name_refusal(name)
+    if refused is not None:
+        raise InvalidRequest(refused)
     return quote(name, safe="")
 
 

@@ -41,7 +41,9 @@ from eplb.rules import (
     DEPLOYMENT_NAME_RULE,
     HISTORY_PAGE_MAX,
     MAX_GPUS,
+    NAME_SHOWN,
     is_deployment_name,
+    name_refusal,
 )
 from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
@@ -68,9 +70,7 @@ if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
     from solvers.plan import MigrationPlan
 
-NAME = DEPLOYMENT_NAME  # eplb.rules: light, the plug-ins read it too
-NAME_SHOWN = 100
-"""The most characters of a deployment name a message echoes (`eplb.errors.shown`): any name one can have, whole."""
+NAME = DEPLOYMENT_NAME  # eplb.rules: light, the plug-ins read it too (NAME_SHOWN too, re-exported)
 STRICT = ConfigDict(extra="forbid", strict=True)
 Action = Literal["placed", "rebalanced", "kept", "applied"]
 POLICY_FIELDS = {"max_moves": "policy.max_moves", "target_lb": "policy.target_lb",
@@ -376,9 +376,10 @@ SolveFn = Callable[..., Outcome]
 
 # ----- operations ------------------------------------------------------------------------------------------------
 def check_name(name: str) -> str:
-    if not is_deployment_name(name):  # fullmatch: 'victim\n' is no name
-        text = f"deployment name {shown(name, NAME_SHOWN)}: {DEPLOYMENT_NAME_RULE}"
-        raise FieldError("name", DEPLOYMENT_NAME_RULE, text)
+    """`name` when a deployment can have it; else a FieldError naming `name` (`eplb.rules.name_refusal`'s text)."""
+    refused = name_refusal(name)  # fullmatch: 'victim\n' is no name
+    if refused is not None:
+        raise FieldError("name", DEPLOYMENT_NAME_RULE, refused)
     return name
 
 

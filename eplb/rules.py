@@ -8,10 +8,14 @@ import re
 from collections.abc import Mapping
 from typing import TypeVar
 
+from eplb.errors import shown
+
 DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """The names the service gives deployments; match them whole (`is_deployment_name`: fullmatch, so a trailing
 newline is no name, as `^...$` with `re.match` let through)."""
 DEPLOYMENT_NAME_RULE = "use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+NAME_SHOWN = 100
+"""The most characters of a deployment name a message echoes (`eplb.errors.shown`): any name one can have, whole."""
 
 HISTORY_PAGE_MAX = 1000
 """The most history entries one page holds (`GET /deployments/{name}/history?limit=`, `eplb deployments history
@@ -37,6 +41,14 @@ GROUPS_NEED_NODES = ("needs cluster.gpus_per_node: the hierarchical policy keeps
 
 def is_deployment_name(name: str) -> bool:
     return DEPLOYMENT_NAME.fullmatch(name) is not None
+
+
+def name_refusal(name: str) -> str | None:
+    """Why `name` is no deployment name, in one line quoting it (clipped at `NAME_SHOWN`, with its length when
+    cut), or None when it is one. The one text of the service, the CLI and the client."""
+    if is_deployment_name(name):
+        return None
+    return f"deployment name {shown(name, NAME_SHOWN)}: {DEPLOYMENT_NAME_RULE}"
 
 
 def one_budget(cluster: object) -> None:

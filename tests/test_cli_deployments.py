@@ -182,6 +182,31 @@ def test_a_long_name_is_echoed_clipped(
     assert _files(tmp_path) == []
 
 
+def test_a_bad_name_gets_the_services_message_from_the_cli_and_the_client(
+    served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI clipped a bad name at 40 characters, the service and the client at 100 (`eplb.deployments.NAME_SHOWN`):
+    one rule, one text (`eplb.rules.name_refusal`), whole for any name one could mean (here 60 characters)."""
+    from eplb.client import Client, InvalidRequest
+    from eplb.errors import FieldError
+    from eplb.rules import name_refusal
+
+    name = "a/" + "b" * 58
+    text = name_refusal(name)
+    assert text is not None and repr(name) in text and name_refusal("web") is None
+    for argv in (["deployments", "show", name], ["history", name], ["deployments", "history", name]):
+        for source in (["--url", served], ["--database-url", f"sqlite:///{tmp_path / 'none.db'}"]):
+            assert main([*argv, *source]) == 2
+            assert capsys.readouterr().err.strip().endswith(text), argv
+    with pytest.raises(FieldError) as refused:
+        dep.check_name(name)
+    assert str(refused.value) == text and refused.value.fields == ("name",)
+    with Client(served, api_key=KEY) as eplb, pytest.raises(InvalidRequest) as sent:
+        eplb.deployment(name)
+    assert str(sent.value) == text
+    assert _files(tmp_path) == []
+
+
 # --- list and show --------------------------------------------------------------------------------------------
 
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from eplb.cli import clip, shown
+from eplb.cli import clip
 from eplb.errors import EplbError
 from eplb.io.files import plural
 from eplb.io.images import IMAGE_HELP, image_format, save_figure
-from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, is_deployment_name
+from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
     from matplotlib.figure import Figure
@@ -188,9 +188,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _checked_name(name: str) -> str:
-    """`name` when a deployment can have it; else EplbError quoting it clipped (it can be any length)."""
-    if not is_deployment_name(name):
-        raise EplbError(f"deployment name {shown(name)}: {DEPLOYMENT_NAME_RULE}")
+    """`name` when a deployment can have it; else EplbError quoting it clipped (`eplb.rules.name_refusal`, the
+    service's text)."""
+    refused = name_refusal(name)
+    if refused is not None:
+        raise EplbError(refused)
     return name
 
 
