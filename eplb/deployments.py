@@ -114,7 +114,8 @@ class Policy(BaseModel):
                                                       "`eplb replay --migration`: overlap: they run while serving, "
                                                       "taking a quarter of the link (vLLM's way); blocking: serving "
                                                       "stops while they cross the link")
-    max_moves: int | None = Field(None, ge=0, le=10**9, description="expert copies allowed per rebalance")
+    max_moves: int | None = Field(None, ge=0, le=10**9, description="expert copies allowed per rebalance: at least "
+                                  "1 at PUT (`check_policy`); a config stored with 0 keeps its serving placement")
     target_lb: float | None = Field(None, ge=1.0, le=1000.0, description="stop moving once every layer reaches it")
     windows: int = Field(1, ge=1, le=1000, description="solve on the sum of the last N windows")
 
@@ -225,10 +226,6 @@ class Setup:
                     raise refused
         except registry.SolverError as exc:
             raise FieldError("solver", str(exc), str(exc)) from None
-        if config.policy.max_moves == 0:  # every rebalance would keep the serving placement and say 'rebalanced'
-            raise FieldError("policy.max_moves", "0 copies leave the serving placement as it is, so no rebalance "
-                             "would change anything: give at least 1 (absent: no budget), or a trigger that fires "
-                             "less often")
 
     def solver_name(self, has_current: bool) -> str:
         if self.config.solver is not None:
@@ -386,7 +383,8 @@ def check_name(name: str) -> str:
 def check_policy(policy: Policy) -> None:
     """Only the options of the policy's trigger (`eplb.trigger.unused_option`, the rule `eplb replay` refuses
     --threshold by without --trigger threshold): another trigger's option set to other than its default would change
-    nothing, and is refused by name. At PUT only: a config stored with one reads and works as before."""
+    nothing, and is refused by name; and no max_moves 0 (no rebalance could change anything). At PUT only: a config
+    stored with either reads and works as before (a stored max_moves 0 keeps the serving placement, `_trigger`)."""
     defaults = Policy()
     given = [field for options in trigger.TRIGGER_OPTIONS.values() for field in options
              if getattr(policy, field) != getattr(defaults, field)]
@@ -395,6 +393,9 @@ def check_policy(policy: Policy) -> None:
                                    default="trigger" not in policy.model_fields_set)
     if unused is not None:
         raise FieldError((names[unused[0]], names["trigger"]), unused[1], unused[1])
+    if policy.max_moves == 0:  # every rebalance would keep the serving placement
+        raise FieldError(names["max_moves"], "0 copies leave the serving placement as it is, so no rebalance would "
+                         "change anything: give at least 1, or drop policy.max_moves (no budget)")
 
 
 def register(store: Store, name: str, config: DeploymentConfig) -> tuple[DeploymentView, bool]:
@@ -766,13 +767,18 @@ def _trigger(policy: Policy, seq: int, last: int | None, before: Outcome | None,
              tokens: bool) -> tuple[bool, str]:
     """Whether to solve for this window, and why (the cost trigger decides again after solving). A window without
     tokens (`tokens` False) is kept whatever the trigger or `force`: it has no lb to judge, and nothing to place
-    on (docs/replay.md: a layer without tokens has no lb, not 1.0)."""
+    on (docs/replay.md: a layer without tokens has no lb, not 1.0); so is one of a policy stored with max_moves 0
+    once a placement serves."""
     if not tokens:
         forced = "forced by the request, but " if force else ""
         stays = "the serving placement stays" if before is not None else "nothing to place on, no placement serves yet"
         return False, f"{forced}the window has no tokens (no lb to judge): {stays}"
     if before is None:
         return True, "no placement serves yet"
+    if policy.max_moves == 0:  # stored before PUT refused it (`check_policy`): no rebalance could copy anything
+        forced = "forced by the request, but " if force else ""
+        return False, (f"{forced}policy.max_moves is 0: a rebalance may copy no expert, so the serving placement "
+                       "stays (PUT the config with policy.max_moves at least 1, or without it)")
     if force:
         return True, "forced by the request"
     if policy.trigger == "periodic":

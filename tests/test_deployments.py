@@ -1160,24 +1160,40 @@ def test_a_bad_name_and_an_export_the_system_cannot_express_name_their_fields(cl
         assert export.status_code == 422 and [e["field"] for e in export.json()["errors"]] == ["format"], export.text
 
 
-def test_a_policy_of_zero_copies_is_refused_by_name(client: TestClient, store: Store, tmp_path: Path) -> None:
+def test_a_policy_of_zero_copies_is_refused_at_put_and_a_stored_one_keeps_serving(
+    client: TestClient, store: Store, tmp_path: Path
+) -> None:
     """policy.max_moves 0 was stored, and every window then 'rebalanced' with 0 moves (last_rebalance advancing). It
-    is a 422 naming the field; a config stored with it reads, and its windows are refused by name until a PUT fixes
-    it. `eplb solve --max-moves 0` keeps its meaning (the docs': copies allowed, so the serving placement)."""
+    is a 422 at PUT naming the field and the way out; a config stored with it reads, and its windows (forced too)
+    are kept with a reason, where Setup refused every window and applied placement with a 422 until a new PUT.
+    `eplb solve --max-moves 0` keeps its meaning (the docs': copies allowed, so the serving placement)."""
     from eplb.cli import main
 
     body = config(max_moves=0).model_dump(mode="json", exclude_none=True)
     put = client.put("/deployments/zero", json=body)
     assert put.status_code == 422 and [e["field"] for e in put.json()["errors"]] == ["policy.max_moves"], put.text
-    assert put.json()["detail"].startswith("policy.max_moves: 0 copies leave the serving placement as it is")
+    assert put.json()["detail"] == ("policy.max_moves: 0 copies leave the serving placement as it is, so no "
+                                    "rebalance would change anything: give at least 1, or drop policy.max_moves "
+                                    "(no budget)")
     assert client.put("/deployments/zero", json=config(max_moves=1).model_dump(mode="json")).status_code == 201
     dep.register(store, "old", config())
-    dep.process_window(store, "old", window(0))
+    first = dep.process_window(store, "old", window(0))
     _edit_stored_config(store, "old", lambda c: {**c, "policy": {**c["policy"], "max_moves": 0}})
     assert dep.get(store, "old").config.policy.max_moves == 0
-    with pytest.raises(FieldError, match=r"^policy\.max_moves: 0 copies"):
-        dep.process_window(store, "old", window(1), force=True)
-    assert dep.get(store, "old").last_rebalance == 1
+    judged = dep.process_window(store, "old", window(1))  # lb above the threshold: it would rebalance
+    assert judged.action == "kept" and judged.entry.moves == 0 and judged.result is None, judged
+    assert judged.reason == ("policy.max_moves is 0: a rebalance may copy no expert, so the serving placement stays "
+                            "(PUT the config with policy.max_moves at least 1, or without it)")
+    forced = dep.process_window(store, "old", window(2), force=True)
+    assert forced.action == "kept" and forced.reason.startswith("forced by the request, but policy.max_moves is 0")
+    assert first.result is not None
+    applied = dep.record_applied(store, "old", first.result.placement.model_dump(exclude_none=True))
+    assert applied.action == "applied"
+    answer = client.post("/deployments/old/windows", json={"loads": window(3)})
+    assert answer.status_code == 200 and answer.json()["action"] == "kept", answer.text
+    view = dep.get(store, "old")
+    assert view.last_rebalance == 1 and view.windows == 4
+    assert view.placement is not None and view.placement.phy2log == first.result.placement.phy2log
     placed, loads = tmp_path / "p.json", tmp_path / "w.json"
     loads.write_text(json.dumps({"loads": window(1)}))
     assert main(["solve", "--loads", str(loads), "--gpus", "8", "--slots-per-gpu", "10", "--out", str(placed)]) == 0
