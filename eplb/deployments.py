@@ -507,13 +507,14 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
         policy = setup.config.policy
         loads = setup.loads(loads_value)
         current = _placement(row)
-        if current is not None and current.num_layers != loads.shape[0]:
-            raise FieldError("loads", f"{loads.shape[0]} layers, but the serving placement has {current.num_layers}")
         served = None
-        if current_placement is not None:
+        if current_placement is not None:  # what serves replaces the stored placement, whatever its layers
             served = _serving(setup, current_placement, "current_placement")
             if served.num_layers != loads.shape[0]:
                 raise FieldError("current_placement", f"{served.num_layers} layers, the window has {loads.shape[0]}")
+        elif current is not None and current.num_layers != loads.shape[0]:
+            raise FieldError("loads", f"{loads.shape[0]} layers, but the serving placement has {current.num_layers} "
+                             "(send the placement the cluster serves with the window, as current_placement)")
         summary = setup.coactivation(coactivation, loads)
         key = window_key(loads, served, force, summary)
         if row.last_window_answer is not None and row.last_window_key == _state_key(key, row):
@@ -657,10 +658,13 @@ def _serving(setup: Setup, value: Any, field: str) -> Placement:
 
 
 def _record_serving(session: Any, row: DeploymentRow, setup: Setup, applied: Placement, reason: str) -> HistoryRow:
-    """Make `applied` (of the serving placement's layers, when one serves) the deployment's serving placement, with
-    an applied history entry: moves from the previous placement, lb and time predicted on the last window."""
+    """Make `applied` the deployment's serving placement, with an applied history entry: moves from the previous
+    placement, lb and time predicted on the last window (moves and lb before none when the previous one has
+    other layers: a window's current_placement replaces it; `record_applied` refuses that)."""
     name = row.name
     previous = _placement(row)
+    if previous is not None and previous.num_layers != applied.num_layers:  # a window's current_placement only
+        previous = None  # another layer count: no copies to count, nothing to judge before
     entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied", reason=reason)
     if previous is not None:
         moves = int(count_moves(applied.phy2log, previous.phy2log, setup.cluster.slots_per_gpu).sum())

@@ -401,6 +401,30 @@ def test_a_current_placement_is_checked_against_the_deployment(store: Store) -> 
     assert dep.get(store, "cur").windows == 1 and dep.history_count(store, "cur") == 1
 
 
+def test_a_current_placement_replaces_a_stored_one_of_other_layers(store: Store) -> None:
+    """A deployment serving 4 layers whose engine now sends 3 (another part of the model) refused every window, the
+    serving map sent with it too ('loads: 3 layers, but the serving placement has 4'): the stored layer count was
+    checked before current_placement could replace it. Now what serves is recorded first and the window judged on it;
+    without current_placement the 422 says how to recover."""
+    dep.register(store, "parts", config(trigger="periodic", every=1))
+    assert dep.process_window(store, "parts", window(0)).action == "placed"
+    three = window(1)[:3]
+    with pytest.raises(FieldError, match=r"^loads: 3 layers, but the serving placement has 4 \(send the placement "
+                       r"the cluster serves with the window, as current_placement\)$"):
+        dep.process_window(store, "parts", three)
+    serving = solve(np.asarray(window(2)[:3]), dep.Setup(config()).cluster, solver="greedy").placement
+    answer = dep.process_window(store, "parts", three, current_placement=serving.to_dict())
+    applied, judged = dep.history(store, "parts", limit=2).entries[::-1]
+    assert (applied.action, applied.reason) == ("applied", "sent with the window as current_placement")
+    assert applied.moves is None and applied.lb_before is None  # no copies from a placement of other layers
+    lb = evaluate(np.asarray(three, dtype=np.float64), serving).balance.lb_over_tokens()
+    assert judged.id == answer.history_id and answer.action == "rebalanced" and lb is not None
+    assert answer.entry.lb_before == pytest.approx(lb[0], abs=1e-6)
+    assert answer.result is not None and len(answer.result.placement.phy2log) == 3
+    view = dep.get(store, "parts")
+    assert view.placement is not None and view.placement.phy2log == answer.result.placement.phy2log
+
+
 @pytest.mark.parametrize("change, message", [
     ({"model": "gpt-9"}, "model: unknown preset 'gpt-9'"),
     ({"hardware": "tpu"}, "hardware: unknown preset 'tpu'"),
