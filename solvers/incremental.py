@@ -46,7 +46,7 @@ from solvers import _incremental
 from solvers.loads import gpu_loads
 from solvers.migration import arrange_slots, gpu_membership, relabel_gpus
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
-from solvers.validation import EMPTY_SLOT, InvalidPlacement, validate_placement
+from solvers.validation import EMPTY_SLOT, InvalidPlacement, duplicate_count, validate_placement
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -137,10 +137,24 @@ def trajectories(
     duplicates of the serving placement each layer repairs first at most (default: all of them). A layer also
     stops within BALANCED of the mean load, or when no move lowers its busiest GPU by MIN_GAIN of it.
     """
-    w = np.ascontiguousarray(loads, dtype=np.float64)
-    phy = np.ascontiguousarray(current_phy2log, dtype=np.int64)
-    slots = np.ascontiguousarray(slots_per_gpu, dtype=np.int64)
-    _check_serving(w, phy, slots)
+    w, phy, slots = _serving(loads, current_phy2log, slots_per_gpu)
+    return _walk(w, phy, slots, num_groups=num_groups, gpus_per_node=gpus_per_node, max_steps=max_steps,
+                 target_max_load=target_max_load, max_copies=max_copies, max_repairs=max_repairs)
+
+
+def _walk(
+    w: FloatArray,
+    phy: IntArray,
+    slots: IntArray,
+    *,
+    num_groups: int | None,
+    gpus_per_node: int | None,
+    max_steps: int | None,
+    target_max_load: FloatArray | None,
+    max_copies: int | None,
+    max_repairs: IntArray | None,
+) -> Trajectory:
+    """:func:`trajectories` on arrays `_serving` has checked (contiguous, the serving placement valid)."""
     num_layers, num_experts = w.shape
     num_physical, num_gpus = phy.shape[1], slots.size
     steps_cap = num_physical if max_steps is None else max_steps
@@ -186,6 +200,18 @@ def trajectories(
     )
 
 
+def _serving(
+    loads: FloatArray, current_phy2log: IntArray, slots_per_gpu: IntArray
+) -> tuple[FloatArray, IntArray, IntArray]:
+    """(loads [L, E] float64, current_phy2log [L, P] int64, slots_per_gpu [G] int64), contiguous, once
+    :func:`_check_serving` accepts them: what the compiled walk takes."""
+    w = np.ascontiguousarray(loads, dtype=np.float64)
+    phy = np.ascontiguousarray(current_phy2log, dtype=np.int64)
+    slots = np.ascontiguousarray(slots_per_gpu, dtype=np.int64)
+    _check_serving(w, phy, slots)
+    return w, phy, slots
+
+
 def _check_serving(loads: FloatArray, current_phy2log: IntArray, slots_per_gpu: IntArray) -> None:
     """ValueError (InvalidPlacement) unless ``current_phy2log [L, P]`` is a placement of ``loads [L, E]`` on
     ``slots_per_gpu [G]`` with every slot filled: the compiled walk indexes by its expert ids."""
@@ -218,6 +244,28 @@ def _repairable(
         may_hold = on_node.sum(axis=2)[:, node] * (num_experts // num_groups)
     room = np.minimum(slots_per_gpu[None, :], may_hold) - distinct
     return np.asarray(np.maximum(room, 0).sum(axis=1), dtype=np.int64)
+
+
+def _budgeted_repairs(
+    loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_moves: int, num_groups: int | None,
+    gpus_per_node: int | None,
+) -> IntArray:
+    """[L] repairs each layer of ``phy2log [L, P]`` makes first under a whole-model budget of ``max_moves`` copies:
+    the most imbalanced layers (busiest GPU / mean on ``loads [L, E]``) first, each as many as `_repairable` finds,
+    while the budget lasts. Only layers with a duplicate are looked at (a cheap sort finds them): the others repair
+    nothing, so they neither take budget nor shift the order, and a placement without any (greedy's, milp's, this
+    solver's own) costs no repair work."""
+    repairs = np.zeros(phy2log.shape[0], dtype=np.int64)
+    dup = np.flatnonzero(duplicate_count(phy2log, slots_per_gpu))
+    if dup.size == 0:
+        return repairs
+    need = _repairable(phy2log[dup], slots_per_gpu, loads.shape[1], num_groups, gpus_per_node)
+    mean = loads[dup].sum(axis=1) / slots_per_gpu.size
+    lb = gpu_loads(loads[dup], phy2log[dup], slots_per_gpu).max(axis=1) / np.where(mean > 0, mean, 1.0)
+    order = np.argsort(-lb, kind="stable")
+    before = np.cumsum(need[order]) - need[order]
+    repairs[dup[order]] = np.minimum(need[order], np.maximum(max_moves - before, 0))
+    return repairs
 
 
 State = tuple[list[int], list[int], list[float]]
@@ -366,24 +414,17 @@ def rebalance(
     [L], one per layer (e.g. 1.01 x a fresh placement's lb of each layer). None of them: every layer
     stops once further moves gain less than DEFAULT_TOLERANCE of lb.
     """
-    w = np.asarray(loads, dtype=np.float64)
-    cur = np.asarray(current_phy2log, dtype=np.int64)
-    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    w, cur, slots = _serving(loads, current_phy2log, slots_per_gpu)
     mean = w.sum(axis=1) / slots.size
     target = None if target_lb is None else np.broadcast_to(np.asarray(target_lb, dtype=np.float64), mean.shape) * mean
     cap = max_moves_per_layer
     if max_moves is not None:
         cap = max_moves if cap is None else min(cap, max_moves)
-    repairs = None
-    if max_moves is not None:  # the whole model's budget pays for the repairs first, most imbalanced layers first
-        _check_serving(w, cur, slots)
-        need = _repairable(cur, slots, w.shape[1], num_groups, gpus_per_node)
-        order = np.argsort(-(gpu_loads(w, cur, slots).max(axis=1) / np.where(mean > 0, mean, 1.0)), kind="stable")
-        repairs = np.zeros_like(need)
-        repairs[order] = np.minimum(need[order], np.maximum(max_moves - (np.cumsum(need[order]) - need[order]), 0))
-    traj = trajectories(
-        w, cur, slots, num_groups=num_groups, gpus_per_node=gpus_per_node, target_max_load=target, max_copies=cap,
-        max_repairs=repairs,
+    # the whole model's budget pays for the repairs first, most imbalanced layers first
+    repairs = None if max_moves is None else _budgeted_repairs(w, cur, slots, max_moves, num_groups, gpus_per_node)
+    traj = _walk(
+        w, cur, slots, num_groups=num_groups, gpus_per_node=gpus_per_node, max_steps=None, target_max_load=target,
+        max_copies=cap, max_repairs=repairs,
     )
     if max_moves == 0 or cap == 0:
         take = np.zeros(w.shape[0], dtype=np.int64)
@@ -435,7 +476,6 @@ def _fresh_where_edits_fall_short(problem: Problem, edited: IntArray) -> tuple[I
     a group to another node). Per layer, take fresh greedy (relabelled, node-aware) where its busiest GPU is more
     than FRESH_LB_TOLERANCE lower. Returns phy2log [L, P] and the layers replaced."""
     from solvers.greedy import solve_greedy
-    from solvers.loads import gpu_loads
 
     assert problem.current_phy2log is not None
     slots = problem.slots_per_gpu

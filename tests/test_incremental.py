@@ -42,7 +42,8 @@ def test_a_perfectly_balanced_placement_moves_nothing() -> None:
     rng = np.random.default_rng(0)
     slots = np.full(8, 5, dtype=np.int64)
     current = solve_greedy(rng.gamma(0.5, 100.0, size=(4, 32)), slots)
-    loads = replica_counts(current, 32) * 7.0  # every replica serves 7 tokens: every GPU serves 35
+    # every replica serves 7 tokens: every GPU serves 35
+    loads = np.asarray(replica_counts(current, 32) * 7.0, dtype=np.float64)
     assert np.allclose(lb(loads, current, slots), 1.0)
     new, _, _ = rebalance(loads, current, slots)
     np.testing.assert_array_equal(new, current)
@@ -337,7 +338,7 @@ def test_property_duplicates_of_the_serving_placement_are_repaired() -> None:
         forced = _forced_duplicates(current, slots, may_hold)
         before = int(duplicate_count(current, slots).sum())
         for kwargs in ({}, {"target_lb": 1.05}, {"max_moves": 1}, {"max_moves": 4}, {"max_moves_per_layer": 2}):
-            new, traj, take = rebalance(loads, current, slots, **hier, **kwargs)  # type: ignore[arg-type]
+            new, traj, take = rebalance(loads, current, slots, **hier, **kwargs)
             validate_placement(new, slots, experts)
             dups, moves = int(duplicate_count(new, slots).sum()), count_moves(new, current, slots)
             if "max_moves" in kwargs:  # the budget goes to repairs first
@@ -360,3 +361,18 @@ def test_property_duplicates_of_the_serving_placement_are_repaired() -> None:
                 assert not (_group_nodes(new, slots, nodes, per_node, experts)
                             & ~_group_nodes(current, slots, nodes, per_node, experts)).any()
     assert repaired > 300
+
+
+def test_a_whole_model_budget_repairs_the_most_imbalanced_duplicated_layers_first() -> None:
+    """Under --max-moves the repairs come first, the most imbalanced layers with a duplicate first; a layer without
+    one takes none however imbalanced (rebalance looks only at the duplicated layers: the rows must not shift)."""
+    slots = np.array([3, 3], dtype=np.int64)
+    current = np.array([[0, 1, 2, 3, 0, 1],    # no duplicate, lb 21 / 11.5
+                        [0, 0, 1, 2, 3, 1],    # expert 0 twice on GPU 0, balanced
+                        [0, 0, 1, 2, 3, 1]])   # the same duplicate, lb 10.5 / 6.5
+    loads = np.array([[1.0, 1.0, 20.0, 1.0], [2.0, 1.0, 1.0, 1.0], [10.0, 1.0, 1.0, 1.0]])
+    for budget, repairs in ((1, [0, 0, 1]), (2, [0, 1, 1]), (5, [0, 1, 1])):
+        new, traj, _ = rebalance(loads, current, slots, max_moves=budget)
+        assert traj.repairs.tolist() == repairs, budget
+        assert duplicate_count(new, slots).tolist() == [0, 1 - repairs[1], 1 - repairs[2]]
+        assert count_moves(new, current, slots).sum() <= budget
