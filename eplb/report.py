@@ -65,23 +65,24 @@ class ReplayStats:
 class Run:
     """One solver on one cluster shape; per-layer lists have one entry per MoE layer.
 
-    On a load window (`compare_window`): lb, bound, gap and times of the placement on that window,
-    solve_ms per layer. On a routing log (`compare_log`): lb, baseline_lb (no EPLB) and time_us are
-    per-layer means over the replayed steps (see ReplayStats), bound the mean of each step's lower
-    bound (no placement does better on average), gap and status the worst over the rebalances'
-    windows, solve_ms the mean per layer over rebalances, moves the expert copies per rebalance
-    ([R], all layers), and `replay` holds the rest.
+    On a load window (`compare_window`): lb, bound, gap and times of the placement on that window, solve_ms per
+    layer; lb, bound and baseline_lb are None for a layer without tokens (it has no lb, docs/replay.md, as the
+    API's per-layer lists say null), and every mean and max leaves it out (`lb_mean_max`). On a routing log
+    (`compare_log`): lb, baseline_lb (no EPLB) and time_us are per-layer means over the replayed steps (see
+    ReplayStats), bound the mean of each step's lower bound (no placement does better on average), gap and status
+    the worst over the rebalances' windows, solve_ms the mean per layer over rebalances, moves the expert copies
+    per rebalance ([R], all layers), and `replay` holds the rest.
     """
 
     solver: str
     ep: int
     slots_per_gpu: list[int]
-    lb: list[float]
-    bound: list[float]
+    lb: list[float | None]
+    bound: list[float | None]
     solve_ms: list[float]
     status: list[str]
     gap: list[float]
-    baseline_lb: list[float]
+    baseline_lb: list[float | None]
     time_us: list[float] | None = None
     baseline_time_us: list[float] | None = None
     bottleneck: list[str] | None = None
@@ -94,6 +95,26 @@ class Run:
         slots = self.slots_per_gpu
         per = f"{slots[0]}" if len(set(slots)) == 1 else f"{min(slots)}-{max(slots)}"
         return f"EP{self.ep} x {per} slots"
+
+
+def over_tokens(values: NDArray[np.float64], has_tokens: NDArray[np.bool_]) -> list[float | None]:
+    """[L] values as a Run holds them: None where the layer has no tokens (`eplb.evaluate.Balance.has_tokens`)."""
+    return [float(v) if t else None for v, t in zip(values.tolist(), has_tokens.tolist(), strict=True)]
+
+
+def known(values: Sequence[float | None]) -> list[float]:
+    """The entries of a Run's per-layer list that hold a number (the layers with tokens)."""
+    return [v for v in values if v is not None]
+
+
+def lb_mean_max(values: Sequence[float | None]) -> tuple[float, float]:
+    """(mean, max) of a Run's per-layer lb (or bound) over the layers with tokens, as `Balance.lb_over_tokens`
+    takes them; a Run has at least one (`compare_window` refuses a window without tokens, `compare_log` a layer
+    without any)."""
+    lb = known(values)
+    if not lb:
+        raise EplbError("no layer has tokens: no lb to report")
+    return float(np.mean(lb)), max(lb)
 
 
 def parse_solvers(text: str) -> list[str]:
@@ -148,7 +169,10 @@ def compare_window(
 ) -> list[Run]:
     """Run every solver with every objective on every cluster shape for loads [layers, E]: one task per
     (shape, solver, objective) on `executor` (default: here, in order); the runs come back in that order
-    whatever the executor. A run with the time objective is named "SOLVER+time"."""
+    whatever the executor. A run with the time objective is named "SOLVER+time". A window without any token is
+    refused (no layer has an lb to compare)."""
+    if not (loads > 0).any():
+        raise EplbError("the load window has no tokens (every load is 0): no layer has an lb to compare")
     ex = executor or LocalExecutor()
     tasks = window_tasks(loads, shapes, solvers, cost, time_limit_s, objectives, coactivation, ex)
     return ex.map(_window_run, tasks, label="compare", progress=progress)
@@ -193,16 +217,17 @@ def _window_run(arg: WindowTask, report: Report) -> Run:
                     coactivation=coactivation)
     info = outcome.solver
     layers = loads.shape[0]
+    tokens = outcome.balance.has_tokens  # the others have no lb, and no bound on it
     run = Run(
         solver=_run_name(name, objective),
         ep=ep,
         slots_per_gpu=slots.tolist(),
-        lb=outcome.balance.lb.tolist(),
-        bound=list(info["bound"]),
+        lb=over_tokens(outcome.balance.lb, tokens),
+        bound=over_tokens(np.asarray(info["bound"], dtype=np.float64), tokens),
         solve_ms=layer_solve_ms(info, info["wall_ms"], layers),
         status=list(info.get("layer_status", [info["status"]] * layers)),
         gap=list(info["gap"]),
-        baseline_lb=outcome.baseline.lb.tolist(),
+        baseline_lb=over_tokens(outcome.baseline.lb, tokens),
     )
     if outcome.prediction is not None and outcome.baseline_prediction is not None:
         run.time_us = outcome.prediction.time_us.tolist()
@@ -489,12 +514,12 @@ def _log_run(
         solver=name,
         ep=ep,
         slots_per_gpu=slots.tolist(),
-        lb=lb,
-        bound=bounds.mean(split),
+        lb=list(lb),
+        bound=list(bounds.mean(split)),
         solve_ms=np.mean(layer_ms, axis=0).tolist() if layer_ms else [0.0] * layers,
         status=status,
         gap=np.max([info["gap"] for info in infos], axis=0).tolist() if infos else [0.0] * layers,
-        baseline_lb=means.mean("no_eplb_lb") or [],
+        baseline_lb=list(means.mean("no_eplb_lb") or []),
         time_us=time_us,
         baseline_time_us=means.mean("no_eplb_time_us"),
         moves=[rb.moves for rb in rebalances],
@@ -536,24 +561,34 @@ def verdict(runs: Sequence[Run]) -> list[str]:
 
 
 def _lb_versus(label: str, run: Run, ref: Run) -> str:
-    """One sentence: run against ref on one window, on lb per layer, with solve times."""
-    better = sum(1 for a, b in zip(run.lb, ref.lb, strict=True) if a < b - 1e-9)
-    worse = sum(1 for a, b in zip(run.lb, ref.lb, strict=True) if a > b + 1e-9)
-    r_max, r_mean = max(run.lb), float(np.mean(run.lb))
-    g_max, g_mean = max(ref.lb), float(np.mean(ref.lb))
+    """One sentence: run against ref on one window, on lb per layer (the layers with tokens), with solve times."""
+    pairs = _lb_pairs(run, ref)
+    better = sum(1 for a, b in pairs if a < b - 1e-9)
+    worse = sum(1 for a, b in pairs if a > b + 1e-9)
+    (r_mean, r_max), (g_mean, g_max) = lb_mean_max(run.lb), lb_mean_max(ref.lb)
     ms, g_ms = float(np.median(run.solve_ms)), float(np.median(ref.solve_ms))
     if better == 0:
         return (
-            f"{label}: {run.solver} did not beat {ref.solver} on any layer ({plural(len(run.lb), 'layer')}; lb max "
+            f"{label}: {run.solver} did not beat {ref.solver} on any layer ({_layers_text(pairs, run)}; lb max "
             f"{r_max:.4f} vs {g_max:.4f}); it took a median {ms:,.1f} ms per layer against {ref.solver}'s "
             f"{g_ms:,.2f} ms."
         )
     return (
-        f"{label}: {run.solver} beat {ref.solver} on {better} of {plural(len(run.lb), 'layer')}"
+        f"{label}: {run.solver} beat {ref.solver} on {better} of {_layers_text(pairs, run)}"
         + (f" (worse on {worse})" if worse else "")
         + f": worst-layer lb {r_max:.4f} vs {g_max:.4f} ({100 * (g_max - r_max) / g_max:.2f}% lower), "
         f"mean lb {r_mean:.4f} vs {g_mean:.4f}, at a median {ms:,.1f} ms per layer ({ref.solver} {g_ms:,.2f} ms)."
     )
+
+
+def _lb_pairs(run: Run, ref: Run) -> list[tuple[float, float]]:
+    """(run's lb, ref's lb) of each layer both have one for (the same window's layers with tokens)."""
+    return [(a, b) for a, b in zip(run.lb, ref.lb, strict=True) if a is not None and b is not None]
+
+
+def _layers_text(pairs: Sequence[tuple[float, float]], run: Run) -> str:
+    """'8 layers', or '7 layers with tokens' when some layer has none (no lb: left out)."""
+    return plural(len(pairs), "layer") + ("" if len(pairs) == len(run.lb) else " with tokens")
 
 
 def _time_versus(label: str, run: Run, ref: Run) -> str:
@@ -569,8 +604,8 @@ def _time_versus(label: str, run: Run, ref: Run) -> str:
     return (
         f"{label}: {run.solver} predicted faster than {ref.solver} on {faster} of {plural(t.size, 'layer')} (slower on "
         f"{slower}): {t.sum() / 1000:,.3f} ms vs {b.sum() / 1000:,.3f} ms per step, lb mean "
-        f"{np.mean(run.lb):.4f} vs {np.mean(ref.lb):.4f}{copies}; solve {ms:,.2f} vs {g_ms:,.2f} ms per layer "
-        "(median)."
+        f"{lb_mean_max(run.lb)[0]:.4f} vs {lb_mean_max(ref.lb)[0]:.4f}{copies}; solve {ms:,.2f} vs {g_ms:,.2f} ms "
+        "per layer (median)."
     )
 
 
@@ -603,10 +638,10 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
     first = next(iter(group.values()))
     st = first.replay
     assert st is not None
-    context = [f"no EPLB {np.mean(first.baseline_lb):.3f}"]
+    context = [f"no EPLB {lb_mean_max(first.baseline_lb)[0]:.3f}"]
     if st.oracle_lb is not None:
         context.append(f"oracle {np.mean(st.oracle_lb):.3f} on {plural(st.oracle_steps, 'sampled step')}")
-    context.append(f"lower bound {np.mean(first.bound):.3f}")
+    context.append(f"lower bound {lb_mean_max(first.bound)[0]:.3f}")
     counts = {name: len(r.moves or []) for name, r in group.items()}
     same_count = len(set(counts.values())) == 1
     parts = []
@@ -614,10 +649,11 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
         rs = r.replay
         assert rs is not None and r.moves is not None
         if not r.moves:
-            parts.append(f"{name} {np.mean(r.lb):.3f} with no rebalance (every check kept the serving placement)")
+            parts.append(f"{name} {lb_mean_max(r.lb)[0]:.3f} with no rebalance (every check kept the serving "
+                         "placement)")
             continue
         parts.append(
-            f"{name} {np.mean(r.lb):.3f} (static {np.mean(rs.static_lb):.3f})"
+            f"{name} {lb_mean_max(r.lb)[0]:.3f} (static {np.mean(rs.static_lb):.3f})"
             + ("" if same_count else f" over {plural(counts[name], 'rebalance')}")
             + f" moving {_moves_text(float(np.median(r.moves)), _bytes_per_move(r))} expert copies and solving in "
             f"{_ms(float(np.median(rs.solve_ms)))} ms per rebalance (medians)"
@@ -643,8 +679,9 @@ def _ms(ms: float) -> str:
 
 def _versus(label: str, name: str, r: Run, ref_name: str, ref: Run) -> str:
     """One sentence: r against ref on realized lb and moves per rebalance."""
-    r_lb, g_lb = float(np.mean(r.lb)), float(np.mean(ref.lb))
-    better = sum(1 for a, b in zip(r.lb, ref.lb, strict=True) if a < b - 1e-9)
+    (r_lb, r_max), (g_lb, g_max) = lb_mean_max(r.lb), lb_mean_max(ref.lb)
+    pairs = _lb_pairs(r, ref)
+    better = sum(1 for a, b in pairs if a < b - 1e-9)
     d_lb = (r_lb - g_lb) / g_lb
     lb_word = "the same" if abs(d_lb) < 1e-3 else f"{abs(d_lb):.1%} {'lower' if d_lb < 0 else 'higher'}"
     r_moves = sum(r.moves or [])
@@ -660,7 +697,7 @@ def _versus(label: str, name: str, r: Run, ref_name: str, ref: Run) -> str:
     g_ms = float(np.median(ref.replay.solve_ms)) if ref.replay.solve_ms else 0.0
     return (
         f"{label}: {name} against {ref_name}: mean realized lb {r_lb:.4f} vs {g_lb:.4f} ({lb_word}; lower on "
-        f"{better} of {plural(len(r.lb), 'layer')}, worst layer {max(r.lb):.4f} vs {max(ref.lb):.4f}); "
+        f"{better} of {_layers_text(pairs, r)}, worst layer {r_max:.4f} vs {g_max:.4f}); "
         f"{r_moves:,} vs {g_moves:,} expert copies over the rebalances ({mv_word}); "
         f"solve {_ms(r_ms)} vs {_ms(g_ms)} ms per rebalance (median)."
     )
@@ -676,9 +713,9 @@ def _replay_rows(runs: Sequence[Run]) -> list[list[str]]:
             continue
         per = _bytes_per_move(r)
         rows.append([
-            r.label, r.solver, f"{st.steps:,}", f"{np.mean(r.lb):.4f}", f"{np.mean(st.static_lb):.4f}",
-            "" if st.oracle_lb is None else f"{np.mean(st.oracle_lb):.4f}", f"{np.mean(r.baseline_lb):.4f}",
-            f"{np.mean(r.bound):.4f}", f"{len(r.moves)}",
+            r.label, r.solver, f"{st.steps:,}", f"{lb_mean_max(r.lb)[0]:.4f}", f"{np.mean(st.static_lb):.4f}",
+            "" if st.oracle_lb is None else f"{np.mean(st.oracle_lb):.4f}", f"{lb_mean_max(r.baseline_lb)[0]:.4f}",
+            f"{lb_mean_max(r.bound)[0]:.4f}", f"{len(r.moves)}",
             _moves_text(float(np.median(r.moves)), per) if r.moves else "", _moves_text(float(sum(r.moves)), per),
             f"{np.median(st.solve_ms):,.1f}" if st.solve_ms else "",
             "" if st.step_time_us is None else f"{st.step_time_us / 1000:,.3f} ms",
@@ -708,9 +745,10 @@ def _summary_rows(runs: Sequence[Run]) -> list[list[str]]:
     for r in runs:
         statuses = sorted(set(r.status))
         time_text = "" if r.time_us is None else f"{sum(r.time_us) / 1000:,.3f} ms"
+        (lb_mean, lb_max), bound, baseline = lb_mean_max(r.lb), lb_mean_max(r.bound), lb_mean_max(r.baseline_lb)
         rows.append([
-            r.label, r.solver, f"{np.mean(r.lb):.4f}", f"{max(r.lb):.4f}", f"{max(r.bound):.4f}", f"{max(r.gap):.4f}",
-            f"{max(r.baseline_lb):.3f}", f"{np.median(r.solve_ms):,.2f}", ", ".join(statuses), time_text,
+            r.label, r.solver, f"{lb_mean:.4f}", f"{lb_max:.4f}", f"{bound[1]:.4f}", f"{max(r.gap):.4f}",
+            f"{baseline[1]:.3f}", f"{np.median(r.solve_ms):,.2f}", ", ".join(statuses), time_text,
         ])
     return rows
 
@@ -747,9 +785,10 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
     for ax, label in zip(axes[:, 0], shapes, strict=True):
         group = [r for r in runs if r.label == label]
         layers = np.arange(len(group[0].lb))
-        for r in group:
-            ax.plot(layers, r.lb, marker=".", label=r.solver, color=colors[r.solver])
-        ax.plot(layers, np.max([r.bound for r in group], axis=0), ls="--", color="black", label="lower bound")
+        for r in group:  # a layer without tokens (None: no lb) is a gap in the line
+            ax.plot(layers, np.array(r.lb, dtype=np.float64), marker=".", label=r.solver, color=colors[r.solver])
+        ax.plot(layers, np.max(np.array([r.bound for r in group], dtype=np.float64), axis=0), ls="--", color="black",
+                label="lower bound")
         oracle = group[0].replay.oracle_lb if group[0].replay is not None else None
         if oracle is not None:
             ax.plot(layers, oracle, ls=":", color="gray", label="oracle (each step solved)")
@@ -771,7 +810,7 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     labels = [f"{r.label}\n{r.solver}" for r in runs]
     face = [colors[r.solver] for r in runs]
-    _boxes(ax1, [r.lb for r in runs], labels, face, "lb over layers", "Spread of lb over layers", log=False)
+    _boxes(ax1, [known(r.lb) for r in runs], labels, face, "lb over layers", "Spread of lb over layers", log=False)
     _boxes(ax2, [r.solve_ms for r in runs], labels, face, "solve time per layer (ms{scale})",
            "Solve time per layer", log=True)
     fig.tight_layout()

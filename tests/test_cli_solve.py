@@ -378,3 +378,38 @@ def test_the_milp_progress_line_comes_before_a_solve_it_runs(
         out, err = capsys.readouterr()
         assert err.startswith("solving 1 layers with the MILP, up to 0.05 s per layer on ") and err.count("\n") == 1
         assert json.loads(out)["solver"]["name"] == solver
+
+
+def test_a_layer_without_tokens_counts_in_no_mean_of_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layer of all-zero loads has no lb: the printed lb mean and lb max, the lower bound's and the worst
+    layers are over the layers with tokens, as --json's lb_mean says (it printed 1.417 where --json said 1.833:
+    the empty layer counted as 1.0)."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[90, 5, 3, 2, 0, 0, 0, 0], [0] * 8]}))
+    args = ["--loads", str(window), "--gpus", "2", "--slots-per-gpu", "4", "--solver", "greedy"]
+    for command in ("solve", "evaluate"):
+        if command == "evaluate":
+            extra = ["--placement", str(tmp_path / "p.json")]
+            common = [a for a in args if a not in ("--solver", "greedy", "--slots-per-gpu", "4")]
+        else:
+            extra, common = ["--out", str(tmp_path / "p.json")], args
+        assert main([command, *common, *extra, "--json"]) == 0
+        predicted = json.loads(capsys.readouterr().out)["predicted"]
+        assert predicted["lb"][1] is None and predicted["lb_mean"] == predicted["lb_max"] == predicted["lb"][0] > 1.2
+        assert main([command, *common, *extra]) == 0
+        printed = capsys.readouterr().out
+        rows = {line.split()[0]: line.split()[-3:] for line in printed.splitlines() if line.startswith("  ")}
+        base = predicted["baseline"]
+        assert rows["placement"][:2] == [f"{predicted['lb_mean']:.3f}", f"{predicted['lb_max']:.3f}"]
+        assert rows["baseline"][:2] == [f"{base['lb_mean']:.3f}", f"{base['lb_max']:.3f}"]
+        assert "(1 layer of 2 without tokens: no lb, left out of the above)" in printed
+        assert "worst layers: 0: lb" in printed and "; 1: lb" not in printed
+        if command == "solve":  # the bound of the layer with tokens only: its 1.0 would have made the mean lower
+            bound = rows["lower"]
+            assert bound[-2:] == [f"{90 / 50:.3f}"] * 2, printed  # one 90-token expert, 2 GPUs' mean of 50
+    (tmp_path / "z.json").write_text(json.dumps({"loads": [[0] * 8] * 2}))
+    assert main(["solve", "--loads", str(tmp_path / "z.json"), "--gpus", "2", "--slots-per-gpu", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "  placement                     n/a      n/a               n/a" in printed and "worst layers" not in printed

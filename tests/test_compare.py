@@ -525,3 +525,28 @@ def test_the_solve_time_axis_is_log_when_some_time_is_positive() -> None:
     assert _log_y(some, [0.0, 0.4, 12.0]) == ", log scale" and some.get_yscale() == "log"
     assert _log_y(none, [0.0, 0.0]) == "" and none.get_yscale() == "linear"
     plt.close(fig)
+
+
+def test_a_layer_without_tokens_counts_in_no_mean_of_a_window_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layer of all-zero loads has no lb: results.json says null for it (lb, bound, baseline_lb, as the API's
+    lists do), and the summary's means, the bound and the verdict are over the layers with tokens (its 1.0
+    counted in the lb mean and the lower bound's). A window without any token is refused before any solve."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[90, 5, 3, 2, 0, 0, 0, 0], [0] * 8]}))
+    out = tmp_path / "r"
+    assert main(["compare", "--loads", str(window), "--solvers", "greedy,milp", "--ep", "2", "--redundant", "0",
+                 "--time-limit", "0.5", "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    for run in runs:
+        assert run["lb"][1] is None and run["bound"][1] is None and run["baseline_lb"][1] is None
+        assert run["lb"][0] == pytest.approx(1.8) and run["bound"][0] == pytest.approx(1.8)  # 90 of a mean of 50
+    md = (out / "report.md").read_text()
+    assert "| EP2 x 4 slots | greedy | 1.8000 | 1.8000 | 1.8000 | 0.0000 | 2.000 |" in md, md
+    assert "milp did not beat greedy on any layer (1 layer with tokens; lb max 1.8000 vs 1.8000)" in printed
+    (tmp_path / "z.json").write_text(json.dumps({"loads": [[0] * 8] * 2}))
+    assert main(["compare", "--loads", str(tmp_path / "z.json"), "--ep", "2", "--out", str(tmp_path / "z")]) == 2
+    assert "the load window has no tokens (every load is 0): no layer has an lb to compare" in capsys.readouterr().err
+    assert not (tmp_path / "z").exists()

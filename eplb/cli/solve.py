@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots, slots_per_gpu
 from eplb.errors import EplbError
-from eplb.io.files import output_file
+from eplb.io.files import output_file, plural
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.solve import (
@@ -622,16 +622,21 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
         s = outcome.solver
         lines.append(f"solver:     {s['name']} ({s['status']}), {s['wall_ms']:.1f} ms")
     new, base = outcome.balance, outcome.baseline
+    tokens = new.has_tokens  # a layer without tokens has no lb and counts in no mean (Balance.lb_over_tokens)
     rows: list[tuple[str, str, str, str]] = [
         ("", "lb mean", "lb max", "balancedness min"),
-        ("baseline (contiguous)", f"{base.lb.mean():.3f}", f"{base.lb.max():.3f}", f"{base.balancedness.min():.3f}"),
-        ("placement", f"{new.lb.mean():.3f}", f"{new.lb.max():.3f}", f"{new.balancedness.min():.3f}"),
+        ("baseline (contiguous)", *_lb_cells(base.lb_over_tokens()), _min_cell(base.balancedness[tokens])),
+        ("placement", *_lb_cells(new.lb_over_tokens()), _min_cell(new.balancedness[tokens])),
     ]
     if outcome.solver:
-        bound = np.asarray(outcome.solver["bound"])
-        rows.append(("lower bound", f"{bound.mean():.3f}", f"{bound.max():.3f}", ""))
+        bound = np.asarray(outcome.solver["bound"], dtype=np.float64)[tokens]
+        rows.append(("lower bound", *_lb_cells((float(bound.mean()), float(bound.max())) if bound.size else None),
+                     ""))
     lines.append("")
     lines.extend(f"  {a:<24}{b:>9}{c:>9}{d:>18}" for a, b, c, d in rows)
+    if not tokens.all():
+        empty = int((~tokens).sum())
+        lines.append(f"  ({plural(empty, 'layer')} of {p.num_layers} without tokens: no lb, left out of the above)")
     if outcome.prediction is not None and outcome.baseline_prediction is not None and model is not None:
         t_new, t_base = outcome.prediction, outcome.baseline_prediction
         lines.append("")
@@ -653,13 +658,15 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
     if outcome.solver.get("objective") == "time":
         picked = ", ".join(f"{k} {v}" for k, v in outcome.solver["candidates"].items() if v)
         lines.append(f"time objective, layers taken from: {picked}")
-    worst = np.argsort(-new.lb, kind="stable")[:3]
+    with_tokens = np.flatnonzero(tokens)
+    worst = with_tokens[np.argsort(-new.lb[with_tokens], kind="stable")[:3]]
     layer_ids = window.meta.get("layer_ids")
     names = [f"{i}" + (f" (model layer {layer_ids[i]})" if isinstance(layer_ids, list) else "") for i in worst]
-    lines.append("")
-    lines.append("worst layers: " + "; ".join(
-        f"{name}: lb {new.lb[i]:.3f} (baseline {base.lb[i]:.3f})" for name, i in zip(names, worst, strict=True)
-    ))
+    if worst.size:
+        lines.append("")
+        lines.append("worst layers: " + "; ".join(
+            f"{name}: lb {new.lb[i]:.3f} (baseline {base.lb[i]:.3f})" for name, i in zip(names, worst, strict=True)
+        ))
     if outcome.moves is not None:
         moved = int(outcome.moves.sum())
         lines.append(f"moves vs current placement: {moved} expert copies" + (
@@ -668,6 +675,16 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
     if out:
         lines.append(f"wrote {out}")
     return "\n".join(lines)
+
+
+def _lb_cells(summary: tuple[float, float] | None) -> tuple[str, str]:
+    """The summary's (lb mean, lb max) cells; "n/a" when no layer has tokens."""
+    return ("n/a", "n/a") if summary is None else (f"{summary[0]:.3f}", f"{summary[1]:.3f}")
+
+
+def _min_cell(values: NDArray[np.float64]) -> str:
+    """The least of values over the layers with tokens; "n/a" when there is none."""
+    return f"{values.min():.3f}" if values.size else "n/a"
 
 
 def _ratio(before: float, after: float) -> str:
