@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -261,16 +262,42 @@ def solve_local(
 
 
 RETRIES = 2
-"""Times a call to the service is sent again, the same request, after no answer in time, a lost connection or a 5xx,
-before the plug-in falls back to a local solve: a rank that fell back would serve another map than the ranks the
-service answered. Safe for the window too: the service answers the same window and map once, then with that answer
-(its window key), so a retry gets the first attempt's answer when that one was processed. All attempts share
-`Settings.timeout_s`: each waits its share of the time left (a third, then half, then the rest), so a fallback
-comes no later than before."""
+"""Times a call to the service is sent again, the same request, before the plug-in falls back to a local solve (a
+rank that fell back would serve another map than the ranks the service answered), and only for what another attempt
+can mend: `RETRY_STATUSES` (a proxy or a service that is restarting or busy), a connection refused or reset before an
+answer, and no answer in time while `Settings.timeout_s` has time left. A 500 (a solve that crashed, a solver worker
+that died) or a 4xx is not sent again: it would run again, under the deployment's lock, for every rank. Safe for the
+window: the service answers the same window and map once, then with that answer (its window key), so a retry gets
+the first attempt's answer when that one was processed. All attempts share `Settings.timeout_s`: each but the last
+waits for the time left less `reserve_s` (the first, most of it), so a fallback comes no later than before and a
+solve that takes longer than the first attempt's wait is waited for once, not by every rank again and again."""
+RETRY_STATUSES = frozenset({502, 503, 504})
+"""Error statuses sent again: bad gateway, service unavailable (the service's 503: every solver busy), gateway
+timeout."""
 BACKOFF_S = (0.1, 0.3)
 """Seconds between attempts (before the second, the third); an attempt that would have less than `MIN_ATTEMPT_S`
 of the timeout left is not made."""
 MIN_ATTEMPT_S = 0.05
+RESERVE_S = 1.0
+"""Seconds of `Settings.timeout_s` an attempt that may be followed by another leaves for it; at most a quarter of the
+timeout (`reserve_s`)."""
+
+
+def reserve_s(timeout_s: float) -> float:
+    """Seconds of the timeout kept back from an attempt for one retry: `RESERVE_S`, at most a quarter of it."""
+    return min(RESERVE_S, timeout_s / 4)
+
+
+def _runs(items: list[str]) -> list[str]:
+    """Consecutive equal items once each, with how many times: ['a', 'a', 'b'] as ['a (2 times)', 'b']."""
+    runs = [(item, len(list(group))) for item, group in groupby(items)]
+    return [f"{item} ({count} times)" if count > 1 else item for item, count in runs]
+
+
+def _seconds(value: float) -> str:
+    """4.0 as '4', 0.8997 as '0.9', 1.6667 as '1.67'."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
 
 FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
 
@@ -312,34 +339,50 @@ class Service:
             self._http.close()
 
     def _json(self, method: str, url: str, body: Any = None) -> Any:
-        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON. No answer
-        in time, a lost connection and a 5xx are tried again, the same request, `RETRIES` times within
-        `Settings.timeout_s` (`RETRIES` says why that is safe); the Failure then says how many attempts failed."""
-        deadline = time.monotonic() + self.settings.timeout_s
-        attempts = RETRIES + 1
-        for attempt in range(attempts):
-            wait = (deadline - time.monotonic()) / (attempts - attempt)  # this attempt's share of the time left
+        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON. A
+        `RETRY_STATUSES` answer, a connection refused or reset before an answer, and no answer in time are tried
+        again, the same request, up to `RETRIES` times within `Settings.timeout_s` (`RETRIES` says what is sent again
+        and why that is safe); the Failure then lists every attempt's outcome with the seconds it waited."""
+        timeout = self.settings.timeout_s
+        deadline = time.monotonic() + timeout
+        outcomes: list[tuple[str, str]] = []  # each attempt's outcome, alone and as a sentence naming the URL
+        for attempt in range(RETRIES + 1):
+            left = deadline - time.monotonic()
+            wait = left - reserve_s(timeout) if attempt < RETRIES else left  # the rest is kept for a retry
+            wait = wait if wait >= MIN_ATTEMPT_S else left
             try:
                 response = self._http.request(method, url, json=body, headers=self._headers, timeout=wait)
             except httpx.TimeoutException:
-                failure = Failure(f"no answer from {url} within {self.settings.timeout_s:g} s", "unreachable")
+                within = f"within {_seconds(wait)} s"
+                outcomes.append((f"no answer {within}", f"no answer from {url} {within}"))
+                kind: FailureKind = "unreachable"
             except (httpx.NetworkError, httpx.RemoteProtocolError) as err:  # refused, reset: a service restarting
-                failure = Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")
+                said = f"unreachable ({type(err).__name__}: {err})"
+                outcomes.append((said, f"{url} {said}"))
+                kind = "unreachable"
             except (httpx.HTTPError, httpx.InvalidURL) as err:  # InvalidURL ('http://[::1') is no HTTPError
                 return Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")  # no retry helps
             else:
-                if response.status_code < 500:
-                    return self._answer(url, response)
-                failure = Failure(f"{url} answered {response.status_code}: {_detail(response)}")
+                if response.status_code not in RETRY_STATUSES:
+                    answer = self._answer(url, response)
+                    if outcomes and isinstance(answer, Failure):  # what came before it, said too
+                        before = ", then ".join(_runs([short for short, _ in outcomes]))
+                        return Failure(f"{answer} (attempt {len(outcomes) + 1}, after {before})", answer.kind)
+                    return answer
+                said = f"answered {response.status_code}: {_detail(response)}"
+                outcomes.append((said, f"{url} {said}"))
+                kind = "error"
             pause = BACKOFF_S[attempt] if attempt < RETRIES else None
             if pause is None or deadline - time.monotonic() - pause < MIN_ATTEMPT_S:
                 break
             time.sleep(pause)
-        tried = f" ({attempt + 1} attempts)" if attempt else ""
-        return Failure(f"{failure}{tried}", failure.kind)
+        if len(outcomes) == 1:
+            return Failure(outcomes[0][1], kind)
+        said = ", then ".join(_runs([short for short, _ in outcomes]))
+        return Failure(f"{url} failed {len(outcomes)} attempts within {_seconds(timeout)} s: {said}", kind)
 
     def _answer(self, url: str, response: httpx.Response) -> Any:
-        """An answer below 500 as `_json` returns it: its JSON, or a Failure for 404, another error, not JSON."""
+        """An answer not sent again as `_json` returns it: its JSON, or a Failure for 404, another error, not JSON."""
         if response.status_code == 404:
             return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
                            "deployments)")
@@ -529,8 +572,8 @@ def remote(
        slots. `kept` serves `old` (an engine that passes no map: the deployment's placement, read then).
     2. An answer the engine refuses (another cluster shape, a wrong phy2log), or the engine's map refused by the
        deployment (not its cluster or model): `old` stays (a local solve without it).
-    3. No answer, or an error status: a local solve from `old` (after `RETRIES` of the same request, for no answer
-       in time, a lost connection or a 5xx).
+    3. No answer, or an error status: a local solve from `old` (after up to `RETRIES` more attempts of the same request
+       for a 502, 503 or 504, a connection refused or reset, or no answer in time: `RETRIES` says which).
     fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
     deployment with the next window."""
     args = (weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
