@@ -146,7 +146,7 @@ def test_cost_trigger_charges_blocking_copies_when_the_policy_says_so(store: Sto
     two break-evens the overlapped move pays and the blocking one does not."""
     from dataclasses import replace
 
-    from eplb.cost.migration import copies_per_gpu
+    from eplb.cost.migration import plan_copies, plan_for
 
     decode = {"solver": "greedy", "tokens_per_gpu": 256.0}  # one candidate: the charge the reason shows is its
     overlap_cfg = config(trigger="cost").model_copy(update=decode)
@@ -169,7 +169,8 @@ def test_cost_trigger_charges_blocking_copies_when_the_policy_says_so(store: Sto
     step_s = before.prediction.total_time_us * 1e-6
     overlapped = setup.migration.rebalance_cost(*args).charge_s(step_s)[0]
     blocking = replace(setup.migration, overlap=False).rebalance_cost(*args).charge_s(step_s)[0]
-    copies = copies_per_gpu(moved.placement.phy2log, served.phy2log, setup.cluster.slots_per_gpu)
+    slots = setup.cluster.slots_per_gpu
+    copies = plan_copies(plan_for(moved.placement.phy2log, served.phy2log, slots), slots.size, None)[0]
     link_s = float(copies.max()) * setup.model.expert_bytes / HARDWARE_PRESETS["h100"].nvlink_bandwidth
     assert blocking == pytest.approx(link_s)  # the busiest destination's bytes at full NVLink speed
     assert saved_per_step > 0 and overlapped < blocking / 1.1

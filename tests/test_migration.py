@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from eplb.cost.migration import copies_from_gpu, copies_from_other_nodes, copies_per_gpu
+from eplb.cost.migration import plan_copies, plan_for
 from solvers.greedy import solve_greedy
 from solvers.loads import gpu_loads
 from solvers.migration import arrange_slots, count_moves, relabel_gpus, relabel_slot_order
-from solvers.plan import PlanError, build_plan
+from solvers.plan import PlanError
 
 
 def gpu_sets(phy2log: NDArray[np.int64], slots: NDArray[np.int64]) -> list[list[frozenset[int]]]:
@@ -190,28 +190,28 @@ def test_the_estimate_counts_the_plans_copies(seed: int, per_node: int, nodes: i
     rng = np.random.default_rng(seed)
     cur, new, slots = random_aligned_pair(rng, per_node * nodes, int(rng.integers(2, 4)), empties)
     try:
-        plan = build_plan(cur, new, slots, 1.0, None if stage_copies is None else float(stage_copies), per_node)
+        plan = plan_for(new, cur, slots, per_node, stage_copies)
     except PlanError as exc:  # only a cycle longer than the budget may refuse
         assert stage_copies is not None and "at least" in str(exc)
         return
     gpus = slots.size
-    copy = ~plan.local
-    across = copy & (plan.src_gpu // per_node != plan.dst_gpu // per_node)
-    assert copies_per_gpu(new, cur, slots).tolist() == np.bincount(plan.dst_gpu[copy], minlength=gpus).tolist()
-    assert copies_from_gpu(new, cur, slots, per_node, stage_copies).tolist() == np.bincount(
-        plan.src_gpu[copy], minlength=gpus).tolist()  # fmt: skip
-    estimate = copies_from_other_nodes(new, cur, slots, per_node, stage_copies)
-    assert estimate.tolist() == np.bincount(plan.dst_gpu[across], minlength=gpus).tolist()
+    into, sent, across = plan_copies(plan, gpus, per_node)
+    # into each GPU: the experts it holds in the new placement and not in the serving one, counted apart from the plan
+    arrived = [[len(n - c - {-1}) for n, c in zip(new_layer, cur_layer, strict=True)]
+               for new_layer, cur_layer in zip(gpu_sets(new, slots), gpu_sets(cur, slots), strict=True)]
+    assert into.tolist() == np.sum(arrived, axis=0).tolist()
+    assert sent.sum() == into.sum() and np.all(across <= into)  # one source per copy; across is a part of into
     # the rule without a budget, counted apart from the plan: copies of an expert the destination's node lacks
     node = np.repeat(np.arange(gpus), slots) // per_node
     none_near = 0
-    for i in np.flatnonzero(copy):
+    for i in np.flatnonzero(~plan.local):
         layer, dst_node = plan.layer[i], plan.dst_gpu[i] // per_node
         none_near += int(not np.any((cur[layer] == plan.expert[i]) & (node == dst_node)))
     if stage_copies is None:
-        assert estimate.sum() == none_near
+        assert across.sum() == none_near
     else:
-        assert estimate.sum() >= none_near
+        assert across.sum() >= none_near
+    assert plan_copies(plan, gpus, None)[2].sum() == 0  # one node: nothing crosses
 
 
 def test_the_estimate_counts_a_read_across_nodes_that_breaks_a_cycle() -> None:
@@ -222,9 +222,10 @@ def test_the_estimate_counts_a_read_across_nodes_that_breaks_a_cycle() -> None:
     slots = np.array([2, 2, 2, 2])  # 2 nodes of 2 GPUs
     current = np.array([[0, 1, 2, 3, 0, 4, 5, 6]])
     new = np.array([[0, 1, 2, 3, 6, 4, 5, 0]])
-    assert copies_from_other_nodes(new, current, slots, 2).tolist() == [0, 0, 0, 0]
-    assert copies_from_other_nodes(new, current, slots, 2, stage_copies=1).tolist() == [0, 0, 0, 1]
-    assert copies_from_gpu(new, current, slots, 2, stage_copies=1).tolist() == [1, 0, 0, 1]
+    assert plan_copies(plan_for(new, current, slots, 2), 4, 2)[2].tolist() == [0, 0, 0, 0]
+    _, sent, across = plan_copies(plan_for(new, current, slots, 2, stage_copies=1), 4, 2)
+    assert across.tolist() == [0, 0, 0, 1]
+    assert sent.tolist() == [1, 0, 0, 1]
 
 
 def test_the_estimate_from_the_solves_plan_equals_the_one_it_builds() -> None:

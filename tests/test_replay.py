@@ -527,14 +527,16 @@ def test_hindsight_row_is_a_direct_solve_per_interval() -> None:
 def test_migration_charge_is_bytes_over_bandwidth() -> None:
     """Constructed: GPUs 0 and 2 receive two experts each, GPU 1 one: the blocking stall is the busiest
     destination's bytes over the link; with overlap the copies take 1 / share as long."""
-    from eplb.cost.migration import MigrationSpec, copies_per_gpu
+    from eplb.cost.migration import MigrationSpec, plan_copies, plan_for
+    from solvers.migration import arrange_slots
 
     slots = np.array([2, 2, 2])
     old = np.array([[0, 1, 2, 3, 4, 5]])
     new = np.array([[3, 4, 5, 2, 0, 1]])  # GPU 0: {3, 4} new; GPU 1: {5} new, 2 kept; GPU 2: {0, 1} new
-    assert copies_per_gpu(new, old, slots).tolist() == [2, 1, 2]
+    into = plan_copies(plan_for(arrange_slots(new, old, slots), old, slots), 3, None)[0]  # 2 keeps its slot
+    assert into.tolist() == [2, 1, 2]
     bw, per_copy = 50e9, 44e6
-    cost = MigrationSpec(bw, overlap=False).cost(copies_per_gpu(new, old, slots) * per_copy, comm_fraction=0.5)
+    cost = MigrationSpec(bw, overlap=False).cost(into * per_copy, comm_fraction=0.5)
     assert cost.stall_s == pytest.approx(2 * per_copy / bw) and cost.bytes == 5 * per_copy
     assert cost.charge_s(step_time_s=0.01) == (pytest.approx(2 * per_copy / bw), 0)
     lap = MigrationSpec(bw, overlap=True, link_share=0.25).cost(np.array([2 * per_copy, 0.0]), comm_fraction=0.9)
@@ -555,7 +557,7 @@ def test_migration_charge_is_bytes_over_bandwidth() -> None:
     assert res.summary["results"]["replay"]["migration_s"] == pytest.approx(total, abs=1e-6)
     first = res.rebalances[0]
     assert res.static is not None
-    copies = copies_per_gpu(res.static.phy2log, serving.phy2log, cluster.slots_per_gpu)
+    copies = plan_copies(plan_for(res.static.phy2log, serving.phy2log, cluster.slots_per_gpu), 8, None)[0]
     expected = copies.max() * small.model.expert_bytes
     assert first.transfer_s == pytest.approx(expected / bw)
     r = res.summary["results"]["replay"]
@@ -566,19 +568,19 @@ def test_copies_hbm_traffic_is_charged_to_weight_bound_steps() -> None:
     """With overlap, a copy is read from a source GPU's HBM and written to its destination's: the busiest
     GPU's copy bytes (in + out) / HBM bandwidth, times the share of the step that weight reads bound. The
     sources are the plan's (`solvers.plan`): replicas that stay put, else all holders, taken in turn."""
-    from eplb.cost.migration import MigrationSpec, copies_from_gpu, copies_per_gpu
+    from eplb.cost.migration import MigrationSpec, plan_copies, plan_for
     from solvers.plan import build_plan
 
     slots = np.array([2, 2, 2])
     old = np.array([[0, 1, 2, 3, 0, 5]])  # expert 0 on GPUs 0 and 2
     new = np.array([[0, 1, 0, 3, 4, 5]])  # GPU 1 takes 0 (from GPU 0, whose replica stays), GPU 2 takes 4
     old[0, 4], new[0, 4] = 4, 2  # every expert held: GPU 2 {4, 5} -> {2, 5}, 2 read from GPU 1's slot 2
-    assert copies_per_gpu(new, old, slots).tolist() == [0, 1, 1]
-    assert copies_from_gpu(new, old, slots).tolist() == [1.0, 1.0, 0.0]
+    into, sent, _ = plan_copies(plan_for(new, old, slots), 3, None)
+    assert into.tolist() == [0, 1, 1]
+    assert sent.tolist() == [1.0, 1.0, 0.0]
     per_copy, hbm = 44e6, 8e12
     spec = MigrationSpec(900e9, hbm_bw=hbm)
-    cost = spec.cost(copies_per_gpu(new, old, slots) * per_copy, 0.1, copies_from_gpu(new, old, slots) * per_copy,
-                     weight_fraction=0.5)  # fmt: skip
+    cost = spec.cost(into * per_copy, 0.1, sent * per_copy, weight_fraction=0.5)
     assert cost.hbm_s == pytest.approx(2 * per_copy / hbm * 0.5)  # GPU 1: one copy in, one out
     assert cost.charge_s(1e-3)[0] == pytest.approx(cost.hbm_s)  # comm hidden: HBM traffic is all it costs
     assert MigrationSpec(900e9).cost(np.array([per_copy]), 0.1, np.array([per_copy]), 1.0).hbm_s == 0  # not asked
@@ -587,7 +589,7 @@ def test_copies_hbm_traffic_is_charged_to_weight_bound_steps() -> None:
     # on aligned greedy placements of random windows the plan's reads per GPU are the estimate's, up to less than
     # one copy per (layer, expert) the GPU sends
     from solvers.greedy import solve_greedy
-    from solvers.migration import arrange_slots
+    from solvers.migration import arrange_slots, count_moves
 
     rng = np.random.default_rng(3)
     slots = np.full(8, 5)
@@ -599,9 +601,9 @@ def test_copies_hbm_traffic_is_charged_to_weight_bound_steps() -> None:
         sent = np.bincount(plan.src_gpu[remote], minlength=8)
         groups = [len(set(zip(plan.layer[remote & (plan.src_gpu == g)].tolist(),
                               plan.expert[remote & (plan.src_gpu == g)].tolist(), strict=True))) for g in range(8)]
-        estimate = copies_from_gpu(nxt, cur, slots)
-        assert sent.sum() > 20 and estimate.sum() == pytest.approx(copies_per_gpu(nxt, cur, slots).sum())
-        assert sent.sum() == copies_per_gpu(nxt, cur, slots).sum()
+        arrived, estimate, _ = plan_copies(plan_for(nxt, cur, slots), 8, None)
+        assert sent.sum() > 20 and estimate.sum() == pytest.approx(arrived.sum())
+        assert sent.sum() == count_moves(nxt, cur, slots).sum()
         assert np.all(np.abs(estimate - sent) <= np.array(groups) + 1e-9)
 
 

@@ -196,22 +196,22 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
     """Copies read from a GPU on the destination's node take NVLink, the others the NIC, both at once: the
     transfer lasts the slower of the two per GPU. With nodes the plan reads a copy on its destination's node
     when it can, and the count of copies from other nodes is exactly the plan's."""
-    from eplb.cost.migration import MigrationSpec, copies_from_other_nodes, copies_per_gpu
+    from eplb.cost.migration import MigrationSpec, plan_copies, plan_for
     from solvers.migration import arrange_slots
     from solvers.plan import build_plan
 
     slots = np.full(4, 2, dtype=np.int64)  # 2 nodes of 2 GPUs
     old = np.array([[0, 1, 2, 3, 4, 5, 6, 7]])
     new = np.array([[0, 2, 1, 3, 4, 5, 6, 7]])  # GPUs 0 and 1 trade experts 1 and 2: within node 0
-    assert copies_from_other_nodes(new, old, slots, 2).tolist() == [0.0, 0.0, 0.0, 0.0]
+    near_in, _, near_across = plan_copies(plan_for(new, old, slots, 2), 4, 2)
+    assert near_across.tolist() == [0.0, 0.0, 0.0, 0.0]
     far = np.array([[0, 4, 2, 3, 1, 5, 6, 7]])  # GPUs 0 and 2 trade experts 1 and 4: across the nodes
-    assert copies_from_other_nodes(far, old, slots, 2).tolist() == [1.0, 0.0, 1.0, 0.0]
+    far_in, _, far_across = plan_copies(plan_for(far, old, slots, 2), 4, 2)
+    assert far_across.tolist() == [1.0, 0.0, 1.0, 0.0]
     per_copy = 44e6
     spec = MigrationSpec(NVLINK, overlap=False, inter_node_bw=NIC, gpus_per_node=2)
-    near_s = spec.cost(copies_per_gpu(new, old, slots) * per_copy, 0.0,
-                       remote_in=copies_from_other_nodes(new, old, slots, 2) * per_copy).transfer_s  # fmt: skip
-    far_s = spec.cost(copies_per_gpu(far, old, slots) * per_copy, 0.0,
-                      remote_in=copies_from_other_nodes(far, old, slots, 2) * per_copy).transfer_s  # fmt: skip
+    near_s = spec.cost(near_in * per_copy, 0.0, remote_in=near_across * per_copy).transfer_s
+    far_s = spec.cost(far_in * per_copy, 0.0, remote_in=far_across * per_copy).transfer_s
     assert near_s == pytest.approx(per_copy / NVLINK) and far_s == pytest.approx(per_copy / NIC)
     serving = evaluate(np.ones((1, 8)), Placement(old, slots, 8), CostSetup(MODEL.model_copy(
         update={"num_experts": 8}), H800, NVLINK, 64.0)).prediction  # fmt: skip
@@ -219,7 +219,6 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
     overlapped = MigrationSpec(NVLINK, inter_node_bw=NIC, gpus_per_node=2)
     assert overlapped.rebalance_cost(far, old, slots, per_copy, serving).transfer_s == pytest.approx(
         per_copy / (overlapped.link_share * NIC))  # rebalance_cost sends the copies from node 1 over the NIC
-    from eplb.cost.migration import copies_from_gpu
     from solvers.greedy import solve_greedy
 
     rng = np.random.default_rng(5)
@@ -231,12 +230,9 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
         copy = ~plan.local
         across = copy & (plan.src_gpu // 4 != plan.dst_gpu // 4)
         assert across.sum() < copy.sum()
-        assert np.array_equal(copies_from_other_nodes(nxt, cur, slots, 4), np.bincount(plan.dst_gpu[across],
-                                                                                       minlength=8))  # fmt: skip
-        sent = np.bincount(plan.src_gpu[copy], minlength=8)
-        groups = [len(set(zip(plan.layer[copy & (plan.src_gpu == g)].tolist(),
-                              plan.expert[copy & (plan.src_gpu == g)].tolist(), strict=True))) for g in range(8)]
-        assert np.all(np.abs(copies_from_gpu(nxt, cur, slots, 4) - sent) <= np.array(groups) + 1e-9)
+        _, sent, far_in = plan_copies(plan_for(nxt, cur, slots, 4), 8, 4)  # the estimate's plan is this one
+        assert np.array_equal(far_in, np.bincount(plan.dst_gpu[across], minlength=8))
+        assert np.array_equal(sent, np.bincount(plan.src_gpu[copy], minlength=8))
         spread = build_plan(cur, nxt, slots)  # without nodes the plan takes sources in turn, wherever they are
         assert (~spread.local & (spread.src_gpu // 4 != spread.dst_gpu // 4)).sum() >= across.sum()
 

@@ -30,7 +30,6 @@ from numpy.typing import NDArray
 
 from eplb.errors import EplbError
 from solvers.plan import MigrationPlan, build_plan
-from solvers.validation import EMPTY_SLOT
 
 if TYPE_CHECKING:
     from eplb.cost.model import LayerPrediction
@@ -38,10 +37,7 @@ if TYPE_CHECKING:
 MAX_FIXED_STALL_S = 3600.0
 """The largest fixed stall per rebalance accepted, s."""
 
-__all__ = [
-    "MAX_FIXED_STALL_S", "MigrationCost", "MigrationSpec",
-    "copies_from_gpu", "copies_from_other_nodes", "copies_per_gpu", "plan_copies", "plan_for",
-]
+__all__ = ["MAX_FIXED_STALL_S", "MigrationCost", "MigrationSpec", "plan_copies", "plan_for"]
 
 
 @dataclass(frozen=True)
@@ -159,29 +155,6 @@ class MigrationCost:
         return self.stall_s + self.transfer_s * self.slowdown + self.hbm_s, steps
 
 
-def _holds(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], experts: int) -> NDArray[np.bool_]:
-    """[L, G, E] True where the GPU holds the expert in that layer (an empty slot, -1, holds none)."""
-    layers = phy2log.shape[0]
-    gpus = slots_per_gpu.size
-    gpu = np.repeat(np.arange(gpus, dtype=np.int64), slots_per_gpu)
-    base = (np.arange(layers, dtype=np.int64)[:, None] * gpus + gpu[None, :]) * experts
-    full = phy2log != EMPTY_SLOT
-    held = np.bincount((base + phy2log)[full], minlength=layers * gpus * experts) > 0
-    out: NDArray[np.bool_] = held.reshape(layers, gpus, experts)
-    return out
-
-
-def copies_per_gpu(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]
-) -> NDArray[np.int64]:
-    """Expert copies each GPU receives: [G], summed over layers. new, old: phy2log [L, P] on the same
-    slots (-1: empty); a copy is an expert a GPU holds in `new` but not in `old` (same layer)."""
-    experts = int(max(new.max(initial=0), old.max(initial=0))) + 1
-    copied = _holds(new, slots_per_gpu, experts) & ~_holds(old, slots_per_gpu, experts)
-    out: NDArray[np.int64] = copied.sum(axis=(0, 2)).astype(np.int64)
-    return out
-
-
 def plan_for(
     new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None = None,
     stage_copies: int | None = None,
@@ -199,33 +172,15 @@ def plan_for(
 def plan_copies(plan: MigrationPlan, num_gpus: int, gpus_per_node: int | None) -> tuple[
         NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:  # fmt: skip
     """(copies into each GPU [G], copies read from each GPU [G], copies into each GPU read from another node [G]),
-    summed over layers, of `plan`'s copies (local writes and releases move nothing between GPUs); nodes are
-    gpus_per_node consecutive GPUs (None: one node, nothing crosses)."""
+    summed over layers, of `plan`'s copies (local writes and releases move nothing between GPUs): the one count
+    of copies the estimates use. A copy into g is an expert g holds in the new placement but not in the serving
+    one (same layer), read from the source the plan chose; across nodes are those whose source is on another
+    node (nodes: gpus_per_node consecutive GPUs; None: one node, nothing crosses), which without a stage budget
+    are the copies of an expert with no replica on the destination's node, and under one may also be reads
+    across the NIC that break a cycle of copies longer than the budget."""
     copy = ~plan.local
     per_node = gpus_per_node or num_gpus
     across = copy & (plan.src_gpu // per_node != plan.dst_gpu // per_node)
     into, sent, far = (np.bincount(g, minlength=num_gpus).astype(np.float64)
                        for g in (plan.dst_gpu[copy], plan.src_gpu[copy], plan.dst_gpu[across]))
     return into, sent, far
-
-
-def copies_from_gpu(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int | None = None,
-    stage_copies: int | None = None,
-) -> NDArray[np.float64]:
-    """Expert copies each GPU sends: [G], summed over layers: the copies the migration plan reads from it
-    (`plan_for`)."""
-    plan = plan_for(new, old, slots_per_gpu, gpus_per_node, stage_copies)
-    return plan_copies(plan, slots_per_gpu.size, gpus_per_node)[1]
-
-
-def copies_from_other_nodes(
-    new: NDArray[np.int64], old: NDArray[np.int64], slots_per_gpu: NDArray[np.int64], gpus_per_node: int,
-    stage_copies: int | None = None,
-) -> NDArray[np.float64]:
-    """Expert copies each GPU receives from a GPU on another node: [G], summed over layers: the migration plan's
-    (`plan_for`): the copies whose expert has no replica on the destination's node, and, under a stage budget,
-    those that read across the NIC to break a cycle of copies longer than the budget. Nodes are gpus_per_node
-    consecutive GPUs."""
-    plan = plan_for(new, old, slots_per_gpu, gpus_per_node, stage_copies)
-    return plan_copies(plan, slots_per_gpu.size, gpus_per_node)[2]
