@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from eplb.budget import GIB, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, portable, reopen
-from eplb.io.files import plural
+from eplb.io.files import output_dir, plural
 from eplb.io.logs import RoutingLog
 from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
@@ -904,9 +904,18 @@ def _boxes(ax: Any, data: list[list[float]], labels: list[str], face: list[str],
 # ----- writing -------------------------------------------------------------------------------------------
 
 
-def write_report(runs: Sequence[Run], out: Path, meta: dict[str, Any]) -> None:
-    """results.json, report.md, report.html (self-contained) and the PNGs into `out`."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_report(runs: Sequence[Run], out: Path, meta: dict[str, Any], what: str = "report directory") -> None:
+    """results.json, report.md, report.html (self-contained) and the PNGs into `out` (made with its parents); an
+    EplbError naming `what` when they cannot be written (check `out` with `eplb.io.files.output_dir` before the
+    work, as `eplb compare --out` does)."""
+    out = output_dir(out, what, create=True)
+    try:
+        _write_report(runs, out, meta)
+    except OSError as exc:
+        raise EplbError(f"{what} {out}: cannot write the report there ({exc.strerror or exc})") from None
+
+
+def _write_report(runs: Sequence[Run], out: Path, meta: dict[str, Any]) -> None:
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": [_run_json(r) for r in runs]}, indent=1) + "\n")
     plots = _plots(runs, out)
     words = verdict(runs)

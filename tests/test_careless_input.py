@@ -831,3 +831,71 @@ def test_a_path_the_system_cannot_look_up_is_refused_in_one_line(
     code, err = run(capsys, *argv)
     assert code == 2 and err.startswith(f"eplb {argv[0]}: error: {said} 'aaaa"), err
     assert "characters): the system cannot use this path (File name too long)" in err, err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["synth", "--steps", "3", "--layers", "2", "--experts", "16", "--out", f"{LONG_NAME}.npz"], "--out"),
+    (["synth", "--preset", "seed004", "--steps", "2", "--layers", "2", "--out", f"{LONG_NAME}.npz"], "--out"),
+    (["logs", "convert", "LOG", f"{LONG_NAME}.npz"], "OUT"),
+    (["logs", "convert", "LOG", f"{LONG_NAME}.parquet"], "OUT"),
+    (["logs", "convert", "LOG", f"{LONG_NAME}/log.jsonl"], "OUT"),
+    (["replay", f"{LONG_NAME}.npz"], "routing log"),
+    (["compare", "--log", f"{LONG_NAME}.npz", "--ep", "2", "--out", "r"], "routing log"),
+    (["replay", "LOG", "--gpus", "4", "--out", LONG_NAME], "--out"),
+    (["compare", "--log", "LOG", "--ep", "4", "--out", LONG_NAME], "--out"),
+    (["compare", "--loads", "WINDOW", "--ep", "4", "--solvers", "greedy", "--out", f"{LONG_NAME}/r"], "--out"),
+])  # fmt: skip
+def test_a_log_or_report_path_the_system_cannot_look_up_is_refused_in_one_line(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    argv: list[str], said: str,
+) -> None:
+    """The readers and writers of logs and reports checked their paths by hand, and a name over 255 bytes was an
+    OSError traceback (a94c1fd fixed the other files): eplb synth --out and eplb logs convert OUT (output_log),
+    eplb replay LOG and compare --log (open_log), replay --out DIR and compare --out DIR (output_dir; compare's
+    after every solve had run). Now one line naming the flag, the name clipped with its length, before the work."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("compare_log", "compare_window"):  # compare's --out is checked before any solve
+        monkeypatch.setattr(f"eplb.cli.compare.{name}", lambda *a, **k: pytest.fail("compare solved first"))
+    args = [{"LOG": str(small["log"]), "WINDOW": str(small["window"])}.get(a, a) for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"eplb {argv[0]}: error: {said} 'aaaa"), err
+    assert "characters): the system cannot use this path (File name too long)" in err, err
+    assert not list(tmp_path.iterdir())  # nothing made: no directory, no NAME.part
+
+
+def test_the_log_and_report_functions_refuse_such_a_path_by_name(tmp_path: Path) -> None:
+    """The Python API's readers and writers (open_log, write_counts through output_log, write_report) say the same
+    line, naming what the path is."""
+    from eplb.io.logs import write_counts
+    from eplb.report import write_report
+
+    long = tmp_path / LONG_NAME
+    tail = r"characters\): the system cannot use this path \(File name too long\)"
+    with pytest.raises(EplbError, match=f"routing log '.*{tail}"):
+        open_log(f"{long}.npz")
+    with pytest.raises(EplbError, match=f"log file '.*{tail}"):
+        write_counts(f"{long}.npz", np.ones((2, 1, 4), np.int64))
+    with pytest.raises(EplbError, match=f"report directory '.*{tail}"):
+        write_report([], long, {})
+    assert not list(tmp_path.iterdir())
+
+
+def test_compare_refuses_an_out_it_cannot_write_before_any_solve(
+    small: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eplb compare --out under a file, or naming a file: refused before the solves (write_report's OSError came
+    after all of them), and nothing made."""
+    monkeypatch.setattr("eplb.cli.compare.compare_window", lambda *a, **k: pytest.fail("compare solved first"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    compare = ["compare", "--loads", str(small["window"]), "--ep", "4", "--solvers", "greedy"]
+    for out, said in ((a_file / "r", f"--out {a_file}/r: cannot write there ({a_file} is not a directory)"),
+                      (a_file, f"--out {a_file}: exists and is not a directory")):
+        code, err = run(capsys, *compare, "--out", str(out))
+        assert code == 2 and err == f"eplb compare: error: {said}", err
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from eplb.cli.logs import LOG_HELP
@@ -22,7 +21,7 @@ from eplb.cli.solve import (
 )
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from
-from eplb.io.files import plural
+from eplb.io.files import output_dir, plural
 from eplb.io.logs import open_log
 from eplb.io.windows import read_window
 from eplb.objective import OBJECTIVES
@@ -117,6 +116,7 @@ def _ints(text: str, flag: str, unit: str, low: int, high: int | None = None) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    out = output_dir(args.out, "--out")  # before the solves, not after them
     solvers = parse_solvers(args.solvers)
     check_time_limit("--time-limit", args.time_limit)
     if args.layers is not None and args.layers < 1:
@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     with executor_from(args) as args.run_on:
         runs, meta = _run_log(args, solvers, eps, redundant) if args.log else _run_window(args, solvers, eps, redundant)
     meta["command"] = "eplb " + " ".join(args.argv)
-    out = Path(args.out)
-    write_report(runs, out, meta)
+    write_report(runs, out, meta, "--out")
     for line in verdict(runs):
         print(line)
     print(f"wrote {out / 'report.md'}, {out / 'report.html'}, {out / 'results.json'}")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eplb.errors import EplbError
-from eplb.io.files import plural
+from eplb.io.files import plural, usable_path
 from eplb.io.logs import open_log, write_counts, write_jsonl
 from eplb.io.logs import refuse_compress as refuse_compress_option
 from eplb.io.parquet import SHARD_STEPS, write_parquet
@@ -70,7 +70,7 @@ def refuse_compress(compress: bool, fmt: str, what: str) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    src, dst = Path(args.src), Path(args.dst)
+    src, dst = Path(args.src), usable_path(args.dst, "OUT")  # every writer's check, before the log is read
     fmt = output_format(dst, args.to)
     if fmt in SUFFIXES and dst.suffix.lower() not in SUFFIXES[fmt]:  # it was written, then not read back
         raise EplbError(f"--to {fmt} writes {fmt.upper()}: OUT {dst} must end in {' or '.join(SUFFIXES[fmt])} (a "

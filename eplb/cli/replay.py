@@ -34,7 +34,7 @@ from eplb.cost import TimeModel
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
-from eplb.io.files import plural
+from eplb.io.files import output_dir, plural, usable_path
 from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
@@ -365,7 +365,7 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    out = usable_path(args.out, "--out")
     suffix = out.suffix.lower()
     if suffix not in (".npz", ".jsonl"):
         raise EplbError(f"--out {out}: use a .npz or .jsonl file name")
@@ -528,13 +528,10 @@ def run_replay(args: argparse.Namespace) -> int:
         raise EplbError(f"--oracle-every must be >= 0 (0 skips the oracle), got {args.oracle_every}")
     schedule = schedule_from(args, cost)
     migration = migration_from(args, cost)
-    out = Path(args.out) if args.out else None
+    out = output_dir(args.out, "--out", create=True) if args.out else None
     csv: _CsvSteps | None = None
     if out is not None:
-        if out.exists() and not out.is_dir():
-            raise EplbError(f"--out {out}: exists and is not a directory")
         try:
-            out.mkdir(parents=True, exist_ok=True)
             csv = _CsvSteps(out / "steps.csv", info.layer_ids, info.num_layers)
         except OSError as exc:
             raise EplbError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None

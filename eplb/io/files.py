@@ -1,8 +1,10 @@
-"""Checks the file readers of eplb.io share: input paths, JSON text, numeric and integer tables."""
+"""Checks the file readers and writers of eplb share: input and output paths, JSON text, numeric and integer
+tables."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +156,7 @@ def read_json(p: Path) -> Any:
 def existing_file(raw: str | Path, what: str = "file") -> Path:
     """The path of a readable, non-empty regular file; otherwise an EplbError that says which of those it is not
     (a directory, a device such as /dev/null, a pipe, nothing there, a name the system refuses)."""
-    p = Path(raw)
-    _refuse_unusable(p, what)
+    p = usable_path(raw, what)
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file")
     if not p.is_file():
@@ -167,15 +168,20 @@ def existing_file(raw: str | Path, what: str = "file") -> Path:
     return p
 
 
-def _refuse_unusable(p: Path, what: str) -> None:
-    """EplbError, naming `what`, for a path the system will not look up (a name too long, a directory it may not
-    search): Path's is_dir and is_file raise those as OSError tracebacks."""
+def usable_path(raw: str | Path, what: str) -> Path:
+    """Path(raw), or an EplbError naming `what` (a flag, or what the path is) for a path the system will not look
+    up (a file name over 255 bytes, a directory it may not search): Path's exists, is_dir and is_file raise those
+    as OSError tracebacks. Every reader and writer checks its path with it before it looks at the path
+    (`existing_file`, `output_file`, `output_dir`, `eplb.io.logs.open_log` and `output_log`). Nothing there, or a
+    file in the way of a directory, is left to the caller to say."""
+    p = Path(raw)
     try:
         p.lstat()
-    except (FileNotFoundError, NotADirectoryError):  # nothing there: the caller says so
-        return
+    except (FileNotFoundError, NotADirectoryError):
+        pass
     except OSError as exc:
         raise EplbError(f"{what} {shown(str(p))}: the system cannot use this path ({exc.strerror or exc})") from None
+    return p
 
 
 def _kind(p: Path) -> str:
@@ -194,10 +200,30 @@ def _kind(p: Path) -> str:
 def output_file(raw: str | Path, what: str = "output file") -> Path:
     """The path of a file that can be written: not a directory, in a directory that exists. Call it before
     the work whose result goes there."""
-    p = Path(raw)
-    _refuse_unusable(p, what)
+    p = usable_path(raw, what)
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file name inside it")
     if not p.parent.is_dir():
         raise EplbError(f"{what} {p}: directory {p.parent} does not exist; create it first")
+    return p
+
+
+def output_dir(raw: str | Path, what: str = "output directory", *, create: bool = False) -> Path:
+    """The path of a directory to write files into: one that is there, or one that can be made (the nearest of
+    its parents that is there a directory the process may write in). create: make it now, with its parents.
+    Call it before the work whose results go there; EplbError naming `what` otherwise."""
+    p = usable_path(raw, what)
+    if p.exists() and not p.is_dir():
+        raise EplbError(f"{what} {p}: exists and is not a directory")
+    if create:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EplbError(f"{what} {p}: cannot write there ({exc.strerror or exc})") from None
+        return p
+    there = next(a for a in (p.absolute(), *p.absolute().parents) if a.exists())
+    if not there.is_dir():
+        raise EplbError(f"{what} {p}: cannot write there ({there} is not a directory)")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise EplbError(f"{what} {p}: cannot write there (no permission to write in {there})")
     return p

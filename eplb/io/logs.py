@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools
+from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools, usable_path
 from eplb.io.windows import MAX_LOAD
 
 __all__ = [
@@ -915,7 +915,7 @@ def open_log(path: str | Path) -> RoutingLog:
     """Open a routing log by its extension: `.npz` (per-step counts, or token-level `topk_ids`),
     `.npy` (`[steps, layers, E]`), `.jsonl`, `.parquet` or a directory of Parquet shards
     (`eplb.io.parquet`). Reads metadata only; iterate with `iter_counts`."""
-    p = Path(path)
+    p = usable_path(path, "routing log")
     if p.suffix.lower() == ".parquet" or p.is_dir():
         from eplb.io.parquet import open_parquet
 
@@ -1013,10 +1013,11 @@ def counts_to_write(
     return cast(Iterable[Any], counts), chosen, None
 
 
-def output_log(path: str | Path) -> Path:
+def output_log(path: str | Path, what: str = "log file") -> Path:
     """The path of a log file to write, its directory created; EplbError, before any work, when it is a
-    directory or its directory cannot be made (e.g. a file of that name is in the way)."""
-    p = Path(path)
+    directory, a path the system will not look up (`usable_path`, naming `what`) or its directory cannot be made
+    (e.g. a file of that name is in the way)."""
+    p = usable_path(path, what)
     if p.is_dir():
         raise EplbError(f"{p} is a directory; give a file name")
     try:
