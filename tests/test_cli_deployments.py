@@ -13,6 +13,7 @@ import pytest
 
 from eplb import deployments as dep
 from eplb.cli import main
+from eplb.errors import EplbError
 from eplb.rules import MAX_HISTORY_ID
 from eplb.store import Store, open_store
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
@@ -109,13 +110,32 @@ def test_a_database_of_another_schema_revision_is_refused_not_migrated(
     engine.dispose()
     assert main(["deployments", "list", "--database-url", db_url]) == 2
     err = capsys.readouterr().err
-    assert "has schema revision 0001" in err and "eplb serve" in err
+    assert "has schema revision 0001, this eplb reads" in err and "start this version's `eplb serve`" in err
     engine = make_engine(db_url)
     with engine.connect() as conn:
         from alembic.runtime.migration import MigrationContext
 
         assert MigrationContext.configure(conn).get_current_revision() == "0001"
     engine.dispose()
+
+
+def test_a_database_a_newer_eplb_wrote_says_to_upgrade_eplb(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A database of a revision this eplb does not ship was told to 'start this version's `eplb serve` on it', which
+    cannot migrate it down (and `eplb serve` raised Alembic's CommandError)."""
+    import sqlalchemy
+
+    open_store(db_url).close()
+    engine = sqlalchemy.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    engine.dispose()
+    assert main(["deployments", "list", "--database-url", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "has schema revision 9999_from_the_future, which this eplb does not know (it reads" in err, err
+    assert "a newer eplb wrote it; upgrade eplb to read it" in err and "start this version" not in err
+    with pytest.raises(EplbError, match=r"revision 9999_from_the_future, which this eplb does not know \(it reads "
+                       r"\w+\): a newer eplb wrote it; upgrade eplb to serve it \(this one cannot migrate it down\)$"):
+        open_store(db_url)  # `eplb serve`'s open: Alembic's "Can't locate revision" traceback before
 
 
 # --- paging flags, the service's refusals, long names ------------------------------------------------------------

@@ -4,6 +4,7 @@ previous revision, models equal to migrations, compact array blobs, the per-depl
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -228,3 +229,62 @@ def test_an_unusable_database_url_is_one_line_naming_it_without_the_password(
         missing = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).parent.is_dir()
         read_only = f"no database at {url.removeprefix('sqlite:///')} ({url}: no such file)"
         assert err.count("\n") == 1 and "secret" not in err and (read_only if missing else said[0]) in err, err
+
+
+def _beside(db: Path) -> list[str]:
+    return sorted(p.name for p in db.parent.iterdir())
+
+
+def test_a_read_only_open_creates_nothing_and_reads_a_running_services_log(tmp_path: Path) -> None:
+    """`open_existing` opened SQLite with mode=ro, which creates `eplb.db-wal` and `eplb.db-shm` beside a closed WAL
+    database and leaves them. Now a closed file is read with immutable=1 (nothing created), and a file a service has
+    open is read through its log: a window the service has not yet written into the file is seen."""
+    from eplb import deployments as dep
+    from eplb.store import open_existing
+    from tests.test_deployments import config, window
+
+    db = tmp_path / "eplb.db"
+    url = f"sqlite:///{db}"
+    served = open_store(url)
+    dep.register(served, "d", config())
+    served.close()
+    assert _beside(db) == ["eplb.db"]
+    reader = open_existing(url)
+    assert [v.name for v in dep.list_all(reader)] == ["d"] and dep.get(reader, "d").windows == 0
+    reader.close()
+    assert _beside(db) == ["eplb.db"]  # mode=ro left eplb.db-shm and eplb.db-wal
+
+    served = open_store(url)  # running: its pooled connections keep the file open, the window in its log
+    dep.process_window(served, "d", window(0))
+    assert _beside(db) == ["eplb.db", "eplb.db-shm", "eplb.db-wal"]
+    with sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True) as file_only:  # the file alone: no window yet
+        assert file_only.execute("SELECT windows FROM deployments").fetchall() == [(0,)]
+    file_only.close()
+    reader = open_existing(url)
+    assert dep.get(reader, "d").windows == 1 and dep.history_count(reader, "d") == 1
+    reader.close()
+    served.close()
+
+
+def test_a_file_that_changes_under_an_immutable_read_is_said_so_not_misread(tmp_path: Path) -> None:
+    """immutable=1 tells SQLite the file never changes: a service that starts on it and writes into it while a
+    read-only store has it open (a connection in the pool caches its pages) is an EplbError, and the next read sees
+    the new file."""
+    from eplb import deployments as dep
+    from eplb.store import open_existing
+    from tests.test_deployments import config, window
+
+    url = f"sqlite:///{tmp_path / 'eplb.db'}"
+    served = open_store(url)
+    dep.register(served, "d", config())
+    served.close()
+    reader = open_existing(url)
+    assert dep.get(reader, "d").windows == 0
+    served = open_store(url)
+    dep.process_window(served, "d", window(0))
+    served.close()  # its last connection copies the log into the file
+    with pytest.raises(EplbError, match=r"^the database .*eplb\.db changed while it was read \(a service wrote into "
+                       r"it\): run the command again$"):
+        dep.get(reader, "d")
+    assert dep.get(reader, "d").windows == 1
+    reader.close()

@@ -126,8 +126,14 @@ def _engine(parsed: URL) -> Engine:
 
 
 def _read_only_engine(parsed: URL, shown: str) -> Engine:
-    """An engine that creates nothing: SQLite opened with mode=ro (a missing file is MissingDatabase, never an
-    empty new one; the journal mode is the file's own), PostgreSQL as `_engine` (it creates no database)."""
+    """An engine that creates nothing: SQLite read-only (a missing file is MissingDatabase, never an empty new one),
+    PostgreSQL as `_engine` (it creates no database).
+
+    A SQLite file in WAL mode with its `-wal` or `-shm` beside it is open (a running service) or was left so (a
+    crash): its log may hold writes the file does not, so it is read with mode=ro, through that log (SQLite creates
+    the other of the two when one is missing: correctness first). Without them no connection has it open and the
+    file holds everything: it is read with immutable=1, which creates nothing (mode=ro would create both and leave
+    them). A service that starts on the file meanwhile and writes into it is caught (`_check_unchanged`)."""
     if parsed.get_backend_name() != "sqlite":
         return _engine(parsed)
     if parsed.database in (None, "", ":memory:"):
@@ -135,10 +141,50 @@ def _read_only_engine(parsed: URL, shown: str) -> Engine:
     path = Path(parsed.database).expanduser().absolute()
     if not path.is_file():
         raise MissingDatabase(f"no database at {path} ({shown}: {'not a file' if path.exists() else 'no such file'})")
-    uri = f"file:{pathname2url(str(path))}?mode=ro"
-    engine = create_engine(parsed, creator=lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False))
+    engine = create_engine(parsed)
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, record: Any, _cargs: Any, _cparams: Any) -> sqlite3.Connection:
+        in_use = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+        if not in_use:
+            record.info[_OPENED_AS] = (path, _file_state(path))  # before SQLite reads a byte
+        mode = "mode=ro" if in_use else "mode=ro&immutable=1"
+        return sqlite3.connect(f"file:{pathname2url(str(path))}?{mode}", uri=True, timeout=60, check_same_thread=False)
+
     _sqlite_transactions(engine)
     return engine
+
+
+_OPENED_AS = "eplb.immutable_file"
+"""The key of a connection's `info` holding (path, `_file_state`) of the SQLite file it reads with immutable=1."""
+
+
+def _file_state(path: Path) -> tuple[int, int, int, int]:
+    """What changes when a file is written or replaced: inode, size, mtime and ctime (ns)."""
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _check_unchanged(session: Session) -> None:
+    """For a connection reading a SQLite file with immutable=1 (SQLite then trusts its pages never change): an
+    EplbError when the file changed since it opened it (a service started on it and wrote into it, so what was read
+    may mix two states), the connection dropped; nothing for any other connection."""
+    try:
+        connection = session.connection()
+    except DBAPIError:
+        return
+    opened = connection.info.get(_OPENED_AS)
+    if opened is None:
+        return
+    path, state = opened
+    try:
+        same = _file_state(path) == state
+    except OSError:
+        same = False
+    if not same:
+        connection.invalidate()
+        raise EplbError(f"the database {path} changed while it was read (a service wrote into it): run the "
+                        "command again")
 
 
 def _sqlite_transactions(engine: Engine) -> None:
@@ -212,9 +258,15 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A session for reads (rolled back at the end)."""
+        """A session for reads (rolled back at the end). On a SQLite file read with immutable=1 (`open_existing`),
+        an EplbError when the file changed while it was read (`_check_unchanged`)."""
         with self._read() as session:
-            yield session
+            try:
+                yield session
+            except DBAPIError:
+                _check_unchanged(session)  # a changed file may read as garbage: say what happened
+                raise
+            _check_unchanged(session)
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -234,9 +286,9 @@ class Store:
 def open_existing(url: str | None = None) -> Store:
     """Open the store at `url` (default: `database_url()`) to read it, creating and changing nothing: no file, no
     directory, no tables, no migration. MissingDatabase when there is no SQLite file or no eplb tables; EplbError
-    when its schema is not this version's (`eplb serve` of this version migrates it at start)."""
+    when its schema is not this version's (an older one: `eplb serve` of this version migrates it at start; a newer
+    one: upgrade eplb)."""
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
 
     url = url or database_url()
     shown = shown_url(url)
@@ -247,24 +299,62 @@ def open_existing(url: str | None = None) -> Store:
     except DBAPIError as exc:  # unreachable, refused, not a database: what the driver said, on one line
         engine.dispose()
         raise EplbError(f"cannot open the database {shown}: {_reason(exc)}") from None
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = _head()
     if revision != head:
         engine.dispose()
         if revision is None:
             raise MissingDatabase(f"the database {shown} has no eplb tables (no eplb service has used it)")
+        if not _known_revision(revision):
+            raise _newer_schema(shown, revision, head, "read it, or ask the service that uses it (--url)")
         raise EplbError(f"the database {shown} has schema revision {revision}, this eplb reads {head}: start this "
                         "version's `eplb serve` on it (it migrates at start), or ask the service that uses it")
     return Store(engine)
 
 
+def _head() -> str:
+    """The newest shipped schema revision."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head() or "none"
+
+
+def _newer_schema(shown: str, revision: str, head: str, then: str) -> EplbError:
+    """The error for a database of a schema revision this eplb does not ship (a newer eplb's)."""
+    return EplbError(f"the database {shown} has schema revision {revision}, which this eplb does not know (it reads "
+                     f"{head}): a newer eplb wrote it; upgrade eplb to {then}")
+
+
+def _known_revision(revision: str) -> bool:
+    """Whether `revision` is one of the shipped Alembic revisions (an older schema than head, or head)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
 def open_store(url: str | None = None, *, upgrade: bool = True) -> Store:
-    """Open the store at `url` (default: `database_url()`), migrating it to the newest schema first."""
+    """Open the store at `url` (default: `database_url()`), migrating it to the newest schema first (one of a
+    revision this eplb does not ship, a newer eplb's, is an EplbError saying to upgrade eplb)."""
     url = url or database_url()
     engine = make_engine(url)
     if upgrade:
+        from alembic.runtime.migration import MigrationContext
+        from alembic.util import CommandError
+
         try:
             migrate(engine)
         except DBAPIError as exc:  # unreachable, refused, not a database: what the driver said, on one line
             engine.dispose()
             raise EplbError(f"cannot open the database {shown_url(url)}: {_reason(exc)}") from None
+        except CommandError:  # Alembic cannot find the database's revision: a newer eplb's, it cannot go down
+            with engine.connect() as conn:
+                revision = MigrationContext.configure(conn).get_current_revision()
+            engine.dispose()
+            if revision is None or _known_revision(revision):
+                raise
+            down = "serve it (this one cannot migrate it down)"
+            raise _newer_schema(shown_url(url), revision, _head(), down) from None
     return Store(engine)
