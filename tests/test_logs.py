@@ -471,3 +471,54 @@ def test_messages_count_one_in_the_singular(tmp_path: Path, capsys: pytest.Captu
     short.write_text('{"num_steps": 2}\n{"step": 0, "layer": 0, "counts": [1, 2]}\n')
     with pytest.raises(EplbError, match=r"truncated: the file says 2 steps but holds 1; step 1 is missing"):
         open_log(short).read_counts()
+
+
+def test_each_source_is_read_once_when_converted_to_the_narrowest_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log whose file's type does not tell its largest count (JSONL, token-level, uint32, int64) was read twice by
+    eplb logs convert and the counts writers: a whole pass for the type (narrowest_dtype), then the copy; JSONL parsed
+    twice, token-level logs counted twice. Now once, the type still the narrowest (uint16 here), steps kept."""
+    from collections.abc import Callable, Iterator
+
+    from eplb.io.logs import CountsChunk, RoutingLog
+    from eplb.io.parquet import write_parquet
+
+    reads: list[str] = []
+    iter_counts = RoutingLog.iter_counts
+
+    def counted(self: RoutingLog, chunk_steps: int = 256) -> Iterator[CountsChunk]:
+        reads.append(self.info.path)
+        yield from iter_counts(self, chunk_steps)
+
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 300, size=(30, 2, 8))
+    steps = np.arange(30) * 2 + 7
+    ids = np.argsort(rng.random((90, 2, 8)), axis=2)[:, :, :2]  # [tokens, layers, k] distinct experts
+    offsets = np.arange(0, 91, 3)
+    sources: dict[str, Callable[[Path], None]] = {
+        "log.jsonl": lambda p: write_jsonl(p, counts, steps=steps),
+        "wide.npz": lambda p: write_counts(p, counts, steps=steps, dtype=np.uint32),
+        "wide.npy": lambda p: np.save(p, counts.astype(np.int64)),
+        "topk.npz": lambda p: write_topk(p, ids, offsets, num_experts=8),
+    }
+    monkeypatch.setattr(RoutingLog, "iter_counts", counted)
+    for name, make in sources.items():
+        src = tmp_path / name
+        make(src)
+        want = topk_counts(ids, offsets, 8) if name == "topk.npz" else counts
+        for out in (tmp_path / f"{name}.npz", tmp_path / f"{name}.parquet", tmp_path / f"cli-{name}.npz"):
+            reads.clear()
+            if out.name.startswith("cli-"):
+                assert main(["logs", "convert", str(src), str(out)]) == 0
+            elif out.suffix == ".parquet":
+                write_parquet(out, open_log(src))
+            else:
+                write_counts(out, open_log(src))
+            assert reads.count(str(src)) == 1, (name, out.name, reads)
+            reads.clear()
+            back = open_log(out).read_counts()
+            np.testing.assert_array_equal(back.counts, want)
+            assert back.counts.dtype == np.uint16, (name, out.name)
+            if name in ("log.jsonl", "wide.npz"):  # the others number their steps 0, 1, ...
+                np.testing.assert_array_equal(back.steps, steps)

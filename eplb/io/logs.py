@@ -154,18 +154,6 @@ class RoutingLog(ABC):
             held = f"held {held} when opened" if self.steps_counted else f"says {held}"
             raise EplbError(f"{self.info.path}: truncated: the file {held} but holds {start}; step {start} is missing")
 
-    def narrowest_dtype(self) -> np.dtype[Any]:
-        """The type every writer stores this log's counts as (`count_dtype` of its largest count): without reading
-        the counts when the file's own type holds none above uint16's limit, else after one pass over them."""
-        stored = self.stored_dtype
-        if stored is not None and stored.kind in "iu" and np.iinfo(stored).max <= np.iinfo(np.uint16).max:
-            return count_dtype(0)
-        top = 0
-        for chunk in self.iter_counts(4096):
-            if chunk.counts.size:
-                top = max(top, int(chunk.counts.max()))
-        return count_dtype(top)
-
     def read_counts(self) -> CountsChunk:
         """The whole log as one chunk (for small logs: memory is steps x layers x E)."""
         parts = list(self.iter_counts(4096))
@@ -994,12 +982,17 @@ def counts_to_write(
     """What a log writer streams, from what it was given: (chunks, arrays [n, layers, E] or CountsChunks; the type
     to store them as; the number of steps when known). An array (checked: [steps, layers, E] token counts) is one
     chunk, a RoutingLog its `iter_counts`, anything else is taken as chunks. The type is `dtype` when given, else,
-    when `pick`, `count_dtype` of an array's largest count or a log's `narrowest_dtype` (a pass over the log
-    unless its file's type tells), else None (other chunks: the writer's default)."""
+    when `pick`, `count_dtype` of an array's or a log's largest count (a log whose file's type is at most 16 bits
+    is uint16 unread; another is read once, into a spool that keeps its largest count: `_spooled`), else None
+    (other chunks: the writer's default)."""
     chosen = None if dtype is None else np.dtype(dtype)
     if isinstance(counts, RoutingLog):
-        if chosen is None and pick:
-            chosen = counts.narrowest_dtype()
+        stored = counts.stored_dtype
+        if chosen is None and pick and stored is not None and stored.kind in "iu" and stored.itemsize <= 2:
+            chosen = count_dtype(0)  # no count above uint16's limit: no need to read them
+        elif chosen is None and pick:
+            chunks, chosen = _spooled(counts)
+            return chunks, chosen, counts.info.num_steps
         return counts.iter_counts(1024), chosen, counts.info.num_steps
     if isinstance(counts, np.ndarray | list | tuple):
         arr = np.asarray(counts)
@@ -1011,6 +1004,45 @@ def counts_to_write(
                 chosen = count_dtype(int(arr.max()) if arr.size else 0)
         return [arr], chosen, int(arr.shape[0])
     return cast(Iterable[Any], counts), chosen, None
+
+
+def _spooled(log: RoutingLog) -> tuple[Iterator[CountsChunk], np.dtype[Any]]:
+    """A log whose largest count its file's type does not tell (JSONL, token-level, uint32, int64, ...), read once:
+    its chunks go to a temporary file at the file's integer type (int64 for the others) while the largest count is
+    kept, and come back as CountsChunks (the file closed, and gone, once they are read). Returns (those chunks,
+    `count_dtype` of the largest count): a writer names the stored type before the counts, and reading the log a
+    second time for it (JSONL's parsing, token-level counting) cost as much as the conversion."""
+    stored = log.stored_dtype
+    wide = stored if stored is not None and stored.kind in "iu" else np.dtype(np.int64)
+    tail = (log.info.num_layers, log.info.num_experts)
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _unspool, or here on failure)
+    ids: list[NDArray[np.int64]] = []
+    top = 0
+    try:
+        for chunk in log.iter_counts(1024):
+            if chunk.counts.size:
+                top = max(top, int(chunk.counts.max()))
+            spool.write(np.ascontiguousarray(chunk.counts, dtype=wide).tobytes())
+            ids.append(chunk.steps)
+        spool.seek(0)
+    except BaseException:
+        spool.close()
+        raise
+    return _unspool(spool, ids, tail, wide), count_dtype(top)
+
+
+def _unspool(
+    spool: IO[bytes], ids: list[NDArray[np.int64]], tail: tuple[int, int], dtype: np.dtype[Any]
+) -> Iterator[CountsChunk]:
+    """The CountsChunks `_spooled` wrote: step ids `ids` per chunk, counts [n, *tail] of `dtype`; closes `spool`."""
+    try:
+        start, step_bytes = 0, tail[0] * tail[1] * dtype.itemsize
+        for steps in ids:
+            raw = _read_exact(spool, steps.size * step_bytes)
+            yield CountsChunk(start, steps, np.frombuffer(raw, dtype=dtype).reshape(steps.size, *tail))
+            start += steps.size
+    finally:
+        spool.close()
 
 
 def output_log(path: str | Path, what: str = "log file") -> Path:
@@ -1051,23 +1083,23 @@ def write_counts(
 ) -> None:
     """Write per-step counts `.npz` (eplb.counts/v1), streaming.
 
-    counts: [steps, layers, E] array, a RoutingLog (read once more for its largest count unless its file's type
-    tells), or an iterable of [n, layers, E] chunks or CountsChunks (give num_steps when known; otherwise the
-    chunks are spooled to a temporary file first). The step ids of a RoutingLog or CountsChunks are kept unless
-    `steps` is given (stored when they are not 0, 1, ...). dtype: stored integer type (default: `count_dtype` of
-    the largest count of an array or RoutingLog, uint16 when it fits; uint32 for other chunks, whose largest count
-    is not known before they are written: give it, e.g. `count_dtype(bound)`).
+    counts: [steps, layers, E] array, a RoutingLog (read once: through a temporary file that learns its largest
+    count on the way, unless its file's type tells), or an iterable of [n, layers, E] chunks or CountsChunks (give
+    num_steps when known; otherwise the chunks are spooled to a temporary file first). The step ids of a RoutingLog
+    or CountsChunks are kept unless `steps` is given (stored when they are not 0, 1, ...). dtype: stored integer
+    type (default: `count_dtype` of the largest count of an array or RoutingLog, uint16 when it fits; uint32 for
+    other chunks, whose largest count is not known before they are written: give it, e.g. `count_dtype(bound)`).
     compress: deflate the members (level 1): about 1.5x smaller for synthetic counts, and about
     6x slower to read (zlib), so off by default, as with np.savez.
     The file appears under its name only when complete (written to NAME.part, then renamed).
     """
     p = Path(path)
+    tmp = _atomic_target(p)  # a path it cannot write is refused before the counts are read
     chunks, chosen, known = counts_to_write(counts, dtype)
     num_steps = known if known is not None else num_steps
     out_dtype = np.dtype(np.uint32) if chosen is None else chosen
     seen: list[NDArray[np.int64]] = []  # step ids of CountsChunks
     chunks = _counts_only(chunks, seen)
-    tmp = _atomic_target(p)
     spool: IO[bytes] | None = None
     try:
         with zipfile.ZipFile(
