@@ -398,12 +398,18 @@ def check_policy(policy: Policy) -> None:
                          "change anything: give at least 1, or drop policy.max_moves (no budget)")
 
 
+def check_config(config: DeploymentConfig) -> Setup:
+    """What PUT refuses of a config (FieldErrors naming its fields): `check_policy`'s PUT-only rules, then what
+    every window would refuse (`Setup`). Returns the Setup."""
+    check_policy(config.policy)
+    return Setup(config)
+
+
 def register(store: Store, name: str, config: DeploymentConfig) -> tuple[DeploymentView, bool]:
     """Create or update deployment `name`. An update keeps the serving placement and history when the slot
     layout is unchanged (and drops the placement otherwise). Returns the view and whether it was created."""
     check_name(name)
-    check_policy(config.policy)
-    setup = Setup(config)
+    setup = check_config(config)
     config = explicit_slots(config)
     now = time.time()
     with store.write() as session:

@@ -1151,27 +1151,50 @@ def test_a_config_without_tokens_per_gpu_prices_steps_as_post_placement_does(
     assert again["entry"]["time_before_us"] == pytest.approx(placed["entry"]["time_after_us"], rel=0.05), again
 
 
-@pytest.mark.parametrize("change, field", [
+BAD_CLUSTERS_AND_LINKS = [
     ({"link": "abc"}, "link"),
     ({"link": "0"}, "link"),
     ({"link": "1e308"}, "link"),
     ({"cluster": {"num_gpus": 8, "memory_budget_bytes": 1}}, "cluster.memory_budget_bytes"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 1}}, "cluster.slots_per_gpu"),
     ({"cluster": {"num_gpus": 80, "num_redundant": 0}}, "cluster.num_redundant"),
-], ids=["link-abc", "link-0", "link-1e308", "memory_budget_bytes", "slots_per_gpu", "num_redundant"])
+]
+
+
+def _put_refusal(body: dict[str, Any]) -> FieldError:
+    """What PUT /deployments/{name} refuses of `body`, without a service: the config model as the route reads the
+    JSON, then `check_config` as `register` runs it."""
+    with pytest.raises(FieldError) as refused:
+        dep.check_config(dep.DeploymentConfig.model_validate_json(json.dumps(body)))
+    return refused.value
+
+
+def _placement_errors(body: dict[str, Any]) -> list[dict[str, str]]:
+    """The 422's `errors` POST /placement answers `body`, without a service (its parser, `api.convert`)."""
+    from api.convert import Body, parse_placement
+
+    answer = parse_placement(Body(json.dumps(body).encode(), "json", "/placement"), 60.0)
+    assert answer.status == 422, answer.body
+    errors: list[dict[str, str]] = json.loads(answer.body)["errors"]
+    return errors
+
+
+@pytest.mark.parametrize("change, field", BAD_CLUSTERS_AND_LINKS,
+                         ids=["link-abc", "link-0", "link-1e308", "memory_budget_bytes", "slots_per_gpu",
+                              "num_redundant"])  # fmt: skip
 def test_every_422_of_a_config_names_its_field_in_errors_as_post_placement_does(
-    client: TestClient, change: dict[str, Any], field: str
+    change: dict[str, Any], field: str
 ) -> None:
     """These 422s had no `errors` (and the budgets' detail named no field: 'a budget of 0.00 GiB on GPU 0 fits no
-    expert'); link "1e308" was accepted. The same fields of POST /placement get the same errors."""
+    expert'); link "1e308" was accepted. The same fields of POST /placement get the same errors (over HTTP, on
+    both databases: test_put_refuses_a_config_over_http_naming_its_fields_and_stores_nothing)."""
+    from api.problems import field_problem
+
     body = {"model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8}, **change}
-    put = client.put("/deployments/bad", json=body)
-    assert put.status_code == 422, put.text
-    problem = put.json()
-    assert [e["field"] for e in problem["errors"]] == [field] and problem["detail"].startswith(f"{field}: "), problem
-    posted = client.post("/placement", json={**body, "loads": window(0)})
-    assert posted.status_code == 422 and posted.json()["errors"] == problem["errors"], posted.text
-    assert client.get("/deployments/bad").status_code == 404
+    problem = field_problem(_put_refusal(body))
+    assert problem.errors is not None and [e["field"] for e in problem.errors] == [field], problem.errors
+    assert problem.detail.startswith(f"{field}: "), problem.detail
+    assert _placement_errors({**body, "loads": window(0)}) == problem.errors
 
 
 def test_a_bad_name_and_an_export_the_system_cannot_express_name_their_fields(client: TestClient) -> None:
@@ -1238,22 +1261,47 @@ def test_a_policy_of_zero_copies_is_refused_at_put_and_a_stored_one_keeps_servin
     ({"every": 5}, "every", "periodic"),
 ], ids=["threshold", "every", "steps", "migration", "migration_stall_s", "default-trigger"])
 def test_an_option_the_policys_trigger_does_not_read_is_refused_as_replay_refuses_it(
-    client: TestClient, policy: dict[str, Any], option: str, owner: str
+    policy: dict[str, Any], option: str, owner: str
 ) -> None:
     """{"trigger": "periodic", "threshold": 1.5} was stored (the threshold read by nothing), where `eplb replay`
-    refuses --threshold without --trigger threshold: one rule now (`eplb.trigger.unused_option`), naming the field."""
+    refuses --threshold without --trigger threshold: one rule now (`eplb.trigger.unused_option`), naming the field
+    (over HTTP, on both databases: test_put_refuses_a_config_over_http_naming_its_fields_and_stores_nothing)."""
     body = {**config().model_dump(mode="json", exclude_none=True), "policy": policy}
-    put = client.put("/deployments/stray", json=body)
-    assert put.status_code == 422, put.text
+    refused = _put_refusal(body)
     trigger = policy.get("trigger", "threshold")
     default = "" if "trigger" in policy else " (the default)"
-    assert put.json()["detail"] == (f"policy.{option} is used by policy.trigger {owner} only; this policy's trigger "
-                                    f"is {trigger}{default}: use policy.trigger {owner} or drop policy.{option}")
-    assert [e["field"] for e in put.json()["errors"]] == [f"policy.{option}", "policy.trigger"]
-    fixed = client.put("/deployments/stray", json={**body, "policy": {**policy, "trigger": owner}})
+    assert str(refused) == (f"policy.{option} is used by policy.trigger {owner} only; this policy's trigger is "
+                            f"{trigger}{default}: use policy.trigger {owner} or drop policy.{option}")
+    assert refused.fields == (f"policy.{option}", "policy.trigger")
+    fixed = dep.DeploymentConfig.model_validate_json(json.dumps({**body, "policy": {**policy, "trigger": owner}}))
+    dep.check_config(fixed)
+    stored = dep.explicit_slots(fixed).model_dump(mode="json")  # what GET answers goes back as it is: defaults
+    dep.check_config(dep.DeploymentConfig.model_validate_json(json.dumps(stored)))  # are no options
+
+
+def test_put_refuses_a_config_over_http_naming_its_fields_and_stores_nothing(client: TestClient) -> None:
+    """The PUT refusals tested directly above, end to end: the 422's detail and errors, POST /placement's same
+    errors for the same fields, nothing stored; the fixed config is registered and what GET answers goes back."""
+    body = {**config().model_dump(mode="json", exclude_none=True), "policy": {"trigger": "periodic", "threshold": 1.5}}
+    put = client.put("/deployments/stray", json=body)
+    assert put.status_code == 422, put.text
+    assert put.json()["detail"] == ("policy.threshold is used by policy.trigger threshold only; this policy's trigger "
+                                    "is periodic: use policy.trigger threshold or drop policy.threshold")
+    assert [e["field"] for e in put.json()["errors"]] == ["policy.threshold", "policy.trigger"]
+    assert client.get("/deployments/stray").status_code == 404
+    fixed = client.put("/deployments/stray", json={**body, "policy": {"trigger": "threshold", "threshold": 1.5}})
     assert fixed.status_code == 201, fixed.text
     again = client.put("/deployments/stray", json=client.get("/deployments/stray").json()["config"])
-    assert again.status_code == 200, again.text  # what GET answers goes back as it is: defaults are no options
+    assert again.status_code == 200, again.text
+    bad = {"model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8, "slots_per_gpu": 1}}
+    put = client.put("/deployments/bad", json=bad)
+    assert put.status_code == 422, put.text
+    problem = put.json()
+    assert [e["field"] for e in problem["errors"]] == ["cluster.slots_per_gpu"], problem
+    assert problem["detail"].startswith("cluster.slots_per_gpu: "), problem
+    posted = client.post("/placement", json={**bad, "loads": window(0)})
+    assert posted.status_code == 422 and posted.json()["errors"] == problem["errors"], posted.text
+    assert client.get("/deployments/bad").status_code == 404
 
 
 def test_a_config_reads_back_as_it_was_put_to_the_byte(client: TestClient) -> None:
