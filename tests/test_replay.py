@@ -12,6 +12,7 @@ import sys
 import tracemalloc
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1034,3 +1035,46 @@ def test_the_python_apis_refusal_of_a_model_with_other_experts_names_the_way_out
             replay(counts, cluster, schedule=Schedule(window=10, interval=10, trigger=trigger), cost=cost,
                    oracle_every=0, hindsight=False)  # fmt: skip
         assert str(caught.value) == lead + way
+
+
+@pytest.mark.parametrize(("fields", "api", "cli"), [
+    ({"window": 1000, "interval": 100, "robust_windows": 900},
+     "robust_windows 900: the window of the first check (step 100, interval) holds 100 steps (interval), too few "
+     "for 900 sub-windows of a step or more: give robust_windows 2 .. 100",
+     "--robust-windows 900: the window of the first check (step 100, --interval) holds 100 steps (--interval), too "
+     "few for 900 sub-windows of a step or more: give --robust-windows 2 .. 100"),
+    ({"window": 50, "interval": 100, "first": 1, "robust_windows": 2},
+     "robust_windows 2: the window of the first check (step 1, first) holds 1 step (first), too few for 2 "
+     "sub-windows of a step or more: drop robust_windows or give a later first",
+     "--robust-windows 2: the window of the first check (step 1, --first-rebalance) holds 1 step "
+     "(--first-rebalance), too few for 2 sub-windows of a step or more: drop --robust-windows or give a later "
+     "--first-rebalance"),
+    ({"window": 8, "interval": 100, "robust_windows": 9}, "robust_windows must be 2 .. window (8), got 9",
+     "--robust-windows must be 2 .. --window (8), got 9"),
+    ({"window": 8, "interval": 100, "robust_windows": 1}, "robust_windows must be 2 .. window (8), got 1",
+     "--robust-windows must be 2 .. --window (8), got 1"),
+])  # fmt: skip
+def test_robust_windows_are_bounded_by_the_first_checks_window_in_the_python_api_as_in_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], api: str, cli: str
+) -> None:
+    """`replay(Schedule(window=1000, interval=100, robust_windows=900))` ran 'robust over 900 sub-windows' of the
+    first check's 100 steps (cutting 100): only `eplb replay` refused it (e53444b), by its own check and texts.
+    One check now, `Schedule.check`: the Python API's words name the fields, the CLI's the flags; the most
+    sub-windows the first check's window holds are taken."""
+    counts = np.random.default_rng(5).integers(0, 30, (120, 2, 16))
+    cluster = Cluster(np.full(4, 5, dtype=np.int64))
+    with pytest.raises(EplbError) as caught:
+        replay(counts, cluster, schedule=Schedule(**fields), oracle_every=0, hindsight=False)
+    assert str(caught.value) == api
+    log = tmp_path / "log.npz"
+    write_counts(log, counts, top_k=2)
+    flags = {"window": "--window", "interval": "--interval", "first": "--first-rebalance",
+             "robust_windows": "--robust-windows"}  # fmt: skip
+    argv = [arg for field, value in fields.items() for arg in (flags[field], str(value))]
+    assert run_cli(["replay", str(log), "--gpus", "4", "--no-progress", *argv]) == 2
+    assert capsys.readouterr().err == f"eplb replay: error: {cli}\n"
+    most = min(fields["window"], fields.get("first", fields["interval"]))
+    if most >= 2:
+        result = replay(counts, cluster, schedule=Schedule(**{**fields, "robust_windows": most}), oracle_every=0,
+                        hindsight=False)  # fmt: skip
+        assert result.rebalances

@@ -282,24 +282,7 @@ def schedule_from(args: argparse.Namespace, cost: CostSetup | None) -> Schedule:
     schedule = Schedule(args.window, args.interval, args.first_rebalance, args.delay, args.ewma, trigger,
                         threshold, args.robust_windows)  # fmt: skip
     schedule.check(SCHEDULE_FLAGS)
-    check_robust_windows(schedule, args.first_rebalance is not None)
     return schedule
-
-
-def check_robust_windows(schedule: Schedule, first_given: bool) -> None:
-    """--robust-windows K cuts each check's window into K sub-windows of at least one step: refused, naming the
-    flags, when the first check's window holds fewer steps (min(--window, the first check's position: --interval,
-    or --first-rebalance)); a replay took K = 900 at a 100-step first check and cut 100 sub-windows."""
-    k = schedule.robust_windows
-    held = min(schedule.window, schedule.first_position)
-    if k is None or k <= held:
-        return
-    at = "--first-rebalance" if first_given else "--interval"
-    source = "--window" if schedule.window <= schedule.first_position else at
-    fix = f"give --robust-windows 2 .. {held}" if held >= 2 else f"drop --robust-windows or give a later {at}"
-    raise EplbError(f"--robust-windows {k}: the window of the first check (step {schedule.first_position:,}, "
-                    f"{at}) holds {plural(held, 'step')} ({source}), too few for {k:,} sub-windows of a step or more: "
-                    f"{fix}")
 
 
 def add_progress_options(p: argparse.ArgumentParser) -> None:

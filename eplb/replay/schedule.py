@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
+from eplb.io.files import plural
 
 __all__ = ["TRIGGERS", "Schedule", "Window"]
 
@@ -67,9 +68,26 @@ class Schedule:
             raise EplbError(f"{n('trigger')} must be one of {', '.join(TRIGGERS)}, got {self.trigger!r}")
         if not (math.isfinite(self.threshold) and self.threshold >= 1):
             raise EplbError(f"{n('threshold')} is a realized lb >= 1, got {self.threshold!r}")
-        if self.robust_windows is not None and not (2 <= self.robust_windows <= self.window):
-            raise EplbError(f"{n('robust_windows')} must be 2 .. {n('window')} ({self.window}), "
-                            f"got {self.robust_windows!r}")
+        self._check_robust_windows(n)
+
+    def _check_robust_windows(self, n: Callable[[str], str]) -> None:
+        """robust_windows K cuts each check's window into K sub-windows of at least one step: 2 .. the steps the
+        first check's window holds, min(window, the first check's position: first, or interval); a replay took
+        K = 900 at a 100-step first check and cut 100 sub-windows. n: what the messages call the fields."""
+        k = self.robust_windows
+        if k is None:
+            return
+        if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= self.window:
+            raise EplbError(f"{n('robust_windows')} must be 2 .. {n('window')} ({self.window}), got {k!r}")
+        held = min(self.window, self.first_position)
+        if k <= held:
+            return
+        at = n("interval") if self.first is None else n("first")  # held < window: the first check's position
+        fix = (f"give {n('robust_windows')} 2 .. {held}" if held >= 2
+               else f"drop {n('robust_windows')} or give a later {at}")
+        raise EplbError(f"{n('robust_windows')} {k:,}: the window of the first check (step {self.first_position:,}, "
+                        f"{at}) holds {plural(held, 'step')} ({at}), too few for {k:,} sub-windows of a step or more: "
+                        f"{fix}")
 
     @property
     def first_position(self) -> int:
