@@ -47,6 +47,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     solve,
     solver_name,
     time_limited,
+    window_refusal,
 )
 from eplb.specs import (
     HARDWARE_PRESETS,
@@ -314,12 +315,12 @@ def _spec(field: str, value: Any, presets: Mapping[str, Any]) -> Any:
 
 def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:
     """The named or given model, checked against the window (`ModelSpec.window_mismatch`: its experts, at most its
-    MoE layers); absent: the preset with the window's expert count (and layer count when several match), as
-    `eplb solve` does; None when none matches."""
+    MoE layers; `window_refusal`: in the words of a deployment's windows); absent: the preset with the window's
+    expert count (and layer count when several match), as `eplb solve` does; None when none matches."""
     if value is None:
         return infer_model(loads.shape[1], loads.shape[0])
     model: ModelSpec = _spec("model", value, MODEL_PRESETS)
-    why = model.window_mismatch(*loads.shape)  # a deployment's windows, the same rule
+    why = window_refusal(model, *loads.shape)
     if why is not None:
         raise FieldError("loads", why)
     return model

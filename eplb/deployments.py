@@ -58,6 +58,7 @@ from eplb.solve import (
     evaluate,
     groups_refusal,
     solve,
+    window_refusal,
 )
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
 from eplb.store import DeploymentRow, HistoryRow, Store
@@ -294,7 +295,7 @@ class Setup:
             loads = check_loads(value, what)
         except EplbError as exc:  # its text names the value: 'loads[0][1] is -2: loads must be >= 0'
             raise FieldError(what, str(exc), str(exc)) from None
-        why = self.model.window_mismatch(*loads.shape)  # POST /placement's rule: its experts, at most its MoE layers
+        why = window_refusal(self.model, *loads.shape)  # POST /placement's rule: its experts, at most its MoE layers
         if why is not None:
             raise FieldError(what, why)
         return loads
@@ -649,7 +650,7 @@ def _serving(setup: Setup, value: Any, field: str) -> Placement:
         raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
     if served.num_experts != setup.model.num_experts:
         raise FieldError(field, f"{served.num_experts} experts, the model has {setup.model.num_experts}")
-    too_many = setup.model.window_mismatch(served.num_layers, served.num_experts)  # the windows' rule
+    too_many = window_refusal(setup.model, served.num_layers, served.num_experts, "the placement has")  # windows'
     if too_many is not None:
         raise FieldError(field, too_many)
     if served.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist():

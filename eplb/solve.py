@@ -19,6 +19,7 @@ from eplb.budget import describe_slots
 from eplb.cost import LayerPrediction, TimeModel, predict
 from eplb.errors import EplbError, FieldError
 from eplb.evaluate import Balance, balance, contiguous_placement
+from eplb.io.files import plural
 from eplb.objective import OBJECTIVES, candidates, choose_by_time
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, HardwareSpec, ModelSpec
@@ -197,14 +198,31 @@ def infer_model(num_experts: int, num_layers: int) -> ModelSpec | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def other_experts(model: ModelSpec, num_experts: int, num_layers: int, what: str, way: Callable[[str], str]) -> str:
-    """The one refusal of `model` for data of another expert count (num_experts experts, num_layers layers; `what`
-    names them: 'the log has', 'the loads have'): 'model X has 8 experts, the log has 16: ' and the way out in the
-    caller's words (the CLI's flags, the Python API's arguments), way(preset): `preset` is ' (the preset P has)'
-    when a preset has the data's experts and layers (`infer_model`), else ''."""
+def model_mismatch(
+    model: ModelSpec, num_layers: int, num_experts: int, what: str, way: Callable[[str, str | None], str],
+    names: Mapping[str, str] | None = None,
+) -> str | None:
+    """None when data of num_layers x num_experts can be `model`'s; else the one refusal: what is wrong
+    (`ModelSpec.window_mismatch`: what names the data, 'the log has', 'the loads have'; names its sizes), then the
+    way out in the caller's words (the CLI's flags, the service's JSON fields, the Python API's arguments):
+    way(need, rows). need is the model the data wants, 'a model with 16 experts and 2 or more MoE layers', with
+    ' (the preset P has)' when a preset fits (`infer_model`); rows is `ModelSpec.window_rows` (the data the model
+    takes) when the layers are what is wrong, None when the experts are (the data are another model's)."""
+    why = model.window_mismatch(num_layers, num_experts, what, names)
+    if why is None:
+        return None
     fits = infer_model(num_experts, num_layers)
-    preset = f" (the preset {fits.name} has)" if fits is not None else ""
-    return f"model {model.name!r} has {model.num_experts} experts, {what} {num_experts}: {way(preset)}"
+    need = (f"a model with {plural(num_experts, 'expert')} and {num_layers:,} or more MoE layers"
+            f"{f' (the preset {fits.name} has)' if fits is not None else ''}")
+    rows = model.window_rows() if num_experts == model.num_experts else None
+    return f"{why}: {way(need, rows)}"
+
+
+def window_refusal(model: ModelSpec, num_layers: int, num_experts: int, what: str = "the window has") -> str | None:
+    """`model_mismatch` in the service's words, for a window (POST /placement's loads, a deployment's windows) or a
+    placement of a deployment (what: 'the placement has'): the rows to send, the model's (a deployment's model is
+    its config's, so no other model is offered)."""
+    return model_mismatch(model, num_layers, num_experts, what, lambda _need, _rows: f"send {model.window_rows()}")
 
 
 def time_limited(option: str = "time_limit_s") -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eplb.errors import EplbError
+from eplb.io.files import plural
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -32,6 +33,7 @@ __all__ = [
     "load_hardware",
     "load_model",
     "model_from_dict",
+    "model_preset",
     "named_model",
 ]
 
@@ -80,19 +82,34 @@ class ModelSpec(BaseModel):
         """The model layer of each MoE layer (DeepSeek-V3: 3..60), as SGLang and TensorRT-LLM number them."""
         return list(range(self.first_dense_layers, self.num_model_layers))
 
-    def window_mismatch(self, layers: int, experts: int) -> str | None:
-        """Why a window (or placement) of `layers` x `experts` cannot be of this model, or None: the one rule of
-        POST /placement and deployments. Its rows must have the model's routed experts, and it may hold at most
-        one row per MoE layer (fewer are a part of the model; more name MoE layers the model does not have, which
-        an export would write as model layers)."""
+    def window_mismatch(
+        self, layers: int, experts: int, what: str = "the window has", names: Mapping[str, str] | None = None
+    ) -> str | None:
+        """What is wrong with data of `layers` x `experts` as this model's, or None: the one rule of a model and its
+        data (POST /placement, deployments, `eplb solve`/`evaluate`/`replay`/`compare`, `eplb.replay.replay`,
+        `eplb synth`). Its rows must have the model's routed experts, and it may hold at most one row per MoE layer
+        (fewer are a part of the model; more name MoE layers the model does not have, which an export would write
+        as model layers). what: the data's name and verb ('the log has', 'the loads have'); names: what the text
+        calls the data's "experts" and "layers" (the flags that set them: `eplb synth`'s), if anything. The way out
+        is the caller's to add, in its words (`eplb.solve.model_mismatch`)."""
+
+        def ref(size: str) -> str:
+            return f" ({names[size]})" if names and size in names else ""
+
         if experts != self.num_experts:
-            return f"rows have {experts} experts but model {self.name!r} has {self.num_experts}"
+            return (f"{what} {plural(experts, 'expert')}{ref('experts')}, but model {self.name!r} has "
+                    f"{self.num_experts}")
         if layers > self.num_moe_layers:
             dense = f", the first {self.first_dense_layers} dense" if self.first_dense_layers else ""
-            return (f"{layers} layers, but model {self.name!r} has {self.num_moe_layers} MoE layers "
-                    f"({self.num_model_layers} layers{dense}): send one row per MoE layer, at most "
-                    f"{self.num_moe_layers} (fewer are a part of the model)")
+            return (f"{what} {plural(layers, 'layer')}{ref('layers')}, but model {self.name!r} has "
+                    f"{plural(self.num_moe_layers, 'MoE layer')} ({plural(self.num_model_layers, 'layer')}{dense})")
         return None
+
+    def window_rows(self) -> str:
+        """The data this model takes (`window_mismatch`'s rule said the other way), for a way out: 'one row per MoE
+        layer, at most 58 (fewer are a part of the model), of its 256 experts'."""
+        return (f"one row per MoE layer, at most {self.num_moe_layers:,} (fewer are a part of the model), of its "
+                f"{plural(self.num_experts, 'expert')}")
 
     @property
     def expert_params(self) -> int:
@@ -434,10 +451,21 @@ def _looks_like_path(s: str) -> bool:
     return s.endswith(".json") or os.sep in s or "/" in s
 
 
+def _preset(name: str, presets: Mapping[str, SpecT]) -> SpecT | None:
+    """The preset `name` names: case-insensitive, spaces around it ignored; None when it names none."""
+    return presets.get(name.strip().lower())
+
+
+def model_preset(name: str | None) -> ModelSpec | None:
+    """The model preset `name` names (case-insensitive, spaces around it ignored: ' DeepSeek-V3 '), or None (no
+    name, or no preset's): the one lookup of a name a log, a file or a flag gives."""
+    return None if name is None else _preset(name, MODEL_PRESETS)
+
+
 def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, kind: str) -> Any:
-    key = name_or_path.strip().lower()
-    if key in presets:
-        return presets[key]
+    preset = _preset(name_or_path, presets)
+    if preset is not None:
+        return preset
     path = Path(name_or_path)
     if path.is_file() or _looks_like_path(name_or_path):
         try:
@@ -459,9 +487,9 @@ def load_model(name_or_path: str) -> ModelSpec:
 def named_model(name: str, source: str) -> ModelSpec:
     """The preset a file's metadata names as its model (case-insensitive; `source` is the file); EplbError naming
     the model, the presets and the --model override when there is no such preset (rather than guessing one)."""
-    key = name.strip().lower()
-    if key in MODEL_PRESETS:
-        return MODEL_PRESETS[key]
+    preset = model_preset(name)
+    if preset is not None:
+        return preset
     raise EplbError(f"{source}: names model {name!r}, which is no preset ({', '.join(MODEL_PRESETS)}); give "
                     "--model NAME or FILE (a preset, or a JSON file with the model spec's fields)")
 

@@ -22,7 +22,7 @@ from eplb.budget import spread_evenly
 from eplb.errors import EplbError
 from eplb.io.files import plural
 from eplb.io.logs import count_dtype
-from eplb.specs import MODEL_PRESETS
+from eplb.specs import model_preset
 
 SEED004_TABLE = {
     # EP: (contiguous, load-sorted without redundancy, one redundant expert per GPU), seed 004 section 5.2
@@ -181,27 +181,23 @@ class SynthConfig:
 def check_model_shape(
     model: str | None, layers: int, experts: int, top_k: int, names: Mapping[str, str] | None = None
 ) -> None:
-    """EplbError when `model`, the name a synthetic log will carry, is a model preset (case-insensitive) whose shape
-    the log's disagrees with: other routed experts or top-k, or more layers than its MoE layers (fewer are a part
-    of the model). `eplb replay` and `eplb solve` take the cost model from a log's model and refused such a log
-    only then ('model ... has 8 experts, the log has 16'). A name that is no preset is left alone. names: what the
-    message calls "model", "layers", "experts" and "top_k" (default `synth: FIELD`)."""
-    preset = None if model is None else MODEL_PRESETS.get(model.strip().lower())
+    """EplbError when `model`, the name a synthetic log will carry, is a model preset (`model_preset`) its log cannot
+    be of: other routed experts, or more layers than its MoE layers (`ModelSpec.window_mismatch`, the rule `eplb
+    replay` and `eplb solve` then refuse the log by), or another top-k. A name that is no preset is left alone.
+    names: what the message calls "model", "layers", "experts" and "top_k" (default `synth: FIELD`)."""
+    preset = model_preset(model)
     if preset is None:
         return
 
     def n(field: str) -> str:
         return names[field] if names and field in names else f"synth: {field}"
 
-    wrong = [what for bad, what in (
-        (experts != preset.num_experts, f"{plural(experts, 'expert')} ({n('experts')})"),
-        (top_k != preset.top_k, f"top-{top_k} ({n('top_k')})"),
-        (layers > preset.num_moe_layers, f"{plural(layers, 'layer')} ({n('layers')})"),
-    ) if bad]  # fmt: skip
-    if wrong:
-        raise EplbError(f"{n('model')} {model}: the preset has {preset.num_experts} experts, top-{preset.top_k} and "
-                        f"{preset.num_moe_layers} MoE layers, but the log would have {', '.join(wrong)}; make them "
-                        f"agree, or drop {n('model')} (the log then names no model)")
+    why = preset.window_mismatch(layers, experts, "the log would have", {s: n(s) for s in ("experts", "layers")})
+    if why is None and top_k != preset.top_k:
+        why = f"the log would route top-{top_k} ({n('top_k')}), but model {preset.name!r} routes top-{preset.top_k}"
+    if why is not None:
+        raise EplbError(f"{n('model')} {model}: {why}: make them agree, or drop {n('model')} (the log then names no "
+                        "model)")
 
 
 def _group_of(experts: int, groups: int) -> NDArray[np.int64]:

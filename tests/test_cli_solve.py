@@ -192,6 +192,49 @@ def test_stage_gib_without_a_model_names_the_flag(tmp_path: Path, capsys: pytest
     assert "--stage-gib needs --model" in err and "no preset matches the loads' 4 experts and layers" in err
 
 
+def test_a_window_of_more_layers_than_its_model_has_is_refused_naming_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb solve --model deepseek-v3` took a 59-layer window (it judged the experts only) and wrote a placement
+    `eplb export --to sglang` made 59 rows of, while POST /placement refused the window. One rule now
+    (`ModelSpec.window_mismatch`) for `eplb solve`, `eplb evaluate`, `eplb compare` and the service: the same text,
+    then each one's way out (the CLI's flags, the service's rows); nothing written. 58 layers, a part of the model
+    or `eplb compare --layers 58`, are taken."""
+    from api.convert import model_for
+    from eplb.errors import FieldError
+    from eplb.specs import MODEL_PRESETS
+
+    loads = np.random.default_rng(0).integers(1, 100, (59, 256)).astype(float)
+    window, out = tmp_path / "w59.npy", tmp_path / "p.json"
+    np.save(window, loads)
+    rule = "59 layers, but model 'deepseek-v3' has 58 MoE layers (61 layers, the first 3 dense)"
+    assert MODEL_PRESETS["deepseek-v3"].window_mismatch(59, 256, "the loads have") == f"the loads have {rule}"
+    way = ("give --model a model with 256 experts and 59 or more MoE layers, a preset or a JSON file; or --loads with "
+           "one row per MoE layer, at most 58 (fewer are a part of the model), of its 256 experts; or drop --model")
+    assert main(["solve", "--loads", str(window), "--model", "deepseek-v3", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"eplb solve: error: the loads have {rule}: {way}\n"
+    assert not out.exists()
+    assert main(["solve", "--loads", str(window), "--out", str(out), "--json"]) == 0  # no preset fits 59 layers
+    assert "time_us" not in json.loads(capsys.readouterr().out)["predicted"] and load_placement(out).num_layers == 59
+    assert main(["evaluate", "--loads", str(window), "--placement", str(out), "--model", "DeepSeek-V3"]) == 2
+    assert capsys.readouterr().err == f"eplb evaluate: error: the loads have {rule}: {way}\n"
+    with pytest.raises(FieldError) as caught:  # POST /placement and a deployment's windows
+        model_for("deepseek-v3", loads)
+    assert (caught.value.fields, caught.value.message) == (("loads",), f"the window has {rule}: send one row per MoE "
+                                                           "layer, at most 58 (fewer are a part of the model), of its "
+                                                           "256 experts")  # fmt: skip
+    compare = ["compare", "--loads", str(window), "--model", "deepseek-v3", "--solvers", "greedy", "--ep", "32",
+               "--out", str(tmp_path / "report")]  # fmt: skip
+    assert main(compare) == 2
+    assert capsys.readouterr().err == f"eplb compare: error: the loads have {rule}: {way}\n"
+    assert main([*compare, "--layers", "58"]) == 0  # the layers it compares are a part of the model
+    assert "wrote " in capsys.readouterr().out
+    assert "deepseek-v3" in json.loads((tmp_path / "report" / "results.json").read_text())["meta"]["model"]
+    np.save(window, loads[:58])
+    assert main(["solve", "--loads", str(window), "--model", "deepseek-v3", "--out", str(out), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["predicted"]["time_us"]) == 58
+
+
 @pytest.mark.parametrize("argv, solver", [
     (["--time-limit", "3", "--solver", "greedy"], "greedy"),
     (["--time-limit", "3"], "greedy"),

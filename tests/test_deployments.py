@@ -459,7 +459,7 @@ def test_bad_configs_are_one_line_errors(store: Store, change: dict[str, Any], m
 
 def test_bad_windows_and_names(store: Store) -> None:
     dep.register(store, "w", config())
-    with pytest.raises(EplbError, match="rows have 3 experts but model 'deepseek-v2-lite' has 64"):
+    with pytest.raises(EplbError, match="the window has 3 experts, but model 'deepseek-v2-lite' has 64: send one row"):
         dep.process_window(store, "w", [[1, 2, 3]])
     with pytest.raises(EplbError, match=r"loads\[0\]\[0\] is -1: loads must be >= 0"):
         dep.process_window(store, "w", [[-1.0] * EXPERTS])
@@ -752,8 +752,8 @@ def test_more_layers_than_the_model_has_are_refused_by_one_rule(client: TestClie
     assert client.put("/deployments/huge", json=v3).status_code == 201
     window = client.post("/deployments/huge/windows", json={"loads": loads})
     placed = client.post("/placement", json={"model": "deepseek-v3", "loads": loads, "cluster": {"num_gpus": 32}})
-    message = ("59 layers, but model 'deepseek-v3' has 58 MoE layers (61 layers, the first 3 dense): send one row per "
-               "MoE layer, at most 58 (fewer are a part of the model)")
+    message = ("the window has 59 layers, but model 'deepseek-v3' has 58 MoE layers (61 layers, the first 3 dense): "
+               "send one row per MoE layer, at most 58 (fewer are a part of the model), of its 256 experts")
     for answer in (window, placed):
         assert answer.status_code == 422 and answer.json()["errors"] == [{"field": "loads", "message": message}]
         assert answer.json()["detail"] == f"loads: {message}"
@@ -1058,7 +1058,9 @@ def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestCl
     assert "--groups" not in problem["detail"] and "--gpus-per-node" not in problem["detail"]
     assert client.put("/deployments/named", json=MIXTRAL).status_code == 201
     short = client.post("/deployments/named/windows", json={"loads": [[1.0, 2.0]]}).json()
-    assert short["errors"] == [{"field": "loads", "message": "rows have 2 experts but model 'mixtral-8x7b' has 8"}]
+    assert short["errors"] == [{"field": "loads", "message": "the window has 2 experts, but model 'mixtral-8x7b' has "
+                                "8: send one row per MoE layer, at most 32 (fewer are a part of the model), of its 8 "
+                                "experts"}]  # fmt: skip
     negative = client.post("/deployments/named/windows", json={"loads": [[1.0] * 7 + [-2.0]]}).json()
     assert negative["errors"][0]["field"] == "loads" and negative["detail"] == negative["errors"][0]["message"]
     assert negative["detail"].startswith("loads[0][7] is -2"), negative

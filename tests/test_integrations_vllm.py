@@ -1,7 +1,7 @@
 """The vLLM policy plug-in: vLLM's interface in both return conventions, DeepSeek-equal fresh placements,
 move budgets and slot keeping with the serving map, -1 slots, registration, and the service with fallback; in
-remote mode, every EP rank calling the policy with one window gets one placement (one service, two replicas on a
-SQLite file and on PostgreSQL)."""
+remote mode, every EP rank calling the policy with one window gets one placement (one service, and two replicas on
+PostgreSQL; tests/test_replicas.py has two replicas answering one window alike on a SQLite file and on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,7 +36,7 @@ from eplb.integrations.vllm import EplbPolicy, policy_class
 from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
 from tests.conftest import remote_mixtral_deployment
-from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
+from tests.db_fixtures import PostgresCluster, postgres_fixture  # noqa: F401
 from tests.test_replicas import replica
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -973,21 +974,44 @@ def test_every_rank_calling_the_policy_gets_one_placement(
     assert len(_history(base, "plugin-ranks")) == 4
 
 
-def test_ranks_on_two_replicas_get_one_placement_per_window(db_url: str) -> None:
-    """Four ranks, two sending to each of two `eplb serve` replicas on one database, rebalance twice: one answer per
-    window for every rank, one window and one rebalance stored each time. A duplicate reaching a new replica process
-    later gets the stored answer; the first window's content sent again after a new placement (an engine restarted
-    on its first map) is a new window, and so is a window after an applied placement that changed what serves."""
+def _replicas(stack: ExitStack, db_url: str, count: int) -> list[str]:
+    """The URLs of `count` `eplb serve` replicas on the database at `db_url`, started together (each start is mostly
+    imports) and stopped together by `stack` (a stop waits for the replica's solver worker: all are terminated first,
+    then waited for)."""
+    managers = [replica(db_url) for _ in range(count)]
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(cm.__enter__) for cm in managers]
+    started = [(cm, f.result()) for cm, f in zip(managers, futures, strict=True) if f.exception() is None]
+    for cm, _ in started:
+        stack.push(cm)
+
+    def terminate() -> None:  # runs first: every replica stops at once
+        for _, (_, proc) in started:
+            if proc.poll() is None:
+                proc.terminate()
+
+    stack.callback(terminate)
+    for f in futures:
+        f.result()  # the first replica that did not start, raised
+    return [base for _, (base, _) in started]
+
+
+def test_ranks_on_two_replicas_get_one_placement_per_window(postgres: PostgresCluster) -> None:
+    """Four ranks, two sending to each of two `eplb serve` replicas on one PostgreSQL database (its FOR UPDATE lock):
+    one answer per window for every rank, one window and one rebalance stored each time. A duplicate reaching the
+    replica process that has not seen its window (the ranks sent it to the other) gets the stored answer; the first
+    window's content sent again after a new placement (an engine restarted on its first map) is a new window, and so
+    is a window after an applied placement that changed what serves."""
     with ExitStack() as stack:
-        bases = [stack.enter_context(replica(db_url))[0] for _ in range(2)]
+        bases = _replicas(stack, postgres.new_database(), 2)
         assert httpx.put(f"{bases[0]}/deployments/ranks", json={**MIXTRAL_4X4, "policy": {"trigger": "periodic"}},
                          timeout=60).status_code == 201
         rng = np.random.default_rng(12)
         windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(2)]
 
-        def on_ranks(weight: np.ndarray, old: np.ndarray) -> np.ndarray:
-            def rank(i: int) -> core.Rebalanced:
-                settings = core.Settings(service_url=bases[i % 2], deployment="ranks", timeout_s=60)
+        def on_ranks(weight: np.ndarray, old: np.ndarray, replicas: tuple[str, ...] = tuple(bases)) -> np.ndarray:
+            def rank(i: int) -> core.Rebalanced:  # over the replicas in turn
+                settings = core.Settings(service_url=replicas[i % len(replicas)], deployment="ranks", timeout_s=60)
                 return core.rebalance(weight, 16, 1, 1, 4, old.copy(), settings)
 
             answers = _on_ranks(4, rank)
@@ -997,12 +1021,11 @@ def test_ranks_on_two_replicas_get_one_placement_per_window(db_url: str) -> None
 
         first = on_ranks(windows[0], INITIAL)
         assert [e["action"] for e in _history(bases[1], "ranks")] == ["applied", "rebalanced"]
-        second = on_ranks(windows[1], first)
+        second = on_ranks(windows[1], first, (bases[0],))  # every rank at one replica
         assert [e["action"] for e in _history(bases[1], "ranks")] == ["applied", "rebalanced", "rebalanced"]
         assert _current(bases[0], "ranks")["placement"]["phy2log"] == second.tolist()
-        with replica(db_url) as (late, _):  # a rank whose request arrives late, at a replica started since
-            settings = core.Settings(service_url=late, deployment="ranks", timeout_s=60)
-            assert np.array_equal(core.rebalance(windows[1], 16, 1, 1, 4, first.copy(), settings).phy2log, second)
+        settings = core.Settings(service_url=bases[1], deployment="ranks", timeout_s=60)  # a late rank, at the other
+        assert np.array_equal(core.rebalance(windows[1], 16, 1, 1, 4, first.copy(), settings).phy2log, second)
         assert _current(bases[0], "ranks")["windows"] == 2
         again = on_ranks(windows[0], INITIAL)  # the first window's content, after a new placement: a new window
         entries = _history(bases[0], "ranks")

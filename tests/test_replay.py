@@ -245,7 +245,7 @@ def test_schedule_and_input_errors() -> None:
             replay(log, cluster, schedule=sched)
     with pytest.raises(EplbError, match="cannot hold 32 experts"):
         replay(log, Cluster(np.full(8, 3)))
-    with pytest.raises(EplbError, match="model 'small' has 16 experts"):
+    with pytest.raises(EplbError, match="the log has 32 experts, but model 'small' has 16: give cost"):
         replay(log, cluster, cost=small_cost(16))
 
 
@@ -338,7 +338,7 @@ def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.Cap
     out = tmp_path / "run"
     assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8",
                     "--model", "deepseek-v3", "--out", str(out)]) == 2  # fmt: skip
-    assert "model 'deepseek-v3' has 256 experts, the log has 32" in capsys.readouterr().err
+    assert "the log has 32 experts, but model 'deepseek-v3' has 256: give --model" in capsys.readouterr().err
     assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8", "--redundant", "8",
                     "--oracle-every", "2", "--out", str(out), "--progress"]) == 0  # fmt: skip
     captured = capsys.readouterr()
@@ -366,18 +366,26 @@ def test_synth_takes_the_shape_of_a_model_preset_and_refuses_another(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A log named after a preset has its shape: `eplb synth --experts 16 --top-k 2 --model mixtral-8x7b` wrote a log
-    `eplb replay` then refused ('model 'mixtral-8x7b' has 8 experts, the log has 16'), naming no way out."""
+    `eplb replay` then refused ('model 'mixtral-8x7b' has 8 experts, the log has 16'), naming no way out. Its
+    experts and layers are judged by the one rule (`ModelSpec.window_mismatch`), in its text, with its flags."""
     out = tmp_path / "s.npz"
-    for flags, wrong in ((["--experts", "16", "--top-k", "2"], "16 experts (--experts)"),
-                         (["--experts", "8", "--top-k", "4"], "top-4 (--top-k)"),
-                         (["--layers", "33"], "33 layers (--layers)")):  # fmt: skip
+    for flags, wrong in ((["--experts", "16", "--top-k", "2"], "have 16 experts (--experts), but model 'mixtral-8x7b' "
+                          "has 8"),
+                         (["--experts", "8", "--top-k", "4"], "route top-4 (--top-k), but model 'mixtral-8x7b' routes "
+                          "top-2"),
+                         (["--layers", "33"], "have 33 layers (--layers), but model 'mixtral-8x7b' has 32 MoE layers "
+                          "(32 layers)")):  # fmt: skip
         assert run_cli(["synth", "--out", str(out), "--model", "mixtral-8x7b", "--steps", "5", *flags]) == 2
         assert capsys.readouterr().err.strip().endswith(
-            f"--model mixtral-8x7b: the preset has 8 experts, top-2 and 32 MoE layers, but the log would have "
-            f"{wrong}; make them agree, or drop --model (the log then names no model)")
+            f"--model mixtral-8x7b: the log would {wrong}: make them agree, or drop --model (the log then names no "
+            "model)")
         assert not out.exists()
+    rule = MODEL_PRESETS["mixtral-8x7b"].window_mismatch(33, 8, "the log would have", {"layers": "--layers"})
+    assert run_cli(["synth", "--out", str(out), "--model", "mixtral-8x7b", "--steps", "5", "--layers", "33"]) == 2
+    assert f"--model mixtral-8x7b: {rule}: make them agree" in capsys.readouterr().err  # the one rule's text
     assert run_cli(["synth", "--out", str(out), "--preset", "seed004", "--model", "kimi-k2"]) == 2
-    assert "but the log would have 256 experts (--preset seed004); make them agree" in capsys.readouterr().err
+    assert ("the log would have 256 experts (--preset seed004), but model 'kimi-k2' has 384: make them agree"
+            in capsys.readouterr().err)
     assert run_cli(["synth", "--out", str(out), "--model", "Mixtral-8x7B", "--steps", "30", "--layers", "3",
                     "--hot-ratio", "3", "--tokens", "64"]) == 0  # fmt: skip
     info = open_log(out).info
@@ -387,6 +395,9 @@ def test_synth_takes_the_shape_of_a_model_preset_and_refuses_another(
     assert json.loads(capsys.readouterr().out)["cost"]["model"] == "mixtral-8x7b"
     assert run_cli(["synth", "--out", str(out), "--model", "my-own-model", "--experts", "16", "--top-k", "2",
                     "--steps", "5", "--layers", "2"]) == 0  # a name that is no preset: any shape  # fmt: skip
+    with pytest.raises(EplbError, match=r"^synth: model MIXTRAL-8x7b: the log would have 33 layers \(synth: layers\), "
+                       "but model 'mixtral-8x7b'"):  # the Python API's names; the preset found whatever the case
+        SynthConfig(layers=33, experts=8, top_k=2, model="MIXTRAL-8x7b").check_model()
 
 
 def test_a_log_whose_model_has_other_experts_names_the_way_out(
@@ -396,17 +407,45 @@ def test_a_log_whose_model_has_other_experts_names_the_way_out(
     write_counts(log, synth_log(SynthConfig(steps=5, layers=2, experts=16, top_k=2, tokens=32)), model="mixtral-8x7b")
     assert run_cli(["replay", str(log), "--gpus", "4"]) == 2
     assert capsys.readouterr().err.strip().endswith(
-        f"model 'mixtral-8x7b' has 8 experts, the log has 16: {log} names it as its model: give --model NAME or "
-        "FILE with 16 experts to override it")
+        f"the log has 16 experts, but model 'mixtral-8x7b' has 8: {log} names it as its model: give --model NAME or "
+        "FILE, a model with 16 experts and 2 or more MoE layers, to override it")
     assert run_cli(["replay", str(log), "--gpus", "4", "--model", "deepseek-v2-lite"]) == 2  # the log's: no drop
     assert capsys.readouterr().err.strip().endswith(
-        "model 'deepseek-v2-lite' has 64 experts, the log has 16: give --model a model with 16 experts, a preset or "
-        "a JSON file")
+        "the log has 16 experts, but model 'deepseek-v2-lite' has 64: give --model a model with 16 experts and 2 or "
+        "more MoE layers, a preset or a JSON file")
     write_counts(log, synth_log(SynthConfig(steps=5, layers=2, experts=64, top_k=2, tokens=32)))
     assert run_cli(["replay", str(log), "--gpus", "4", "--model", "mixtral-8x7b"]) == 2
     assert capsys.readouterr().err.strip().endswith(
-        "model 'mixtral-8x7b' has 8 experts, the log has 64: give --model a model with 64 experts (the preset "
-        "deepseek-v2-lite has), a preset or a JSON file, or drop --model")
+        "the log has 64 experts, but model 'mixtral-8x7b' has 8: give --model a model with 64 experts and 2 or more "
+        "MoE layers (the preset deepseek-v2-lite has), a preset or a JSON file; or drop --model")
+
+
+def test_a_log_of_more_layers_than_its_model_has_is_refused_by_the_one_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb replay --model mixtral-8x7b` and `replay(cost=...)` judged a log's experts only: a 33-layer log was
+    timed as Mixtral's 32 MoE layers. Both refuse it now by the rule of POST /placement and `eplb solve`
+    (`ModelSpec.window_mismatch`), in one text, each naming its own way out; 32 layers replay."""
+    counts = synth_log(SynthConfig(steps=6, layers=33, experts=8, top_k=2, tokens=32, hot_ratio=3))
+    log = tmp_path / "s.npz"
+    write_counts(log, counts, top_k=2)
+    rule = "the log has 33 layers, but model 'mixtral-8x7b' has 32 MoE layers (32 layers): "
+    rows = "a log with one row per MoE layer, at most 32 (fewer are a part of the model), of its 8 experts"
+    assert rule == f"{MODEL_PRESETS['mixtral-8x7b'].window_mismatch(33, 8, 'the log has')}: "
+    assert run_cli(["replay", str(log), "--gpus", "4", "--model", "mixtral-8x7b"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"{rule}give --model a model with 8 experts and 33 or more MoE layers, a preset or a JSON file; or {rows}; or "
+        "drop --model")
+    cost = CostSetup(MODEL_PRESETS["mixtral-8x7b"], HARDWARE_PRESETS["h100"], 450e9, 64.0)
+    cluster = Cluster(np.full(4, 3, dtype=np.int64))
+    with pytest.raises(EplbError) as caught:
+        replay(counts, cluster, schedule=Schedule(window=3, interval=3), cost=cost, oracle_every=0, hindsight=False)
+    assert str(caught.value) == (f"{rule}give cost (a CostSetup) a model with 8 experts and 33 or more MoE layers, a "
+                                 f"preset or a JSON file (eplb.specs.load_model); or {rows}; or no cost (cost=None: no "
+                                 "times, no bytes)")
+    fits = replay(counts[:, :32], cluster, schedule=Schedule(window=3, interval=3), cost=cost, oracle_every=0,
+                  hindsight=False)  # fmt: skip
+    assert fits.rebalances
 
 
 def test_replay_with_a_model_reports_time_and_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -1022,15 +1061,16 @@ def test_the_warm_up_solves_on_the_replays_cluster_shape(
 
 def test_the_python_apis_refusal_of_a_model_with_other_experts_names_the_way_out() -> None:
     """`replay` with a cost whose model has other experts than the log said only 'model X has 8 experts, the log
-    has 64', naming no way out; it now says the CLI's one message (`eplb.solve.other_experts`) in the Python API's
+    has 64', naming no way out; it now says the CLI's one message (`eplb.solve.model_mismatch`) in the Python API's
     words: the cost's model to give (the preset that has the log's experts), or no cost unless the cost trigger
     needs one."""
     counts = np.random.default_rng(4).integers(0, 30, (20, 2, 64))
     cluster = Cluster(np.full(8, 9, dtype=np.int64))
-    lead = ("model 'mixtral-8x7b' has 8 experts, the log has 64: give cost (a CostSetup) a model with 64 experts "
-            "(the preset deepseek-v2-lite has), a preset or a JSON file (eplb.specs.load_model)")
+    lead = ("the log has 64 experts, but model 'mixtral-8x7b' has 8: give cost (a CostSetup) a model with 64 experts "
+            "and 2 or more MoE layers (the preset deepseek-v2-lite has), a preset or a JSON file "
+            "(eplb.specs.load_model)")
     cost = CostSetup(MODEL_PRESETS["mixtral-8x7b"], HARDWARE_PRESETS["h100"], 450e9, 64.0)
-    for trigger, way in (("periodic", ", or no cost (cost=None: no times, no bytes)"), ("cost", "")):
+    for trigger, way in (("periodic", "; or no cost (cost=None: no times, no bytes)"), ("cost", "")):
         with pytest.raises(EplbError) as caught:
             replay(counts, cluster, schedule=Schedule(window=10, interval=10, trigger=trigger), cost=cost,
                    oracle_every=0, hindsight=False)  # fmt: skip

@@ -39,7 +39,7 @@ from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup, time_limited
-from eplb.specs import MODEL_PRESETS, link_bandwidth
+from eplb.specs import MODEL_PRESETS, link_bandwidth, model_preset
 from eplb.synth import StatsAccumulator, SynthConfig, check_model_shape, seed004_log, synth_counts, synth_topk
 from eplb.trigger import unused_option
 from solvers import registry
@@ -325,7 +325,7 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
     it names one), else the defaults."""
     d = SynthConfig()
     default_shape = all(getattr(args, k) is None for k in ("layers", "experts", "top_k"))
-    preset = MODEL_PRESETS.get(args.model.strip().lower()) if args.model else None
+    preset = model_preset(args.model)
     shape = d if preset is None else SynthConfig(layers=preset.num_moe_layers, experts=preset.num_experts,
                                                  top_k=preset.top_k)  # fmt: skip
     return SynthConfig(

@@ -27,7 +27,7 @@ from eplb.solve import (
     evaluate,
     infer_model,
     least_stage_gib,
-    other_experts,
+    model_mismatch,
     solve,
     solver_name,
     time_limited,
@@ -40,6 +40,7 @@ from eplb.specs import (
     implausible_link,
     load_hardware,
     load_model,
+    model_preset,
     named_model,
 )
 from solvers import registry
@@ -272,8 +273,10 @@ def float_list(text: str) -> list[float]:
 def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec | None:
     """The model for memory and time: --model; else, for a routing log, the preset its header names; else
     (with a note on stderr when the log names a model no preset has) the preset with the data's expert and layer
-    count (None when none)."""
+    count (None when none). A model the data cannot be of (`ModelSpec.window_mismatch`: other experts, more layers
+    than its MoE layers; `eplb compare --layers N` counts N) is refused naming the flags that change it."""
     given = bool(args.model)
+    named = None if isinstance(data, LoadWindow) else model_preset(data.model)  # the preset the log names
     if args.model:
         model = load_model(args.model)
     elif not isinstance(data, LoadWindow) and data.model and data.model.strip():
@@ -287,20 +290,23 @@ def model_for(args: argparse.Namespace, data: LoadWindow | LogInfo) -> ModelSpec
             return guess
     else:
         return infer_model(data.num_experts, data.num_layers)
-    if model.num_experts != data.num_experts:
-        what, n = ("the loads have" if isinstance(data, LoadWindow) else "the log has"), data.num_experts
-        named_by = None if isinstance(data, LoadWindow) or given else data.path  # the log names it
-        # dropping --model helps unless the log names a preset of other experts too
-        named = None if isinstance(data, LoadWindow) else MODEL_PRESETS.get((data.model or "").strip().lower())
-        drop = "" if named is not None and named.num_experts != n else ", or drop --model"
+    layers, experts = data.num_layers, data.num_experts
+    if getattr(args, "layers", None) is not None and 0 < args.layers < layers:  # eplb compare uses the first N
+        layers = args.layers
+    loads = isinstance(data, LoadWindow)
+    named_by = None if isinstance(data, LoadWindow) or given else data.path  # the log names the model
+    # dropping --model helps unless the log names a preset its data cannot be of too
+    drop = "" if named is not None and named.window_mismatch(layers, experts) is not None else "; or drop --model"
 
-        def way(preset: str) -> str:
-            if named_by is not None:
-                return (f"{named_by} names it as its model: give --model NAME or FILE with {n} experts{preset} to "
-                        "override it")
-            return f"give --model a model with {n} experts{preset}, a preset or a JSON file{drop}"
+    def way(need: str, rows: str | None) -> str:
+        if named_by is not None:
+            return f"{named_by} names it as its model: give --model NAME or FILE, {need}, to override it"
+        data_way = "" if rows is None else f"; or {'--loads' if loads else 'a log'} with {rows}"
+        return f"give --model {need}, a preset or a JSON file{data_way}{drop}"
 
-        raise EplbError(other_experts(model, n, data.num_layers, what, way))  # replay's Python API: its own words
+    why = model_mismatch(model, layers, experts, "the loads have" if loads else "the log has", way)
+    if why is not None:
+        raise EplbError(why)  # replay's Python API: the same rule, its own words (eplb.replay.run._check_shapes)
     return model
 
 

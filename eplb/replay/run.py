@@ -45,7 +45,7 @@ from eplb.placement import Placement
 from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.replay.schedule import Schedule, Window
 from eplb.replay.summary import BASELINES, RowStats
-from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, other_experts, solve
+from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, model_mismatch, solve
 from solvers import registry
 from solvers.registry import Options, applicable
 
@@ -352,14 +352,19 @@ def warm_up(solver: str, time_limit_s: float | None = None, objective: str = "lb
 
 
 def _check_shapes(info: LogInfo, cluster: Cluster, cost: CostSetup | None, needs_cost: bool = False) -> None:
-    """The log against the cluster's slots and the cost's model (needs_cost: the schedule needs a cost model, so
-    dropping it is no way out)."""
+    """The log against the cluster's slots and the cost's model (`ModelSpec.window_mismatch`, the CLI's rule, in
+    the Python API's words; needs_cost: the schedule needs a cost model, so dropping it is no way out)."""
     experts, slots = info.num_experts, cluster.slots_per_gpu
-    if cost is not None and cost.model.num_experts != experts:
-        drop = "" if needs_cost else ", or no cost (cost=None: no times, no bytes)"
-        raise EplbError(other_experts(cost.model, experts, info.num_layers, "the log has", lambda preset: (
-            f"give cost (a CostSetup) a model with {experts} experts{preset}, a preset or a JSON file "
-            f"(eplb.specs.load_model){drop}")))  # the CLI's refusal (eplb.cli.solve.model_for) in its flags
+    if cost is not None:
+        drop = "" if needs_cost else "; or no cost (cost=None: no times, no bytes)"
+
+        def way(need: str, rows: str | None) -> str:
+            log = "" if rows is None else f"; or a log with {rows}"
+            return f"give cost (a CostSetup) {need}, a preset or a JSON file (eplb.specs.load_model){log}{drop}"
+
+        why = model_mismatch(cost.model, info.num_layers, experts, "the log has", way)
+        if why is not None:
+            raise EplbError(why)  # the CLI's refusal (eplb.cli.solve.model_for) in its flags
     if int(slots.sum()) < experts:
         raise EplbError(f"{int(slots.sum())} slots on {slots.size} GPUs cannot hold {experts} experts")
 
