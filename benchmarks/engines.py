@@ -13,7 +13,7 @@ Policies:
   `preserve_intragpu_slots` only reorders slots inside a GPU, so its copies are DeepSeek's;
 - eplb plug-in (default settings): eplb's incremental rebalancer from the old map, kept when its lb is within
   1% of a fresh DeepSeek placement's (else that placement, GPUs relabelled to keep experts in place);
-- eplb plug-in, EPLB_SOLVER=greedy: eplb's greedy (lower lb);
+- eplb plug-in, EPLB_SOLVER=greedy: a fresh eplb greedy placement, GPUs relabelled to keep experts in place;
 - eplb plug-in, EPLB_MAX_MOVES=N: at most N copies per rebalance.
 """
 
