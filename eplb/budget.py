@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError
+from eplb.io.files import plural
 from eplb.rules import BUDGETS, gpu_count_mismatch
 
 if TYPE_CHECKING:
@@ -23,11 +24,11 @@ its flags instead (`eplb.cli.solve.BUDGET_FLAGS`)."""
 
 
 def describe_slots(slots: NDArray[np.int64]) -> str:
-    """One short phrase for slots per GPU [G]: "32 GPUs, 9 slots each", "100 GPUs, 1 slot each" or
-    "32 GPUs, 8-10 slots each"."""
+    """One short phrase for slots per GPU [G]: "32 GPUs, 9 slots each", "100 GPUs, 1 slot each", "1 GPU, 9 slots
+    each" or "32 GPUs, 8-10 slots each"."""
     lo, hi = int(slots.min()), int(slots.max())
-    each = f"{lo} slot{'s' if lo != 1 else ''}" if lo == hi else f"{lo}-{hi} slots"
-    return f"{slots.size} GPUs, {each} each"
+    each = plural(lo, "slot") if lo == hi else f"{lo:,}-{hi:,} slots"
+    return f"{plural(slots.size, 'GPU')}, {each} each"
 
 
 def spread_evenly(total: int, num_gpus: int) -> NDArray[np.int64]:

@@ -121,8 +121,11 @@ def parse_solvers(text: str) -> list[str]:
     """`greedy,milp,milp-weighted` -> list, checked (a solver listed twice is refused: it ran twice)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in names if s not in SOLVER_CHOICES]
-    if bad or not names:
-        raise EplbError(f"unknown solver(s) {bad or text!r}: choose from {', '.join(SOLVER_CHOICES)}")
+    if not names:
+        raise EplbError(f"--solvers {text!r} names no solver: choose from {', '.join(SOLVER_CHOICES)}")
+    if bad:
+        raise EplbError(f"--solvers names {plural(len(bad), 'unknown solver')} ({', '.join(map(repr, bad))}): "
+                        f"choose from {', '.join(SOLVER_CHOICES)}")
     refuse_repeats(names, "--solvers")
     return names
 

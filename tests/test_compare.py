@@ -96,7 +96,11 @@ def test_html_opens_in_chromium_without_console_errors(report: Path, tmp_path: P
 
 def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--solvers", "greedy,magic", "--out", str(tmp_path)]) == 2
-    assert "unknown solver" in capsys.readouterr().err
+    assert "--solvers names 1 unknown solver ('magic'): choose from greedy, milp" in capsys.readouterr().err
+    assert main(["compare", "--solvers", "magic,x", "--out", str(tmp_path)]) == 2
+    assert "--solvers names 2 unknown solvers ('magic', 'x'): choose from" in capsys.readouterr().err
+    assert main(["compare", "--solvers", ",", "--out", str(tmp_path)]) == 2
+    assert "--solvers ',' names no solver: choose from" in capsys.readouterr().err
     assert main(["compare", "--ep", "4,x", "--out", str(tmp_path)]) == 2
     assert "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536, got '4,x'" in capsys.readouterr().err
 

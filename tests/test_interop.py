@@ -603,7 +603,7 @@ def test_an_unbounded_sglang_recording_is_in_time_order(tmp_path: Path, capsys: 
     assert _cli(["import-load", "--from", "sglang", str(sg), "--steps=-2:", "--out", str(out)]) == 0
     assert read_window(out).loads.tolist() == counts[-2:].sum(axis=0).tolist()
     assert capsys.readouterr().err == (
-        f"note: {sg.name}: all 5 rows hold counts: read in time order, as SGLang's unbounded buffer "
+        f"note: {sg.name}: every row holds counts (5 rows): read in time order, as SGLang's unbounded buffer "
         "(--expert-distribution-recorder-buffer-size -1) dumps them; a full circular buffer of 5 rows (buffer size "
         "5; SGLang's default is 1000) is rotated by an offset the dump does not record, and --steps would pick "
         "arbitrary steps of it\n")
@@ -629,3 +629,22 @@ def test_vllm_files_are_ranks_summed(tmp_path: Path) -> None:
     np.savez(tmp_path / "short.npz", expert_load_window=rank0[:2], physical_to_logical_map=np.array([PHY2LOG[0]]))
     with pytest.raises(EplbError, match="files are the EP ranks of one recording"):
         read_vllm_loads([tmp_path / "rank0.npz", tmp_path / "short.npz"])
+
+
+def test_counts_in_the_import_summaries_are_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One step and one rank file read '1 step' and '1 rank file', not 'step(s)' and 'rank file(s)'; an SGLang dump
+    of one written row says so without a hand-made singular."""
+    folder, _ = _trtllm_dir(tmp_path)
+    (folder / "rank1.safetensors").unlink()
+    out = tmp_path / "w.json"
+    assert _cli(["import-load", "--from", "trtllm", str(folder), "--steps=-1:", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"TensorRT-LLM expert statistics ({folder}, 1 rank file, iterations 100-102)" in printed, printed
+    assert printed.rstrip().endswith("token-expert assignments per layer summed over 1 step"), printed
+    steps = tmp_path / "s.json"
+    assert _cli(["import-load", "--from", "trtllm", str(folder), "--keep-steps", "--out", str(steps)]) == 0
+    assert "wrote " in (printed := capsys.readouterr().out) and ": 3 steps x 2 layers" in printed, printed
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps({"logical_count": [[[1, 2, 3], [4, 5, 6]]]}))
+    assert _cli(["import-load", "--from", "sglang", str(sg), "--steps=0:1", "--out", str(out)]) == 0
+    assert "every row holds counts (1 row)" in capsys.readouterr().err

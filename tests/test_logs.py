@@ -146,7 +146,7 @@ def test_truncated_files_name_the_step(tmp_path: Path, counts: np.ndarray) -> No
         log.read_counts()
     lines = text.splitlines(keepends=True)
     jsonl.write_text("".join(lines[:-1]))  # cut at a line end: the last step lacks its last layer
-    with pytest.raises(EplbError, match=r"step 22 \(lines 68-69\) is missing layer\(s\) 2; the file may be truncated"):
+    with pytest.raises(EplbError, match=r"step 22 \(lines 68-69\) is missing 1 layer: 2; the file may be truncated"):
         open_log(jsonl).read_counts()
 
 
@@ -178,7 +178,7 @@ def test_bad_counts_files(tmp_path: Path, counts: np.ndarray) -> None:
          r"line 2: step 0 has layer 0 twice \(first on line 1\)"),
         (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 0, "layer": 1, "counts": [1, 2]}',
           '{"step": 1, "layer": 0, "counts": [1, 2]}', '{"step": 2, "layer": 0, "counts": [1, 2]}'],
-         r"step 1 \(lines 3-3\) is missing layer\(s\) 1"),
+         r"step 1 \(lines 3-3\) is missing 1 layer: 1"),
         (['{"step": 5, "layer": 0, "counts": [1, 2]}', '{"step": 4, "layer": 0, "counts": [1, 2]}'],
          r"line 2: step 4 comes after step 5; steps out of order"),
         (['{"step": 0, "layer": 0, "counts": [1, 2]}', '{"step": 1, "layer": 0, "counts": [1, -2]}'],
@@ -522,3 +522,34 @@ def test_each_source_is_read_once_when_converted_to_the_narrowest_type(
             assert back.counts.dtype == np.uint16, (name, out.name)
             if name in ("log.jsonl", "wide.npz"):  # the others number their steps 0, 1, ...
                 np.testing.assert_array_equal(back.steps, steps)
+
+
+def test_one_table_of_names_tells_every_reader_and_writer_the_format(
+    tmp_path: Path, counts: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """eplb.io.logs.LOG_SUFFIXES is the one table (eplb logs convert kept two copies, the readers their own): every
+    name in it, in any case, is written by eplb logs convert (the formats it writes) and write_log, and read back by
+    open_log as its format; .npy is read only."""
+    from eplb.cli.logs import WRITTEN
+    from eplb.io.logs import LOG_SUFFIXES, log_format
+
+    src = tmp_path / "src.npz"
+    write_counts(src, counts)
+    kinds = {"npz": "counts", "jsonl": "jsonl", "parquet": "parquet"}
+    for fmt, names in LOG_SUFFIXES.items():
+        for name in (*names, *(n.upper() for n in names)):
+            assert log_format(f"a/log{name}") == fmt
+            if fmt not in WRITTEN:
+                continue
+            out = tmp_path / f"{fmt}-log{name}"
+            assert main(["logs", "convert", str(src), str(out)]) == 0, capsys.readouterr().err
+            log = open_log(out)
+            assert log.info.kind == kinds[fmt] and log.read_counts().counts.tolist() == counts.tolist()
+            if fmt != "parquet":
+                write_log(tmp_path / f"w{name}", counts)
+                assert open_log(tmp_path / f"w{name}").read_counts().counts.tolist() == counts.tolist()
+    assert log_format("log.csv") is None and log_format("log") is None
+    np.save(tmp_path / "c.npy", counts)
+    assert open_log(tmp_path / "c.npy").read_counts().counts.tolist() == counts.tolist()
+    assert main(["logs", "convert", str(src), str(tmp_path / "x.npy")]) == 2
+    assert "cannot tell the output format from '.npy': name it .npz, .jsonl or .parquet" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eplb.errors import EplbError
 from eplb.io.exports import TARGETS, parse_layer_ids, write_export
-from eplb.io.files import output_file
+from eplb.io.files import output_file, plural
 from eplb.io.foreign import ForeignPlacement, read_placement_file, refuse_other_gpus
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
@@ -242,11 +242,11 @@ def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
     window = loads.window
     layers, experts = window.shape
     total = float(window.sum())
-    what = f"{loads.num_steps} steps x " if keep_steps else ""
+    what = f"{plural(loads.num_steps, 'step')} x " if keep_steps else ""
     per_layer = total / layers if layers else 0.0
     return (f"read {loads.source}\n"
             f"wrote {out}: {what}{layers} layers (model layers {_ranges(loads.layer_ids)}) x {experts} experts, "
-            f"{per_layer:,.0f} token-expert assignments per layer summed over {loads.num_steps} step(s)")
+            f"{per_layer:,.0f} token-expert assignments per layer summed over {plural(loads.num_steps, 'step')}")
 
 
 def _ranges(ids: list[int]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from eplb.errors import EplbError
 from eplb.io.files import plural, usable_path
-from eplb.io.logs import open_log, write_counts, write_jsonl
+from eplb.io.logs import LOG_SUFFIXES, log_format, open_log, write_counts, write_jsonl
 from eplb.io.logs import refuse_compress as refuse_compress_option
 from eplb.io.parquet import SHARD_STEPS, write_parquet
 
@@ -43,25 +43,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.set_defaults(func=run_convert)
 
 
+WRITTEN = ("npz", "jsonl", "parquet")
+"""The formats `eplb logs convert` writes (of `eplb.io.logs.LOG_SUFFIXES`' table: .npy is read only)."""
+
+
 def output_format(dst: Path, to: str | None) -> str:
-    """npz, jsonl or parquet: `to`, else from the name."""
+    """npz, jsonl or parquet: `to`, else from the name (`eplb.io.logs.log_format`)."""
     if to is not None:
         return to
-    suffix = dst.suffix.lower()
-    formats = {".npz": "npz", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
-    if suffix not in formats:
-        raise EplbError(f"{dst}: cannot tell the output format from '{suffix or dst.name}': name it .npz, .jsonl "
-                        "or .parquet, or give --to")  # fmt: skip
-    return formats[suffix]
+    fmt = log_format(dst)
+    if fmt not in WRITTEN:
+        raise EplbError(f"{dst}: cannot tell the output format from '{dst.suffix.lower() or dst.name}': name it "
+                        ".npz, .jsonl or .parquet, or give --to")  # fmt: skip
+    return fmt
 
 
 LOG_HELP = (".npz (per-step counts or token-level topk_ids), .npy, .jsonl, or Parquet: a directory of shards or one "
             ".parquet shard")
 """What every command that reads a routing log takes (`eplb.io.logs.open_log`), for its help."""
-
-SUFFIXES = {"npz": (".npz",), "jsonl": (".jsonl", ".ndjson")}
-"""The names a log of each one-file format must have: readers tell a log's format from its name."""
-
 
 def refuse_compress(compress: bool, fmt: str, what: str) -> None:
     """`eplb.io.logs.refuse_compress` in the CLI's words: --compress given for output format `fmt` (npz, jsonl or
@@ -72,8 +71,8 @@ def refuse_compress(compress: bool, fmt: str, what: str) -> None:
 def run_convert(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), usable_path(args.dst, "OUT")  # every writer's check, before the log is read
     fmt = output_format(dst, args.to)
-    if fmt in SUFFIXES and dst.suffix.lower() not in SUFFIXES[fmt]:  # it was written, then not read back
-        raise EplbError(f"--to {fmt} writes {fmt.upper()}: OUT {dst} must end in {' or '.join(SUFFIXES[fmt])} (a "
+    if fmt != "parquet" and log_format(dst) != fmt:  # it was written, then not read back (a directory: any name)
+        raise EplbError(f"--to {fmt} writes {fmt.upper()}: OUT {dst} must end in {' or '.join(LOG_SUFFIXES[fmt])} (a "
                         "log's format is told from its name when it is read)")
     refuse_compress(args.compress, fmt, f"OUT {dst}")
     if fmt == "parquet" and args.shard_steps < 1:

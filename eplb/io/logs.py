@@ -43,12 +43,14 @@ __all__ = [
     "FORMAT_COUNTS",
     "FORMAT_JSONL",
     "FORMAT_TOPK",
+    "LOG_SUFFIXES",
     "CountsChunk",
     "LogInfo",
     "RoutingLog",
     "as_log",
     "coactivation",
     "count_dtype",
+    "log_format",
     "open_log",
     "output_log",
     "read_counts",
@@ -804,8 +806,9 @@ class _Jsonl(RoutingLog):
             if len(seen) != num_layers:
                 missing = [layer for layer in layers if layer not in seen]
                 raise EplbError(
-                    f"{path}: step {current} (lines {first_line}-{last_line}) is missing layer(s) "
-                    f"{', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''}"
+                    f"{path}: step {current} (lines {first_line}-{last_line}) is missing "
+                    f"{plural(len(missing), 'layer')}: {', '.join(map(str, missing[:8]))}"
+                    f"{' ...' if len(missing) > 8 else ''}"
                     + ("; the file may be truncated" if last_line == self._last_line() else "")
                 )
 
@@ -899,18 +902,35 @@ def _counts_of(rec: dict[str, Any], lineno: int, num_experts: int, path: str) ->
 # --------------------------------------------------------------------------------------------
 
 
+LOG_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "npz": (".npz",),
+    "npy": (".npy",),
+    "jsonl": (".jsonl", ".ndjson"),
+    "parquet": (".parquet",),
+}
+"""The names each routing-log format's files end with, the one table: readers tell a log's format by its name
+(`open_log`; a directory is Parquet shards whatever its name), writers pick theirs by it (`write_log`, `eplb logs
+convert`)."""
+
+
+def log_format(path: str | Path) -> str | None:
+    """The format (a key of LOG_SUFFIXES) that path's name ends in, case aside; None when none."""
+    suffix = Path(path).suffix.lower()
+    return next((fmt for fmt, names in LOG_SUFFIXES.items() if suffix in names), None)
+
+
 def open_log(path: str | Path) -> RoutingLog:
-    """Open a routing log by its extension: `.npz` (per-step counts, or token-level `topk_ids`),
+    """Open a routing log by its extension (LOG_SUFFIXES): `.npz` (per-step counts, or token-level `topk_ids`),
     `.npy` (`[steps, layers, E]`), `.jsonl`, `.parquet` or a directory of Parquet shards
     (`eplb.io.parquet`). Reads metadata only; iterate with `iter_counts`."""
     p = usable_path(path, "routing log")
-    if p.suffix.lower() == ".parquet" or p.is_dir():
+    fmt = log_format(p)
+    if fmt == "parquet" or p.is_dir():
         from eplb.io.parquet import open_parquet
 
         return open_parquet(p)
     existing_file(p, "routing log")
-    suffix = p.suffix.lower()
-    if suffix == ".npz":
+    if fmt == "npz":
         with _open_zip(p) as zf:
             names = zf.namelist()
         if _TOPK + ".npy" in names:
@@ -919,11 +939,12 @@ def open_log(path: str | Path) -> RoutingLog:
             return _NpzCounts(p)
         raise EplbError(f"{p}: expected 'counts' ([steps, layers, E]) or 'topk_ids' ([tokens, layers, k]), "
                         f"found {sorted(n.removesuffix('.npy') for n in names)}")
-    if suffix == ".npy":
+    if fmt == "npy":
         return _NpyCounts(p)
-    if suffix in (".jsonl", ".ndjson"):
+    if fmt == "jsonl":
         return _Jsonl(p)
-    raise EplbError(f"{p}: unknown routing log type '{suffix}' (use .npz, .npy, .jsonl or a Parquet directory)")
+    raise EplbError(f"{p}: unknown routing log type '{p.suffix.lower()}' (use .npz, .npy, .jsonl or a Parquet "
+                    "directory)")
 
 
 def read_counts(path: str | Path) -> tuple[NDArray[Any], LogInfo]:
@@ -1341,14 +1362,14 @@ def refuse_compress(compress: bool, fmt: str, what: str, option: str = "compress
 
 
 def write_log(path: str | Path, counts: ArrayLike | Iterable[NDArray[Any]], **kwargs: Any) -> None:
-    """Write per-step counts by extension: `.npz` (write_counts) or `.jsonl` (write_jsonl; compress=True is refused,
-    `refuse_compress`)."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".npz":
+    """Write per-step counts by extension (LOG_SUFFIXES): `.npz` (write_counts) or `.jsonl` (write_jsonl;
+    compress=True is refused, `refuse_compress`)."""
+    fmt = log_format(path)
+    if fmt == "npz":
         write_counts(path, counts, **kwargs)
-    elif suffix in (".jsonl", ".ndjson"):
+    elif fmt == "jsonl":
         refuse_compress(bool(kwargs.pop("compress", False)), "jsonl", str(path))
         kwargs.pop("dtype", None)
         write_jsonl(path, counts, **kwargs)
     else:
-        raise EplbError(f"{path}: unknown routing log type '{suffix}' (use .npz or .jsonl)")
+        raise EplbError(f"{path}: unknown routing log type '{Path(path).suffix.lower()}' (use .npz or .jsonl)")

@@ -165,12 +165,11 @@ def _sglang_dump_steps(part: NDArray[np.float64], name: str) -> tuple[NDArray[np
         return part[:1], True, ""
     if written.all():
         n = part.shape[0]
-        rows = "the 1 row holds" if n == 1 else f"all {n:,} rows hold"
-        return part, True, (f"{name}: {rows} counts: read in time order, as SGLang's unbounded buffer "
-                            "(--expert-distribution-recorder-buffer-size -1) dumps them; a full circular buffer of "
-                            f"{plural(n, 'row')} (buffer size {n}; SGLang's default is 1000) is rotated by an offset "
-                            "the dump "
-                            "does not record, and --steps would pick arbitrary steps of it")
+        return part, True, (f"{name}: every row holds counts ({plural(n, 'row')}): read in time order, as SGLang's "
+                            "unbounded buffer (--expert-distribution-recorder-buffer-size -1) dumps them; a full "
+                            f"circular buffer of {plural(n, 'row')} (buffer size {n}; SGLang's default is 1000) is "
+                            "rotated by an offset the dump does not record, and --steps would pick arbitrary steps "
+                            "of it")
     starts = np.flatnonzero(written & ~np.roll(written, 1))  # written rows after an unwritten one, circularly
     if starts.size > 1:
         return part[written], False, (f"{name}: rows without counts split its recorded steps into {starts.size} "
@@ -225,7 +224,7 @@ def read_trtllm_loads(paths: Sequence[str | Path]) -> ImportedLoads:
             counts[i, j] = totals[(it, layer)]
     info: dict[str, Any] = {k: v for k, v in meta.items() if isinstance(v, int | float | str)}
     info.update({"iterations": [iters[0], iters[-1] + 1], "ranks": len(rank_files)})
-    source = (f"TensorRT-LLM expert statistics ({meta_path.parent}, {len(rank_files)} rank file(s), "
+    source = (f"TensorRT-LLM expert statistics ({meta_path.parent}, {plural(len(rank_files), 'rank file')}, "
               f"iterations {iters[0]}-{iters[-1]})")
     return ImportedLoads(counts, layers, source, "trtllm", info)
 
