@@ -235,6 +235,229 @@ def test_a_window_of_more_layers_than_its_model_has_is_refused_naming_the_flags(
     assert len(json.loads(capsys.readouterr().out)["predicted"]["time_us"]) == 58
 
 
+@pytest.mark.parametrize("argv, solver", [
+    (["--time-limit", "3", "--solver", "greedy"], "greedy"),
+    (["--time-limit", "3"], "greedy"),
+    (["--total-time-limit", "3", "--solver", "deepseek"], "deepseek"),
+    (["--time-limit", "3", "--current", "CURRENT"], "incremental"),
+])
+def test_time_limits_are_refused_for_solvers_without_one(
+    serving: Path, capsys: pytest.CaptureFixture[str], argv: list[str], solver: str
+) -> None:
+    """As --max-lb-slack is for solvers that do not take it: a time limit was silently dropped."""
+    err = _error(capsys, *[str(serving) if a == "CURRENT" else a for a in argv])
+    assert err.startswith(f"eplb solve: error: solver {solver!r} does not take --") and "(milp, milp-weighted)" in err
+    assert "(it has no time limit)" in err
+    err = _error(capsys, "--solver", "milp", "--time-limit", "inf")
+    assert "--time-limit must be > 0 seconds and finite, got inf" in err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--solver", "greedy", "--max-moves", "5"], "solver 'greedy' does not take --max-moves (it takes: none)"),
+    (["--solver", "deepseek", "--max-lb-slack", "0.2"], "solver 'deepseek' does not take --max-lb-slack"),
+    (["--solver", "greedy", "--target-lb", "1.1", "--max-moves-per-layer", "2"],
+     "solver 'greedy' does not take --max-moves-per-layer, --target-lb (it takes: none)"),
+    (["--solver", "milp", "--max-moves", "5", "--time-limit", "1"],
+     "solver 'milp' does not take --max-moves (it takes: --max-lb-slack, --time-limit, --total-time-limit)"),
+    (["--target-lb", "0.5"], "--target-lb must be >= 1 (lb = busiest GPU / mean GPU), got 0.5"),
+    (["--max-moves", "-1"], "--max-moves must be >= 0, got -1"),
+])
+def test_options_a_solver_refuses_are_named_by_their_flags(
+    serving: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """The registry named the options (`max_lb_slack`), not the flags the user typed; `OPTION_FLAGS` is the one
+    mapping. The Python API (and the service's JSON fields) keep the option names. The MILP is refused before
+    it starts (its 'solving ...' line came first)."""
+    from solvers.registry import Options
+
+    err = _error(capsys, "--current", str(serving), *argv)
+    assert err.startswith("eplb solve: error: ") and said in err, err
+    assert not [option for option in Options.__dataclass_fields__ if option in err], err
+
+
+def test_the_registry_names_options_by_the_names_given() -> None:
+    from eplb.cli.solve import OPTION_FLAGS
+    from solvers import registry
+    from solvers.registry import Options
+
+    with pytest.raises(registry.SolverError, match=r"solver 'greedy' does not take max_lb_slack \(it takes: none\)"):
+        registry.check_options("greedy", Options(max_lb_slack=0.2), has_current=True)
+    with pytest.raises(registry.SolverError, match=r"does not take --max-lb-slack \(it takes: none\)"):
+        registry.check_options("greedy", Options(max_lb_slack=0.2), has_current=True, names=OPTION_FLAGS)
+    with pytest.raises(registry.SolverError, match=r"^--max-moves: a move budget needs the serving placement"):
+        registry.check_options("greedy", Options(max_moves=3), has_current=False, names=OPTION_FLAGS)
+    assert set(OPTION_FLAGS) == set(Options.__dataclass_fields__)  # every option has its flag
+
+
+@pytest.mark.parametrize("target", ["sglang", "trtllm"])
+def test_evaluate_takes_sglang_and_trtllm_placements_with_gpus(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """Their files do not record the EP size: evaluate said 'pass the GPU count (--gpus)' but had no --gpus."""
+    foreign = tmp_path / f"placement.{target}.{'json' if target == 'sglang' else 'yaml'}"
+    assert main(["export", "--placement", str(serving), "--to", target, "--out", str(foreign)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--placement", str(serving), "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", "--placement", str(foreign), "--gpus", "32", "--json"]) == 0
+    theirs = json.loads(capsys.readouterr().out)
+    assert theirs["predicted"]["lb"] == ours["predicted"]["lb"]
+    assert theirs["placement"]["phy2log"] == ours["placement"]["phy2log"]
+    capsys.readouterr()
+    assert main(["evaluate", "--placement", str(foreign)]) == 2
+    assert "do not record the EP size; pass the GPU count (--gpus)" in capsys.readouterr().err
+    assert main(["evaluate", "--placement", str(foreign), "--gpus", "7"]) == 2
+    assert "288 slots per layer do not split evenly over 7 GPUs" in capsys.readouterr().err
+
+
+def test_a_gpu_count_against_a_placement_that_records_its_own_is_refused(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`export --gpus 7` on an eplb placement of 32 GPUs was silently ignored (and so would evaluate's be)."""
+    said = (f"--gpus 7: {serving} records its own GPU count, 32; drop --gpus (it is for SGLang and TensorRT-LLM "
+            "files, which do not record it) or give 32")
+    out = tmp_path / "p.json"
+    for argv in (["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "7"],
+                 ["evaluate", "--placement", str(serving), "--gpus", "7"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"eplb {argv[0]}: error: {said}\n"
+    assert not out.exists()
+    assert main(["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "32"]) == 0
+
+
+def test_long_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's prefix matching read `--gpus 32` as `--gpus-per-node 32` where a command has no --gpus, and
+    `--gpus-per 8` as --gpus-per-node; every parser and subparser of the CLI refuses prefixes."""
+    from eplb.cli import build_parser
+
+    for argv in (["solve", "--gpus-per", "8"], ["solve", "--slots", "9"], ["replay", "log.npz", "--inter", "5"],
+                 ["logs", "convert", "a.npz", "b.npz", "--shard", "5"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert f"unrecognized arguments: {argv[-2]} {argv[-1]}" in capsys.readouterr().err
+
+    def parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return [parser, *(q for s in subs for p in s.choices.values() for q in parsers(p))]
+
+    every = parsers(build_parser())
+    assert len(every) > 15 and all(not p.allow_abbrev for p in every)
+
+
+def test_the_milp_refusing_groups_with_a_current_placement_says_what_to_drop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal said '(greedy, deepseek, incremental do both)', but greedy and deepseek do not minimize copies
+    from a current placement, and it no longer said which flags to drop (the MILP's own message did). The list
+    comes from the capabilities; the solver it names takes the same command."""
+    hierarchy = ["--gpus", "32", "--gpus-per-node", "8", "--groups", "8"]
+    current = tmp_path / "p.json"
+    assert main(["solve", *hierarchy, "--out", str(current)]) == 0
+    capsys.readouterr()
+    err = _error(capsys, *hierarchy, "--current", str(current), "--solver", "milp")  # no 'solving ...' line first
+    assert err == ("eplb solve: error: solver 'milp' keeps expert groups within nodes or minimizes copies from a "
+                   "current placement, not both: drop --groups/--gpus-per-node or --current, or choose a solver "
+                   "that does both (incremental)")
+    assert main(["solve", *hierarchy, "--current", str(current), "--solver", "incremental", "--json"]) == 0
+
+
+def test_the_solvers_said_to_do_both_keep_groups_and_take_the_current_placement() -> None:
+    """Built from the capabilities; the hint names what the caller's names call the groups and the current
+    placement, and offers no dropping of the current placement when the names do not name it (a deployment)."""
+    from solvers import registry
+    from solvers.registry import Options, Problem
+
+    both = [n for n in registry.names() if (c := registry.get_solver(n).capabilities).hierarchical
+            and c.hierarchical_with_current and c.current]
+    assert both == ["incremental"]
+    assert not registry.get_solver("greedy").capabilities.current  # it was listed
+    problem = Problem(np.ones((1, 64)), np.full(8, 9, dtype=np.int64), num_groups=8, gpus_per_node=4,
+                      current_phy2log=np.zeros((1, 72), dtype=np.int64))
+    fields = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node",
+              "current_phy2log": "current_placement"}
+    with pytest.raises(registry.SolverError, match=r"not both: drop cluster.num_groups/cluster.gpus_per_node or "
+                       r"current_placement, or choose a solver that does both \(incremental\)$"):
+        registry.check("milp", problem, Options(), names=fields)
+    del fields["current_phy2log"]
+    with pytest.raises(registry.SolverError, match=r"not both: drop cluster.num_groups/cluster.gpus_per_node, or "
+                       r"choose a solver that does both \(incremental\)$"):
+        registry.check("milp-weighted", problem, Options(), names=fields)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--solver", "milp", "--gpus-per-node", "8", "--groups", "8", "--current", "CURRENT"],
+     "solver 'milp' keeps expert groups within nodes or minimizes copies from a current placement, not both"),
+    (["--solver", "milp", "--split", "weighted", "--objective", "time", "--model", "deepseek-v3"],
+     "the time objective places uniform shares: drop --split weighted (solver 'milp-weighted')"),
+    (["--solver", "milp-weighted", "--objective", "time", "--model", "deepseek-v3"],
+     "the time objective places uniform shares, and solver 'milp-weighted' weights them"),
+    (["--solver", "milp", "--link", "bogus"], "--link bogus: link must be"),
+    (["--solver", "milp", "--hardware", "nope"], "unknown hardware 'nope'"),
+    (["--solver", "milp", "--gpus-per-node", "3"], "32 GPUs do not split into nodes of 3"),
+    (["--solver", "milp", "--node-limit", "2"], "a node limit caps the nodes a token reaches"),
+    (["--solver", "milp", "--coactivation", "MISSING"], "co-activation file not found"),
+])  # fmt: skip
+def test_the_milp_refuses_before_its_progress_line(
+    serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """The 'solving N layers with the MILP ...' line came before these refusals (solve's checks, the registry's,
+    the cost and co-activation setup): now `solve` calls it back once every input is checked."""
+    swap = {"CURRENT": str(serving), "MISSING": str(tmp_path / "missing.json")}
+    err = _error(capsys, *[swap.get(a, a) for a in argv])  # the one line: the error, no progress before it
+    assert err.startswith(f"eplb solve: error: {said}"), err
+
+
+def test_the_milp_progress_line_comes_before_a_solve_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The check above can fail: the line is still printed, first, for both MILP solvers that do run."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": read_window(None).loads[:1].tolist()}))
+    for solver in ("milp", "milp-weighted"):
+        capsys.readouterr()
+        assert main(["solve", "--loads", str(window), "--solver", solver, "--time-limit", "0.05", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert err.startswith("solving 1 layers with the MILP, up to 0.05 s per layer on ") and err.count("\n") == 1
+        assert json.loads(out)["solver"]["name"] == solver
+
+
+def test_a_layer_without_tokens_counts_in_no_mean_of_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layer of all-zero loads has no lb: the printed lb mean and lb max, the lower bound's and the worst
+    layers are over the layers with tokens, as --json's lb_mean says (it printed 1.417 where --json said 1.833:
+    the empty layer counted as 1.0)."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[90, 5, 3, 2, 0, 0, 0, 0], [0] * 8]}))
+    args = ["--loads", str(window), "--gpus", "2", "--slots-per-gpu", "4", "--solver", "greedy"]
+    for command in ("solve", "evaluate"):
+        if command == "evaluate":
+            extra = ["--placement", str(tmp_path / "p.json")]
+            common = [a for a in args if a not in ("--solver", "greedy", "--slots-per-gpu", "4")]
+        else:
+            extra, common = ["--out", str(tmp_path / "p.json")], args
+        assert main([command, *common, *extra, "--json"]) == 0
+        predicted = json.loads(capsys.readouterr().out)["predicted"]
+        assert predicted["lb"][1] is None and predicted["lb_mean"] == predicted["lb_max"] == predicted["lb"][0] > 1.2
+        assert main([command, *common, *extra]) == 0
+        printed = capsys.readouterr().out
+        rows = {line.split()[0]: line.split()[-3:] for line in printed.splitlines() if line.startswith("  ")}
+        base = predicted["baseline"]
+        assert rows["placement"][:2] == [f"{predicted['lb_mean']:.3f}", f"{predicted['lb_max']:.3f}"]
+        assert rows["baseline"][:2] == [f"{base['lb_mean']:.3f}", f"{base['lb_max']:.3f}"]
+        assert "(1 layer of 2 without tokens: no lb, left out of the above)" in printed
+        assert "worst layers: 0: lb" in printed and "; 1: lb" not in printed
+        if command == "solve":  # the bound of the layer with tokens only: its 1.0 would have made the mean lower
+            bound = rows["lower"]
+            assert bound[-2:] == [f"{90 / 50:.3f}"] * 2, printed  # one 90-token expert, 2 GPUs' mean of 50
+    (tmp_path / "z.json").write_text(json.dumps({"loads": [[0] * 8] * 2}))
+    assert main(["solve", "--loads", str(tmp_path / "z.json"), "--gpus", "2", "--slots-per-gpu", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "  placement                     n/a      n/a               n/a" in printed and "worst layers" not in printed
+
+
 def test_one_gpu_and_one_slot_are_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The cluster line counts in words (eplb.io.files.plural): '1 GPU', '1 slot' (it said '1 GPUs')."""
     window = tmp_path / "w.json"
