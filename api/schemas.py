@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from eplb.errors import FieldError
 from eplb.io.exports import checked_layer_ids
-from eplb.rules import MAX_GPUS
+from eplb.rules import SERVICE_MAX_GPUS
 from eplb.schemas import ClusterRules, PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 from eplb.specs import HardwareSpec, ModelSpec
@@ -21,7 +21,7 @@ EXAMPLE_LOADS: list[Any] = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10
 EXAMPLE_PHY2LOG: list[Any] = [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
 STRICT = ConfigDict(extra="forbid", strict=True)
 
-SlotCount = Annotated[int, Field(ge=0, le=MAX_GPUS)]  # a placement's slots on one GPU
+SlotCount = Annotated[int, Field(ge=0, le=SERVICE_MAX_GPUS)]  # a placement's slots on one GPU
 ExpertId = Annotated[int, Field(ge=-1, le=65_535)]  # -1: an empty slot (or no partner)
 LayerId = Annotated[int, Field(ge=0, le=65_535)]  # a model layer number (DeepSeek-V3's MoE layers are 3..60)
 Loads = Annotated[
@@ -41,9 +41,9 @@ class PlacementIn(BaseModel):
     model_config = STRICT
     format: str | None = Field(None, max_length=100)
     phy2log: list[list[ExpertId]]
-    slots_per_gpu: list[SlotCount] = Field(max_length=MAX_GPUS)
+    slots_per_gpu: list[SlotCount] = Field(max_length=SERVICE_MAX_GPUS)
     num_experts: int | None = Field(None, ge=1, le=65_536)
-    num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS)
+    num_gpus: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS)
     replicas: list[list[int]] | None = None
     shares: list[list[float]] | None = None
     layer_ids: list[LayerId] | None = Field(None, description="model layer of each phy2log row, distinct (`eplb "
@@ -110,8 +110,8 @@ class CostIn(BaseModel):
         "reported (docs/cost-model.md)"
     )
     node_limit: int | None = Field(
-        None, ge=1, le=MAX_GPUS, description="node-limited routing: a token's experts lie on at most this many nodes "
-        "of cluster.gpus_per_node GPUs (with coactivation)"
+        None, ge=1, le=SERVICE_MAX_GPUS, description="node-limited routing: a token's experts lie on at most this many "
+        "nodes of cluster.gpus_per_node GPUs (with coactivation)"
     )
 
 
@@ -186,7 +186,7 @@ class EvaluateRequest(CostIn):
     )
     placement: PlacementIn
     loads: Loads
-    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node, for copies per node")
+    gpus_per_node: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS, description="GPUs per node, for copies per node")
 
 
 class Problem(BaseModel):

@@ -40,8 +40,8 @@ from eplb.rules import (
     DEPLOYMENT_NAME,
     DEPLOYMENT_NAME_RULE,
     HISTORY_PAGE_MAX,
-    MAX_GPUS,
     NAME_SHOWN,
+    SERVICE_MAX_GPUS,
     is_deployment_name,
     name_refusal,
 )
@@ -141,7 +141,7 @@ class DeploymentConfig(BaseModel):
     overlap: bool = True
     objective: Literal["lb", "time"] = Field("lb", description="lb: balance tokens; time: lowest predicted layer "
                                              "time (docs/solvers.md, 'Objectives')")
-    node_limit: int | None = Field(None, ge=1, le=MAX_GPUS, description="node-limited routing: nodes a token's "
+    node_limit: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS, description="node-limited routing: nodes a token's "
                                    "experts may lie on (with windows' co-activation summaries)")
     cluster: ClusterShape
     solver: str | None = Field(None, description="absent: incremental when registered and a placement serves, "

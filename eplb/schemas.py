@@ -10,7 +10,7 @@ from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from eplb.rules import MAX_BUDGET_BYTES, MAX_GPUS, groups_need_nodes, one_budget, one_per_gpu
+from eplb.rules import MAX_BUDGET_BYTES, SERVICE_MAX_GPUS, groups_need_nodes, one_budget, one_per_gpu
 
 T = TypeVar("T")
 
@@ -102,11 +102,11 @@ class PlacementResponse(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-GpuSlots = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+GpuSlots = Annotated[int, Field(ge=1, le=SERVICE_MAX_GPUS)]
 """Expert slots on one GPU: every GPU holds at least one expert (`solvers.registry.check`)."""
 BudgetBytes = Annotated[float, Field(gt=0, le=MAX_BUDGET_BYTES)]
 """Bytes of expert weights one GPU may hold: a budget of none fits no expert."""
-PerGpu = Field(min_length=1, max_length=MAX_GPUS)  # a per-GPU list: one value, or one per GPU
+PerGpu = Field(min_length=1, max_length=SERVICE_MAX_GPUS)  # a per-GPU list: one value, or one per GPU
 
 
 class ClusterRules(BaseModel):
@@ -118,8 +118,8 @@ class ClusterRules(BaseModel):
     more GPUs than experts; `eplb.budget.slots_per_gpu`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    num_gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs in the expert-parallel group (1 to 4,096)")
-    gpus_per_node: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs per node: the hierarchical "
+    num_gpus: int = Field(ge=1, le=SERVICE_MAX_GPUS, description="GPUs in the expert-parallel group (1 to 4,096)")
+    gpus_per_node: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS, description="GPUs per node: the hierarchical "
                                       "policy (with num_groups), and a '+' link")
     num_groups: int | None = Field(None, ge=1, le=65_536, description="expert groups, each kept within a node "
                                    "(hierarchical policy; needs gpus_per_node)")

@@ -8,9 +8,9 @@ from typing import Any
 from eplb.cli.logs import LOG_HELP
 from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
 from eplb.cli.solve import (
+    CLI_MAX_GPUS,
     DEFAULT_HARDWARE,
     MAX_COUNT,
-    MAX_GPUS,
     add_cost_options,
     check_time_limit,
     coactivation_for,
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     check_time_limit("--time-limit", args.time_limit)
     if args.layers is not None and args.layers < 1:
         raise EplbError("--layers must be >= 1")
-    eps = _ints(args.ep, "--ep", "GPUs", 1, MAX_GPUS)
+    eps = _ints(args.ep, "--ep", "GPUs", 1, CLI_MAX_GPUS)
     # the most --redundant one EP size takes is checked with it (cluster_shapes)
     redundant = None if args.redundant is None else _ints(args.redundant, "--redundant", "redundant experts in all", 0)
     with executor_from(args) as args.run_on:

@@ -73,7 +73,12 @@ load files: .json {"loads": [[...]]}, .npy/.npz [layers, E] or [steps, layers, E
 
 MAX_COUNT = 2**31 - 1
 """Largest step count, slot count, ... a flag takes: longer windows or intervals than 2**31 steps make no sense."""
-MAX_GPUS = 65_536
+CLI_MAX_GPUS = 65_536
+"""The most GPUs `--gpus` (`eplb solve`, `eplb evaluate`, `eplb replay`) and `eplb compare --ep` take: a bound on
+what the C kernels and numpy are given (a huge value crashed them), not on a run's time, which is its user's own
+(the solve of `eplb.rules.SERVICE_MAX_GPUS`' note on 65,536 GPUs printed 60.90 s and 725,724 KB: `/usr/bin/time -f
+"%e s %M KB" eplb solve --gpus 65536 --slots-per-gpu 1`, on the 2-core machine, other work running). The service,
+whose workers every request shares, takes at most SERVICE_MAX_GPUS (4,096)."""
 MAX_MOVES = 10_000_000
 """Expert copies a move budget may allow in the whole model (as the API); per layer, MAX_MOVES_PER_LAYER."""
 MAX_MOVES_PER_LAYER = 1_000_000
@@ -141,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_loads(e)
     e.add_argument("--placement", required=True, metavar="FILE", help="placement file: eplb's JSON, or an SGLang, "
                    "TensorRT-LLM or vllm-ascend file (SGLang and TensorRT-LLM files need --gpus)")
-    e.add_argument("--gpus", type=int_at_most(MAX_GPUS, "GPUs"), metavar="N", help="EP size, to read an SGLang or "
+    e.add_argument("--gpus", type=int_at_most(CLI_MAX_GPUS, "GPUs"), metavar="N", help="EP size, to read an SGLang or "
                    "TensorRT-LLM --placement (they do not record it)")
     e.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node, for copies per node (with "
                    "--coactivation)")
@@ -159,7 +164,7 @@ def _add_loads(p: argparse.ArgumentParser) -> None:
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     """--gpus, --gpus-per-node, --groups and one of --slots-per-gpu, --redundant, --memory-budget-gib
     (read back with `slots_for` and `eplb.solve.Cluster`)."""
-    p.add_argument("--gpus", type=int_at_most(MAX_GPUS, "GPUs"), default=32, metavar="N",
+    p.add_argument("--gpus", type=int_at_most(CLI_MAX_GPUS, "GPUs"), default=32, metavar="N",
                    help="GPUs in the EP group (default: 32)")
     p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node: the hierarchical policy (with "
                    "--groups), nodes per token with co-activation data, and a '+' --link")
