@@ -235,6 +235,32 @@ def test_a_window_of_more_layers_than_its_model_has_is_refused_naming_the_flags(
     assert len(json.loads(capsys.readouterr().out)["predicted"]["time_us"]) == 58
 
 
+def test_the_cli_and_the_service_bound_gpus_each_by_its_own_named_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two limits were both called MAX_GPUS (4,096 in eplb.rules, 65,536 in eplb.cli.solve): the service's
+    (SERVICE_MAX_GPUS) bounds a request's work, which shares its workers; the CLI's (CLI_MAX_GPUS) only what the C
+    kernels and numpy are given, a local run's time being its user's. Each is what its side refuses above."""
+    from pydantic import ValidationError
+
+    from api.schemas import ClusterIn
+    from eplb.cli import build_parser
+    from eplb.cli.solve import CLI_MAX_GPUS
+    from eplb.rules import SERVICE_MAX_GPUS
+
+    assert (SERVICE_MAX_GPUS, CLI_MAX_GPUS) == (4096, 65_536)
+    assert ClusterIn.model_validate({"num_gpus": SERVICE_MAX_GPUS}).num_gpus == SERVICE_MAX_GPUS
+    with pytest.raises(ValidationError, match="less than or equal to 4096"):
+        ClusterIn.model_validate({"num_gpus": SERVICE_MAX_GPUS + 1})
+    for command in (["solve", "--gpus"], ["evaluate", "--loads", "w.json", "--placement", "p.json", "--gpus"]):
+        parsed = build_parser(command).parse_args([*command, str(SERVICE_MAX_GPUS + 1)])
+        assert parsed.gpus == SERVICE_MAX_GPUS + 1  # the CLI takes more than the service
+        with pytest.raises(SystemExit) as refused:  # argparse's type error: one line
+            main([*command, str(CLI_MAX_GPUS + 1)])
+        assert refused.value.code == 2
+        assert f"argument --gpus: {CLI_MAX_GPUS + 1} is too large (at most 65,536 GPUs)" in capsys.readouterr().err
+    assert main(["compare", "--ep", str(CLI_MAX_GPUS + 1), "--out", "never"]) == 2
+    assert "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, solver", [
     (["--time-limit", "3", "--solver", "greedy"], "greedy"),
     (["--time-limit", "3"], "greedy"),
