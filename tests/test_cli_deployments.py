@@ -35,16 +35,22 @@ def store(db_url: str) -> Iterator[Store]:
     s.close()
 
 
+def _place_rebalance_apply(store: Store, name: str) -> None:
+    """Register `name` (periodic, every window), place window 0, rebalance on window 1, then apply window 0's
+    placement again (the cluster went back to it)."""
+    dep.register(store, name, config(trigger="periodic", every=1))
+    first = dep.process_window(store, name, window(0))
+    dep.process_window(store, name, window(1))
+    assert first.result is not None
+    dep.record_applied(store, name, first.result.placement.model_dump(exclude_none=True))
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A service with API key KEY and one deployment, 'web', with a rebalance and an applied placement."""
     db = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'eplb.db'}"
     store = open_store(db)
-    dep.register(store, "web", config(trigger="periodic", every=1))
-    first = dep.process_window(store, "web", window(0))
-    dep.process_window(store, "web", window(1))
-    assert first.result is not None
-    dep.record_applied(store, "web", first.result.placement.model_dump(exclude_none=True))
+    _place_rebalance_apply(store, "web")
     store.close()
     with replica(db, api_key=KEY) as (url, _):
         yield url
@@ -264,11 +270,7 @@ def history(tmp_path: Path) -> Iterator[tuple[str, list[dep.HistoryEntry]]]:
     rebalance's window (the cluster went back to the first placement)."""
     url = f"sqlite:///{tmp_path / 'eplb.db'}"
     store = open_store(url)
-    dep.register(store, "h", config(trigger="periodic", every=1))
-    first = dep.process_window(store, "h", window(0))
-    dep.process_window(store, "h", window(1))
-    assert first.result is not None
-    dep.record_applied(store, "h", first.result.placement.model_dump(exclude_none=True))
+    _place_rebalance_apply(store, "h")
     yield url, dep.history(store, "h").entries
     store.close()
 

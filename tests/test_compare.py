@@ -109,6 +109,15 @@ REDUNDANT = "--redundant takes comma-separated whole numbers of redundant expert
 EP = "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536, got"
 
 
+def _refused_by_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    """A one-layer greedy `eplb compare` with `argv` exits 2 with an error starting `said`, writing nothing."""
+    assert main(["compare", "--solvers", "greedy", "--layers", "1", *argv, "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"eplb compare: error: {said}"), err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["--redundant", "-1"], f"{REDUNDANT} -1"),
     (["--redundant", "1.5"], f"{REDUNDANT} '1.5'"),
@@ -130,11 +139,7 @@ EP = "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536, got"
 def test_bad_ep_and_redundant_name_the_flag_and_what_it_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
 ) -> None:
-    assert main(["compare", "--solvers", "greedy", "--layers", "1", *argv, "--out", str(tmp_path / "r"),
-                 "--no-progress"]) == 2  # fmt: skip
-    err = capsys.readouterr().err
-    assert err.startswith(f"eplb compare: error: {said}"), err
-    assert "Traceback" not in err and not (tmp_path / "r").exists()
+    _refused_by_compare(tmp_path, capsys, argv, said)
 
 
 def test_more_layers_than_the_window_and_an_endless_time_limit_are_refused(
@@ -189,11 +194,7 @@ def test_a_sweep_entry_given_twice_is_refused_naming_the_flag_and_value(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
 ) -> None:
     """`--ep 4,4` and `--solvers greedy,greedy` ran the same shape or solver twice, silently."""
-    assert main(["compare", "--solvers", "greedy", "--layers", "1", *argv, "--out", str(tmp_path / "r"),
-                 "--no-progress"]) == 2  # fmt: skip
-    err = capsys.readouterr().err
-    assert err.startswith(f"eplb compare: error: {said}"), err
-    assert not (tmp_path / "r").exists()
+    _refused_by_compare(tmp_path, capsys, argv, said)
 
 
 # ----- --log: the same schedule replayed by every solver ------------------------------------------------------
