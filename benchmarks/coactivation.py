@@ -117,10 +117,10 @@ def run_case(
     assert base is not None
     _refine_speed(loads, rows["greedy"][0], slots, pairs, scen, slack)
     for label in ("greedy --objective time", "milp --objective time"):
-        t, g = times[label], times["greedy"]
-        print(f"{label} vs greedy, predicted held-out layer time: faster on {int((t < g).sum())} of {t.size} layers, "
-              f"slower on {int((t > g).sum())}; total {t.sum() / 1000:.3f} ms vs {g.sum() / 1000:.3f} ms per step "
-              f"({t.sum() / g.sum() - 1:+.1%})")
+        ours, greedy_us = times[label], times["greedy"]
+        print(f"{label} vs greedy, predicted held-out layer time: faster on {int((ours < greedy_us).sum())} of "
+              f"{ours.size} layers, slower on {int((ours > greedy_us).sum())}; total {ours.sum() / 1000:.3f} ms vs "
+              f"{greedy_us.sum() / 1000:.3f} ms per step ({ours.sum() / greedy_us.sum() - 1:+.1%})")
     p2l = coact.phy2log
     copies = float(copies_per_token(test, p2l, slots, experts, gpus_per_node=gpus_per_node, rule="coact").gpus.mean())
     lb = float(np.median(evaluate(test_loads, Placement(p2l, slots, experts)).balance.lb))

@@ -53,7 +53,9 @@ def plugin(env: dict[str, str]):  # type: ignore[no-untyped-def]
         os.environ.update(env)
         try:
             old_t = None if old is None else torch.from_numpy(old)
-            return EplbPolicy.rebalance_experts(torch.from_numpy(weight), slots, groups, nodes, ep, old_t).numpy()
+            placed: np.ndarray = EplbPolicy.rebalance_experts(torch.from_numpy(weight), slots, groups, nodes, ep,
+                                                              old_t).numpy()
+            return placed
         finally:
             for k, v in saved.items():
                 if v is None:

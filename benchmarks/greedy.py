@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +38,13 @@ from solvers.greedy import rebalance_experts, solve_greedy
 ROOT = Path(__file__).resolve().parents[1]
 PREVIOUS = "f50e3b8"  # last commit with the numpy-only solvers/greedy.py
 Solve = Callable[[], NDArray[np.int64]]
+
+
+def drop_in_phy2log(rebalance: Callable[..., Any], loads: NDArray[np.float64], groups: int,
+                    nodes: int) -> NDArray[np.int64]:
+    """The phy2log of a DeepSeek-style `rebalance_experts` at EP32 / 288 slots."""
+    phy2log: NDArray[np.int64] = rebalance(loads, 288, groups, nodes, 32)[0]
+    return phy2log
 
 
 def loop_greedy(loads: NDArray[np.float64], slots: int, gpus: int) -> NDArray[np.int64]:
@@ -143,10 +151,10 @@ def main() -> None:
     for name, loads in real.items():
         for gpus, per_gpu in ((32, 9), (64, 5)):
             slots = np.full(gpus, per_gpu)
-            runs: dict[str, Solve] = {"ours": lambda loads=loads, slots=slots: solve_greedy(loads, slots)}
+            runs: dict[str, Solve] = {"ours": partial(solve_greedy, loads, slots)}
             if previous is not None:
-                runs["previous numpy"] = lambda loads=loads, slots=slots: previous.solve_greedy(loads, slots)
-            runs["plain loop (no swaps)"] = lambda loads=loads, g=gpus, s=per_gpu: loop_greedy(loads, s, g)
+                runs["previous numpy"] = partial(previous.solve_greedy, loads, slots)
+            runs["plain loop (no swaps)"] = partial(loop_greedy, loads, per_gpu, gpus)
             speed(f"solve_greedy {name} EP{gpus}/{gpus * per_gpu}", runs,
                   {"ours": args.repeats, "previous numpy": args.repeats, "plain loop (no swaps)": slow})
     synthetic = skewed(61, 384, 0)
@@ -159,11 +167,9 @@ def main() -> None:
           {"ours": args.repeats, "previous numpy": args.repeats, "plain loop (no swaps)": slow})
     for name, loads in real.items():
         for label, groups, nodes in (("global", 1, 1), ("8g/4n", 8, 4)):
-            runs = {"ours": lambda loads=loads, g=groups, n=nodes: rebalance_experts(loads, 288, g, n, 32)[0]}
+            runs = {"ours": partial(drop_in_phy2log, rebalance_experts, loads, groups, nodes)}
             if previous is not None:
-                runs["previous numpy"] = lambda loads=loads, g=groups, n=nodes: previous.rebalance_experts(
-                    loads, 288, g, n, 32
-                )[0]
+                runs["previous numpy"] = partial(drop_in_phy2log, previous.rebalance_experts, loads, groups, nodes)
             speed(f"rebalance_experts {name} EP32/288 {label}", runs,
                   {"ours": args.repeats, "previous numpy": args.repeats})
 

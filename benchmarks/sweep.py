@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from eplb.budget import spread_evenly  # noqa: E402
 from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, _Part, _replay_part, layer_parts  # noqa: E402
+from eplb.io.logs import as_log  # noqa: E402
 from eplb.io.windows import read_window  # noqa: E402
 from eplb.replay import Schedule  # noqa: E402
 from eplb.report import _window_run, cluster_shapes, window_tasks  # noqa: E402
@@ -51,7 +52,7 @@ def sweep_tasks() -> list[tuple[str, list[Task[Any]]]]:
     counts = synth_log(SynthConfig(steps=2000, layers=16, experts=64, top_k=6, tokens=2048, seed=1))
     args = dict(schedule=Schedule(window=200, interval=250), solver="greedy", oracle_every=5)
     cluster = Cluster(spread_evenly(80, 16))
-    replay = [Task((_replay_part, _Part(counts[:, r.start : r.stop], None, cluster, args, False)),
+    replay = [Task((_replay_part, _Part(as_log(counts[:, r.start : r.stop]), None, cluster, args, False)),
                    note=f"layers {r.start}-{r.stop - 1}") for r in layer_parts(16, 4)]  # fmt: skip
     return [("compare: greedy+milp x EP4,8,16 (6 tasks)", window), ("replay: 2,000 steps x 16 layers, 4 parts", replay)]
 
