@@ -50,7 +50,8 @@ class ReplayStats:
     solve_ms: list[float]  # [R] solver wall time per rebalance, all layers, ms
     layer_solve_ms: list[list[float]]  # [R][L] per layer, ms (greedy: the wall time split evenly)
     bytes_moved: list[float] | None  # [R] bytes of expert weights copied; None without a model
-    window_lb: list[float]  # [R] mean over layers of the lb the solver reported on its window
+    window_lb: list[float | None]  # [R] mean over the window's layers with tokens of the lb the solver reported
+    # on it (`Rebalance.window_lb_mean`); None: no layer had any
     lb_all_steps: list[float]  # [L] mean lb over every step of the log
     static_lb: list[float]  # [L] the first rebalance's placement kept
     oracle_lb: list[float] | None  # [L] every sampled step solved on its own counts (greedy); None: skipped
@@ -503,7 +504,7 @@ def _log_run(
         solve_ms=[rb.solve_ms for rb in rebalances],
         layer_solve_ms=layer_ms,
         bytes_moved=moved if len(moved) == len(rebalances) else None,
-        window_lb=[float(rb.window_lb.mean()) for rb in rebalances],
+        window_lb=[rb.window_lb_mean for rb in rebalances],
         lb_all_steps=means.mean("lb_all") or [],
         static_lb=means.mean("static_lb") or [],
         oracle_lb=shared.mean("oracle_lb"),

@@ -21,6 +21,7 @@ from eplb.cli import replay as cli_replay
 from eplb.cost import predict
 from eplb.errors import EplbError
 from eplb.evaluate import balance, contiguous_placement
+from eplb.executor import LocalExecutor, replay_logs
 from eplb.io.logs import open_log, write_counts, write_jsonl
 from eplb.placement import Placement
 from eplb.progress import Progress
@@ -833,6 +834,26 @@ def test_steps_and_layers_without_tokens_have_no_lb() -> None:
         assert row["serving_s"] == pytest.approx(np.nansum(st.row(name)[1]) / 1e6, abs=1e-6)
     layer_mean = st.lb[:, :2].mean(axis=1)
     assert res.checks[0]["recent_lb"] == pytest.approx(np.nanmean(layer_mean[20:60]), rel=1e-9)
+
+
+def test_a_rebalances_window_lb_leaves_out_layers_without_tokens() -> None:
+    """A layer without tokens in a check's window has no window lb (NaN in `window_lb`) and counts in no
+    `window_lb_mean`, as in every other lb mean; merged layer ranges give the same mean. Without a cost model a
+    check whose window has no tokens at all still rebalances (every layer's window lb NaN, the mean null in
+    summary.json, which stays strict JSON)."""
+    log = two_regimes(90, shift=200, layers=4)
+    log[:30, :2] = 0  # layers 0-1 idle in the first check's window
+    log[30:60] = 0  # the second check's window has no token at all
+    cluster, sched = Cluster(np.full(8, 5)), Schedule(window=30, interval=30)
+    res = replay(log, cluster, schedule=sched, oracle_every=0, hindsight=False)
+    first, empty = res.rebalances[0], res.rebalances[1]
+    assert np.isnan(first.window_lb[:2]).all() and (first.window_lb[2:] > 1.0).all()
+    assert first.window_lb_mean == pytest.approx(float(first.window_lb[2:].mean()), rel=1e-12)
+    assert empty.position == 60 and np.isnan(empty.window_lb).all() and empty.window_lb_mean is None
+    listed = json.loads(json.dumps(res.summary, allow_nan=False))["rebalances"]["list"]
+    assert [r["window_lb_mean"] for r in listed[:2]] == [first.window_lb_mean, None]
+    merged = replay_logs(LocalExecutor(), [log], cluster, schedule=sched, parts=2, oracle_every=0)[0]
+    assert [r.window_lb_mean for r in merged.rebalances] == pytest.approx([r.window_lb_mean for r in res.rebalances])
 
 
 def test_a_log_with_one_busy_step_reports_that_steps_lb() -> None:

@@ -76,8 +76,9 @@ class Rebalance:
     transfer_s: how long the copies take; charge_s: serving time charged for them; saving_s: the
     predicted time saved over the next interval (cost trigger); solve_ms: the solver's wall time
     (relabelling and, for the cost trigger, every budget tried); window_lb: [layers] lb the solver
-    reports on its own window; solver_info: the solver's report (`eplb.solve.Outcome.solver`); served: False
-    when the log ended while its copies were in flight (its placement never served; charge_s 0)."""
+    reports on its own window, NaN for a layer without tokens there (`Balance.has_tokens`: it has no lb, as in
+    StepBlock; `window_lb_mean` leaves it out); solver_info: the solver's report (`eplb.solve.Outcome.solver`);
+    served: False when the log ended while its copies were in flight (its placement never served; charge_s 0)."""
 
     position: int
     step: int
@@ -106,9 +107,16 @@ class Rebalance:
             "charge_s": self.charge_s,
             "saving_s": self.saving_s,
             "solve_ms": self.solve_ms,
-            "window_lb_mean": float(self.window_lb.mean()),
+            "window_lb_mean": self.window_lb_mean,
             "served": self.served,
         }
+
+    @property
+    def window_lb_mean(self) -> float | None:
+        """Mean of `window_lb` over the layers with tokens in the window (the rule of every lb mean); None when
+        none has any (a check without a cost model rebalances on such a window too: docs/replay.md)."""
+        mean = float(_nan_mean(self.window_lb, axis=0))
+        return None if np.isnan(mean) else mean
 
 
 @dataclass(frozen=True)
@@ -681,7 +689,7 @@ class _Replay:
                 moves_per_layer=moves,
                 bytes_moved=None if self.cost is None else float(moves.sum()) * self.cost.model.expert_bytes,
                 solve_ms=round(solve_ms, 3),
-                window_lb=outcome.balance.lb,
+                window_lb=np.where(outcome.balance.has_tokens, outcome.balance.lb, np.nan),
                 solver_info=outcome.solver,
                 transfer_s=None if cost is None else cost.transfer_s,
                 charge_s=None if cost is None else charge,

@@ -1,0 +1,43 @@
+"""eplb.report on routing logs and its files: what a Run's replay fields hold, and what writing a report
+that cannot be written says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.io.logs import as_log
+from eplb.replay import Schedule, replay
+from eplb.report import compare_log, write_report
+from eplb.solve import Cluster
+
+
+def _log_with_idle_windows() -> np.ndarray:
+    """Counts [90, 4, 32]: layers 0-1 idle in the first check's window (steps 0-29), no token at all in the
+    second's (30-59), every layer busy after."""
+    rng = np.random.default_rng(1)
+    log = rng.poisson(rng.gamma(0.5, 40.0, size=(1, 4, 32)), size=(90, 4, 32)).astype(np.int64)
+    log[:30, :2] = 0
+    log[30:60] = 0
+    return log
+
+
+def test_a_log_runs_window_lb_leaves_out_layers_without_tokens(tmp_path: Path) -> None:
+    """ReplayStats.window_lb: per rebalance, the mean over the window's layers with tokens of the solver's lb
+    (`Rebalance.window_lb_mean`, the replay's rule), null in results.json for a window without any token; the
+    placeholder lb 1.0 of an idle layer used to pull the mean down."""
+    log = _log_with_idle_windows()
+    cluster, sched = Cluster(np.full(8, 5)), Schedule(window=30, interval=30)
+    run = compare_log(as_log(log), [(8, cluster.slots_per_gpu)], ["greedy"], None, schedule=sched, oracle_every=0,
+                      progress=False)[0]  # fmt: skip
+    direct = replay(log, cluster, schedule=sched, solver="greedy", oracle_every=0, hindsight=False)
+    first = direct.rebalances[0]
+    assert (first.window_lb[2:] > 1.0).all()  # the busy layers' lb, above the idle layers' old placeholder 1.0
+    assert run.replay is not None
+    assert run.replay.window_lb[:2] == [pytest.approx(float(first.window_lb[2:].mean()), rel=1e-12), None]
+    write_report([run], tmp_path / "report", {"title": "idle windows"})
+    written = json.loads((tmp_path / "report" / "results.json").read_text())["runs"][0]["replay"]["window_lb"]
+    assert written[:2] == [run.replay.window_lb[0], None]
