@@ -312,15 +312,22 @@ def test_non_finite_inputs_take_the_numpy_loop() -> None:
 def test_compiled_loop_checks_its_buffers_and_runs_in_threads() -> None:
     _layer = coact._layer
     p, g = 4, 2
-    args = [np.zeros((p, p)), np.zeros((p, g)), np.zeros((1, p)), np.zeros((1, g)), np.ones(1)]
-    ids = [np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64)]
+    weight, affinity, slot_loads, gpu_loads, cap = (np.zeros((p, p)), np.zeros((p, g)), np.zeros((1, p)),
+                                                    np.zeros((1, g)), np.ones(1))
+    row, gpu = np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64)
     with pytest.raises(ValueError, match="affinity"):
-        _coact.refine(args[0], np.zeros((p, g + 1)), *args[2:], *ids, p, g, 1, 1, 10)
+        _coact.refine(weight, np.zeros((p, g + 1)), slot_loads, gpu_loads, cap, row, gpu, p, g, 1, 1, 10)
     with pytest.raises(ValueError, match="out of range"):
-        _coact.refine(*args, ids[0], np.full(p, g, dtype=np.int64), p, g, 1, 1, 10)
+        _coact.refine(weight, affinity, slot_loads, gpu_loads, cap, row, np.full(p, g, dtype=np.int64), p, g, 1, 1, 10)
     cases = [_random_case(seed) for seed in range(16)]
+
+    def refined(case: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float],
+                ) -> tuple[np.ndarray, float, float, int]:
+        row, loads, pairs, slots, slack = case
+        return _layer(row, loads, pairs, slots, slack, 1000)
+
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda c: _layer(*c, 1000), cases))
+        got = list(pool.map(refined, cases))
     for case, out in zip(cases, got, strict=True):
         assert np.array_equal(out[0], _layer(*case, 1000, compiled=False)[0])
 

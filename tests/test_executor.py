@@ -38,7 +38,7 @@ TIMED = {"solve_ms", "wall_ms", "layer_ms", "timing", "solve_ms_mean", "solve_ms
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayExecutor]:
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]  # workers cannot import tests/
     try:
         yield RayExecutor()  # uses the instance above, leaves it running
     finally:

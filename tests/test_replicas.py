@@ -67,9 +67,9 @@ def kill_with_workers(proc: subprocess.Popen[bytes]) -> None:
     proc.kill()
     proc.wait()
     for pid in map(int, children):
-        for kill in (lambda p: os.killpg(p, signal.SIGKILL), lambda p: os.kill(p, signal.SIGKILL)):
+        for kill in (os.killpg, os.kill):
             with suppress(ProcessLookupError, PermissionError):
-                kill(pid)
+                kill(pid, signal.SIGKILL)
 
 
 def long_milp() -> dict[str, Any]:

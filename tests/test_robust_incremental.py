@@ -39,7 +39,7 @@ def assert_servable(phy2log: np.ndarray, slots: np.ndarray, experts: int) -> Non
 @pytest.mark.parametrize("trigger", ["periodic", "threshold"])
 def test_robust_incremental_replay_keeps_placements_aligned(trigger: str, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[np.ndarray, Outcome]] = []
-    real = replay_run.solve
+    real = solve  # what eplb.replay.run calls
 
     def recording(*args: Any, **kwargs: Any) -> Outcome:
         outcome = real(*args, **kwargs)
@@ -90,7 +90,7 @@ def test_robust_swaps_spend_only_the_copies_the_budget_leaves(budget: dict[str, 
     current = initial_placement(2, 32, SLOTS).phy2log
     scenarios = np.stack([log[30 * i : 30 * i + 30].sum(axis=0) for i in range(4)])
     problem = Problem(log.sum(axis=0), SLOTS, current_phy2log=current, scenarios=scenarios)
-    options = Options(**budget)
+    options = Options(max_moves=budget.get("max_moves"), max_moves_per_layer=budget.get("max_moves_per_layer"))
     edited = registry.solve("incremental", problem, options)
     unbounded = refine(problem, edited)  # no budget: the swaps copy freely
     bounded = refine(problem, edited, options)

@@ -7,6 +7,7 @@ import io
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -29,9 +30,9 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def npz(**arrays: np.ndarray) -> bytes:
+def npz(**arrays: Any) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    np.savez(buffer, **arrays)
     return buffer.getvalue()
 
 
@@ -93,7 +94,8 @@ def test_service_takes_the_binary_summary(server_factory: Callable[..., str], su
     config = {"model": "deepseek-v2-lite", "hardware": "h800", "link": "nic", "tokens_per_gpu": 256.0,
               "cluster": {"num_gpus": 8, "slots_per_gpu": 9}}  # fmt: skip
     answers = []
-    for name, value in (("as-json", summary.to_dict()), ("as-binary", b64(summary.to_bytes()))):
+    forms: list[tuple[str, Any]] = [("as-json", summary.to_dict()), ("as-binary", b64(summary.to_bytes()))]
+    for name, value in forms:
         assert httpx.put(f"{base}/deployments/{name}", json=config, timeout=30).status_code == 201
         sent = httpx.post(f"{base}/deployments/{name}/windows", json={"loads": loads.tolist(), "coactivation": value},
                           timeout=120)  # fmt: skip

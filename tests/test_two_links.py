@@ -18,7 +18,9 @@ from eplb.solve import Cluster, CostSetup, evaluate
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, all_to_all_links
 
 H800 = HARDWARE_PRESETS["h800"]
-NVLINK, NIC = all_to_all_links(H800, "nvlink+nic")
+NVLINK, _BETWEEN = all_to_all_links(H800, "nvlink+nic")
+assert _BETWEEN is not None
+NIC: float = _BETWEEN
 MODEL = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": 16, "top_k": 3, "name": "small"})
 
 
