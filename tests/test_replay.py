@@ -331,6 +331,46 @@ def run_cli(argv: list[str]) -> int:
     return code
 
 
+@pytest.mark.parametrize(("name", "steps"), [("steps.csv", 300), ("steps.csv", 30), ("rebalances.csv", 300),
+                                             ("summary.json", 300)])  # fmt: skip
+def test_replay_out_write_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, steps: int
+) -> None:
+    """A full disk under --out DIR (the file a link to /dev/full) is one error line naming the flag and the file,
+    whether steps.csv fails while the replay writes it (300 steps, more than its buffer) or when it is closed (30),
+    or a file written after the replay does; it was an OSError traceback."""
+    log = tmp_path / "log.npz"
+    write_counts(log, two_regimes(steps, shift=150, layers=2), top_k=8)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / name).symlink_to("/dev/full")
+    assert run_cli(["replay", str(log), "--window", "50", "--interval", "100", "--gpus", "8", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"eplb replay: error: --out {out}: cannot write {name} there (No space left "
+                                       "on device)\n")  # fmt: skip
+
+
+def test_replay_out_replaced_by_a_file_during_the_run_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--out DIR checked before the run, then moved away and a file put in its place while the replay runs: the
+    files written after it are refused in one line, not a NotADirectoryError traceback."""
+    log = tmp_path / "log.npz"
+    write_counts(log, two_regimes(200, shift=150, layers=2), top_k=8)
+    out = tmp_path / "run"
+
+    def then_replace(*args: Any, **kwargs: Any) -> Any:
+        done = replay_logs(*args, **kwargs)
+        out.rename(tmp_path / "moved")
+        out.write_text("in the way")
+        return done
+
+    monkeypatch.setattr(cli_replay, "replay_logs", then_replace)
+    assert run_cli(["replay", str(log), "--window", "50", "--interval", "100", "--gpus", "8", "--out", str(out)]) == 2
+    said = f"eplb replay: error: --out {out}: cannot write rebalances.csv there (Not a directory)\n"
+    assert capsys.readouterr().err == said
+    assert (tmp_path / "moved" / "steps.csv").read_text().count("\n") == 1 + 200 * 2  # written before, in full
+
+
 def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "log.npz"
     assert run_cli(["synth", "--out", str(log), "--steps", "90", "--layers", "3", "--experts", "32",

@@ -8,6 +8,7 @@ import math
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -468,14 +469,27 @@ def _write_counts(out: Path, counts: Any, meta: dict[str, Any], compress: bool) 
 # --------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def _writing(out: Path, name: str) -> Iterator[None]:
+    """Run the block that writes file `name` of `--out DIR`: an OSError there (a full disk, the directory removed or
+    replaced by a file during the run) is one error line naming the flag, as `output_dir`'s checks before the run."""
+    try:
+        yield
+    except OSError as exc:
+        raise EplbError(f"--out {out}: cannot write {name} there ({exc.strerror or exc})") from None
+
+
 class _CsvSteps:
-    """steps.csv, written block by block as the replay goes."""
+    """steps.csv in directory `out`, written block by block as the replay goes (write errors: `_writing`)."""
 
     HEADER = "step,layer,lb,oracle_lb,static_lb,no_eplb_lb,hindsight_lb,time_us\n"
+    NAME = "steps.csv"
 
-    def __init__(self, path: Path, layer_ids: list[int] | None, num_layers: int) -> None:
-        self.f = path.open("w")
-        self.f.write(self.HEADER)
+    def __init__(self, out: Path, layer_ids: list[int] | None, num_layers: int) -> None:
+        self.out = out
+        with _writing(out, self.NAME):
+            self.f = (out / self.NAME).open("w")
+            self.f.write(self.HEADER)
         self.layers = np.asarray(layer_ids if layer_ids is not None else range(num_layers), dtype=np.int64)
 
     def __call__(self, block: StepBlock) -> None:
@@ -486,14 +500,21 @@ class _CsvSteps:
         ])  # fmt: skip
         fmt = "%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%.3f\n"
         text = (fmt * cols.shape[0]) % tuple(cols.ravel().tolist())
-        self.f.write(text.replace("nan", ""))
+        with _writing(self.out, self.NAME):
+            self.f.write(text.replace("nan", ""))
 
     def of_log(self, _: int, block: StepBlock) -> None:
         """`eplb.executor.replay_logs`' on_steps (one log)."""
         self(block)
 
-    def close(self) -> None:
-        self.f.close()
+    def close(self, quiet: bool = False) -> None:
+        """Close the file (flushing what is left); quiet: ignore a write error (another error is being reported)."""
+        try:
+            with _writing(self.out, self.NAME):
+                self.f.close()
+        except EplbError:
+            if not quiet:
+                raise
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -512,12 +533,7 @@ def run_replay(args: argparse.Namespace) -> int:
     schedule = schedule_from(args, cost)
     migration = migration_from(args, cost)
     out = output_dir(args.out, "--out", create=True) if args.out else None
-    csv: _CsvSteps | None = None
-    if out is not None:
-        try:
-            csv = _CsvSteps(out / "steps.csv", info.layer_ids, info.num_layers)
-        except OSError as exc:
-            raise EplbError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    csv = None if out is None else _CsvSteps(out, info.layer_ids, info.num_layers)
     try:
         with executor_from(args) as executor:
             result = replay_logs(
@@ -534,20 +550,24 @@ def run_replay(args: argparse.Namespace) -> int:
                 on_steps=None if csv is None else csv.of_log,
                 progress=args.progress,
             )[0]
-    finally:
+    except BaseException:
         if csv is not None:
-            csv.close()
+            csv.close(quiet=True)  # the error in flight is the one to report
+        raise
+    if csv is not None:
+        csv.close()
     if not result.summary["results"]["no_eplb"].get("steps"):
         raise EplbError(f"{args.log}: no step has tokens (every count is 0): there is no lb or time to report")
     if out is not None:
-        with (out / "rebalances.csv").open("w") as f:
+        with _writing(out, "rebalances.csv"), (out / "rebalances.csv").open("w") as f:
             f.write("step,moves,bytes_moved,transfer_s,charge_s,solve_ms,served\n")
             for rb in result.rebalances:
                 moved = "" if rb.bytes_moved is None else f"{rb.bytes_moved:.0f}"
                 transfer = "" if rb.transfer_s is None else f"{rb.transfer_s:.6f}"
                 charge = "" if rb.charge_s is None else f"{rb.charge_s:.6f}"
                 f.write(f"{rb.step},{rb.moves},{moved},{transfer},{charge},{rb.solve_ms:.3f},{int(rb.served)}\n")
-        (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+        with _writing(out, "summary.json"):
+            (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     if args.json:
         json.dump(result.summary, sys.stdout)
         print()
