@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eplb.errors import EplbError
 from eplb.io.logs import as_log
 from eplb.replay import Schedule, replay
-from eplb.report import compare_log, write_report
+from eplb.report import compare_log, compare_window, write_report
 from eplb.solve import Cluster
 
 
@@ -41,3 +42,18 @@ def test_a_log_runs_window_lb_leaves_out_layers_without_tokens(tmp_path: Path) -
     write_report([run], tmp_path / "report", {"title": "idle windows"})
     written = json.loads((tmp_path / "report" / "results.json").read_text())["runs"][0]["replay"]["window_lb"]
     assert written[:2] == [run.replay.window_lb[0], None]
+
+
+@pytest.mark.parametrize("name", ["results.json", "report.md", "report.html", "lb_per_layer.png"])
+def test_a_report_that_cannot_be_written_is_one_error(tmp_path: Path, name: str) -> None:
+    """A full disk (the file a link to /dev/full) while `eplb compare --out` writes its report: EplbError naming the
+    directory, for the JSON, the pages and the plots alike (the CLI prints it as one line)."""
+    rng = np.random.default_rng(2)
+    runs = compare_window(rng.poisson(20.0, size=(2, 32)).astype(np.float64), [(8, np.full(8, 5))], ["greedy"],
+                          None, progress=False)  # fmt: skip
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / name).symlink_to("/dev/full")
+    with pytest.raises(EplbError) as err:
+        write_report(runs, out, {"title": "full disk"}, "--out")
+    assert str(err.value) == f"--out {out}: cannot write the report there (No space left on device)"
