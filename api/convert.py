@@ -55,6 +55,7 @@ from eplb.specs import (
     HardwareSpec,
     ModelSpec,
     all_to_all_links,
+    service_preset,
 )
 from solvers import registry
 from solvers.registry import Options
@@ -304,13 +305,10 @@ def check_window(value: Any) -> NDArray[np.float64]:
 
 
 def _spec(field: str, value: Any, presets: Mapping[str, Any]) -> Any:
-    """A preset by name (never a file path: this is a network service) or the spec object the request carried
-    (already validated: ModelSpec and HardwareSpec are the request's schema)."""
-    if isinstance(value, str):
-        if value not in presets:
-            raise FieldError(field, f"unknown preset {value!r}; known: {', '.join(presets)}")
-        return presets[value]
-    return value
+    """A preset by name (`eplb.specs.service_preset`: case-insensitive, never a file path: this is a network
+    service) or the spec object the request carried (already validated: ModelSpec and HardwareSpec are the
+    request's schema)."""
+    return service_preset(value, presets, field) if isinstance(value, str) else value
 
 
 def model_for(value: Any, loads: NDArray[np.float64]) -> ModelSpec | None:

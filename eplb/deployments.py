@@ -60,7 +60,7 @@ from eplb.solve import (
     solve,
     window_refusal,
 )
-from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec, all_to_all_links
+from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, HardwareSpec, ModelSpec, all_to_all_links, service_preset
 from eplb.store import DeploymentRow, HistoryRow, Store
 from eplb.store.arrays import pack, unpack
 from solvers import registry
@@ -122,7 +122,8 @@ class Policy(BaseModel):
 
 
 class DeploymentConfig(BaseModel):
-    """What `PUT /deployments/{name}` registers. model and hardware are preset names (GET /presets)."""
+    """What `PUT /deployments/{name}` registers. model and hardware are preset names (GET /presets; case-insensitive,
+    stored as the presets' own: `stored_config`)."""
 
     model_config = ConfigDict(
         extra="forbid", strict=True,
@@ -157,10 +158,16 @@ class DeploymentConfig(BaseModel):
         return DEFAULT_TOKENS_PER_GPU if value is None else value
 
 
+def config_model(config: DeploymentConfig) -> ModelSpec:
+    """The model preset a config names (`eplb.specs.service_preset`: case-insensitive, as `eplb solve --model`
+    and POST /placement take it); a FieldError naming `model` when it names none."""
+    return service_preset(config.model, MODEL_PRESETS, "model")
+
+
 def config_slots(config: DeploymentConfig) -> NDArray[np.int64]:
     """Slots per GPU [G] of a config's cluster (`eplb.budget.cluster_slots`: a FieldError naming the cluster's
     budget field; the model must be a preset)."""
-    model = MODEL_PRESETS[config.model]
+    model = config_model(config)
     return cluster_slots(config.cluster, model.num_experts, model.expert_bytes_all_layers)
 
 
@@ -170,8 +177,17 @@ def explicit_slots(config: DeploymentConfig) -> DeploymentConfig:
     shape = config.cluster
     if any(v is not None for v in (shape.slots_per_gpu, shape.num_redundant, shape.memory_budget_bytes)):
         return config
-    redundant = int(config_slots(config).sum()) - MODEL_PRESETS[config.model].num_experts
+    redundant = int(config_slots(config).sum()) - config_model(config).num_experts
     return config.model_copy(update={"cluster": shape.model_copy(update={"num_redundant": redundant})})
+
+
+def stored_config(config: DeploymentConfig) -> DeploymentConfig:
+    """`config` as a deployment stores it: its model and hardware as the presets' own names ('DeepSeek-V3' is
+    stored as 'deepseek-v3', so every later read finds the preset), its default slot budget written out
+    (`explicit_slots`)."""
+    names = {"model": config_model(config).name,
+             "hardware": service_preset(config.hardware, HARDWARE_PRESETS, "hardware").name}
+    return explicit_slots(config.model_copy(update=names))
 
 
 class Setup:
@@ -179,14 +195,9 @@ class Setup:
     solver option every window would refuse is refused here, naming its field."""
 
     def __init__(self, config: DeploymentConfig) -> None:
-        if config.model not in MODEL_PRESETS:
-            raise FieldError("model", f"unknown preset {config.model!r}; known: {', '.join(MODEL_PRESETS)}")
-        if config.hardware not in HARDWARE_PRESETS:
-            raise FieldError("hardware", f"unknown preset {config.hardware!r}; known: "
-                             f"{', '.join(HARDWARE_PRESETS)}")
         self.config = config
-        self.model: ModelSpec = MODEL_PRESETS[config.model]
-        hardware = HARDWARE_PRESETS[config.hardware]
+        self.model: ModelSpec = config_model(config)
+        hardware: HardwareSpec = service_preset(config.hardware, HARDWARE_PRESETS, "hardware")
         try:
             within, between = all_to_all_links(hardware, config.link)
         except EplbError as exc:
@@ -411,7 +422,7 @@ def register(store: Store, name: str, config: DeploymentConfig) -> tuple[Deploym
     layout is unchanged (and drops the placement otherwise). Returns the view and whether it was created."""
     check_name(name)
     setup = check_config(config)
-    config = explicit_slots(config)
+    config = stored_config(config)
     now = time.time()
     with store.write() as session:
         row = store.lock_deployment(session, name)
@@ -724,11 +735,11 @@ def _placement(row: DeploymentRow) -> Placement | None:
     if row.phy2log is None:
         return None
     try:  # a stored config a newer eplb cannot resolve (a preset renamed, a stricter check) serves nothing
-        slots = config_slots(DeploymentConfig.model_validate(row.config))
+        config = DeploymentConfig.model_validate(row.config)
+        slots, model = config_slots(config), config_model(config)
     except (EplbError, KeyError, ValueError):
         return None
     phy2log = unpack(row.phy2log)
-    model = MODEL_PRESETS[row.config["model"]]
     if phy2log.shape[1] != int(slots.sum()) or (phy2log < 0).any() or phy2log.shape[0] > model.num_moe_layers:
         return None
     shares = None if row.shares is None else unpack(row.shares)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.files import plural
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "model_from_dict",
     "model_preset",
     "named_model",
+    "service_preset",
 ]
 
 # Optional keys a spec file may carry besides the spec's fields; they are ignored.
@@ -460,6 +461,15 @@ def model_preset(name: str | None) -> ModelSpec | None:
     """The model preset `name` names (case-insensitive, spaces around it ignored: ' DeepSeek-V3 '), or None (no
     name, or no preset's): the one lookup of a name a log, a file or a flag gives."""
     return None if name is None else _preset(name, MODEL_PRESETS)
+
+
+def service_preset(name: str, presets: Mapping[str, SpecT], field: str) -> SpecT:
+    """The preset `name` names (`_preset`: case-insensitive, spaces around it ignored) for the service's `model` or
+    `hardware` field (presets only, never a file path); a FieldError naming `field` when it names none."""
+    preset = _preset(name, presets)
+    if preset is None:
+        raise FieldError(field, f"unknown preset {name!r}; known: {', '.join(presets)}")
+    return preset
 
 
 def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, kind: str) -> Any:

@@ -1361,3 +1361,37 @@ def test_messages_name_the_window_and_the_json_fields(client: TestClient) -> Non
             {"field": "coactivation", "message": "solver 'greedy-coact' needs the window's co-activation data: give "
              "coactivation, the window's co-activation summary (docs/formats.md)"}], answer.text
         assert "--coactivation" not in answer.text
+
+
+def test_preset_names_are_case_insensitive_and_stored_as_the_presets(client: TestClient, store: Store) -> None:
+    """`eplb solve --model DeepSeek-V3` takes the preset (eplb.specs.model_preset: case-insensitive, spaces ignored),
+    but a deployment's config and POST /placement looked names up as given: 'DeepSeek-V2-Lite' and 'H100' were a 422
+    'unknown preset'. One lookup now; the config stores the preset's own name, so every later read finds it (the
+    view, windows, an export keyed by the preset's model layers)."""
+    body = {**config().model_dump(mode="json", exclude_none=True), "model": " DeepSeek-V2-Lite ", "hardware": "H100"}
+    put = client.put("/deployments/cased", json=body)
+    assert put.status_code == 201, put.text
+    assert (put.json()["config"]["model"], put.json()["config"]["hardware"]) == (MODEL, "h100")
+    assert dep.get(store, "cased").config == config()
+    placed = client.post("/deployments/cased/windows", json={"loads": window(0)})
+    assert placed.status_code == 200 and placed.json()["action"] == "placed", placed.text
+    assert client.get("/deployments/cased").json()["placement"] == placed.json()["result"]["placement"]
+    rows = client.get("/deployments/cased", params={"format": "sglang", "layer_ids": "1-4"}).json()
+    assert len(rows["physical_to_logical_map"]) == MODEL_PRESETS[MODEL].num_model_layers
+    view, _ = dep.register(store, "cased-direct", config().model_copy(update={"model": "DEEPSEEK-V2-LITE"}))
+    assert view.config.model == MODEL and dep.get(store, "cased-direct").config.model == MODEL
+    unknown = client.put("/deployments/cased", json={**body, "hardware": "H1000"})
+    assert unknown.status_code == 422 and unknown.json()["errors"][0]["field"] == "hardware"
+    assert unknown.json()["detail"].startswith("hardware: unknown preset 'H1000'; known: b200, ")
+
+    lower = client.post("/placement", json={**MIXTRAL, "loads": MIXTRAL_LOADS})
+    cased = client.post("/placement", json={**MIXTRAL, "model": "Mixtral-8x7B", "hardware": " H100", "loads":
+                                            MIXTRAL_LOADS})
+    assert lower.status_code == cased.status_code == 200, cased.text
+    assert cased.json()["placement"] == lower.json()["placement"]
+    assert cased.json()["predicted"]["time_us"] == lower.json()["predicted"]["time_us"]
+    judged = client.post("/evaluate", json={"model": "MIXTRAL-8X7B", "hardware": "h100", "loads": MIXTRAL_LOADS,
+                                            "placement": lower.json()["placement"]})
+    assert judged.status_code == 200 and judged.json()["predicted"]["lb"] == lower.json()["predicted"]["lb"]
+    refused = client.post("/placement", json={**MIXTRAL, "model": "Mixtral-8x7", "loads": MIXTRAL_LOADS})
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "model", refused.text

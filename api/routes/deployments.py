@@ -26,7 +26,7 @@ from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_tr
 from eplb.placement import Placement
 from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID
 from eplb.solve import Outcome, solve
-from eplb.specs import MODEL_PRESETS
+from eplb.specs import model_preset
 
 MAX_ID = MAX_HISTORY_ID
 """The largest history id the store holds (`eplb.rules.MAX_HISTORY_ID`): a larger `before` is a 422."""
@@ -129,7 +129,7 @@ def model_layers(config: DeploymentConfig, placement: Placement,
     of 61, as `eplb export` writes them); else None, None (the rows are the placement's own, 0..L-1: windows of
     a part of the model name no layers). `given` is bounded: at most one id per placement layer (counted before
     a range is expanded), each below the model's layer count; a 422 naming layer_ids otherwise."""
-    model = MODEL_PRESETS.get(config.model)  # a stored config names a preset (Setup refuses any other name)
+    model = model_preset(config.model)  # a stored config names a preset (Setup refuses any other name)
     total = placement.num_layers if model is None else model.num_model_layers
     if given is None:
         if model is not None and placement.num_layers == model.num_moe_layers:
