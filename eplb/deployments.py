@@ -606,15 +606,14 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
 
 def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
     """Record the placement the cluster now serves (a placement object as `POST /placement` returns it): it
-    becomes the current placement; moves are counted from the previous one, lb and time predicted on the
-    last window received."""
+    becomes the current placement, whatever the stored one's layer count (the cluster is the authority on what
+    it serves, as with a window's current_placement); one the deployment cannot hold is refused (`_serving`).
+    Moves are counted from the previous one, lb and time predicted on the last window received (`_record_serving`:
+    neither from a placement, or on a window, of other layers)."""
     with store.write() as session:
         row = _row(store.lock_deployment(session, name), name)
         setup = Setup(DeploymentConfig.model_validate(row.config))
         applied = _serving(setup, value, "placement")
-        previous = _placement(row)
-        if previous is not None and previous.num_layers != applied.num_layers:
-            raise FieldError("placement", f"{applied.num_layers} layers, the serving one has {previous.num_layers}")
         return _entry(_record_serving(session, row, setup, applied, "reported by the cluster"))
 
 
@@ -678,10 +677,11 @@ def _serving(setup: Setup, value: Any, field: str) -> Placement:
 def _record_serving(session: Any, row: DeploymentRow, setup: Setup, applied: Placement, reason: str) -> HistoryRow:
     """Make `applied` the deployment's serving placement, with an applied history entry: moves from the previous
     placement, lb and time predicted on the last window (moves and lb before none when the previous one has
-    other layers: a window's current_placement replaces it; `record_applied` refuses that)."""
+    other layers, which a window's current_placement and `record_applied` both replace; lb none when the last
+    window has other layers)."""
     name = row.name
     previous = _placement(row)
-    if previous is not None and previous.num_layers != applied.num_layers:  # a window's current_placement only
+    if previous is not None and previous.num_layers != applied.num_layers:
         previous = None  # another layer count: no copies to count, nothing to judge before
     entry = HistoryRow(deployment=name, seq=row.windows, at=time.time(), action="applied", reason=reason)
     if previous is not None:

@@ -20,6 +20,7 @@ from eplb import deployments as dep
 from eplb.cost.migration import MigrationSpec
 from eplb.errors import EplbError, FieldError
 from eplb.placement import Placement
+from eplb.schemas import PlacementOut
 from eplb.solve import evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.store import Store, open_store
@@ -1395,3 +1396,35 @@ def test_preset_names_are_case_insensitive_and_stored_as_the_presets(client: Tes
     assert judged.status_code == 200 and judged.json()["predicted"]["lb"] == lower.json()["predicted"]["lb"]
     refused = client.post("/placement", json={**MIXTRAL, "model": "Mixtral-8x7", "loads": MIXTRAL_LOADS})
     assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "model", refused.text
+
+
+def test_an_applied_placement_of_other_layers_replaces_the_stored_one_as_a_windows_does(
+    client: TestClient, store: Store
+) -> None:
+    """A window's current_placement replaced a stored placement of another layer count, but the same placement
+    POSTed as applied was a 422 ('3 layers, the serving one has 4'): the cluster is the authority on what it serves,
+    so both take it (no moves counted, nothing judged before). A placement the model cannot have is still refused,
+    by the rule every placement follows (more layers than its MoE layers, other experts)."""
+    dep.register(store, "parts-applied", config(trigger="periodic", every=1))
+    assert dep.process_window(store, "parts-applied", window(0)).action == "placed"
+    serving = solve(np.asarray(window(2)[:3]), dep.Setup(config()).cluster, solver="greedy").placement
+    applied = client.post("/deployments/parts-applied/placement", json={"placement": serving.to_dict()})
+    assert applied.status_code == 200, applied.text
+    entry = applied.json()
+    assert entry["action"] == "applied" and entry.get("moves") is None and entry.get("lb_before") is None
+    assert dep.get(store, "parts-applied").placement == PlacementOut.model_validate(serving.to_dict())
+    judged = dep.process_window(store, "parts-applied", window(1)[:3])  # no current_placement needed now
+    lb = evaluate(np.asarray(window(1)[:3], dtype=np.float64), serving).balance.lb_over_tokens()
+    assert lb is not None and judged.entry.lb_before == pytest.approx(lb[0], abs=1e-6)
+    again = dep.record_applied(store, "parts-applied", serving.to_dict())  # 3 layers on 3: moves counted again
+    assert again.moves is not None
+    model_layers = MODEL_PRESETS[MODEL].num_moe_layers
+    too_many = {"phy2log": [list(range(EXPERTS)) + list(range(16))] * (model_layers + 1), "slots_per_gpu": [10] * 8}
+    refused = client.post("/deployments/parts-applied/placement", json={"placement": too_many})
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "placement", refused.text
+    assert f"has {model_layers} MoE layers" in refused.json()["detail"]
+    other_model = {"phy2log": [list(range(8)) * 10] * 3, "slots_per_gpu": [10] * 8, "num_experts": 8}
+    wrong = client.post("/deployments/parts-applied/placement", json={"placement": other_model})
+    assert wrong.status_code == 422 and "8 experts, the model has 64" in wrong.json()["detail"], wrong.text
+    assert [e.action for e in dep.history(store, "parts-applied").entries] == ["applied", "rebalanced", "applied",
+                                                                              "placed"]
