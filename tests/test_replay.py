@@ -159,6 +159,7 @@ def test_time_column_is_the_cost_models(tokens_per_gpu: float | None, overlap: b
     cost = small_cost(32, tokens_per_gpu=tokens_per_gpu, overlap=overlap)
     placement = Placement(solve_greedy(counts.sum(axis=0).astype(float), slots), slots, 32)
     ours = predict_time_us(counts, placement, cost)
+    assert ours[2, 1] == 0.0  # no token: nothing to dispatch, compute or read, with a T given too
     for t in range(6):
         ref = predict(counts[t].astype(float), placement.phy2log, slots, cost.model, cost.hardware, cost.link_bw,
                       tokens_per_gpu=tokens_per_gpu, overlap=overlap)  # fmt: skip

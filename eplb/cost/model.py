@@ -116,12 +116,14 @@ class TimeModel:
 
     def scale(self, total: F64) -> tuple[F64, F64]:
         """(T tokens per GPU, factor turning the loads into rows of one step), both shaped like total
-        (the layer's routed rows)."""
+        (the layer's routed rows). A layer without tokens (total 0) has T = 0 either way: nothing to dispatch,
+        compute or read, so every term, and its time, is 0 (no fixed latency is modelled)."""
         g, k = self.gpus, self.top_k
         if self.tokens_per_gpu is None:
             return total / (g * k), np.ones_like(total)
-        factor = np.divide(g * self.tokens_per_gpu * k, total, out=np.zeros_like(total), where=total > 0)
-        return np.full_like(total, self.tokens_per_gpu), factor
+        busy = total > 0
+        factor = np.divide(g * self.tokens_per_gpu * k, total, out=np.zeros_like(total), where=busy)
+        return np.where(busy, self.tokens_per_gpu, 0.0), factor
 
     def gpu_terms(
         self, total: F64, rows: NDArray[Any], active: NDArray[Any], reach: NDArray[Any] | None = None
@@ -351,7 +353,8 @@ def predict(
     phy2log: [L, P] int; slot s holds logical expert phy2log[l, s]; slots are numbered GPU by
         GPU, GPU g owning the next slots_per_gpu[g] slots. slots_per_gpu: [G] int, sum = P.
     tokens_per_gpu: T of one step; each layer's loads are scaled so the layer's routed rows are
-        G x T x k. None: the window is taken as one step, T_l = sum(loads[l]) / (G x k).
+        G x T x k. None: the window is taken as one step, T_l = sum(loads[l]) / (G x k). A layer without
+        tokens has T_l = 0 either way, and time 0.
     shares: [L, P] fraction of its expert's tokens each slot serves (per expert summing to 1);
         None = 1 / replicas, as vLLM/SGLang/DeepSeek route.
     overlap: True, comm overlaps the GEMMs (two micro-batches): GPU time = max(compute,
