@@ -397,6 +397,11 @@ def solve(
             phy2log = relabel_gpus(phy2log, current.phy2log, cluster.slots_per_gpu, nodes)
         elif objective == "time":  # co-location swaps move experts between GPUs: back to their serving slots
             phy2log = arrange_slots(phy2log, current.phy2log, cluster.slots_per_gpu)
+        idle = loads.sum(axis=1) == 0  # nothing to balance: a layer without tokens keeps its serving placement
+        if idle.any():
+            phy2log = np.where(idle[:, None], current.phy2log, phy2log)
+            if shares is not None:
+                shares = np.where(idle[:, None], current.slot_shares, shares)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
     placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
     outcome = evaluate(loads, placement, cost, coactivation=coactivation, gpus_per_node=cluster.gpus_per_node)

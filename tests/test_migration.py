@@ -266,3 +266,27 @@ def test_the_estimate_from_the_solves_plan_equals_the_one_it_builds() -> None:
                 ignored += spec.rebalance_cost(*args, nodeless) == given
     assert across > 0  # copies read on other nodes: the NIC's share is counted both ways
     assert ignored < 36  # the plan given is the one counted: read without nodes, some of them cost otherwise
+
+
+@pytest.mark.parametrize("solver", ["greedy", "incremental", "milp"])
+def test_a_layer_without_tokens_keeps_its_serving_placement(solver: str) -> None:
+    """Nothing to balance, nothing to copy: a window's idle layer keeps the serving placement whatever the
+    solver, and the other layers are solved as without it."""
+    from eplb.placement import Placement
+    from eplb.solve import Cluster, solve
+    from solvers.registry import Options
+
+    rng = np.random.default_rng(7)
+    slots = np.full(4, 5, dtype=np.int64)
+    old, new = rng.gamma(0.5, 100, (2, 3, 16))
+    current = Placement(solve_greedy(old, slots), slots, 16)
+    idle = new.copy()
+    idle[1] = 0.0
+    options = Options(time_limit_s=2.0) if solver == "milp" else None
+    with_idle = solve(idle, Cluster(slots), solver=solver, current=current, options=options)
+    assert with_idle.moves is not None and with_idle.moves[1] == 0
+    assert np.array_equal(with_idle.placement.phy2log[1], current.phy2log[1])
+    if solver != "milp":  # time-limited: the busy layers' answers may differ between runs
+        busy = solve(new, Cluster(slots), solver=solver, current=current, options=options)
+        assert busy.moves is not None and busy.moves[1] > 0  # the same layer with tokens moves
+        assert np.array_equal(with_idle.placement.phy2log[[0, 2]], busy.placement.phy2log[[0, 2]])
