@@ -401,7 +401,7 @@ def solve(
         if idle.any():
             phy2log = np.where(idle[:, None], current.phy2log, phy2log)
             if shares is not None:
-                shares = np.where(idle[:, None], current.slot_shares, shares)
+                shares = np.where(idle[:, None], current.slot_shares(), shares)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
     placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
     outcome = evaluate(loads, placement, cost, coactivation=coactivation, gpus_per_node=cluster.gpus_per_node)

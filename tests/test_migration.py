@@ -268,8 +268,9 @@ def test_the_estimate_from_the_solves_plan_equals_the_one_it_builds() -> None:
     assert ignored < 36  # the plan given is the one counted: read without nodes, some of them cost otherwise
 
 
-@pytest.mark.parametrize("solver", ["greedy", "incremental", "milp"])
-def test_a_layer_without_tokens_keeps_its_serving_placement(solver: str) -> None:
+@pytest.mark.parametrize(("solver", "split"), [("greedy", "uniform"), ("incremental", "uniform"),
+                                                ("milp", "uniform"), ("milp", "weighted")])
+def test_a_layer_without_tokens_keeps_its_serving_placement(solver: str, split: str) -> None:
     """Nothing to balance, nothing to copy: a window's idle layer keeps the serving placement whatever the
     solver, and the other layers are solved as without it."""
     from eplb.placement import Placement
@@ -283,9 +284,12 @@ def test_a_layer_without_tokens_keeps_its_serving_placement(solver: str) -> None
     idle = new.copy()
     idle[1] = 0.0
     options = Options(time_limit_s=2.0) if solver == "milp" else None
-    with_idle = solve(idle, Cluster(slots), solver=solver, current=current, options=options)
+    with_idle = solve(idle, Cluster(slots), solver=solver, current=current, options=options, split=split)
     assert with_idle.moves is not None and with_idle.moves[1] == 0
     assert np.array_equal(with_idle.placement.phy2log[1], current.phy2log[1])
+    if split == "weighted":  # the serving layer's shares come with it: uniform, as it serves
+        assert with_idle.placement.shares is not None
+        np.testing.assert_allclose(with_idle.placement.shares[1], current.slot_shares()[1])
     if solver != "milp":  # time-limited: the busy layers' answers may differ between runs
         busy = solve(new, Cluster(slots), solver=solver, current=current, options=options)
         assert busy.moves is not None and busy.moves[1] > 0  # the same layer with tokens moves
