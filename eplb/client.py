@@ -18,7 +18,8 @@ service's `NotTheService`; a request the client will not send (a deployment name
 NaN or infinity, a value JSON cannot carry) raises `InvalidRequest` naming the field, and so does a deployment
 config the service refuses (`InvalidConfig`, also a ServiceError: the service is the one judge of a config, so
 a client older than the service sends what the service takes): each a one-line EplbError. Numpy arrays and
-scalars are welcome at any depth of a request.
+scalars are welcome at any depth of a request. What another attempt can mend (a 502, 503 or 504, a connection
+refused or reset, no answer in time) is sent again by the engine plug-ins' rule, `eplb.retry` (`Client` says how).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import httpx
 import numpy as np
 from pydantic import BaseModel
 
+from eplb import retry
 from eplb.deployments import (
     DeploymentConfig,
     DeploymentView,
@@ -111,6 +113,24 @@ def _unreachable(url: str, exc: Exception) -> Unreachable:
     return Unreachable(f"cannot reach {url}: {reason}")
 
 
+def _read(url: str, call: _Call[T], attempts: retry.Attempts) -> T:
+    """The call's answer after its attempts (`eplb.retry`): the last attempt's answer read (a ServiceError for a
+    problem), or `Unreachable` for its exception; after attempts sent again, the message ends with what each got:
+    '... (attempt 3, after unreachable (ConnectError: ...), then answered 502: ...)'."""
+    final = attempts.final
+    try:
+        if isinstance(final, Exception):
+            raise _unreachable(url, final)
+        assert final is not None
+        _check(final, call)
+    except EplbError as error:
+        earlier = attempts.earlier()
+        if earlier:
+            error.args = (f"{error.args[0]} (attempt {attempts.made}, after {earlier})",)
+        raise
+    return _parse(url, call, final)
+
+
 def _parse(url: str, call: _Call[T], response: httpx.Response) -> T:
     """The call's reading of the answer; NotTheService when the answer is no eplb answer (not JSON, not the model)."""
     try:
@@ -157,6 +177,10 @@ class _Call(Generic[T]):
     params: dict[str, Any] | None = None
     refusal: Callable[[ServiceError], EplbError] | None = None
     """What a 422 answer raises instead of ServiceError (a refused deployment config: InvalidConfig)."""
+    idempotent: bool = True
+    """Whether sending it again changes nothing more and gets the same answer (`eplb.retry.RETRIES`: what is sent
+    again); False (a job submitted, an applied placement recorded, a deployment deleted): sent again only when it
+    never left (a connection refused)."""
 
 
 def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
@@ -375,9 +399,9 @@ class _Api:
     @staticmethod
     def placement(request: dict[str, Any], run_async: bool) -> _Call[PlacementResponse | Job]:
         body = _fields(request)
-        if run_async:
+        if run_async:  # a job each time it is sent
             body["async"] = True
-        return _Call("POST", "/placement", _placement_or_job, json=body)
+        return _Call("POST", "/placement", _placement_or_job, json=body, idempotent=not run_async)
 
     @staticmethod
     def evaluate(request: dict[str, Any]) -> _Call[PlacementResponse]:
@@ -412,7 +436,7 @@ class _Api:
 
     @staticmethod
     def delete_deployment(name: str) -> _Call[None]:
-        return _Call("DELETE", f"/deployments/{_segment(name)}", lambda r: None)
+        return _Call("DELETE", f"/deployments/{_segment(name)}", lambda r: None, idempotent=False)  # then a 404
 
     @staticmethod
     def send_window(name: str, loads: Any, force: bool, coactivation: Coactivation | None,
@@ -432,7 +456,8 @@ class _Api:
     @staticmethod
     def applied(name: str, placement: PlacementOut | dict[str, Any]) -> _Call[HistoryEntry]:
         body = _placement_body(placement, "placement")
-        return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body})
+        return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body},
+                     idempotent=False)  # an applied entry each time
 
 
 def _placement_body(placement: PlacementOut | dict[str, Any], name: str) -> dict[str, Any]:
@@ -471,11 +496,18 @@ def _open(factory: Callable[..., _Http], base_url: str, api_key: str | None, tim
 
 class Client:
     """Synchronous client. base_url: e.g. http://127.0.0.1:8000; api_key: the service's EPLB_API_KEY;
-    timeout: seconds per HTTP request (a synchronous MILP answer takes its time budget)."""
+    timeout: seconds one call may take, its retries included (a synchronous MILP answer takes its time budget).
+
+    A call is sent again, the same request, by the rule the engine plug-ins follow (`eplb.retry`): up to
+    `eplb.retry.RETRIES` more times, 0.1 s then 0.3 s apart, for a 502, 503 or 504, a connection refused or reset
+    before an answer, or no answer in time while `timeout` has time left (each attempt that may be followed by
+    another waits for the time left less `eplb.retry.reserve_s`); a call that is not safe to repeat (`submit`,
+    `applied`, `delete_deployment`) only after a connection refused. A 500 or a 4xx is never sent again."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
         self._url = base_url.rstrip("/")
+        self._timeout = timeout
         self._http = _open(httpx.Client, base_url, api_key, timeout, transport)
 
     def __enter__(self) -> Client:
@@ -488,12 +520,10 @@ class Client:
         self._http.close()
 
     def _do(self, call: _Call[T]) -> T:
-        try:
-            response = self._http.request(call.method, call.path, json=call.json, params=call.params)
-        except httpx.RequestError as exc:
-            raise _unreachable(self._url, exc) from None
-        _check(response, call)
-        return _parse(self._url, call, response)
+        def attempt(wait: float) -> httpx.Response:
+            return self._http.request(call.method, call.path, json=call.json, params=call.params, timeout=wait)
+
+        return _read(self._url, call, retry.send(attempt, self._timeout, call.idempotent))
 
     # placement and jobs
     def placement(self, **request: Any) -> PlacementResponse:
@@ -577,11 +607,12 @@ class Client:
 
 
 class AsyncClient:
-    """The same calls as `Client`, awaitable."""
+    """The same calls as `Client`, awaitable, sent again by the same rule."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._url = base_url.rstrip("/")
+        self._timeout = timeout
         self._http = _open(httpx.AsyncClient, base_url, api_key, timeout, transport)
 
     async def __aenter__(self) -> AsyncClient:
@@ -594,12 +625,10 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _do(self, call: _Call[T]) -> T:
-        try:
-            response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
-        except httpx.RequestError as exc:
-            raise _unreachable(self._url, exc) from None
-        _check(response, call)
-        return _parse(self._url, call, response)
+        async def attempt(wait: float) -> httpx.Response:
+            return await self._http.request(call.method, call.path, json=call.json, params=call.params, timeout=wait)
+
+        return _read(self._url, call, await retry.send_async(attempt, self._timeout, call.idempotent))
 
     async def placement(self, **request: Any) -> PlacementResponse:
         answer = await self._do(_Api.placement(request, run_async=False))

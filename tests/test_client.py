@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,9 +16,20 @@ import httpx
 import numpy as np
 import pytest
 
-from eplb.client import AsyncClient, Client, Coactivation, InvalidConfig, InvalidRequest, JobFailed, ServiceError
+from eplb import retry
+from eplb.client import (
+    AsyncClient,
+    Client,
+    Coactivation,
+    InvalidConfig,
+    InvalidRequest,
+    JobFailed,
+    ServiceError,
+    Unreachable,
+)
 from eplb.deployments import ClusterShape, DeploymentConfig, WindowResult
 from eplb.schemas import PlacementResponse
+from tests.flaky_proxy import proxy
 from tests.test_deployments import MODEL, config, window
 from tests.test_replicas import V3, replica
 
@@ -305,16 +317,15 @@ def test_a_config_the_service_refuses_is_a_one_line_error_naming_the_field(base:
 
 def test_a_refused_config_names_every_field_of_the_answer() -> None:
     """Fields sharing one message are named together; a rule across fields ('body') names none but its message;
-    an answer without errors is its detail; other errors than 422 stay ServiceError."""
-    answers: Iterator[tuple[int, dict[str, Any]]] = iter([
+    an answer without errors is its detail; other errors than 422 stay ServiceError (a 503 sent again, eplb.retry)."""
+    answers: Iterator[tuple[int, dict[str, Any]]] = itertools.chain([
         (422, {"title": "Invalid request", "detail": "solver 'greedy' does not take max_moves", "errors": [
             {"field": "solver", "message": "solver 'greedy' does not take max_moves"},
             {"field": "policy.max_moves", "message": "solver 'greedy' does not take max_moves"}]}),
         (422, {"title": "Invalid request", "detail": "body: cluster: give only one of ...", "errors": [
             {"field": "body", "message": "cluster: give only\none of ..."}]}),
         (422, {"title": "Invalid request", "detail": "model: unknown\npreset"}),
-        (503, {"title": "Service busy", "detail": "try later"}),
-    ])
+    ], itertools.repeat((503, {"title": "Service busy", "detail": "try later"})))
 
     def service(request: httpx.Request) -> httpx.Response:
         status, body = next(answers)
@@ -326,7 +337,8 @@ def test_a_refused_config_names_every_field_of_the_answer() -> None:
                         r"^deployment config: model: unknown preset$"):
             with pytest.raises(InvalidConfig, match=message):
                 eplb.put_deployment("prod", {"model": MODEL, "cluster": {"num_gpus": 4}})
-        with pytest.raises(ServiceError, match=r"^503 Service busy: try later$") as busy:
+        with pytest.raises(ServiceError, match=r"^503 Service busy: try later \(attempt 3, after answered 503: "
+                                               r"try later \(2 times\)\)$") as busy:
             eplb.put_deployment("prod", {"model": MODEL, "cluster": {"num_gpus": 4}})
         assert not isinstance(busy.value, InvalidRequest)
 
@@ -529,3 +541,78 @@ def test_export_sends_the_layer_ids(base: str) -> None:
     assert list(asyncio.run(run())["initial_global_assignments"]) == ["3", "4", "5", "6"]
     with Client(base, api_key=KEY) as eplb:
         eplb.delete_deployment("client-layers")
+
+
+# --- retries: the plug-ins' rule (eplb.retry) -------------------------------------------------------------------
+
+
+def _path_ends(method: str, suffix: str) -> Callable[[str, str], bool]:
+    """The requests a flaky proxy's script counts: `method` to a path ending in `suffix`."""
+    return lambda m, path: m == method and path.split("?")[0].endswith(suffix)
+
+
+def test_a_call_that_fails_once_is_sent_again_by_the_plug_ins_rule(base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client raised at the first failed answer while the engine plug-ins sent the same request again
+    (eplb.retry.RETRIES) for what another attempt can mend. Through a real proxy in front of `eplb serve`: a reset,
+    then a 502: the third attempt's answer, one window stored; a 504, then a 500: the 500 is not sent again and says
+    what came before it; a window whose answer came too late: the retry gets the stored answer (its window key), the
+    window processed once; the async client and a GET alike; a call not safe to repeat (an applied placement) is not
+    sent again after a 502."""
+    monkeypatch.setattr(retry, "BACKOFF_S", (0.01, 0.01))
+    with Client(base, api_key=KEY) as direct:
+        direct.put_deployment("client-retry", config(trigger="periodic"))
+    with proxy(base, {1: "drop", 2: 502}) as (url, log), Client(url, api_key=KEY) as eplb:
+        first = eplb.send_window("client-retry", window(0))
+    assert first.action == "placed" and first.result is not None
+    assert log == [(1, "drop"), (2, "502"), (3, "forwarded")]
+    with proxy(base, {1: 504, 2: 500}) as (url, log), Client(url, api_key=KEY) as eplb, \
+            pytest.raises(ServiceError) as crashed:
+        eplb.send_window("client-retry", window(1))
+    assert crashed.value.status == 500 and log == [(1, "504"), (2, "500")]
+    assert str(crashed.value).endswith("(attempt 2, after answered 504: the proxy's 504)"), str(crashed.value)
+    reserve = retry.reserve_s
+    monkeypatch.setattr(retry, "reserve_s", lambda timeout_s: timeout_s - 0.5)  # the first attempt waits 0.5 s
+    with proxy(base, {1: "late"}) as (url, log), Client(url, api_key=KEY, timeout=60) as eplb:
+        late = eplb.send_window("client-retry", window(1))
+    monkeypatch.setattr(retry, "reserve_s", reserve)
+    assert log == [(1, "late"), (2, "forwarded")] and late.action == "rebalanced"
+    with Client(base, api_key=KEY) as direct:
+        assert direct.send_window("client-retry", window(1)) == late  # the stored answer: one window
+        assert direct.deployment("client-retry").windows == 2
+
+    async def run(url: str) -> WindowResult:
+        async with AsyncClient(url, api_key=KEY) as client:
+            return await client.send_window("client-retry", window(1))
+
+    with proxy(base, {1: 503}) as (url, log):
+        assert asyncio.run(run(url)) == late and log == [(1, "503"), (2, "forwarded")]
+    with proxy(base, {1: 503, 2: 503}, _path_ends("GET", "/deployments/client-retry")) as (url, log), \
+            Client(url, api_key=KEY) as eplb:
+        assert eplb.deployment("client-retry").windows == 2 and len(log) == 3
+    assert late.result is not None
+    with proxy(base, {1: 502}, _path_ends("POST", "/placement")) as (url, log), Client(url, api_key=KEY) as eplb, \
+            pytest.raises(ServiceError, match=r"^502 Bad Gateway: the proxy's 502$"):
+        eplb.applied("client-retry", late.result.placement)
+    assert log == [(1, "502")]
+    with Client(base, api_key=KEY) as direct:
+        assert [e.action for e in direct.history("client-retry").entries] == ["rebalanced", "placed"]
+        direct.delete_deployment("client-retry")
+
+
+def test_a_service_that_stays_down_is_tried_within_the_timeout_and_said_in_one_line(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused connection is sent again by the rule (it never reached the service, so even a call not safe to repeat
+    is); after the last attempt, one line saying each attempt's outcome."""
+    monkeypatch.setattr(retry, "BACKOFF_S", (0.01, 0.01))
+    url = f"http://127.0.0.1:{_closed_port()}"
+    for send in (lambda eplb: eplb.deployments(), lambda eplb: eplb.delete_deployment("gone")):
+        with Client(url) as eplb, pytest.raises(Unreachable) as down:
+            send(eplb)
+        message = str(down.value)
+        assert message.startswith(f"cannot reach {url}: ") and "\n" not in message
+        assert "(attempt 3, after unreachable (ConnectError: " in message and "(2 times))" in message, message
+    assert retry.mendable(httpx.ConnectError("refused"), idempotent=False)
+    assert not retry.mendable(httpx.ReadTimeout("late"), idempotent=False)
+    assert not retry.mendable(httpx.Response(502), idempotent=False) and retry.mendable(httpx.Response(502))
+    assert not retry.mendable(httpx.Response(500))

@@ -16,9 +16,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 
+from eplb import retry
 from eplb.deployments import NAME, check_name
 from eplb.errors import EplbError
 from eplb.integrations import core
@@ -37,6 +37,7 @@ from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
 from tests.conftest import remote_mixtral_deployment
 from tests.db_fixtures import PostgresCluster, postgres_fixture  # noqa: F401
+from tests.flaky_proxy import proxy
 from tests.test_replicas import replica
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -748,78 +749,11 @@ def test_a_lost_answer_is_made_good_before_the_next_window(
     assert entries[3]["lb_before"] == pytest.approx(core.layer_lb(windows[2], local.phy2log, 4).mean(), abs=1e-5)
 
 
-@contextmanager
-def proxy(base: str, script: dict[int, int | str]) -> Iterator[tuple[str, list[tuple[int, str]]]]:
-    """A real HTTP proxy on a loopback port in front of the service at `base`. Every request is forwarded and its
-    answer sent back, except the POSTs of windows `script` names by number (1: the first window POST through the proxy,
-    2: the next, ...): a status is answered by the proxy itself; "drop" closes the connection without an answer (a
-    reset); "late" is forwarded and processed, but its answer held until the next window POST arrives (its client
-    has given up on it); "silent" gets no answer until the proxy closes. Yields its URL and its log of window POSTs
-    in order: (number, what it did: "forwarded", the status, "drop", "late" or "silent")."""
-    log: list[tuple[int, str]] = []
-    changed = threading.Condition()  # a window POST logged, or the proxy closing
-    closing: list[bool] = []
-    upstream = httpx.Client(base_url=base, timeout=60)
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _forward(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            action: int | str | None = None
-            if self.command == "POST" and self.path.endswith("/windows"):
-                with changed:
-                    n = len(log) + 1
-                    action = script.get(n)
-                    log.append((n, "forwarded" if action is None else str(action)))
-                    changed.notify_all()
-            if action in ("drop", "silent"):
-                with changed:  # "silent": until the proxy closes (60 s at most: a hang guard)
-                    changed.wait_for(lambda: action == "drop" or bool(closing), timeout=60)
-                self.close_connection = True
-                return
-            if isinstance(action, int):
-                self.reply(action, json.dumps({"detail": f"the proxy's {action}"}).encode())
-                return
-            answer = upstream.request(self.command, self.path, content=body,
-                                      headers={"content-type": self.headers.get("content-type", "application/json")})
-            if action == "late":
-                with changed:
-                    changed.wait_for(lambda: len(log) > n or bool(closing), timeout=60)
-            self.reply(answer.status_code, answer.content)
-
-        def reply(self, status: int, content: bytes) -> None:
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
-            except OSError:  # the client gave up on this attempt
-                pass
-
-        do_GET = do_POST = _forward
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", log
-    finally:
-        with changed:
-            closing.append(True)
-            changed.notify_all()
-        server.shutdown()
-        server.server_close()
-        upstream.close()
-
-
 def test_a_window_that_fails_once_is_sent_again_and_every_rank_gets_the_services_answer(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rank whose window failed fell back to a local solve and served another map than the ranks the service
-    answered. The plug-in sends the same request again for what a retry can mend (core.RETRIES, within
+    answered. The plug-in sends the same request again for what a retry can mend (eplb.retry.RETRIES, within
     EPLB_SERVICE_TIMEOUT_S), through a real proxy in front of the service: a connection reset before an answer, then a
     502: the third attempt gets the service's placement. A 504, then a 500 (a solve that crashed): the 500 is not sent
     again (it would solve again under the deployment's lock for every rank); the local solve, its reason naming both.
@@ -827,7 +761,7 @@ def test_a_window_that_fails_once_is_sent_again_and_every_rank_gets_the_services
     rank that did not fail gets: one window, one rebalance."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-retry", monkeypatch)
-    monkeypatch.setattr(core, "BACKOFF_S", (0.01, 0.01))
+    monkeypatch.setattr(retry, "BACKOFF_S", (0.01, 0.01))
     rng = np.random.default_rng(13)
     windows = [rng.pareto(1.0, size=(4, 8)) * 100 for _ in range(3)]
     settings = core.Settings(service_url="", deployment="plugin-retry", timeout_s=60.0)  # a first solve may be slow
@@ -846,7 +780,7 @@ def test_a_window_that_fails_once_is_sent_again_and_every_rank_gets_the_services
     assert len(_history(base, "plugin-retry")) == 2
 
     # the first attempt waits 0.5 s, the retry the rest; the proxy answers the first once the retry has come
-    monkeypatch.setattr(core, "reserve_s", lambda timeout_s: timeout_s - 0.5)
+    monkeypatch.setattr(retry, "reserve_s", lambda timeout_s: timeout_s - 0.5)
     with proxy(base, {1: "late"}) as (url, log):
         retried = core.rebalance(windows[2], 16, 1, 1, 4, local.phy2log.copy(), replace(settings, service_url=url))
     assert retried.source == "remote" and not retried.fell_back, retried.how
@@ -859,12 +793,12 @@ def test_a_window_that_fails_once_is_sent_again_and_every_rank_gets_the_services
 def test_a_service_that_never_answers_in_time_is_waited_for_once_then_retried_in_the_reserve(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first attempt waits all of EPLB_SERVICE_TIMEOUT_S but the reserve for one retry (core.reserve_s: a quarter
-    of 1.6 s here, core.RESERVE_S = 1 s at most), the retry the rest; no third attempt, no time being left: the local
+    """The first attempt waits all of EPLB_SERVICE_TIMEOUT_S but the reserve for one retry (retry.reserve_s: a quarter
+    of 1.6 s here, retry.RESERVE_S = 1 s at most), the retry the rest; no third attempt, no time being left: the local
     solve within the timeout, its reason giving each attempt's wait."""
     base = server_factory()
     remote_mixtral_deployment(base, "plugin-silent", monkeypatch)
-    monkeypatch.setattr(core, "BACKOFF_S", (0.01, 0.01))
+    monkeypatch.setattr(retry, "BACKOFF_S", (0.01, 0.01))
     weight = np.random.default_rng(14).pareto(1.0, size=(4, 8)) * 100
     with proxy(base, {1: "silent", 2: "silent", 3: "silent"}) as (url, log):
         started = time.monotonic()

@@ -10,10 +10,8 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -21,6 +19,7 @@ import httpx
 import numpy as np
 from numpy.typing import NDArray
 
+from eplb import retry
 from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
@@ -261,42 +260,13 @@ def solve_local(
     return Rebalanced(new, "local", f"{how}, {int(moves(new, old, num_ranks).sum())} copies ({budget})")
 
 
-RETRIES = 2
-"""Times a call to the service is sent again, the same request, before the plug-in falls back to a local solve (a
-rank that fell back would serve another map than the ranks the service answered), and only for what another attempt
-can mend: `RETRY_STATUSES` (a proxy or a service that is restarting or busy), a connection refused or reset before an
-answer, and no answer in time while `Settings.timeout_s` has time left. A 500 (a solve that crashed, a solver worker
-that died) or a 4xx is not sent again: it would run again, under the deployment's lock, for every rank. Safe for the
-window: the service answers the same window and map once, then with that answer (its window key), so a retry gets
-the first attempt's answer when that one was processed. All attempts share `Settings.timeout_s`: each but the last
-waits for the time left less `reserve_s` (the first, most of it), so a fallback comes no later than before and a
-solve that takes longer than the first attempt's wait is waited for once, not by every rank again and again."""
-RETRY_STATUSES = frozenset({502, 503, 504})
-"""Error statuses sent again: bad gateway, service unavailable (the service's 503: every solver busy), gateway
-timeout."""
-BACKOFF_S = (0.1, 0.3)
-"""Seconds between attempts (before the second, the third); an attempt that would have less than `MIN_ATTEMPT_S`
-of the timeout left is not made."""
-MIN_ATTEMPT_S = 0.05
-RESERVE_S = 1.0
-"""Seconds of `Settings.timeout_s` an attempt that may be followed by another leaves for it; at most a quarter of the
-timeout (`reserve_s`)."""
-
-
-def reserve_s(timeout_s: float) -> float:
-    """Seconds of the timeout kept back from an attempt for one retry: `RESERVE_S`, at most a quarter of it."""
-    return min(RESERVE_S, timeout_s / 4)
-
-
-def _runs(items: list[str]) -> list[str]:
-    """Consecutive equal items once each, with how many times: ['a', 'a', 'b'] as ['a (2 times)', 'b']."""
-    runs = [(item, len(list(group))) for item, group in groupby(items)]
-    return [f"{item} ({count} times)" if count > 1 else item for item, count in runs]
-
-
-def _seconds(value: float) -> str:
-    """4.0 as '4', 0.8997 as '0.9', 1.6667 as '1.67'."""
-    return f"{value:.2f}".rstrip("0").rstrip(".")
+# The retry rule of `Service`'s calls: eplb.retry holds it, shared with eplb.client (these names are copies of its,
+# kept for code that reads them here; set eplb.retry's to change the rule). A rank whose window failed would fall back
+# to a local solve and serve another map than the ranks the service answered, so the plug-in sends the same request
+# again for what another attempt can mend, within `Settings.timeout_s`.
+RETRIES, RETRY_STATUSES, BACKOFF_S, MIN_ATTEMPT_S, RESERVE_S = (
+    retry.RETRIES, retry.RETRY_STATUSES, retry.BACKOFF_S, retry.MIN_ATTEMPT_S, retry.RESERVE_S)
+reserve_s = retry.reserve_s
 
 
 FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
@@ -339,47 +309,33 @@ class Service:
             self._http.close()
 
     def _json(self, method: str, url: str, body: Any = None) -> Any:
-        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON. A
-        `RETRY_STATUSES` answer, a connection refused or reset before an answer, and no answer in time are tried
-        again, the same request, up to `RETRIES` times within `Settings.timeout_s` (`RETRIES` says what is sent again
+        """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON. What another
+        attempt can mend (a `RETRY_STATUSES` answer, a connection refused or reset before an answer, no answer in time)
+        is tried again, the same request, up to `RETRIES` times within `Settings.timeout_s` (`eplb.retry`: the rule,
         and why that is safe); the Failure then lists every attempt's outcome with the seconds it waited."""
         timeout = self.settings.timeout_s
-        deadline = time.monotonic() + timeout
-        outcomes: list[tuple[str, str]] = []  # each attempt's outcome, alone and as a sentence naming the URL
-        for attempt in range(RETRIES + 1):
-            left = deadline - time.monotonic()
-            wait = left - reserve_s(timeout) if attempt < RETRIES else left  # the rest is kept for a retry
-            wait = wait if wait >= MIN_ATTEMPT_S else left
-            try:
-                response = self._http.request(method, url, json=body, headers=self._headers, timeout=wait)
-            except httpx.TimeoutException:
-                within = f"within {_seconds(wait)} s"
-                outcomes.append((f"no answer {within}", f"no answer from {url} {within}"))
-                kind: FailureKind = "unreachable"
-            except (httpx.NetworkError, httpx.RemoteProtocolError) as err:  # refused, reset: a service restarting
-                said = f"unreachable ({type(err).__name__}: {err})"
-                outcomes.append((said, f"{url} {said}"))
-                kind = "unreachable"
-            except (httpx.HTTPError, httpx.InvalidURL) as err:  # InvalidURL ('http://[::1') is no HTTPError
-                return Failure(f"{url} unreachable ({type(err).__name__}: {err})", "unreachable")  # no retry helps
-            else:
-                if response.status_code not in RETRY_STATUSES:
-                    answer = self._answer(url, response)
-                    if outcomes and isinstance(answer, Failure):  # what came before it, said too
-                        before = ", then ".join(_runs([short for short, _ in outcomes]))
-                        return Failure(f"{answer} (attempt {len(outcomes) + 1}, after {before})", answer.kind)
-                    return answer
-                said = f"answered {response.status_code}: {_detail(response)}"
-                outcomes.append((said, f"{url} {said}"))
-                kind = "error"
-            pause = BACKOFF_S[attempt] if attempt < RETRIES else None
-            if pause is None or deadline - time.monotonic() - pause < MIN_ATTEMPT_S:
-                break
-            time.sleep(pause)
-        if len(outcomes) == 1:
-            return Failure(outcomes[0][1], kind)
-        said = ", then ".join(_runs([short for short, _ in outcomes]))
-        return Failure(f"{url} failed {len(outcomes)} attempts within {_seconds(timeout)} s: {said}", kind)
+
+        def attempt(wait: float) -> httpx.Response:
+            return self._http.request(method, url, json=body, headers=self._headers, timeout=wait)
+
+        attempts = retry.send(attempt, timeout)
+        final = attempts.final
+        assert final is not None
+        if not retry.mendable(final):  # an answer to read, or an exception no retry helps (a bad URL, no http(s))
+            answer = self._answer(url, final) if isinstance(final, httpx.Response) else Failure(
+                f"{url} unreachable ({type(final).__name__}: {final})", "unreachable")
+            earlier = attempts.earlier()
+            if earlier and isinstance(answer, Failure):  # what came before it, said too
+                return Failure(f"{answer} (attempt {attempts.made}, after {earlier})", answer.kind)
+            return answer
+        kind: FailureKind = "error" if isinstance(final, httpx.Response) else "unreachable"
+        if len(attempts.failed) == 1:  # one attempt, said naming the URL
+            ((result, waited),) = attempts.failed
+            if isinstance(result, httpx.TimeoutException):
+                return Failure(f"no answer from {url} within {retry.seconds(waited)} s", kind)
+            return Failure(f"{url} {retry.said(result, waited)}", kind)
+        return Failure(f"{url} failed {len(attempts.failed)} attempts within {retry.seconds(timeout)} s: "
+                       f"{attempts.history()}", kind)
 
     def _answer(self, url: str, response: httpx.Response) -> Any:
         """An answer not sent again as `_json` returns it: its JSON, or a Failure for 404, another error, not JSON."""
@@ -387,10 +343,10 @@ class Service:
             return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
                            "deployments)")
         if response.status_code == 422 and _names_field(response, CURRENT):
-            return Failure(f"{url} refused the engine's map as the window's current placement ({_detail(response)})",
-                           "other-cluster")
+            why = retry.detail(response)
+            return Failure(f"{url} refused the engine's map as the window's current placement ({why})", "other-cluster")
         if response.status_code >= 400:
-            return Failure(f"{url} answered {response.status_code}: {_detail(response)}")
+            return Failure(f"{url} answered {response.status_code}: {retry.detail(response)}")
         try:
             return response.json()
         except ValueError:
@@ -511,14 +467,6 @@ def _names_field(response: httpx.Response, field: str) -> bool:
         return False
     names = [e.get("field") for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
     return any(isinstance(n, str) and (n == field or n.startswith(f"{field}.")) for n in names)
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200]
-    return str(body.get("detail", body))[:200] if isinstance(body, dict) else str(body)[:200]
 
 
 def _every_expert(phy2log: IntArray, num_experts: int) -> bool:
