@@ -31,6 +31,7 @@ DECODE = np.array(json.loads((ROOT / "fixtures" / "sglang6017-dsv3-decode-in1000
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_SGLANG_ALGORITHM"):
         monkeypatch.delenv(name, raising=False)
+    core.forget_served()  # each test's engine starts with nothing answered
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['kind']}-{c['variant']}-{c['num_gpus']}")
@@ -276,3 +277,35 @@ def test_every_rank_gets_the_same_remote_map(
     assert deployment["windows"] == 1 and deployment["placement"]["phy2log"] == maps[0].tolist()
     history = httpx.get(f"{base}/deployments/sglang-ranks/history", timeout=60).json()["entries"]
     assert [e["action"] for e in history] == ["rebalanced", "applied"]
+
+
+def test_without_sglangs_map_a_fallback_reaches_the_deployment_with_the_next_window(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside a running SGLang (no expert location, no current_phy2log) the plug-in passes no map: a local fallback
+    (the service behind a proxy answering 503) was never told to the deployment. The next window now carries the map
+    the plug-in answered last, which the deployment records first (an `applied` entry) and rebalances from."""
+    import httpx
+
+    from eplb import retry
+    from tests.flaky_proxy import proxy
+
+    monkeypatch.setattr(retry, "BACKOFF_S", (0.01, 0.01))
+    base = server_factory()
+    remote_mixtral_deployment(base, "sglang-no-map", monkeypatch)
+    rng = np.random.default_rng(5)
+    windows = [torch.from_numpy(rng.pareto(1.0, size=(2, 4, 8)) * 100) for _ in range(3)]
+    plugin.rebalance_experts(windows[0], 16, 4, None, 1)
+    with proxy(base, {1: 503, 2: 503, 3: 503}) as (url, log):
+        monkeypatch.setenv("EPLB_SERVICE_URL", url)
+        with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+            local, _, _ = plugin.rebalance_experts(windows[1], 16, 4, None, 1)
+    (record,) = [r for r in caplog.records if r.name == plugin.logger.name]
+    assert record.levelno == logging.WARNING and "eplb algorithm (local)" in record.message and len(log) == 3
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    served, _, _ = plugin.rebalance_experts(windows[2], 16, 4, None, 1)
+    history = httpx.get(f"{base}/deployments/sglang-no-map/history", timeout=60).json()["entries"]
+    assert [e["action"] for e in history] == ["rebalanced", "applied", "placed"]
+    assert history[0]["lb_before"] == pytest.approx(
+        core.layer_lb(windows[2].sum(dim=0).numpy(), local.numpy(), 4).mean(), abs=1e-5)
+    assert served.tolist() == httpx.get(f"{base}/deployments/sglang-no-map", timeout=60).json()["placement"]["phy2log"]

@@ -51,6 +51,7 @@ CONVENTIONS = ["phy2log", "tuple"]
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_VLLM_POLICY"):
         monkeypatch.delenv(name, raising=False)
+    core.forget_served()  # each test's engine starts with nothing answered
 
 
 def call(convention: str, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -843,6 +844,52 @@ def test_kept_without_the_engines_map_serves_the_deployments(server_factory: Cal
     assert kept.source == "remote" and not kept.fell_back and "kept the current placement" in kept.how
     assert np.array_equal(kept.phy2log, first.phy2log)
     assert [e["action"] for e in _history(base, "plugin-kept")] == ["placed", "kept"]
+
+
+def test_an_engine_that_passes_no_map_reports_its_fallbacks_as_one_that_passes_it(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM before old_global_expert_indices passes no map: after a fallback (a 503: a local solve; an answer without
+    one expert: refused) its next window went alone, so the deployment judged it against, and rebalanced from, a
+    placement nobody served. The plug-in now sends the map it answered last for that deployment and cluster as the
+    engine's, so each fallback reaches the deployment as with a map: an `applied` entry of what serves, the window
+    judged on it; a refusal keeps that map serving (`kept`), as with a map, not a fresh local solve."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-no-map", monkeypatch)
+    rng = np.random.default_rng(15)
+    windows = [torch.from_numpy(rng.pareto(1.0, size=(4, 8)) * 100) for _ in range(5)]
+    first = EplbPolicy.rebalance_experts(windows[0], 16, 1, 1, 4)
+    busy = _windows_only(lambda answer: httpx.Response(503, json={"detail": "every solver worker is busy"}))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        local = _rebalance(windows[1].numpy(), None, base, "plugin-no-map", busy)
+    assert local.source == "local" and local.fell_back and "answered 503" in local.how
+    assert not np.array_equal(local.phy2log, first.numpy())
+    assert stays_in_old_slot(first.numpy(), local.phy2log, 4)  # a local solve from the map served, as with one
+    second = EplbPolicy.rebalance_experts(windows[2], 16, 1, 1, 4)
+    entries = _history(base, "plugin-no-map")
+    assert [e["action"] for e in entries] == ["placed", "rebalanced", "applied", "rebalanced"]
+    assert entries[2]["reason"] == "sent with the window as current_placement"
+    assert entries[3]["lb_before"] == pytest.approx(core.layer_lb(windows[2].numpy(), local.phy2log, 4).mean(),
+                                                    abs=1e-5)
+    assert stays_in_old_slot(local.phy2log, second.numpy(), 4)
+
+    def drop_an_expert(answer: httpx.Response) -> httpx.Response:
+        body = answer.json()
+        body["result"]["placement"]["phy2log"][0] = [0] * 16
+        return httpx.Response(200, json=body)
+
+    refused = _rebalance(windows[3].numpy(), None, base, "plugin-no-map", _windows_only(drop_an_expert))
+    assert refused.source == "kept" and refused.fell_back and "does not place each of the 8 experts" in refused.how
+    assert np.array_equal(refused.phy2log, second.numpy())  # what serves stays
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        EplbPolicy.rebalance_experts(windows[4], 16, 1, 1, 4)
+    assert "eplb policy (remote): placement from" in caplog.text
+    entries = _history(base, "plugin-no-map")
+    assert [e["action"] for e in entries[4:]] == ["rebalanced", "applied", "rebalanced"]
+    assert entries[6]["lb_before"] == pytest.approx(core.layer_lb(windows[4].numpy(), second.numpy(), 4).mean(),
+                                                    abs=1e-5)
 
 
 # --- every EP rank calls the policy ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -499,6 +500,30 @@ def rebalance(
     return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
 
 
+_SERVED: dict[tuple[str, int, int, int], IntArray] = {}
+"""The map `remote` answered last, by (deployment, layers, slots, ranks): what the engine serves, whichever URL of
+the service (a replica, a proxy) answered or failed."""
+_SERVED_LOCK = threading.Lock()
+
+
+def _served_key(settings: Settings, layers: int, num_replicas: int, num_ranks: int) -> tuple[str, int, int, int]:
+    return settings.deployment or "", layers, num_replicas, num_ranks
+
+
+def last_served(settings: Settings, layers: int, num_replicas: int, num_ranks: int) -> IntArray | None:
+    """The phy2log [L, P] `remote` last answered in this process for the deployment of `settings` and this cluster
+    shape (what an engine that passes no map serves since), or None."""
+    with _SERVED_LOCK:
+        served = _SERVED.get(_served_key(settings, layers, num_replicas, num_ranks))
+    return None if served is None else served.copy()
+
+
+def forget_served() -> None:
+    """Forget every map `remote` answered (as a restarted engine process starts)."""
+    with _SERVED_LOCK:
+        _SERVED.clear()
+
+
 def remote(
     weight: FloatArray,
     num_replicas: int,
@@ -512,7 +537,11 @@ def remote(
     """The deployment's answer to the window, in one request that every EP rank may send (vLLM and SGLang call the
     policy on each rank, with the same all-reduced load and map): the window carries `old` (the engine's map, every
     slot filled) as its current_placement, which the service records as serving first when it holds another, and
-    the service answers the same window and map once, then with that answer again (its window key).
+    the service answers the same window and map once, then with that answer again (its window key). An engine that
+    passes no map (vLLM before old_global_expert_indices, SGLang without its expert location) serves the map this
+    answered it last (`last_served`: in this process, for this deployment and cluster shape), which stands in for
+    `old`: a fallback (3 below) or a refusal (2) reaches the deployment with the next window as with a map, and
+    the local solve and `kept` start from what serves. Only the first window of a process without a map goes alone.
 
     1. A placement for the engine's cluster is served as answered: the service rebalanced from `old` and kept its
        slots (every expert that stays on a GPU stays in its slot), and holds that placement as serving. Only a map
@@ -524,6 +553,25 @@ def remote(
        for a 502, 503 or 504, a connection refused or reset, or no answer in time: `RETRIES` says which).
     fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
     deployment with the next window."""
+    if old is None:
+        old = last_served(settings, weight.shape[0], num_replicas, num_ranks)
+    result = _remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
+    with _SERVED_LOCK:
+        _SERVED[_served_key(settings, weight.shape[0], num_replicas, num_ranks)] = result.phy2log.copy()
+    return result
+
+
+def _remote(
+    weight: FloatArray,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_ranks: int,
+    old: IntArray | None,
+    settings: Settings,
+    client: httpx.Client | None,
+) -> Rebalanced:
+    """`remote`'s answer from the engine's map `old` (or None: the first window of an engine that passes none)."""
     args = (weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
     if not is_deployment_name(settings.deployment or ""):
         return _instead(_bad_name(settings), *args)

@@ -40,7 +40,8 @@ class EplbPolicy:
     """vLLM EPLB policy that solves with eplb (locally or through the service, see `core.rebalance`).
 
     Without `old_global_expert_indices` the answer equals DeepSeek EPLB's (vLLM's default algorithm) for
-    the default EPLB_SOLVER=deepseek. With them (the map now serving, [L, P], -1 for unused slots), at most
+    the default EPLB_SOLVER=deepseek (in remote mode the map this plug-in answered last stands in for them:
+    `core.remote`). With them (the map now serving, [L, P], -1 for unused slots), at most
     EPLB_MAX_MOVES expert copies are spent and every expert that stays on a GPU keeps its slot.
     """
 
