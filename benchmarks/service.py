@@ -152,15 +152,17 @@ def breakdown(loads: np.ndarray[Any, Any], repeats: int = 30) -> dict[str, float
     worker, do). answer: the bytes the service sends (api.convert.answer_json); answer_models: the same bytes
     through the pydantic answer models, as before. parse_json+summary / parse_json+summary_b64: parse_json of a
     body that also carries a co-activation summary of the window's shape (one synthetic step, 8 partners per
-    expert), as its JSON object and as base64 of its .npz image."""
+    expert; the body's loads are the step's own counts, which the summary must agree with), as its JSON object
+    and as base64 of its .npz image."""
     body = convert.Body(json.dumps({**FIELDS, "loads": loads.tolist()}).encode(), "json", "/placement")
     buffer = io.BytesIO()
     np.save(buffer, loads)
     npy = convert.Body(buffer.getvalue(), "npy", "/placement", json.dumps(FIELDS))
     ids, _ = synth_topk(SynthConfig(steps=1, layers=loads.shape[0], experts=loads.shape[1], tokens=4096))
     summary = summarize(ids, loads.shape[1])
+    counted = summary.loads.tolist()  # a summary must agree with its window (else a 422): the window it counted
     with_summary = {
-        form: convert.Body(json.dumps({**FIELDS, "loads": loads.tolist(), "coactivation": value}).encode(), "json",
+        form: convert.Body(json.dumps({**FIELDS, "loads": counted, "coactivation": value}).encode(), "json",
                            "/placement")
         for form, value in (("parse_json+summary", summary.to_dict()),
                             ("parse_json+summary_b64", base64.b64encode(summary.to_bytes()).decode()))
