@@ -82,6 +82,13 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path: Path, content: str, args: 
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_one_layer_window_is_one_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    window = tmp_path / "one.json"
+    window.write_text('{"loads": [[5, 1, 1, 1]]}')
+    assert main(["solve", "--loads", str(window), "--gpus", "2", "--redundant", "0"]) == 0
+    assert f"{window}: 1 layer x 4 experts" in capsys.readouterr().out
+
+
 def test_missing_file_and_budget_too_small(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["solve", "--loads", "/nonexistent/w.npy"]) == 2
     assert "load file not found: /nonexistent/w.npy" in capsys.readouterr().err

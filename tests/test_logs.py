@@ -210,7 +210,7 @@ def test_bad_topk_files(tmp_path: Path) -> None:
         open_log(path)
     ids[4, 1, 0] = 9
     np.savez(path, topk_ids=ids, step_offsets=np.array([0, 3, 5]), num_experts=np.int64(4))
-    with pytest.raises(EplbError, match=r"step 1, token 4, layer 1: expert id 1\.\.9 is outside 0\.\.3"):
+    with pytest.raises(EplbError, match=r"step 1, token 4, layer 1: expert id 9 is outside 0\.\.3"):
         open_log(path).read_counts()
     np.savez(path, topk_ids=ids, step_offsets=np.array([0, 5]))
     with pytest.raises(EplbError, match="needs 'num_experts'"):

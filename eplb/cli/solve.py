@@ -625,7 +625,7 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
     p = outcome.placement
     slots = p.slots_per_gpu
     lines = [
-        f"loads:      {window.source}: {window.num_layers} layers x {window.num_experts} experts",
+        f"loads:      {window.source}: {plural(window.num_layers, 'layer')} x {plural(window.num_experts, 'expert')}",
         f"cluster:    {describe_slots(slots)}, {p.num_physical} slots per layer "
         f"({p.num_physical - p.num_experts} redundant)",
     ]

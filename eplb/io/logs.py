@@ -594,12 +594,11 @@ class _TopkNpz(RoutingLog):
                         raise EplbError(f"{path}: truncated: topk_ids end inside step {int(self._steps[step])}")
                     ids = np.frombuffer(raw, dtype=self._dtype).reshape(n_tok, layers, k)
                     if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
-                        t, layer, _ = (int(v) for v in np.argwhere((ids < 0) | (ids >= num_experts))[0])
+                        t, layer, pick = (int(v) for v in np.argwhere((ids < 0) | (ids >= num_experts))[0])
                         step = int(np.searchsorted(offsets, offsets[i] + t, side="right")) - 1
                         raise EplbError(
                             f"{path}: step {int(self._steps[step])}, token {int(offsets[i]) + t}, layer {layer}: "
-                            f"expert id {int(ids[t, layer].min())}..{int(ids[t, layer].max())} is outside "
-                            f"0..{num_experts - 1}"
+                            f"expert id {int(ids[t, layer, pick])} is outside 0..{num_experts - 1}"
                         )
                     _check_distinct(ids, offsets, i, self._steps, str(path))
                     yield i, ids
