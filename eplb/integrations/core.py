@@ -50,7 +50,7 @@ class Settings:
     "greedy": eplb's greedy, lower lb); max_moves: expert copies allowed per rebalance (whole model) when
     the engine passes its current map, None for no limit; service_url + deployment: remote mode;
     api_key: bearer token for the service; timeout_s: seconds to wait for the service's answer to one call,
-    retries included (`RETRIES`), before solving locally.
+    retries included (`eplb.retry.RETRIES`), before solving locally.
     """
 
     solver: str = "deepseek"
@@ -261,13 +261,9 @@ def solve_local(
     return Rebalanced(new, "local", f"{how}, {int(moves(new, old, num_ranks).sum())} copies ({budget})")
 
 
-# The retry rule of `Service`'s calls: eplb.retry holds it, shared with eplb.client (these names are copies of its,
-# kept for code that reads them here; set eplb.retry's to change the rule). A rank whose window failed would fall back
-# to a local solve and serve another map than the ranks the service answered, so the plug-in sends the same request
-# again for what another attempt can mend, within `Settings.timeout_s`.
-RETRIES, RETRY_STATUSES, BACKOFF_S, MIN_ATTEMPT_S, RESERVE_S = (
-    retry.RETRIES, retry.RETRY_STATUSES, retry.BACKOFF_S, retry.MIN_ATTEMPT_S, retry.RESERVE_S)
-reserve_s = retry.reserve_s
+# The retry rule of `Service`'s calls is eplb.retry's, shared with eplb.client. A rank whose window failed would fall
+# back to a local solve and serve another map than the ranks the service answered, so the plug-in sends the same
+# request again for what another attempt can mend, within `Settings.timeout_s`.
 
 
 FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
@@ -311,9 +307,9 @@ class Service:
 
     def _json(self, method: str, url: str, body: Any = None) -> Any:
         """The answer's JSON, or a Failure naming the URL: no answer, 404, another error status, not JSON. What another
-        attempt can mend (a `RETRY_STATUSES` answer, a connection refused or reset before an answer, no answer in time)
-        is tried again, the same request, up to `RETRIES` times within `Settings.timeout_s` (`eplb.retry`: the rule,
-        and why that is safe); the Failure then lists every attempt's outcome with the seconds it waited."""
+        attempt can mend (a 502, 503 or 504, a connection refused or reset before an answer, no answer in time) is
+        tried again, the same request, within `Settings.timeout_s` (`eplb.retry`: the rule, and why that is safe); the
+        Failure then lists every attempt's outcome with the seconds it waited."""
         timeout = self.settings.timeout_s
 
         def attempt(wait: float) -> httpx.Response:
@@ -549,8 +545,8 @@ def remote(
        slots. `kept` serves `old` (an engine that passes no map: the deployment's placement, read then).
     2. An answer the engine refuses (another cluster shape, a wrong phy2log), or the engine's map refused by the
        deployment (not its cluster or model): `old` stays (a local solve without it).
-    3. No answer, or an error status: a local solve from `old` (after up to `RETRIES` more attempts of the same request
-       for a 502, 503 or 504, a connection refused or reset, or no answer in time: `RETRIES` says which).
+    3. No answer, or an error status: a local solve from `old` (after more attempts of the same request for a 502,
+       503 or 504, a connection refused or reset, or no answer in time: `eplb.retry` says how many and which).
     fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
     deployment with the next window."""
     if old is None:
