@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import schemathesis
@@ -27,7 +28,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
+def test_api_conforms_to_its_schema(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(
         checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     )

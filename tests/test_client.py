@@ -58,7 +58,8 @@ def test_placement_jobs_and_errors(base: str) -> None:
     with Client(base, api_key=KEY) as eplb:
         answer = eplb.placement(**request())  # a numpy array as loads
         assert isinstance(answer, PlacementResponse) and answer.placement.num_gpus == 16
-        assert answer.predicted.lb_mean < answer.predicted.baseline.lb_mean
+        lb_mean, baseline_lb_mean = answer.predicted.lb_mean, answer.predicted.baseline.lb_mean
+        assert lb_mean is not None and baseline_lb_mean is not None and lb_mean < baseline_lb_mean
         job = eplb.submit(**request())
         assert job.status in ("queued", "running", "done")
         done = eplb.wait(job.id, timeout=120)
@@ -258,7 +259,7 @@ def test_values_json_cannot_carry_are_one_line_errors(base: str) -> None:
     nan_rows[1, 3] = np.nan
     with Client(base, api_key=KEY) as eplb:
         eplb.put_deployment("client-nan", config())
-        cases = [
+        cases: list[tuple[Callable[[], Any], str]] = [
             (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8}, loads=nan_rows),
              r"^loads\[1\]\[3\] is nan: the service takes finite numbers \(JSON has no NaN or infinity\)$"),
             (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8}, loads=nan_rows.tolist()),
@@ -606,7 +607,9 @@ def test_a_service_that_stays_down_is_tried_within_the_timeout_and_said_in_one_l
     is); after the last attempt, one line saying each attempt's outcome."""
     monkeypatch.setattr(retry, "BACKOFF_S", (0.01, 0.01))
     url = f"http://127.0.0.1:{_closed_port()}"
-    for send in (lambda eplb: eplb.deployments(), lambda eplb: eplb.delete_deployment("gone")):
+    sends: list[Callable[[Client], Any]] = [lambda eplb: eplb.deployments(),
+                                            lambda eplb: eplb.delete_deployment("gone")]
+    for send in sends:
         with Client(url) as eplb, pytest.raises(Unreachable) as down:
             send(eplb)
         message = str(down.value)

@@ -23,7 +23,7 @@ from eplb.placement import Placement
 from eplb.schemas import PlacementOut
 from eplb.solve import evaluate, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
-from eplb.store import Store, open_store
+from eplb.store import DeploymentRow, Store, open_store
 from solvers import registry
 from solvers.migration import count_moves
 from solvers.registry import Options
@@ -205,6 +205,7 @@ def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store)
     dep.register(store, "c", config(trigger="cost", steps=10**6))
     dep.process_window(store, "c", window(0))
     served = dep.current_placement(store, "c")
+    assert served is not None
     moved = dep.process_window(store, "c", window(1))
     setup = dep.Setup(config(trigger="cost", steps=10**6))
     tried = candidates(LAYERS * 80)
@@ -628,7 +629,8 @@ def test_a_windows_summary_that_does_not_read_is_a_422_naming_coactivation(clien
     ids = np.array([[[0, 1], [0, 5]], [[2, 3], [3, 6]]])  # 2 tokens x 2 layers, top-2 of the 8 experts
     summary = summarize(ids, 8)
     loads = summary.loads.astype(float).tolist()
-    for value in (summary.to_dict(), base64.b64encode(summary.to_bytes()).decode()):
+    forms: list[Any] = [summary.to_dict(), base64.b64encode(summary.to_bytes()).decode()]
+    for value in forms:
         placed = client.post("/deployments/pairs/windows", json={"loads": loads, "coactivation": value, "force": True})
         assert placed.status_code == 200, placed.text
         assert "copies_per_token" in placed.json()["result"]["predicted"]
@@ -734,12 +736,13 @@ def test_a_stored_placement_with_empty_slots_serves_nothing(store: Store) -> Non
     dep.register(store, "holes", dep.DeploymentConfig.model_validate(MIXTRAL))
     dep.process_window(store, "holes", MIXTRAL_LOADS)
     with store.write() as session:
-        row = session.get(dep.DeploymentRow, "holes")
+        row = session.get(DeploymentRow, "holes")
         assert row is not None
         row.phy2log = pack(np.asarray(WITH_EMPTY_SLOT["phy2log"], dtype=np.int64))
     assert dep.get(store, "holes").placement is None
     assert dep.process_window(store, "holes", MIXTRAL_LOADS).action == "placed"
-    assert dep.record_applied(store, "holes", dep.get(store, "holes").placement.model_dump()).moves == 0
+    placed = dep.get(store, "holes").placement
+    assert placed is not None and dep.record_applied(store, "holes", placed.model_dump()).moves == 0
 
 
 def test_more_layers_than_the_model_has_are_refused_by_one_rule(client: TestClient, store: Store) -> None:
@@ -777,7 +780,7 @@ def test_more_layers_than_the_model_has_are_refused_by_one_rule(client: TestClie
     from eplb.store.arrays import pack
 
     with store.write() as session:  # a placement stored before the rule: it serves nothing, exports nothing
-        row = session.get(dep.DeploymentRow, "mix")
+        row = session.get(DeploymentRow, "mix")
         assert row is not None
         row.phy2log = pack(np.asarray(too_long["phy2log"], dtype=np.int64))
     assert client.get("/deployments/mix").json().get("placement") is None
@@ -881,7 +884,8 @@ def test_groups_without_nodes_are_refused_by_the_cluster_shape_itself(store: Sto
     from api.schemas import ClusterIn
 
     with pytest.raises(ValidationError) as refused:
-        dep.register(store, "g", dep.DeploymentConfig(model="mixtral-8x7b", cluster={"num_gpus": 4, "num_groups": 2}))
+        dep.register(store, "g", dep.DeploymentConfig.model_validate(
+            {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "num_groups": 2}}))
     assert [(e["loc"], e["msg"]) for e in refused.value.errors()] == [
         (("cluster", "num_groups"), f"Value error, {GROUPS_NEED_NODES}")]
     with pytest.raises(dep.NotFound):
@@ -907,7 +911,7 @@ def test_put_refuses_a_hierarchical_cluster_every_rebalance_of_its_solver_would_
     one: it used to pass PUT and place the first window, then answer 422 to every window that rebalanced. PUT
     refuses it now, naming the fields; a solver that takes both is accepted, and its windows place and
     rebalance; the MILP without the groups is accepted too."""
-    chosen = {} if solver is None else {"solver": solver}
+    chosen: dict[str, Any] = {} if solver is None else {"solver": solver}
     if solver is not None and solver.startswith("milp"):
         chosen["time_limit_s"] = 2.0
     body = {**MIXTRAL, **chosen, "cluster": HIERARCHICAL, "policy": {"trigger": "periodic"}}
@@ -1344,7 +1348,8 @@ def test_messages_name_the_window_and_the_json_fields(client: TestClient) -> Non
     body = config().model_dump(mode="json", exclude_none=True)
     assert client.put("/deployments/msg", json=body).status_code == 201
     request = {"model": MODEL, "hardware": "h100", "cluster": body["cluster"]}
-    for loads in ([], [[]]):
+    empty: list[list[list[float]]] = [[], [[]]]
+    for loads in empty:
         for answer in (client.post("/deployments/msg/windows", json={"loads": loads}),
                        client.post("/placement", json={**request, "loads": loads})):
             assert answer.status_code == 422 and [e["field"] for e in answer.json()["errors"]] == ["loads"]
