@@ -12,7 +12,10 @@
  * Ranking: a move must lower the busiest GPU by min_gain; among those, the best value per copy, where value is
  * the drop of the summed excess above `level` of every GPU it touches (receivers and the other holders of the
  * experts whose replica counts change included) plus alpha x the busiest GPU's drop. Without a target, level
- * is inf and alpha 1 (the busiest GPU alone); with one, level is the target and alpha 0.
+ * is inf and alpha 1 (the busiest GPU alone); with one, level is the target and alpha 0. When other GPUs tie with
+ * the busiest one (the same load up to rounding, TIE), the layer's max only drops when every one of them drops: the
+ * busiest GPU's drop is then the max's, over the touched and the tied GPUs; if no move lowers them all, the step
+ * lowers the busiest one as without ties (the next step sees one tied GPU fewer).
  *
  * Buffers are C-contiguous int64 / float64 through the buffer protocol (no numpy headers).
  */
@@ -25,21 +28,27 @@
 
 #include "_buffer.h"
 
-/* holder_tops has two callers (the walk's step and repair_step); out of line, the walk's step took ~5% longer */
+/* Inlining is chosen where it was measured: holder_tops has two callers (the walk's step and repair_step) and out of
+ * line the step took ~5% longer; the step's moves (best_move) are inlined for a step without ties and kept out of line
+ * for one with ties (best_move_tied), so the common step's code stays as it was before ties were handled. */
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#define NOINLINE __attribute__((noinline))
 #else
 #define ALWAYS_INLINE inline
+#define NOINLINE
 #endif
 
 typedef int64_t i64;
+
+#define TIE 1e-12 /* GPUs whose load is within this fraction of the peak tie with the busiest GPU (rounding) */
 
 typedef struct {
     /* problem */
     i64 E, P, G, K, light, group_size, node_size, num_groups;
     const i64 *gpu_of, *start, *count, *node_ok; /* node_ok: [nodes * groups] of this layer, or NULL */
     /* scratch, one layer at a time */
-    i64 *ex, *cnt, *top_gpu, *lights, *red_slot;
+    i64 *ex, *cnt, *top_gpu, *lights, *red_slot, *tied; /* tied: [G] the GPUs tied with the busiest one */
     double *load, *share, *top_load, *add, *rise, *red_base, *red_nx;
     double level, alpha; /* excess: load above level (inf: none); a move's rank: excess drop + alpha x peak drop */
     double *gain_more, *cost_less; /* [E] excess change of all holders if the expert gains / loses a replica */
@@ -112,24 +121,58 @@ static void holder_excess(Walk *c) {
 }
 
 typedef struct {
-    double value;
+    double value, score;
     i64 cost, slot[2], expert[2];
 } Move;
 
+/* A move lowering the busiest GPU to `score` (the highest new load of the GPUs it touches): kept in best if it lowers
+ * it by min_gain, fits the budget and has the best value per copy (with by_score, on equal value the lower score) */
 static inline void consider(Move *best, double peak, double score, double drop, double alpha, i64 cost,
-                            double min_gain, i64 budget_left, i64 s0, i64 e0, i64 s1, i64 e1) {
+                            double min_gain, i64 budget_left, int by_score, i64 s0, i64 e0, i64 s1, i64 e1) {
     double gain = peak - score;
     if (!(gain >= min_gain)) return;
     if (budget_left >= 0 && cost > budget_left) return;
     double value = (drop + alpha * gain) / (cost > 0 ? (double)cost : 0.1);
-    if (value > best->value) {
+    if (value > best->value || (by_score && value == best->value && score < best->score)) {
         best->value = value;
+        best->score = score;
         best->cost = cost;
         best->slot[0] = s0;
         best->expert[0] = e0;
         best->slot[1] = s1;
         best->expert[1] = e1;
     }
+}
+
+/* The busiest of the tied GPUs (c->tied[0 .. ntied)) after a move, `skip` left out (its new load is in the move's
+ * score): each holder of expert `lower` serves `by` less per replica it holds, each holder of `raise` `up` more;
+ * -1: no such expert. */
+static inline double tied_after(const Walk *c, i64 ntied, i64 skip, i64 lower, double by, i64 raise, double up) {
+    double top = -INFINITY;
+    for (i64 i = 0; i < ntied; i++) {
+        i64 u = c->tied[i];
+        if (u == skip) continue;
+        double v = c->load[u];
+        if (lower >= 0) v -= (double)c->holds[u * c->E + lower] * by;
+        if (raise >= 0) v += (double)c->holds[u * c->E + raise] * up;
+        top = v > top ? v : top;
+    }
+    return top;
+}
+
+/* consider() for the walk's step. With ntied GPUs tied with the busiest one h, the layer's max only drops when every
+ * one of them drops too: the move goes into best ranked by the highest new load of its GPUs and the tied ones (`tied`:
+ * the tied ones'), on equal value the lower first; and into fallback ranked as without ties, for a step where no move
+ * lowers them all (it then lowers h: one tied GPU fewer). Without ties, best as before. */
+static inline void consider_step(Move *best, Move *fallback, i64 ntied, double tied, double peak, double score,
+                                 double drop, double alpha, i64 cost, double min_gain, i64 budget_left, i64 s0, i64 e0,
+                                 i64 s1, i64 e1) {
+    if (ntied == 0) {
+        consider(best, peak, score, drop, alpha, cost, min_gain, budget_left, 0, s0, e0, s1, e1);
+        return;
+    }
+    consider(fallback, peak, score, drop, alpha, cost, min_gain, budget_left, 0, s0, e0, s1, e1);
+    consider(best, peak, score > tied ? score : tied, drop, alpha, cost, min_gain, budget_left, 1, s0, e0, s1, e1);
 }
 
 /* One repair of a duplicate: a slot s whose expert e has another replica on its GPU g is overwritten by an expert
@@ -187,6 +230,130 @@ static void write_slot(Walk *c, const double *w, i64 s, i64 e) {
     expert_terms(c, w, e);
 }
 
+/* The best move of one step whose replicas leave GPU src (the busiest GPU h, or one tied with it; c->tied then lists
+ * the other ntied GPUs at the peak, h among them): spread, replace or swap, ranked by consider_step; none: slot -1. */
+static ALWAYS_INLINE Move best_move(Walk *c, i64 src, i64 ntied, double min_gain, i64 left) {
+    const i64 E = c->E, P = c->P, G = c->G;
+    const double alpha = c->alpha;
+    Move best = {-INFINITY, INFINITY, 0, {-1, -1}, {-1, -1}};
+    const double top = c->load[src], exc_h = exc(c, top), bar = top - min_gain;
+    Move fallback = best;
+    /* the lightest GPUs other than src, by selection */
+    i64 nl = 0;
+    for (i64 g = 0; g < G; g++) {
+        if (g == src) continue;
+        i64 i;
+        if (nl < c->light)
+            i = nl++;
+        else if (c->load[g] < c->load[c->lights[nl - 1]])
+            i = nl - 1;
+        else
+            continue;
+        c->lights[i] = g;
+        for (; i > 0 && c->load[c->lights[i]] < c->load[c->lights[i - 1]]; i--) {
+            i64 t = c->lights[i];
+            c->lights[i] = c->lights[i - 1];
+            c->lights[i - 1] = t;
+        }
+    }
+    /* the coldest experts that may land on src: one that costs a copy, one that was on src (free) */
+    i64 cold_paid = -1, cold_free = -1;
+    double cold_paid_share = INFINITY, cold_free_share = INFINITY;
+    for (i64 y = 0; y < E; y++) {
+        if (c->holds[src * E + y] || !allowed(c, y, src)) continue;
+        double a = c->add[y];
+        if (c->orig[src * E + y]) {
+            if (a < cold_free_share) { cold_free_share = a; cold_free = y; }
+        } else if (a < cold_paid_share) {
+            cold_paid_share = a;
+            cold_paid = y;
+        }
+    }
+    const uint16_t *hold_h = c->holds + src * E;
+    const unsigned char *orig_h = c->orig + src * E;
+    /* redundant replicas off src: where a spread may land */
+    i64 nred = 0;
+    for (i64 t = 0; t < P; t++) {
+        i64 g = c->gpu_of[t], x = c->ex[t];
+        if (g == src || c->cnt[x] < 2) continue;
+        double base = c->load[g] - c->share[x], nx = holder_max(c, x, g, src) + c->rise[x];
+        if (base > bar || nx > bar) continue; /* would leave a GPU at the peak whatever lands there */
+        c->red_slot[nred] = t;
+        c->red_base[nred] = base;
+        c->red_nx[nred] = nx;
+        nred++;
+    }
+    for (i64 a = c->start[src]; a < c->start[src] + c->count[src]; a++) {
+        i64 e = c->ex[a];
+        double add_e = c->add[e], drop_e = c->share[e] - add_e;
+        i64 away_e = !orig_h[e];
+        /* spread: e gains a replica over a redundant slot t on another GPU */
+        for (i64 r = 0; r < nred; r++) {
+            i64 t = c->red_slot[r], g = c->gpu_of[t], x = c->ex[t];
+            if (c->holds[g * E + e] || !allowed(c, e, g)) continue;
+            double nh = top - drop_e + (hold_h[x] ? c->rise[x] : 0.0);
+            double nt = c->red_base[r] + add_e;
+            double score = nh > nt ? nh : nt;
+            score = score > c->red_nx[r] ? score : c->red_nx[r];
+            i64 cost = (i64)!c->orig[g * E + e] - (i64)!c->orig[g * E + x];
+            double lg = c->load[g];
+            double drop = exc_h - exc(c, nh) + exc(c, lg) - exc(c, nt)
+                          - (c->gain_more[e] - (exc(c, top - drop_e) - exc_h))
+                          - (c->cost_less[x] - (exc(c, lg + c->rise[x]) - exc(c, lg))
+                             - (hold_h[x] ? exc(c, top + c->rise[x]) - exc_h : 0.0));
+            double tied = ntied ? tied_after(c, ntied, g, e, drop_e, x, c->rise[x]) : -INFINITY;
+            consider_step(&best, &fallback, ntied, tied, top, score, drop, alpha, cost, min_gain, left, t, e,
+                          -1, -1);
+        }
+        /* replace: a redundant replica on src gives its slot to a cold expert */
+        if (c->cnt[e] >= 2) {
+            double nx = holder_max(c, e, src, src) + c->rise[e];
+            double others = c->cost_less[e] - (exc(c, top + c->rise[e]) - exc_h);
+            if (cold_paid >= 0) {
+                double nh = top - c->share[e] + cold_paid_share;
+                double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_paid];
+                double tied = ntied ? tied_after(c, ntied, -1, cold_paid, c->share[cold_paid] - cold_paid_share,
+                                                 e, c->rise[e])
+                                    : -INFINITY;
+                consider_step(&best, &fallback, ntied, tied, top, nh > nx ? nh : nx, drop, alpha, 1 - away_e,
+                              min_gain, left, a, cold_paid, -1, -1);
+            }
+            if (cold_free >= 0) {
+                double nh = top - c->share[e] + cold_free_share;
+                double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_free];
+                double tied = ntied ? tied_after(c, ntied, -1, cold_free, c->share[cold_free] - cold_free_share,
+                                                 e, c->rise[e])
+                                    : -INFINITY;
+                consider_step(&best, &fallback, ntied, tied, top, nh > nx ? nh : nx, drop, alpha, -away_e,
+                              min_gain, left, a, cold_free, -1, -1);
+            }
+        }
+        /* swap: e trades places with a replica on one of the lightest GPUs */
+        for (i64 li = 0; li < nl; li++) {
+            i64 b = c->lights[li];
+            if (c->holds[b * E + e] || !allowed(c, e, b)) continue;
+            for (i64 t = c->start[b]; t < c->start[b] + c->count[b]; t++) {
+                i64 x = c->ex[t];
+                if (hold_h[x] || !allowed(c, x, src)) continue;
+                double nh = top - c->share[e] + c->share[x];
+                double nb = c->load[b] - c->share[x] + c->share[e];
+                i64 cost = (i64)!c->orig[b * E + e] - (i64)!c->orig[b * E + x] + (i64)!orig_h[x] - away_e;
+                double drop = exc_h - exc(c, nh) + exc(c, c->load[b]) - exc(c, nb);
+                double tied = ntied ? tied_after(c, ntied, b, -1, 0.0, -1, 0.0) : -INFINITY;
+                consider_step(&best, &fallback, ntied, tied, top, nh > nb ? nh : nb, drop, alpha, cost,
+                              min_gain, left, t, e, a, x);
+            }
+        }
+    }
+    if (best.slot[0] < 0) best = fallback; /* no move lowers every tied GPU: lower src */
+    return best;
+}
+
+/* best_move with ties, out of line: the walk's loop keeps one copy of the moves, for a step without ties */
+static NOINLINE Move best_move_tied(Walk *c, i64 src, i64 ntied, double min_gain, i64 left) {
+    return best_move(c, src, ntied, min_gain, left);
+}
+
 /* A layer's first moves: up to max_repairs repairs (repair_step), while the copies stay within max_copies (< 0: no
  * bound), written as steps 0, 1, ... of out_*. Returns the repairs made. */
 static i64 repair_layer(Walk *c, const double *w, i64 max_repairs, i64 max_copies, double *out_max, i64 *out_copies,
@@ -242,105 +409,22 @@ static void walk_layer(Walk *c, const double *w, const i64 *phy, double target, 
         peak = c->load[h];
         holder_tops(c);
         if (!isinf(c->level)) holder_excess(c);
-        const double exc_h = exc(c, peak), alpha = c->alpha;
-        /* the lightest GPUs other than h, by selection */
-        i64 nl = 0;
-        for (i64 g = 0; g < G; g++) {
-            if (g == h) continue;
-            i64 i;
-            if (nl < c->light)
-                i = nl++;
-            else if (c->load[g] < c->load[c->lights[nl - 1]])
-                i = nl - 1;
-            else
-                continue;
-            c->lights[i] = g;
-            for (; i > 0 && c->load[c->lights[i]] < c->load[c->lights[i - 1]]; i--) {
-                i64 t = c->lights[i];
-                c->lights[i] = c->lights[i - 1];
-                c->lights[i - 1] = t;
-            }
-        }
-        /* the coldest experts that may land on h: one that costs a copy, one that was on h (free) */
-        i64 cold_paid = -1, cold_free = -1;
-        double cold_paid_share = INFINITY, cold_free_share = INFINITY;
-        for (i64 y = 0; y < E; y++) {
-            if (c->holds[h * E + y] || !allowed(c, y, h)) continue;
-            double a = c->add[y];
-            if (c->orig[h * E + y]) {
-                if (a < cold_free_share) { cold_free_share = a; cold_free = y; }
-            } else if (a < cold_paid_share) {
-                cold_paid_share = a;
-                cold_paid = y;
-            }
-        }
-        Move best = {-INFINITY, 0, {-1, -1}, {-1, -1}};
+        /* the GPUs tied with h: the layer's max drops only if they drop too */
+        i64 ntied = 0;
+        for (i64 g = 0; g < G; g++)
+            if (g != h && c->load[g] >= peak * (1 - TIE)) c->tied[ntied++] = g;
         i64 left = max_copies >= 0 ? max_copies - copies : -1;
-        const uint16_t *hold_h = c->holds + h * E;
-        const unsigned char *orig_h = c->orig + h * E;
-        /* redundant replicas off h: where a spread may land */
-        i64 nred = 0;
-        double bar = peak - min_gain;
-        for (i64 t = 0; t < P; t++) {
-            i64 g = c->gpu_of[t], x = c->ex[t];
-            if (g == h || c->cnt[x] < 2) continue;
-            double base = c->load[g] - c->share[x], nx = holder_max(c, x, g, h) + c->rise[x];
-            if (base > bar || nx > bar) continue; /* would leave a GPU at the peak whatever lands there */
-            c->red_slot[nred] = t;
-            c->red_base[nred] = base;
-            c->red_nx[nred] = nx;
-            nred++;
-        }
-        for (i64 a = c->start[h]; a < c->start[h] + c->count[h]; a++) {
-            i64 e = c->ex[a];
-            double add_e = c->add[e], drop_e = c->share[e] - add_e;
-            i64 away_e = !orig_h[e];
-            /* spread: e gains a replica over a redundant slot t on another GPU */
-            for (i64 r = 0; r < nred; r++) {
-                i64 t = c->red_slot[r], g = c->gpu_of[t], x = c->ex[t];
-                if (c->holds[g * E + e] || !allowed(c, e, g)) continue;
-                double nh = peak - drop_e + (hold_h[x] ? c->rise[x] : 0.0);
-                double nt = c->red_base[r] + add_e;
-                double score = nh > nt ? nh : nt;
-                score = score > c->red_nx[r] ? score : c->red_nx[r];
-                i64 cost = (i64)!c->orig[g * E + e] - (i64)!c->orig[g * E + x];
-                double lg = c->load[g];
-                double drop = exc_h - exc(c, nh) + exc(c, lg) - exc(c, nt)
-                              - (c->gain_more[e] - (exc(c, peak - drop_e) - exc_h))
-                              - (c->cost_less[x] - (exc(c, lg + c->rise[x]) - exc(c, lg))
-                                 - (hold_h[x] ? exc(c, peak + c->rise[x]) - exc_h : 0.0));
-                consider(&best, peak, score, drop, alpha, cost, min_gain, left, t, e, -1, -1);
-            }
-            /* replace: a redundant replica on h gives its slot to a cold expert */
-            if (c->cnt[e] >= 2) {
-                double nx = holder_max(c, e, h, h) + c->rise[e];
-                double others = c->cost_less[e] - (exc(c, peak + c->rise[e]) - exc_h);
-                if (cold_paid >= 0) {
-                    double nh = peak - c->share[e] + cold_paid_share;
-                    double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_paid];
-                    consider(&best, peak, nh > nx ? nh : nx, drop, alpha, 1 - away_e, min_gain, left, a, cold_paid,
-                             -1, -1);
-                }
-                if (cold_free >= 0) {
-                    double nh = peak - c->share[e] + cold_free_share;
-                    double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_free];
-                    consider(&best, peak, nh > nx ? nh : nx, drop, alpha, -away_e, min_gain, left, a, cold_free, -1,
-                             -1);
-                }
-            }
-            /* swap: e trades places with a replica on one of the lightest GPUs */
-            for (i64 li = 0; li < nl; li++) {
-                i64 b = c->lights[li];
-                if (c->holds[b * E + e] || !allowed(c, e, b)) continue;
-                for (i64 t = c->start[b]; t < c->start[b] + c->count[b]; t++) {
-                    i64 x = c->ex[t];
-                    if (hold_h[x] || !allowed(c, x, h)) continue;
-                    double nh = peak - c->share[e] + c->share[x];
-                    double nb = c->load[b] - c->share[x] + c->share[e];
-                    i64 cost = (i64)!c->orig[b * E + e] - (i64)!c->orig[b * E + x] + (i64)!orig_h[x] - away_e;
-                    double drop = exc_h - exc(c, nh) + exc(c, c->load[b]) - exc(c, nb);
-                    consider(&best, peak, nh > nb ? nh : nb, drop, alpha, cost, min_gain, left, t, e, a, x);
-                }
+        Move best = {-INFINITY, INFINITY, 0, {-1, -1}, {-1, -1}};
+        /* the moves of h's replicas; if none, those of each GPU tied with h in turn (src; h takes its place among
+         * the tied): lowering one of them first can leave h a move, or it may lower h too */
+        if (ntied == 0) {
+            best = best_move(c, h, 0, min_gain, left); /* inlined with ntied 0: the ties' code drops out */
+        } else {
+            for (i64 si = -1; si < ntied && best.slot[0] < 0; si++) {
+                const i64 src = si < 0 ? h : c->tied[si];
+                if (si >= 0) c->tied[si] = h;
+                best = best_move_tied(c, src, ntied, min_gain, left);
+                if (si >= 0) c->tied[si] = src;
             }
         }
         if (best.slot[0] < 0) break;
@@ -415,6 +499,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
     c.cnt = malloc(sizeof(i64) * E);
     c.top_gpu = malloc(sizeof(i64) * 3 * E);
     c.lights = malloc(sizeof(i64) * c.light);
+    c.tied = malloc(sizeof(i64) * G);
     c.load = malloc(sizeof(double) * G);
     c.share = malloc(sizeof(double) * E);
     c.top_load = malloc(sizeof(double) * 3 * E);
@@ -437,7 +522,7 @@ static PyObject *py_walk(PyObject *self, PyObject *args) {
                    (i64 *)b[8].buf + l * K * 2, (i64 *)b[9].buf + l * K * 2, (i64 *)b[12].buf + l);
     }
     Py_END_ALLOW_THREADS
-    free(gpu_of); free(start); free(c.ex); free(c.cnt); free(c.top_gpu); free(c.lights);
+    free(gpu_of); free(start); free(c.ex); free(c.cnt); free(c.top_gpu); free(c.lights); free(c.tied);
     free(c.load); free(c.share); free(c.top_load); free(c.holds); free(c.orig);
     free(c.red_slot); free(c.add); free(c.rise); free(c.red_base); free(c.red_nx); free(c.gain_more); free(c.cost_less);
     release_buffers(b, held);

@@ -15,6 +15,11 @@ With a target, a move is ranked instead by how much it lowers the summed excess 
 it touches, per copy: fixing ``h`` by lifting a light GPU over the target is charged for the new overload, and
 spreading an expert that sits on several overloaded GPUs is credited for all of them.
 
+When other GPUs tie with ``h`` as the busiest (the same load up to rounding), the layer's max only drops when all of
+them drop: a move is ranked by the highest load it leaves on them and on the GPUs it touches. When no move lowers them
+all, the step lowers one of them (``h``'s moves first, as without ties; if ``h`` has none, those of each tied GPU in
+turn), and the next step sees one tied GPU fewer.
+
 A copy is one expert's weights landing on a GPU that did not hold it in the serving placement (a move
 that puts an expert back where it was serving costs nothing). Every expert keeps >= 1 replica, no GPU
 gets a second replica of an expert, GPUs keep their slot counts and, for hierarchical placements, an

@@ -376,3 +376,59 @@ def test_a_whole_model_budget_repairs_the_most_imbalanced_duplicated_layers_firs
         assert traj.repairs.tolist() == repairs, budget
         assert duplicate_count(new, slots).tolist() == [0, 1 - repairs[1], 1 - repairs[2]]
         assert count_moves(new, current, slots).sum() <= budget
+
+
+def _checked(loads: NDArray[np.float64], current: NDArray[np.int64], slots: NDArray[np.int64],
+             max_moves: int | None = None, target_lb: float | None = None) -> tuple[NDArray[np.float64], int]:
+    """rebalance's output, checked against the rules: (GPU loads [L, G], copies)."""
+    new, traj, take = rebalance(loads, current, slots, max_moves=max_moves, target_lb=target_lb)
+    validate_placement(new, slots, loads.shape[1])
+    assert duplicate_count(new, slots).sum() == 0
+    moves = count_moves(new, current, slots)
+    np.testing.assert_array_equal(moves, traj.copies[np.arange(loads.shape[0]), take])
+    return gpu_loads(loads, new, slots), int(moves.sum())
+
+
+def test_a_move_on_a_gpu_tied_as_busiest_is_taken_when_the_busiest_has_none() -> None:
+    # GPUs 0 and 1 tie at 16.67 (experts 0 and 2 have 2 and 3 replicas). No move of GPU 0's replicas lowers it
+    # without lifting another GPU above it, so the walk stopped there; GPU 1's expert 3 over GPU 0's redundant
+    # replica of 2 lowers both to 15, every GPU at the mean, in 1 copy.
+    loads = np.array([[20.0, 10.0, 20.0, 10.0]])
+    slots = np.full(4, 2, dtype=np.int64)
+    current = np.array([[0, 2, 2, 3, 2, 1, 0, 1]])
+    before = gpu_loads(loads, current, slots)[0]
+    assert before[0] == pytest.approx(before[1]) and before.max() == pytest.approx(50 / 3)
+    for max_moves, target_lb in ((None, None), (1, None), (None, 1.05)):
+        after, copies = _checked(loads, current, slots, max_moves, target_lb)
+        np.testing.assert_allclose(after, 15.0)
+        assert copies == 1
+
+
+def test_with_two_gpus_tied_as_busiest_moves_are_ranked_by_what_they_do_to_both() -> None:
+    # GPUs 0 and 1 tie at 55. Spreading GPU 0's expert 2 over GPU 2's replica of 1 lowers GPU 0 alone (as far as
+    # spreading expert 0, which both hold, lowers GPU 0 and 1 together) and a swap with GPU 2 lowers GPU 0 further:
+    # ranked by GPU 0 alone, those came first and the layer's max stayed at 55 for 1 and 2 copies.
+    loads = np.array([[60.0, 10.0, 20.0, 10.0, 20.0, 5.0]])
+    slots = np.full(3, 3, dtype=np.int64)
+    current = np.array([[2, 1, 0, 0, 3, 4, 5, 1, 3]])
+    np.testing.assert_allclose(gpu_loads(loads, current, slots)[0], [55.0, 55.0, 15.0])
+    for budget, busiest in ((1, 50.0), (2, 45.0)):
+        after, copies = _checked(loads, current, slots, max_moves=budget)
+        assert after.max() == pytest.approx(busiest)
+        assert copies == budget
+    traj = trajectories(loads, current, slots)
+    steps = int(traj.steps[0])
+    assert steps >= 2 and np.all(np.diff(traj.max_load[0, :steps + 1]) < 0)  # every move lowers the max
+
+
+def test_when_no_move_lowers_every_tied_gpu_the_walk_lowers_them_one_at_a_time() -> None:
+    # GPUs 0 and 1 tie at 20 and share no expert: a swap with a light GPU lowers one of them (the max stays at 20),
+    # the next swap the other
+    loads = np.array([[10.0, 10.0, 10.0, 10.0, 1.0, 1.0, 1.0, 1.0]])
+    slots = np.full(4, 2, dtype=np.int64)
+    current = np.arange(8)[None, :]
+    traj = trajectories(loads, current, slots)
+    np.testing.assert_allclose(traj.max_load[0, :int(traj.steps[0]) + 1], [20.0, 20.0, 11.0])
+    after, copies = _checked(loads, current, slots)
+    np.testing.assert_allclose(after, 11.0)
+    assert copies == 4
