@@ -175,11 +175,20 @@ static inline void consider_step(Move *best, Move *fallback, i64 ntied, double t
     consider(best, peak, score > tied ? score : tied, drop, alpha, cost, min_gain, budget_left, 1, s0, e0, s1, e1);
 }
 
+/* 1 when GPU g has more slots than experts it may hold (all E, or those of the groups on its node). */
+static int spare_gpu(const Walk *c, i64 g) {
+    i64 may = 0;
+    for (i64 f = 0; f < c->E && may < c->count[g]; f++) may += allowed(c, f, g);
+    return c->count[g] > may;
+}
+
 /* One repair of a duplicate: a slot s whose expert e has another replica on its GPU g is overwritten by an expert
  * f that g lacks (and may hold: its group is on g's node), 1 copy. Of all (s, f), the one with the lowest
  * estimated busiest GPU afterwards: g's new load, the busiest other holder of e (its replicas serve more) and the
- * busiest GPU other than g (f's holders only lose load); on ties the f whose holders lose the most. Returns 0 when
- * no duplicate can be repaired (every expert g may hold is on it already: the slots force the duplicate). */
+ * busiest GPU other than g (f's holders only lose load); on ties the f whose holders lose the most. A GPU with
+ * more slots than experts it may hold keeps its duplicates: its slots force some, and where it holds fewer experts
+ * than it may, on purpose (greedy parks its spare slots on an expert it holds alone: `spare_gpu`). Returns 0 when no
+ * duplicate can be repaired. */
 static int repair_step(Walk *c, i64 *slot, i64 *expert) {
     const i64 E = c->E, P = c->P, G = c->G;
     i64 first = -1, second = -1; /* the two busiest GPUs */
@@ -196,7 +205,7 @@ static int repair_step(Walk *c, i64 *slot, i64 *expert) {
     *slot = -1;
     for (i64 s = P - 1; s >= 0; s--) { /* the last slot of a duplicate: the first keeps its place */
         i64 g = c->gpu_of[s], e = c->ex[s], k = c->holds[g * E + e];
-        if (k < 2) continue;
+        if (k < 2 || spare_gpu(c, g)) continue;
         int later = 0; /* one slot per (g, e): skip s when a later slot of g holds e too */
         for (i64 t = s + 1; t < c->start[g] + c->count[g]; t++) later |= c->ex[t] == e;
         if (later) continue;

@@ -28,8 +28,9 @@ expert only lands on a node its group already occupies.
 A serving placement may hold two replicas of one expert on one GPU (DeepSeek's algorithm, which vLLM and SGLang
 run, places some): a layer's first moves repair each such duplicate, whatever the target, by overwriting it with
 an expert the GPU lacks (1 copy each), as far as the budget pays for them (a whole-model budget: the most
-imbalanced layers first). A duplicate stays only where the GPU already holds every expert it may hold (more slots
-than experts, or than its node's groups have), or the budget is spent.
+imbalanced layers first). A duplicate stays only on a GPU with more slots than the experts it may hold (all, or
+those of its node's groups: greedy parks such spare slots on an expert the GPU holds alone), or where the budget is
+spent.
 
 Every layer walks its own trajectory of moves (a compiled loop, solvers/_incremental.c, layer by layer);
 the whole model's budget is then shared by marginal gain: the lower convex hull of each layer's
@@ -238,8 +239,9 @@ def _check_serving(loads: FloatArray, current_phy2log: IntArray, slots_per_gpu: 
 def _repairable(
     phy2log: IntArray, slots_per_gpu: IntArray, num_experts: int, num_groups: int | None, gpus_per_node: int | None
 ) -> IntArray:
-    """[L] duplicates of ``phy2log [L, P]`` the repairs can remove: per GPU, as many as it has slots beyond the
-    distinct experts it holds, up to the experts it may hold (all, or those of the groups on its node) but lacks."""
+    """[L] duplicates of ``phy2log [L, P]`` the repairs can remove: per GPU with at most as many slots as experts it
+    may hold (all, or those of the groups on its node), as many as it has slots beyond the distinct experts it holds;
+    none on a GPU with more slots (its duplicates stay)."""
     distinct = gpu_membership(phy2log, slots_per_gpu, num_experts).sum(axis=2)  # [L, G]
     may_hold = np.full(distinct.shape, num_experts, dtype=np.int64)
     if num_groups is not None and gpus_per_node is not None:
@@ -247,7 +249,7 @@ def _repairable(
         on_node = _node_groups(phy2log, gpu, num_groups, gpus_per_node, num_experts)  # [L, nodes, groups]
         node = np.arange(slots_per_gpu.size) // gpus_per_node
         may_hold = on_node.sum(axis=2)[:, node] * (num_experts // num_groups)
-    room = np.minimum(slots_per_gpu[None, :], may_hold) - distinct
+    room = np.where(slots_per_gpu[None, :] > may_hold, 0, slots_per_gpu[None, :] - distinct)
     return np.asarray(np.maximum(room, 0).sum(axis=1), dtype=np.int64)
 
 
