@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from solvers import _kernels
+from solvers.bounds import lower_bound
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.torch_order import argsort_desc_like_torch, sum_last_like_torch
 from solvers.validation import slot_gpu, validate_placement
@@ -264,6 +265,124 @@ def _first_duplicate(row: IntArray, gpu: IntArray) -> int:
     return int(order[same[0] + 1]) if same.size else -1
 
 
+def _gpu_peaks(loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray) -> NDArray[np.float64]:
+    """Busiest GPU's tokens per row, uniform shares: [rows], from loads [rows, E] and phy2log [rows, P] (every slot
+    holding an expert; only the replicas in phy2log count, so a node's slots alone give the node's shares)."""
+    share = np.take_along_axis(loads / np.maximum(_replica_counts(phy2log, loads.shape[1]), 1), phy2log, axis=1)
+    starts = np.cumsum(slots_per_gpu) - slots_per_gpu
+    peaks: NDArray[np.float64] = np.add.reduceat(share, starts, axis=1).max(axis=1)
+    return peaks
+
+
+def _lower(candidate: NDArray[np.float64], current: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """[rows] where the candidate's busiest GPU is lower than the current one's beyond rounding."""
+    return np.asarray(candidate < current * (1 - 1e-12), dtype=np.bool_)
+
+
+def _parked_alternative(
+    loads: FloatArray, slots_per_gpu: IntArray, max_replicas: int | None, rounds: int, peak: NDArray[np.float64]
+) -> tuple[IntArray, IntArray, NDArray[np.float64]] | None:
+    """Placements of rows of experts (loads [rows, n]) on GPUs (slots_per_gpu [B]) of which some have more slots
+    than there are experts, each such GPU holding fewer distinct experts, where they lower the busiest GPU below
+    peak [rows] (the fewest-duplicates placement's): None when no GPU has more slots than n.
+
+    A GPU with more slots than n must hold duplicates; the fewest (one replica of every expert, plus the extra
+    slots) make it serve a share of every expert, hot ones included: loads 100, 90 on GPUs of 3 and 1 slots get
+    {100, 90, 90} | {100}, 140 on the first, where {90, 90, 90} | {100} serve 90 and 100. A duplicate costs
+    nothing on an expert no other GPU holds (its replicas all serve the same GPU), and only shifts shares onto
+    the GPU otherwise. So for t = n..1 each such GPU takes t distinct experts: the rows are placed on slots
+    capped at t there (`_place`, the duplicate spread, `refine_swaps`: no duplicate, as no GPU has more slots than
+    experts), the capped slots then take duplicates of an expert their GPU holds (`_park`), and the result is
+    refined; a row takes the first t that lowers its busiest GPU the most. A row whose busiest GPU is at the lower
+    bound (`solvers.bounds.lower_bound`: the mean, the hottest expert over its most replicas) tries no more t. GPUs
+    with at most n slots never get a duplicate. Returns (rows [k] where lower, their phy2log [k,
+    sum(slots_per_gpu)], their busiest GPU's tokens [k]).
+    """
+    n = loads.shape[1]
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    big = slots > n
+    if not big.any():
+        return None
+    loads = _f64(loads)
+    bound = lower_bound(loads, slots) * (1 + 1e-12)
+    best_phy = np.empty((loads.shape[0], int(slots.sum())), dtype=np.int64)
+    best_peak = np.asarray(peak, dtype=np.float64).copy()
+    found = np.zeros(loads.shape[0], dtype=np.bool_)
+    for t in range(n, 0, -1):
+        rows = np.flatnonzero(best_peak > bound)  # the rest can go no lower
+        cap = np.where(big, t, slots)
+        if rows.size == 0 or int(cap.sum()) < n:
+            continue
+        sub = loads[rows]
+        local, stuck = _place(sub, np.tile(cap, (rows.size, 1)), max_replicas)
+        if stuck.any():
+            local[stuck] = spread_duplicates(sub[stuck], local[stuck], cap)
+        phy = refine_swaps(sub, _park(sub, refine_swaps(sub, local, cap, rounds), cap, slots), slots, rounds)
+        candidate = _gpu_peaks(sub, phy, slots)
+        better = _lower(candidate, best_peak[rows])
+        best_phy[rows[better]], best_peak[rows[better]] = phy[better], candidate[better]
+        found[rows[better]] = True
+    return np.flatnonzero(found), best_phy[found], best_peak[found]
+
+
+def _park(loads: FloatArray, phy2log: IntArray, capacity: IntArray, slots_per_gpu: IntArray) -> IntArray:
+    """phy2log [rows, sum(capacity)] (GPU g in capacity[g] slots) widened to slots_per_gpu [B] (>= capacity): the
+    slots GPU g gains all hold more replicas of one expert g holds, the one leaving the lowest busiest GPU, then the
+    lowest load on g, then the lowest id (an expert only g holds changes no load: `_exclusive_onto_growing` gives
+    g one where it can), GPU by GPU. loads: [rows, E]. Returns [rows, sum(slots_per_gpu)], GPU by GPU."""
+    rows, num_experts = loads.shape
+    gpus = capacity.size
+    r = np.arange(rows)
+    phy2log = _exclusive_onto_growing(phy2log, capacity, slots_per_gpu, num_experts)
+    held = np.zeros((rows, gpus, num_experts), dtype=np.int64)  # replicas of each expert on each GPU
+    np.add.at(held, (r[:, None], slot_gpu(capacity)[None, :], phy2log), 1)
+    count = held.sum(axis=1)  # [rows, E]
+    gpu_load = (held * (loads / count)[:, None, :]).sum(axis=2)  # [rows, B]
+    pieces: list[IntArray] = []
+    starts = np.cumsum(capacity) - capacity
+    for g in range(gpus):
+        pieces.append(phy2log[:, starts[g]:starts[g] + capacity[g]])
+        extra = int(slots_per_gpu[g] - capacity[g])
+        if extra == 0:
+            continue
+        # [rows, E, B]: every GPU's load with `extra` more replicas of each expert on g
+        now = held.transpose(0, 2, 1).astype(np.float64)
+        after_held = now.copy()
+        after_held[:, :, g] += extra
+        after = (gpu_load[:, None, :] + after_held * (loads / (count + extra))[:, :, None]
+                 - now * (loads / count)[:, :, None])
+        peak = np.where(held[:, g, :] > 0, after.max(axis=2), np.inf)
+        least = peak.min(axis=1, keepdims=True)
+        e = np.argmin(np.where(peak <= least * (1 + 1e-12), after[:, :, g], np.inf), axis=1)
+        held[r, g, e] += extra
+        count[r, e] += extra
+        gpu_load = after[r, e]
+        pieces.append(np.repeat(e[:, None], extra, axis=1))
+    return np.ascontiguousarray(np.concatenate(pieces, axis=1))
+
+
+def _exclusive_onto_growing(
+    phy2log: IntArray, capacity: IntArray, slots_per_gpu: IntArray, num_experts: int
+) -> IntArray:
+    """phy2log [rows, sum(capacity)] with the contents of GPUs of equal capacity exchanged so that each GPU that
+    will gain slots (slots_per_gpu [B] > capacity [B]) holds an expert no other GPU holds, where one that will not
+    gain has such an expert to give: the loads stay as they are (equal capacities, whole contents), and the gained
+    slots can then hold duplicates that shift no load (`_park`)."""
+    out = phy2log.copy()
+    count = _replica_counts(out, num_experts)
+    starts = np.cumsum(capacity) - capacity
+    growing = slots_per_gpu > capacity
+    for g in np.flatnonzero(growing):
+        seg = slice(int(starts[g]), int(starts[g] + capacity[g]))
+        lacking = ~(np.take_along_axis(count, out[:, seg], axis=1) == 1).any(axis=1)
+        for h in np.flatnonzero(~growing & (capacity == capacity[g])):
+            other = slice(int(starts[h]), int(starts[h] + capacity[h]))
+            swap = lacking & (np.take_along_axis(count, out[:, other], axis=1) == 1).any(axis=1)
+            out[swap, seg], out[swap, other] = out[swap, other], out[swap, seg]
+            lacking &= ~swap
+    return out
+
+
 def solve_greedy(
     loads: FloatArray,
     slots_per_gpu: IntArray,
@@ -285,10 +404,11 @@ def solve_greedy(
     refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
     the busiest GPU cannot improve; 0 turns it off).
     No GPU holds two replicas of one expert unless it has more slots than there are experts (node experts for the
-    hierarchical policy), and then only as many as those extra slots: a layer whose packing gets stuck with
-    replica counts that force more (uneven slots) is replicated again under the Gale-Ryser condition in the
-    compiled loop (`_kernels.c`, place_row), then packed again; `spread_duplicates` repairs what the packing leaves.
-    Returns phy2log [layers, sum(slots_per_gpu)], validated.
+    hierarchical policy): a layer whose packing gets stuck with replica counts that force a duplicate elsewhere
+    (uneven slots) is replicated again under the Gale-Ryser condition in the compiled loop (`_kernels.c`,
+    place_row), then packed again; `spread_duplicates` repairs what the packing leaves. Such a GPU with spare
+    slots holds at least those extra slots as duplicates; where fewer distinct experts there lower the busiest GPU
+    (`_parked_alternative`), more. Returns phy2log [layers, sum(slots_per_gpu)], validated.
     """
     loads = np.asarray(loads, dtype=np.float64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
@@ -316,19 +436,41 @@ def solve_greedy(
             rows = np.flatnonzero(stuck)
             spread = spread_duplicates(loads[rows], phy2log[rows], slots)
             phy2log[rows] = refine_swaps(loads[rows], spread, slots, refine_rounds)
+        found = _parked_alternative(loads, slots, cap, refine_rounds, _gpu_peaks(loads, phy2log, slots))
+        if found is not None:  # a GPU has more slots than there are experts
+            phy2log[found[0]] = found[1]
     else:
         assert num_groups is not None and gpus_per_node is not None
-        phy2log, stuck = _place_hierarchical(loads, slots, num_groups, gpus_per_node, max_replicas, refine_rounds)
+        phy2log, stuck, mlog2log = _place_hierarchical(
+            loads, slots, num_groups, gpus_per_node, max_replicas, refine_rounds
+        )
         if stuck.any():  # spread node by node: an expert's replicas stay on its group's node
             rows = np.flatnonzero(stuck)
-            ends = np.cumsum(slots)
-            for node in range(num_nodes):
-                first, last = node * gpus_per_node, (node + 1) * gpus_per_node
-                lo, hi = int(ends[first] - slots[first]), int(ends[last - 1])
-                phy2log[rows, lo:hi] = spread_duplicates(loads[rows], phy2log[rows, lo:hi], slots[first:last])
+            for gpus, span in _node_spans(slots, gpus_per_node):
+                phy2log[rows, span] = spread_duplicates(loads[rows], phy2log[rows, span], slots[gpus])
         phy2log = _refine_within_nodes(loads, phy2log, slots, gpus_per_node, refine_rounds)
+        node_experts = mlog2log.reshape(layers, num_nodes, -1)  # [layers, nodes, node experts], as placed
+        cap = max_replicas if max_replicas is not None else gpus_per_node
+        for node, (gpus, span) in enumerate(_node_spans(slots, gpus_per_node)):
+            if not np.any(slots[gpus] > node_experts.shape[2]):
+                continue  # the rest: nodes with a GPU of more slots than the node has experts
+            held = np.ascontiguousarray(node_experts[:, node])
+            found = _parked_alternative(_take(_f64(loads), held), slots[gpus], cap, refine_rounds,
+                                        _gpu_peaks(loads, phy2log[:, span], slots[gpus]))  # fmt: skip
+            if found is not None:
+                phy2log[found[0], span] = _take(held[found[0]], found[1])
     validate_placement(phy2log, slots, num_experts)
     return phy2log
+
+
+def _node_spans(slots: IntArray, gpus_per_node: int) -> list[tuple[slice, slice]]:
+    """Per node: (its GPUs, its slots) as slices of slots [G] and of a layer's P slots."""
+    ends = np.cumsum(slots)
+    spans = []
+    for node in range(slots.size // gpus_per_node):
+        first, last = node * gpus_per_node, (node + 1) * gpus_per_node
+        spans.append((slice(first, last), slice(int(ends[first] - slots[first]), int(ends[last - 1]))))
+    return spans
 
 
 def _refine_within_nodes(
@@ -336,19 +478,17 @@ def _refine_within_nodes(
 ) -> IntArray:
     """refine_swaps node by node, so expert groups stay on their nodes."""
     out = phy2log.copy()
-    ends = np.cumsum(slots)
-    for node in range(slots.size // gpus_per_node):  # over nodes, each call covers every layer
-        first, last = node * gpus_per_node, (node + 1) * gpus_per_node
-        lo, hi = int(ends[first] - slots[first]), int(ends[last - 1])
-        out[:, lo:hi] = refine_swaps(loads, phy2log[:, lo:hi], slots[first:last], rounds)
+    for gpus, span in _node_spans(slots, gpus_per_node):  # over nodes, each call covers every layer
+        out[:, span] = refine_swaps(loads, phy2log[:, span], slots[gpus], rounds)
     return out
 
 
 def _place_hierarchical(
     loads: FloatArray, slots: IntArray, num_groups: int, gpus_per_node: int, max_replicas: int | None,
     refine_rounds: int = 1000,
-) -> tuple[IntArray, NDArray[np.bool_]]:
-    """Groups onto nodes, then `_place` inside each node. Returns phy2log [layers, P] and stuck [layers].
+) -> tuple[IntArray, NDArray[np.bool_], IntArray]:
+    """Groups onto nodes, then `_place` inside each node. Returns phy2log [layers, P], stuck [layers] and mlog2log
+    [layers, E] (the logical experts node by node, each node's in the order its rows were placed).
     refine_rounds: the refinement's, for judging which node carries which groups when the nodes' slots differ
     (`_nodes_for_bins`)."""
     layers, num_experts = loads.shape
@@ -383,7 +523,7 @@ def _place_hierarchical(
     keep = np.arange(local.shape[2])[None, :] < width[:, None]
     mlog = local[:, keep]
     stuck_layers = np.asarray(stuck.reshape(layers, num_nodes).any(axis=1), dtype=np.bool_)
-    return _take(mlog2log, mlog), stuck_layers
+    return _take(mlog2log, mlog), stuck_layers, mlog2log
 
 
 MAX_NODE_PAIRS = 1024
@@ -408,20 +548,44 @@ def _nodes_for_bins(
     nodes = kind_of_node.size
     mlog2log = _inverse(_group_order(node_of_group, rank_in_node, groups // nodes, group_size))
     bins = mlog2log.reshape(layers * nodes, -1)  # [layers x bins, node experts]: logical experts, as placed
-    rows_loads = np.repeat(_f64(loads), nodes, axis=0)  # [layers x bins, E]
-    bin_loads = _take(rows_loads, bins)
+    layer_of_row = np.repeat(np.arange(layers), nodes)
     peaks = np.empty((layers, nodes, len(kinds)))  # [layer, bin, kind]: the busiest GPU of the bin on the kind
     for k, kind in enumerate(kinds):
-        kind = np.ascontiguousarray(kind, dtype=np.int64)
-        local, stuck = _place(bin_loads, np.tile(kind, (layers * nodes, 1)), max_replicas)
-        phy = _take(bins, local)
-        if stuck.any():
-            phy[stuck] = spread_duplicates(rows_loads[stuck], phy[stuck], kind)
-        phy = refine_swaps(rows_loads, phy, kind, rounds)
-        share = np.take_along_axis(rows_loads / np.maximum(_replica_counts(phy, loads.shape[1]), 1), phy, axis=1)
-        peaks[:, :, k] = np.add.reduceat(share, np.cumsum(kind) - kind, axis=1).max(axis=1).reshape(layers, nodes)
+        peaks[:, :, k] = _node_peaks(loads, bins, layer_of_row, kind, max_replicas, rounds).reshape(layers, nodes)
     node_of_bin = _bottleneck_assignment(peaks[:, :, kind_of_node])
     return np.take_along_axis(node_of_bin, node_of_group, axis=1)
+
+
+def _node_peaks(
+    loads: FloatArray, experts: IntArray, layer_of_row: IntArray, kind: IntArray, max_replicas: int, rounds: int
+) -> NDArray[np.float64]:
+    """[rows] the busiest GPU's tokens when a node of GPUs with slots kind [B] holds the logical experts
+    experts [rows, n] of layer layer_of_row [rows] (loads [layers, E]), placed as `solve_greedy` places a node's
+    experts (`_place`, the duplicate spread, `refine_swaps`, and on GPUs with more slots than n experts the
+    alternatives of `_parked_alternative`)."""
+    kind = np.ascontiguousarray(kind, dtype=np.int64)
+    loads = _f64(loads)
+    node_loads = np.ascontiguousarray(loads[layer_of_row[:, None], experts])  # [rows, n]
+    local, stuck = _place(node_loads, np.tile(kind, (experts.shape[0], 1)), max_replicas)
+    if stuck.any():  # spread on logical ids, as solve_greedy does (its repair visits duplicates in id order)
+        rows = np.flatnonzero(stuck)
+        spread = spread_duplicates(loads[layer_of_row[rows]], _take(experts[rows], local[rows]), kind)
+        local[rows] = _positions(experts[rows], spread)
+    peak = _gpu_peaks(node_loads, refine_swaps(node_loads, local, kind, rounds), kind)  # the swaps ignore ids
+    found = _parked_alternative(node_loads, kind, max_replicas, rounds, peak)
+    if found is not None:  # as solve_greedy's last step on such a node
+        peak[found[0]] = found[2]
+    return peak
+
+
+def _positions(experts: IntArray, ids: IntArray) -> IntArray:
+    """[rows, k] the position of each of ids [rows, k] in its row of experts [rows, n] (distinct ids per row)."""
+    rows, n = experts.shape
+    order = np.argsort(experts, axis=1)
+    offset = (np.arange(rows) * (int(max(experts.max(), ids.max())) + 1))[:, None]
+    found = np.searchsorted((np.take_along_axis(experts, order, axis=1) + offset).ravel(), (ids + offset).ravel())
+    at: IntArray = np.take_along_axis(order, found.reshape(ids.shape) - np.arange(rows)[:, None] * n, axis=1)
+    return at
 
 
 def _bottleneck_assignment(cost: NDArray[np.float64]) -> IntArray:

@@ -1,0 +1,194 @@
+"""Greedy on GPUs with more slots than their node's experts, and on nodes whose slots differ: against the no-EPLB
+(contiguous) placement and brute-force optima of small layers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.cli import main
+from eplb.evaluate import balance, contiguous_placement
+from eplb.placement import Placement
+from solvers.greedy import solve_greedy
+from solvers.validation import duplicate_count
+
+
+def _busiest(loads: np.ndarray, slots: np.ndarray, phy2log: np.ndarray) -> float:
+    """Tokens of the busiest GPU of one layer (loads [1, E])."""
+    return float(balance(loads, Placement(phy2log, slots, loads.shape[1])).gpu_loads.max())
+
+
+def _fillings(slots: int, experts: int) -> np.ndarray:
+    """[K, experts] replicas of each expert, for every filling of one GPU's slots: with more slots than experts any
+    multiset, else distinct experts (the solvers' rule: no duplicate where the slots allow none)."""
+    pick = (itertools.combinations_with_replacement(range(experts), slots) if slots > experts
+            else itertools.combinations(range(experts), slots))  # fmt: skip
+    return np.array([np.bincount(c, minlength=experts) for c in pick], dtype=np.int64)
+
+
+def _node_optimum(loads: np.ndarray, slots: tuple[int, ...]) -> float:
+    """The least busiest GPU over every placement of experts loads [n] on one node's GPUs (every slot filled, every
+    expert placed, uniform shares); the last GPU's fillings enumerated at once."""
+    fills = [_fillings(s, loads.size) for s in slots]
+    best = np.inf
+    for combo in itertools.product(*(range(len(f)) for f in fills[:-1])):
+        held = [fills[g][i][None, :] for g, i in enumerate(combo)]
+        count = sum(held, np.zeros((1, loads.size), dtype=np.int64)) + fills[-1]  # [K, n]
+        ok = (count > 0).all(axis=1)
+        if ok.any():
+            share = loads / count[ok]
+            per_gpu = [(h * share).sum(axis=1) for h in held] + [(fills[-1][ok] * share).sum(axis=1)]
+            best = min(best, float(np.max(per_gpu, axis=0).min()))
+    return best
+
+
+def _assignments(groups: int, nodes: int) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Every assignment of groups to nodes in equal counts: a tuple of each node's groups."""
+    def rest(left: tuple[int, ...], node: int) -> Iterator[tuple[tuple[int, ...], ...]]:
+        if node == nodes:
+            yield ()
+            return
+        for chosen in itertools.combinations(left, groups // nodes):
+            for tail in rest(tuple(g for g in left if g not in chosen), node + 1):
+                yield (chosen, *tail)
+    return rest(tuple(range(groups)), 0)
+
+
+def _best_over_assignments(
+    loads: np.ndarray, slots: np.ndarray, groups: int, per_node: int,
+    node_peak: Callable[[np.ndarray, np.ndarray], float],
+) -> float:
+    """min over assignments of groups to nodes of the busiest node, node_peak(experts loads [n], node slots)."""
+    size, nodes = loads.size // groups, slots.size // per_node
+    memo: dict[tuple[int, tuple[int, ...]], float] = {}
+    best = np.inf
+    for assignment in _assignments(groups, nodes):
+        worst = 0.0
+        for node, chosen in enumerate(assignment):
+            if (node, chosen) not in memo:
+                experts = np.concatenate([np.arange(g * size, (g + 1) * size) for g in chosen])
+                memo[node, chosen] = node_peak(loads[experts], slots[node * per_node:(node + 1) * per_node])
+            worst = max(worst, memo[node, chosen])
+        best = min(best, worst)
+    return best
+
+
+def _optimum(loads: np.ndarray, slots: np.ndarray, groups: int | None, per_node: int | None) -> float:
+    """Brute-force least busiest GPU of one layer loads [E]: global, or groups on nodes in equal counts."""
+    if groups is None or per_node is None:
+        return _node_optimum(loads, tuple(int(s) for s in slots))
+    return _best_over_assignments(loads, slots, groups, per_node,
+                                  lambda w, s: _node_optimum(w, tuple(int(v) for v in s)))  # fmt: skip
+
+
+def _duplicates_only_on_spare_gpus(phy2log: np.ndarray, slots: np.ndarray, node_experts: int) -> bool:
+    """Whether a layer's phy2log [P] has no two replicas of one expert on a GPU with at most node_experts slots."""
+    gpu = np.repeat(np.arange(slots.size), slots)
+    return all(np.unique(phy2log[gpu == g]).size == slots[g] for g in np.flatnonzero(slots <= node_experts))
+
+
+def test_cli_a_gpu_with_spare_slots_on_each_node_holds_one_expert_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb solve --gpus 4 --gpus-per-node 2 --groups 2 --slots-per-gpu 3,1,3,1` on loads 100, 90, 1, 5 gave lb 2.857
+    against 2.041 for no EPLB: whichever node took the hot group, its 3-slot GPU held a replica of both hot experts
+    plus a duplicate ({100, 90, 90} | {100}: 140). Three replicas of one expert there ({100, 100, 100} | {90})
+    serve 100 and 90: lb 2.041, the baseline's, in both node orders."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[100, 90, 1, 5]]}))
+    for slots in ("3,1,3,1", "1,3,1,3"):
+        args = ["solve", "--loads", str(window), "--gpus", "4", "--gpus-per-node", "2", "--groups", "2"]
+        assert main([*args, "--slots-per-gpu", slots, "--json"]) == 0
+        predicted = json.loads(capsys.readouterr().out)["predicted"]
+        assert predicted["lb"] == [pytest.approx(100 / 49)], slots
+        assert predicted["lb"][0] <= predicted["baseline"]["lb"][0] + 1e-12, predicted
+
+
+def test_global_spare_slots_hold_an_expert_no_other_gpu_holds() -> None:
+    """Loads 100, 90 on GPUs of 3 and 1 slots (global): the 3-slot GPU holds one expert three times and the other
+    GPU the other, the busiest GPU 100 (the fewest duplicates, {100, 90, 90} | {100}, made it 140)."""
+    loads, slots = np.array([[100.0, 90]]), np.array([3, 1])
+    phy2log = solve_greedy(loads, slots)
+    assert _busiest(loads, slots, phy2log) == pytest.approx(100)
+    assert np.unique(phy2log[0, :3]).size == 1 and phy2log[0, 3] != phy2log[0, 0]
+    assert duplicate_count(phy2log, slots).tolist() == [2]
+
+
+def test_every_slot_vector_of_the_repro_never_above_no_eplb_where_a_placement_is_not() -> None:
+    """The repro's family: 4 experts in 2 groups on 2 nodes x 2 GPUs of 1-4 slots, some GPU with more slots than its
+    node's 2 experts (all 240 slot vectors), 3 seeded load vectors each: the busiest GPU is never above the
+    contiguous placement's unless every placement's is (brute force), and within 1.1x of the optimum. With the
+    fewest duplicates (before), 347 of 2,400 such layers (10 loads per vector) were above the contiguous placement
+    although the optimum was not, the worst 1.5x the optimum."""
+    rng = np.random.default_rng(31)
+    checked = reachable = 0
+    for slots in (np.array(s) for s in itertools.product(range(1, 5), repeat=4) if max(s) > 2):
+        for _ in range(3):
+            loads = np.asarray(rng.pareto(1.0, (1, 4)) * 50 + 1 if rng.random() < 0.5 else rng.integers(1, 200, (1, 4)),
+                               dtype=np.float64)
+            phy2log = solve_greedy(loads, slots, num_groups=2, gpus_per_node=2)
+            ours = _busiest(loads, slots, phy2log)
+            base = float(balance(loads, contiguous_placement(1, 4, 4)).gpu_loads.max())
+            best = _optimum(loads[0], slots, 2, 2)
+            if best <= base * (1 + 1e-9):
+                assert ours <= base * (1 + 1e-9), (loads.tolist(), slots.tolist(), phy2log.tolist())
+                reachable += 1
+            assert ours <= 1.1 * best, (loads.tolist(), slots.tolist(), phy2log.tolist())
+            for node in range(2):
+                local = phy2log[0, np.repeat(np.arange(4) // 2, slots) == node]
+                assert np.unique(local // 2).size == 1  # one group per node
+                assert _duplicates_only_on_spare_gpus(local, slots[2 * node:2 * node + 2], 2)
+            checked += 1
+    assert checked == 720 and reachable > 600
+
+
+def _spare_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int | None, int | None]:
+    """(loads [1, E], slots [G], groups, GPUs per node): a small layer, hierarchical (2-3 nodes of 1-3 GPUs) or global
+    (2-3 GPUs), with some GPU of more slots than its node's experts (at most 5 slots, 4 experts per node)."""
+    hierarchical = rng.random() < 0.7
+    while True:
+        if hierarchical:
+            nodes, per_node = int(rng.integers(2, 4)), int(rng.integers(1, 4))
+            groups = nodes * int(rng.integers(1, 3))
+            experts = groups * int(rng.integers(1, 3))
+        else:
+            nodes, per_node, groups, experts = 1, int(rng.integers(2, 4)), 0, int(rng.integers(2, 5))
+        node_experts = experts // nodes
+        slots = rng.integers(1, node_experts + 3, size=nodes * per_node)
+        if ((slots.reshape(nodes, per_node).sum(axis=1) >= node_experts).all() and (slots > node_experts).any()
+                and np.minimum(slots, node_experts).max() <= 4 and slots.max() <= 5):  # fmt: skip
+            break
+    kind = int(rng.integers(3))
+    loads = (rng.pareto(1.0, (1, experts)) * 50 + 1 if kind == 0 else rng.integers(1, 200, (1, experts)) * 1.0
+             if kind == 1 else rng.gamma(0.3, 100.0, (1, experts)) + 1e-3)  # fmt: skip
+    return loads, slots.astype(np.int64), (groups or None), (per_node if hierarchical else None)
+
+
+def test_property_spare_slots_within_a_factor_of_the_optimum() -> None:
+    """150 seeded small layers (hierarchical or global) with a GPU of more slots than its node's experts: the
+    busiest GPU is within 1.4x of the brute-force optimum (4,000 layers of this sampler, 4 seeds: at most 1.353x,
+    mean 1.005-1.007; with the fewest duplicates, before, up to 1.84x, mean 1.10, 21-23% of layers above 1.2x), the
+    mean within 1.03x; duplicates only on GPUs with more slots than their node's experts, groups on nodes."""
+    rng = np.random.default_rng(2027)
+    ratios = []
+    for _ in range(150):
+        loads, slots, groups, per_node = _spare_case(rng)
+        phy2log = solve_greedy(loads, slots, num_groups=groups, gpus_per_node=per_node)
+        ratio = _busiest(loads, slots, phy2log) / _optimum(loads[0], slots, groups, per_node)
+        assert ratio <= 1.4, (loads.tolist(), slots.tolist(), groups, per_node, phy2log.tolist())
+        ratios.append(ratio)
+        per = slots.size if per_node is None else per_node
+        nodes = slots.size // per
+        node_of_slot = np.repeat(np.arange(slots.size) // per, slots)
+        if groups is not None:
+            size = loads.shape[1] // groups
+            assert all(np.unique(node_of_slot[phy2log[0] // size == g]).size == 1 for g in range(groups))
+        for node in range(nodes):
+            local, node_slots = phy2log[0, node_of_slot == node], slots[node * per:(node + 1) * per]
+            assert _duplicates_only_on_spare_gpus(local, node_slots, loads.shape[1] // nodes)
+    assert float(np.mean(ratios)) <= 1.03
