@@ -397,9 +397,9 @@ def solve_greedy(
     loads: [layers, E] tokens per expert; slots_per_gpu: [G] slots on each GPU (may differ, each >= 1,
     sum >= E). With num_groups and gpus_per_node (and num_groups divisible by the node count) the
     hierarchical policy runs: expert groups are packed onto nodes (bins of equal group counts balanced by tokens,
-    each bin on the node that carries it best when the nodes' slots differ: `_nodes_for_bins`), replicated inside
-    each node and packed onto that node's GPUs, so a token's experts stay within few nodes; otherwise the global
-    policy.
+    each bin on the node that carries it best when the nodes' slots differ: `_nodes_for_bins`, then `_swap_groups`),
+    replicated inside each node and packed onto that node's GPUs, so a token's experts stay within few nodes;
+    otherwise the global policy.
     max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node);
     refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
     the busiest GPU cannot improve; 0 turns it off).
@@ -509,8 +509,11 @@ def _place_hierarchical(
     node_of_group, rank_in_node = pack(group_load, node_cap)
     kinds, kind_of_node = np.unique(node_slots, axis=0, return_inverse=True)
     if len(kinds) > 1 and num_nodes * len(kinds) <= MAX_NODE_PAIRS:
-        node_of_group = _nodes_for_bins(loads, node_of_group, rank_in_node, group_size, kinds,
-                                        kind_of_node.reshape(-1), cap, refine_rounds)  # fmt: skip
+        kind_of_node = kind_of_node.reshape(-1)
+        node_of_group = _nodes_for_bins(loads, node_of_group, rank_in_node, group_size, kinds, kind_of_node, cap,
+                                        refine_rounds)  # fmt: skip
+        node_of_group, rank_in_node = _swap_groups(loads, node_of_group, rank_in_node, group_size, kinds,
+                                                   kind_of_node, cap, refine_rounds)  # fmt: skip
     log2mlog = _group_order(node_of_group, rank_in_node, num_groups // num_nodes, group_size)
     mlog2log = _inverse(log2mlog)
     # Step 2 and 3: replicate within each node and pack onto its GPUs (rows = layer x node).
@@ -586,6 +589,85 @@ def _positions(experts: IntArray, ids: IntArray) -> IntArray:
     found = np.searchsorted((np.take_along_axis(experts, order, axis=1) + offset).ravel(), (ids + offset).ravel())
     at: IntArray = np.take_along_axis(order, found.reshape(ids.shape) - np.arange(rows)[:, None] * n, axis=1)
     return at
+
+
+MAX_GROUP_SWAP_ROUNDS = 64
+"""The most group swaps per layer `_swap_groups` makes."""
+
+
+def _swap_groups(
+    loads: FloatArray, node_of_group: IntArray, rank_in_node: IntArray, group_size: int, kinds: IntArray,
+    kind_of_node: IntArray, max_replicas: int, rounds: int,
+) -> tuple[IntArray, IntArray]:
+    """node_of_group and rank_in_node [layers, groups] after swapping groups between nodes whose slots differ,
+    while a swap lowers the busiest node. Bins of equal tokens suit alike nodes; where nodes differ, a node with
+    no slot to spare (as many slots as experts) cannot replicate a hot expert that another node's spare slots
+    could, so the bins themselves (not only which node takes which, `_nodes_for_bins`) should follow the nodes:
+    two hot experts in two bins, one node with spare slots (nodes of 8, 8, 8 and 12 slots per GPU) leave the
+    second on a node that cannot replicate it. Each round, in every layer still improving, each group of the
+    busiest node is tried against each group of every other node (the group taking the other's rank), both
+    nodes placed as `solve_greedy` places them (`_node_peaks`), and the swap leaving the lower of the two nodes'
+    busiest GPUs is made when it is below the busiest node's; at most MAX_GROUP_SWAP_ROUNDS rounds.
+    kinds [K, gpus per node], kind_of_node [N] as in `_nodes_for_bins`; loads [layers, E]."""
+    layers, groups = node_of_group.shape
+    nodes = kind_of_node.size
+    per = groups // nodes
+    if per == 1:  # one group per node: `_nodes_for_bins` has tried every assignment
+        return node_of_group, rank_in_node
+    at = np.empty((layers, nodes, per), dtype=np.int64)  # the group at each (node, rank)
+    np.put_along_axis(at.reshape(layers, -1), node_of_group * per + rank_in_node, np.arange(groups)[None, :], axis=1)
+    within = np.arange(group_size)
+
+    def experts_of(node_groups: IntArray) -> IntArray:  # [..., per] groups -> [..., per x group size] experts
+        out: IntArray = (node_groups[..., None] * group_size + within).reshape(*node_groups.shape[:-1], -1)
+        return out
+
+    def peaks_of(node_groups: IntArray, node: IntArray, layer: IntArray) -> NDArray[np.float64]:
+        """[rows] peaks of the groups node_groups [rows, per] on nodes node [rows] of layers layer [rows]."""
+        out = np.empty(node.size)
+        for k, kind in enumerate(kinds):
+            rows = np.flatnonzero(kind_of_node[node] == k)
+            if rows.size:
+                out[rows] = _node_peaks(loads, experts_of(node_groups[rows]), layer[rows], kind, max_replicas, rounds)
+        return out
+
+    everyone = np.arange(layers)
+    peak = peaks_of(at.reshape(-1, per), np.tile(np.arange(nodes), layers), np.repeat(everyone, nodes))
+    peak = peak.reshape(layers, nodes)
+    # candidates: (rank i on the busiest node, other node by offset, rank j there)
+    i, off, j = (a.reshape(-1) for a in np.meshgrid(np.arange(per), np.arange(1, nodes), np.arange(per),
+                                                     indexing="ij"))  # fmt: skip
+    active = everyone
+    for _ in range(MAX_GROUP_SWAP_ROUNDS):
+        if active.size == 0:
+            break
+        hot = np.argmax(peak[active], axis=1)  # [A]
+        other = (hot[:, None] + off[None, :]) % nodes  # [A, C]
+        a = at[active, hot][:, i]  # [A, C]: the group leaving the busiest node
+        b = at[active[:, None], other, j[None, :]]  # [A, C]: the group coming in
+        hot_groups = np.repeat(at[active, hot][:, None, :], i.size, axis=1)  # [A, C, per]
+        hot_groups[:, np.arange(i.size), i] = b
+        other_groups = at[active[:, None], other].copy()  # [A, C, per]
+        other_groups[:, np.arange(i.size), j] = a
+        layer = np.repeat(active, i.size)
+        new_hot = peaks_of(hot_groups.reshape(-1, per), np.repeat(hot, i.size), layer).reshape(active.size, -1)
+        new_other = peaks_of(other_groups.reshape(-1, per), other.reshape(-1), layer).reshape(active.size, -1)
+        worst = np.maximum(new_hot, new_other)
+        best = np.argmin(worst, axis=1)
+        pick = np.arange(active.size)
+        improves = _lower(worst[pick, best], peak[active, hot])
+        for row in np.flatnonzero(improves):  # few layers: the swaps themselves
+            layer_id, c = active[row], best[row]
+            h, o = hot[row], other[row, c]
+            at[layer_id, h, i[c]], at[layer_id, o, j[c]] = b[row, c], a[row, c]
+            peak[layer_id, h], peak[layer_id, o] = new_hot[row, c], new_other[row, c]
+        active = active[improves]
+    flat = at.reshape(layers, -1)
+    node_of, rank_of = np.empty_like(node_of_group), np.empty_like(rank_in_node)
+    position = np.arange(nodes * per)
+    np.put_along_axis(node_of, flat, np.broadcast_to(position // per, flat.shape), axis=1)
+    np.put_along_axis(rank_of, flat, np.broadcast_to(position % per, flat.shape), axis=1)
+    return node_of, rank_of
 
 
 def _bottleneck_assignment(cost: NDArray[np.float64]) -> IntArray:

@@ -464,13 +464,14 @@ def _busiest(loads: np.ndarray, slots: np.ndarray, phy2log: np.ndarray) -> np.nd
 
 
 def test_property_hierarchical_bins_of_groups_go_to_the_nodes_that_carry_them_best() -> None:
-    """Seeded small hierarchical layers whose nodes' slots differ: the busiest GPU is the least of every assignment
-    of the packing's bins of groups (equal group counts, balanced by tokens) to the nodes, each node placing its
-    bin as the global greedy places it on the node's GPUs (brute force over the permutations); so no worse than
-    the packing's own nodes (the placement before), whichever order the nodes are listed in. Groups stay on
-    nodes, with duplicates only on GPUs with more slots than their node's experts."""
+    """Seeded small hierarchical layers whose nodes' slots differ: the busiest GPU is at most the least of every
+    assignment of the packing's bins of groups (equal group counts, balanced by tokens) to the nodes, each node
+    placing its bin as the global greedy places it on the node's GPUs (brute force over the permutations), and
+    below it where swapping groups between the bins helps (`_swap_groups`); so no worse than the packing's own
+    nodes (the placement before), whichever order the nodes are listed in. Groups stay on nodes, with duplicates
+    only on GPUs with more slots than their node's experts."""
     rng = np.random.default_rng(11)
-    layers = moved = 0
+    layers = moved = swapped = 0
     while layers < 400:
         loads, slots, groups, group_size, per_node = _hierarchical_case(rng)
         nodes = slots.size // per_node
@@ -498,7 +499,8 @@ def test_property_hierarchical_bins_of_groups_go_to_the_nodes_that_carry_them_be
                                      solve_greedy(loads[layer:layer + 1, bins[b]], node_slots[m]))[0]
                             for m in range(nodes)] for b in range(nodes)])  # fmt: skip
             every = [on[np.arange(nodes), list(perm)].max() for perm in itertools.permutations(range(nodes))]
-            assert ours[layer] == pytest.approx(min(every), rel=1e-12), (loads[layer], slots, phy2log[layer])
+            assert ours[layer] <= min(every) * (1 + 1e-12), (loads[layer], slots, phy2log[layer])
             moved += int(min(every) < every[0] * (1 - 1e-9))  # every[0]: the packing's own nodes
+            swapped += int(ours[layer] < min(every) * (1 - 1e-9))
             layers += 1
-    assert moved > 100
+    assert moved > 100 and swapped > 0

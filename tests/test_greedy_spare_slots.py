@@ -11,11 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import solvers.greedy
 from eplb.cli import main
 from eplb.evaluate import balance, contiguous_placement
+from eplb.io.windows import read_window
 from eplb.placement import Placement
 from solvers.greedy import solve_greedy
 from solvers.validation import duplicate_count
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def _busiest(loads: np.ndarray, slots: np.ndarray, phy2log: np.ndarray) -> float:
@@ -192,3 +196,51 @@ def test_property_spare_slots_within_a_factor_of_the_optimum() -> None:
             local, node_slots = phy2log[0, node_of_slot == node], slots[node * per:(node + 1) * per]
             assert _duplicates_only_on_spare_gpus(local, node_slots, loads.shape[1] // nodes)
     assert float(np.mean(ratios)) <= 1.03
+
+
+def _unlike_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(loads [1, E], slots [G], groups, GPUs per node): 2-3 nodes of 1-3 GPUs whose slots differ from node to node,
+    more groups than nodes, no GPU with more slots than its node's experts."""
+    while True:
+        nodes, per_node = int(rng.integers(2, 4)), int(rng.integers(1, 4))
+        groups = nodes * 2
+        experts = groups * int(rng.integers(1, 3))
+        node_experts = experts // nodes
+        slots = rng.integers(1, node_experts + 1, size=nodes * per_node)
+        node_slots = slots.reshape(nodes, per_node)
+        if (node_slots.sum(axis=1) >= node_experts).all() and np.unique(node_slots, axis=0).shape[0] > 1:
+            break
+    loads = rng.pareto(1.0, (1, experts)) * 50 + 1 if rng.random() < 0.5 else rng.integers(1, 200, (1, experts)) * 1.0
+    return loads, slots.astype(np.int64), groups, per_node
+
+
+def test_property_unlike_nodes_take_the_groups_they_carry_best() -> None:
+    """300 seeded small layers on nodes whose slots differ: the busiest GPU against the best assignment of groups
+    to nodes (equal counts; brute force over every assignment, each node placed as greedy places it alone).
+    Bins of equal tokens suit alike nodes; on unlike ones the groups are swapped between nodes while that lowers
+    the busiest. At the best on at least 95% of the layers and never above 1.25x (4,000 layers of this sampler, 4
+    seeds: 98.1-98.5% at it, the worst 1.18x; with the packing's bins alone, before, 77-78%, the worst 1.38x)."""
+    rng = np.random.default_rng(808)
+    at_best = 0
+    for _ in range(300):
+        loads, slots, groups, per_node = _unlike_case(rng)
+        ours = _busiest(loads, slots, solve_greedy(loads, slots, num_groups=groups, gpus_per_node=per_node))
+        best = _best_over_assignments(loads[0], slots, groups, per_node,
+                                      lambda w, s: _busiest(w[None, :], s, solve_greedy(w[None, :], s)))  # fmt: skip
+        assert ours <= 1.25 * best, (loads.tolist(), slots.tolist(), groups, per_node)
+        at_best += ours <= best * (1 + 1e-9)
+    assert at_best >= 285
+
+
+def test_budget_whose_nodes_differ_swaps_groups_on_a_shipped_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefill-in4096 on 4 nodes x 8 GPUs under per-GPU budgets of 20 GiB on three nodes and 29 on the fourth
+    (DeepSeek-V3: 8 and 12 slots per GPU, 288 in all, as --redundant 32): the groups swapped between nodes give no
+    layer a busier GPU than the packing's bins did (MAX_GROUP_SWAP_ROUNDS 0), and the mean lb falls by more than
+    0.005 (1.3318 to 1.3218)."""
+    loads = read_window(FIXTURES / "sglang6017-dsv3-prefill-in4096.json").loads
+    slots = np.repeat([8, 8, 8, 12], 8)
+    ours = balance(loads, Placement(solve_greedy(loads, slots, num_groups=8, gpus_per_node=8), slots, 256)).lb
+    monkeypatch.setattr(solvers.greedy, "MAX_GROUP_SWAP_ROUNDS", 0)
+    bins = balance(loads, Placement(solve_greedy(loads, slots, num_groups=8, gpus_per_node=8), slots, 256)).lb
+    assert np.all(ours <= bins * (1 + 1e-12))
+    assert ours.mean() < bins.mean() - 0.005
