@@ -83,7 +83,8 @@ class Moves(BaseModel):
 
     per_layer: list[int]
     total: int
-    bytes_moved: float | None
+    bytes_moved: float | None = Field(None, description="bytes of the copies (absent without a model: no expert "
+                                      "size)")
 
 
 class PlacementResponse(BaseModel):

@@ -10,11 +10,12 @@ import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from eplb import retry
 from eplb.client import (
@@ -23,11 +24,12 @@ from eplb.client import (
     Coactivation,
     InvalidConfig,
     InvalidRequest,
+    Job,
     JobFailed,
     ServiceError,
     Unreachable,
 )
-from eplb.deployments import ClusterShape, DeploymentConfig, WindowResult
+from eplb.deployments import ClusterShape, DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, WindowResult
 from eplb.schemas import PlacementResponse
 from tests.flaky_proxy import proxy
 from tests.test_deployments import MODEL, config, window
@@ -80,6 +82,81 @@ def test_placement_jobs_and_errors(base: str) -> None:
         assert missing.value.status == 404 and "does not exist" in missing.value.detail
     with Client(base, api_key="wrong") as intruder, pytest.raises(ServiceError, match="401 Unauthorized"):
         intruder.put_deployment("x", config())
+
+
+SIXTEEN = [[40, 3, 9, 0, 12, 7, 30, 1, 5, 8, 2, 22, 6, 4, 11, 10], [0] * 16,
+           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+"""A window of 16 experts, which no model preset has (an answer without a model), its middle layer without tokens."""
+
+
+def _nullable_required(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> list[str]:
+    """Fields of `model` (and of the models inside it, at any depth) that may be None but have no default: the
+    service leaves every None out of its answers (exclude_none), so such a field is missing from some answer."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return []
+    seen.add(model)
+    found = []
+    for name, field in model.model_fields.items():
+        if field.is_required() and type(None) in get_args(field.annotation):  # X | None (not list[X | None])
+            found.append(f"{model.__name__}.{name}")
+        kinds = [field.annotation]
+        while kinds:  # the models inside it: X | None, list[X], dict[str, X], ...
+            kind = kinds.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                found += _nullable_required(kind, seen)
+            kinds += get_args(kind)
+    return found
+
+
+def test_every_answer_model_takes_the_answers_without_their_absent_fields() -> None:
+    """A field that may be None is optional in every model the client reads an answer with (Moves.bytes_moved was
+    required: every answer without a model was 'not the eplb service's')."""
+    models: list[type[BaseModel]] = [PlacementResponse, Job, DeploymentView, WindowResult, HistoryPage, HistoryEntry]
+    assert [f for m in models for f in _nullable_required(m)] == []
+
+
+def test_every_kind_of_answer_reads_back_through_the_models(
+    base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real answers of each kind of request, read by the client's models: without a model (no times, no bytes
+    moved), with the serving placement (moves, a plan), each solver, weighted shares, an evaluation, a job's result,
+    a deployment's windows and history; and eplb solve --json's object, the same shape."""
+    cluster = {"num_gpus": 4, "num_redundant": 4}
+    later = [row[::-1] for row in SIXTEEN]
+    with Client(base, api_key=KEY) as eplb:
+        fresh = eplb.placement(cluster=cluster, loads=SIXTEEN)
+        assert fresh.predicted.time_us is None and fresh.moves is None and fresh.predicted.lb[1] is None
+        moved = eplb.placement(cluster=cluster, loads=later, current_placement=fresh.placement)
+        assert moved.moves is not None and moved.moves.total > 0 and moved.moves.bytes_moved is None
+        assert moved.plan is not None
+        v3 = {"model": "deepseek-v3", "cluster": {"num_gpus": 32, "num_redundant": 32}, "loads": V3}
+        timed = eplb.placement(**v3, current_placement=eplb.placement(**v3).placement, stage_gib=1)
+        assert timed.moves is not None and timed.moves.bytes_moved is not None and timed.predicted.time_us
+        for solver, more in (("deepseek", {}), ("milp", {"time_limit_s": 1}),
+                             ("milp", {"time_limit_s": 1, "split": "weighted"}),
+                             ("incremental", {"current_placement": fresh.placement, "max_moves": 1})):
+            answer = eplb.placement(cluster=cluster, loads=later, solver=solver, **more)
+            assert answer.solver is not None and answer.solver.name.startswith(solver)
+            assert (answer.placement.shares is not None) == ("split" in more)
+        judged = eplb.evaluate(loads=later, placement=moved.placement)
+        assert judged.solver is None and judged.predicted.lb == moved.predicted.lb
+        job = eplb.wait(eplb.submit(cluster=cluster, loads=SIXTEEN, current_placement=fresh.placement).id, 120)
+        assert job.result is not None and job.result.moves is not None and job.result.moves.bytes_moved is None
+        eplb.put_deployment("client-answers", config(trigger="periodic", every=2))
+        actions = [eplb.send_window("client-answers", window(i)).action for i in range(3)]
+        assert actions == ["placed", "kept", "rebalanced"]
+        assert [e.action for e in eplb.history("client-answers").entries] == actions[::-1]
+        assert eplb.deployment("client-answers").placement is not None
+        eplb.delete_deployment("client-answers")
+    from eplb.cli import main
+
+    (tmp_path / "w.json").write_text(json.dumps({"loads": SIXTEEN}))
+    (tmp_path / "c.json").write_text(json.dumps(fresh.placement.model_dump(exclude_none=True)))
+    args = ["solve", "--loads", str(tmp_path / "w.json"), "--gpus", "4", "--redundant", "4", "--json"]
+    assert main([*args, "--current", str(tmp_path / "c.json")]) == 0
+    printed = PlacementResponse.model_validate_json(capsys.readouterr().out)
+    assert printed.moves is not None and printed.moves.bytes_moved is None
 
 
 def test_deployments_sync(base: str) -> None:
