@@ -46,7 +46,7 @@ from eplb.deployments import (
     WindowResult,
 )
 from eplb.errors import EplbError
-from eplb.rules import name_refusal
+from eplb.rules import name_refusal, timeout_refusal
 from eplb.schemas import PlacementOut, PlacementResponse
 
 if TYPE_CHECKING:
@@ -77,8 +77,8 @@ class NotTheService(EplbError):
 
 class InvalidRequest(EplbError):
     """A request the client refuses to send, naming what to fix: a deployment name the service cannot have, a
-    NaN or infinity (JSON has neither), a value JSON cannot carry; or a deployment config the service refused
-    (`InvalidConfig`)."""
+    NaN or infinity (JSON has neither), a value JSON cannot carry, a timeout that is no wait (`eplb.rules.
+    timeout_refusal`), a call on a closed client; or a deployment config the service refused (`InvalidConfig`)."""
 
 
 class InvalidConfig(InvalidRequest, ServiceError):
@@ -487,16 +487,27 @@ _Http = TypeVar("_Http", httpx.Client, httpx.AsyncClient)
 
 
 def _open(factory: Callable[..., _Http], base_url: str, api_key: str | None, timeout: float, transport: Any) -> _Http:
-    """An httpx client (sync or async) for the service; a URL httpx cannot use is `Unreachable`."""
+    """An httpx client (sync or async) for the service; a URL httpx cannot use is `Unreachable`, a timeout that is
+    no wait InvalidRequest."""
+    refused = timeout_refusal(timeout)
+    if refused is not None:
+        raise InvalidRequest(f"timeout {refused}")
     try:
-        return factory(base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport)
+        return factory(base_url=base_url, headers=_headers(api_key), timeout=float(timeout), transport=transport)
     except httpx.InvalidURL as exc:
         raise _unreachable(base_url, exc) from None
 
 
+def _not_closed(http: httpx.Client | httpx.AsyncClient, kind: str) -> None:
+    """InvalidRequest for a call on a closed client (httpx raised RuntimeError)."""
+    if http.is_closed:
+        raise InvalidRequest(f"this {kind} is closed (close(), or the end of its with block): open a new one")
+
+
 class Client:
     """Synchronous client. base_url: e.g. http://127.0.0.1:8000; api_key: the service's EPLB_API_KEY;
-    timeout: seconds one call may take, its retries included (a synchronous MILP answer takes its time budget).
+    timeout: seconds one call may take, its retries included (a synchronous MILP answer takes its time budget);
+    above 0, at most `eplb.rules.MAX_TIMEOUT_S` (a day), else InvalidRequest. A call after `close` is InvalidRequest.
 
     A call is sent again, the same request, by the rule the engine plug-ins follow (`eplb.retry`): up to
     `eplb.retry.RETRIES` more times, 0.1 s then 0.3 s apart, for a 502, 503 or 504, a connection refused or reset
@@ -507,8 +518,8 @@ class Client:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
         self._url = base_url.rstrip("/")
-        self._timeout = timeout
         self._http = _open(httpx.Client, base_url, api_key, timeout, transport)
+        self._timeout = float(timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -520,6 +531,8 @@ class Client:
         self._http.close()
 
     def _do(self, call: _Call[T]) -> T:
+        _not_closed(self._http, "Client")
+
         def attempt(wait: float) -> httpx.Response:
             return self._http.request(call.method, call.path, json=call.json, params=call.params, timeout=wait)
 
@@ -612,8 +625,8 @@ class AsyncClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,
                  timeout: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._url = base_url.rstrip("/")
-        self._timeout = timeout
         self._http = _open(httpx.AsyncClient, base_url, api_key, timeout, transport)
+        self._timeout = float(timeout)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -625,6 +638,8 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _do(self, call: _Call[T]) -> T:
+        _not_closed(self._http, "AsyncClient")
+
         async def attempt(wait: float) -> httpx.Response:
             return await self._http.request(call.method, call.path, json=call.json, params=call.params, timeout=wait)
 

@@ -4,6 +4,7 @@ import (no numpy, no SQLAlchemy): the engine plug-ins read it."""
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Mapping
 from typing import TypeVar
@@ -23,6 +24,20 @@ HISTORY_PAGE_MAX = 1000
 MAX_HISTORY_ID = 2**31 - 1
 """The largest history id the store holds (an Integer column: PostgreSQL's int4, which also refuses a larger
 parameter; SQLite's are int64): a larger `before` is refused by name, not a database error; the least is 1."""
+
+MAX_TIMEOUT_S = 86_400.0
+"""The longest wait for one call to the service, seconds (a day): the Python client's `timeout`, the plug-ins'
+EPLB_SERVICE_TIMEOUT_S. A longer one is no wait: httpx cannot set 1e12 s (OverflowError, 'timestamp out of range
+for platform time_t'), and no solve of the service takes a day (its time budgets are at most an hour)."""
+
+
+def timeout_refusal(value: object) -> str | None:
+    """Why `value` is no timeout for a call to the service, 'must be ..., got X', or None: a number of seconds above
+    0, at most MAX_TIMEOUT_S (0 or less made the socket raise 'Timeout value out of range', inf overflowed)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= MAX_TIMEOUT_S:
+        return None
+    return f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,.0f} (a day), got {value!r}"
+
 
 CLUSTER_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
 """What the registry's refusals call the cluster settings in the service's JSON (`POST /placement`, a deployment's

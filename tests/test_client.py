@@ -254,6 +254,34 @@ def test_unreachable_and_foreign_services_are_one_line_errors() -> None:
         assert gone.value.status == 404 and "\n" not in str(gone.value)
 
 
+@pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), 1e12, True, "5"])
+def test_a_timeout_that_is_no_wait_is_a_one_line_error(timeout: Any) -> None:
+    """Client(url, timeout=0) or -1 raised 'Timeout value out of range' from socket.py at the first call, inf or 1e12
+    OverflowError; now InvalidRequest at once, by the rule of the plug-ins' EPLB_SERVICE_TIMEOUT_S."""
+    for client in (Client, AsyncClient):
+        with pytest.raises(InvalidRequest, match=r"^timeout must be a number of seconds above 0 and at most 86,400 "
+                                                 r"\(a day\), got ") as refused:
+            client(f"http://127.0.0.1:{_closed_port()}", timeout=timeout).deployments()
+        assert "\n" not in str(refused.value)
+
+
+def test_a_closed_client_says_so_in_one_line(base: str) -> None:
+    """A call after close() (or the with block) raised httpx's RuntimeError; now InvalidRequest."""
+    with Client(base, api_key=KEY) as eplb:
+        eplb.deployments()
+    with pytest.raises(InvalidRequest, match=r"^this Client is closed \(close\(\), or the end of its with block\): "
+                                             r"open a new one$"):
+        eplb.deployments()
+
+    async def closed() -> None:
+        async with AsyncClient(base, api_key=KEY) as client:
+            await client.deployments()
+        await client.deployments()
+
+    with pytest.raises(InvalidRequest, match=r"^this AsyncClient is closed"):
+        asyncio.run(closed())
+
+
 # --- what the client sends ----------------------------------------------------------------------------------
 
 
