@@ -262,6 +262,63 @@ def test_greedy_solver_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 8, 4, 32)
 
 
+def test_the_solvers_the_plug_in_accepts_are_those_it_can_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EPLB_SOLVER=incremental and greedy-coact raised SolverError at every rebalance though a typo's message listed
+    them, and milp-weighted's shares were dropped (the engines route evenly). Every accepted name places and
+    rebalances; the two the engines cannot serve are refused naming why; a typo lists exactly the accepted ones."""
+    accepted = core.plugin_solvers()
+    assert sorted(accepted + list(core.UNSERVABLE)) == sorted(registry.names())
+    for name in registry.names():  # what the engines cannot give a solver (co-activation) or serve (shares)
+        caps = registry.get_solver(name).capabilities
+        assert (name in core.UNSERVABLE) == (caps.shares or caps.coactivation), name
+        assert name in core.UNSERVABLE or not caps.requires_current or name == core.INCREMENTAL, name
+    rng = np.random.default_rng(5)
+    weight = torch.from_numpy(rng.integers(0, 1000, (2, 16)).astype(np.float64))
+    later = torch.from_numpy(rng.integers(0, 1000, (2, 16)).astype(np.float64))
+    for name in accepted:
+        monkeypatch.setenv("EPLB_SOLVER", name)
+        with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+            caplog.clear()
+            first = call("phy2log", weight, 24, 1, 1, 4)
+            check_valid(*first, 16)
+            again = call("phy2log", later, 24, 1, 1, 4, first[0])
+            check_valid(*again, 16)
+        placed, rebalanced = (r.getMessage() for r in caplog.records)
+        if name == core.INCREMENTAL:  # places as the default does, then edits the engine's map
+            assert placed.endswith("deepseek (incremental edits the engine's map, and it passed none)")
+            assert "(local): incremental, " in rebalanced
+    for name, why in (("milp-weighted", "replicas weighted shares, and vLLM and SGLang send an expert's tokens evenly"),
+                      ("greedy-coact", "co-activation counts (which experts tokens choose together), which the "
+                                       "engines do not pass")):
+        monkeypatch.setenv("EPLB_SOLVER", name)
+        refusal = rf"^EPLB_SOLVER='{name}' cannot serve an engine: it (needs|gives) {re.escape(why)}.*; choose one of "
+        with pytest.raises(core.PolicyInputError, match=rf"{refusal}{', '.join(accepted)}$"):
+            EplbPolicy.rebalance_experts(weight, 24, 1, 1, 4)
+    monkeypatch.setenv("EPLB_SOLVER", "greedy-coatc")
+    typo = rf"^EPLB_SOLVER='greedy-coatc': choose one of {', '.join(accepted)}$"
+    with pytest.raises(core.PolicyInputError, match=typo):
+        EplbPolicy.rebalance_experts(weight, 24, 1, 1, 4)
+
+
+def test_incremental_keeps_its_edit_where_the_default_places_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EPLB_SOLVER=incremental: without a budget the edit of the engine's map stands, where the default replaces it by
+    a fresh placement (its lb more than INCREMENTAL_LB_TOLERANCE above: here always, the tolerance set to 0); a map
+    with -1 slots is placed by the default, and the log line says so."""
+    old, _ = core.fresh(PREFILL, 288, 8, 4, 32, "deepseek")
+    monkeypatch.setattr(core, "INCREMENTAL_LB_TOLERANCE", 0.0)
+    default = core.solve_local(DECODE, 288, 8, 4, 32, old, core.Settings())
+    edited = core.solve_local(DECODE, 288, 8, 4, 32, old, core.Settings(solver="incremental"))
+    assert default.how.startswith("deepseek (incremental lb ") and edited.how.startswith("incremental, ")
+    holed = old.copy()
+    for layer in range(holed.shape[0]):  # one slot left unused, of an expert with another replica
+        counts = np.bincount(holed[layer], minlength=256)
+        holed[layer, int(np.flatnonzero(counts[holed[layer]] > 1)[0])] = -1
+    unused = core.solve_local(DECODE, 288, 8, 4, 32, holed, core.Settings(solver="incremental"))
+    assert unused.how.startswith("deepseek (incremental edits a map with every slot filled; this one has -1 slots), ")
+
+
 # --- convention detection and registration -------------------------------------------------------------
 
 

@@ -32,6 +32,16 @@ FloatArray = NDArray[np.float64]
 
 INCREMENTAL = "incremental"
 """Registry name of the incremental (move-budgeted) solver, used when the engine passes its current map."""
+DEFAULT_SOLVER = "deepseek"
+"""EPLB_SOLVER's default: DeepSeek EPLB's algorithm (the engines' own), exactly; also what places from scratch for
+EPLB_SOLVER=incremental, which only edits a map."""
+UNSERVABLE = {
+    "milp-weighted": "it gives replicas weighted shares, and vLLM and SGLang send an expert's tokens evenly to its "
+                     "replicas (milp places for even shares)",
+    "greedy-coact": "it needs co-activation counts (which experts tokens choose together), which the engines do not "
+                    "pass to a rebalancing policy (greedy places on the loads alone)",
+}
+"""Registered solvers the plug-ins cannot run, and why (`plugin_solvers` is every other one)."""
 INCREMENTAL_LB_TOLERANCE = 1.01
 """Without a move budget, the incremental map is used when its mean lb is at most 1% above a fresh placement's."""
 
@@ -46,14 +56,16 @@ class PolicyInputError(ValueError, AssertionError):
 class Settings:
     """What the plug-ins read from the environment (every field is one variable, see `from_env`).
 
-    solver: registry name for a fresh placement ("deepseek": exactly DeepSeek EPLB's output, the default;
-    "greedy": eplb's greedy, lower lb); max_moves: expert copies allowed per rebalance (whole model) when
-    the engine passes its current map, None for no limit; service_url + deployment: remote mode;
+    solver: one of `plugin_solvers`: the registry name for a fresh placement ("deepseek": exactly DeepSeek EPLB's
+    output, the default; "greedy": eplb's greedy, lower lb; "milp"), or "incremental": the engine's map edited, the
+    edit kept even where a fresh placement balances better (a map with -1 slots, or none: DEFAULT_SOLVER);
+    max_moves: expert copies allowed per rebalance (whole model) when the engine passes its current map, None for
+    no limit; service_url + deployment: remote mode;
     api_key: bearer token for the service; timeout_s: seconds to wait for the service's answer to one call,
     retries included (`eplb.retry.RETRIES`), before solving locally.
     """
 
-    solver: str = "deepseek"
+    solver: str = DEFAULT_SOLVER
     max_moves: int | None = None
     service_url: str | None = None
     deployment: str | None = None
@@ -64,9 +76,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """EPLB_SOLVER, EPLB_MAX_MOVES, EPLB_SERVICE_URL, EPLB_DEPLOYMENT, EPLB_API_KEY, EPLB_SERVICE_TIMEOUT_S."""
         env = os.environ if env is None else env
-        solver = env.get("EPLB_SOLVER", "").strip() or "deepseek"
-        if solver not in registry.names():
-            raise PolicyInputError(f"EPLB_SOLVER={solver!r}: choose one of {', '.join(registry.names())}")
+        solver = _solver(env)
         max_moves = _parse(env, "EPLB_MAX_MOVES", int, None)
         if max_moves is not None and max_moves < 0:
             raise PolicyInputError(f"EPLB_MAX_MOVES must be >= 0, got {max_moves}")
@@ -81,6 +91,24 @@ class Settings:
             api_key=env.get("EPLB_API_KEY") or None,
             timeout_s=timeout,
         )
+
+
+def plugin_solvers() -> list[str]:
+    """The EPLB_SOLVER values the plug-ins run: every registered solver but the UNSERVABLE ones, in registry order.
+    `incremental` edits the engine's map (DEFAULT_SOLVER places when the engine passes none)."""
+    return [name for name in registry.names() if name not in UNSERVABLE]
+
+
+def _solver(env: Mapping[str, str]) -> str:
+    """EPLB_SOLVER, one of `plugin_solvers`; PolicyInputError naming them otherwise (and why for an UNSERVABLE one)."""
+    solver = env.get("EPLB_SOLVER", "").strip() or DEFAULT_SOLVER
+    choices = ", ".join(plugin_solvers())
+    if solver in UNSERVABLE:
+        raise PolicyInputError(f"EPLB_SOLVER={solver!r} cannot serve an engine: {UNSERVABLE[solver]}; choose one of "
+                               f"{choices}")
+    if solver not in plugin_solvers():
+        raise PolicyInputError(f"EPLB_SOLVER={solver!r}: choose one of {choices}")
+    return solver
 
 
 def _parse(env: Mapping[str, str], name: str, kind: type[Any], default: Any) -> Any:
@@ -135,9 +163,10 @@ def hierarchical(num_groups: int, num_nodes: int, num_ranks: int, num_experts: i
 def fresh(
     weight: FloatArray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int, solver: str
 ) -> tuple[IntArray, IntArray | None]:
-    """A placement from scratch: (phy2log [L, P], DeepSeek's log2phy or None). solver "deepseek" is the
-    drop-in (same output as DeepSeek EPLB); any other registered solver runs through the registry."""
-    if solver == "deepseek":
+    """A placement from scratch: (phy2log [L, P], DeepSeek's log2phy or None). solver "deepseek" (and "incremental",
+    which needs a map to edit) is the drop-in (same output as DeepSeek EPLB); any other of `plugin_solvers` runs
+    through the registry."""
+    if solver in (DEFAULT_SOLVER, INCREMENTAL):
         phy2log, log2phy, _ = deepseek_rebalance(weight, num_replicas, num_groups, num_nodes, num_ranks)
         return phy2log, log2phy
     slots = np.full(num_ranks, num_replicas // num_ranks, dtype=np.int64)
@@ -191,7 +220,8 @@ def layer_lb(weight: FloatArray, phy2log: IntArray, num_ranks: int) -> FloatArra
 
 def within_budget(weight: FloatArray, new: IntArray, old: IntArray, num_ranks: int, max_moves: int) -> IntArray:
     """Keep the new map only in the layers that buy the most lb per copy, within max_moves copies in all;
-    every other layer keeps its old map. Used until the registry has an incremental solver."""
+    every other layer keeps its old map. For the fresh placements `solve_local` makes from a map the incremental
+    solver does not edit (one with -1 slots, or one it refused)."""
     per_layer = moves(new, old, num_ranks)
     if int(per_layer.sum()) <= max_moves:
         return new
@@ -217,18 +247,24 @@ def solve_local(
     settings: Settings,
 ) -> Rebalanced:
     """The local answer. Without a usable old map: `fresh` (DeepSeek-equal by default). With one: the
-    registry's incremental solver under `max_moves` when it is registered and the map has no -1 slots,
-    else `fresh`, then `within_budget`; in both cases followed by `keep_slots`."""
+    registry's incremental solver under `max_moves` when the map has no -1 slots (without a budget, its edit stands
+    only within INCREMENTAL_LB_TOLERANCE of a fresh placement's lb, unless EPLB_SOLVER=incremental), else `fresh`,
+    then `within_budget`; in both cases followed by `keep_slots`."""
     layers, num_experts = weight.shape
+    placer = DEFAULT_SOLVER if settings.solver == INCREMENTAL else settings.solver  # what places from scratch
     if old is None or old.shape != (layers, num_replicas):
-        phy2log, log2phy = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
+        phy2log, log2phy = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, placer)
         note = "" if old is None else f" (old map {tuple(old.shape)} does not match; placed from scratch)"
-        return Rebalanced(phy2log, "local", f"{settings.solver}{note}", log2phy)
+        if old is None and settings.solver == INCREMENTAL:
+            note = f" ({INCREMENTAL} edits the engine's map, and it passed none)"
+        return Rebalanced(phy2log, "local", f"{placer}{note}", log2phy)
     hier = hierarchical(num_groups, num_nodes, num_ranks, num_experts)
     blocks = num_nodes if hier else 1
     how = ""
     new: IntArray | None = None
-    if INCREMENTAL in registry.names() and not (old < 0).any():
+    if (old < 0).any() and settings.solver == INCREMENTAL:
+        how = f"{placer} ({INCREMENTAL} edits a map with every slot filled; this one has -1 slots)"
+    if not (old < 0).any():
         problem = Problem(
             loads=weight.astype(np.float64),
             slots_per_gpu=np.full(num_ranks, num_replicas // num_ranks, dtype=np.int64),
@@ -240,21 +276,21 @@ def solve_local(
             new = registry.solve(INCREMENTAL, problem, Options(max_moves=settings.max_moves)).phy2log
             how = INCREMENTAL
         except SolverError as err:
-            how = f"{settings.solver} ({INCREMENTAL} refused: {err})"
-    if new is not None and settings.max_moves is None:
+            how = f"{placer} ({INCREMENTAL} refused: {err})"
+    if new is not None and settings.max_moves is None and settings.solver != INCREMENTAL:
         # without a budget, edits must not cost balance: the incremental map stands only when its lb is within
         # INCREMENTAL_LB_TOLERANCE of a fresh placement's (hierarchical edits cannot move a group to another
         # node, which a fresh placement may need)
-        candidate, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
+        candidate, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, placer)
         kept_lb, fresh_lb = (float(layer_lb(weight, m, num_ranks).mean()) for m in (new, candidate))
         if kept_lb > fresh_lb * INCREMENTAL_LB_TOLERANCE:
-            new, how = None, f"{settings.solver} (incremental lb {kept_lb:.4f} vs fresh {fresh_lb:.4f})"
+            new, how = None, f"{placer} (incremental lb {kept_lb:.4f} vs fresh {fresh_lb:.4f})"
     if new is None:
-        new, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, settings.solver)
+        new, _ = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, placer)
         new = keep_slots(new, old, num_ranks, blocks)
         if settings.max_moves is not None:
             new = within_budget(weight, new, old, num_ranks, settings.max_moves)
-        how = how or settings.solver
+        how = how or placer
     else:
         new = keep_slots(new, old, num_ranks, blocks)
     budget = "no limit" if settings.max_moves is None else f"budget {settings.max_moves}"
