@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import sys
 import threading
 import types
@@ -29,9 +30,10 @@ DECODE = np.array(json.loads((ROOT / "fixtures" / "sglang6017-dsv3-decode-in1000
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_SGLANG_ALGORITHM"):
-        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("EPLB_")]:
+        monkeypatch.delenv(name)
     core.forget_served()  # each test's engine starts with nothing answered
+    monkeypatch.setattr(core, "_WARNED", set())  # nor anything warned
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['kind']}-{c['variant']}-{c['num_gpus']}")
@@ -192,6 +194,26 @@ def test_register_on_sglang_without_plugin_hooks(
     with caplog.at_level(logging.INFO):
         plugin.register()
     assert "no plug-in hooks" in caplog.text and "--init-expert-location" in caplog.text
+
+
+def test_sglangs_start_checks_the_settings_as_every_rebalance(
+    sglang_modules: Callable[[bool], dict[str, list[Any]]], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SGLang's register() checked nothing: a bad EPLB_SGLANG_ALGORITHM was ignored without a word, a bad
+    EPLB_MAX_MOVES waited for the first rebalance. Now a WARNING once, and the rebalance's error at start."""
+    registered = sglang_modules(True)
+    monkeypatch.setenv("EPLB_SGLANG_ALGORITHM", "EPLB")
+    with caplog.at_level(logging.INFO, logger=plugin.__name__):
+        plugin.register()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "eplb plugin: EPLB_SGLANG_ALGORITHM='EPLB' is not 'eplb': --eplb-algorithm alone selects the algorithm"]
+    assert len(registered["hooks"]) == 2
+    registered = sglang_modules(True)
+    monkeypatch.setenv("EPLB_MAX_MOVES", "99999999999999999999999")
+    with pytest.raises(core.PolicyInputError, match=r"^EPLB_MAX_MOVES must be [^\n]*10,000,000"):
+        plugin.register()
+    assert registered["hooks"] == []
 
 
 def test_entry_point_is_installed() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import re
 import socket
 import subprocess
@@ -49,9 +50,10 @@ CONVENTIONS = ["phy2log", "tuple"]
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_VLLM_POLICY"):
-        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("EPLB_")]:
+        monkeypatch.delenv(name)
     core.forget_served()  # each test's engine starts with nothing answered
+    monkeypatch.setattr(core, "_WARNED", set())  # nor anything warned
 
 
 def call(convention: str, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -453,6 +455,64 @@ def test_register_on_vllm_before_the_policy_table(
     check_valid(phy2log, log2phy, logcnt, 4)
 
 
+@pytest.mark.parametrize(("env", "message"), [
+    ({"EPLB_MAX_MOVES": "99999999999999999999999"}, r"^EPLB_MAX_MOVES must be [^\n]*10,000,000"),
+    ({"EPLB_SERVICE_TIMEOUT_S": "inf"}, r"^EPLB_SERVICE_TIMEOUT_S must be a number of seconds above 0 and at most "
+                                        r"86,400 \(a day\), got inf$"),
+    ({"EPLB_SOLVER": "milp-weighted"}, r"^EPLB_SOLVER='milp-weighted' cannot serve an engine: "),
+])
+def test_a_setting_no_rebalance_can_use_stops_the_engines_start(
+    fake_vllm: Callable[[str], None], env: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """register() checked EPLB_VLLM_POLICY alone: EPLB_MAX_MOVES=99999999999999999999999 was an OverflowError in
+    incremental.py at the first rebalance (hours in), EPLB_SERVICE_TIMEOUT_S=inf was taken. Now vLLM's start stops
+    with the one-line error every rebalance would raise (one function, core.environment), nothing registered."""
+    fake_vllm("table-new")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(core.PolicyInputError, match=message) as at_start:
+        plugin.register()
+    assert "eplb" not in importlib.import_module("vllm.distributed.eplb.policy").EPLB_POLICIES
+    with pytest.raises(core.PolicyInputError) as at_rebalance:
+        EplbPolicy.rebalance_experts(torch.tensor([[10, 20, 30, 40]]), 6, 1, 1, 2, torch.tensor([[0, 1, 2, 3, 0, 1]]))
+    assert str(at_start.value) == str(at_rebalance.value) and "\n" not in str(at_start.value)
+
+
+def test_settings_that_do_nothing_are_warned_once_at_start(
+    fake_vllm: Callable[[str], None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unknown EPLB_* name (EPLB_MAX_MOVE), a selection other than eplb (SGLang's was ignored without a word) and
+    EPLB_DEPLOYMENT without EPLB_SERVICE_URL (solved locally without a word; the reverse said so) are WARNINGs at
+    start, once however often vLLM calls register(); the rebalance says the last one, as it says the reverse."""
+    fake_vllm("table-new")
+    for name, value in (("EPLB_MAX_MOVE", "10"), ("EPLB_VLLM_POLICY", "default"), ("EPLB_SGLANG_ALGORITHM", "eplb2"),
+                        ("EPLB_DEPLOYMENT", "prod")):
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        plugin.register()
+        plugin.register()
+    read = ", ".join(core.ENV_NAMES)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"eplb plugin: EPLB_MAX_MOVE is no setting of the engine plug-ins, ignored (they read {read})",
+        "eplb plugin: EPLB_VLLM_POLICY='default' is not 'eplb': vLLM's own policy stays under 'default'",
+        "eplb plugin: EPLB_SGLANG_ALGORITHM='eplb2' is not 'eplb': --eplb-algorithm alone selects the algorithm",
+        "eplb plugin: EPLB_DEPLOYMENT is set without EPLB_SERVICE_URL: every rebalance solves locally",
+    ]
+    assert read == ("EPLB_SOLVER, EPLB_MAX_MOVES, EPLB_SERVICE_URL, EPLB_DEPLOYMENT, EPLB_API_KEY, "
+                    "EPLB_SERVICE_TIMEOUT_S, EPLB_VLLM_POLICY, EPLB_SGLANG_ALGORITHM")
+    result = core.rebalance(np.ones((2, 4)), 8, 1, 1, 2)
+    assert result.how.endswith("; EPLB_DEPLOYMENT is set without EPLB_SERVICE_URL, so solved locally")
+    _, notes = core.environment({"EPLB_SERVICE_URL": "http://h:1", "EPLB_MAX_MOVE": "1", "EPLB_API_KE": "k"})
+    assert notes == [f"EPLB_API_KE, EPLB_MAX_MOVE are no settings of the engine plug-ins, ignored (they read {read})",
+                     "EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT: every rebalance solves locally"]
+    _, notes = core.environment({"EPLB_SERVICE_URL": "ftp://h", "EPLB_DEPLOYMENT": "a b"})
+    assert notes == ["EPLB_SERVICE_URL='ftp://h' is no http(s) URL: every rebalance will solve locally",
+                     "EPLB_DEPLOYMENT='a b' is no deployment name the service can have (use 1-100 letters, digits, "
+                     "'.', '_' or '-', starting with a letter or digit): every rebalance will solve locally"]
+    assert core.environment({"EPLB_SERVICE_URL": "http://h:1", "EPLB_DEPLOYMENT": "d", "EPLB_VLLM_POLICY": "eplb",
+                             "EPLB_SGLANG_ALGORITHM": "eplb", "EPLB_MAX_MOVES": "5"})[1] == []
+
+
 def test_entry_point_is_installed() -> None:
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "eplb"]
     assert ep.value == "eplb.integrations.vllm:register" and ep.load() is plugin.register
@@ -627,8 +687,8 @@ def test_remote_deployment_name_is_one_path_segment(
 
 
 def test_environment_errors_are_one_line() -> None:
-    for env, word in (({"EPLB_MAX_MOVES": "many"}, "EPLB_MAX_MOVES"), ({"EPLB_MAX_MOVES": "-1"}, ">= 0"),
-                      ({"EPLB_SERVICE_TIMEOUT_S": "0"}, "positive")):
+    for env, word in (({"EPLB_MAX_MOVES": "many"}, "EPLB_MAX_MOVES"), ({"EPLB_MAX_MOVES": "-1"}, "EPLB_MAX_MOVES must"),
+                      ({"EPLB_SERVICE_TIMEOUT_S": "0"}, "above 0")):
         with pytest.raises(core.PolicyInputError, match=word):
             core.Settings.from_env(env)
     assert core.Settings.from_env({"EPLB_SERVICE_URL": "http://h:1/", "EPLB_DEPLOYMENT": "d"}).service_url == "http://h:1"

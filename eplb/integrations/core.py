@@ -9,6 +9,7 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb import retry
-from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name
+from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
@@ -78,11 +79,14 @@ class Settings:
         env = os.environ if env is None else env
         solver = _solver(env)
         max_moves = _parse(env, "EPLB_MAX_MOVES", int, None)
-        if max_moves is not None and max_moves < 0:
-            raise PolicyInputError(f"EPLB_MAX_MOVES must be >= 0, got {max_moves}")
+        try:  # the registry's rule for a move budget (the CLI's --max-moves, the service's max_moves)
+            registry.check_options(INCREMENTAL, Options(max_moves=max_moves), True, {"max_moves": "EPLB_MAX_MOVES"})
+        except SolverError as err:
+            raise PolicyInputError(str(err)) from None
         timeout = _parse(env, "EPLB_SERVICE_TIMEOUT_S", float, 5.0)
-        if timeout is None or not timeout > 0:
-            raise PolicyInputError(f"EPLB_SERVICE_TIMEOUT_S must be a positive number of seconds, got {timeout}")
+        refused = timeout_refusal(timeout)  # the Python client's rule for its timeout
+        if refused is not None:
+            raise PolicyInputError(f"EPLB_SERVICE_TIMEOUT_S {refused}")
         return cls(
             solver=solver,
             max_moves=max_moves,
@@ -91,6 +95,73 @@ class Settings:
             api_key=env.get("EPLB_API_KEY") or None,
             timeout_s=timeout,
         )
+
+
+VLLM_SELECT = "EPLB_VLLM_POLICY"
+"""vLLM: `eplb` puts the plug-in's policy under vLLM's `default` name (`eplb.integrations.vllm`)."""
+SGLANG_SELECT = "EPLB_SGLANG_ALGORITHM"
+"""SGLang: `eplb` selects the plug-in's algorithm whatever --eplb-algorithm says (`eplb.integrations.sglang`)."""
+SELECTED = "eplb"
+"""The one value of VLLM_SELECT and SGLANG_SELECT that does something."""
+ENV_NAMES = ("EPLB_SOLVER", "EPLB_MAX_MOVES", "EPLB_SERVICE_URL", "EPLB_DEPLOYMENT", "EPLB_API_KEY",
+             "EPLB_SERVICE_TIMEOUT_S", VLLM_SELECT, SGLANG_SELECT)
+"""Every environment variable the plug-ins read."""
+_UNSELECTED = {VLLM_SELECT: "vLLM's own policy stays under 'default'",
+               SGLANG_SELECT: "--eplb-algorithm alone selects the algorithm"}
+
+
+def environment(env: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
+    """The settings every rebalance reads (`Settings.from_env`: PolicyInputError for a value no rebalance can use) and
+    one line for each setting that does nothing or will not do what it says: an EPLB_* name the plug-ins do not read,
+    a VLLM_SELECT / SGLANG_SELECT value other than SELECTED, a service URL without a deployment or the reverse (every
+    rebalance solves locally), a URL that is no http(s) one, a deployment name the service cannot have."""
+    env = os.environ if env is None else env
+    settings = Settings.from_env(env)
+    notes = []
+    unknown = sorted(name for name in env if name.startswith("EPLB_") and name not in ENV_NAMES)
+    if unknown:
+        notes.append(f"{', '.join(unknown)} {'is no setting' if len(unknown) == 1 else 'are no settings'} of the "
+                     f"engine plug-ins, ignored (they read {', '.join(ENV_NAMES)})")
+    for name, unselected in _UNSELECTED.items():
+        value = env.get(name, "").strip()
+        if value not in ("", SELECTED):
+            notes.append(f"{name}={value!r} is not {SELECTED!r}: {unselected}")
+    url, deployment = settings.service_url, settings.deployment
+    if (url is None) != (deployment is None):
+        given, missing = ("EPLB_SERVICE_URL", "EPLB_DEPLOYMENT") if deployment is None else (
+            "EPLB_DEPLOYMENT", "EPLB_SERVICE_URL")
+        notes.append(f"{given} is set without {missing}: every rebalance solves locally")
+    elif url is not None and deployment is not None:
+        if not _http_url(url):
+            notes.append(f"EPLB_SERVICE_URL={url!r} is no http(s) URL: every rebalance will solve locally")
+        if not is_deployment_name(deployment):
+            notes.append(f"{_bad_name(settings)}: every rebalance will solve locally")
+    return settings, notes
+
+
+def _http_url(url: str) -> bool:
+    try:
+        return httpx.URL(url).scheme in ("http", "https")
+    except httpx.InvalidURL:
+        return False
+
+
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def check_environment(log: logging.Logger, env: Mapping[str, str] | None = None) -> Settings:
+    """At the engine's start (the plug-ins' `register`): `environment`'s settings, or its PolicyInputError raised, so a
+    value no rebalance can use stops the start instead of the first rebalance; each of its notes logged as a WARNING
+    once in the process."""
+    settings, notes = environment(env)
+    for note in notes:
+        with _WARNED_LOCK:
+            if note in _WARNED:
+                continue
+            _WARNED.add(note)
+        log.warning("eplb plugin: %s", note)
+    return settings
 
 
 def plugin_solvers() -> list[str]:
@@ -524,7 +595,10 @@ def rebalance(
     weight = np.asarray(weight, dtype=np.float64)
     check_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks)
     if settings.service_url is None:
-        return solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+        local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+        if settings.deployment is not None:
+            local.how += "; EPLB_DEPLOYMENT is set without EPLB_SERVICE_URL, so solved locally"
+        return local
     if settings.deployment is None:
         local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         local.how += "; EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT, so solved locally"

@@ -29,8 +29,8 @@ import numpy as np
 
 from eplb.integrations import core
 
-ALGORITHM_NAME = "eplb"
-SELECT_ENV = "EPLB_SGLANG_ALGORITHM"
+ALGORITHM_NAME = core.SELECTED
+SELECT_ENV = core.SGLANG_SELECT
 TARGET_MODULE = "sglang.srt.eplb.eplb_algorithms"
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,11 @@ def rebalance_experts_hook(original: Callable[..., Any], *args: Any, **kwargs: A
 def register() -> None:
     """Entry point of the `sglang.srt.plugins` group: registers the two hooks with SGLang's HookRegistry
     (SGLang applies them after loading plug-ins). A no-op with a log line when SGLang is not installed or
-    has no plug-in hooks (then use the `--init-expert-location` export path)."""
+    has no plug-in hooks (then use the `--init-expert-location` export path). First checks every EPLB_* setting by
+    the rules of every rebalance (`core.check_environment`): PolicyInputError for a value no rebalance can use, so
+    SGLang does not start with it; a WARNING, once, for a setting that does nothing (an unknown name,
+    EPLB_SGLANG_ALGORITHM other than eplb, a service URL without a deployment or the reverse)."""
+    core.check_environment(logger)
     if importlib.util.find_spec("sglang") is None:
         logger.info("eplb plugin: SGLang is not installed; nothing registered")
         return

@@ -29,8 +29,8 @@ import numpy as np
 from eplb.integrations import core
 
 Convention = Literal["phy2log", "tuple"]
-POLICY_NAME = "eplb"
-SELECT_ENV = "EPLB_VLLM_POLICY"
+POLICY_NAME = core.SELECTED
+SELECT_ENV = core.VLLM_SELECT
 
 # A child of vLLM's logger, so lines appear in vLLM's log with its format and level.
 logger = logging.getLogger("vllm.eplb_plugin")
@@ -109,11 +109,13 @@ def register() -> None:
     Adds eplb's policy to vLLM's table as "eplb"; with EPLB_VLLM_POLICY=eplb also under "default".
     vLLM versions without the policy table (their EPLB calls `rebalance_algo.rebalance_experts`) get that
     function replaced in `eplb_state` when EPLB_VLLM_POLICY=eplb. Logs one line saying what it did; a
-    no-op with a log line when vLLM is not installed.
+    no-op with a log line when vLLM is not installed. First checks every EPLB_* setting by the rules of every
+    rebalance (`core.check_environment`): PolicyInputError for a value no rebalance can use, so vLLM does not start
+    with it; a WARNING, once, for a setting that does nothing (an unknown name, EPLB_VLLM_POLICY other than eplb, a
+    service URL without a deployment or the reverse).
     """
+    core.check_environment(logger)
     select = os.environ.get(SELECT_ENV, "").strip()
-    if select not in ("", POLICY_NAME):
-        logger.warning("eplb plugin: %s=%r is not %r; vLLM's own policy is kept", SELECT_ENV, select, POLICY_NAME)
     if importlib.util.find_spec("vllm") is None:
         logging.getLogger(__name__).info("eplb plugin: vLLM is not installed; nothing registered")
         return
