@@ -79,6 +79,23 @@ def test_serving_map_moves_within_budget(monkeypatch: pytest.MonkeyPatch) -> Non
     assert (logcnt >= 1).all()
 
 
+def test_lists_and_int_counts_are_taken_floats_and_bad_maps_are_refused() -> None:
+    """SGLang's contract with lists and numpy counts as with tensors; a float count (TypeError) and a map with an id
+    outside the experts (the solvers' InvalidPlacement) are one-line PolicyInputErrors naming the argument."""
+    tokens, old = [[[10, 20, 30, 40]] * 2], [[0, 1, 2, 3, 0, 1]] * 2  # [W, L, E]
+    expected = [t.tolist() for t in plugin.rebalance_experts(torch.tensor(tokens), 6, 3, None, 1, plugin.EPLB,
+                                                             torch.tensor(old))]
+    got = plugin.rebalance_experts(np.asarray(tokens), np.int64(6), 3, None, np.int32(1), plugin.EPLB,  # type: ignore[arg-type]
+                                   old)
+    assert [t.tolist() for t in got] == expected
+    with pytest.raises(core.PolicyInputError, match=r"^num_physical_experts must be a whole number \(an int\), got "
+                                                    r"6\.0 \(float\)$"):
+        plugin.rebalance_experts(tokens, 6.0, 3, None, 1)  # type: ignore[arg-type]
+    with pytest.raises(core.PolicyInputError, match=r"^current_phy2log: phy2log\[1\]\[5\] is 7: expert ids run "
+                                                    r"0\.\.3 \(-1 marks an empty slot\)$"):
+        plugin.rebalance_experts(tokens, 6, 3, None, 1, plugin.EPLB, [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 7]])
+
+
 def test_compute_algorithm_hook_selects_eplb_only_for_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 

@@ -143,6 +143,47 @@ def test_impossible_arguments_raise_one_line_errors(args: tuple[int, int, int, i
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(("old", "message"), [
+    ([[0, 1, 2, 3, 99, 0]] * 2, r"phy2log\[0\]\[4\] is 99: expert ids run 0\.\.3 \(-1 marks an empty slot\)$"),
+    ([[0, 1, 2, 3, -2, 0]] * 2, r"phy2log\[0\]\[4\] is -2: expert ids run 0\.\.3 \(-1 marks an empty slot\)$"),
+    ([[0, 1, 2, 0, 1, 2]] * 2, r"logical expert 3 has no replica in layer 0 \(2 missing in all\)$"),
+    ([[0.0, 1, 2, 3, 0, 1]] * 2, r"phy2log must hold integer expert ids, got float"),
+])
+def test_an_old_map_no_engine_can_serve_is_refused_in_one_line(old: list[list[Any]], message: str) -> None:
+    """An id 99 or a missing expert raised the solvers' InvalidPlacement, an id -2 was taken (as an unused slot):
+    each is the plug-in's PolicyInputError naming the argument, whether a tensor, a numpy array or lists."""
+    weight = torch.tensor([[10, 20, 30, 40]] * 2)
+    for given in (torch.tensor(old), np.asarray(old), old):
+        with pytest.raises(core.PolicyInputError, match=rf"^old_global_expert_indices: {message}"):
+            EplbPolicy.rebalance_experts(weight, 6, 1, 1, 2, given)
+
+
+def test_numpy_arrays_lists_and_int_counts_are_taken_and_anything_else_is_refused() -> None:
+    """An old map as a list raised AttributeError 'detach', a float num_replicas TypeError, a 0-layer weight
+    'cannot reshape array of size 0' from greedy.py: lists and numpy arrays are taken as tensors are, integer
+    counts of any kind as ints, and the rest is a one-line PolicyInputError naming the argument."""
+    weight, old = [[10, 20, 30, 40]] * 2, [[0, 1, 2, 3, 0, 1]] * 2
+    expected = EplbPolicy.rebalance_experts(torch.tensor(weight), 6, 1, 1, 2, torch.tensor(old)).tolist()
+    for w, o in ((weight, old), (np.asarray(weight), np.asarray(old)), (torch.tensor(weight), old)):
+        assert EplbPolicy.rebalance_experts(w, 6, 1, 1, 2, o).tolist() == expected
+    counts = (np.int64(6), np.int32(1), torch.tensor(1), 2)
+    got = EplbPolicy.rebalance_experts(torch.tensor(weight), *counts, torch.tensor(old))  # type: ignore[arg-type]
+    assert got.tolist() == expected
+    for args, refused in (((6.0, 1, 1, 2), "num_replicas must be a whole number (an int), got 6.0 (float)"),
+                          ((6, 1.5, 1, 2), "num_groups must be a whole number (an int), got 1.5 (float)"),
+                          ((6, 1, True, 2), "num_nodes must be a whole number (an int), got True (bool)"),
+                          ((6, 1, 1, "2"), "num_ranks must be a whole number (an int), got '2' (str)")):
+        with pytest.raises(core.PolicyInputError, match=f"^{re.escape(refused)}$"):
+            EplbPolicy.rebalance_experts(torch.tensor(weight), *args)
+    for bad, refused in ((torch.zeros(0, 4), "weight must be [layers, experts] with at least one of each, got shape "
+                                             "(0, 4)"),
+                         ([[1, 2], [3]], "weight must be a rectangular array of numbers (a tensor, a numpy array or "
+                                         "nested lists), got a list"),
+                         ([["a", "b"]], "weight must be a rectangular array of numbers")):
+        with pytest.raises(core.PolicyInputError, match=f"^{re.escape(refused)}"):
+            EplbPolicy.rebalance_experts(bad, 6, 1, 1, 2)
+
+
 def test_hierarchical_policy_keeps_each_group_on_one_node() -> None:
     rng = np.random.default_rng(3)
     weight = torch.from_numpy(rng.pareto(1.2, size=(4, 64)) * 100)

@@ -10,6 +10,7 @@ per rank; -1 marks a slot an engine left unused), `log2phy: [L, E, X]` slots of 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
 from solvers.registry import Options, Problem, SolverError
+from solvers.validation import InvalidPlacement, validate_placement
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -207,10 +209,39 @@ class Rebalanced:
     fell_back: bool = False
 
 
+def whole(value: Any, name: str) -> int:
+    """`value` as an int: an int, a numpy integer or a 0-d integer tensor (`operator.index`); PolicyInputError naming
+    `name` for a float (6.0 too), a bool or anything else."""
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise PolicyInputError(f"{name} must be a whole number (an int), got {value!r} ({type(value).__name__})")
+
+
+def as_array(value: Any, name: str, integer: bool = False) -> NDArray[Any]:
+    """A tensor of any device and dtype (anything with `detach`, torch not imported here) or an array-like (a list,
+    a numpy array) as a numpy array: float64 for the loads, as given for a map (`integer`: `check_map` judges its
+    dtype); PolicyInputError naming `name` for what is no rectangular array of numbers."""
+    try:
+        if hasattr(value, "detach"):
+            tensor = value.detach().cpu()
+            return np.asarray((tensor if integer else tensor.double()).numpy())
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(array.dtype)
+        return array if integer else array.astype(np.float64, copy=False)
+    except (TypeError, ValueError, RuntimeError):
+        raise PolicyInputError(f"{name} must be a rectangular array of numbers (a tensor, a numpy array or nested "
+                               f"lists), got a {type(value).__name__}") from None
+
+
 def check_inputs(weight: FloatArray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int) -> None:
     """Raise PolicyInputError for arguments no placement can satisfy (one line, what to change)."""
-    if weight.ndim != 2 or weight.shape[1] == 0:
-        raise PolicyInputError(f"weight must be [layers, experts], got shape {tuple(weight.shape)}")
+    if weight.ndim != 2 or 0 in weight.shape:
+        raise PolicyInputError(f"weight must be [layers, experts] with at least one of each, got shape "
+                               f"{tuple(weight.shape)}")
     if not np.isfinite(weight).all() or (weight < 0).any():
         raise PolicyInputError("weight must hold finite, non-negative token counts")
     for name, value in (("num_replicas", num_replicas), ("num_nodes", num_nodes), ("num_ranks", num_ranks)):
@@ -222,6 +253,18 @@ def check_inputs(weight: FloatArray, num_replicas: int, num_groups: int, num_nod
         raise PolicyInputError(f"num_replicas ({num_replicas}) must be a multiple of num_ranks ({num_ranks})")
     if num_replicas < weight.shape[1]:
         raise PolicyInputError(f"num_replicas ({num_replicas}) must be >= the number of experts ({weight.shape[1]})")
+
+
+def check_map(old: NDArray[Any] | None, weight: FloatArray, num_replicas: int, num_ranks: int, name: str) -> None:
+    """PolicyInputError, naming `name`, for an engine's map [L, P] of the engine's shape that no engine can serve: an
+    id other than -1 (an unused slot) and 0..E-1, an expert without a slot in some layer, ids that are no integers.
+    A map of another shape is no error: the placement is made from scratch (`solve_local`)."""
+    if old is None or old.shape != (weight.shape[0], num_replicas):
+        return
+    try:
+        validate_placement(old, np.full(num_ranks, num_replicas // num_ranks), weight.shape[1])
+    except InvalidPlacement as err:
+        raise PolicyInputError(f"{name}: {err}") from None
 
 
 def hierarchical(num_groups: int, num_nodes: int, num_ranks: int, num_experts: int) -> bool:
@@ -580,20 +623,31 @@ def _every_expert(phy2log: IntArray, num_experts: int) -> bool:
 
 
 def rebalance(
-    weight: FloatArray,
+    weight: Any,
     num_replicas: int,
     num_groups: int,
     num_nodes: int,
     num_ranks: int,
-    old: IntArray | None = None,
+    old: Any = None,
     settings: Settings | None = None,
     client: httpx.Client | None = None,
+    old_name: str = "the engine's map",
 ) -> Rebalanced:
     """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local. weight: [L, E] tokens;
-    old: [L, P] the engine's current map; client: the httpx client for the service (default: one per call)."""
+    old: [L, P] the engine's current map (each a tensor, a numpy array or lists: `as_array`), named `old_name` in
+    what `check_map` refuses; the counts are ints (`whole`); client: the httpx client for the service (default: one
+    per call)."""
     settings = settings or Settings.from_env()
-    weight = np.asarray(weight, dtype=np.float64)
+    num_replicas, num_groups, num_nodes, num_ranks = (
+        whole(value, name) for value, name in ((num_replicas, "num_replicas"), (num_groups, "num_groups"),
+                                               (num_nodes, "num_nodes"), (num_ranks, "num_ranks")))
+    weight = as_array(weight, "weight")
     check_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks)
+    if old is not None:
+        old = as_array(old, old_name, integer=True)
+        check_map(old, weight, num_replicas, num_ranks, old_name)
+        if old.shape == (weight.shape[0], num_replicas):
+            old = old.astype(np.int64)
     if settings.service_url is None:
         local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         if settings.deployment is not None:

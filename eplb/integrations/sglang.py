@@ -64,14 +64,19 @@ def rebalance_experts(
     tokens_per_expert: [W, L, E] recorded windows (summed over W) or [L, E]; num_physical_experts: P, a
     multiple of num_local_physical_experts (slots per rank); num_groups None (or not a multiple of
     num_nodes) is the global policy, like SGLang's "auto"; current_phy2log: [L, P] the map now serving
-    (default: SGLang's global expert-location metadata when it has one). Returns int64 CPU tensors
-    phy2log [L, P], log2phy [L, E, X] (-1 padded) and logcnt [L, E].
+    (default: SGLang's global expert-location metadata when it has one). Tensors of any device and dtype, numpy
+    arrays or lists; the counts are ints (None for num_groups). Returns int64 CPU tensors phy2log [L, P], log2phy
+    [L, E, X] (-1 padded) and logcnt [L, E]. PolicyInputError (one line) for inputs no placement can take.
     """
     import torch
 
-    tokens = tokens_per_expert.detach().to(device="cpu", dtype=torch.float64)
-    if tokens.ndim == 3:
-        tokens = tokens.sum(dim=0)
+    weight = core.as_array(tokens_per_expert, "tokens_per_expert")
+    if weight.ndim == 3:
+        weight = weight.sum(axis=0)
+    num_physical_experts = core.whole(num_physical_experts, "num_physical_experts")
+    num_local_physical_experts = core.whole(num_local_physical_experts, "num_local_physical_experts")
+    num_nodes = core.whole(num_nodes, "num_nodes")
+    num_groups = None if num_groups is None else core.whole(num_groups, "num_groups")
     if num_local_physical_experts < 1 or num_physical_experts % num_local_physical_experts:
         raise core.PolicyInputError(
             f"num_physical_experts ({num_physical_experts}) must be a multiple of "
@@ -80,10 +85,9 @@ def rebalance_experts(
     num_ranks = num_physical_experts // num_local_physical_experts
     groups = num_groups if num_groups is not None and num_groups % max(num_nodes, 1) == 0 else 1
     nodes = num_nodes if groups > 1 else 1
+    named = "current_phy2log" if current_phy2log is not None else "SGLang's physical_to_logical_map"
     current = current_phy2log if current_phy2log is not None else _serving_map()
-    old = None if current is None else current.detach().to(device="cpu", dtype=torch.int64).numpy()
-    weight = tokens.numpy()
-    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, old)
+    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, old_name=named)
     level = logging.WARNING if result.fell_back else logging.INFO
     logger.log(level, "eplb algorithm (%s): %s", result.source, result.how)
     log2phy, logcnt = core.logical_maps(result.phy2log, weight.shape[1])

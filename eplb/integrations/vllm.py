@@ -57,16 +57,15 @@ class EplbPolicy:
         num_ranks: int,
         old_global_expert_indices: Any = None,
     ) -> Any:
-        """weight: [L, E] tokens per logical expert (any device, any numeric dtype); returns int64 CPU
-        tensors: phy2log [L, num_replicas], and for the tuple convention also log2phy [L, E, X] (-1 padded)
-        and logcnt [L, E]."""
+        """weight: [L, E] tokens per logical expert (any device, any numeric dtype; or a numpy array, lists);
+        old_global_expert_indices: [L, P] the map now serving, -1 for unused slots (the same kinds); the counts are
+        ints. Returns int64 CPU tensors: phy2log [L, num_replicas], and for the tuple convention also log2phy
+        [L, E, X] (-1 padded) and logcnt [L, E]. PolicyInputError (one line) for inputs no placement can take."""
         import torch
 
-        w = weight.detach().to(device="cpu", dtype=torch.float64).numpy()
-        old = None
-        if old_global_expert_indices is not None:
-            old = old_global_expert_indices.detach().to(device="cpu", dtype=torch.int64).numpy()
-        result = core.rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old)
+        w = core.as_array(weight, "weight")
+        result = core.rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices,
+                                old_name="old_global_expert_indices")
         level = logging.WARNING if result.fell_back else logging.INFO
         logger.log(level, "eplb policy (%s): %s", result.source, result.how)
         phy2log = torch.from_numpy(np.ascontiguousarray(result.phy2log, dtype=np.int64))
