@@ -34,6 +34,7 @@ from eplb.errors import EplbError
 from eplb.integrations import core
 from eplb.integrations import vllm as plugin
 from eplb.integrations.vllm import EplbPolicy, policy_class
+from eplb.io.windows import check_loads
 from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
 from tests.conftest import remote_mixtral_deployment
@@ -182,6 +183,22 @@ def test_numpy_arrays_lists_and_int_counts_are_taken_and_anything_else_is_refuse
                          ([["a", "b"]], "weight must be a rectangular array of numbers")):
         with pytest.raises(core.PolicyInputError, match=f"^{re.escape(refused)}"):
             EplbPolicy.rebalance_experts(bad, 6, 1, 1, 2)
+
+
+@pytest.mark.parametrize("value", [1e16, 1e300, 1.7e308, float("inf"), float("nan"), -1.0])
+def test_loads_no_window_could_hold_are_refused_by_the_windows_rule(value: float) -> None:
+    """Any finite load passed: above 1e15 it reached the C kernel, at 1.7e308 greedy corrupted memory. The plug-in
+    refuses it up front by the rule of the CLI's and the service's windows (eplb.io.windows.check_loads), in remote
+    mode before anything is sent; 1e15, the limit, is taken."""
+    weight = np.array([[10.0, 20.0, value, 40.0]])
+    with pytest.raises(EplbError) as by_windows:
+        check_loads(weight, "weight")
+    for settings in (core.Settings(), core.Settings(service_url="http://127.0.0.1:9", deployment="d")):
+        with pytest.raises(core.PolicyInputError) as refused:
+            core.rebalance(weight, 6, 1, 1, 2, settings=settings)
+        assert str(refused.value) == str(by_windows.value) and str(refused.value).startswith("weight[0][2] is ")
+    weight[0, 2] = 1e15
+    check_valid(*call("tuple", torch.from_numpy(weight), 6, 1, 1, 2), 4)
 
 
 def test_hierarchical_policy_keeps_each_group_on_one_node() -> None:

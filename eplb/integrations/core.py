@@ -23,6 +23,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb import retry
+from eplb.errors import EplbError
+from eplb.io.windows import check_loads
 from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
@@ -242,8 +244,10 @@ def check_inputs(weight: FloatArray, num_replicas: int, num_groups: int, num_nod
     if weight.ndim != 2 or 0 in weight.shape:
         raise PolicyInputError(f"weight must be [layers, experts] with at least one of each, got shape "
                                f"{tuple(weight.shape)}")
-    if not np.isfinite(weight).all() or (weight < 0).any():
-        raise PolicyInputError("weight must hold finite, non-negative token counts")
+    try:  # token counts by the rule of the CLI's and the service's windows: finite, >= 0, at most MAX_LOAD
+        check_loads(weight, "weight")
+    except EplbError as err:
+        raise PolicyInputError(str(err)) from None
     for name, value in (("num_replicas", num_replicas), ("num_nodes", num_nodes), ("num_ranks", num_ranks)):
         if value < 1:
             raise PolicyInputError(f"{name} must be >= 1, got {value}")
