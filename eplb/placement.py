@@ -12,7 +12,9 @@ counts in `slots_per_gpu`. Every logical expert still needs a replica in every l
 
 from __future__ import annotations
 
+import contextlib
 import json
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
-from eplb.io.files import existing_file, output_file, read_json, real_array
+from eplb.errors import EplbError, shown
+from eplb.io.files import existing_file, number_text, output_file, plural, read_json, real_array
 from solvers.validation import EMPTY_SLOT, InvalidPlacement, replica_counts, slot_gpu, validate_placement
 
 FORMAT = "eplb.placement/v1"
@@ -32,7 +34,7 @@ class Placement:
     """A validated expert placement for every MoE layer.
 
     phy2log: [layers, num_physical] int64 logical expert per slot (-1: empty slot); slots_per_gpu: [G] int64;
-    num_experts: E; shares: [layers, num_physical] float64 or None for uniform shares.
+    num_experts: E (an int); shares: [layers, num_physical] float64 or None for uniform shares.
     """
 
     phy2log: NDArray[np.int64]
@@ -41,20 +43,18 @@ class Placement:
     shares: NDArray[np.float64] | None = None
 
     def __post_init__(self) -> None:
-        phy2log = np.asarray(self.phy2log)
-        if phy2log.ndim == 1:
-            phy2log = phy2log[None, :]
-        if phy2log.size and not np.issubdtype(phy2log.dtype, np.integer) and not np.all(np.mod(phy2log, 1) == 0):
-            raise EplbError("placement: phy2log must hold integer expert ids")
-        phy2log = phy2log.astype(np.int64)
-        slots = np.asarray(self.slots_per_gpu, dtype=np.int64).reshape(-1)
-        shares = None if self.shares is None else np.asarray(self.shares, dtype=np.float64)
+        num_experts = expert_count(self.num_experts, "placement: num_experts")
+        phy2log = _expert_ids(self.phy2log, num_experts)
+        slots = _slot_counts(self.slots_per_gpu, phy2log.shape[1] if phy2log.ndim == 2 else None)
+        shares = None if self.shares is None else real_array(
+            self.shares, "placement: shares", "placement: shares must hold only numbers")
         try:
-            validate_placement(phy2log, slots, self.num_experts, shares)
+            validate_placement(phy2log, slots, num_experts, shares)
         except InvalidPlacement as exc:
             raise EplbError(f"invalid placement: {exc}") from None
         object.__setattr__(self, "phy2log", phy2log)
         object.__setattr__(self, "slots_per_gpu", slots)
+        object.__setattr__(self, "num_experts", num_experts)
         object.__setattr__(self, "shares", shares)
 
     @property
@@ -126,27 +126,32 @@ class Placement:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "placement") -> Placement:
-        """Read a placement object; `replicas` and `num_gpus` are optional and checked if present."""
+        """Read a placement object (docs/formats.md); `format`, `replicas`, `num_gpus` and `shares` are optional,
+        and checked if present."""
         if not isinstance(data, dict):
             raise EplbError(f"{source}: expected a JSON object with phy2log and slots_per_gpu")
         for key in ("phy2log", "slots_per_gpu"):
             if key not in data:
                 raise EplbError(f"{source}: missing field '{key}'")
+        if data.get("format", FORMAT) != FORMAT:
+            raise EplbError(f"{source}: format is {shown(data['format'])}, but eplb reads placement files of format "
+                            f"{FORMAT!r}")
         phy2log = _int_array(data["phy2log"], f"{source}: phy2log", 2)
         slots = _int_array(data["slots_per_gpu"], f"{source}: slots_per_gpu", 1)
         num_experts = data.get("num_experts")
         if num_experts is None:
             num_experts = int(phy2log.max()) + 1 if phy2log.size else 0
-        if not isinstance(num_experts, int) or num_experts < 1:
-            raise EplbError(f"{source}: num_experts must be a positive integer")
+        num_experts = expert_count(num_experts, f"{source}: num_experts")
         shares = None
         if data.get("shares") is not None:
             shares = _float_matrix(data["shares"], f"{source}: shares")
         placement = cls(phy2log, slots, num_experts, shares)
-        if "replicas" in data and np.asarray(data["replicas"]).tolist() != placement.replicas.tolist():
+        if "replicas" in data and _int_array(data["replicas"], f"{source}: replicas", 2).tolist() != \
+                placement.replicas.tolist():
             raise EplbError(f"{source}: 'replicas' does not match the replica counts in phy2log")
-        if "num_gpus" in data and data["num_gpus"] != placement.num_gpus:
-            raise EplbError(f"{source}: num_gpus is {data['num_gpus']} but slots_per_gpu lists {placement.num_gpus}")
+        gpus = data.get("num_gpus", placement.num_gpus)
+        if isinstance(gpus, bool) or gpus != placement.num_gpus:
+            raise EplbError(f"{source}: num_gpus is {shown(gpus)} but slots_per_gpu lists {placement.num_gpus}")
         return placement
 
 
@@ -184,3 +189,60 @@ def _array(value: Any, what: str, ndim: int) -> NDArray[np.float64]:
     if not np.all(np.isfinite(arr)):
         raise EplbError(f"{what} holds NaN or infinite values")
     return arr
+
+
+def expert_count(value: object, what: str) -> int:
+    """`value` as E, the logical experts of a layer: an int or a numpy integer >= 1, returned as a Python int (it
+    is written to JSON); EplbError naming `what` for anything else (a float, even 6.0; a bool; a string)."""
+    count = None
+    if not isinstance(value, bool | np.bool_):
+        with contextlib.suppress(TypeError):
+            count = operator.index(value)  # type: ignore[arg-type]
+    if count is None or count < 1:
+        kind = "" if count is not None else f" ({type(value).__name__})"
+        raise EplbError(f"{what} must be a whole number >= 1 (an int), got {shown(value)}{kind}")
+    return count
+
+
+def _expert_ids(value: Any, num_experts: int) -> NDArray[np.int64]:
+    """phy2log as int64 [layers, num_physical] (a 1-D row is one layer). Ids of another dtype are checked against
+    -1..E-1 before they are converted, so that 2**64 - 1 (uint64) is not taken as -1, an empty slot."""
+    try:
+        raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (ValueError, TypeError):
+        raise EplbError("placement: phy2log must be [layers][slots] expert ids, rows of one length") from None
+    if raw.ndim == 1:
+        raw = raw[None, :]
+    if raw.dtype == np.int64:
+        return raw
+    if raw.dtype.kind not in "iuf":
+        raise EplbError(f"placement: phy2log must hold integer expert ids, got {raw.dtype} values")
+    if raw.ndim == 2:
+        for bad, rule in ((np.mod(raw, 1) != 0 if raw.dtype.kind == "f" else None, "expert ids are whole numbers"),
+                          ((raw < EMPTY_SLOT) | (raw >= num_experts),
+                           f"expert ids run 0..{num_experts - 1} (-1 marks an empty slot)")):
+            if bad is not None and bad.any():
+                layer, slot = (int(v) for v in np.argwhere(bad)[0])
+                raise EplbError(f"invalid placement: phy2log[{layer}][{slot}] is {number_text(raw[layer, slot])}: "
+                                f"{rule}")
+    return raw.astype(np.int64)
+
+
+def _slot_counts(value: Any, num_physical: int | None) -> NDArray[np.int64]:
+    """slots_per_gpu as int64 [G]: whole numbers (3.7 is refused, not cut to 3), checked against the
+    `num_physical` slots of a layer before they are converted (2**64 - 1 would become -1)."""
+    try:
+        raw = np.asarray(value).reshape(-1)
+    except (ValueError, TypeError):
+        raise EplbError("placement: slots_per_gpu must be a list of slot counts") from None
+    if raw.dtype == np.int64:
+        return raw
+    if raw.dtype.kind not in "iuf":
+        raise EplbError(f"placement: slots_per_gpu must hold whole slot counts, got {raw.dtype} values")
+    for bad, rule in ((np.mod(raw, 1) != 0 if raw.dtype.kind == "f" else None, "a GPU holds a whole number of slots"),
+                      (raw > num_physical if num_physical is not None else None,
+                       f"more than the {plural(num_physical or 0, 'slot')} of a phy2log row")):
+        if bad is not None and bad.any():
+            gpu = int(np.argmax(bad))
+            raise EplbError(f"invalid placement: slots_per_gpu[{gpu}] is {number_text(raw[gpu])}: {rule}")
+    return raw.astype(np.int64)

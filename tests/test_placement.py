@@ -254,3 +254,41 @@ def test_evaluate_names_a_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureF
     assert "the placement is 58 layers x 288 slots of 256 experts but the loads are 2 layers x 4 experts" in err
     err = _eplb_error(["solve", "--loads", str(small), "--gpus", "36", "--current", str(big)], capsys)
     assert "58 layers x 288 slots of 256 experts but the loads are 2 layers x 4 experts" in err
+
+
+def test_placement_inputs_are_refused_not_cut_or_wrapped() -> None:
+    """Placement(phy2log, [3.7, 3.2], 6) cut the slots to [3, 3]; a uint64 id 2**64 - 1 became -1, an empty slot;
+    num_experts 6.0, 6.5, True or "6" raised TypeError or UFuncTypeError; np.int64(6) was kept, and JSON could not
+    write it; from_dict raised numpy's ValueError for ragged replicas and took any format."""
+    phy2log = np.array([[0, 1, 2, 3, 4, 5, 2]])
+    with pytest.raises(EplbError, match=r"slots_per_gpu\[0\] is 3\.7: a GPU holds a whole number of slots"):
+        Placement(phy2log, [3.7, 3.2], 6)  # type: ignore[arg-type]
+    with pytest.raises(EplbError, match=r"slots_per_gpu\[0\] is 5\.5: a GPU holds a whole number of slots"):
+        Placement(np.zeros((1, 22), dtype=np.int64), np.full(4, 5.5), 1)  # what Cluster(np.full(4, 5.5)) passes
+    wrapped = np.array([[0, 1, 2, 3, 4, 5, 2**64 - 1]], dtype=np.uint64)
+    with pytest.raises(EplbError, match=r"phy2log\[0\]\[6\] is 18446744073709551615: expert ids run 0\.\.5"):
+        Placement(wrapped, np.array([4, 3]), 6)  # type: ignore[arg-type]
+    in_range = Placement(wrapped[:, :6], np.array([3, 3]), 6)  # type: ignore[arg-type]
+    assert in_range.phy2log.dtype == np.int64 and in_range.phy2log.tolist() == [[0, 1, 2, 3, 4, 5]]
+    for bad, shown in ((6.0, "6.0 (float)"), (6.5, "6.5 (float)"), (True, "True (bool)"), ("6", "'6' (str)"),
+                       (np.float64(6), "6.0 (float64)"), (0, "0")):
+        with pytest.raises(EplbError) as refused:
+            Placement(phy2log, np.array([4, 3]), bad)  # type: ignore[arg-type]
+        assert str(refused.value) == f"placement: num_experts must be a whole number >= 1 (an int), got {shown}"
+    numpy_count = Placement(phy2log, np.array([4, 3]), np.int64(6))  # type: ignore[arg-type]
+    assert type(numpy_count.num_experts) is int
+    assert json.loads(json.dumps(numpy_count.to_dict()))["num_experts"] == 6
+    data = Placement(phy2log, np.array([4, 3]), 6).to_dict()
+    with pytest.raises(EplbError) as ragged:
+        Placement.from_dict({**data, "replicas": [[1, 1], [1]]}, "p.json")
+    assert str(ragged.value) == "p.json: replicas must be a list of lists of numbers with equal row lengths"
+    with pytest.raises(EplbError) as other:
+        Placement.from_dict({**data, "format": "something/v9"}, "p.json")
+    assert str(other.value) == "p.json: format is 'something/v9', but eplb reads placement files of format " \
+                               "'eplb.placement/v1'"
+    for gpus in ("2", True, 3):
+        with pytest.raises(EplbError, match=r"^p\.json: num_gpus is .* but slots_per_gpu lists 2"):
+            Placement.from_dict({**data, "num_gpus": gpus}, "p.json")
+    with pytest.raises(EplbError, match="num_experts must be a whole number >= 1"):
+        Placement.from_dict({**data, "num_experts": True}, "p.json")
+    assert Placement.from_dict(data).to_dict() == data
