@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from eplb.budget import describe_slots
 from eplb.cost import LayerPrediction, TimeModel, predict
 from eplb.errors import EplbError, FieldError
 from eplb.evaluate import Balance, balance, contiguous_placement
 from eplb.io.files import plural
+from eplb.io.windows import check_loads
 from eplb.objective import OBJECTIVES, candidates, choose_by_time
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, HardwareSpec, ModelSpec
@@ -311,7 +312,7 @@ def groups_refusal(
 
 
 def solve(
-    loads: NDArray[np.float64],
+    loads: ArrayLike,
     cluster: Cluster,
     *,
     solver: str | None = None,
@@ -327,7 +328,9 @@ def solve(
     starting: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Place every layer's experts with the registered solver `solver` (see `solvers.registry`).
-    loads: [layers, E] tokens; options: the solver's knobs (time limits, move budget). Returns the
+    loads: [layers, E] tokens (an array, or lists; [steps, layers, E] is summed over steps; finite, >= 0 and at most
+    `solvers.validation.MAX_LOAD` each: `eplb.io.windows.check_loads`, the CLI's and the service's rule, refuses
+    others by name before any solver runs); options: the solver's knobs (time limits, move budget). Returns the
     validated placement, its balance next to the contiguous baseline, a lower bound, and the predicted
     time when `cost` is given. scenarios: [S, layers, E] recent sub-windows for `options.robust`.
     solver: default "incremental" when `current` is given, else "greedy". With `current`, the outcome
@@ -338,7 +341,8 @@ def solve(
     co-locate experts chosen together. empty_slots: whether the time objective may leave slots empty (one
     slot per expert); False where the placement will serve as the next `current` (deployments). starting:
     called with the solver's registry name once every input is checked, just before the solver runs (the CLI's
-    progress line, so that no refusal follows it)."""
+    progress line, so that no refusal follows it). EplbError for any input it refuses, naming it."""
+    loads = check_loads(loads)
     check_shapes(loads, cluster)
     check_links(cost, cluster)
     check_objective(objective, cost, coactivation, loads)
@@ -477,16 +481,17 @@ def check_current(current: Placement, loads: NDArray[np.float64], cluster: Clust
 
 
 def evaluate(
-    loads: NDArray[np.float64],
+    loads: ArrayLike,
     placement: Placement,
     cost: CostSetup | None = None,
     *,
     coactivation: CoactivationSummary | None = None,
     gpus_per_node: int | None = None,
 ) -> Outcome:
-    """Judge a placement on loads [layers, E]: balance and predicted time, next to the baseline. With a
-    co-activation summary, also the expected copies per token (GPUs and nodes of `gpus_per_node`), which the
-    predicted comm then uses."""
+    """Judge a placement on loads [layers, E] (checked as `solve` checks them): balance and predicted time, next to
+    the baseline. With a co-activation summary, also the expected copies per token (GPUs and nodes of
+    `gpus_per_node`), which the predicted comm then uses."""
+    loads = check_loads(loads)
     if loads.shape[0] != placement.num_layers or loads.shape[1] != placement.num_experts:
         raise EplbError(
             f"the placement is for {placement.num_layers} layers x {placement.num_experts} experts, "

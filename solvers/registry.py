@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from solvers.validation import validate_placement
+from solvers.validation import refuse_loads, validate_placement
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -46,6 +46,13 @@ class Problem:
     current_phy2log: IntArray | None = None
     scenarios: FloatArray | None = None
     coactivation: FloatArray | None = None
+
+    def __post_init__(self) -> None:
+        """Lists and tuples become arrays (the solvers index them); `check` judges the values."""
+        for name in ("loads", "slots_per_gpu", "current_phy2log", "scenarios", "coactivation"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, np.ndarray):
+                object.__setattr__(self, name, np.asarray(value))
 
     @property
     def hierarchical(self) -> bool:
@@ -214,10 +221,16 @@ def check(name: str, problem: Problem, options: Options, names: Mapping[str, str
     cls = check_options(name, options, problem.current_phy2log is not None, names)
     caps = cls.capabilities
     loads, slots = problem.loads, problem.slots_per_gpu
-    if loads.ndim != 2:
-        raise SolverError(f"loads must be [layers, experts], got shape {loads.shape}")
-    if not np.isfinite(loads).all() or (loads < 0).any():
-        raise SolverError("loads must be finite and non-negative")
+    if loads.ndim != 2 or 0 in loads.shape:
+        raise SolverError(f"loads must be [layers, experts] with at least one of each, got shape {list(loads.shape)}")
+    for what, values in (("loads", loads), ("scenarios", problem.scenarios), ("coactivation", problem.coactivation)):
+        try:  # token counts, finite and at most MAX_LOAD, before any compiled kernel sees them
+            if values is not None:
+                refuse_loads(values, what)
+        except ValueError as exc:
+            raise SolverError(str(exc)) from None
+    if slots.dtype.kind not in "iu":
+        raise SolverError(f"slots_per_gpu must hold whole slot counts, got dtype {slots.dtype}")
     if slots.ndim != 1 or slots.size == 0 or (slots < 1).any():
         raise SolverError("every GPU needs at least one slot")
     num_experts = loads.shape[1]

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
+
+MAX_LOAD = 1e15
+"""The largest token count of one expert in one window (and of one step's count in a log): larger values would
+overflow the solvers' and the cost model's sums of squares and products (a finite 1.7e308 made the greedy kernel
+corrupt its heap). The one cap of load windows (`eplb.io.windows.check_loads`: the CLI, the service, the Python
+API), logs (`eplb.io.logs.count_problem`) and every registered solver (`solvers.registry.check`)."""
 
 EMPTY_SLOT = -1
 """phy2log value of an empty slot (vLLM's convention for slots of absent ranks): it holds no expert's weights
@@ -12,6 +20,33 @@ and serves no tokens; it still counts in slots_per_gpu."""
 
 class InvalidPlacement(ValueError):
     """A placement that breaks an invariant (missing expert, wrong slot count, bad shares)."""
+
+
+def load_refusal(loads: NDArray[np.float64], what: str = "loads",
+                 show: Callable[[float], str] = repr) -> str | None:
+    """Why `loads` (a float array of any shape, [layers, E] for a window) holds no token counts, naming its first
+    bad entry ('loads[0][3] is nan: loads must be finite numbers'; `show` writes the value): not finite, below 0 or
+    above MAX_LOAD. None when every entry is a count. Whole-array reductions; a mask only on failure."""
+    if not loads.size or (loads.min() >= 0 and loads.max() <= MAX_LOAD):  # NaN fails both comparisons
+        return None
+    for bad, rule in ((~np.isfinite(loads), "loads must be finite numbers"), (loads < 0, "loads must be >= 0"),
+                      (loads > MAX_LOAD, f"larger than any token count (limit {MAX_LOAD:g}); scale the window down, "
+                                         "only the ratios matter for placement")):
+        if bad.any():
+            index = tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), loads.shape))
+            return f"{what}{''.join(f'[{i}]' for i in index)} is {show(float(loads[index]))}: {rule}"
+    return None
+
+
+def refuse_loads(loads: ArrayLike, what: str = "loads") -> None:
+    """ValueError (one line, `load_refusal`'s) unless `loads` is an array of real token counts, each finite, >= 0 and
+    at most MAX_LOAD: the guard a solver entry point runs before any compiled kernel sees the loads."""
+    arr = np.asarray(loads)
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"{what} must hold real numbers (integers or floats), got dtype {arr.dtype}")
+    why = load_refusal(arr.astype(np.float64, copy=False), what)
+    if why is not None:
+        raise ValueError(why)
 
 
 def slot_gpu(slots_per_gpu: NDArray[np.int64]) -> NDArray[np.int64]:

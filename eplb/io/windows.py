@@ -21,9 +21,10 @@ from numpy.typing import NDArray
 
 from eplb.errors import EplbError
 from eplb.io.files import existing_file, number_text, plural, read_json, real_array
+from solvers.validation import MAX_LOAD as MAX_LOAD  # the one cap on token counts, re-exported
+from solvers.validation import load_refusal
 
 DEFAULT_WINDOW = "dsv3-prefill-in1024.json"
-MAX_LOAD = 1e15  # token counts per expert and window; larger values would overflow sums of squares and products
 
 
 @dataclass(frozen=True)
@@ -64,21 +65,9 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
         raise EplbError(f"{what} must be [layers][experts] or [steps][layers][experts], got shape {list(arr.shape)}")
     if arr.size == 0:  # steps of no layer, or of layers of no expert
         raise EplbError(empty)
-    bad = np.argwhere(~np.isfinite(arr))
-    if bad.size:
-        layer, expert = (int(v) for v in bad[0])
-        raise EplbError(f"{what}[{layer}][{expert}] is {arr[layer, expert]}: loads must be finite numbers")
-    neg = np.argwhere(arr < 0)
-    if neg.size:
-        layer, expert = (int(v) for v in neg[0])
-        raise EplbError(f"{what}[{layer}][{expert}] is {number_text(arr[layer, expert])}: loads must be >= 0")
-    big = np.argwhere(arr > MAX_LOAD)
-    if big.size:
-        layer, expert = (int(v) for v in big[0])
-        raise EplbError(
-            f"{what}[{layer}][{expert}] is {number_text(arr[layer, expert])}: larger than any token count "
-            f"(limit {MAX_LOAD:g}); scale the window down, only the ratios matter for placement"
-        )
+    why = load_refusal(arr, what, number_text)  # finite, >= 0, at most MAX_LOAD: the solvers' own rule
+    if why is not None:
+        raise EplbError(why)
     return arr
 
 
