@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import plural
-from eplb.rules import BUDGETS, gpu_count_mismatch
+from eplb.io.files import number_text, plural, real_array
+from eplb.rules import BUDGETS, CLI_MAX_GPUS, gpu_count_mismatch
 
 if TYPE_CHECKING:
     from eplb.schemas import ClusterRules
@@ -29,6 +29,36 @@ def describe_slots(slots: NDArray[np.int64]) -> str:
     lo, hi = int(slots.min()), int(slots.max())
     each = plural(lo, "slot") if lo == hi else f"{lo:,}-{hi:,} slots"
     return f"{plural(slots.size, 'GPU')}, {each} each"
+
+
+def slots_beyond_experts(slots: NDArray[np.int64], num_experts: int) -> str | None:
+    """Why slots per GPU [G] are more than a window of `num_experts` experts can use (a GPU with more slots than
+    experts), or None: the rule of every cluster, from a budget (`slots_per_gpu`) or given (`eplb.solve.Cluster`);
+    it also bounds what a solve allocates (slots x layers)."""
+    most = int(slots.max())
+    if most <= num_experts:
+        return None
+    return (f"{most:,} slots on one GPU but only {num_experts} experts: a GPU never needs more slots than there are "
+            "experts (extra slots would only hold a second copy on the same GPU)")
+
+
+def slot_counts(value: Any, what: str = "slots_per_gpu") -> NDArray[np.int64]:
+    """Slots per GPU [G] int64 from a list, tuple or array of whole numbers >= 1 (3.0 is 3, 3.7 is refused), one per
+    GPU, at most CLI_MAX_GPUS of them; EplbError naming `what` and the first bad value otherwise."""
+    arr = real_array(value, what, f"{what} must be whole slot counts, one per GPU")
+    if arr.ndim != 1 or arr.size == 0:
+        raise EplbError(f"{what} must list one slot count per GPU (a 1-D list of at least one), got shape "
+                        f"{list(arr.shape)}")
+    if arr.size > CLI_MAX_GPUS:
+        raise EplbError(f"{what} lists {arr.size:,} GPUs: at most {CLI_MAX_GPUS:,}")
+    finite, most = np.isfinite(arr), np.iinfo(np.int32).max
+    for bad, rule in ((~finite | (np.mod(np.where(finite, arr, 0), 1) != 0), "slot counts are whole numbers"),
+                      (arr < 1, "every GPU needs at least one slot"),
+                      (arr > most, f"more slots than any GPU holds (at most {most:,})")):
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise EplbError(f"{what}[{i}] is {number_text(arr[i])}: {rule}")
+    return arr.astype(np.int64)
 
 
 def spread_evenly(total: int, num_gpus: int) -> NDArray[np.int64]:
@@ -110,11 +140,8 @@ def slots_per_gpu(
         out = spread_evenly(num_experts + redundant, num_gpus)
     if memory_budget_bytes is not None:
         out = np.minimum(out, num_experts)  # a GPU never needs more slots than there are experts
-    elif int(out.max()) > num_experts:
-        raise EplbError(
-            f"{lead(source)}{int(out.max())} slots on one GPU but only {num_experts} experts: a GPU never needs more "
-            "slots than there are experts (extra slots would only hold a second copy on the same GPU)"
-        )
+    elif (beyond := slots_beyond_experts(out, num_experts)) is not None:
+        raise EplbError(f"{lead(source)}{beyond}")
     if int(out.sum()) < num_experts:
         raise EplbError(
             f"{lead(source)}{int(out.sum())} slots in all cannot hold {num_experts} experts: need at least "

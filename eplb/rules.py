@@ -51,7 +51,13 @@ SERVICE_MAX_GPUS = 4096
 the work of one request, which shares the service's workers with every other: a greedy solve of the embedded 58 x
 256 window on 4,096 GPUs of one slot printed 0.89 s and 81,776 KB (`/usr/bin/time -f "%e s %M KB" eplb solve --gpus
 4096 --slots-per-gpu 1`, on the 2-core machine, other work running). The CLI's bound is larger
-(`eplb.cli.solve.CLI_MAX_GPUS`): a local run spends only its own user's time."""
+(`CLI_MAX_GPUS`): a local run spends only its own user's time."""
+CLI_MAX_GPUS = 65_536
+"""The most GPUs `--gpus` (`eplb solve`, `eplb evaluate`, `eplb replay`), `eplb compare --ep` and the Python API's
+`eplb.solve.Cluster` take: a bound on what the C kernels and numpy are given (a huge value crashed them), not on a
+run's time, which is its user's own (the solve of SERVICE_MAX_GPUS' note on 65,536 GPUs printed 60.90 s and 725,724
+KB: `/usr/bin/time -f "%e s %M KB" eplb solve --gpus 65536 --slots-per-gpu 1`, on the 2-core machine, other work
+running). The service, whose workers every request shares, takes at most SERVICE_MAX_GPUS (4,096)."""
 MAX_BUDGET_BYTES = 1e15
 """The largest memory budget of one GPU, bytes (a petabyte)."""
 BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")

@@ -10,14 +10,14 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from eplb.budget import describe_slots
+from eplb.budget import describe_slots, slot_counts, slots_beyond_experts
 from eplb.cost import LayerPrediction, TimeModel, predict
-from eplb.errors import EplbError, FieldError
+from eplb.errors import EplbError, FieldError, shown
 from eplb.evaluate import Balance, balance, contiguous_placement
 from eplb.io.files import plural
 from eplb.io.windows import check_loads
@@ -29,7 +29,7 @@ from solvers.bounds import lower_bound
 from solvers.migration import arrange_slots, count_moves, relabel_gpus
 from solvers.plan import MigrationPlan, PlanError, build_plan
 from solvers.registry import Options, Problem, SolverError
-from solvers.validation import InvalidPlacement, validate_placement
+from solvers.validation import InvalidPlacement, validate_placement, whole_number
 
 if TYPE_CHECKING:
     from eplb import schemas
@@ -78,14 +78,26 @@ def check_uniform_shares(name: str, objective: str, split: str = "uniform",
     raise FieldError((n["solver"], n["objective"]), message, message)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Cluster:
-    """slots_per_gpu: [G] expert slots on each GPU; gpus_per_node and num_groups select the
-    hierarchical policy (expert groups kept within nodes) when both are given."""
+    """slots_per_gpu: [G] expert slots on each GPU (a list, tuple or array of whole numbers >= 1, at most
+    `eplb.rules.CLI_MAX_GPUS` GPUs: `eplb.budget.slot_counts`; stored as int64); gpus_per_node and num_groups
+    (integers: int or numpy's, not 2.0, as the CLI's flags; stored as int) select the hierarchical policy (expert
+    groups kept within nodes) when both are given. EplbError naming the field otherwise; `check_shapes` judges them
+    against a window."""
 
     slots_per_gpu: NDArray[np.int64]
     gpus_per_node: int | None = None
     num_groups: int | None = None
+
+    def __init__(self, slots_per_gpu: ArrayLike, gpus_per_node: SupportsIndex | None = None,
+                 num_groups: SupportsIndex | None = None) -> None:
+        object.__setattr__(self, "slots_per_gpu", slot_counts(slots_per_gpu))
+        for name, value in (("gpus_per_node", gpus_per_node), ("num_groups", num_groups)):
+            count = None if value is None else whole_number(value)
+            if value is not None and count is None:
+                raise EplbError(f"{name} must be a whole number (an int), got {shown(value)}")
+            object.__setattr__(self, name, count)
 
     @property
     def num_gpus(self) -> int:
@@ -250,7 +262,8 @@ def check_links(cost: CostSetup | None, cluster: Cluster) -> None:
 
 
 def check_shapes(loads: NDArray[np.float64], cluster: Cluster) -> None:
-    """Raise EplbError when the cluster cannot hold the window's experts."""
+    """Raise EplbError when the cluster cannot hold the window's [layers, E] experts, has a GPU of more slots than
+    experts, or nodes or groups that do not divide the GPUs or the experts."""
     num_experts = loads.shape[1]
     total = int(cluster.slots_per_gpu.sum())
     if total < num_experts:
@@ -258,6 +271,9 @@ def check_shapes(loads: NDArray[np.float64], cluster: Cluster) -> None:
             f"{total} slots on {cluster.num_gpus} GPUs cannot hold {num_experts} experts: need at least "
             f"{-(-num_experts // cluster.num_gpus)} slots per GPU"
         )
+    beyond = slots_beyond_experts(cluster.slots_per_gpu, num_experts)  # also bounds what a solve allocates
+    if beyond is not None:
+        raise EplbError(beyond)
     if cluster.gpus_per_node is not None and (cluster.gpus_per_node < 1 or cluster.num_gpus % cluster.gpus_per_node):
         raise EplbError(f"{cluster.num_gpus} GPUs do not split into nodes of {cluster.gpus_per_node}")
     if cluster.num_groups is not None and (cluster.num_groups < 1 or num_experts % cluster.num_groups):
@@ -349,7 +365,12 @@ def solve(
     if current is not None:
         check_current(current, loads, cluster)
     started = time.perf_counter()
-    name = solver_name(solver or ("incremental" if current is not None else "greedy"), split)
+    base = solver if solver is not None else "incremental" if current is not None else "greedy"
+    try:
+        registry.get_solver(base)  # "" or a misspelt name is refused with the registered ones
+    except SolverError as exc:
+        raise EplbError(str(exc)) from None
+    name = solver_name(base, split)
     check_uniform_shares(name, objective, split)
     problem = Problem(
         loads,

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from solvers.validation import refuse_loads, validate_placement
+from solvers.validation import real_number, refuse_loads, validate_placement, whole_number
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -76,6 +76,13 @@ class Options:
     max_moves_per_layer: int | None = None
     target_lb: float | None = None
     robust: bool = False
+
+    def __post_init__(self) -> None:
+        """A numpy integer move budget reads as an int; `check_options` refuses what is no count."""
+        for name in ("max_moves", "max_moves_per_layer"):
+            count = whole_number(getattr(self, name))
+            if count is not None:
+                object.__setattr__(self, name, count)
 
     def set_names(self) -> list[str]:
         """Names of the options that differ from their defaults."""
@@ -137,6 +144,11 @@ class SolverError(ValueError):
     """A solver name, option or input combination that cannot be honoured; the message says what to change."""
 
 
+MAX_MOVES = 10_000_000
+"""The most expert copies a move budget may allow in the whole model (`Options.max_moves`: the Python API, the CLI's
+--max-moves, the service's max_moves); per layer, MAX_MOVES_PER_LAYER."""
+MAX_MOVES_PER_LAYER = 1_000_000
+
 EVERY_SOLVER = frozenset({"robust"})
 """Options every solver takes: the registry applies them after the solver (`solve`)."""
 BUDGET_OPTIONS = ("max_moves", "max_moves_per_layer", "target_lb")
@@ -193,16 +205,25 @@ def check_options(
         raise SolverError(f"solver {name!r} does not take {', '.join(map(n, unsupported))} (it takes: {takes})")
     for opt in ("time_limit_s", "total_time_limit_s"):
         value = getattr(options, opt)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not (real_number(value) and math.isfinite(value) and value > 0):
             raise SolverError(f"{n(opt)} must be a positive number, got {value!r}")
-    if options.target_lb is not None and not (math.isfinite(options.target_lb) and options.target_lb >= 1):
-        raise SolverError(f"{n('target_lb')} must be >= 1 (lb = busiest GPU / mean GPU), got {options.target_lb!r}")
-    if options.max_lb_slack < 0 or not math.isfinite(options.max_lb_slack):
+    target = options.target_lb
+    if target is not None and not (real_number(target) and math.isfinite(target) and target >= 1):
+        raise SolverError(f"{n('target_lb')} must be >= 1 (lb = busiest GPU / mean GPU), got {target!r}")
+    if not (real_number(options.max_lb_slack) and math.isfinite(options.max_lb_slack) and options.max_lb_slack >= 0):
         raise SolverError(f"{n('max_lb_slack')} must be >= 0, got {options.max_lb_slack!r}")
-    for opt in ("max_moves", "max_moves_per_layer"):
+    for opt, most in (("max_moves", MAX_MOVES), ("max_moves_per_layer", MAX_MOVES_PER_LAYER)):
         value = getattr(options, opt)
-        if value is not None and value < 0:
+        if value is None:
+            continue
+        if whole_number(value) is None:
+            raise SolverError(f"{n(opt)} must be a whole number of expert copies, got {value!r}")
+        if value < 0:
             raise SolverError(f"{n(opt)} must be >= 0, got {value!r}")
+        if value > most:
+            raise SolverError(f"{n(opt)} must be at most {most:,} expert copies, got {value:,}")
+    if not isinstance(options.robust, bool | np.bool_):
+        raise SolverError(f"{n('robust')} must be True or False, got {options.robust!r}")
     return cls
 
 

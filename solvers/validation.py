@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -47,6 +48,23 @@ def refuse_loads(loads: ArrayLike, what: str = "loads") -> None:
     why = load_refusal(arr.astype(np.float64, copy=False), what)
     if why is not None:
         raise ValueError(why)
+
+
+def whole_number(value: object) -> int | None:
+    """`value` as an int when it is an integer (int, numpy integer: `operator.index`), else None (a float, even
+    2.0, as the CLI's integer flags refuse '2.0'; a bool, which is no count; anything else). The one reading of the
+    Python API's counts (`eplb.solve.Cluster`, `solvers.registry.Options`, `eplb.replay.Schedule`)."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def real_number(value: object) -> bool:
+    """Whether `value` is a real number a setting may be (int, float, numpy's; not a bool, a string or None)."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
 
 
 def slot_gpu(slots_per_gpu: NDArray[np.int64]) -> NDArray[np.int64]:

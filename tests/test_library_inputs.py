@@ -112,3 +112,79 @@ def test_loads_of_another_shape_or_type_are_refused_by_name(loads: Any, message:
         with pytest.raises(EplbError) as info:
             call()
         assert str(info.value) == message
+
+
+def test_lists_tuples_and_numpy_integers_are_taken_where_users_pass_them() -> None:
+    """solve(list_of_lists, ...), evaluate(list, ...), Cluster([5, 5, 5, 5]) / a tuple / numpy ints raised
+    AttributeError."""
+    reference = solve(LOADS, CLUSTER)
+    for slots in ([3, 3, 3, 3], (3, 3, 3, 3), [np.int64(3)] * 4, np.full(4, 3.0), np.full(4, 3, dtype=np.uint8)):
+        cluster = Cluster(slots)
+        assert cluster.slots_per_gpu.dtype == np.int64 and cluster.slots_per_gpu.tolist() == [3, 3, 3, 3]
+        outcome = solve(LOADS.tolist(), cluster)
+        assert np.array_equal(outcome.placement.phy2log, reference.placement.phy2log)
+    judged = evaluate(LOADS.tolist(), reference.placement)
+    assert np.allclose(judged.balance.lb, reference.balance.lb)
+    nodes = Cluster([3, 3, 3, 3], gpus_per_node=np.int64(2), num_groups=np.int32(2))
+    assert (type(nodes.gpus_per_node), type(nodes.num_groups)) == (int, int)
+    assert solve(LOADS, nodes).placement.num_gpus == 4
+    budget = Options(max_moves=np.int64(3))  # type: ignore[arg-type]
+    assert type(budget.max_moves) is int
+    moved = solve(LOADS[::-1].copy(), CLUSTER, current=reference.placement, options=budget)
+    assert moved.moves is not None and int(moved.moves.sum()) <= 3
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Cluster(np.array([3.7, 3.2])), "slots_per_gpu[0] is 3.7: slot counts are whole numbers"),
+    (lambda: Cluster([3, 0]), "slots_per_gpu[1] is 0: every GPU needs at least one slot"),
+    (lambda: Cluster(np.ones((2, 2))), "slots_per_gpu must list one slot count per GPU (a 1-D list of at least one), "
+                                       "got shape [2, 2]"),
+    (lambda: Cluster([]), "slots_per_gpu must list one slot count per GPU (a 1-D list of at least one), got shape [0]"),
+    (lambda: Cluster([True, True]), "slots_per_gpu must hold real numbers (integers or floats), got dtype bool"),
+    (lambda: Cluster(np.ones(65_537)), "slots_per_gpu lists 65,537 GPUs: at most 65,536"),
+    (lambda: Cluster([10**12]), "slots_per_gpu[0] is 1000000000000: more slots than any GPU holds (at most "
+                                "2,147,483,647)"),
+    (lambda: Cluster([2, 2], gpus_per_node=2.0),  # type: ignore[arg-type]
+     "gpus_per_node must be a whole number (an int), got 2.0"),
+    (lambda: Cluster([2, 2], num_groups="2"),  # type: ignore[arg-type]
+     "num_groups must be a whole number (an int), got '2'"),
+])
+def test_a_cluster_that_is_none_is_refused_naming_the_field(make: Callable[[], Cluster], message: str) -> None:
+    """Cluster(np.array([3.7, 3.2])) was truncated to 3, 3 without a word; gpus_per_node=2.0 raised a TypeError
+    (floats are refused, as the CLI's --gpus-per-node 2.0 is)."""
+    with pytest.raises(EplbError) as info:
+        make()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (Options(max_moves=2.5),  # type: ignore[arg-type]
+     "max_moves must be a whole number of expert copies, got 2.5"),
+    (Options(max_moves=10**30), f"max_moves must be at most 10,000,000 expert copies, got {10**30:,}"),
+    (Options(max_moves_per_layer=-1), "max_moves_per_layer must be >= 0, got -1"),
+    (Options(max_moves_per_layer=np.int64(1_000_001)),  # type: ignore[arg-type]
+     "max_moves_per_layer must be at most 1,000,000 expert copies, got 1,000,001"),
+    (Options(target_lb="1.1"),  # type: ignore[arg-type]
+     "target_lb must be >= 1 (lb = busiest GPU / mean GPU), got '1.1'"),
+    (Options(robust="yes"), "robust must be True or False, got 'yes'"),  # type: ignore[arg-type]
+])
+def test_options_that_are_none_are_one_line_errors(options: Options, message: str) -> None:
+    """Options(max_moves=2.5) raised a TypeError from inside the incremental solver."""
+    with pytest.raises(EplbError) as info:
+        solve(LOADS, CLUSTER, current=_placement(), options=options)
+    assert str(info.value) == message
+
+
+def test_a_cluster_beyond_the_window_is_refused_before_it_is_allocated() -> None:
+    """slots_per_gpu of 1e12 raised MemoryError (14.6 TiB); a GPU never needs more slots than there are experts,
+    the CLI's and the service's rule."""
+    with pytest.raises(EplbError, match=r"^1,000,000,000 slots on one GPU but only 8 experts: a GPU never needs"):
+        solve(LOADS, Cluster([10**9]))
+
+
+def test_an_empty_or_unknown_solver_name_is_refused_naming_the_registered_ones() -> None:
+    """solver="" silently ran greedy."""
+    for name in ("", "gredy"):
+        with pytest.raises(EplbError) as info:
+            solve(LOADS, CLUSTER, solver=name)
+        assert str(info.value) == f"unknown solver {name!r}: choose one of {', '.join(registry.names())}"

@@ -19,6 +19,7 @@ from eplb.errors import EplbError
 from eplb.io.files import output_file, plural
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
+from eplb.rules import CLI_MAX_GPUS as CLI_MAX_GPUS  # eplb compare's bound too
 from eplb.solve import (
     DEFAULT_TOKENS_PER_GPU,
     Cluster,
@@ -44,7 +45,7 @@ from eplb.specs import (
     named_model,
 )
 from solvers import registry
-from solvers.registry import Options
+from solvers.registry import MAX_MOVES, MAX_MOVES_PER_LAYER, Options
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -73,15 +74,6 @@ load files: .json {"loads": [[...]]}, .npy/.npz [layers, E] or [steps, layers, E
 
 MAX_COUNT = 2**31 - 1
 """Largest step count, slot count, ... a flag takes: longer windows or intervals than 2**31 steps make no sense."""
-CLI_MAX_GPUS = 65_536
-"""The most GPUs `--gpus` (`eplb solve`, `eplb evaluate`, `eplb replay`) and `eplb compare --ep` take: a bound on
-what the C kernels and numpy are given (a huge value crashed them), not on a run's time, which is its user's own
-(the solve of `eplb.rules.SERVICE_MAX_GPUS`' note on 65,536 GPUs printed 60.90 s and 725,724 KB: `/usr/bin/time -f
-"%e s %M KB" eplb solve --gpus 65536 --slots-per-gpu 1`, on the 2-core machine, other work running). The service,
-whose workers every request shares, takes at most SERVICE_MAX_GPUS (4,096)."""
-MAX_MOVES = 10_000_000
-"""Expert copies a move budget may allow in the whole model (as the API); per layer, MAX_MOVES_PER_LAYER."""
-MAX_MOVES_PER_LAYER = 1_000_000
 MAX_TOKENS_PER_GPU = 1e9
 """Tokens per GPU in one step (as the API)."""
 MAX_STAGE_GIB = 1e6
