@@ -31,8 +31,8 @@ Loads = Annotated[
 
 class ClusterIn(ClusterRules):
     """The EP group: the fields, bounds and rules of `eplb.schemas.ClusterRules`, as a deployment's cluster. Give
-    at most one of slots_per_gpu, num_redundant, memory_budget_bytes (none: one redundant expert per GPU; one
-    slot per GPU when there are more GPUs than experts)."""
+    at most one of slots_per_gpu, num_redundant, memory_budget_bytes (none: one redundant expert per GPU, none on
+    one GPU; one slot per GPU when there are more GPUs than experts)."""
 
 
 class PlacementIn(BaseModel):

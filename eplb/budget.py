@@ -79,8 +79,9 @@ def slots_per_gpu(
 ) -> NDArray[np.int64]:
     """Slots on each GPU from exactly one of: a slot count (one or one per GPU), a number of redundant
     experts (spread evenly), or a memory budget in bytes (one or one per GPU) with `slot_bytes`, the bytes
-    of one expert slot across all MoE layers. None of them: one redundant expert per GPU, or with more GPUs
-    than experts one slot per GPU (as DeepSeek-V3's EP320 decode: E + G slots would leave GPUs with 1 and 2).
+    of one expert slot across all MoE layers. None of them: one redundant expert per GPU as the GPUs allow (none on
+    a single GPU, whose E slots hold every expert once), or with more GPUs than experts one slot per GPU (as
+    DeepSeek-V3's EP320 decode: E + G slots would leave GPUs with 1 and 2).
     Raises EplbError when the cluster cannot hold every expert at least once. names: what the messages call
     the arguments num_gpus, slots, num_redundant and memory_budget_bytes (the CLI: its flags); by default
     `QUANTITIES`, the quantities.
@@ -123,9 +124,9 @@ def slots_per_gpu(
                 "or more GPUs"
             )
     else:
-        default = num_gpus if num_gpus <= num_experts else num_gpus - num_experts
-        redundant = default if num_redundant is None else int(num_redundant)
         fewest, most = max(0, num_gpus - num_experts), num_experts * (num_gpus - 1)  # every GPU a slot; <= E each
+        default = min(num_gpus, most) if num_gpus <= num_experts else num_gpus - num_experts  # 1 GPU: none
+        redundant = default if num_redundant is None else int(num_redundant)
         if redundant < 0:
             raise EplbError(f"{name['num_redundant']} must be >= 0, got {redundant}")
         if redundant < fewest:

@@ -115,8 +115,8 @@ class ClusterRules(BaseModel):
     `api.schemas.ClusterIn`, a deployment's `eplb.deployments.ClusterShape`): num_gpus; gpus_per_node and
     num_groups (hierarchical policy; num_groups only with gpus_per_node); at most one slot budget, of which
     slots_per_gpu and memory_budget_bytes are one value or one per GPU (`eplb.rules`). On the cluster, so a
-    422's errors name its fields. No budget: one redundant expert per GPU (one slot per GPU when there are
-    more GPUs than experts; `eplb.budget.slots_per_gpu`)."""
+    422's errors name its fields. No budget: one redundant expert per GPU (none on one GPU; one slot per GPU
+    when there are more GPUs than experts; `eplb.budget.slots_per_gpu`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     num_gpus: int = Field(ge=1, le=SERVICE_MAX_GPUS, description="GPUs in the expert-parallel group (1 to 4,096)")

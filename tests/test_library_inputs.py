@@ -5,17 +5,21 @@ numpy or a silent wrong answer."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
+from eplb.cli import main
 from eplb.errors import EplbError
-from eplb.placement import Placement
+from eplb.placement import Placement, load_placement
 from eplb.solve import Cluster, evaluate, solve
 from solvers import registry
 from solvers.registry import Options, Problem, SolverError
@@ -188,3 +192,25 @@ def test_an_empty_or_unknown_solver_name_is_refused_naming_the_registered_ones()
         with pytest.raises(EplbError) as info:
             solve(LOADS, CLUSTER, solver=name)
         assert str(info.value) == f"unknown solver {name!r}: choose one of {', '.join(registry.names())}"
+
+
+def test_the_default_redundancy_is_what_one_gpu_allows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      server_factory: Callable[..., str]) -> None:
+    """`eplb solve --gpus 1` and POST /placement with cluster {"num_gpus": 1} were refused ('1 redundant experts put
+    more than 4 slots ... give at most 0') though no redundancy was asked for; the default is what the cluster
+    allows (none on one GPU), and an explicit one is still refused."""
+    window = tmp_path / "w4.json"
+    window.write_text(json.dumps({"loads": [[5, 1, 2, 8], [3, 3, 0, 1]]}))
+    out = tmp_path / "p.json"
+    assert main(["solve", "--loads", str(window), "--gpus", "1", "--out", str(out)]) == 0
+    assert "1 GPU, 4 slots each" in capsys.readouterr().out
+    assert load_placement(out).slots_per_gpu.tolist() == [4]
+    assert main(["solve", "--loads", str(window), "--gpus", "1", "--redundant", "1"]) == 2
+    assert "--redundant: 1 redundant experts put more than 4 slots" in capsys.readouterr().err
+    base = server_factory()
+    body: dict[str, Any] = {"loads": [[5, 1, 2, 8], [3, 3, 0, 1]], "cluster": {"num_gpus": 1}}
+    r = httpx.post(f"{base}/placement", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["placement"]["slots_per_gpu"] == [4]
+    r = httpx.post(f"{base}/placement", json={**body, "cluster": {"num_gpus": 1, "num_redundant": 1}}, timeout=60)
+    assert r.status_code == 422 and "give at most 0 redundant experts" in r.text

@@ -77,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--solvers", default="greedy,milp", help="comma-separated: greedy, milp, milp-weighted "
                    "(default: greedy,milp)")
     p.add_argument("--ep", default="32", help="EP sizes to sweep, comma-separated (default: 32)")
-    p.add_argument("--redundant", help="redundant experts in all, comma-separated (default: one per GPU)")
+    p.add_argument("--redundant", help="redundant experts in all, comma-separated (default: one per GPU; none on "
+                   "one GPU)")
     p.add_argument("--time-limit", type=float, default=2.0, metavar="S", help="MILP limit per layer, s (default: 2)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for report.md, report.html, results.json")
     p.add_argument("--objectives", default="lb", help="with --loads: lb, time or lb,time (each solver once per "

@@ -61,7 +61,8 @@ a lower bound on lb, and the predicted per-layer time from the cost model.
 
 Slots per GPU come from one of --slots-per-gpu, --redundant (extra replicas in all, spread evenly) or
 --memory-budget-gib (HBM for expert weights per GPU; one slot costs one expert across all MoE layers).
-Default: one redundant expert per GPU (one slot per GPU when there are more GPUs than experts)."""
+Default: one redundant expert per GPU as the GPUs allow (none on one GPU, whose slots hold every expert once;
+one slot per GPU when there are more GPUs than experts)."""
 
 SOLVE_EPILOG = """\
 examples:
@@ -168,7 +169,7 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     budget.add_argument("--slots-per-gpu", type=int_list, metavar="S", help="expert slots on each GPU: "
                         "one number, or a comma-separated list with one per GPU")
     budget.add_argument("--redundant", type=int, metavar="R", help="redundant experts in all, spread as "
-                        "evenly as the GPUs allow (default: one per GPU)")
+                        "evenly as the GPUs allow (default: one per GPU; none on one GPU)")
     budget.add_argument("--memory-budget-gib", type=float_list, metavar="X", help="GiB of expert weights "
                         "each GPU may hold (one number or one per GPU); needs the model (--model)")
 
