@@ -19,7 +19,9 @@ import pytest
 
 from eplb.cli import main
 from eplb.errors import EplbError
+from eplb.io.logs import write_log
 from eplb.placement import Placement, load_placement
+from eplb.replay import Schedule, replay
 from eplb.solve import Cluster, evaluate, solve
 from solvers import registry
 from solvers.registry import Options, Problem, SolverError
@@ -27,6 +29,7 @@ from solvers.registry import Options, Problem, SolverError
 RNG = np.random.default_rng(7)
 LOADS = RNG.integers(1, 100, (2, 8)).astype(np.float64)
 CLUSTER = Cluster(np.full(4, 3))
+COUNTS = RNG.integers(0, 50, (30, 2, 8))
 
 
 def _placement() -> Placement:
@@ -214,3 +217,44 @@ def test_the_default_redundancy_is_what_one_gpu_allows(tmp_path: Path, capsys: p
     assert r.json()["placement"]["slots_per_gpu"] == [4]
     r = httpx.post(f"{base}/placement", json={**body, "cluster": {"num_gpus": 1, "num_redundant": 1}}, timeout=60)
     assert r.status_code == 422 and "give at most 0 redundant experts" in r.text
+
+
+def test_a_schedule_takes_numpy_integers() -> None:
+    """Schedule(window=np.int64(10), interval=np.int64(10)) was refused ('must be a whole number of steps >= 1, got
+    np.int64(10)'); it reads them as ints (its to_dict is JSON), and still refuses floats and bools by name."""
+    schedule = Schedule(window=np.int64(10), interval=np.int64(10), delay=np.int32(1))  # type: ignore[arg-type]
+    result = replay(COUNTS, CLUSTER, schedule=schedule)
+    assert json.dumps(schedule.to_dict())
+    assert result.rebalances and result.rebalances[0].position == 10
+    floats = Schedule(window=10.0)  # type: ignore[arg-type]
+    for field, refused in (("window", floats), ("interval", Schedule(interval=True))):
+        value = getattr(refused, field)
+        with pytest.raises(EplbError, match=rf"^{field} must be a whole number of steps >= 1, got {value!r}$"):
+            refused.check()
+
+
+@pytest.mark.parametrize("counts", [COUNTS > 20, COUNTS.astype(object)], ids=["bool", "object"])
+def test_counts_of_no_count_type_are_named_by_their_type(counts: Any, tmp_path: Path) -> None:
+    """Bool counts said 'count is 0; counts must be whole numbers', object counts 'count is 47; ...'."""
+    kind = counts.dtype
+    with pytest.raises(EplbError) as info:
+        replay(counts, CLUSTER, schedule=Schedule(window=10, interval=10))
+    assert str(info.value) == f"<array>: counts have dtype {kind}, not a count type: give integers (or whole floats)"
+    with pytest.raises(EplbError) as info:
+        write_log(tmp_path / "log.npz", counts)
+    assert str(info.value) == f"counts: counts have dtype {kind}, not a count type: give integers (or whole floats)"
+
+
+def test_chunks_of_other_experts_say_which_chunk_has_how_many(tmp_path: Path) -> None:
+    """Chunks with different E raised numpy's concatenate ValueError."""
+    def chunks() -> Any:
+        return iter([COUNTS[:5], COUNTS[5:12, :, :6]])
+
+    why = ("counts chunk 1 (from step position 5) has 2 layers x 6 experts, chunk 0 has 2 layers x 8 experts: every "
+           "chunk holds the same layers and experts")
+    with pytest.raises(EplbError) as info:
+        replay(chunks(), CLUSTER, schedule=Schedule(window=3, interval=3), hindsight=False)
+    assert str(info.value) == f"<array>: {why}"
+    with pytest.raises(EplbError) as info:
+        write_log(tmp_path / "log.npz", chunks(), num_steps=12)
+    assert str(info.value) == why

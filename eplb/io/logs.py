@@ -177,8 +177,20 @@ def _order_error(path: str, position: int, step: int, previous: int) -> EplbErro
     )
 
 
+def count_type_refusal(dtype: np.dtype[Any]) -> str | None:
+    """Why counts of `dtype` are no token counts (bools, objects, strings, complex numbers: not a count type), or
+    None for integers and floats, whose values `count_problem` judges."""
+    if dtype.kind in "iuf":
+        return None
+    return f"counts have dtype {dtype}, not a count type: give integers (or whole floats)"
+
+
 def _check_counts(counts: NDArray[Any], steps: NDArray[np.int64], start: int, path: str) -> None:
-    """Raise naming the first (step, layer, expert) that `count_problem` refuses."""
+    """Raise naming the counts' type when it is no count type, else the first (step, layer, expert) that
+    `count_problem` refuses."""
+    wrong = count_type_refusal(counts.dtype)
+    if wrong is not None:
+        raise EplbError(f"{path}: {wrong}")
     found = count_problem(counts)
     if found is not None:
         (s, layer, e), why = found
@@ -186,10 +198,11 @@ def _check_counts(counts: NDArray[Any], steps: NDArray[np.int64], start: int, pa
 
 
 def count_problem(counts: NDArray[Any]) -> tuple[tuple[int, ...], str] | None:
-    """The first entry of `counts` (any shape, integers or floats) that is no token count, as (index, "count is
-    X; why"): not finite, negative, fractional or above MAX_LOAD (the limit of load windows); None when every
-    entry is one. Every log reader checks with it. Whole-array reductions (a mask only on failure); integer
-    types that cannot exceed the limit (uint16, int32, ...) cost one min, or nothing when unsigned."""
+    """The first entry of `counts` (any shape, integers or floats: `count_type_refusal` refuses other types first)
+    that is no token count, as (index, "count is X; why"): not finite, negative, fractional or above MAX_LOAD (the
+    limit of load windows); None when every entry is one. Every log reader checks with it. Whole-array reductions
+    (a mask only on failure); integer types that cannot exceed the limit (uint16, int32, ...) cost one min, or
+    nothing when unsigned."""
     if not counts.size:
         return None
     kind = counts.dtype.kind
@@ -372,8 +385,8 @@ class _NpzCounts(RoutingLog):
         _check_axes(path, "counts", shape)
         if fortran:
             raise EplbError(f"{path}: counts is stored in Fortran order; save it C-contiguous to stream it")
-        if dtype.kind not in "iuf":
-            raise EplbError(f"{path}: counts must be numbers, got dtype {dtype}")
+        if (wrong := count_type_refusal(dtype)) is not None:
+            raise EplbError(f"{path}: {wrong}")
         num_experts = _meta_int(meta, "num_experts", str(path))
         if num_experts is not None and num_experts != shape[2]:
             raise EplbError(f"{path}: metadata says {plural(num_experts, 'expert')}, counts have {shape[2]} per layer")
@@ -436,8 +449,8 @@ class _NpyCounts(RoutingLog):
         if arr.ndim != 3:
             raise EplbError(f"{path}: counts must be [steps, layers, experts], got shape {list(arr.shape)}")
         _check_axes(path, "counts", arr.shape)
-        if arr.dtype.kind not in "iuf":
-            raise EplbError(f"{path}: counts must be numbers, got dtype {arr.dtype}")
+        if (wrong := count_type_refusal(arr.dtype)) is not None:
+            raise EplbError(f"{path}: {wrong}")
         self._arr = arr
         self.stored_dtype = arr.dtype
         self.info = LogInfo(str(path), "counts", int(arr.shape[0]), int(arr.shape[1]), int(arr.shape[2]))
@@ -490,12 +503,7 @@ class _ArrayLog(RoutingLog):
         first, rest = self._first, self._rest
         self._first = None
         pos = 0
-        shape = first.shape[1:]
-        for block in _rechunk(_prepend(first, rest), chunk_steps):
-            if block.shape[1:] != shape:
-                raise EplbError(
-                    f"{self.info.path}: step {pos} has shape {list(block.shape[1:])}, earlier steps {list(shape)}"
-                )
+        for block in _rechunk(_same_shape(_prepend(first, rest), self.info.path), chunk_steps):
             yield np.arange(pos, pos + block.shape[0], dtype=np.int64), block
             pos += block.shape[0]
 
@@ -506,13 +514,38 @@ def _prepend(first: NDArray[Any], rest: Iterator[NDArray[Any]]) -> Iterator[NDAr
         yield np.asarray(block)
 
 
+def chunk_mismatch(index: int, position: int, shape: tuple[int, ...], first: tuple[int, ...] | None) -> str | None:
+    """Why chunk `index` (its first step at `position`) of `shape` cannot follow chunks of [steps, *first] (None:
+    it is the first): not [steps, layers, experts], or other layers or experts than chunk 0; None when it fits.
+    The one text of the readers of chunks and the writers."""
+    if len(shape) != 3:
+        return f"counts chunk {index} must be [steps, layers, experts], got shape {list(shape)}"
+    if first is None or shape[1:] == first:
+        return None
+    return (f"counts chunk {index} (from step position {position:,}) has {plural(shape[1], 'layer')} x "
+            f"{plural(shape[2], 'expert')}, chunk 0 has {plural(first[0], 'layer')} x {plural(first[1], 'expert')}: "
+            "every chunk holds the same layers and experts")
+
+
+def _same_shape(blocks: Iterable[NDArray[Any]], path: str) -> Iterator[NDArray[Any]]:
+    """The blocks [n_i, layers, E] of a stream, each checked against the first (`chunk_mismatch`, EplbError)."""
+    first: tuple[int, ...] | None = None
+    position = 0
+    for index, block in enumerate(blocks):
+        why = chunk_mismatch(index, position, block.shape, first)
+        if why is not None:
+            raise EplbError(f"{path}: {why}")
+        first = first or block.shape[1:]
+        position += block.shape[0]
+        yield block
+
+
 def _rechunk(blocks: Iterable[NDArray[Any]], size: int) -> Iterator[NDArray[Any]]:
-    """Regroup a stream of [n_i, ...] blocks into [size, ...] blocks (the last may be shorter)."""
+    """Regroup a stream of [n_i, ...] blocks of one shape after the first axis into [size, ...] blocks (the last
+    may be shorter)."""
     pending: list[NDArray[Any]] = []
     have = 0
     for block in blocks:
-        if block.ndim != 3:
-            raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
         while block.shape[0]:
             take = min(size - have, block.shape[0])
             pending.append(block[:take])
@@ -990,6 +1023,9 @@ def check_fits(counts: NDArray[Any], dtype: np.dtype[Any], first: int) -> None:
 def refuse_counts(counts: NDArray[Any], first: int) -> None:
     """EplbError naming the first entry of counts [n, layers, E] (steps at positions first..) that `count_problem`
     refuses: a writer never writes a log its readers refuse."""
+    wrong = count_type_refusal(counts.dtype)
+    if wrong is not None:
+        raise EplbError(f"counts: {wrong}")
     found = count_problem(counts)
     if found is not None:
         (step, layer, e), why = found
@@ -1184,14 +1220,12 @@ def _write_chunks(
     f: IO[bytes], chunks: Iterable[NDArray[Any]], dtype: np.dtype[Any], shape_tail: tuple[int, ...] | None
 ) -> tuple[int, tuple[int, ...]]:
     written = 0
-    for chunk in chunks:
+    for index, chunk in enumerate(chunks):
         block = np.asarray(chunk)
-        if block.ndim != 3:
-            raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
-        if shape_tail is None:
-            shape_tail = block.shape[1:]
-        if block.shape[1:] != shape_tail:
-            raise EplbError(f"step {written} has shape {list(block.shape[1:])}, earlier steps {list(shape_tail)}")
+        why = chunk_mismatch(index, written, block.shape, shape_tail)
+        if why is not None:
+            raise EplbError(why)
+        shape_tail = shape_tail or block.shape[1:]
         check_fits(block, dtype, written)
         f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
         written += block.shape[0]

@@ -13,8 +13,12 @@ from numpy.typing import NDArray
 
 from eplb.errors import EplbError
 from eplb.io.files import plural
+from solvers.validation import real_number, whole_number
 
 __all__ = ["TRIGGERS", "Schedule", "Window"]
+
+_STEP_COUNTS = ("window", "interval", "first", "delay", "robust_windows")
+"""The fields of a Schedule that count steps (or sub-windows): whole numbers, int or numpy's."""
 
 TRIGGERS: tuple[str, ...] = ("periodic", "threshold", "cost")
 """periodic: rebalance at every check; threshold: when the recent realized lb exceeds `threshold`; cost:
@@ -42,6 +46,13 @@ class Schedule:
     threshold: float = 1.1
     robust_windows: int | None = None
 
+    def __post_init__(self) -> None:
+        """Step counts given as numpy integers read as ints (`whole_number`); `check` refuses what is no count."""
+        for name in _STEP_COUNTS:
+            count = whole_number(getattr(self, name))
+            if count is not None:
+                object.__setattr__(self, name, count)
+
     def check(self, names: Mapping[str, str] | None = None) -> None:
         """Raise EplbError on an impossible schedule, naming each field as `names` does (the CLI: its flags;
         default: the field names)."""
@@ -51,22 +62,24 @@ class Schedule:
 
         for name in ("window", "interval"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if whole_number(v) is None or v < 1:
                 raise EplbError(f"{n(name)} must be a whole number of steps >= 1, got {v!r}")
-        if self.first is not None and (not isinstance(self.first, int) or self.first < 1):
+        if self.first is not None and whole_number(self.first) is None:
+            raise EplbError(f"{n('first')} must be a whole number of steps, got {self.first!r}")
+        if self.first is not None and self.first < 1:
             raise EplbError(f"{n('first')} must be >= 1 (the first rebalance needs at least one step before it), "
                             f"got {self.first!r}")
-        if not isinstance(self.delay, int) or self.delay < 0:
+        if whole_number(self.delay) is None or self.delay < 0:
             raise EplbError(f"{n('delay')} must be a whole number of steps >= 0, got {self.delay!r}")
         if self.delay >= self.interval:
             fix = f"{n('delay')} 0" if self.interval == 1 else f"{n('delay')} 0 .. {self.interval - 1}"
             raise EplbError(f"{n('delay')} ({self.delay}) must be shorter than {n('interval')} ({self.interval}): a "
                             f"placement must serve before the next rebalance; give {fix}")
-        if self.ewma is not None and not (0 < self.ewma <= 1):
+        if self.ewma is not None and not (real_number(self.ewma) and 0 < self.ewma <= 1):
             raise EplbError(f"{n('ewma')} (EWMA alpha) must be in (0, 1], got {self.ewma!r}")
         if self.trigger not in TRIGGERS:
             raise EplbError(f"{n('trigger')} must be one of {', '.join(TRIGGERS)}, got {self.trigger!r}")
-        if not (math.isfinite(self.threshold) and self.threshold >= 1):
+        if not (real_number(self.threshold) and math.isfinite(self.threshold) and self.threshold >= 1):
             raise EplbError(f"{n('threshold')} is a realized lb >= 1, got {self.threshold!r}")
         self._check_robust_windows(n)
 
@@ -77,7 +90,7 @@ class Schedule:
         k = self.robust_windows
         if k is None:
             return
-        if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= self.window:
+        if whole_number(k) is None or not 2 <= k <= self.window:
             raise EplbError(f"{n('robust_windows')} must be 2 .. {n('window')} ({self.window}), got {k!r}")
         held = min(self.window, self.first_position)
         if k <= held:
