@@ -12,9 +12,7 @@ counts in `slots_per_gpu`. Every logical expert still needs a replica in every l
 
 from __future__ import annotations
 
-import contextlib
 import json
-import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,14 @@ from numpy.typing import NDArray
 
 from eplb.errors import EplbError, shown
 from eplb.io.files import existing_file, number_text, output_file, plural, read_json, real_array
-from solvers.validation import EMPTY_SLOT, InvalidPlacement, replica_counts, slot_gpu, validate_placement
+from solvers.validation import (
+    EMPTY_SLOT,
+    InvalidPlacement,
+    replica_counts,
+    slot_gpu,
+    validate_placement,
+    whole_number,
+)
 
 FORMAT = "eplb.placement/v1"
 
@@ -193,11 +198,9 @@ def _array(value: Any, what: str, ndim: int) -> NDArray[np.float64]:
 
 def expert_count(value: object, what: str) -> int:
     """`value` as E, the logical experts of a layer: an int or a numpy integer >= 1, returned as a Python int (it
-    is written to JSON); EplbError naming `what` for anything else (a float, even 6.0; a bool; a string)."""
-    count = None
-    if not isinstance(value, bool | np.bool_):
-        with contextlib.suppress(TypeError):
-            count = operator.index(value)  # type: ignore[arg-type]
+    is written to JSON); EplbError naming `what` for anything else (a float, even 6.0; a bool; a string), by
+    `solvers.validation.whole_number`, the Python API's one reading of counts."""
+    count = whole_number(value)
     if count is None or count < 1:
         kind = "" if count is not None else f" ({type(value).__name__})"
         raise EplbError(f"{what} must be a whole number >= 1 (an int), got {shown(value)}{kind}")
