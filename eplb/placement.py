@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError, shown
-from eplb.io.files import existing_file, number_text, output_file, plural, read_json, real_array
+from eplb.errors import EplbError, FieldError, shown
+from eplb.io.files import existing_file, int_list, number_text, output_file, plural, read_json, real_array
 from solvers.validation import (
     EMPTY_SLOT,
     InvalidPlacement,
@@ -39,13 +39,16 @@ class Placement:
     """A validated expert placement for every MoE layer.
 
     phy2log: [layers, num_physical] int64 logical expert per slot (-1: empty slot); slots_per_gpu: [G] int64;
-    num_experts: E (an int); shares: [layers, num_physical] float64 or None for uniform shares.
+    num_experts: E (an int); shares: [layers, num_physical] float64 or None for uniform shares; layer_ids: the
+    model layer of each row (DeepSeek-V3's MoE layers are 3..60), whole numbers >= 0 in increasing order, or None
+    when unknown (the exports then number the rows 0..layers-1).
     """
 
     phy2log: NDArray[np.int64]
     slots_per_gpu: NDArray[np.int64]
     num_experts: int
     shares: NDArray[np.float64] | None = None
+    layer_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         num_experts = expert_count(self.num_experts, "placement: num_experts")
@@ -57,10 +60,13 @@ class Placement:
             validate_placement(phy2log, slots, num_experts, shares)
         except InvalidPlacement as exc:
             raise EplbError(f"invalid placement: {exc}") from None
+        layer_ids = None if self.layer_ids is None else tuple(
+            row_layer_ids(self.layer_ids, phy2log.shape[0], increasing=True))
         object.__setattr__(self, "phy2log", phy2log)
         object.__setattr__(self, "slots_per_gpu", slots)
         object.__setattr__(self, "num_experts", num_experts)
         object.__setattr__(self, "shares", shares)
+        object.__setattr__(self, "layer_ids", layer_ids)
 
     @property
     def num_layers(self) -> int:
@@ -127,12 +133,14 @@ class Placement:
         }
         if self.shares is not None:
             out["shares"] = np.round(self.shares, 12).tolist()
+        if self.layer_ids is not None:
+            out["layer_ids"] = list(self.layer_ids)
         return out
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "placement") -> Placement:
-        """Read a placement object (docs/formats.md); `format`, `replicas`, `num_gpus` and `shares` are optional,
-        and checked if present."""
+        """Read a placement object (docs/formats.md); `format`, `replicas`, `num_gpus`, `shares` and `layer_ids`
+        are optional, and checked if present."""
         if not isinstance(data, dict):
             raise EplbError(f"{source}: expected a JSON object with phy2log and slots_per_gpu")
         for key in ("phy2log", "slots_per_gpu"):
@@ -150,7 +158,10 @@ class Placement:
         shares = None
         if data.get("shares") is not None:
             shares = _float_matrix(data["shares"], f"{source}: shares")
-        placement = cls(phy2log, slots, num_experts, shares)
+        try:
+            placement = cls(phy2log, slots, num_experts, shares, data.get("layer_ids"))
+        except FieldError as exc:  # layer_ids: named with the file
+            raise FieldError(exc.fields, exc.message, f"{source}: {exc}") from None
         if "replicas" in data and _int_array(data["replicas"], f"{source}: replicas", 2).tolist() != \
                 placement.replicas.tolist():
             raise EplbError(f"{source}: 'replicas' does not match the replica counts in phy2log")
@@ -205,6 +216,37 @@ def expert_count(value: object, what: str) -> int:
         kind = "" if count is not None else f" ({type(value).__name__})"
         raise EplbError(f"{what} must be a whole number >= 1 (an int), got {shown(value)}{kind}")
     return count
+
+
+def appears_twice(layer: int) -> str:
+    """The message for a layer named twice (a placement's layers are distinct model layers)."""
+    return f"layer {layer} appears twice: every placement layer is a different model layer"
+
+
+def row_layer_ids(layer_ids: Any, num_layers: int, *, increasing: bool = False) -> list[int]:
+    """The model layer of each of a placement's `num_layers` rows: `layer_ids`, whole numbers >= 0, one per row,
+    each a different layer, and with `increasing` in increasing order (as `Placement.layer_ids`). Raises
+    FieldError('layer_ids', ...) otherwise: the one check of the field, of the exports' layer ids
+    (`eplb.io.exports.checked_layer_ids`) and of the service's."""
+    try:
+        ids = int_list(layer_ids, "layer_ids")
+    except EplbError as exc:
+        text = str(exc)
+        raise FieldError("layer_ids", text.removeprefix("layer_ids").lstrip(": "), text) from None
+    if len(ids) != num_layers:
+        raise FieldError("layer_ids", f"{plural(len(ids), 'id')} for the placement's {plural(num_layers, 'layer')}: "
+                         "give one model layer per placement layer (e.g. 3-60 for DeepSeek-V3's 58 MoE layers)")
+    seen: set[int] = set()
+    for i, v in enumerate(ids):
+        if v < 0:
+            raise FieldError("layer_ids", f"layer {v} is negative: model layers count from 0")
+        if v in seen:
+            raise FieldError("layer_ids", appears_twice(v))
+        if increasing and i and v < ids[i - 1]:
+            raise FieldError("layer_ids", f"layer {v} comes after layer {ids[i - 1]}: a placement's rows are its "
+                             "model layers in increasing order")
+        seen.add(v)
+    return ids
 
 
 def _expert_ids(value: Any, num_experts: int) -> NDArray[np.int64]:

@@ -274,6 +274,34 @@ def test_empty_slots_of_the_time_objective_are_said_to_be_its(tmp_path: Path,
     assert not out.exists()
 
 
+def test_library_exports_write_the_placements_own_layer_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A placement file of `eplb solve` carries layer_ids 3..60: `eplb export` wrote SGLang's 61 rows and
+    TensorRT-LLM's keys 3..60, but export_text(load_placement(f), ...) 58 rows and keys 0..57 (the placement
+    dropped the ids). Both take them from the placement now, and write the same files."""
+    from eplb.cli import main
+    from eplb.placement import load_placement
+
+    solved = tmp_path / "p.json"
+    assert main(["solve", "--gpus", "32", "--slots-per-gpu", "9", "--out", str(solved)]) == 0
+    p = load_placement(solved)
+    rows = json.loads(export_text(p, "sglang"))["physical_to_logical_map"]
+    assert len(rows) == 61 and rows[3:] == p.phy2log.tolist()
+    assert list(parse_trtllm_yaml(export_text(p, "trtllm"))["initial_global_assignments"]) == list(range(3, 61))
+    assert json.loads(export_text(p, "json"))["layer_ids"] == list(range(3, 61))
+    for target, name in (("sglang", "p.sglang.json"), ("trtllm", "p.yaml"), ("json", "p.out.json")):
+        assert main(["export", "--placement", str(solved), "--to", target, "--out", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_text() == export_text(p, target), target
+    assert export_text(p, "trtllm", layer_ids=range(3, 61)) == export_text(p, "trtllm")  # the same ids: fine
+    with pytest.raises(FieldError, match=r"^layer_ids: 0-57 given, but the placement's rows are model layers 3-60"):
+        export_text(p, "sglang", layer_ids=range(58))
+    bare = Placement(p.phy2log, p.slots_per_gpu, p.num_experts)  # no ids: the rows are layers 0..57, as before
+    assert len(json.loads(export_text(bare, "sglang"))["physical_to_logical_map"]) == 58
+    assert json.loads(export_text(bare, "json", layer_ids=range(3, 61)))["layer_ids"] == list(range(3, 61))
+    with pytest.raises(FieldError, match="layer 3 comes after layer 4"):  # written as the field: in model order
+        export_text(_placement(), "json", layer_ids=[4, 3])
+    assert to_trtllm(_placement(), [4, 3])["initial_global_assignments"] == {4: PHY2LOG[0], 3: PHY2LOG[1]}
+
+
 # ---------------------------------------------------------------------------------------------- loads in
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from eplb.budget import GIB, slots_per_gpu, spread_evenly
 from eplb.cli import main
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.evaluate import balance, contiguous_placement
 from eplb.io.windows import read_window
 from eplb.placement import Placement, load_placement, save_placement
@@ -254,6 +254,38 @@ def test_evaluate_names_a_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureF
     assert "the placement is 58 layers x 288 slots of 256 experts but the loads are 2 layers x 4 experts" in err
     err = _eplb_error(["solve", "--loads", str(small), "--gpus", "36", "--current", str(big)], capsys)
     assert "58 layers x 288 slots of 256 experts but the loads are 2 layers x 4 experts" in err
+
+
+def test_a_placement_carries_its_layer_ids_through_its_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eplb solve --out` writes the window's layer_ids (3..60); Placement had no such field, so from_dict dropped
+    them (even invalid ones) and save_placement(load_placement(f)) lost them. The placement keeps them now,
+    checked: whole numbers >= 0, one per row, distinct, increasing; a bad list is refused naming the field."""
+    solved = tmp_path / "p.json"
+    assert main(["solve", "--gpus", "32", "--slots-per-gpu", "9", "--out", str(solved)]) == 0
+    capsys.readouterr()
+    p = load_placement(solved)
+    assert p.layer_ids == tuple(range(3, 61))
+    save_placement(p, tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text())["layer_ids"] == list(range(3, 61))
+    assert load_placement(tmp_path / "again.json").layer_ids == p.layer_ids
+    assert Placement(p.phy2log, p.slots_per_gpu, 256).layer_ids is None  # unknown: None, and no field written
+    assert "layer_ids" not in Placement(p.phy2log, p.slots_per_gpu, 256).to_dict()
+    data = json.loads(solved.read_text())
+    ids = data["layer_ids"]
+    for bad, said in (("x", "layer_ids must hold only numbers"),
+                      ([3, 3, *ids[2:]], "layer_ids: layer 3 appears twice"),
+                      ([4, 3, *ids[2:]], "layer_ids: layer 3 comes after layer 4: a placement's rows are its model "
+                                         "layers in increasing order"),
+                      ([-1, *ids[1:]], "layer_ids: layer -1 is negative"),
+                      (ids[:-1], "layer_ids: 57 ids for the placement's 58 layers"),
+                      ([3.5, *ids[1:]], "layer_ids must be a list of integers")):
+        (tmp_path / "bad.json").write_text(json.dumps({**data, "layer_ids": bad}))
+        with pytest.raises(FieldError) as refused:
+            load_placement(tmp_path / "bad.json")
+        assert str(refused.value).startswith(f"{tmp_path / 'bad.json'}: {said}"), (bad, str(refused.value))
+        assert refused.value.fields == ("layer_ids",)
+        with pytest.raises(FieldError, match=f"^{re.escape(said)}"):
+            Placement(p.phy2log, p.slots_per_gpu, 256, layer_ids=bad)  # type: ignore[arg-type]
 
 
 def test_placement_inputs_are_refused_not_cut_or_wrapped() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from eplb.errors import EplbError
-from eplb.io.exports import TARGETS, parse_layer_ids, write_export
+from eplb.errors import EplbError, FieldError
+from eplb.io.exports import TARGETS, parse_layer_ids, ranges, row_labels, write_export
 from eplb.io.files import output_file, plural
-from eplb.io.foreign import ForeignPlacement, read_placement_file, refuse_other_gpus
+from eplb.io.foreign import read_placement_file, refuse_other_gpus
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, ModelSpec
@@ -148,20 +149,24 @@ def run_export(args: argparse.Namespace) -> int:
     foreign = read_placement_file(args.placement, num_gpus=args.gpus)
     if args.layer_ids is not None:  # bounded by the file's layers (rows), so read it once without them first
         ids = _layer_ids(args.layer_ids, foreign.placement.num_layers, args.num_model_layers)
-        foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids)
-    placement = foreign.placement
+        try:
+            foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids)
+        except FieldError as exc:  # the ids themselves (their order)
+            if exc.fields != ("layer_ids",):
+                raise
+            raise EplbError(f"--layer-ids: {exc.message}") from None
+    placement = foreign.placement  # its layer_ids: the file's (our field, SGLang's rows, TensorRT-LLM's keys)
     refuse_other_gpus(args.placement, placement, args.gpus)
-    layer_ids = _file_layer_ids(foreign)
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
     num_model_layers, preset = args.num_model_layers, None
-    if layer_ids is None and args.layer_ids is None and args.to in ("sglang", "trtllm"):
+    if placement.layer_ids is None and args.to in ("sglang", "trtllm"):
         preset = _whole_model(placement)
         if preset is not None:  # the preset's MoE layers, after its dense ones (DeepSeek-V3: 3..60 of 61)
-            layer_ids = preset.moe_layer_ids()
+            placement = replace(placement, layer_ids=tuple(preset.moe_layer_ids()))
             num_model_layers = preset.num_model_layers if num_model_layers is None else num_model_layers
-    write_export(placement, args.to, args.out, layer_ids=layer_ids, num_model_layers=num_model_layers)
-    print(_export_summary(placement, args.to, args.out, layer_ids, num_model_layers, preset))
+    write_export(placement, args.to, args.out, num_model_layers=num_model_layers)
+    print(_export_summary(placement, args.to, args.out, num_model_layers, preset))
     return 0
 
 
@@ -196,13 +201,6 @@ def run_import_load(args: argparse.Namespace) -> int:
     return 0
 
 
-def _file_layer_ids(foreign: ForeignPlacement) -> list[int] | None:
-    """Layer ids a file states (TensorRT-LLM keys, SGLang rows, our layer_ids field); None for plain rows."""
-    if foreign.layer_ids == list(range(foreign.placement.num_layers)):
-        return None
-    return foreign.layer_ids
-
-
 def _whole_model(placement: Placement) -> ModelSpec | None:
     """The one model preset whose MoE layers and experts the placement's rows are all of, when it has dense
     layers first (its MoE layers are then not rows 0..L-1), else None: as the service's export of a deployment."""
@@ -211,16 +209,17 @@ def _whole_model(placement: Placement) -> ModelSpec | None:
     return matches[0] if len(matches) == 1 and matches[0].first_dense_layers > 0 else None
 
 
-def _export_summary(placement: Placement, target: str, out: str, layer_ids: list[int] | None,
-                    num_model_layers: int | None, preset: ModelSpec | None = None) -> str:
+def _export_summary(placement: Placement, target: str, out: str, num_model_layers: int | None,
+                    preset: ModelSpec | None = None) -> str:
+    """What was written and how to load it; `preset`: the one whose MoE layers labelled the rows."""
     g, p, e = placement.num_gpus, placement.num_physical, placement.num_experts
     slots = int(placement.slots_per_gpu[0])
-    ids = list(range(placement.num_layers)) if layer_ids is None else layer_ids
-    layers = f"placement layers -> model layers {_ranges(ids)}"
+    ids = row_labels(placement)
+    layers = f"placement layers -> model layers {ranges(ids)}"
     if preset is not None:
         layers += (f", {preset.name}'s MoE layers after its {preset.first_dense_layers} dense ones (--layer-ids "
                    "to name others)")
-    hint = "" if layer_ids is not None or target in ("json", "vllm-ascend") else (
+    hint = "" if placement.layer_ids is not None or target in ("json", "vllm-ascend") else (
         "; if the model starts with dense layers, pass --layer-ids (DeepSeek-V3: 3-60)")
     name = Path(out).name
     if target == "sglang":
@@ -245,20 +244,5 @@ def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
     what = f"{plural(loads.num_steps, 'step')} x " if keep_steps else ""
     per_layer = total / layers if layers else 0.0
     return (f"read {loads.source}\n"
-            f"wrote {out}: {what}{layers} layers (model layers {_ranges(loads.layer_ids)}) x {experts} experts, "
+            f"wrote {out}: {what}{layers} layers (model layers {ranges(loads.layer_ids)}) x {experts} experts, "
             f"{per_layer:,.0f} token-expert assignments per layer summed over {plural(loads.num_steps, 'step')}")
-
-
-def _ranges(ids: list[int]) -> str:
-    if not ids:
-        return "none"
-    parts: list[str] = []
-    start = prev = ids[0]
-    for v in [*ids[1:], None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ",".join(parts)

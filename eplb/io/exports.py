@@ -16,6 +16,7 @@ Every failure is an EplbError saying what to change.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -27,7 +28,7 @@ import numpy as np
 
 from eplb.errors import EplbError, FieldError, shown
 from eplb.io.files import output_file, plural
-from eplb.placement import Placement
+from eplb.placement import Placement, appears_twice, row_layer_ids
 
 TARGETS = ("sglang", "trtllm", "vllm-ascend", "json")
 SYSTEM_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vllm-ascend", "json": "eplb"}
@@ -69,11 +70,6 @@ def parse_layer_ids(text: str, max_count: int | None = None, num_model_layers: i
     return [layer for start, stop in spans for layer in range(start, stop + 1)]
 
 
-def appears_twice(layer: int) -> str:
-    """The message for a layer named twice (a placement's layers are distinct model layers)."""
-    return f"layer {layer} appears twice: every placement layer is a different model layer"
-
-
 def _first_repeated(spans: list[tuple[int, int]]) -> int | None:
     """A layer two of the ranges `spans` [(start, stop)] both hold, or None."""
     ordered = sorted(spans)
@@ -82,23 +78,40 @@ def _first_repeated(spans: list[tuple[int, int]]) -> int | None:
 
 def checked_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> list[int]:
     """The model layer of each of a placement's `num_layers` layers (rows): `layer_ids` when it has one id >= 0
-    per row, each a different layer; None: 0..num_layers-1. Raises FieldError('layer_ids', ...) otherwise (the
-    one check of exports, placement files, and the service's bodies and queries)."""
+    per row, each a different layer, in any order (the service's exports take them so); None: 0..num_layers-1.
+    Raises FieldError('layer_ids', ...) otherwise (`eplb.placement.row_layer_ids`, the one check of exports,
+    placement files, and the service's bodies and queries)."""
+    return list(range(num_layers)) if layer_ids is None else row_layer_ids(layer_ids, num_layers)
+
+
+def row_labels(placement: Placement, layer_ids: Sequence[int] | None = None) -> list[int]:
+    """The model layer of each placement row as the exports write it: `layer_ids` when given (checked; it must
+    agree with the placement's own, if it has them), else `placement.layer_ids`, else 0..layers-1."""
+    own = placement.layer_ids
     if layer_ids is None:
-        return list(range(num_layers))
-    ids = [int(v) for v in layer_ids]
-    if len(ids) != num_layers:
-        raise FieldError("layer_ids", f"{plural(len(ids), 'id')} for the placement's {plural(num_layers, 'layer')}: "
-                         "give one model "
-                         "layer per placement layer (e.g. 3-60 for DeepSeek-V3's 58 MoE layers)")
-    seen: set[int] = set()
-    for v in ids:
-        if v < 0:
-            raise FieldError("layer_ids", f"layer {v} is negative: model layers count from 0")
-        if v in seen:
-            raise FieldError("layer_ids", appears_twice(v))
-        seen.add(v)
+        return list(range(placement.num_layers)) if own is None else list(own)
+    ids = checked_layer_ids(layer_ids, placement.num_layers)
+    if own is not None and tuple(ids) != own:
+        raise FieldError("layer_ids", f"{ranges(ids)} given, but the placement's rows are model layers "
+                         f"{ranges(list(own))} (its layer_ids): drop layer_ids, or relabel the placement with "
+                         "dataclasses.replace(placement, layer_ids=...)")
     return ids
+
+
+def ranges(ids: Sequence[int]) -> str:
+    """Layer ids for a message, runs shortened: [3, 4, 5, 9] -> '3-5,9'; [] -> 'none'."""
+    if not ids:
+        return "none"
+    parts: list[str] = []
+    start = prev = ids[0]
+    for v in [*ids[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(parts)
 
 
 def check_exportable(placement: Placement, target: str) -> None:
@@ -124,11 +137,11 @@ def to_sglang(
     """SGLang `--init-expert-location` object: `{"physical_to_logical_map": [num_model_layers][P]}`.
 
     SGLang indexes the map by model layer, dense layers included. Row `layer_ids[i]` gets placement layer i
-    (default: layer i); rows no placement layer covers get SGLang's own trivial map (slot s holds s mod E).
-    num_model_layers defaults to max(layer_ids) + 1.
+    (default: the placement's own layer_ids, else layer i); rows no placement layer covers get SGLang's own
+    trivial map (slot s holds s mod E). num_model_layers defaults to max(layer_ids) + 1.
     """
     check_exportable(placement, "sglang")
-    ids = checked_layer_ids(layer_ids, placement.num_layers)
+    ids = row_labels(placement, layer_ids)
     rows = max(ids) + 1 if num_model_layers is None else num_model_layers
     if rows <= max(ids):
         raise EplbError(f"num_model_layers is {rows} but layer id {max(ids)} needs at least "
@@ -141,9 +154,10 @@ def to_sglang(
 def to_trtllm(placement: Placement, layer_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """TensorRT-LLM MoE load-balancer config: `num_slots` (P), `initial_global_assignments`
     `{model layer id: [P expert ids]}` (slot j of layer l holds expert [l][j]; each rank owns P / ep_size
-    consecutive slots) and `layer_updates_per_iter: 0` (static placement)."""
+    consecutive slots) and `layer_updates_per_iter: 0` (static placement). Model layer ids: `layer_ids`, else
+    the placement's own, else 0..layers-1."""
     check_exportable(placement, "trtllm")
-    ids = checked_layer_ids(layer_ids, placement.num_layers)
+    ids = row_labels(placement, layer_ids)
     assignments = {layer: row for layer, row in zip(ids, placement.phy2log.tolist(), strict=True)}
     return {"num_slots": placement.num_physical, "initial_global_assignments": assignments, "layer_updates_per_iter": 0}
 
@@ -169,11 +183,13 @@ def to_vllm_ascend(placement: Placement) -> dict[str, Any]:
 
 
 def to_json(placement: Placement, layer_ids: Sequence[int] | None = None) -> dict[str, Any]:
-    """Our placement file object (docs/formats.md), with `layer_ids` (model layer of each row) when given."""
-    out = placement.to_dict()
-    if layer_ids is not None:
-        out["layer_ids"] = checked_layer_ids(layer_ids, placement.num_layers)
-    return out
+    """Our placement file object (docs/formats.md), with `layer_ids` (model layer of each row, increasing) when
+    given or when the placement has its own."""
+    if layer_ids is not None and placement.layer_ids is None:
+        placement = dataclasses.replace(placement, layer_ids=tuple(row_labels(placement, layer_ids)))
+    else:
+        row_labels(placement, layer_ids)  # the same as the placement's own, if given
+    return placement.to_dict()
 
 
 def trtllm_yaml(config: dict[str, Any]) -> str:
@@ -200,15 +216,16 @@ def export_text(
     layer_ids: Sequence[int] | None = None,
     num_model_layers: int | None = None,
 ) -> str:
-    """The file text `target` loads (see the module docstring); raises EplbError if it cannot express it."""
+    """The file text `target` loads (see the module docstring); raises EplbError if it cannot express it.
+    layer_ids: the model layer of each placement row, for sglang and trtllm (default: `placement.layer_ids`, else
+    0..layers-1); num_model_layers: SGLang's row count (default: the last layer id + 1)."""
     check_exportable(placement, target)
     if target == "sglang":
         return json.dumps(to_sglang(placement, layer_ids, num_model_layers)) + "\n"
     if target == "trtllm":
         return trtllm_yaml(to_trtllm(placement, layer_ids))
     if target == "vllm-ascend":
-        if layer_ids is not None:
-            checked_layer_ids(layer_ids, placement.num_layers)
+        row_labels(placement, layer_ids)  # checked, though vllm-ascend numbers MoE layers by position
         return json.dumps(to_vllm_ascend(placement)) + "\n"
     return json.dumps(to_json(placement, layer_ids)) + "\n"
 

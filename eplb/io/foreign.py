@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import yaml
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
+from eplb.io.exports import ranges
 from eplb.io.files import existing_file, int_list, int_table, plural, refuse_bools
 from eplb.placement import Placement
 from solvers.validation import EMPTY_SLOT
@@ -21,12 +23,17 @@ from solvers.validation import EMPTY_SLOT
 
 @dataclass(frozen=True)
 class ForeignPlacement:
-    """A placement read from a file: the placement, the file's format (one of TARGETS) and the model layer
-    of each placement row (`layer_ids[i]` for row i)."""
+    """A placement read from a file: the placement (its `layer_ids` the model layers the file states, if any)
+    and the file's format (one of TARGETS)."""
 
     placement: Placement
     format: str
-    layer_ids: list[int]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """The model layer of each placement row (`layer_ids[i]` for row i): the placement's, else 0..layers-1."""
+        ids = self.placement.layer_ids
+        return list(range(self.placement.num_layers)) if ids is None else list(ids)
 
 
 def read_placement_any(
@@ -78,9 +85,11 @@ def read_placement_file(
     (YAML or JSON with `initial_global_assignments`) or vllm-ascend (`layer_list`).
 
     num_gpus: the EP size, needed for SGLang and TensorRT-LLM files (they do not record it).
-    layer_ids: the model layers to keep, in order. SGLang rows are model layers (dense ones included) and
-    TensorRT-LLM keys are model layers, so this picks rows (e.g. 3..60 for DeepSeek-V3); for our files with a
+    layer_ids: the model layers to keep, in increasing order. SGLang rows are model layers (dense ones included)
+    and TensorRT-LLM keys are model layers, so this picks rows (e.g. 3..60 for DeepSeek-V3); for our files with a
     `layer_ids` field it picks those rows; otherwise it labels the rows and must match their count.
+    The placement read carries the model layer of each row (`Placement.layer_ids`) when the file or `layer_ids`
+    states them: SGLang's rows, TensorRT-LLM's keys, our `layer_ids` field; None otherwise.
     """
     p = existing_file(path, "placement file")
     try:
@@ -100,22 +109,16 @@ def parse_placement(
                         "TensorRT-LLM: initial_global_assignments; vllm-ascend: layer_list)")
     if "phy2log" in data:
         placement = Placement.from_dict(data, source)
-        own = data.get("layer_ids")
-        rows = list(range(placement.num_layers)) if own is None else int_list(own, f"{source}: layer_ids")
-        if own is not None and len(rows) != placement.num_layers:
-            raise EplbError(f"{source}: layer_ids has {plural(len(rows), 'entry', 'entries')} but phy2log has "
-                            f"{plural(placement.num_layers, 'row')}")
-        return _pick_rows(placement, "json", rows, layer_ids, source, labels_only=own is None)
+        return _pick_rows(placement, "json", layer_ids, source)
     if "physical_to_logical_map" in data:
         table = int_table(data["physical_to_logical_map"], f"{source}: physical_to_logical_map")
-        placement = _from_table(table, num_gpus, source, "SGLang")
-        return _pick_rows(placement, "sglang", list(range(table.shape[0])), layer_ids, source, labels_only=False)
+        placement = _from_table(table, num_gpus, source, "SGLang", list(range(table.shape[0])))
+        return _pick_rows(placement, "sglang", layer_ids, source)
     if "initial_global_assignments" in data or "num_slots" in data:
         return _parse_trtllm(data, source, num_gpus, layer_ids)
     if "layer_list" in data:
         placement = _parse_vllm_ascend(data, source)
-        return _pick_rows(placement, "vllm-ascend", list(range(placement.num_layers)), layer_ids, source,
-                          labels_only=True)
+        return _pick_rows(placement, "vllm-ascend", layer_ids, source)
     if "logical_count" in data or "loads" in data:
         raise EplbError(f"{source}: this is a load statistics file, not a placement; import it with "
                         "`eplb import-load` or pass it as --loads")
@@ -162,8 +165,8 @@ def _parse_trtllm(
     if num_slots is not None and num_slots != table.shape[1]:
         raise EplbError(f"{source}: num_slots is {num_slots} but the assignments list "
                         f"{plural(table.shape[1], 'slot')} per layer")
-    placement = _from_table(table, num_gpus, source, "TensorRT-LLM")
-    return _pick_rows(placement, "trtllm", ids, layer_ids, source, labels_only=False)
+    placement = _from_table(table, num_gpus, source, "TensorRT-LLM", ids)
+    return _pick_rows(placement, "trtllm", layer_ids, source)
 
 
 def _parse_vllm_ascend(data: dict[str, Any], source: str) -> Placement:
@@ -196,7 +199,10 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str) -> Placement:
     return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source))
 
 
-def _from_table(table: NDArray[np.int64], num_gpus: int | None, source: str, system: str) -> Placement:
+def _from_table(
+    table: NDArray[np.int64], num_gpus: int | None, source: str, system: str, layer_ids: list[int]
+) -> Placement:
+    """An SGLang or TensorRT-LLM table [rows][slots] split over num_gpus, its rows model layers `layer_ids`."""
     if num_gpus is None:
         raise EplbError(f"{source}: {system} placement files do not record the EP size; pass the GPU count (--gpus)")
     if num_gpus < 1 or table.shape[1] % num_gpus:
@@ -204,7 +210,7 @@ def _from_table(table: NDArray[np.int64], num_gpus: int | None, source: str, sys
                         f"{plural(num_gpus, 'GPU')}; "
                         "pass the EP size the file was made for (--gpus)")
     slots = np.full(num_gpus, table.shape[1] // num_gpus, dtype=np.int64)
-    return Placement(table, slots, _num_experts(table, source))
+    return Placement(table, slots, _num_experts(table, source), layer_ids=tuple(layer_ids))
 
 
 def _num_experts(table: NDArray[np.int64], source: str) -> int:
@@ -213,31 +219,26 @@ def _num_experts(table: NDArray[np.int64], source: str) -> int:
     return int(table.max()) + 1
 
 
-def _pick_rows(
-    placement: Placement,
-    fmt: str,
-    rows: list[int],
-    wanted: Sequence[int] | None,
-    source: str,
-    *,
-    labels_only: bool,
-) -> ForeignPlacement:
+def _pick_rows(placement: Placement, fmt: str, wanted: Sequence[int] | None, source: str) -> ForeignPlacement:
+    """The rows of model layers `wanted`, in that order, of a placement whose rows have layer ids; `wanted` labels
+    the rows of one without (it must then name one layer per row)."""
     if wanted is None:
-        return ForeignPlacement(placement, fmt, rows)
+        return ForeignPlacement(placement, fmt)
     want = [int(v) for v in wanted]
-    if labels_only:
+    if placement.layer_ids is None:
         if len(want) != placement.num_layers:
             raise EplbError(f"{source}: {plural(len(want), 'layer id')} given for a placement of "
                             f"{plural(placement.num_layers, 'layer')}")
-        return ForeignPlacement(placement, fmt, want)
+        return ForeignPlacement(dataclasses.replace(placement, layer_ids=tuple(want)), fmt)
+    rows = placement.layer_ids
     index = {layer: i for i, layer in enumerate(rows)}
     missing = [v for v in want if v not in index]
     if missing:
-        raise EplbError(f"{source}: has no row for layer {missing[0]} (it covers layers {rows[0]}..{rows[-1]})")
+        raise EplbError(f"{source}: has no row for layer {missing[0]} (it covers layers {ranges(list(rows))})")
     picked = [index[v] for v in want]
     shares = None if placement.shares is None else placement.shares[picked]
-    sub = Placement(placement.phy2log[picked], placement.slots_per_gpu, placement.num_experts, shares)
-    return ForeignPlacement(sub, fmt, want)
+    sub = Placement(placement.phy2log[picked], placement.slots_per_gpu, placement.num_experts, shares, tuple(want))
+    return ForeignPlacement(sub, fmt)
 
 
 def parse_trtllm_yaml(text: str, source: str = "config") -> dict[str, Any]:
