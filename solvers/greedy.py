@@ -22,7 +22,7 @@ from solvers import _kernels
 from solvers.bounds import lower_bound
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.torch_order import argsort_desc_like_torch, sum_last_like_torch
-from solvers.validation import slot_gpu, validate_placement
+from solvers.validation import refuse_loads, slot_gpu, validate_placement
 
 FloatArray = NDArray[np.floating[Any]]
 IntArray = NDArray[np.int64]
@@ -410,6 +410,7 @@ def solve_greedy(
     slots holds at least those extra slots as duplicates; where fewer distinct experts there lower the busiest GPU
     (`_parked_alternative`), more. Returns phy2log [layers, sum(slots_per_gpu)], validated.
     """
+    refuse_loads(loads)  # finite, >= 0, at most MAX_LOAD before any compiled kernel sees them
     loads = np.asarray(loads, dtype=np.float64)
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
     layers, num_experts = loads.shape
@@ -755,6 +756,7 @@ def rebalance_experts(
     w = _as_numpy(weight)
     if w.ndim != 2:
         raise ValueError(f"weight must be [layers, experts], got shape {w.shape}")
+    refuse_loads(w, "weight")
     layers, num_log = w.shape
     if num_groups % num_nodes == 0:
         phy2log, phyrank, logcnt = _deepseek_hierarchical(w, num_replicas, num_groups, num_nodes, num_gpus)

@@ -56,13 +56,23 @@ def test_huge_finite_loads_are_refused_before_the_greedy_kernel_runs() -> None:
                 registry.solve(name, registry.Problem(loads, np.full(4, 3)))
             except registry.SolverError as exc:
                 print(f"{name}:", exc)
+        from solvers.greedy import rebalance_experts, solve_greedy
+        for entry, call in (("solve_greedy", lambda: solve_greedy(loads, np.full(4, 3))),
+                            ("rebalance_experts", lambda: rebalance_experts(loads, 12, 1, 1, 4))):
+            try:  # the solvers' own entry points, as the engine plug-ins and DeepSeek's drop-in call them
+                call()
+            except ValueError as exc:
+                print(f"{entry}:", exc)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     rule = "larger than any token count (limit 1e+15); scale the window down, only the ratios matter for placement"
     assert lines[0] == f"solve: loads[0][0] is 1e+300: {rule}"
-    assert lines[1:] == [f"{name}: loads[0][0] is 1e+300: {rule}" for name in registry.names()]
+    names = registry.names()
+    assert lines[1 : 1 + len(names)] == [f"{name}: loads[0][0] is 1e+300: {rule}" for name in names]
+    assert lines[1 + len(names)] == f"solve_greedy: loads[0][0] is 1e+300: {rule}"
+    assert lines[2 + len(names)].startswith("rebalance_experts: weight[0][0] is inf")  # float32, as DeepSeek's
 
 
 def test_the_registry_checks_scenarios_and_coactivation_by_the_same_rule() -> None:
