@@ -50,7 +50,7 @@ def solver_name(solver: str, split: str = "uniform", names: Mapping[str, str] | 
     refusal of a weighted split calls the settings (default `SETTING_FLAGS`); it is a FieldError of them."""
     if split not in ("uniform", "weighted"):
         raise EplbError(f"split must be 'uniform' or 'weighted', got {split!r}")
-    if split == "uniform":
+    if split == "uniform" or solver.endswith("-weighted"):  # milp-weighted names its split itself
         return solver
     weighted = f"{solver}-weighted"
     if weighted not in registry.names():

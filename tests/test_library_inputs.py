@@ -268,3 +268,11 @@ def test_chunks_of_other_experts_say_which_chunk_has_how_many(tmp_path: Path) ->
     with pytest.raises(EplbError) as info:
         write_log(tmp_path / "log.npz", chunks(), num_steps=12)
     assert str(info.value) == why
+
+
+def test_a_weighted_solver_asked_for_with_the_weighted_split_is_itself() -> None:
+    """`milp-weighted` with split weighted said 'the milp-weighted solver gives uniform shares only'."""
+    from eplb.solve import solver_name
+
+    assert solver_name("milp-weighted", "weighted") == solver_name("milp", "weighted") == "milp-weighted"
+    assert solver_name("milp-weighted") == "milp-weighted"
