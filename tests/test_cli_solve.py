@@ -347,8 +347,8 @@ def test_a_gpu_count_against_a_placement_that_records_its_own_is_refused(
     serving: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`export --gpus 7` on an eplb placement of 32 GPUs was silently ignored (and so would evaluate's be)."""
-    said = (f"--gpus 7: {serving} records its own GPU count, 32; drop --gpus (it is for SGLang and TensorRT-LLM "
-            "files, which do not record it) or give 32")
+    said = (f"--gpus 7: {serving} records its own GPU count, 32: give 32, or a placement for 7 GPUs (only SGLang "
+            "and TensorRT-LLM files, which do not record it, need --gpus to be read)")
     out = tmp_path / "p.json"
     for argv in (["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "7"],
                  ["evaluate", "--placement", str(serving), "--gpus", "7"]):

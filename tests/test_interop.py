@@ -302,6 +302,27 @@ def test_library_exports_write_the_placements_own_layer_ids(tmp_path: Path, caps
     assert to_trtllm(_placement(), [4, 3])["initial_global_assignments"] == {4: PHY2LOG[0], 3: PHY2LOG[1]}
 
 
+def test_a_gpu_count_other_than_the_files_own_is_refused_by_the_library(tmp_path: Path) -> None:
+    """read_placement_any("out.vllm-ascend.json", num_gpus=16) returned the file's 32 GPUs (our JSON too); only
+    the CLI refused it. One check refuses it for every reader, naming the parameter (the CLI: --gpus)."""
+    save_placement(_placement(), tmp_path / "p.json")  # 3 GPUs
+    write_export(_placement(), "vllm-ascend", tmp_path / "p.vllm-ascend.json")
+    for name in ("p.json", "p.vllm-ascend.json"):
+        path = tmp_path / name
+        said = (f"num_gpus 16: {path} records its own GPU count, 3: give 3, or a placement for 16 GPUs (only "
+                "SGLang and TensorRT-LLM files, which do not record it, need num_gpus to be read)")
+        for read in (read_placement_any, read_placement_file):
+            with pytest.raises(EplbError) as refused:
+                read(path, num_gpus=16)
+            assert str(refused.value) == said
+        assert read_placement_any(path, num_gpus=3).num_gpus == 3 and read_placement_any(path).num_gpus == 3
+        with pytest.raises(EplbError, match=r"^num_gpus 16: placement records its own GPU count, 3"):
+            parse_placement(json.loads(path.read_text()), source="placement", num_gpus=16)
+        with pytest.raises(EplbError, match=r"^--gpus 16: .* need --gpus to be read\)$"):
+            _cli(["export", "--placement", str(path), "--gpus", "16", "--to", "json", "--out",
+                  str(tmp_path / "o.json")])
+
+
 # ---------------------------------------------------------------------------------------------- loads in
 
 

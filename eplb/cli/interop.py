@@ -11,7 +11,7 @@ from pathlib import Path
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import TARGETS, parse_layer_ids, ranges, row_labels, write_export
 from eplb.io.files import output_file, plural
-from eplb.io.foreign import read_placement_file, refuse_other_gpus
+from eplb.io.foreign import read_placement_file
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
 from eplb.specs import MODEL_PRESETS, ModelSpec
@@ -146,17 +146,16 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 def run_export(args: argparse.Namespace) -> int:
     output_file(args.out, "--out")
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
-    foreign = read_placement_file(args.placement, num_gpus=args.gpus)
+    foreign = read_placement_file(args.placement, num_gpus=args.gpus, gpus_flag="--gpus")
     if args.layer_ids is not None:  # bounded by the file's layers (rows), so read it once without them first
         ids = _layer_ids(args.layer_ids, foreign.placement.num_layers, args.num_model_layers)
         try:
-            foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids)
+            foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids, gpus_flag="--gpus")
         except FieldError as exc:  # the ids themselves (their order)
             if exc.fields != ("layer_ids",):
                 raise
             raise EplbError(f"--layer-ids: {exc.message}") from None
     placement = foreign.placement  # its layer_ids: the file's (our field, SGLang's rows, TensorRT-LLM's keys)
-    refuse_other_gpus(args.placement, placement, args.gpus)
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
     num_model_layers, preset = args.num_model_layers, None
@@ -176,8 +175,7 @@ def run_import_load(args: argparse.Namespace) -> int:
     if args.placement:
         if args.source_format == "sglang":
             raise EplbError("--placement applies to --from vllm and trtllm only (SGLang records logical experts)")
-        live = read_placement_file(args.placement, num_gpus=args.gpus)
-        refuse_other_gpus(args.placement, live.placement, args.gpus)
+        live = read_placement_file(args.placement, num_gpus=args.gpus, gpus_flag="--gpus")
     elif args.gpus is not None and args.source_format == "sglang":
         raise EplbError("--gpus is the EP size of the --placement that --from vllm and trtllm take: SGLang records "
                         "logical experts, so --from sglang needs neither: drop --gpus")

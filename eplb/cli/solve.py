@@ -499,7 +499,7 @@ def run_solve(args: argparse.Namespace) -> int:
         from eplb.io.foreign import read_placement_for  # lazy: YAML support costs start-up time
 
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
-                                     num_gpus=args.gpus)
+                                     num_gpus=args.gpus, gpus_flag=None)  # the cluster check names the slots too
     cluster = Cluster(slots, args.gpus_per_node, args.groups)
     if args.frontier:
         assert current is not None
@@ -593,14 +593,13 @@ def _print_frontier(
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from eplb.io.foreign import read_placement_for, refuse_other_gpus
+    from eplb.io.foreign import read_placement_for
 
     if args.gpus is not None and args.gpus < 1:
         raise EplbError(f"--gpus must be >= 1, got {args.gpus}")
     window = read_window(args.loads)
     placement = read_placement_for(args.placement, window.num_layers, window.num_experts,
-                                   layer_ids=window.meta.get("layer_ids"), num_gpus=args.gpus)
-    refuse_other_gpus(args.placement, placement, args.gpus)
+                                   layer_ids=window.meta.get("layer_ids"), num_gpus=args.gpus, gpus_flag="--gpus")
     model = model_for(args, window)
     if args.gpus_per_node is not None and (args.gpus_per_node < 1 or placement.num_gpus % args.gpus_per_node):
         raise EplbError(f"--gpus-per-node {args.gpus_per_node} does not divide the {placement.num_gpus} GPUs")

@@ -37,26 +37,30 @@ class ForeignPlacement:
 
 
 def read_placement_any(
-    path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
+    path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None,
+    gpus_flag: str = "num_gpus",
 ) -> Placement:
     """Read a placement file of any supported kind (ours, SGLang, TensorRT-LLM, vllm-ascend); see
-    `read_placement_file` for `num_gpus` and `layer_ids`."""
-    return read_placement_file(path, num_gpus=num_gpus, layer_ids=layer_ids).placement
+    `read_placement_file` for `num_gpus`, `layer_ids` and `gpus_flag`."""
+    return read_placement_file(path, num_gpus=num_gpus, layer_ids=layer_ids, gpus_flag=gpus_flag).placement
 
 
 def read_placement_for(
     path: str | Path, num_layers: int, num_experts: int, *, layer_ids: Sequence[int] | None = None,
-    num_gpus: int | None = None,
+    num_gpus: int | None = None, gpus_flag: str | None = "num_gpus",
 ) -> Placement:
     """Read a placement to use with a load window of num_layers x num_experts (its model layers `layer_ids`);
-    a placement of another shape is refused naming both shapes."""
+    a placement of another shape is refused naming both shapes, then one for other than num_gpus GPUs as in
+    `read_placement_file`. gpus_flag None: num_gpus only splits SGLang and TensorRT-LLM files, and the caller
+    compares the GPU count with its cluster's (`eplb solve --current`, which names the slots too)."""
     try:
-        placement = read_placement_any(path, num_gpus=num_gpus, layer_ids=layer_ids)
+        placement = _read(path, num_gpus, layer_ids).placement
         picked: EplbError | None = None
     except EplbError as exc:
         if layer_ids is None:
             raise
-        placement, picked = read_placement_any(path, num_gpus=num_gpus), exc  # the file's own error, if any
+        placement = _read(path, num_gpus, None).placement
+        picked = exc  # the file's own error, if any
     if (placement.num_layers, placement.num_experts) != (num_layers, num_experts):
         raise EplbError(
             f"{path}: the placement is {plural(placement.num_layers, 'layer')} x "
@@ -64,6 +68,8 @@ def read_placement_for(
             f"{plural(num_layers, 'layer')} x {plural(num_experts, 'expert')}; "
             "give the placement solved for these loads"
         )
+    if gpus_flag is not None:  # after the shape: another model's file says that first
+        refuse_other_gpus(path, placement, num_gpus, gpus_flag)
     if picked is not None:  # the right shape, but its rows are other model layers than the loads name
         raise picked
     return placement
@@ -71,39 +77,56 @@ def read_placement_for(
 
 def refuse_other_gpus(path: str | Path, placement: Placement, num_gpus: int | None, flag: str = "--gpus") -> None:
     """A GPU count given for a file that records its own (ours, vllm-ascend) must be the file's: refuse another,
-    naming `flag` (SGLang and TensorRT-LLM files were split over num_gpus, so theirs always agree)."""
+    naming `flag` (SGLang and TensorRT-LLM files were split over num_gpus, so theirs always agree). The one
+    check, which `read_placement_file` and `parse_placement` run, and `read_placement_for` after the shape's."""
     if num_gpus is not None and num_gpus != placement.num_gpus:
         own = placement.num_gpus
-        raise EplbError(f"{flag} {num_gpus}: {path} records its own GPU count, {own}; drop {flag} (it is for "
-                        f"SGLang and TensorRT-LLM files, which do not record it) or give {own}")
+        raise EplbError(f"{flag} {num_gpus}: {path} records its own GPU count, {own}: give {own}, or a placement "
+                        f"for {plural(num_gpus, 'GPU')} (only SGLang and TensorRT-LLM files, which do not record "
+                        f"it, need {flag} to be read)")
 
 
 def read_placement_file(
-    path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
+    path: str | Path, *, num_gpus: int | None = None, layer_ids: Sequence[int] | None = None,
+    gpus_flag: str = "num_gpus",
 ) -> ForeignPlacement:
     """Read and detect a placement file: ours (`phy2log`), SGLang (`physical_to_logical_map`), TensorRT-LLM
     (YAML or JSON with `initial_global_assignments`) or vllm-ascend (`layer_list`).
 
-    num_gpus: the EP size, needed for SGLang and TensorRT-LLM files (they do not record it).
+    num_gpus: the EP size, needed for SGLang and TensorRT-LLM files (they do not record it); for files that
+    record it (ours, vllm-ascend) it must be theirs, or is refused naming `gpus_flag` (`refuse_other_gpus`).
     layer_ids: the model layers to keep, in increasing order. SGLang rows are model layers (dense ones included)
     and TensorRT-LLM keys are model layers, so this picks rows (e.g. 3..60 for DeepSeek-V3); for our files with a
     `layer_ids` field it picks those rows; otherwise it labels the rows and must match their count.
     The placement read carries the model layer of each row (`Placement.layer_ids`) when the file or `layer_ids`
     states them: SGLang's rows, TensorRT-LLM's keys, our `layer_ids` field; None otherwise.
     """
+    foreign = _read(path, num_gpus, layer_ids)
+    refuse_other_gpus(path, foreign.placement, num_gpus, gpus_flag)
+    return foreign
+
+
+def _read(path: str | Path, num_gpus: int | None, layer_ids: Sequence[int] | None) -> ForeignPlacement:
+    """`read_placement_file` but for the check of num_gpus against a GPU count the file records."""
     p = existing_file(path, "placement file")
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise EplbError(f"{p}: not a readable text file ({exc})") from None
-    data = _parse_placement_text(text, p)
-    return parse_placement(data, source=str(p), num_gpus=num_gpus, layer_ids=layer_ids)
+    return _parse(_parse_placement_text(text, p), str(p), num_gpus, layer_ids)
 
 
 def parse_placement(
-    data: Any, *, source: str = "placement", num_gpus: int | None = None, layer_ids: Sequence[int] | None = None
+    data: Any, *, source: str = "placement", num_gpus: int | None = None, layer_ids: Sequence[int] | None = None,
+    gpus_flag: str = "num_gpus",
 ) -> ForeignPlacement:
     """Turn a parsed placement object (JSON or YAML) into a ForeignPlacement; see `read_placement_file`."""
+    foreign = _parse(data, source, num_gpus, layer_ids)
+    refuse_other_gpus(source, foreign.placement, num_gpus, gpus_flag)
+    return foreign
+
+
+def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int] | None) -> ForeignPlacement:
     if not isinstance(data, dict):
         raise EplbError(f"{source}: expected an object (ours: phy2log; SGLang: physical_to_logical_map; "
                         "TensorRT-LLM: initial_global_assignments; vllm-ascend: layer_list)")
