@@ -24,13 +24,14 @@ class InvalidPlacement(ValueError):
 
 
 def load_refusal(loads: NDArray[np.float64], what: str = "loads",
-                 show: Callable[[float], str] = repr) -> str | None:
+                 show: Callable[[float], str] = repr, noun: str = "loads") -> str | None:
     """Why `loads` (a float array of any shape, [layers, E] for a window) holds no token counts, naming its first
-    bad entry ('loads[0][3] is nan: loads must be finite numbers'; `show` writes the value): not finite, below 0 or
-    above MAX_LOAD. None when every entry is a count. Whole-array reductions; a mask only on failure."""
+    bad entry ('loads[0][3] is nan: loads must be finite numbers'; `show` writes the value, `noun` what the rule
+    calls them): not finite, below 0 or above MAX_LOAD. None when every entry is a count. Whole-array reductions;
+    a mask only on failure."""
     if not loads.size or (loads.min() >= 0 and loads.max() <= MAX_LOAD):  # NaN fails both comparisons
         return None
-    for bad, rule in ((~np.isfinite(loads), "loads must be finite numbers"), (loads < 0, "loads must be >= 0"),
+    for bad, rule in ((~np.isfinite(loads), f"{noun} must be finite numbers"), (loads < 0, f"{noun} must be >= 0"),
                       (loads > MAX_LOAD, f"larger than any token count (limit {MAX_LOAD:g}); scale the window down, "
                                          "only the ratios matter for placement")):
         if bad.any():

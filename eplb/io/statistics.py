@@ -28,8 +28,7 @@ from numpy.typing import NDArray
 
 from eplb.errors import EplbError
 from eplb.io.files import existing_file, int_table, number_text, numeric_array, output_file, plural, read_json
-from eplb.io.windows import MAX_LOAD
-from solvers.validation import EMPTY_SLOT
+from solvers.validation import EMPTY_SLOT, load_refusal
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
 
@@ -431,19 +430,9 @@ def _steps_layers_experts(value: Any, what: str) -> NDArray[np.float64]:
 
 
 def _check_counts(arr: NDArray[np.float64], what: str) -> None:
-    bad = np.argwhere(~np.isfinite(arr))
-    if bad.size:
-        index = "".join(f"[{int(v)}]" for v in bad[0])
-        raise EplbError(f"{what}{index} is {arr[tuple(bad[0])]}: counts must be finite numbers")
-    neg = np.argwhere(arr < 0)
-    if neg.size:
-        index = "".join(f"[{int(v)}]" for v in neg[0])
-        raise EplbError(f"{what}{index} is {arr[tuple(neg[0])]:g}: counts must be >= 0")
-    big = np.argwhere(arr > MAX_LOAD)
-    if big.size:
-        index = "".join(f"[{int(v)}]" for v in big[0])
-        raise EplbError(f"{what}{index} is {number_text(arr[tuple(big[0])])}: larger than any token count "
-                        f"(limit {MAX_LOAD:g})")
+    why = load_refusal(arr, what, number_text, noun="counts")
+    if why is not None:
+        raise EplbError(why)
 
 
 def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.float64]:
