@@ -323,6 +323,51 @@ def test_a_gpu_count_other_than_the_files_own_is_refused_by_the_library(tmp_path
                   str(tmp_path / "o.json")])
 
 
+def test_export_says_which_moe_layers_the_engine_will_not_find(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    """`--layer-ids 3-59` of a DeepSeek-V3 placement wrote a 60-row SGLang map (SGLang expects all 61 layers) and a
+    TensorRT-LLM config without layer 60 (TensorRT-LLM raises KeyError), silently; `--num-model-layers 70` was taken
+    for the 61-layer model. A placement of a preset's experts and layers gets a warning line for each (the export is
+    still written), and the model's row count; --num-model-layers below a layer id is refused naming the flag."""
+    from eplb.cli import main
+
+    solved = tmp_path / "p.json"
+    assert main(["solve", "--gpus", "32", "--slots-per-gpu", "9", "--out", str(solved)]) == 0
+    base = ["export", "--placement", str(solved), "--out"]
+    capsys.readouterr()
+    assert main([*base, str(tmp_path / "s.json"), "--to", "sglang", "--layer-ids", "3-59"]) == 0
+    assert len(json.loads((tmp_path / "s.json").read_text())["physical_to_logical_map"]) == 61
+    out = capsys.readouterr()
+    assert out.err == ("warning: SGLang will look for deepseek-v3's MoE layer 60 and not find it in this placement "
+                       "(its rows are model layers 3-59): its row gets SGLang's trivial map (slot s holds expert s mod "
+                       "E); export every MoE layer (3-60)\n")
+    assert "61 model layers x 288 physical experts" in out.out
+    assert main([*base, str(tmp_path / "t.yaml"), "--to", "trtllm", "--layer-ids", "3-59"]) == 0
+    assert "TensorRT-LLM will look for deepseek-v3's MoE layer 60 and not find it in this placement (its rows are " \
+           "model layers 3-59): it raises KeyError at start-up" in capsys.readouterr().err
+    assert main([*base, str(tmp_path / "a.json"), "--to", "vllm-ascend", "--layer-ids", "4-60"]) == 0
+    err = capsys.readouterr().err
+    assert "vllm-ascend takes the rows in order as deepseek-v3's MoE layers (model layers 3-59), but they are model " \
+           "layers 4-60" in err and "vllm-ascend will look for deepseek-v3's MoE layer 60 and not find it" in err
+    assert main([*base, str(tmp_path / "s.json"), "--to", "sglang", "--num-model-layers", "70"]) == 0
+    assert capsys.readouterr().err == ("warning: --num-model-layers 70: deepseek-v3 has 61 layers and SGLang expects "
+                                       "one row for each\n")
+    for target, name in (("sglang", "s.json"), ("trtllm", "t.yaml"), ("vllm-ascend", "a.json"), ("json", "j.json")):
+        assert main([*base, str(tmp_path / name), "--to", target]) == 0  # the whole model: nothing to say
+        assert capsys.readouterr().err == "", target
+    (tmp_path / "s.json").unlink()
+    assert main([*base, str(tmp_path / "s.json"), "--to", "sglang", "--num-model-layers", "60"]) == 2
+    assert capsys.readouterr().err == ("eplb export: error: --num-model-layers is 60 but layer id 60 needs at least "
+                                       "61 rows (model layers 0-60): give at least 61, or --layer-ids that fit\n")
+    assert not (tmp_path / "s.json").exists()
+    assert main([*base, str(tmp_path / "s.json"), "--to", "sglang", "--layer-ids", "5,3"]) == 2
+    assert "--layer-ids: layer 3 comes after layer 5" in capsys.readouterr().err
+    save_placement(_placement(), tmp_path / "small.json")  # 2 layers of 4 experts: no preset, no warning
+    assert main(["export", "--placement", str(tmp_path / "small.json"), "--to", "trtllm", "--layer-ids", "3-4",
+                 "--out", str(tmp_path / "t.yaml")]) == 0
+    assert capsys.readouterr().err == ""
+
+
 # ---------------------------------------------------------------------------------------------- loads in
 
 
@@ -374,7 +419,7 @@ def test_numbers_beyond_ids_and_token_counts_are_named(tmp_path: Path) -> None:
         with pytest.raises(EplbError) as info:
             read_sglang_loads([tmp_path / "c.json"])
         assert str(info.value) == (f"{tmp_path / 'c.json'}: logical_count[0][1][1] is {shown}: larger than any token "
-                                   "count (limit 1e+15); scale the window down, only the ratios matter for placement")
+                                   "count (limit 1e+15)")  # fmt: skip
 
 def _trtllm_dir(tmp_path: Path, fmt: str = "safetensors") -> tuple[Path, NDArray[np.float64]]:
     folder = tmp_path / "expert_statistic"
@@ -580,9 +625,12 @@ def test_cli_export_of_a_whole_model_placement_keys_the_presets_moe_layers(
     yaml_out = tmp_path / "v3.yaml"
     assert _cli(["export", "--placement", str(tmp_path / "v3.json"), "--to", "trtllm", "--out", str(yaml_out)]) == 0
     assert list(parse_trtllm_yaml(yaml_out.read_text())["initial_global_assignments"]) == list(range(3, 61))
+    capsys.readouterr()
     assert _cli(["export", "--placement", str(tmp_path / "v3.json"), "--to", "sglang", "--layer-ids", "0-57",
                  "--out", str(out)]) == 0
-    assert len(json.loads(out.read_text())["physical_to_logical_map"]) == 58
+    rows = json.loads(out.read_text())["physical_to_logical_map"]
+    assert len(rows) == 61 and rows[:58] == phy2log.tolist()  # every model layer's row, as SGLang expects
+    assert "warning: SGLang will look for deepseek-v3's MoE layers 58-60 and not find them" in capsys.readouterr().err
     save_placement(_placement(), tmp_path / "p.json")  # 2 layers of 4 experts: no preset
     assert _cli(["export", "--placement", str(tmp_path / "p.json"), "--to", "sglang", "--out", str(out)]) == 0
     assert len(json.loads(out.read_text())["physical_to_logical_map"]) == 2

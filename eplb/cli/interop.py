@@ -9,7 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.exports import TARGETS, parse_layer_ids, ranges, row_labels, write_export
+from eplb.io.exports import (
+    SYSTEM_NAMES,
+    TARGETS,
+    model_layers_refusal,
+    parse_layer_ids,
+    ranges,
+    row_labels,
+    write_export,
+)
 from eplb.io.files import output_file, plural
 from eplb.io.foreign import read_placement_file
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
@@ -145,27 +153,37 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 
 def run_export(args: argparse.Namespace) -> int:
     output_file(args.out, "--out")
+    if args.num_model_layers is not None and args.to != "sglang":
+        raise EplbError("--num-model-layers applies to --to sglang only")
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
     foreign = read_placement_file(args.placement, num_gpus=args.gpus, gpus_flag="--gpus")
+    whole = foreign.placement  # every row of the file, before --layer-ids picks any
     if args.layer_ids is not None:  # bounded by the file's layers (rows), so read it once without them first
-        ids = _layer_ids(args.layer_ids, foreign.placement.num_layers, args.num_model_layers)
+        ids = _layer_ids(args.layer_ids, whole.num_layers, args.num_model_layers)
         try:
             foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids, gpus_flag="--gpus")
         except FieldError as exc:  # the ids themselves (their order)
             if exc.fields != ("layer_ids",):
                 raise
             raise EplbError(f"--layer-ids: {exc.message}") from None
-    placement = foreign.placement  # its layer_ids: the file's (our field, SGLang's rows, TensorRT-LLM's keys)
-    if args.num_model_layers is not None and args.to != "sglang":
-        raise EplbError("--num-model-layers applies to --to sglang only")
-    num_model_layers, preset = args.num_model_layers, None
-    if placement.layer_ids is None and args.to in ("sglang", "trtllm"):
-        preset = _whole_model(placement)
-        if preset is not None:  # the preset's MoE layers, after its dense ones (DeepSeek-V3: 3..60 of 61)
-            placement = replace(placement, layer_ids=tuple(preset.moe_layer_ids()))
-            num_model_layers = preset.num_model_layers if num_model_layers is None else num_model_layers
+    placement = foreign.placement
+    preset = _preset(whole)
+    num_model_layers, defaulted = args.num_model_layers, False
+    if (placement.layer_ids is None and args.to in ("sglang", "trtllm") and preset is not None
+            and preset.first_dense_layers > 0 and placement.num_layers == preset.num_moe_layers):
+        # the preset's MoE layers, after its dense ones (DeepSeek-V3: 3..60 of 61), as the service's export
+        placement, defaulted = replace(placement, layer_ids=tuple(preset.moe_layer_ids())), True
+    ids = row_labels(placement)
+    if args.to == "sglang" and num_model_layers is None and preset is not None and max(ids) < preset.num_model_layers:
+        num_model_layers = preset.num_model_layers  # SGLang expects a row for every layer of the model
+    if num_model_layers is not None:
+        refusal = model_layers_refusal(ids, num_model_layers, "--num-model-layers")
+        if refusal is not None:
+            raise EplbError(f"{refusal}: give at least {max(ids) + 1}, or --layer-ids that fit")
     write_export(placement, args.to, args.out, num_model_layers=num_model_layers)
-    print(_export_summary(placement, args.to, args.out, num_model_layers, preset))
+    for warning in _engine_gaps(placement, args.to, preset, num_model_layers):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(_export_summary(placement, args.to, args.out, num_model_layers, preset if defaulted else None))
     return 0
 
 
@@ -199,12 +217,53 @@ def run_import_load(args: argparse.Namespace) -> int:
     return 0
 
 
-def _whole_model(placement: Placement) -> ModelSpec | None:
-    """The one model preset whose MoE layers and experts the placement's rows are all of, when it has dense
-    layers first (its MoE layers are then not rows 0..L-1), else None: as the service's export of a deployment."""
-    matches = [m for m in MODEL_PRESETS.values()
-               if (m.num_experts, m.num_moe_layers) == (placement.num_experts, placement.num_layers)]
-    return matches[0] if len(matches) == 1 and matches[0].first_dense_layers > 0 else None
+def _preset(placement: Placement) -> ModelSpec | None:
+    """The one model preset the placement's rows (all of a file's) are of: its experts, and one row per MoE layer
+    (ours, TensorRT-LLM's, vllm-ascend's files) or per model layer (SGLang's); else None."""
+    matches = [m for m in MODEL_PRESETS.values() if m.num_experts == placement.num_experts
+               and placement.num_layers in (m.num_moe_layers, m.num_model_layers)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _engine_gaps(placement: Placement, target: str, preset: ModelSpec | None, num_model_layers: int | None
+                 ) -> list[str]:
+    """What the engine, serving `preset`, will look for in the export and not find, one warning each: its MoE
+    layers the placement has no row for, rows that are no MoE layer of it, SGLang rows for other than its layers;
+    nothing without a preset (or for --to json)."""
+    if preset is None or target == "json":
+        return []
+    system, name, moe = SYSTEM_NAMES[target], preset.name, preset.moe_layer_ids()
+    ids = row_labels(placement)
+    warnings: list[str] = []
+    if target == "vllm-ascend":  # it numbers MoE layers by position: row i serves MoE layer i
+        served = moe[: placement.num_layers]
+        if placement.layer_ids is not None and ids != served:
+            warnings.append(f"vllm-ascend takes the rows in order as {name}'s MoE layers (model {_layers(served)}), "
+                            f"but they are model {_layers(ids)}: export the rows of every MoE layer, in order")
+        ids = served
+    missing = [layer for layer in moe if layer not in set(ids)]
+    if missing:
+        one = len(missing) == 1
+        consequence = {"sglang": f"{'its row gets' if one else 'their rows get'} SGLang's trivial map (slot s holds "
+                                 "expert s mod E)",
+                       "trtllm": "it raises KeyError at start-up for a layer missing from initial_global_assignments",
+                       "vllm-ascend": f"the expert map has no entry for {'it' if one else 'them'}"}[target]
+        warnings.append(f"{system} will look for {name}'s MoE {_layers(missing)} and not find "
+                        f"{'it' if one else 'them'} in this placement (its rows are model {_layers(ids)}): "
+                        f"{consequence}; export every MoE layer ({ranges(moe)})")
+    other = [layer for layer in ids if layer not in set(moe)]
+    if other:
+        warnings.append(f"model {_layers(other)} {'is' if len(other) == 1 else 'are'} not among {name}'s MoE "
+                        f"layers ({ranges(moe)}): check --layer-ids")
+    if target == "sglang" and num_model_layers is not None and num_model_layers != preset.num_model_layers:
+        warnings.append(f"--num-model-layers {num_model_layers}: {name} has {plural(preset.num_model_layers, 'layer')} "
+                        "and SGLang expects one row for each")
+    return warnings
+
+
+def _layers(ids: list[int]) -> str:
+    """'layer 3' or 'layers 3-5,9', for a message."""
+    return f"layer {ids[0]}" if len(ids) == 1 else f"layers {ranges(ids)}"
 
 
 def _export_summary(placement: Placement, target: str, out: str, num_model_layers: int | None,

@@ -98,6 +98,16 @@ def row_labels(placement: Placement, layer_ids: Sequence[int] | None = None) -> 
     return ids
 
 
+def model_layers_refusal(layer_ids: Sequence[int], num_model_layers: int, name: str = "num_model_layers") -> str | None:
+    """Why an SGLang map of `num_model_layers` rows cannot hold model layers `layer_ids`, naming the count `name`
+    (the CLI's flag); None when it can."""
+    top = max(layer_ids, default=-1)
+    if num_model_layers > top:
+        return None
+    return (f"{name} is {num_model_layers} but layer id {top} needs at least {plural(top + 1, 'row')} (model layers "
+            f"0-{top})")
+
+
 def ranges(ids: Sequence[int]) -> str:
     """Layer ids for a message, runs shortened: [3, 4, 5, 9] -> '3-5,9'; [] -> 'none'."""
     if not ids:
@@ -143,9 +153,9 @@ def to_sglang(
     check_exportable(placement, "sglang")
     ids = row_labels(placement, layer_ids)
     rows = max(ids) + 1 if num_model_layers is None else num_model_layers
-    if rows <= max(ids):
-        raise EplbError(f"num_model_layers is {rows} but layer id {max(ids)} needs at least "
-                        f"{plural(max(ids) + 1, 'row')}")
+    refusal = model_layers_refusal(ids, rows)
+    if refusal is not None:
+        raise EplbError(refusal)
     table = np.tile(np.arange(placement.num_physical, dtype=np.int64) % placement.num_experts, (rows, 1))
     table[ids] = placement.phy2log
     return {"physical_to_logical_map": table.tolist()}
