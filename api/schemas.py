@@ -16,6 +16,7 @@ from eplb.rules import SERVICE_MAX_GPUS
 from eplb.schemas import ClusterRules, PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 from eplb.specs import HardwareSpec, ModelSpec
+from solvers.registry import MAX_MOVES, MAX_MOVES_PER_LAYER
 
 EXAMPLE_LOADS: list[Any] = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]
 EXAMPLE_PHY2LOG: list[Any] = [[0, 1, 2, 3, 4, 5, 6, 7]] * 2
@@ -144,10 +145,10 @@ class PlacementRequest(CostIn):
         None, gt=0, le=3600, description="MILP: time budget for the whole request, seconds"
     )
     max_moves: int | None = Field(
-        None, ge=0, le=10_000_000, description="incremental: expert copies allowed in the whole model"
+        None, ge=0, le=MAX_MOVES, description="incremental: expert copies allowed in the whole model"
     )
     max_moves_per_layer: int | None = Field(
-        None, ge=0, le=1_000_000, description="incremental: expert copies allowed per layer"
+        None, ge=0, le=MAX_MOVES_PER_LAYER, description="incremental: expert copies allowed per layer"
     )
     target_lb: float | None = Field(
         None, ge=1, le=1000, description="incremental: fewest copies that bring every layer's lb to this"
