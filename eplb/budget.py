@@ -133,10 +133,11 @@ def slots_per_gpu(
             raise EplbError(f"{lead(source)}{num_experts} experts + {redundant} redundant leave some of the "
                             f"{num_gpus} GPUs without a slot: give at least {fewest} redundant experts")
         if redundant > most:  # checked before spreading: a huge count would not fit an int64
+            put = "redundant expert puts" if redundant == 1 else "redundant experts put"
+            where = "the one GPU" if num_gpus == 1 else f"some of the {num_gpus} GPUs"
             raise EplbError(
-                f"{lead(source)}{redundant} redundant experts put more than {num_experts} slots (one per expert) on "
-                f"some of the {num_gpus} GPUs: give at most {most} redundant experts (extra slots would only hold a "
-                "second copy on the same GPU)"
+                f"{lead(source)}{redundant} {put} more than {num_experts} slots (one per expert) on {where}: give at "
+                f"most {most} redundant experts (extra slots would only hold a second copy on the same GPU)"
             )
         out = spread_evenly(num_experts + redundant, num_gpus)
     if memory_budget_bytes is not None:

@@ -219,7 +219,8 @@ def test_the_default_redundancy_is_what_one_gpu_allows(tmp_path: Path, capsys: p
     assert "1 GPU, 4 slots each" in capsys.readouterr().out
     assert load_placement(out).slots_per_gpu.tolist() == [4]
     assert main(["solve", "--loads", str(window), "--gpus", "1", "--redundant", "1"]) == 2
-    assert "--redundant: 1 redundant experts put more than 4 slots" in capsys.readouterr().err
+    assert "--redundant: 1 redundant expert puts more than 4 slots (one per expert) on the one GPU: give at most 0" \
+        in capsys.readouterr().err
     base = server_factory()
     body: dict[str, Any] = {"loads": [[5, 1, 2, 8], [3, 3, 0, 1]], "cluster": {"num_gpus": 1}}
     r = httpx.post(f"{base}/placement", json=body, timeout=60)
