@@ -252,10 +252,11 @@ def test_empty_slots_read_and_export(tmp_path: Path) -> None:
         read_placement_any(tmp_path / "neg.json", num_gpus=3)
 
 
-def test_empty_slots_of_the_time_objective_are_said_to_be_its(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_slots_on_gpus_that_serve_are_said_for_what_they_are(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """--objective time leaves redundant slots empty on GPUs that serve (one slot per expert, on decode): the
-    export said 're-solve for the GPUs that serve', which is about absent ranks."""
+    export said 're-solve for the GPUs that serve', which is about absent ranks, then assumed --objective time
+    had left them so; it says what the slots are and how to get a placement without them."""
     from eplb.cli import main
 
     placement, out = tmp_path / "time.json", tmp_path / "time.sglang.json"
@@ -266,12 +267,15 @@ def test_empty_slots_of_the_time_objective_are_said_to_be_its(tmp_path: Path,
     for target in ("sglang", "trtllm", "vllm-ascend"):
         assert main(["export", "--placement", str(placement), "--to", target, "--out", str(out)]) == 2
         system = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vllm-ascend"}[target]
-        assert capsys.readouterr().err == (
-            f"eplb export: error: {system} loads an expert into every slot, but slot 8 of layer 0 is empty (-1) on a "
-            "GPU that serves, as --objective time leaves the redundant slots where one slot per expert reads fewer "
-            f"weights; {system} cannot take empty slots: solve with --objective lb, or export --to json to keep "
-            "them\n")
-    assert not out.exists()
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"eplb export: error: {system} loads an expert into every slot, but slot 8 of layer 0 is empty (-1: no "
+            "expert's weights, no tokens) on GPU 0, which holds experts in its other slots (") and err.endswith(
+            f" empty slots in all); {system} cannot take empty slots: solve with every slot filled (eplb solve "
+            "--objective lb, the default, fills them), or export --to json to keep them\n"), err
+        assert "--objective time" not in err  # what the slots are, not a guess at what left them empty
+    assert main(["solve", "--loads", str(decode), "--out", str(placement)]) == 0  # as it says: every slot filled
+    assert main(["export", "--placement", str(placement), "--to", "sglang", "--out", str(out)]) == 0
 
 
 def test_library_exports_write_the_placements_own_layer_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -368,6 +372,29 @@ def test_export_says_which_moe_layers_the_engine_will_not_find(tmp_path: Path, c
     assert capsys.readouterr().err == ""
 
 
+def test_export_summaries_count_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'1 model layers', '1 MoE layers', '1 slots', '1 ranks': the summaries of a one-layer, one-GPU placement."""
+    save_placement(Placement(np.array([[0, 1]]), np.array([2]), 2), tmp_path / "one.json")
+    said = {
+        "sglang": "SGLang expert location, 1 model layer x 2 physical experts (placement layer -> model layer 0; ",
+        "trtllm": "num_slots 2 (2 slots per rank on 1 rank; placement layer -> model layer 0; ",
+        "vllm-ascend": "vllm-ascend expert map, 1 MoE layer x 1 device x 2 slots\nserve on 1 device with",
+        "json": "eplb placement, 1 layer (placement layer -> model layer 0), 1 GPU, 2 slots",
+    }
+    for target, text in said.items():
+        out = tmp_path / f"o.{target}.json"
+        assert _cli(["export", "--placement", str(tmp_path / "one.json"), "--to", target, "--out", str(out)]) == 0
+        assert text in capsys.readouterr().out, target
+    save_placement(Placement(np.array([[0]]), np.array([1]), 1), tmp_path / "single.json")
+    assert _cli(["export", "--placement", str(tmp_path / "single.json"), "--to", "trtllm", "--out",
+                 str(tmp_path / "s.yaml")]) == 0
+    assert "num_slots 1 (1 slot per rank on 1 rank;" in capsys.readouterr().out
+    one = tmp_path / "one_layer.json"  # an SGLang dump of one layer of one expert: '1 layer ... x 1 expert'
+    one.write_text(json.dumps({"logical_count": [[[0], [7]]]}))
+    assert _cli(["import-load", "--from", "sglang", str(one), "--out", str(tmp_path / "w.json")]) == 0
+    assert ": 1 layer (model layer 1) x 1 expert, 7 token-expert" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------- loads in
 
 
@@ -419,7 +446,7 @@ def test_numbers_beyond_ids_and_token_counts_are_named(tmp_path: Path) -> None:
         with pytest.raises(EplbError) as info:
             read_sglang_loads([tmp_path / "c.json"])
         assert str(info.value) == (f"{tmp_path / 'c.json'}: logical_count[0][1][1] is {shown}: larger than any token "
-                                   "count (limit 1e+15)")  # fmt: skip
+                                   "count (limit 1e+15); scale the window down, only the ratios matter for placement")
 
 def _trtllm_dir(tmp_path: Path, fmt: str = "safetensors") -> tuple[Path, NDArray[np.float64]]:
     folder = tmp_path / "expert_statistic"

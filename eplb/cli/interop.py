@@ -269,29 +269,30 @@ def _layers(ids: list[int]) -> str:
 def _export_summary(placement: Placement, target: str, out: str, num_model_layers: int | None,
                     preset: ModelSpec | None = None) -> str:
     """What was written and how to load it; `preset`: the one whose MoE layers labelled the rows."""
-    g, p, e = placement.num_gpus, placement.num_physical, placement.num_experts
+    g, p, e, count = placement.num_gpus, placement.num_physical, placement.num_experts, placement.num_layers
     slots = int(placement.slots_per_gpu[0])
     ids = row_labels(placement)
-    layers = f"placement layers -> model layers {ranges(ids)}"
+    layers = f"placement {'layer' if count == 1 else 'layers'} -> model {_layers(ids)}"
     if preset is not None:
-        layers += (f", {preset.name}'s MoE layers after its {preset.first_dense_layers} dense ones (--layer-ids "
-                   "to name others)")
+        layers += (f", {preset.name}'s MoE layers after its {plural(preset.first_dense_layers, 'dense one')} "
+                   "(--layer-ids to name others)")
     hint = "" if placement.layer_ids is not None or target in ("json", "vllm-ascend") else (
         "; if the model starts with dense layers, pass --layer-ids (DeepSeek-V3: 3-60)")
     name = Path(out).name
     if target == "sglang":
         rows = max(ids) + 1 if num_model_layers is None else num_model_layers
-        return (f"wrote {out}: SGLang expert location, {rows} model layers x {p} physical experts ({layers}{hint})\n"
+        return (f"wrote {out}: SGLang expert location, {plural(rows, 'model layer')} x "
+                f"{plural(p, 'physical expert')} ({layers}{hint})\n"
                 f"launch SGLang with EP size {g}, --ep-num-redundant-experts {p - e} and "
                 f"--init-expert-location {name}")
     if target == "trtllm":
-        return (f"wrote {out}: TensorRT-LLM load balancer, num_slots {p} ({slots} per rank on {g} ranks; "
-                f"{layers}{hint})\nset moe_config.load_balancer: {name} and EP size {g}")
+        return (f"wrote {out}: TensorRT-LLM load balancer, num_slots {p} ({plural(slots, 'slot')} per rank on "
+                f"{plural(g, 'rank')}; {layers}{hint})\nset moe_config.load_balancer: {name} and EP size {g}")
     if target == "vllm-ascend":
-        return (f"wrote {out}: vllm-ascend expert map, {placement.num_layers} MoE layers x {g} devices x {slots} "
-                f"slots\nserve on {g} devices with --additional-config '{{\"eplb_config\": {{\"expert_map_path\": "
-                f"\"{name}\", \"num_redundant_experts\": {p - e}}}}}'")
-    return f"wrote {out}: eplb placement, {placement.num_layers} layers ({layers}), {g} GPUs, {p} slots"
+        return (f"wrote {out}: vllm-ascend expert map, {plural(count, 'MoE layer')} x {plural(g, 'device')} x "
+                f"{plural(slots, 'slot')}\nserve on {plural(g, 'device')} with --additional-config "
+                f"'{{\"eplb_config\": {{\"expert_map_path\": \"{name}\", \"num_redundant_experts\": {p - e}}}}}'")
+    return f"wrote {out}: eplb placement, {plural(count, 'layer')} ({layers}), {plural(g, 'GPU')}, {plural(p, 'slot')}"
 
 
 def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
@@ -301,5 +302,6 @@ def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
     what = f"{plural(loads.num_steps, 'step')} x " if keep_steps else ""
     per_layer = total / layers if layers else 0.0
     return (f"read {loads.source}\n"
-            f"wrote {out}: {what}{layers} layers (model layers {ranges(loads.layer_ids)}) x {experts} experts, "
+            f"wrote {out}: {what}{plural(layers, 'layer')} (model {_layers(loads.layer_ids)}) x "
+            f"{plural(experts, 'expert')}, "
             f"{per_layer:,.0f} token-expert assignments per layer summed over {plural(loads.num_steps, 'step')}")

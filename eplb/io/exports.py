@@ -278,11 +278,14 @@ def _require_no_empty_slots(placement: Placement, target: str) -> None:
     name = SYSTEM_NAMES[target]
     gpu_of_slot = np.repeat(np.arange(placement.num_gpus), placement.slots_per_gpu)
     serving = np.bincount(gpu_of_slot[~placement.empty_slots[layer]], minlength=placement.num_gpus) > 0
-    if serving.all():  # every GPU holds experts: slots left empty on purpose, as --objective time's candidate does
+    if serving.all():  # every GPU holds experts: spare slots, whatever left them empty
+        gpu = int(gpu_of_slot[slot])
+        count = int(placement.empty_slots.sum())
         raise EplbError(
-            f"{name} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1) on a GPU that "
-            "serves, as --objective time leaves the redundant slots where one slot per expert reads fewer weights; "
-            f"{name} cannot take empty slots: solve with --objective lb, or export --to json to keep them"
+            f"{name} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1: no expert's "
+            f"weights, no tokens) on GPU {gpu}, which holds experts in its other slots "
+            f"({plural(count, 'empty slot')} in all); {name} cannot take empty slots: solve with every slot "
+            "filled (eplb solve --objective lb, the default, fills them), or export --to json to keep them"
         )
     raise EplbError(
         f"{name} loads an expert into every slot, but slot {slot} of layer {layer} is empty (-1) and GPU "
