@@ -318,23 +318,18 @@ static ALWAYS_INLINE Move best_move(Walk *c, i64 src, i64 ntied, double min_gain
         if (c->cnt[e] >= 2) {
             double nx = holder_max(c, e, src, src) + c->rise[e];
             double others = c->cost_less[e] - (exc(c, top + c->rise[e]) - exc_h);
-            if (cold_paid >= 0) {
-                double nh = top - c->share[e] + cold_paid_share;
-                double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_paid];
-                double tied = ntied ? tied_after(c, ntied, -1, cold_paid, c->share[cold_paid] - cold_paid_share,
-                                                 e, c->rise[e])
+            /* the coldest expert that costs a copy here, then the coldest that lands free (it served here) */
+            const i64 colds[2] = {cold_paid, cold_free};
+            const double cold_shares[2] = {cold_paid_share, cold_free_share};
+            for (int k = 0; k < 2; k++) {
+                i64 y = colds[k];
+                if (y < 0) continue;
+                double nh = top - c->share[e] + cold_shares[k];
+                double drop = exc_h - exc(c, nh) - others - c->gain_more[y];
+                double tied = ntied ? tied_after(c, ntied, -1, y, c->share[y] - cold_shares[k], e, c->rise[e])
                                     : -INFINITY;
-                consider_step(&best, &fallback, ntied, tied, top, nh > nx ? nh : nx, drop, alpha, 1 - away_e,
-                              min_gain, left, a, cold_paid, -1, -1);
-            }
-            if (cold_free >= 0) {
-                double nh = top - c->share[e] + cold_free_share;
-                double drop = exc_h - exc(c, nh) - others - c->gain_more[cold_free];
-                double tied = ntied ? tied_after(c, ntied, -1, cold_free, c->share[cold_free] - cold_free_share,
-                                                 e, c->rise[e])
-                                    : -INFINITY;
-                consider_step(&best, &fallback, ntied, tied, top, nh > nx ? nh : nx, drop, alpha, -away_e,
-                              min_gain, left, a, cold_free, -1, -1);
+                consider_step(&best, &fallback, ntied, tied, top, nh > nx ? nh : nx, drop, alpha, (k == 0) - away_e,
+                              min_gain, left, a, y, -1, -1);
             }
         }
         /* swap: e trades places with a replica on one of the lightest GPUs */
