@@ -245,6 +245,16 @@ def exact_layers(new: NDArray[np.float64], cur: NDArray[np.int64], slots: NDArra
     return out
 
 
+def above_target(old: NDArray[np.float64], new: NDArray[np.float64], gpus: int, physical: int) -> str:
+    """How many GPUs of a layer the serving placement (greedy on `old`) leaves above the per-layer target (fresh
+    greedy's lb on `new` x 1.01): each needs at least one move before the layer reaches it."""
+    slots = np.full(gpus, physical // gpus, dtype=np.int64)
+    loads = gpu_loads(new, solve_greedy(old, slots), slots)
+    cap = lb(new, solve_greedy(new, slots), slots) * 1.01 * loads.mean(axis=1)
+    above = (loads > cap[:, None]).sum(axis=1)
+    return f"GPUs above the target at the start: median {statistics.median(above.tolist()):g} of {gpus} per layer"
+
+
 def run_pair(old: NDArray[np.float64], new: NDArray[np.float64], gpus: int, physical: int, repeats: int,
              milp_layers: int, exact: tuple[int, float, int] = (0, 0.0, 2)) -> tuple[list[Row], list[ExactLayer]]:
     """The rows of one pair; with exact = (k > 0, time limit s, workers), the exact CP-SAT solve of the
@@ -358,7 +368,8 @@ def main() -> None:
                          args.exact_workers)
                 rows, exact_rows = run_pair(windows[a], windows[b], gpus, physical, args.repeats, args.milp_layers,
                                             exact)
-                print(f"\n== EP{gpus} / {physical} slots: serving greedy({a}), new window {b}")
+                print(f"\n== EP{gpus} / {physical} slots: serving greedy({a}), new window {b}; "
+                      f"{above_target(windows[a], windows[b], gpus, physical)}")
                 print(f"  {'method':<44}{'copies':>8}{'lb mean':>9}{'lb max':>9}{'wall ms':>9}{'cpu ms':>9}")
                 for r in rows:
                     print(f"  {r.method:<44}{r.copies:>8}{r.lb_mean:>9.4f}{r.lb_max:>9.4f}{r.wall_ms:>9.1f}"

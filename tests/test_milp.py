@@ -132,6 +132,7 @@ def test_finds_replica_counts_greedy_cannot() -> None:
     check_result(result, loads, slots)
     assert replica_counts(solve_greedy(loads, slots), 8)[0, 0] == 4
     assert result.objective[0] == pytest.approx(1164.5)
+    assert result.greedy_objective[0] == pytest.approx(1306.5)
     assert result.objective[0] < 0.9 * result.greedy_objective[0]
     assert replica_counts(result.phy2log, 8)[0, 0] == 2
 
