@@ -400,7 +400,8 @@ def solve_greedy(
     each bin on the node that carries it best when the nodes' slots differ: `_nodes_for_bins`, then `_swap_groups`),
     replicated inside each node and packed onto that node's GPUs, so a token's experts stay within few nodes;
     otherwise the global policy.
-    max_replicas caps the replicas of one expert (default: the GPU count, or GPUs per node);
+    max_replicas caps the GPUs that hold one expert (default: the GPU count, or GPUs per node; the duplicates a
+    GPU with more slots than experts parks on one expert it holds occupy no more GPUs);
     refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
     the busiest GPU cannot improve; 0 turns it off).
     No GPU holds two replicas of one expert unless it has more slots than there are experts (node experts for the
@@ -594,6 +595,9 @@ def _positions(experts: IntArray, ids: IntArray) -> IntArray:
 
 MAX_GROUP_SWAP_ROUNDS = 64
 """The most group swaps per layer `_swap_groups` makes."""
+MAX_GROUP_SWAP_CANDIDATES = 64
+"""The most swaps one round of `_swap_groups` tries per layer ((groups per node)^2 x (nodes - 1)); beyond, the
+bins' assignment stands: each candidate places two nodes again, so 256 groups on 4 nodes took minutes."""
 
 
 def _swap_groups(
@@ -613,8 +617,8 @@ def _swap_groups(
     layers, groups = node_of_group.shape
     nodes = kind_of_node.size
     per = groups // nodes
-    if per == 1:  # one group per node: `_nodes_for_bins` has tried every assignment
-        return node_of_group, rank_in_node
+    if per == 1 or per * per * (nodes - 1) > MAX_GROUP_SWAP_CANDIDATES:  # one group per node: `_nodes_for_bins`
+        return node_of_group, rank_in_node  # has tried every assignment; too many: the bins' assignment stands
     at = np.empty((layers, nodes, per), dtype=np.int64)  # the group at each (node, rank)
     np.put_along_axis(at.reshape(layers, -1), node_of_group * per + rank_in_node, np.arange(groups)[None, :], axis=1)
     within = np.arange(group_size)

@@ -244,3 +244,28 @@ def test_budget_whose_nodes_differ_swaps_groups_on_a_shipped_window(monkeypatch:
     bins = balance(loads, Placement(solve_greedy(loads, slots, num_groups=8, gpus_per_node=8), slots, 256)).lb
     assert np.all(ours <= bins * (1 + 1e-12))
     assert ours.mean() < bins.mean() - 0.005
+
+
+def test_group_swaps_stand_down_where_a_round_would_try_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 groups on 4 unlike nodes: each round would try 64^2 x 3 swaps, each placing two nodes again (minutes
+    for 61 layers); beyond MAX_GROUP_SWAP_CANDIDATES the bins' assignment stands, exactly as with no swap rounds."""
+    rng = np.random.default_rng(5)
+    loads = rng.pareto(1.2, (2, 256)) + 0.01
+    slots = np.array([9] * 16 + [8] * 16)
+    placed = solve_greedy(loads, slots, num_groups=256, gpus_per_node=8)
+    monkeypatch.setattr(solvers.greedy, "MAX_GROUP_SWAP_ROUNDS", 0)
+    assert np.array_equal(placed, solve_greedy(loads, slots, num_groups=256, gpus_per_node=8))
+
+
+def test_parked_duplicates_occupy_no_more_gpus_than_the_replica_cap() -> None:
+    """max_replicas caps the GPUs that hold an expert: the extra slots of a GPU with more slots than experts hold
+    duplicates of one it holds, which occupy no other GPU."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        loads = rng.integers(1, 100, (1, 6)).astype(np.float64)
+        slots = np.array([int(rng.integers(7, 10)), 1])
+        for cap in (1, 2):
+            placed = solve_greedy(loads, slots, max_replicas=cap)
+            gpu = np.repeat(np.arange(2), slots)
+            holders = [len(set(gpu[placed[0] == e].tolist())) for e in range(6)]
+            assert max(holders) <= cap, (loads, slots, cap, placed)
