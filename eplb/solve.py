@@ -428,7 +428,8 @@ def solve(
             if shares is not None:
                 shares = np.where(idle[:, None], current.slot_shares(), shares)
         moves = count_moves(phy2log, current.phy2log, cluster.slots_per_gpu)
-    placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares)
+    placement = Placement(phy2log, cluster.slots_per_gpu, loads.shape[1], shares,
+                          layer_ids=None if current is None else current.layer_ids)  # the serving layers'
     outcome = evaluate(loads, placement, cost, coactivation=coactivation, gpus_per_node=cluster.gpus_per_node)
     bound_tokens = lower_bound(loads, cluster.slots_per_gpu, split="weighted" if shares is not None else "uniform")
     if "bound_tokens" in info:

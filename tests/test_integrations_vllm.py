@@ -1193,3 +1193,20 @@ def test_ranks_on_two_replicas_get_one_placement_per_window(postgres: PostgresCl
         on_ranks(windows[0], INITIAL)  # what serves changed since that window: it is processed again
         assert [e["action"] for e in _history(bases[0], "ranks")[5:]] == ["applied", "applied", "rebalanced"]
         assert _current(bases[0], "ranks")["windows"] == 4
+
+
+def test_the_map_remembered_for_an_engine_without_one_is_of_its_own_shape() -> None:
+    """core.last_served answers by deployment and the whole cluster shape, experts included: a map answered for
+    8 experts is never sent as the serving map of a model of 16 with the same layers and slots."""
+    settings = core.Settings(service_url="http://127.0.0.1:9", deployment="shape")
+    core.forget_served()
+    try:
+        served = np.tile(np.arange(10) % 8, (2, 1))
+        with core._SERVED_LOCK:
+            core._SERVED[core._served_key(settings, (2, 8), 10, 2)] = served
+        remembered = core.last_served(settings, (2, 8), 10, 2)
+        assert remembered is not None and np.array_equal(remembered, served)
+        assert core.last_served(settings, (2, 16), 10, 2) is None
+        assert core.last_served(settings, (3, 8), 10, 2) is None
+    finally:
+        core.forget_served()

@@ -277,3 +277,20 @@ def test_a_weighted_solver_asked_for_with_the_weighted_split_is_itself() -> None
 
     assert solver_name("milp-weighted", "weighted") == solver_name("milp", "weighted") == "milp-weighted"
     assert solver_name("milp-weighted") == "milp-weighted"
+
+
+def test_a_solve_from_a_placement_keeps_its_model_layers() -> None:
+    """eplb.solve.solve against a current placement with layer_ids returns them: its export keys the same model
+    layers (the result had none, so a TensorRT-LLM export keyed 0..L-1)."""
+    from eplb.io.exports import export_text
+    from eplb.placement import Placement
+    from eplb.solve import Cluster, solve
+    from solvers.greedy import solve_greedy
+
+    slots = np.full(4, 5, dtype=np.int64)
+    loads = np.random.default_rng(2).gamma(0.5, 100, (2, 16))
+    current = Placement(solve_greedy(loads[::-1].copy(), slots), slots, 16, layer_ids=(3, 4))
+    for solver in ("greedy", "incremental"):
+        out = solve(loads, Cluster(slots), solver=solver, current=current)
+        assert out.placement.layer_ids == (3, 4)
+        assert "3:" in export_text(out.placement, "trtllm") and "\n  0:" not in export_text(out.placement, "trtllm")

@@ -664,21 +664,25 @@ def rebalance(
     return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
 
 
-_SERVED: dict[tuple[str, int, int, int], IntArray] = {}
+_SERVED: dict[tuple[str, int, int, int, int], IntArray] = {}
 """The map `remote` answered last, by (deployment, layers, slots, ranks): what the engine serves, whichever URL of
 the service (a replica, a proxy) answered or failed."""
 _SERVED_LOCK = threading.Lock()
 
 
-def _served_key(settings: Settings, layers: int, num_replicas: int, num_ranks: int) -> tuple[str, int, int, int]:
-    return settings.deployment or "", layers, num_replicas, num_ranks
+def _served_key(settings: Settings, shape: tuple[int, ...], num_replicas: int,
+                num_ranks: int) -> tuple[str, int, int, int, int]:
+    """One map per deployment and cluster shape: weight's [layers, experts], the slots and the ranks."""
+    layers, experts = shape[-2:]
+    return settings.deployment or "", layers, experts, num_replicas, num_ranks
 
 
-def last_served(settings: Settings, layers: int, num_replicas: int, num_ranks: int) -> IntArray | None:
+def last_served(settings: Settings, shape: tuple[int, ...], num_replicas: int, num_ranks: int) -> IntArray | None:
     """The phy2log [L, P] `remote` last answered in this process for the deployment of `settings` and this cluster
-    shape (what an engine that passes no map serves since), or None."""
+    shape (weight's [layers, experts], the slots, the ranks: what an engine that passes no map serves since), or
+    None."""
     with _SERVED_LOCK:
-        served = _SERVED.get(_served_key(settings, layers, num_replicas, num_ranks))
+        served = _SERVED.get(_served_key(settings, shape, num_replicas, num_ranks))
     return None if served is None else served.copy()
 
 
@@ -718,10 +722,10 @@ def remote(
     fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
     deployment with the next window."""
     if old is None:
-        old = last_served(settings, weight.shape[0], num_replicas, num_ranks)
+        old = last_served(settings, weight.shape, num_replicas, num_ranks)
     result = _remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
     with _SERVED_LOCK:
-        _SERVED[_served_key(settings, weight.shape[0], num_replicas, num_ranks)] = result.phy2log.copy()
+        _SERVED[_served_key(settings, weight.shape, num_replicas, num_ranks)] = result.phy2log.copy()
     return result
 
 
