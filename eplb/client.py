@@ -506,7 +506,9 @@ def _not_closed(http: httpx.Client | httpx.AsyncClient, kind: str) -> None:
 
 class Client:
     """Synchronous client. base_url: e.g. http://127.0.0.1:8000; api_key: the service's EPLB_API_KEY;
-    timeout: seconds one call may take, its retries included (a synchronous MILP answer takes its time budget);
+    timeout: seconds one call waits, shared by its attempts (each attempt waits for the time left, less a reserve
+    for the next; httpx applies it to connecting and to each read, so an answer that trickles in can take longer;
+    a synchronous MILP answer takes its time budget);
     above 0, at most `eplb.rules.MAX_TIMEOUT_S` (a day), else InvalidRequest. A call after `close` is InvalidRequest.
 
     A call is sent again, the same request, by the rule the engine plug-ins follow (`eplb.retry`): up to
