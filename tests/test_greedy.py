@@ -422,6 +422,20 @@ def test_fitted_counts_have_the_lowest_max_load_per_replica() -> None:
         checked += 1
 
 
+def assert_hot_pair_reaches_no_eplbs_lb(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        slot_orders: tuple[str, ...]) -> None:
+    """`eplb solve --gpus 4 --gpus-per-node 2 --groups 2 --slots-per-gpu S` on loads 100, 90, 1, 5, for each S:
+    lb 100 / 49 (2.041), no EPLB's, and never above it."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[100, 90, 1, 5]]}))
+    for slots in slot_orders:
+        args = ["solve", "--loads", str(window), "--gpus", "4", "--gpus-per-node", "2", "--groups", "2"]
+        assert main([*args, "--slots-per-gpu", slots, "--json"]) == 0
+        predicted = json.loads(capsys.readouterr().out)["predicted"]
+        assert predicted["lb"] == [pytest.approx(100 / 49)], slots
+        assert predicted["lb"][0] <= predicted["baseline"]["lb"][0] + 1e-12, predicted
+
+
 def test_hierarchical_hot_groups_go_to_the_node_whose_gpus_can_spread_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -429,14 +443,7 @@ def test_hierarchical_hot_groups_go_to_the_node_whose_gpus_can_spread_them(
     against 2.041 for no EPLB: the groups were packed onto nodes by tokens as if the nodes were alike, and the hot
     group (100, 90) landed on node 0, whose 3-slot GPU holds a replica of both plus a duplicate (140). On node 1 the
     two GPUs carry 100 and 90: lb 2.041, the baseline's, whichever order the nodes are listed in."""
-    window = tmp_path / "w.json"
-    window.write_text(json.dumps({"loads": [[100, 90, 1, 5]]}))
-    for slots in ("3,1,1,1", "1,1,3,1"):
-        args = ["solve", "--loads", str(window), "--gpus", "4", "--gpus-per-node", "2", "--groups", "2"]
-        assert main([*args, "--slots-per-gpu", slots, "--json"]) == 0
-        predicted = json.loads(capsys.readouterr().out)["predicted"]
-        assert predicted["lb"] == [pytest.approx(100 / 49)], slots
-        assert predicted["lb"][0] <= predicted["baseline"]["lb"][0] + 1e-12, predicted
+    assert_hot_pair_reaches_no_eplbs_lb(tmp_path, capsys, ("3,1,1,1", "1,1,3,1"))
     loads, slots_per_gpu = np.array([[100.0, 90, 1, 5]]), np.array([3, 1, 1, 1])
     phy2log = solve_greedy(loads, slots_per_gpu, num_groups=2, gpus_per_node=2)
     # node 0 may now carry the hot group too: its 3-slot GPU holds one of the two experts alone, three times

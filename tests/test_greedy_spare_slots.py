@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,12 +11,12 @@ import numpy as np
 import pytest
 
 import solvers.greedy
-from eplb.cli import main
 from eplb.evaluate import balance, contiguous_placement
 from eplb.io.windows import read_window
 from eplb.placement import Placement
 from solvers.greedy import solve_greedy
 from solvers.validation import duplicate_count
+from tests.test_greedy import assert_hot_pair_reaches_no_eplbs_lb
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -103,14 +102,7 @@ def test_cli_a_gpu_with_spare_slots_on_each_node_holds_one_expert_alone(
     against 2.041 for no EPLB: whichever node took the hot group, its 3-slot GPU held a replica of both hot experts
     plus a duplicate ({100, 90, 90} | {100}: 140). Three replicas of one expert there ({100, 100, 100} | {90})
     serve 100 and 90: lb 2.041, the baseline's, in both node orders."""
-    window = tmp_path / "w.json"
-    window.write_text(json.dumps({"loads": [[100, 90, 1, 5]]}))
-    for slots in ("3,1,3,1", "1,3,1,3"):
-        args = ["solve", "--loads", str(window), "--gpus", "4", "--gpus-per-node", "2", "--groups", "2"]
-        assert main([*args, "--slots-per-gpu", slots, "--json"]) == 0
-        predicted = json.loads(capsys.readouterr().out)["predicted"]
-        assert predicted["lb"] == [pytest.approx(100 / 49)], slots
-        assert predicted["lb"][0] <= predicted["baseline"]["lb"][0] + 1e-12, predicted
+    assert_hot_pair_reaches_no_eplbs_lb(tmp_path, capsys, ("3,1,3,1", "1,3,1,3"))
 
 
 def test_global_spare_slots_hold_an_expert_no_other_gpu_holds() -> None:
