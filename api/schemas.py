@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from eplb.errors import FieldError
-from eplb.io.exports import checked_layer_ids
+from eplb.placement import row_layer_ids
 from eplb.rules import SERVICE_MAX_GPUS
 from eplb.schemas import ClusterRules, PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
@@ -47,18 +47,20 @@ class PlacementIn(BaseModel):
     num_gpus: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS)
     replicas: list[list[int]] | None = None
     shares: list[list[float]] | None = None
-    layer_ids: list[LayerId] | None = Field(None, description="model layer of each phy2log row, distinct (`eplb "
-                                            "solve --out` writes the window's); a label: rows are matched by position")
+    layer_ids: list[LayerId] | None = Field(None, description="model layer of each phy2log row, in increasing order "
+                                            "(`eplb solve --out` writes the window's); a label: rows are matched by "
+                                            "position")
 
     @field_validator("layer_ids")
     @classmethod
     def _one_layer_id_per_row(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        """Checked here as the Placement checks them (one per row, increasing), so a 422 names X.layer_ids."""
         if ids is None:
             return ids
         rows = info.data.get("phy2log")
         if rows is not None:
             try:
-                checked_layer_ids(ids, len(rows))
+                row_layer_ids(ids, len(rows), increasing=True)
             except FieldError as exc:
                 raise ValueError(exc.message) from None
         return ids

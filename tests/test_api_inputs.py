@@ -360,3 +360,23 @@ def test_a_weighted_split_the_request_cannot_have_names_the_json_fields(base: st
     assert post_json(base, "/deployments/weighted", {**CONFIG, "solver": "milp-weighted", "time_limit_s": 2},
                      "PUT").status_code == 201
     assert httpx.delete(f"{base}/deployments/weighted", timeout=30).status_code == 204
+
+
+def test_layer_ids_out_of_order_are_named_on_every_route_that_takes_a_placement(base: str) -> None:
+    """layer_ids [5, 3] passed the schema (any order) and were refused later by the Placement (rows in increasing
+    order), as a 422 naming the whole placement (`current_placement`, `placement`), not its layer_ids."""
+    loads = [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]
+    shuffled = {"phy2log": [[0, 1, 2, 3, 4, 5, 6, 7]] * 2, "slots_per_gpu": [2, 2, 2, 2], "layer_ids": [5, 3]}
+    cluster = {"num_gpus": 4, "slots_per_gpu": 2}
+    config = {"model": "mixtral-8x7b", "hardware": "h100", "cluster": cluster}
+    assert httpx.put(f"{base}/deployments/shuffled", json=config, timeout=30).status_code in (200, 201)
+    for route, body, field in (
+            ("/placement", {"loads": loads, "cluster": cluster, "current_placement": shuffled}, "current_placement"),
+            ("/evaluate", {"loads": loads, "placement": shuffled}, "placement"),
+            ("/deployments/shuffled/windows", {"loads": loads, "current_placement": shuffled}, "current_placement"),
+            ("/deployments/shuffled/placement", {"placement": shuffled}, "placement")):
+        bad = httpx.post(f"{base}{route}", json=body, timeout=60)
+        assert bad.status_code == 422 and bad.headers["content-type"] == PROBLEM, (route, bad.text)
+        assert [e["field"] for e in bad.json()["errors"]] == [f"{field}.layer_ids"], (route, bad.json())
+        assert "layer 3 comes after layer 5" in bad.json()["detail"], (route, bad.json())
+    assert httpx.get(f"{base}/deployments/shuffled/history", timeout=30).json()["entries"] == []
