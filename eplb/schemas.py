@@ -50,7 +50,8 @@ class Balance(BaseModel):
     compute_us: list[float] | None = None
     weight_read_us: list[float] | None = None
     comm_us: list[float] | None = None
-    bottleneck: list[str] | None = Field(None, description="compute, weight_read or comm, per layer")
+    bottleneck: list[str] | None = Field(None, description="compute, weight_read or comm, per layer (the slowest "
+                                         "GPU's largest term); idle for a layer without tokens")
     total_time_us: float | None = Field(None, description="sum over layers: MoE time of one step")
     tokens_per_gpu: list[float] | None = None
     copies_per_token: CopiesPerToken | None = Field(

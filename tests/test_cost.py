@@ -363,6 +363,24 @@ def test_a_layer_without_tokens_costs_nothing(tokens_per_gpu: float | None, case
     alone = predict(loads[:1], TOY_PLACEMENT, TOY_SLOTS, TOY_MODEL, TOY_GPU, 1e9, tokens_per_gpu=tokens_per_gpu,
                     **kwargs)  # fmt: skip
     assert p.time_us[0] == alone.time_us[0] > 0
+    assert p.bottleneck == [alone.bottleneck[0], "idle"]  # was "compute": the argmax of three zeros
+
+
+def test_a_layer_without_tokens_has_no_bottleneck_in_the_cli_and_the_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """eplb solve and eplb evaluate counted the all-zero layer as 'compute 1'; --json's bottleneck (the service's
+    answer) said "compute" for it, the baseline's too."""
+    window = tmp_path / "idle.json"
+    window.write_text(json.dumps({"loads": [[0] * 8, [120, 80, 5, 3, 60, 40, 33, 11]]}))
+    out = tmp_path / "p.json"
+    common = ["--model", "mixtral-8x7b", "--hardware", "h100", "--tokens-per-gpu", "256"]
+    assert main(["solve", "--loads", str(window), "--gpus", "4", "--redundant", "4", *common, "--out", str(out)]) == 0
+    assert "bottleneck per layer: idle 1, weight_read 1" in capsys.readouterr().out
+    assert main(["evaluate", "--loads", str(window), "--placement", str(out), *common]) == 0
+    assert "bottleneck per layer: idle 1, weight_read 1" in capsys.readouterr().out
+    assert main(["evaluate", "--loads", str(window), "--placement", str(out), *common, "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)["predicted"]
+    assert predicted["bottleneck"] == predicted["baseline"]["bottleneck"] == ["idle", "weight_read"]
 
 
 def test_predict_weighted_shares_and_idle_replicas() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from eplb.cost.uniform import TERMS
+from eplb.cost.uniform import IDLE, TERMS
 from eplb.errors import EplbError
 from eplb.specs import HardwareSpec, ModelSpec
 
@@ -226,14 +226,15 @@ class LayerPrediction:
     """Predicted per-layer MoE time of a placement. L = layers, G = GPUs; times in µs.
 
     Per layer, the time is the slowest GPU's; `compute_us`, `weight_read_us`, `comm_us` and
-    `bottleneck` are that GPU's. Per-GPU arrays keep the full picture.
+    `bottleneck` are that GPU's (`IDLE` for a layer without tokens, whose terms are all 0). Per-GPU arrays
+    keep the full picture.
     """
 
     time_us: F64  # [L]
     compute_us: F64  # [L], slowest GPU
     weight_read_us: F64  # [L], slowest GPU
     comm_us: F64  # [L], slowest GPU
-    bottleneck: list[str]  # [L], slowest GPU's largest term
+    bottleneck: list[str]  # [L], slowest GPU's largest term; "idle" for a layer without tokens (every term 0)
     slowest_gpu: NDArray[np.int64]  # [L]
     gpu_time_us: F64  # [L, G]
     gpu_compute_us: F64  # [L, G]
@@ -354,7 +355,7 @@ def predict(
         GPU, GPU g owning the next slots_per_gpu[g] slots. slots_per_gpu: [G] int, sum = P.
     tokens_per_gpu: T of one step; each layer's loads are scaled so the layer's routed rows are
         G x T x k. None: the window is taken as one step, T_l = sum(loads[l]) / (G x k). A layer without
-        tokens has T_l = 0 either way, and time 0.
+        tokens has T_l = 0 either way, time 0 and bottleneck "idle".
     shares: [L, P] fraction of its expert's tokens each slot serves (per expert summing to 1);
         None = 1 / replicas, as vLLM/SGLang/DeepSeek route.
     overlap: True, comm overlaps the GEMMs (two micro-batches): GPU time = max(compute,
@@ -397,6 +398,7 @@ def predict(
     pick = slowest[:, None]
     c_s, w_s, m_s = (np.take_along_axis(a, pick, axis=1)[:, 0] for a in (compute, weight, comm))
     codes = np.argmax(np.stack([c_s, w_s, m_s]), axis=0)
+    busy_layers = (total[:, 0] > 0).tolist()  # [L] a layer without tokens has no bottleneck: IDLE
     mean_rows = window_rows.mean(axis=1)
     lb = np.divide(window_rows.max(axis=1), mean_rows, out=np.ones(num_layers), where=mean_rows > 0)
     return LayerPrediction(
@@ -404,7 +406,7 @@ def predict(
         compute_us=c_s,
         weight_read_us=w_s,
         comm_us=m_s,
-        bottleneck=[TERMS[i] for i in codes.tolist()],
+        bottleneck=[TERMS[i] if busy else IDLE for i, busy in zip(codes.tolist(), busy_layers, strict=True)],
         slowest_gpu=slowest.astype(np.int64),
         gpu_time_us=gpu_time,
         gpu_compute_us=compute,

@@ -25,6 +25,7 @@ from eplb.io.images import image_format, save_figure
 from eplb.specs import HardwareSpec, ModelSpec
 
 __all__ = [
+    "IDLE",
     "TERMS",
     "UniformCost",
     "comm_copies_per_token",
@@ -40,6 +41,8 @@ __all__ = [
 
 TERMS: tuple[str, str, str] = ("compute", "weight_read", "comm")
 """Names of the three terms, in the order used for tie-breaking and for `bottleneck` codes."""
+IDLE = "idle"
+"""The bottleneck of a layer without tokens (`eplb.cost.predict`): nothing to compute, read or send."""
 
 _US = 1e6  # seconds -> microseconds
 
