@@ -91,9 +91,47 @@ def test_lists_and_int_counts_are_taken_floats_and_bad_maps_are_refused() -> Non
     with pytest.raises(core.PolicyInputError, match=r"^num_physical_experts must be a whole number \(an int\), got "
                                                     r"6\.0 \(float\)$"):
         plugin.rebalance_experts(tokens, 6.0, 3, None, 1)  # type: ignore[arg-type]
-    with pytest.raises(core.PolicyInputError, match=r"^current_phy2log: phy2log\[1\]\[5\] is 7: expert ids run "
+    with pytest.raises(core.PolicyInputError, match=r"^current_phy2log\[1\]\[5\] is 7: expert ids run "
                                                     r"0\.\.3 \(-1 marks an empty slot\)$"):
         plugin.rebalance_experts(tokens, 6, 3, None, 1, plugin.EPLB, [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 7]])
+
+
+def _windows(at: tuple[int, int, int] | None = None, value: float = 0.0) -> np.ndarray:
+    """SGLang's recorded windows [W=3, L=2, E=4], 10 tokens each, `value` at `at`."""
+    windows = np.full((3, 2, 4), 10.0)
+    if at is not None:
+        windows[at] = value
+    return windows
+
+
+@pytest.mark.parametrize(("args", "refused"), [
+    ((np.ones(4), 8, 2, None, 1),
+     "tokens_per_expert must be [layers, experts] or [windows, layers, experts] with at least one of each, got shape "
+     "(4,)"),
+    ((np.ones((1, 1, 2, 4)), 8, 2, None, 1), "tokens_per_expert must be [layers, experts] or [windows, layers, "
+                                             "experts] with at least one of each, got shape (1, 1, 2, 4)"),
+    ((_windows((1, 0, 2), np.nan), 8, 2, None, 1), "tokens_per_expert[1][0][2] is nan: loads must be finite numbers"),
+    ((_windows((2, 1, 3), -1.0), 8, 2, None, 1), "tokens_per_expert[2][1][3] is -1: loads must be >= 0"),
+    ((np.full((3, 2, 4), 9e14), 8, 2, None, 1),
+     "tokens_per_expert.sum(0)[0][0] is 2700000000000000: larger than any token count (limit 1e+15)"),
+    ((_windows(), 2, 1, None, 1),
+     "num_physical_experts (2) must be >= the number of experts (4, the last dimension of tokens_per_expert)"),
+    ((_windows(), 0, 2, None, 1), "num_physical_experts must be >= 1, got 0"),
+    ((_windows(), 8, 0, None, 1), "num_local_physical_experts must be >= 1, got 0"),
+    ((_windows(), 8, 2, None, 0), "num_nodes must be >= 1, got 0"),
+    ((_windows(), 8, 2, -3, 2), "num_groups must be >= 1, got -3"),
+    ((_windows(), 8, 2, None, 1, plugin.EPLB, np.full((2, 8), 1.5)),
+     "current_phy2log must hold integer expert ids, got float64"),
+    ((_windows(), 8, 2, None, 1, plugin.EPLB, [[0] * 8] * 2),
+     "current_phy2log: logical expert 1 has no replica in layer 0 (6 missing in all)"),
+])
+def test_errors_name_sglangs_arguments_and_what_is_wrong(args: tuple[Any, ...], refused: str) -> None:
+    """Errors named the plug-in's variables (weight[0][2], num_replicas, phy2log[0][3]) and indexed the windows' sum,
+    a negative count in one window was hidden by the sum and a num_nodes of 0 or num_groups of -3 were taken: each is
+    one line naming SGLang's argument (an entry of tokens_per_expert at its own index) and what is wrong."""
+    with pytest.raises(core.PolicyInputError) as err:
+        plugin.rebalance_experts(*args)
+    assert str(err.value).startswith(refused) and "\n" not in str(err.value)
 
 
 def test_compute_algorithm_hook_selects_eplb_only_for_its_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,13 +24,14 @@ from numpy.typing import NDArray
 
 from eplb import retry
 from eplb.errors import EplbError
+from eplb.io.files import number_text
 from eplb.io.windows import check_loads
 from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
 from solvers.registry import Options, Problem, SolverError
-from solvers.validation import InvalidPlacement, validate_placement
+from solvers.validation import InvalidPlacement, load_refusal, validate_placement
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -211,6 +212,20 @@ class Rebalanced:
     fell_back: bool = False
 
 
+@dataclass(frozen=True)
+class Arguments:
+    """What an engine calls the arguments of a rebalance, for the errors that name them (the defaults are vLLM's, the
+    names `rebalance` takes). windows: the loads may come as [W, L, E] recorded windows, summed over W (SGLang's)."""
+
+    weight: str = "weight"
+    num_replicas: str = "num_replicas"
+    num_groups: str = "num_groups"
+    num_nodes: str = "num_nodes"
+    num_ranks: str = "num_ranks"
+    old: str = "the engine's map"
+    windows: bool = False
+
+
 def whole(value: Any, name: str) -> int:
     """`value` as an int: an int, a numpy integer or a 0-d integer tensor (`operator.index`); PolicyInputError naming
     `name` for a float (6.0 too), a bool or anything else."""
@@ -239,36 +254,65 @@ def as_array(value: Any, name: str, integer: bool = False) -> NDArray[Any]:
                                f"lists), got a {type(value).__name__}") from None
 
 
-def check_inputs(weight: FloatArray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int) -> None:
-    """Raise PolicyInputError for arguments no placement can satisfy (one line, what to change)."""
-    if weight.ndim != 2 or 0 in weight.shape:
-        raise PolicyInputError(f"weight must be [layers, experts] with at least one of each, got shape "
+def positive(value: int, name: str) -> int:
+    """`value` when it is >= 1; PolicyInputError naming `name` otherwise."""
+    if value < 1:
+        raise PolicyInputError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def loads(value: Any, names: Arguments = Arguments()) -> FloatArray:
+    """The engine's loads as a [L, E] float64 window (`as_array`): [layers, experts] with at least one of each, or, for
+    `names.windows`, also [W, L, E] windows summed over W; token counts by the rule of the CLI's and the service's
+    windows (`check_loads`: finite, >= 0, at most MAX_LOAD), each window's entry and then their sum. PolicyInputError
+    naming `names.weight` (the sum as `weight.sum(0)`) and the first bad entry otherwise."""
+    weight = as_array(value, names.weight)
+    shapes = "[layers, experts] or [windows, layers, experts]" if names.windows else "[layers, experts]"
+    if weight.ndim not in ((2, 3) if names.windows else (2,)) or 0 in weight.shape:
+        raise PolicyInputError(f"{names.weight} must be {shapes} with at least one of each, got shape "
                                f"{tuple(weight.shape)}")
+    name = names.weight
+    if weight.ndim == 3:
+        why = load_refusal(weight, name, number_text)  # each window's counts, before a sum hides a negative one
+        if why is not None:
+            raise PolicyInputError(why)
+        weight, name = weight.sum(axis=0), f"{name}.sum(0)"
     try:  # token counts by the rule of the CLI's and the service's windows: finite, >= 0, at most MAX_LOAD
-        check_loads(weight, "weight")
+        check_loads(weight, name)
     except EplbError as err:
         raise PolicyInputError(str(err)) from None
-    for name, value in (("num_replicas", num_replicas), ("num_nodes", num_nodes), ("num_ranks", num_ranks)):
-        if value < 1:
-            raise PolicyInputError(f"{name} must be >= 1, got {value}")
-    if num_groups < 1:
-        raise PolicyInputError(f"num_groups must be >= 1, got {num_groups}")
+    return weight
+
+
+def check_inputs(
+    weight: FloatArray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+    names: Arguments = Arguments(),
+) -> None:
+    """Raise PolicyInputError for arguments no placement can satisfy (one line naming the engine's argument, `names`,
+    and what to change). weight: [L, E] (`loads`)."""
+    for name, value in ((names.num_replicas, num_replicas), (names.num_groups, num_groups),
+                        (names.num_nodes, num_nodes), (names.num_ranks, num_ranks)):
+        positive(value, name)
     if num_replicas % num_ranks:
-        raise PolicyInputError(f"num_replicas ({num_replicas}) must be a multiple of num_ranks ({num_ranks})")
+        raise PolicyInputError(f"{names.num_replicas} ({num_replicas}) must be a multiple of {names.num_ranks} "
+                               f"({num_ranks})")
     if num_replicas < weight.shape[1]:
-        raise PolicyInputError(f"num_replicas ({num_replicas}) must be >= the number of experts ({weight.shape[1]})")
+        raise PolicyInputError(f"{names.num_replicas} ({num_replicas}) must be >= the number of experts "
+                               f"({weight.shape[1]}, the last dimension of {names.weight})")
 
 
 def check_map(old: NDArray[Any] | None, weight: FloatArray, num_replicas: int, num_ranks: int, name: str) -> None:
-    """PolicyInputError, naming `name`, for an engine's map [L, P] of the engine's shape that no engine can serve: an
-    id other than -1 (an unused slot) and 0..E-1, an expert without a slot in some layer, ids that are no integers.
-    A map of another shape is no error: the placement is made from scratch (`solve_local`)."""
+    """PolicyInputError, naming `name` (the engine's argument), for an engine's map [L, P] of the engine's shape that no
+    engine can serve: an id other than -1 (an unused slot) and 0..E-1 (`name[0][4] is 99: ...`), an expert without a
+    slot in some layer, ids that are no integers. A map of another shape is no error: the placement is made from
+    scratch (`solve_local`)."""
     if old is None or old.shape != (weight.shape[0], num_replicas):
         return
     try:
         validate_placement(old, np.full(num_ranks, num_replicas // num_ranks), weight.shape[1])
     except InvalidPlacement as err:
-        raise PolicyInputError(f"{name}: {err}") from None
+        why = str(err)  # the solvers call the map phy2log: say the engine's name for it instead
+        raise PolicyInputError(name + why[len("phy2log"):] if why.startswith("phy2log") else f"{name}: {why}") from None
 
 
 def hierarchical(num_groups: int, num_nodes: int, num_ranks: int, num_experts: int) -> bool:
@@ -635,21 +679,21 @@ def rebalance(
     old: Any = None,
     settings: Settings | None = None,
     client: httpx.Client | None = None,
-    old_name: str = "the engine's map",
+    names: Arguments = Arguments(),
 ) -> Rebalanced:
-    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local. weight: [L, E] tokens;
-    old: [L, P] the engine's current map (each a tensor, a numpy array or lists: `as_array`), named `old_name` in
-    what `check_map` refuses; the counts are ints (`whole`); client: the httpx client for the service (default: one
-    per call)."""
+    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local. weight: [L, E] tokens (or
+    [W, L, E] windows for `names.windows`: `loads`); old: [L, P] the engine's current map (each a tensor, a numpy
+    array or lists: `as_array`); the counts are ints (`whole`); names: the engine's names of these arguments, which
+    every PolicyInputError uses; client: the httpx client for the service (default: one per call)."""
     settings = settings or Settings.from_env()
     num_replicas, num_groups, num_nodes, num_ranks = (
-        whole(value, name) for value, name in ((num_replicas, "num_replicas"), (num_groups, "num_groups"),
-                                               (num_nodes, "num_nodes"), (num_ranks, "num_ranks")))
-    weight = as_array(weight, "weight")
-    check_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks)
+        whole(value, name) for value, name in ((num_replicas, names.num_replicas), (num_groups, names.num_groups),
+                                               (num_nodes, names.num_nodes), (num_ranks, names.num_ranks)))
+    weight = loads(weight, names)
+    check_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks, names)
     if old is not None:
-        old = as_array(old, old_name, integer=True)
-        check_map(old, weight, num_replicas, num_ranks, old_name)
+        old = as_array(old, names.old, integer=True)
+        check_map(old, weight, num_replicas, num_ranks, names.old)
         if old.shape == (weight.shape[0], num_replicas):
             old = old.astype(np.int64)
     if settings.service_url is None:

@@ -70,24 +70,26 @@ def rebalance_experts(
     """
     import torch
 
-    weight = core.as_array(tokens_per_expert, "tokens_per_expert")
-    if weight.ndim == 3:
-        weight = weight.sum(axis=0)
     num_physical_experts = core.whole(num_physical_experts, "num_physical_experts")
-    num_local_physical_experts = core.whole(num_local_physical_experts, "num_local_physical_experts")
-    num_nodes = core.whole(num_nodes, "num_nodes")
-    num_groups = None if num_groups is None else core.whole(num_groups, "num_groups")
-    if num_local_physical_experts < 1 or num_physical_experts % num_local_physical_experts:
+    num_local_physical_experts = core.positive(core.whole(num_local_physical_experts, "num_local_physical_experts"),
+                                               "num_local_physical_experts")
+    num_nodes = core.positive(core.whole(num_nodes, "num_nodes"), "num_nodes")
+    num_groups = None if num_groups is None else core.positive(core.whole(num_groups, "num_groups"), "num_groups")
+    if num_physical_experts % num_local_physical_experts:
         raise core.PolicyInputError(
             f"num_physical_experts ({num_physical_experts}) must be a multiple of "
             f"num_local_physical_experts ({num_local_physical_experts})"
         )
     num_ranks = num_physical_experts // num_local_physical_experts
-    groups = num_groups if num_groups is not None and num_groups % max(num_nodes, 1) == 0 else 1
+    groups = num_groups if num_groups is not None and num_groups % num_nodes == 0 else 1
     nodes = num_nodes if groups > 1 else 1
-    named = "current_phy2log" if current_phy2log is not None else "SGLang's physical_to_logical_map"
     current = current_phy2log if current_phy2log is not None else _serving_map()
-    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, old_name=named)
+    names = core.Arguments(
+        weight="tokens_per_expert", windows=True, num_replicas="num_physical_experts", num_groups="num_groups",
+        num_nodes="num_nodes", num_ranks="num_physical_experts / num_local_physical_experts",
+        old="current_phy2log" if current_phy2log is not None else "SGLang's physical_to_logical_map")
+    weight = core.loads(tokens_per_expert, names)  # [L, E], the windows summed
+    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, names=names)
     level = logging.WARNING if result.fell_back else logging.INFO
     logger.log(level, "eplb algorithm (%s): %s", result.source, result.how)
     log2phy, logcnt = core.logical_maps(result.phy2log, weight.shape[1])

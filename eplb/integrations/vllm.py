@@ -31,6 +31,8 @@ from eplb.integrations import core
 Convention = Literal["phy2log", "tuple"]
 POLICY_NAME = core.SELECTED
 SELECT_ENV = core.VLLM_SELECT
+NAMES = core.Arguments(old="old_global_expert_indices")
+"""vLLM's names of the policy's arguments (`rebalance_experts`), which the plug-in's errors use."""
 
 # A child of vLLM's logger, so lines appear in vLLM's log with its format and level.
 logger = logging.getLogger("vllm.eplb_plugin")
@@ -65,7 +67,7 @@ class EplbPolicy:
 
         w = core.as_array(weight, "weight")
         result = core.rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices,
-                                old_name="old_global_expert_indices")
+                                names=NAMES)
         level = logging.WARNING if result.fell_back else logging.INFO
         logger.log(level, "eplb policy (%s): %s", result.source, result.how)
         phy2log = torch.from_numpy(np.ascontiguousarray(result.phy2log, dtype=np.int64))
