@@ -457,7 +457,7 @@ class _Api:
     def applied(name: str, placement: PlacementOut | dict[str, Any]) -> _Call[HistoryEntry]:
         body = _placement_body(placement, "placement")
         return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body},
-                     idempotent=False)  # an applied entry each time
+                     idempotent=False)  # sent again after a window moved the placement, it would undo that
 
 
 def _placement_body(placement: PlacementOut | dict[str, Any], name: str) -> dict[str, Any]:
@@ -617,7 +617,8 @@ class Client:
 
     def applied(self, name: str, placement: PlacementOut | dict[str, Any]) -> HistoryEntry:
         """Record the placement the cluster now serves: every field given is sent (a placement file's
-        `layer_ids` too), and the service checks them."""
+        `layer_ids` too), and the service checks them. The placement already serving records nothing: the answer
+        is the entry that made it serve (placed, rebalanced or applied)."""
         return self._do(_Api.applied(name, placement))
 
 

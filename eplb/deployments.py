@@ -609,11 +609,18 @@ def record_applied(store: Store, name: str, value: Any) -> HistoryEntry:
     becomes the current placement, whatever the stored one's layer count (the cluster is the authority on what
     it serves, as with a window's current_placement); one the deployment cannot hold is refused (`_serving`).
     Moves are counted from the previous one, lb and time predicted on the last window received (`_record_serving`:
-    neither from a placement, or on a window, of other layers)."""
+    neither from a placement, or on a window, of other layers). The placement already serving (the same experts in
+    the same slots, the same shares: a plan confirmed, a report sent again) records nothing, as a window's
+    current_placement equal to it records nothing: the answer is the entry that made it serve."""
     with store.write() as session:
         row = _row(store.lock_deployment(session, name), name)
         setup = Setup(DeploymentConfig.model_validate(row.config))
         applied = _serving(setup, value, "placement")
+        current = _placement(row)
+        if current is not None and _same_placement(applied, current):
+            made = _serving_entry(session, row)
+            if made is not None:
+                return _entry(made)
         return _entry(_record_serving(session, row, setup, applied, "reported by the cluster"))
 
 
@@ -714,6 +721,17 @@ def _same_placement(a: Placement, b: Placement) -> bool:
         return False
     return (a.shares is None and b.shares is None) or (
         a.shares is not None and b.shares is not None and np.array_equal(a.shares, b.shares))
+
+
+def _serving_entry(session: Any, row: DeploymentRow) -> HistoryRow | None:
+    """The history entry that made the stored placement serve (the newest with a placement: placed, rebalanced or
+    applied), or None when it holds another (a history this version did not write)."""
+    made = session.scalars(select(HistoryRow).where(HistoryRow.deployment == row.name, HistoryRow.phy2log.is_not(None))
+                           .order_by(HistoryRow.id.desc()).limit(1)).first()
+    if made is None or made.phy2log != row.phy2log or made.shares != row.shares:
+        return None
+    entry: HistoryRow = made
+    return entry
 
 
 def _state_key(key: str, row: DeploymentRow) -> str:

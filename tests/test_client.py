@@ -305,8 +305,8 @@ def test_deployment_names_reach_their_own_deployment(base: str) -> None:
         name = "Victim.2_b-c"  # every character the service allows, through every call
         eplb.put_deployment(name, config())
         first = eplb.send_window(name, window(0))
-        assert first.result is not None and eplb.applied(name, first.result.placement).action == "applied"
-        assert eplb.deployment(name).name == name and len(eplb.history(name).entries) == 2
+        assert first.result is not None and eplb.applied(name, first.result.placement).id == first.history_id
+        assert eplb.deployment(name).name == name and len(eplb.history(name).entries) == 1  # it served already
         assert eplb.export(name, "trtllm")["num_slots"] == 80
         eplb.delete_deployment(name)
         eplb.delete_deployment("victim")
@@ -572,7 +572,7 @@ def test_applied_sends_every_field_of_the_placement(base: str) -> None:
         with pytest.raises(ServiceError, match=r"^422 Invalid request: .*replicas"):
             eplb.applied("client-applied", {**placement, "replicas": [[1] * 64] * 4})  # not phy2log's counts
         entry = eplb.applied("client-applied", {**placement, "layer_ids": [3, 4, 5, 6]})
-        assert entry.action == "applied" and entry.moves == 0
+        assert entry.id == first.history_id  # taken; it serves already: the entry that placed it, nothing recorded
         eplb.delete_deployment("client-applied")
     sent: list[dict[str, object]] = []
 

@@ -305,6 +305,32 @@ def test_applied_placement_becomes_current(store: Store) -> None:
         dep.record_applied(store, "a", {"phy2log": [list(range(64))] * LAYERS, "slots_per_gpu": [8] * 8})
 
 
+def test_applying_the_placement_that_serves_records_nothing(client: TestClient, store: Store) -> None:
+    """The placement already serving, reported applied (the plan of the last rebalance confirmed, every EP rank
+    reporting it, a report sent twice), added an `applied` entry each time (0 moves, lb before = after), where the
+    same map sent as a window's current_placement records none. Now nothing is recorded and the answer is the entry
+    that made it serve; another placement is recorded as before, and the last window stays a duplicate."""
+    dep.register(store, "confirm", config(trigger="periodic", every=1))
+    first = dep.process_window(store, "confirm", window(0))
+    assert first.result is not None and first.history_id is not None
+    placed = first.result.placement.model_dump(exclude_none=True)
+    for _ in range(2):
+        confirmed = dep.record_applied(store, "confirm", placed)
+        assert (confirmed.id, confirmed.action) == (first.history_id, "placed"), confirmed
+    assert dep.history_count(store, "confirm") == 1
+    second = dep.process_window(store, "confirm", window(1))
+    assert second.action == "rebalanced" and second.result is not None
+    over_http = client.post("/deployments/confirm/placement", json={"placement": second.result.placement.model_dump(
+        mode="json", exclude_none=True)})
+    assert over_http.status_code == 200 and over_http.json() == second.entry.model_dump(mode="json",
+                                                                                         exclude_none=True)
+    assert dep.process_window(store, "confirm", window(1)) == second  # still the last window, answered once
+    refused = dep.record_applied(store, "confirm", placed)  # the cluster went back: recorded
+    assert refused.action == "applied" and refused.moves == second.entry.moves
+    assert dep.record_applied(store, "confirm", placed) == refused
+    assert [e.action for e in dep.history(store, "confirm").entries] == ["applied", "rebalanced", "placed"]
+
+
 def _concurrently(count: int, send: Any) -> list[Any]:
     """`send(i)` for i < count, each in its thread, released together; their answers in order of i."""
     results: list[Any] = [None] * count
@@ -1243,7 +1269,7 @@ def test_a_policy_of_zero_copies_is_refused_at_put_and_a_stored_one_keeps_servin
     assert forced.action == "kept" and forced.reason.startswith("forced by the request, but policy.max_moves is 0")
     assert first.result is not None
     applied = dep.record_applied(store, "old", first.result.placement.model_dump(exclude_none=True))
-    assert applied.action == "applied"
+    assert applied.id == first.history_id  # taken, not refused; it serves already: the entry that placed it
     answer = client.post("/deployments/old/windows", json={"loads": window(3)})
     assert answer.status_code == 200 and answer.json()["action"] == "kept", answer.text
     view = dep.get(store, "old")

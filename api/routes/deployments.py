@@ -222,7 +222,8 @@ async def get_history(
 
 @router.post("/{name}/placement", response_model=HistoryEntry, response_model_exclude_none=True,
              responses=documented(401, 404, 422),
-             summary="Record the placement the cluster applied (it becomes the current placement)")
+             summary="Record the placement the cluster applied (it becomes the current placement; the one already "
+                     "serving records nothing and answers the entry that made it serve)")
 async def post_applied(name: str, body: AppliedIn, db: DbDep) -> HistoryEntry:
     entry: HistoryEntry = await _call(deployments.record_applied, db, name,
                                       body.placement.model_dump(exclude_none=True))
