@@ -663,6 +663,8 @@ def _serving(setup: Setup, value: Any, field: str) -> Placement:
         value = {**value, "num_experts": setup.model.num_experts}
     try:
         served = Placement.from_dict(value, field)
+    except FieldError as exc:  # a field in it (layer_ids): named in the placement, as the service's schema does
+        raise FieldError([f"{field}.{name}" for name in exc.fields], exc.message) from None
     except EplbError as exc:
         raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
     if served.num_experts != setup.model.num_experts:

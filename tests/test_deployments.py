@@ -331,6 +331,21 @@ def test_applying_the_placement_that_serves_records_nothing(client: TestClient, 
     assert [e.action for e in dep.history(store, "confirm").entries] == ["applied", "rebalanced", "placed"]
 
 
+def test_layer_ids_out_of_order_name_the_field_in_the_library_too(store: Store) -> None:
+    """record_applied and a window's current_placement with layer_ids [4, 3, 2, 1] raised FieldError('placement')
+    or ('current_placement'), not the field in it (the service's schema names it before, the library did not)."""
+    dep.register(store, "shuffled", config())
+    first = dep.process_window(store, "shuffled", window(0))
+    assert first.result is not None
+    shuffled = {**first.result.placement.model_dump(exclude_none=True), "layer_ids": [4, 3, 2, 1]}
+    with pytest.raises(FieldError, match="layer 3 comes after layer 4") as applied:
+        dep.record_applied(store, "shuffled", shuffled)
+    with pytest.raises(FieldError, match="layer 3 comes after layer 4") as sent:
+        dep.process_window(store, "shuffled", window(1), current_placement=shuffled)
+    assert (applied.value.fields, sent.value.fields) == (("placement.layer_ids",), ("current_placement.layer_ids",))
+    assert dep.history_count(store, "shuffled") == 1
+
+
 def _concurrently(count: int, send: Any) -> list[Any]:
     """`send(i)` for i < count, each in its thread, released together; their answers in order of i."""
     results: list[Any] = [None] * count
