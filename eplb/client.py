@@ -18,8 +18,9 @@ service's `NotTheService`; a request the client will not send (a deployment name
 NaN or infinity, a value JSON cannot carry) raises `InvalidRequest` naming the field, and so does a deployment
 config the service refuses (`InvalidConfig`, also a ServiceError: the service is the one judge of a config, so
 a client older than the service sends what the service takes): each a one-line EplbError. Numpy arrays and
-scalars are welcome at any depth of a request. What another attempt can mend (a 502, 503 or 504, a connection
-refused or reset, no answer in time) is sent again by the engine plug-ins' rule, `eplb.retry` (`Client` says how).
+scalars are welcome at any depth of a request. What another attempt can mend (a 429, 502, 503 or 504, a
+connection refused or reset, no answer in time) is sent again by the engine plug-ins' rule, `eplb.retry` (`Client`
+says how).
 """
 
 from __future__ import annotations
@@ -124,9 +125,11 @@ def _read(url: str, call: _Call[T], attempts: retry.Attempts) -> T:
         assert final is not None
         _check(final, call)
     except EplbError as error:
-        earlier = attempts.earlier()
+        earlier, unsent = attempts.earlier(), attempts.unsent()
         if earlier:
             error.args = (f"{error.args[0]} (attempt {attempts.made}, after {earlier})",)
+        if unsent:
+            error.args = (f"{error.args[0]} ({unsent})",)
         raise
     return _parse(url, call, final)
 
@@ -512,9 +515,10 @@ class Client:
     above 0, at most `eplb.rules.MAX_TIMEOUT_S` (a day), else InvalidRequest. A call after `close` is InvalidRequest.
 
     A call is sent again, the same request, by the rule the engine plug-ins follow (`eplb.retry`): up to
-    `eplb.retry.RETRIES` more times, 0.1 s then 0.3 s apart, for a 502, 503 or 504, a connection refused or reset
-    before an answer, or no answer in time while `timeout` has time left (each attempt that may be followed by
-    another waits for the time left less `eplb.retry.reserve_s`); a call that is not safe to repeat (`submit`,
+    `eplb.retry.RETRIES` more times, 0.1 s then 0.3 s apart (or after the answer's Retry-After when longer and
+    `timeout` holds it; one it does not hold ends the call at once), for a 429, 502, 503 or 504, a connection refused
+    or reset before an answer, or no answer in time while `timeout` has time left (each attempt that may be followed
+    by another waits for the time left less `eplb.retry.reserve_s`); a call that is not safe to repeat (`submit`,
     `applied`, `delete_deployment`) only after a connection refused. A 500 or a 4xx is never sent again."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, *,

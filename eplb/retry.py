@@ -3,9 +3,10 @@ client (`eplb.client`). Which failed attempts are sent again, how often, how far
 by all the attempts of a call; and how each attempt's outcome is said.
 
 Sans I/O: `Attempts` says how long each attempt may wait for an answer and, after it, whether to send the same request
-again and after what pause. `send` (sync) and `send_async` (asyncio) make the attempts with the caller's request
-function; each returns the `Attempts`, whose `final` is the last attempt's answer or exception, for the caller to read
-in its own terms (a plug-in's `Failure`, the client's exceptions).
+again and after what pause (the backoff, or longer when the answer's Retry-After asks for it and the timeout holds
+it). `send` (sync) and `send_async` (asyncio) make the attempts with the caller's request function; each returns the
+`Attempts`, whose `final` is the last attempt's answer or exception, for the caller to read in its own terms (a
+plug-in's `Failure`, the client's exceptions).
 
 Light: httpx and the standard library only (the plug-ins import it in the engine's process).
 """
@@ -13,6 +14,8 @@ Light: httpx and the standard library only (the plug-ins import it in the engine
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import math
 import time
 from collections.abc import Awaitable, Callable
 from itertools import groupby
@@ -31,12 +34,14 @@ repeat (a job submitted, an applied placement recorded, a deployment deleted) is
 a connection refused (`httpx.ConnectError`, `httpx.ConnectTimeout`). All attempts share the call's timeout: each but
 the last waits for the time left less `reserve_s` (the first, most of it), so the call ends no later than one attempt
 did, and a solve that takes longer than the first attempt's wait is waited for once, not again and again."""
-RETRY_STATUSES = frozenset({502, 503, 504})
-"""Error statuses sent again: bad gateway, service unavailable (the service's 503: every solver busy), gateway
-timeout."""
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+"""Error statuses sent again: too many requests (a rate limit in front of the service), bad gateway, service
+unavailable (the service's 503: every solver busy), gateway timeout."""
 BACKOFF_S = (0.1, 0.3)
-"""Seconds between attempts (before the second, the third); an attempt that would have less than `MIN_ATTEMPT_S`
-of the timeout left is not made."""
+"""Seconds between attempts (before the second, the third), or the answer's Retry-After when it asks for longer (the
+service's 503 asks for `EPLB_RETRY_AFTER_S`, 5 s by default); an attempt that would have less than `MIN_ATTEMPT_S`
+of the timeout left after the pause is not made, and nothing is slept for it: a Retry-After past the timeout ends
+the call with that answer at once (`Attempts.unsent`)."""
 MIN_ATTEMPT_S = 0.05
 RESERVE_S = 1.0
 """Seconds of a call's timeout an attempt that may be followed by another leaves for it; at most a quarter of the
@@ -49,6 +54,22 @@ Result = httpx.Response | Exception
 def reserve_s(timeout_s: float) -> float:
     """Seconds of the timeout kept back from an attempt for one retry: `RESERVE_S`, at most a quarter of it."""
     return min(RESERVE_S, timeout_s / 4)
+
+
+def retry_after_s(result: Result) -> float | None:
+    """Seconds an answer asks its caller to wait before sending the request again: its Retry-After, delay-seconds or
+    an HTTP-date (RFC 9110, 10.2.3; a date past is 0); None: no answer, no Retry-After, or one that does not read."""
+    if not isinstance(result, httpx.Response):
+        return None
+    value = result.headers.get("retry-after", "").strip()
+    if value.isascii() and value.isdigit():
+        return float(value)  # 10**400 digits: inf, which no timeout holds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    seconds = when.timestamp() - time.time()  # a date without a zone is read as UTC, as HTTP-dates are
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def mendable(result: Result, idempotent: bool = True) -> bool:
@@ -65,7 +86,8 @@ def mendable(result: Result, idempotent: bool = True) -> bool:
 class Attempts:
     """The attempts of one call under the rule: `wait_s()` before each, `after(result, waited)` once it is done.
     `final` is the last attempt's result; `failed` holds every mendable failure, with the seconds it waited, in
-    order (the last one too when no attempt was left for it)."""
+    order (the last one too when no attempt was left for it); `asked`, when the final answer was not sent again
+    because its Retry-After passed the timeout: (seconds asked, seconds the timeout had left)."""
 
     def __init__(self, timeout_s: float, idempotent: bool = True) -> None:
         self.timeout_s, self.idempotent = timeout_s, idempotent
@@ -73,6 +95,7 @@ class Attempts:
         self.made = 0
         self.final: Result | None = None
         self.failed: list[tuple[Result, float]] = []
+        self.asked: tuple[float, float] | None = None
 
     def wait_s(self) -> float:
         """Seconds the next attempt may wait for its answer: the time left, less `reserve_s` when another attempt
@@ -82,16 +105,33 @@ class Attempts:
         return wait if wait >= MIN_ATTEMPT_S else left
 
     def after(self, result: Result, waited: float) -> float | None:
-        """Record an attempt's result; the seconds to pause before sending the request again, or None: `result` is
-        the call's (not mendable, no attempt left, or too little time left after the pause)."""
+        """Record an attempt's result; the seconds to pause before sending the request again (the backoff, or the
+        answer's Retry-After when longer), or None: `result` is the call's (not mendable, no attempt left, or too
+        little time left after the pause: then nothing is slept)."""
         attempt, self.made, self.final = self.made, self.made + 1, result
         if not mendable(result, self.idempotent):
             return None
         self.failed.append((result, waited))
-        pause = BACKOFF_S[attempt] if attempt < RETRIES else None
-        if pause is None or self.deadline - time.monotonic() - pause < MIN_ATTEMPT_S:
+        if attempt >= RETRIES:
+            return None
+        asked = retry_after_s(result)
+        pause = BACKOFF_S[attempt] if asked is None else max(BACKOFF_S[attempt], asked)
+        left = self.deadline - time.monotonic()
+        if left - pause < MIN_ATTEMPT_S:
+            if asked is not None and asked == pause:
+                self.asked = (asked, max(0.0, left))
             return None
         return pause
+
+    def unsent(self) -> str:
+        """Why the final answer was not sent again, when its Retry-After passed the timeout: 'Retry-After 5 s: more
+        than the 2.9 s left of the call's 3 s timeout, not sent again'; else ''."""
+        if self.asked is None:
+            return ""
+        asked, left = self.asked
+        shown = f"{seconds(asked)} s" if math.isfinite(asked) else "beyond any timeout"
+        return (f"Retry-After {shown}: more than the {seconds(left)} s left of the call's {seconds(self.timeout_s)} s "
+                "timeout, not sent again")
 
     def history(self) -> str:
         """Every mendable failure said (`said`), consecutive equal ones once with their count: 'answered 503: busy

@@ -21,15 +21,16 @@ def window_post(method: str, path: str) -> bool:
 
 
 @contextmanager
-def proxy(base: str, script: dict[int, int | str],
-          counted: Callable[[str, str], bool] = window_post) -> Iterator[tuple[str, list[tuple[int, str]]]]:
+def proxy(base: str, script: dict[int, int | str], counted: Callable[[str, str], bool] = window_post,
+          retry_after: str | None = None) -> Iterator[tuple[str, list[tuple[int, str]]]]:
     """A real HTTP proxy on a loopback port in front of the service at `base`. Every request is forwarded (with its
     content type and Authorization) and its answer sent back, except the `counted(method, path)` requests (default:
     window POSTs) `script` names by number (1: the first counted request through the proxy, 2: the next, ...): a
     status is answered by the proxy itself; "drop" closes the connection without an answer (a reset); "late" is
     forwarded and processed, but its answer held until the next counted request arrives (its client has given up on
-    it); "silent" gets no answer until the proxy closes. Yields its URL and its log of counted requests in order:
-    (number, what it did: "forwarded", the status, "drop", "late" or "silent")."""
+    it); "silent" gets no answer until the proxy closes. A status the proxy answers carries `Retry-After:
+    retry_after` when given; a forwarded answer keeps the service's. Yields its URL and its log of counted
+    requests in order: (number, what it did: "forwarded", the status, "drop", "late" or "silent")."""
     log: list[tuple[int, str]] = []
     changed = threading.Condition()  # a counted request logged, or the proxy closing
     closing: list[bool] = []
@@ -54,19 +55,24 @@ def proxy(base: str, script: dict[int, int | str],
                 self.close_connection = True
                 return
             if isinstance(action, int):
-                self.reply(action, json.dumps({"detail": f"the proxy's {action}"}).encode())
+                self.reply(action, json.dumps({"detail": f"the proxy's {action}"}).encode(),
+                           retry_after=retry_after)
                 return
             headers = {name: self.headers[name] for name in FORWARDED_HEADERS if self.headers.get(name)}
             answer = upstream.request(self.command, self.path, content=body, headers=headers)
             if action == "late":
                 with changed:
                     changed.wait_for(lambda: len(log) > n or bool(closing), timeout=60)
-            self.reply(answer.status_code, answer.content, answer.headers.get("content-type", "application/json"))
+            self.reply(answer.status_code, answer.content, answer.headers.get("content-type", "application/json"),
+                       answer.headers.get("retry-after"))
 
-        def reply(self, status: int, content: bytes, kind: str = "application/json") -> None:
+        def reply(self, status: int, content: bytes, kind: str = "application/json",
+                  retry_after: str | None = None) -> None:
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
+                if retry_after is not None:
+                    self.send_header("Retry-After", retry_after)
                 self.send_header("Content-Length", str(len(content)))
                 self.end_headers()
                 self.wfile.write(content)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.utils
 import itertools
 import json
+import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
@@ -703,6 +706,63 @@ def test_a_call_that_fails_once_is_sent_again_by_the_plug_ins_rule(base: str, mo
     with Client(base, api_key=KEY) as direct:
         assert [e.action for e in direct.history("client-retry").entries] == ["rebalanced", "placed"]
         direct.delete_deployment("client-retry")
+
+
+def test_a_busy_services_retry_after_is_honoured_within_the_timeout(
+    base: str, server_factory: Callable[..., str]
+) -> None:
+    """The service answers 503 with Retry-After (EPLB_RETRY_AFTER_S, 5 s by default) when every solver is busy, but
+    the rule sent the call again 0.1 s and 0.3 s later: three 503s within half a second. A real `eplb serve` whose
+    one solver process runs a MILP job (Retry-After: 2), through a proxy that counts the solves: with a 3 s timeout
+    the second attempt waits the 2 s and no third is made (its 2 s would pass the timeout), the error saying so; with
+    1.5 s one attempt, answered at once. A proxy's 503 with Retry-After: 1, once: the call waits 1 s, then succeeds."""
+    busy = server_factory(solver_workers="1", queue_limit="0", async_threshold_s="5", retry_after_s="2", api_key=KEY)
+    milp = {**request(), "solver": "milp"}
+    with Client(busy, api_key=KEY) as direct:
+        job = direct.submit(**milp, time_limit_s=60)
+        deadline = time.monotonic() + 60
+        while direct.job(job.id).status != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        try:
+            for timeout, made in ((3.0, 2), (1.5, 1)):
+                with proxy(busy, {}, _path_ends("POST", "/placement")) as (url, log), \
+                        Client(url, api_key=KEY, timeout=timeout) as eplb, pytest.raises(ServiceError) as refused:
+                    start = time.monotonic()
+                    try:
+                        eplb.placement(**milp, time_limit_s=2)
+                    finally:
+                        took = time.monotonic() - start
+                message = str(refused.value)
+                assert refused.value.status == 503 and len(log) == made, (log, message)
+                assert (2.0 if made == 2 else 0.0) <= took < (timeout if made == 2 else 1.0), (took, message)
+                assert message.startswith("503 Service busy: every solver worker is busy and the wait queue is full")
+                assert re.search(rf"\(Retry-After 2 s: more than the [0-9.]+ s left of the call's {timeout:g} s "
+                                 r"timeout, not sent again\)$", message), message
+        finally:
+            direct.cancel(job.id)
+    with proxy(base, {1: 503}, _path_ends("GET", "/deployments"), retry_after="1") as (url, log), \
+            Client(url, api_key=KEY, timeout=10) as eplb:
+        start = time.monotonic()
+        eplb.deployments()
+        assert time.monotonic() - start >= 1.0 and log == [(1, "503"), (2, "forwarded")]
+
+
+def test_retry_after_is_read_as_seconds_or_a_date_for_every_status_sent_again() -> None:
+    """Retry-After is delay-seconds or an HTTP-date (RFC 9110); one that does not read, or asks less than the
+    backoff, leaves the backoff; a 429 (a rate limit in front of the service) is sent again like a 503."""
+    later = email.utils.formatdate(time.time() + 2.5, usegmt=True)  # whole seconds: 1.5 to 2.5 s from now
+    for status, value, low, high in ((429, "2", 2.0, 2.0), (503, later, 1.4, 2.5), (502, "soon", 0.1, 0.1),
+                                     (504, "0", 0.1, 0.1), (503, "-3", 0.1, 0.1)):
+        attempts = retry.Attempts(10.0)
+        pause = attempts.after(httpx.Response(status, headers={"Retry-After": value}), 1.0)
+        assert pause is not None and low <= pause <= high and attempts.unsent() == "", (status, value, pause)
+    for value, shown in (("30", "30 s"), ("9" * 400, "beyond any timeout")):  # past the timeout: not sent again
+        attempts = retry.Attempts(10.0)
+        assert attempts.after(httpx.Response(503, headers={"Retry-After": value}), 1.0) is None
+        assert re.fullmatch(rf"Retry-After {shown}: more than the [0-9.]+ s left of the call's 10 s timeout, not "
+                            "sent again", attempts.unsent()), attempts.unsent()
+    assert retry.mendable(httpx.Response(429)) and not retry.mendable(httpx.Response(429), idempotent=False)
 
 
 def test_a_service_that_stays_down_is_tried_within_the_timeout_and_said_in_one_line(
