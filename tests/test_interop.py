@@ -545,12 +545,12 @@ def test_written_windows_read_back(tmp_path: Path) -> None:
     loads = read_vllm_loads([tmp_path / "c.npy"])
     write_loads(loads, tmp_path / "w.json")
     data = json.loads((tmp_path / "w.json").read_text())
-    assert data["layer_ids"] == [0, 1, 2] and data["num_steps"] == 2 and "vllm" in data["format"]
+    assert "layer_ids" not in data and data["num_steps"] == 2 and "vllm" in data["format"]  # MoE layer positions
     window = read_window(tmp_path / "w.json")
-    assert window.loads.tolist() == loads.window.tolist() and window.meta["layer_ids"] == [0, 1, 2]
+    assert window.loads.tolist() == loads.window.tolist() and "layer_ids" not in window.meta
     write_loads(loads, tmp_path / "steps.npz", keep_steps=True)
     with np.load(tmp_path / "steps.npz") as npz:
-        assert npz["counts"].shape == (2, 3, 4) and npz["layer_ids"].tolist() == [0, 1, 2]
+        assert npz["counts"].shape == (2, 3, 4) and "layer_ids" not in npz.files
     assert read_window(tmp_path / "steps.npz").loads.tolist() == loads.window.tolist()
     last = loads.select_steps(-1, None)
     assert last.window.tolist() == np.arange(12, 24).reshape(3, 4).tolist()
@@ -737,6 +737,35 @@ def test_an_unbounded_sglang_recording_is_in_time_order(tmp_path: Path, capsys: 
              physical_to_logical_map=np.array([[0, 1, 2], [0, 1, 2]]))
     with pytest.raises(EplbError, match=r"not in time order \(a full expert_load_window: vLLM fills it"):
         _cli(["import-load", "--from", "vllm", str(tmp_path / "window.npz"), "--steps=-2:", "--out", str(out)])
+
+
+def test_a_vllm_window_has_moe_layer_positions_not_model_layers(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM numbers its MoE layers by position (moe_layer_idx 0..57 for DeepSeek-V3, whose MoE layers are model
+    layers 3-60): import-load wrote layer_ids 0..57 as model layers, so evaluate matched the window against the
+    SGLang export of the very placement solved on it 3 layers off (lb mean 1.661, no warning), and refused eplb's
+    own file ("no row for layer 0"). The window carries no layer_ids now: matched by position, as vLLM means it."""
+    from eplb.cli import main
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "sglang6017-dsv3-decode-in1000out1000.json"
+    np.savez(tmp_path / "vllm.npz", counts=np.array(json.loads(fixture.read_text())["loads"])[None])
+    window, placement = tmp_path / "vdec.json", tmp_path / "p.json"
+    assert main(["import-load", "--from", "vllm", str(tmp_path / "vllm.npz"), "--out", str(window)]) == 0
+    assert "58 layers (MoE layers 0-57 by position, no model layer ids) x 256 experts" in capsys.readouterr().out
+    assert "layer_ids" not in json.loads(window.read_text())
+    assert main(["solve", "--loads", str(fixture), "--gpus", "32", "--out", str(placement)]) == 0
+    sglang = tmp_path / "p.sglang.json"
+    assert main(["export", "--placement", str(placement), "--to", "sglang", "--out", str(sglang)]) == 0
+    capsys.readouterr()
+    lbs = []
+    for loads in (fixture, window):
+        assert main(["evaluate", "--loads", str(loads), "--placement", str(placement), "--json"]) == 0
+        lbs.append(json.loads(capsys.readouterr().out)["predicted"]["lb"])
+    assert lbs[0] == lbs[1] and max(lbs[1]) < 1.01
+    assert main(["evaluate", "--loads", str(window), "--placement", str(sglang), "--gpus", "32"]) == 2
+    assert "placement is 61 layers x 288 slots of 256 experts but the loads are 58 layers x 256 experts; give the " \
+           "placement solved for these loads (eplb's file), or give the loads the model layer of each row " \
+           "(layer_ids, e.g. 3-60 for DeepSeek-V3)" in capsys.readouterr().err
 
 
 def test_vllm_files_are_ranks_summed(tmp_path: Path) -> None:

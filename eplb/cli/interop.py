@@ -63,7 +63,8 @@ Turn the expert statistics a serving system recorded into a load window for `epl
   vllm     per-step counts [steps][layers][experts] (.npy, .npz or .json "counts"); several files are the
            EP ranks of one recording and are summed, as vLLM does. vLLM's own expert_load_window counts
            physical slots: pass the placement that was live (--placement) or store physical_to_logical_map
-           in the .npz, and slots are added up per logical expert.
+           in the .npz, and slots are added up per logical expert. vLLM numbers MoE layers by position
+           (0..57 for DeepSeek-V3's model layers 3-60): the window has no layer_ids.
 
 SGLang files are successive dumps, stacked along the step axis. Steps a circular recorder buffer never
 wrote (all zero) are dropped. The window is the sum over the selected steps; with --keep-steps the per-step
@@ -301,7 +302,9 @@ def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
     total = float(window.sum())
     what = f"{plural(loads.num_steps, 'step')} x " if keep_steps else ""
     per_layer = total / layers if layers else 0.0
+    rows = (f"model {_layers(loads.layer_ids)}" if loads.layer_ids is not None else  # vLLM numbers MoE layers
+            f"MoE {_layers(list(range(layers)))} by position, no model layer ids")
     return (f"read {loads.source}\n"
-            f"wrote {out}: {what}{plural(layers, 'layer')} (model {_layers(loads.layer_ids)}) x "
+            f"wrote {out}: {what}{plural(layers, 'layer')} ({rows}) x "
             f"{plural(experts, 'expert')}, "
             f"{per_layer:,.0f} token-expert assignments per layer summed over {plural(loads.num_steps, 'step')}")

@@ -62,11 +62,16 @@ def read_placement_for(
         placement = _read(path, num_gpus, None).placement
         picked = exc  # the file's own error, if any
     if (placement.num_layers, placement.num_experts) != (num_layers, num_experts):
+        unlabelled = (layer_ids is None and placement.layer_ids is not None and placement.num_layers > num_layers
+                      and placement.num_experts == num_experts)  # e.g. SGLang's model-layer rows, a vLLM window
         raise EplbError(
             f"{path}: the placement is {plural(placement.num_layers, 'layer')} x "
             f"{plural(placement.num_physical, 'slot')} of {plural(placement.num_experts, 'expert')} but the loads are "
             f"{plural(num_layers, 'layer')} x {plural(num_experts, 'expert')}; "
-            "give the placement solved for these loads"
+            "give the placement solved for these loads" + (
+                " (eplb's file), or give the loads the model layer of each row (layer_ids, e.g. 3-60 for "
+                "DeepSeek-V3) to pick the placement's rows by: these have none (a vLLM window numbers MoE layers by "
+                "position)" if unlabelled else "")
         )
     if gpus_flag is not None:  # after the shape: another model's file says that first
         refuse_other_gpus(path, placement, num_gpus, gpus_flag)

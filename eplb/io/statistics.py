@@ -38,7 +38,9 @@ class ImportedLoads:
     """Per-step expert counts read from a serving system.
 
     counts: [steps, layers, E] tokens routed to each logical expert (token-to-expert assignments);
-    layer_ids: model layer of each row; source: where they came from; format: sglang, trtllm or vllm;
+    layer_ids: model layer of each row, or None when the recording has none (vLLM numbers its MoE layers by
+    position, 0..L-1 in model order, whatever their model layers); source: where they came from; format: sglang,
+    trtllm or vllm;
     meta: extra facts from the files (e.g. num_experts_per_token, iterations); in_time_order: False when the
     steps come from a circular buffer that does not record where it wrapped (the sum is still exact);
     order_note: why they are not in time order, or, when they are, what that assumes (a caveat to show when
@@ -46,7 +48,7 @@ class ImportedLoads:
     """
 
     counts: NDArray[np.float64]
-    layer_ids: list[int]
+    layer_ids: list[int] | None
     source: str
     format: str
     meta: dict[str, Any] = field(default_factory=dict)
@@ -233,11 +235,12 @@ def fold_slots(loads: ImportedLoads, phy2log: NDArray[np.int64], layer_ids: Sequ
     slots) folded to logical experts with the placement that was live: phy2log [placement layers, P], its rows
     being model layers layer_ids; the rows of loads.layer_ids are picked."""
     rows = {int(layer): i for i, layer in enumerate(layer_ids)}
-    missing = [layer for layer in loads.layer_ids if layer not in rows]
+    counted = list(range(loads.counts.shape[1])) if loads.layer_ids is None else loads.layer_ids
+    missing = [layer for layer in counted if layer not in rows]
     if missing:
         raise EplbError(f"the placement has no row for model layer {missing[0]}, which the statistics count; give "
                         "the load-balancer config that was live while recording (its keys are model layers)")
-    table = np.asarray(phy2log, dtype=np.int64)[[rows[layer] for layer in loads.layer_ids]]
+    table = np.asarray(phy2log, dtype=np.int64)[[rows[layer] for layer in counted]]
     if table.shape[1] != loads.counts.shape[2]:
         raise EplbError(f"the statistics count {loads.counts.shape[2]} slots or experts per layer but the "
                         f"placement has {table.shape[1]} slots; give the config that was live while recording")
@@ -255,7 +258,8 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
     vLLM's own `expert_load_window` counts physical slots, [steps, layers, P]: give `phy2log` [layers, P]
     (or store `physical_to_logical_map` in the .npz) and the slot counts are added up per logical expert.
     That window is a circular buffer: rows never written (all zero) are dropped, and a full one is not in
-    time order.
+    time order. vLLM numbers MoE layers by position (row i is the model's i-th MoE layer, `moe_layer_idx`), not
+    by model layer, so the loads carry no `layer_ids` and are matched to placements by position.
     """
     parts: list[NDArray[np.float64]] = []
     names: list[str] = []
@@ -296,7 +300,7 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
         (counts,), in_order = _circular_buffer_steps([counts])
     ranks = f", {len(names)} ranks summed" if len(names) > 1 else ""
     source = f"vLLM-style counts ({', '.join(names)}{ranks}, {plural(counts.shape[0], 'step')})"
-    return ImportedLoads(counts, list(range(counts.shape[1])), source, "vllm", {"ranks": len(names)},
+    return ImportedLoads(counts, None, source, "vllm", {"ranks": len(names)},
                          in_time_order=in_order, order_note="" if in_order else (
                              "a full expert_load_window: vLLM fills it circularly and the dump does not record "
                              "where it wrapped"))
@@ -334,7 +338,8 @@ def fold_physical(
 def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = False) -> None:
     """Write a load file eplb reads (docs/formats.md): .json `{"loads": [layers][E], "source", "format",
     "layer_ids", "num_steps", ...}`, .npz (`loads`, or `counts` [steps, layers, E] with keep_steps, plus
-    `layer_ids`) or .npy (the array alone). keep_steps writes the per-step counts instead of their sum."""
+    `layer_ids`) or .npy (the array alone); `layer_ids` only when the loads have them. keep_steps writes the
+    per-step counts instead of their sum."""
     p = output_file(path)
     arr = loads.counts if keep_steps else loads.window
     suffix = p.suffix.lower()
@@ -343,7 +348,7 @@ def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = Fa
         obj: dict[str, Any] = {
             "source": loads.source,
             "format": f"{loads.format} (imported by eplb import-load)",
-            "layer_ids": loads.layer_ids,
+            **({} if loads.layer_ids is None else {"layer_ids": loads.layer_ids}),
             "num_steps": loads.num_steps,
             "num_experts": int(arr.shape[-1]),
             **{k: v for k, v in loads.meta.items() if k not in ("source", "loads")},
@@ -351,11 +356,10 @@ def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = Fa
         }
         p.write_text(json.dumps(obj) + "\n")
     elif suffix == ".npz":
-        ids = np.asarray(loads.layer_ids, dtype=np.int64)
-        if keep_steps:
-            np.savez(p, counts=arr, layer_ids=ids)
-        else:
-            np.savez(p, loads=arr, layer_ids=ids)
+        members: dict[str, NDArray[Any]] = {"counts" if keep_steps else "loads": arr}
+        if loads.layer_ids is not None:
+            members["layer_ids"] = np.asarray(loads.layer_ids, dtype=np.int64)
+        np.savez(p, allow_pickle=False, **members)
     elif suffix == ".npy":
         np.save(p, arr)
     else:
