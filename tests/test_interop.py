@@ -540,6 +540,23 @@ def test_vllm_counts_and_physical_folding(tmp_path: Path) -> None:
         import_loads("deepspeed", [tmp_path / "bad.json"])
 
 
+def test_a_vllm_expert_load_window_without_its_map_is_refused(tmp_path: Path) -> None:
+    """vLLM's expert_load_window counts physical slots; without a physical_to_logical_map the import read its 320
+    slots as 320 logical experts ("58 layers x 320 experts"), and eplb solve placed 320 "experts"."""
+    window = np.array([[[1, 2, 3, 4, 5, 6], [1, 1, 1, 1, 1, 1]]])
+    np.savez(tmp_path / "nomap.npz", expert_load_window=window)
+    (tmp_path / "nomap.json").write_text(json.dumps({"expert_load_window": window.tolist()}))
+    for name in ("nomap.npz", "nomap.json"):
+        with pytest.raises(EplbError, match=r"expert_load_window counts vLLM's physical slots \(\[steps, layers, "
+                           r"slots\]\), not logical experts, and no physical_to_logical_map comes with it .*: save the "
+                           r"map next to the window, or give the placement that was live \(--placement\)$"):
+            read_vllm_loads([tmp_path / name])
+        folded = read_vllm_loads([tmp_path / name], phy2log=np.array(PHY2LOG))  # the live placement's map
+        assert folded.window.tolist() == [[6, 8, 3, 4], [1, 1, 2, 2]]
+    np.savez(tmp_path / "logical.npz", counts=window)  # logical counts need no map
+    assert read_vllm_loads([tmp_path / "logical.npz"]).window.shape == (2, 6)
+
+
 def test_written_windows_read_back(tmp_path: Path) -> None:
     np.save(tmp_path / "c.npy", np.arange(2 * 3 * 4).reshape(2, 3, 4))
     loads = read_vllm_loads([tmp_path / "c.npy"])

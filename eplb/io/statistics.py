@@ -117,7 +117,7 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
                                 '{"logical_count": [[...per expert...] per layer]})')
             value: Any = data["logical_count"]
         elif suffix in (".npz", ".npy"):
-            value = _read_array(p, ("logical_count",))
+            _, value = _read_array(p, ("logical_count",))
         else:
             raise EplbError(f"{p}: unknown file type '{suffix}' for SGLang statistics (use .json, .npz or .npy)")
         parts.append(_steps_layers_experts(value, f"{p}: logical_count"))
@@ -275,15 +275,20 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
             if key is None:
                 raise EplbError(f"{p}: expected a 'counts' field holding [steps][layers][experts] token counts")
             value: Any = data[key]
-            recorder |= key == "expert_load_window"
             if table is None and "physical_to_logical_map" in data:
                 table = int_table(data["physical_to_logical_map"], f"{p}: physical_to_logical_map")
         elif suffix in (".npz", ".npy"):
-            value = _read_array(p, ("counts", "logical_count", "loads", "expert_load_window"))
+            key, value = _read_array(p, ("counts", "logical_count", "loads", "expert_load_window"))
             if table is None and suffix == ".npz":
                 table = _npz_table(p)
         else:
             raise EplbError(f"{p}: unknown file type '{suffix}' for vLLM counts (use .npy, .npz or .json)")
+        recorder |= key == "expert_load_window"
+        if key == "expert_load_window" and table is None:
+            raise EplbError(f"{p}: expert_load_window counts vLLM's physical slots ([steps, layers, slots]), not "
+                            "logical experts, and no physical_to_logical_map comes with it to add the slots up per "
+                            "expert: save the map next to the window, or give the placement that was live "
+                            "(--placement)")
         arr = _steps_layers_experts(value, f"{p}: counts")
         if table is not None:
             arr = fold_physical(arr, table, f"{p}")
@@ -452,18 +457,19 @@ def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.flo
 
 
 
-def _read_array(p: Path, keys: tuple[str, ...]) -> NDArray[Any]:
+def _read_array(p: Path, keys: tuple[str, ...]) -> tuple[str, NDArray[Any]]:
+    """(name, array) of the first of `keys` an .npz holds, else of its one array; an .npy's array, named ""."""
     try:
         if p.suffix.lower() == ".npy":
-            return np.asarray(np.load(p, allow_pickle=False))
+            return "", np.asarray(np.load(p, allow_pickle=False))
         with np.load(p, allow_pickle=False) as npz:
             names = list(npz.files)
             for key in keys:
                 if key in names:
-                    return np.asarray(npz[key])
+                    return key, np.asarray(npz[key])
             arrays = [n for n in names if n not in ("layer_ids", "physical_to_logical_map")]
             if len(arrays) == 1:
-                return np.asarray(npz[arrays[0]])
+                return arrays[0], np.asarray(npz[arrays[0]])
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise EplbError(f"{p}: not a readable numpy file ({exc or 'cut short'})") from None
     raise EplbError(f"{p}: expected an array named {' or '.join(repr(k) for k in keys)}, found {names}")
