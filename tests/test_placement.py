@@ -106,6 +106,46 @@ def test_bad_load_files(tmp_path: Path, content: str, message: str) -> None:
         read_window(tmp_path / "w.json")
 
 
+@pytest.mark.parametrize(
+    ("layer_ids", "message"),
+    [
+        ([3], "layer_ids lists 1 layer but the loads have 2 rows: give one model layer per row"),
+        (["a", "b"], "layer_ids: must hold only numbers"),
+        ([-1, 0], "layer_ids: layer -1 is negative: model layers count from 0"),
+        ([5, 3], "layer_ids: layer 3 comes after layer 5"),
+        ([4, 4], "layer_ids: layer 4 appears twice"),
+        ([3.5, 4], "layer_ids: must be a list of integers"),
+        (3, "layer_ids: must be a list of integers"),
+    ],
+)
+def test_a_windows_layer_ids_are_checked_when_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], layer_ids: object, message: str
+) -> None:
+    """A window's layer_ids were kept unchecked: [3] for 2 rows crashed eplb solve (IndexError in its summary) and
+    made eplb evaluate pick 1 row of a 58-layer placement; ["a", "b"], [-1, 0] and [5, 3] were printed as model
+    layers ("model layer a"), refused only by solve --out, in words that did not name the loads file."""
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"layer_ids": layer_ids, "loads": [[1, 2], [3, 4]]}))
+    with pytest.raises(EplbError, match=f"^{re.escape(f'{window}: {message}')}"):
+        read_window(window)
+    assert main(["solve", "--loads", str(window), "--gpus", "2"]) == 2
+    assert capsys.readouterr().err.startswith(f"eplb solve: error: {window}: {message}")
+    np.savez(tmp_path / "w.npz", loads=np.array([[1, 2], [3, 4]]), layer_ids=np.array(layer_ids))
+    if not isinstance(layer_ids, list) or all(isinstance(v, int) for v in layer_ids):  # npz: no strings to mix
+        with pytest.raises(EplbError, match=f"^{re.escape(str(tmp_path / 'w.npz'))}: "):
+            read_window(tmp_path / "w.npz")
+
+
+def test_a_windows_layer_ids_are_kept_from_every_file_type(tmp_path: Path) -> None:
+    """JSON windows kept their layer_ids and .npz ones (written by import-load, eplb.io.logs) dropped them."""
+    (tmp_path / "w.json").write_text(json.dumps({"layer_ids": [3, 4], "loads": [[1, 2], [3, 4]]}))
+    np.savez(tmp_path / "w.npz", loads=np.array([[1, 2], [3, 4]]), layer_ids=np.array([3, 4]))
+    np.savez(tmp_path / "s.npz", counts=np.array([[[1, 2], [3, 4]]]), layer_ids=np.array([3, 4]))
+    for name in ("w.json", "w.npz", "s.npz"):
+        assert read_window(tmp_path / name).meta["layer_ids"] == [3, 4], name
+    assert read_window(None).meta["layer_ids"] == list(range(3, 61))
+
+
 def test_bad_load_paths(tmp_path: Path) -> None:
     with pytest.raises(EplbError, match="not found"):
         read_window(tmp_path / "nope.json")

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.files import existing_file, number_text, plural, read_json, real_array
+from eplb.placement import row_layer_ids
 from solvers.validation import MAX_LOAD as MAX_LOAD  # the one cap on token counts, re-exported
 from solvers.validation import load_refusal
 
@@ -86,7 +87,7 @@ def read_window(path: str | Path | None = None) -> LoadWindow:
     """Read a load window file; None reads the embedded default (a DeepSeek-V3 prefill window)."""
     if path is None:
         data = json.loads(resources.files("eplb.data").joinpath(DEFAULT_WINDOW).read_text())
-        return LoadWindow(check_loads(data["loads"]), f"embedded default ({DEFAULT_WINDOW})", _meta(data))
+        return _window(check_loads(data["loads"]), f"embedded default ({DEFAULT_WINDOW})", _meta(data))
     p = existing_file(path, "load file")
     suffix = p.suffix.lower()
     if suffix == ".json":
@@ -107,8 +108,29 @@ def _read_json(p: Path) -> LoadWindow:
     if isinstance(data, dict):
         if "loads" not in data:
             raise EplbError(f"{p}: expected a 'loads' field holding [layers][experts] token counts")
-        return LoadWindow(check_loads(data["loads"], f"{p}: loads"), str(p), _meta(data))
+        return _window(check_loads(data["loads"], f"{p}: loads"), str(p), _meta(data))
     return LoadWindow(check_loads(data, str(p)), str(p))
+
+
+def _window(loads: NDArray[np.float64], source: str, meta: dict[str, Any]) -> LoadWindow:
+    """A window with metadata `meta`, its `layer_ids` (if any) checked against its rows."""
+    if meta.get("layer_ids") is not None:
+        meta = {**meta, "layer_ids": window_layer_ids(meta["layer_ids"], loads.shape[0], source)}
+    return LoadWindow(loads, source, meta)
+
+
+def window_layer_ids(value: Any, num_layers: int, source: str) -> list[int]:
+    """A window's `layer_ids`, the model layer of each of its `num_layers` rows, by the placements' rule
+    (`eplb.placement.row_layer_ids`: whole numbers >= 0, one per row, increasing), since `eplb solve --out` writes
+    them into the placement; EplbError naming `source` otherwise."""
+    if isinstance(value, list | np.ndarray) and len(value) != num_layers:
+        raise EplbError(f"{source}: layer_ids lists {plural(len(value), 'layer')} but the loads have "
+                        f"{plural(num_layers, 'row')}: give one model layer per row (e.g. 3-60 for DeepSeek-V3's 58 "
+                        "MoE layers), or drop layer_ids")
+    try:
+        return row_layer_ids(value, num_layers, increasing=True)
+    except FieldError as exc:
+        raise EplbError(f"{source}: layer_ids: {exc.message}") from None
 
 
 def _read_npz(p: Path) -> LoadWindow:
@@ -117,9 +139,10 @@ def _read_npz(p: Path) -> LoadWindow:
             names = list(npz.files)
             if "topk_ids" in names:  # a token-level log: the window is its picks per expert, all steps summed
                 return _read_topk_log(p)
+            meta = {} if "layer_ids" not in names else {"layer_ids": npz["layer_ids"].tolist()}
             for key in ("loads", "counts"):
                 if key in names:
-                    return LoadWindow(check_loads(npz[key], f"{p}: {key}"), str(p))
+                    return _window(check_loads(npz[key], f"{p}: {key}"), str(p), meta)
             if len(names) == 1:
                 return LoadWindow(check_loads(npz[names[0]], f"{p}: {names[0]}"), str(p))
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -134,7 +157,8 @@ def _read_topk_log(p: Path) -> LoadWindow:
     total = np.zeros((log.info.num_layers, log.info.num_experts))
     for chunk in log.iter_counts(4096):
         total += chunk.counts.sum(axis=0, dtype=np.float64)
-    return LoadWindow(check_loads(total, f"{p}: topk_ids"), f"{p} (token-level log, all steps)")
+    meta = {} if log.info.layer_ids is None else {"layer_ids": log.info.layer_ids}
+    return _window(check_loads(total, f"{p}: topk_ids"), f"{p} (token-level log, all steps)", meta)
 
 
 def _meta(data: dict[str, Any]) -> dict[str, Any]:
