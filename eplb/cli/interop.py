@@ -18,7 +18,7 @@ from eplb.io.exports import (
     row_labels,
     write_export,
 )
-from eplb.io.files import output_file, plural
+from eplb.io.files import output_file, plural, writing
 from eplb.io.foreign import read_placement_file
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
@@ -181,7 +181,8 @@ def run_export(args: argparse.Namespace) -> int:
         refusal = model_layers_refusal(ids, num_model_layers, "--num-model-layers")
         if refusal is not None:
             raise EplbError(f"{refusal}: give at least {max(ids) + 1}, or --layer-ids that fit")
-    write_export(placement, args.to, args.out, num_model_layers=num_model_layers)
+    with writing(args.out, "--out"):
+        write_export(placement, args.to, args.out, num_model_layers=num_model_layers)
     for warning in _engine_gaps(placement, args.to, preset, num_model_layers):
         print(f"warning: {warning}", file=sys.stderr)
     print(_export_summary(placement, args.to, args.out, num_model_layers, preset if defaulted else None))
@@ -213,7 +214,8 @@ def run_import_load(args: argparse.Namespace) -> int:
         loads = loads.select_steps(*args.steps)
         if loads.order_note:  # in time order, on an assumption the files cannot confirm
             print(f"note: {loads.order_note}", file=sys.stderr)
-    write_loads(loads, args.out, keep_steps=args.keep_steps)
+    with writing(args.out, "--out"):
+        write_loads(loads, args.out, keep_steps=args.keep_steps)
     print(_import_summary(loads, args.out, args.keep_steps))
     return 0
 

@@ -8,7 +8,7 @@ import math
 import shutil
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from eplb.cost import TimeModel
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError
 from eplb.executor import add_executor_options, executor_from, replay_logs
-from eplb.io.files import output_dir, plural, usable_path
+from eplb.io.files import output_dir, plural, usable_path, writing
 from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
@@ -313,9 +313,12 @@ def _check_disk(out: Path, need: float, what: str) -> None:
     while not where.exists() and where != where.parent:
         where = where.parent
     try:
-        free = shutil.disk_usage(where).free
+        usage = shutil.disk_usage(where)
     except OSError:  # no way to know: the writer reports a full disk
         return
+    if usage.total == 0:  # a file system of no size (/proc, some FUSE mounts): the writer says what it can't do
+        return
+    free = usage.free
     if need > free:
         raise EplbError(f"the log would take {need / 1e9:,.1f} GB ({what}) but {where} has {free / 1e9:,.1f} GB "
                         "free: lower them")
@@ -469,14 +472,9 @@ def _write_counts(out: Path, counts: Any, meta: dict[str, Any], compress: bool) 
 # --------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _writing(out: Path, name: str) -> Iterator[None]:
-    """Run the block that writes file `name` of `--out DIR`: an OSError there (a full disk, the directory removed or
-    replaced by a file during the run) is one error line naming the flag, as `output_dir`'s checks before the run."""
-    try:
-        yield
-    except OSError as exc:
-        raise EplbError(f"--out {out}: cannot write {name} there ({exc.strerror or exc})") from None
+def _writing(out: Path, name: str) -> AbstractContextManager[None]:
+    """Run the block that writes file `name` of `--out DIR`: an OSError there is one error line (`writing`)."""
+    return writing(out, "--out", name)
 
 
 class _CsvSteps:

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots, slots_per_gpu
 from eplb.errors import EplbError
-from eplb.io.files import output_file, plural
+from eplb.io.files import output_file, plural, write_text, writing
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.rules import CLI_MAX_GPUS as CLI_MAX_GPUS  # eplb compare's bound too
@@ -520,10 +520,10 @@ def run_solve(args: argparse.Namespace) -> int:
     if args.out:
         from eplb.io.exports import write_export
 
-        write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
+        with writing(args.out, "--out"):
+            write_export(outcome.placement, "json", args.out, layer_ids=layer_ids)
     if args.plan and outcome.plan is not None:
-        with open(args.plan, "w") as f:
-            json.dump(outcome.plan.to_dict(), f)
+        write_text(args.plan, json.dumps(outcome.plan.to_dict()), "--plan")
     if args.json:
         json.dump(outcome.to_dict(), sys.stdout)
         print()

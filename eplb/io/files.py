@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,27 @@ def output_file(raw: str | Path, what: str = "output file") -> Path:
     if not p.parent.is_dir():
         raise EplbError(f"{what} {p}: directory {p.parent} does not exist; create it first")
     return p
+
+
+@contextmanager
+def writing(path: str | Path, what: str = "output file", name: str | None = None) -> Iterator[None]:
+    """Run the block that writes `path` (checked before the work with `output_file` or `output_dir`): an OSError
+    there (no such directory, an immutable file, a full disk, the directory replaced by a file meanwhile) is one
+    EplbError naming `what` (the flag) and the path, `--out /proc/x.json: cannot write it (No such file or
+    directory)`. name: a file written inside directory `path` (`--out DIR: cannot write steps.csv there (...)`).
+    The CLI writes its files in it; the log writers (`eplb.io.logs`, `eplb.io.parquet`), `eplb.report.write_report`
+    and `eplb.io.images.save_figure` catch the same errors themselves."""
+    try:
+        yield
+    except OSError as exc:
+        where = "it" if name is None else f"{name} there"
+        raise EplbError(f"{what} {path}: cannot write {where} ({exc.strerror or exc})") from None
+
+
+def write_text(path: str | Path, text: str, what: str = "output file") -> None:
+    """Write `text` to `path`, an OSError as one EplbError naming `what` (`writing`)."""
+    with writing(path, what):
+        Path(path).write_text(text)
 
 
 def output_dir(raw: str | Path, what: str = "output directory", *, create: bool = False) -> Path:
