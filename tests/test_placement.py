@@ -146,6 +146,25 @@ def test_a_windows_layer_ids_are_kept_from_every_file_type(tmp_path: Path) -> No
     assert read_window(None).meta["layer_ids"] == list(range(3, 61))
 
 
+def test_bad_per_step_counts_are_named_as_the_file_holds_them(tmp_path: Path) -> None:
+    """[steps, layers, E] counts were summed before they were checked: -1 in every entry of 5 steps read
+    'counts[0][0] is -5', and 4.6e18 over 3 steps '1.38e+19', neither of which the file holds."""
+    cases = [
+        (np.full((5, 2, 4), -1), r"counts\[0\]\[0\]\[0\] is -1: loads must be >= 0"),
+        (np.full((3, 2, 4), 2**62), r"counts\[0\]\[0\]\[0\] is 4\.611686018427388e\+18: larger than any token count"),
+        (np.array([[[0, 1.0]], [[2, np.nan]]]), r"counts\[1\]\[0\]\[1\] is nan: loads must be finite"),
+        (np.full((3, 2, 4), 6e14), r"counts summed over its 3 steps, \[0\]\[0\] is 1800000000000000: larger than any "
+                                   "token count"),  # each step's count is one, their sum is not
+    ]
+    for counts, message in cases:
+        np.savez(tmp_path / "s.npz", counts=counts)
+        with pytest.raises(EplbError, match=f"^{re.escape(str(tmp_path / 's.npz'))}: {message}"):
+            read_window(tmp_path / "s.npz")
+        np.save(tmp_path / "s.npy", counts)
+        with pytest.raises(EplbError, match=message.replace("counts", "", 1)):
+            read_window(tmp_path / "s.npy")
+
+
 def test_bad_load_paths(tmp_path: Path) -> None:
     with pytest.raises(EplbError, match="not found"):
         read_window(tmp_path / "nope.json")

@@ -46,9 +46,11 @@ class LoadWindow:
 
 
 def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
-    """Validate a window: [layers, E] (or [steps, layers, E], summed over steps), finite and >= 0.
+    """Validate a window: [layers, E] (or [steps, layers, E], summed over steps), finite, >= 0 and at most
+    MAX_LOAD.
 
-    Raises EplbError naming the first bad row or value.
+    Raises EplbError naming the first bad row or value: of per-step counts, the entry as the file holds it
+    ([step][layer][expert]), then, if each is a count, the first of their sums beyond MAX_LOAD.
     """
     if isinstance(value, list):
         _check_rectangular(value, what)
@@ -60,13 +62,15 @@ def check_loads(value: Any, what: str = "loads") -> NDArray[np.float64]:
     if arr.ndim == 1:
         raise EplbError(f"{what} must be [layers][experts]; got one row of {plural(arr.size, 'number')} "
                         "(wrap a single layer in another list)")
-    if arr.ndim == 3:
-        arr = arr.sum(axis=0)
-    if arr.ndim != 2:
+    if arr.ndim != 2 and arr.ndim != 3:
         raise EplbError(f"{what} must be [layers][experts] or [steps][layers][experts], got shape {list(arr.shape)}")
     if arr.size == 0:  # steps of no layer, or of layers of no expert
         raise EplbError(empty)
     why = load_refusal(arr, what, number_text)  # finite, >= 0, at most MAX_LOAD: the solvers' own rule
+    if why is None and arr.ndim == 3:  # each step's counts are fine (named [step][layer][expert]): their sum?
+        steps = arr.shape[0]
+        arr = arr.sum(axis=0)
+        why = load_refusal(arr, f"{what} summed over its {plural(steps, 'step')}, ", number_text)
     if why is not None:
         raise EplbError(why)
     return arr
