@@ -15,6 +15,8 @@ from eplb.evaluate import balance
 from eplb.io.windows import read_window
 from eplb.placement import load_placement
 
+ESFT_LAW = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law.json"
+
 
 def test_default_job_runs_from_the_console_script(tmp_path: Path) -> None:
     out = tmp_path / "placement.json"
@@ -123,6 +125,25 @@ def test_milp_weighted_and_migration_from_the_cli(tmp_path: Path, capsys: pytest
     assert moved["moves"]["bytes_moved"] == pytest.approx(moved["moves"]["total"] * 3 * 2048 * 1408 * 2)
     assert main(["solve", *common, "--max-lb-slack", "3"]) == 2
     assert "--max-lb-slack must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_a_uniform_split_with_the_weighted_milp_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--solver milp-weighted --split uniform` wrote weighted shares: --split uniform, the default, was not told
+    from one not given, and milp-weighted names its split itself."""
+    out = tmp_path / "mw.json"
+    err = _error(capsys, "--loads", str(ESFT_LAW), "--gpus", "8", "--solver", "milp-weighted", "--split", "uniform",
+                 "--out", str(out))
+    assert err == ("eplb solve: error: --solver milp-weighted gives replicas weighted shares, --split uniform even "
+                   "ones: drop --split uniform, or choose --solver milp")
+    assert not out.exists()
+    # --split given alone, or agreeing with the solver, still runs
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": read_window(ESFT_LAW).loads[:1].tolist()}))
+    for argv in (["--split", "uniform"], ["--solver", "milp", "--split", "uniform", "--time-limit", "1"],
+                 ["--solver", "milp-weighted", "--split", "weighted", "--time-limit", "1"]):
+        assert main(["solve", "--loads", str(window), "--gpus", "8", "--json", *argv]) == 0, argv
+        shares = json.loads(capsys.readouterr().out)["placement"].get("shares")
+        assert (shares is not None) == ("weighted" in argv), argv
 
 
 def test_current_placement_of_another_cluster_is_one_short_line(

@@ -97,10 +97,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
     p.add_argument("--total-time-limit", type=float, metavar="S", help="MILP time limit for the whole solve, "
                    "seconds, shared by the layers (default: none; with it alone, no per-layer limit)")
-    p.add_argument("--split", choices=("uniform", "weighted"), default="uniform",
+    p.add_argument("--split", choices=("uniform", "weighted"),
                    help="MILP: weighted lets replicas serve unequal shares of their expert's tokens (the placement "
                    "file then carries `shares`; the serving system needs weighted replica selection to use them; "
-                   "docs/solvers.md). Default: uniform, what vLLM, SGLang and TensorRT-LLM route")
+                   "docs/solvers.md). Default: uniform, what vLLM, SGLang and TensorRT-LLM route "
+                   "(--solver milp-weighted: weighted)")
     p.add_argument("--max-lb-slack", type=float, default=0.01, metavar="F",
                    help="the MILP with --current: accept lb up to (1 + F) x the best found to copy fewer experts; "
                    "greedy-coact: no swap may lift a GPU above greedy's busiest x (1 + F) (default: 0.01)")
@@ -394,7 +395,7 @@ def check_link(bw: float | None, flag: str, text: str) -> None:
         raise EplbError(f"{flag} {text}: {wrong}")
 
 
-DEFAULTS: dict[str, object] = {"--max-lb-slack": 0.01, "--split": "uniform", "--objective": "lb"}
+DEFAULTS: dict[str, object] = {"--max-lb-slack": 0.01, "--objective": "lb"}
 """The flags of `eplb solve` with a default other than None (what `_given` takes for not given)."""
 
 
@@ -441,7 +442,10 @@ def _check_options(args: argparse.Namespace, options: Options) -> None:
     budget = [OPTION_FLAGS[o] for o in registry.BUDGET_OPTIONS if o in given]
     if budget and not args.current:
         raise EplbError(f"{', '.join(budget)}: a move budget edits the serving placement: give it with --current FILE")
-    name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split)
+    name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split or "uniform")
+    if args.split == "uniform" and registry.get_solver(name).capabilities.shares:
+        raise EplbError(f"--solver {name} gives replicas weighted shares, --split uniform even ones: drop --split "
+                        f"uniform, or choose --solver {name.removesuffix('-weighted')}")
     takes = registry.get_solver(name).options
     refused = [OPTION_FLAGS[o] for o in ("time_limit_s", "total_time_limit_s") if o in given and o not in takes]
     if refused:
@@ -511,7 +515,7 @@ def run_solve(args: argparse.Namespace) -> int:
         cost=cost_setup(args, model),
         current=current,
         options=options,
-        split=args.split,
+        split=args.split or "uniform",
         stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
         objective=args.objective,
         coactivation=coactivation_for(args, window),
