@@ -235,6 +235,28 @@ def test_export_of_a_placement_that_is_no_file_says_what_it_is(
     assert not (tmp_path / "x.json").exists()
 
 
+def test_an_expert_id_beyond_the_loads_experts_is_named(tmp_path: Path) -> None:
+    """SGLang, TensorRT-LLM and vllm-ascend files do not record E, so it was their largest id + 1: a map
+    [[0, 1, 2, 9]] read for a 4-expert window said 'logical expert 3 has no replica ... (6 missing in all)'."""
+    from eplb.io.foreign import read_placement_for
+
+    files = {
+        "sg.json": {"physical_to_logical_map": [[0, 1, 2, 9]]},
+        "trt.yaml": {"num_slots": 4, "initial_global_assignments": {0: [0, 1, 2, 9]}},
+        "asc.json": {"moe_layer_count": 1, "layer_list": [{"layer_id": 0, "device_count": 2, "device_list": [
+            {"device_id": 0, "device_expert": [0, 1]}, {"device_id": 1, "device_expert": [2, 9]}]}]},
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+        with pytest.raises(EplbError, match=r": row 0, slot 3: expert id 9 is outside 0\.\.3 \(the loads have 4 "
+                           r"experts\); give the placement made for these loads$"):
+            read_placement_for(tmp_path / name, 1, 4, num_gpus=2)
+    (tmp_path / "six.json").write_text(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 4, 5]]}))
+    with pytest.raises(EplbError, match=r"the placement is 1 layer x 6 slots of 6 experts but the loads are 1 layer "
+                       r"x 4 experts"):  # a whole placement of more experts: another model's, said as such
+        read_placement_for(tmp_path / "six.json", 1, 4, num_gpus=2)
+
+
 def test_empty_slots_read_and_export(tmp_path: Path) -> None:
     """vLLM marks slots of absent ranks with -1: our files and SGLang-style maps keep them; only eplb's own
     format can carry them out, the serving systems' formats need an expert in every slot."""

@@ -54,12 +54,12 @@ def read_placement_for(
     `read_placement_file`. gpus_flag None: num_gpus only splits SGLang and TensorRT-LLM files, and the caller
     compares the GPU count with its cluster's (`eplb solve --current`, which names the slots too)."""
     try:
-        placement = _read(path, num_gpus, layer_ids).placement
+        placement = _read(path, num_gpus, layer_ids, num_experts).placement
         picked: EplbError | None = None
     except EplbError as exc:
         if layer_ids is None:
             raise
-        placement = _read(path, num_gpus, None).placement
+        placement = _read(path, num_gpus, None, num_experts).placement
         picked = exc  # the file's own error, if any
     if (placement.num_layers, placement.num_experts) != (num_layers, num_experts):
         unlabelled = (layer_ids is None and placement.layer_ids is not None and placement.num_layers > num_layers
@@ -111,14 +111,16 @@ def read_placement_file(
     return foreign
 
 
-def _read(path: str | Path, num_gpus: int | None, layer_ids: Sequence[int] | None) -> ForeignPlacement:
-    """`read_placement_file` but for the check of num_gpus against a GPU count the file records."""
+def _read(path: str | Path, num_gpus: int | None, layer_ids: Sequence[int] | None,
+          num_experts: int | None = None) -> ForeignPlacement:
+    """`read_placement_file` but for the check of num_gpus against a GPU count the file records; num_experts: the
+    experts of the loads the placement is for, if known (`_parse`)."""
     p = existing_file(path, "placement file")
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise EplbError(f"{p}: not a readable text file ({exc})") from None
-    return _parse(_parse_placement_text(text, p), str(p), num_gpus, layer_ids)
+    return _parse(_parse_placement_text(text, p), str(p), num_gpus, layer_ids, num_experts)
 
 
 def parse_placement(
@@ -131,7 +133,11 @@ def parse_placement(
     return foreign
 
 
-def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int] | None) -> ForeignPlacement:
+def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int] | None,
+           num_experts: int | None = None) -> ForeignPlacement:
+    """A ForeignPlacement of parsed file `data`. num_experts: the experts of the loads it is for, if known: files
+    that do not record theirs (SGLang, TensorRT-LLM, vllm-ascend: E is their largest id + 1) must not name an id
+    beyond them."""
     if not isinstance(data, dict):
         raise EplbError(f"{source}: expected an object (ours: phy2log; SGLang: physical_to_logical_map; "
                         "TensorRT-LLM: initial_global_assignments; vllm-ascend: layer_list)")
@@ -140,12 +146,12 @@ def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int
         return _pick_rows(placement, "json", layer_ids, source)
     if "physical_to_logical_map" in data:
         table = int_table(data["physical_to_logical_map"], f"{source}: physical_to_logical_map")
-        placement = _from_table(table, num_gpus, source, "SGLang", list(range(table.shape[0])))
+        placement = _from_table(table, num_gpus, source, "SGLang", list(range(table.shape[0])), num_experts)
         return _pick_rows(placement, "sglang", layer_ids, source)
     if "initial_global_assignments" in data or "num_slots" in data:
-        return _parse_trtllm(data, source, num_gpus, layer_ids)
+        return _parse_trtllm(data, source, num_gpus, layer_ids, num_experts)
     if "layer_list" in data:
-        placement = _parse_vllm_ascend(data, source)
+        placement = _parse_vllm_ascend(data, source, num_experts)
         return _pick_rows(placement, "vllm-ascend", layer_ids, source)
     if "logical_count" in data or "loads" in data:
         raise EplbError(f"{source}: this is a load statistics file, not a placement; import it with "
@@ -173,7 +179,8 @@ def _parse_placement_text(text: str, p: Path) -> Any:
 
 
 def _parse_trtllm(
-    data: dict[str, Any], source: str, num_gpus: int | None, layer_ids: Sequence[int] | None
+    data: dict[str, Any], source: str, num_gpus: int | None, layer_ids: Sequence[int] | None,
+    num_experts: int | None = None,
 ) -> ForeignPlacement:
     assignments = data.get("initial_global_assignments")
     if not assignments:
@@ -193,11 +200,11 @@ def _parse_trtllm(
     if num_slots is not None and num_slots != table.shape[1]:
         raise EplbError(f"{source}: num_slots is {num_slots} but the assignments list "
                         f"{plural(table.shape[1], 'slot')} per layer")
-    placement = _from_table(table, num_gpus, source, "TensorRT-LLM", ids)
+    placement = _from_table(table, num_gpus, source, "TensorRT-LLM", ids, num_experts)
     return _pick_rows(placement, "trtllm", layer_ids, source)
 
 
-def _parse_vllm_ascend(data: dict[str, Any], source: str) -> Placement:
+def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | None = None) -> Placement:
     layers = data.get("layer_list")
     if not isinstance(layers, list) or not layers:
         raise EplbError(f"{source}: layer_list must be a non-empty list of layers")
@@ -224,11 +231,12 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str) -> Placement:
         rows.append([v for e in experts for v in e])
     assert slots is not None
     table = np.asarray(rows, dtype=np.int64)
-    return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source))
+    return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source, num_experts))
 
 
 def _from_table(
-    table: NDArray[np.int64], num_gpus: int | None, source: str, system: str, layer_ids: list[int]
+    table: NDArray[np.int64], num_gpus: int | None, source: str, system: str, layer_ids: list[int],
+    num_experts: int | None = None,
 ) -> Placement:
     """An SGLang or TensorRT-LLM table [rows][slots] split over num_gpus, its rows model layers `layer_ids`."""
     if num_gpus is None:
@@ -238,13 +246,28 @@ def _from_table(
                         f"{plural(num_gpus, 'GPU')}; "
                         "pass the EP size the file was made for (--gpus)")
     slots = np.full(num_gpus, table.shape[1] // num_gpus, dtype=np.int64)
-    return Placement(table, slots, _num_experts(table, source), layer_ids=tuple(layer_ids))
+    return Placement(table, slots, _num_experts(table, source, num_experts), layer_ids=tuple(layer_ids))
 
 
-def _num_experts(table: NDArray[np.int64], source: str) -> int:
+def _num_experts(table: NDArray[np.int64], source: str, expected: int | None = None) -> int:
+    """E of a table [rows][slots] of expert ids that does not record it: its largest id + 1. `expected`: the loads'
+    E, if known; an id beyond it, in a table that lacks some id below it (no placement of that many experts: each
+    would be called missing), is refused by name; a whole placement of more experts is left to the caller's shape
+    check (another model's file)."""
     if table.size == 0 or table.min() < EMPTY_SLOT:
         raise EplbError(f"{source}: expert ids must be >= 0 (or -1 for an empty slot)")
-    return int(table.max()) + 1
+    top = int(table.max())
+    if expected is not None and top >= expected:
+        held = np.zeros((table.shape[0], top + 1), dtype=bool)
+        rows, cols = np.nonzero(table >= 0)
+        held[rows, table[rows, cols]] = True
+        if held.all():
+            return top + 1
+        row, slot = (int(v) for v in np.argwhere(table >= expected)[0])
+        raise EplbError(f"{source}: row {row}, slot {slot}: expert id {int(table[row, slot])} is outside "
+                        f"0..{expected - 1} (the loads have {plural(expected, 'expert')}); give the placement made "
+                        "for these loads")
+    return top + 1
 
 
 def _pick_rows(placement: Placement, fmt: str, wanted: Sequence[int] | None, source: str) -> ForeignPlacement:
