@@ -400,6 +400,28 @@ def test_long_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) 
     assert len(every) > 15 and all(not p.allow_abbrev for p in every)
 
 
+@pytest.mark.parametrize(("argv", "usage", "said"), [
+    (["solve", "--gpu", "32"], "eplb solve", "--gpu 32 (did you mean --gpus?)"),
+    (["solve", "--gpu=32", "--redundent", "3"], "eplb solve",
+     "--gpu=32 --redundent 3 (did you mean --gpus for --gpu, --redundant for --redundent?)"),
+    (["solve", "--xyz", "3"], "eplb solve", "--xyz 3"),
+    (["replay", "log.npz", "--inter", "5"], "eplb replay", "--inter 5 (did you mean --interval?)"),
+    (["logs", "convert", "a.npz", "b.npz", "--shard", "5"], "eplb logs convert",
+     "--shard 5 (did you mean --shard-steps?)"),
+])  # fmt: skip
+def test_a_mistyped_flag_is_the_subcommands_error_with_the_nearest_flag(
+    capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, said: str
+) -> None:
+    """`eplb solve --gpu 32` was refused by the top-level parser: 'usage: eplb [-h] COMMAND ...', 'eplb: error:
+    unrecognized arguments: --gpu 32', naming neither the command nor the flag meant."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {usage} [-h]") and err.endswith(f"\n{usage}: error: unrecognized arguments: "
+                                                                    f"{said}\n"), err
+
+
 def test_the_milp_refusing_groups_with_a_current_placement_says_what_to_drop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -29,12 +30,36 @@ COMMANDS = {
 
 class Parser(argparse.ArgumentParser):
     """The CLI's parser class: no prefix matching of long options (`--gpus 32` must never be read as
-    `--gpus-per-node 32` where a command has no --gpus). Subparsers, and theirs, are made of the class of the
-    parser that adds them, so setting it here covers every command."""
+    `--gpus-per-node 32` where a command has no --gpus), and arguments a parser does not know are its own error,
+    with its usage and the nearest flag (`eplb solve: error: unrecognized arguments: --gpu 32 (did you mean
+    --gpus?)`): argparse leaves a subcommand's to the top-level parser, whose usage (`eplb [-h] COMMAND ...`) says
+    nothing of the command. Subparsers, and theirs, are made of the class of the parser that adds them, so setting
+    it here covers every command."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]  # argparse's stub overloads it
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, refusing what is left over (a subparser's parse is this call too): nothing is returned in
+        the list."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._nearest(extras)}")
+        return parsed, extras
+
+    def _nearest(self, extras: Sequence[str]) -> str:
+        """' (did you mean --gpus?)' for the flags among `extras` close to one of this parser's (difflib)."""
+        known = [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+        pairs = [(word, near[0]) for word in (e.split("=", 1)[0] for e in extras if e.startswith("--"))
+                 if (near := difflib.get_close_matches(word, known, n=1, cutoff=0.6))]
+        if not pairs:
+            return ""
+        if len(pairs) == 1:
+            return f" (did you mean {pairs[0][1]}?)"
+        return f" (did you mean {', '.join(f'{near} for {word}' for word, near in pairs)}?)"
 
 
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
