@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -255,6 +256,34 @@ def test_an_expert_id_beyond_the_loads_experts_is_named(tmp_path: Path) -> None:
     with pytest.raises(EplbError, match=r"the placement is 1 layer x 6 slots of 6 experts but the loads are 1 layer "
                        r"x 4 experts"):  # a whole placement of more experts: another model's, said as such
         read_placement_for(tmp_path / "six.json", 1, 4, num_gpus=2)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"device_count": 3}, r"layer_list\[0\] says device_count 3 but its device_list has 2 devices"),
+        ({"devices": [1, 1]}, r"layer_list\[0\]: device_id 1 appears twice \(device_list\[0\] and \[1\]\)"),
+        ({"devices": [1, 0]}, r"layer_list\[0\]\.device_list\[0\] has device_id 1: vllm-ascend takes the devices in "
+                              r"list order, so entry 0 is device 0"),
+        ({"layer_id": 5}, r"layer_list\[0\] has layer_id 5: vllm-ascend takes the layers in list order"),
+    ],
+)
+def test_an_inconsistent_vllm_ascend_map_is_refused(tmp_path: Path, edit: dict[str, Any], message: str) -> None:
+    """vllm-ascend reads layers and devices by position, ignoring layer_id, device_count and device_id: a map whose
+    device_count is 3 with 2 devices listed, or with a device_id twice, was read as if they agreed."""
+    layer: dict[str, Any] = {"layer_id": edit.get("layer_id", 0), "device_count": edit.get("device_count", 2),
+                             "device_list": [{"device_id": g, "device_expert": experts} for g, experts in
+                                             zip(edit.get("devices", [0, 1]), ([0, 1], [2, 3]), strict=True)]}
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps({"moe_layer_count": 1, "layer_list": [layer]}))
+    with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: {message}"):
+        read_placement_file(path)
+    for key in ("layer_id", "device_count"):  # all optional: positions say the same
+        del layer[key]
+    for device in layer["device_list"]:
+        del device["device_id"]
+    path.write_text(json.dumps({"moe_layer_count": 1, "layer_list": [layer]}))
+    assert read_placement_file(path).placement.phy2log.tolist() == [[0, 1, 2, 3]]
 
 
 def test_empty_slots_read_and_export(tmp_path: Path) -> None:

@@ -217,6 +217,7 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | Non
         devices = layer.get("device_list") if isinstance(layer, dict) else None
         if not isinstance(devices, list) or not devices:
             raise EplbError(f"{source}: layer_list[{i}] has no device_list")
+        _check_vllm_ascend_ids(layer, devices, i, f"{source}: layer_list[{i}]")
         experts = []
         for d, device in enumerate(devices):
             ids = device.get("device_expert") if isinstance(device, dict) else None
@@ -232,6 +233,31 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | Non
     assert slots is not None
     table = np.asarray(rows, dtype=np.int64)
     return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source, num_experts))
+
+
+def _check_vllm_ascend_ids(layer: dict[str, Any], devices: list[Any], index: int, where: str) -> None:
+    """A vllm-ascend layer's optional `layer_id`, `device_count` and `device_id`s must agree with its place in
+    `layer_list` (`index`) and its `devices` list: vllm-ascend reads layers and devices by position and ignores them
+    (vllm_ascend/eplb/core/eplb_utils.py), so a file where they disagree was not written as it will be served."""
+    said = layer.get("layer_id")
+    if said is not None and said != index:
+        raise EplbError(f"{where} has layer_id {said!r}: vllm-ascend takes the layers in list order, so entry {index} "
+                        f"is MoE layer {index}; list the layers in order")
+    count = layer.get("device_count")
+    if count is not None and count != len(devices):
+        raise EplbError(f"{where} says device_count {count!r} but its device_list has "
+                        f"{plural(len(devices), 'device')}; list every device, or correct device_count")
+    ids = [device.get("device_id") if isinstance(device, dict) else None for device in devices]
+    for d, device_id in enumerate(ids):
+        if device_id is None or device_id == d:
+            continue
+        if ids.count(device_id) > 1:
+            first = ids.index(device_id)
+            again = ids.index(device_id, first + 1)
+            raise EplbError(f"{where}: device_id {device_id!r} appears twice (device_list[{first}] and [{again}]); "
+                            "give each device once")
+        raise EplbError(f"{where}.device_list[{d}] has device_id {device_id!r}: vllm-ascend takes the devices in list "
+                        f"order, so entry {d} is device {d}; list the devices in order")
 
 
 def _from_table(
