@@ -217,6 +217,30 @@ def test_bad_topk_files(tmp_path: Path) -> None:
         open_log(path)
 
 
+def test_a_log_of_another_format_is_refused_naming_both(tmp_path: Path) -> None:
+    """format 'eplb.counts/v9' in an npz and 'eplb.counts-jsonl/v2' in a JSONL header were read as v1 (placement
+    files refuse a format they do not read)."""
+    counts = np.ones((3, 2, 4), dtype=np.int64)
+    np.savez(tmp_path / "v9.npz", counts=counts, format="eplb.counts/v9")
+    np.savez(tmp_path / "tk.npz", counts=counts, format="eplb.topk/v1")  # counts that say they are token-level
+    np.savez(tmp_path / "topk.npz", topk_ids=np.zeros((2, 2, 1), dtype=np.int16), step_offsets=np.array([0, 2]),
+             num_experts=np.int64(4), format="eplb.topk/v2")
+    (tmp_path / "v2.jsonl").write_text(json.dumps({"format": "eplb.counts-jsonl/v2"}) + "\n"
+                                       + json.dumps({"step": 0, "layer": 0, "counts": [1, 2]}) + "\n")
+    for name, said, read in (("v9.npz", "eplb.counts/v9", "eplb.counts/v1"),
+                             ("tk.npz", "eplb.topk/v1", "eplb.counts/v1"), ("topk.npz", "eplb.topk/v2", "eplb.topk/v1"),
+                             ("v2.jsonl", "eplb.counts-jsonl/v2", "eplb.counts-jsonl/v1")):
+        message = f"{tmp_path / name}: format is '{said}', but eplb reads logs like this one as '{read}'"
+        with pytest.raises(EplbError, match=f"^{re.escape(message)}$"):
+            open_log(tmp_path / name)
+        if name.endswith(".npz"):  # read as a load window too
+            with pytest.raises(EplbError, match=f"^{re.escape(message)}$"):
+                read_window(tmp_path / name)
+    np.savez(tmp_path / "v1.npz", counts=counts, format="eplb.counts/v1")
+    assert open_log(tmp_path / "v1.npz").read_counts().counts.sum() == 24
+    assert read_window(tmp_path / "v1.npz").loads.sum() == 24
+
+
 def test_unknown_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(EplbError, match="routing log not found"):
         open_log(tmp_path / "nope.npz")

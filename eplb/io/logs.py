@@ -35,7 +35,7 @@ from typing import IO, Any, cast
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, shown
 from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools, usable_path
 from eplb.io.windows import MAX_LOAD
 
@@ -48,6 +48,7 @@ __all__ = [
     "LogInfo",
     "RoutingLog",
     "as_log",
+    "check_format",
     "coactivation",
     "count_dtype",
     "log_format",
@@ -340,6 +341,14 @@ def _step_ids(meta: dict[str, Any], num_steps: int, path: str) -> NDArray[np.int
     return steps
 
 
+def check_format(meta: dict[str, Any], expected: str, path: str) -> None:
+    """A log's stated `format` (optional) must be the one its reader reads, `expected`: another (a later version,
+    another kind) is refused naming both, as placement files are."""
+    said = meta.get("format")
+    if said is not None and said != expected:
+        raise EplbError(f"{path}: format is {shown(said)}, but eplb reads logs like this one as {expected!r}")
+
+
 def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | None:
     raw = meta.get("layer_ids")
     if raw is None:
@@ -375,6 +384,7 @@ class _NpzCounts(RoutingLog):
             if _COUNTS + ".npy" not in zf.namelist():
                 raise EplbError(f"{path}: no 'counts' array (found {sorted(n[:-4] for n in zf.namelist())})")
             meta = _meta_from_zip(zf, str(path))
+            check_format(meta, FORMAT_COUNTS, str(path))
             with zf.open(_COUNTS + ".npy") as f:
                 shape, fortran, dtype = _read_npy_header(f, f"{path}: counts")
         if len(shape) != 3:
@@ -571,6 +581,7 @@ class _TopkNpz(RoutingLog):
             if _OFFSETS + ".npy" not in names:
                 raise EplbError(f"{path}: a token-level log needs 'step_offsets' next to 'topk_ids'")
             meta = _meta_from_zip(zf, str(path))
+            check_format(meta, FORMAT_TOPK, str(path))
             offsets_arr = _read_small(zf, _OFFSETS, str(path))
             with zf.open(_TOPK + ".npy") as f:
                 shape, fortran, dtype = _read_npy_header(f, f"{path}: topk_ids")
@@ -761,6 +772,7 @@ class _Jsonl(RoutingLog):
                 break
         if first is None:
             raise EplbError(f'{path}: no step records (expected lines like {{"step": 0, "layer": 0, "counts": [...]}})')
+        check_format(header, FORMAT_JSONL, str(path))
         num_experts = _meta_int(header, "num_experts", str(path))
         counts = first.get("counts")
         if not isinstance(counts, list) or not counts:

@@ -144,6 +144,10 @@ def _read_npz(p: Path) -> LoadWindow:
             if "topk_ids" in names:  # a token-level log: the window is its picks per expert, all steps summed
                 return _read_topk_log(p)
             meta = {} if "layer_ids" not in names else {"layer_ids": npz["layer_ids"].tolist()}
+            if "format" in names and "counts" in names:  # a routing log's (eplb.io.logs): the version it says
+                from eplb.io.logs import FORMAT_COUNTS, check_format
+
+                check_format({"format": npz["format"].tolist()}, FORMAT_COUNTS, str(p))
             for key in ("loads", "counts"):
                 if key in names:
                     return _window(check_loads(npz[key], f"{p}: {key}"), str(p), meta)
