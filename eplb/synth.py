@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,12 +380,15 @@ def synth_log(cfg: SynthConfig) -> NDArray[Any]:
     return np.concatenate(list(synth_counts(cfg)), axis=0)
 
 
-def synth_topk(cfg: SynthConfig) -> tuple[NDArray[np.int16], NDArray[np.int64]]:
+def synth_topk(
+    cfg: SynthConfig, progress: Callable[[int], None] | None = None
+) -> tuple[NDArray[np.int16], NDArray[np.int64]]:
     """Token-level routing for `cfg`: (topk_ids [steps x tokens, layers, top_k] int16, step_offsets
     [steps + 1]). Each token picks top_k distinct experts per layer with probability proportional
     to the popularity (Gumbel top-k), ordered hottest draw first; with co-activation (SynthConfig) each
     token's popularity is shifted by its latent type's offsets. Costs tokens x layers x experts random
-    numbers per step: meant for small captures."""
+    numbers per step: meant for small captures. progress: called with the steps drawn after each step
+    (`eplb.progress.Progress`)."""
     if cfg.experts > np.iinfo(np.int16).max + 1:
         raise EplbError(f"synth: {cfg.experts} experts do not fit int16 expert ids")
     proc = _Popularity(cfg)
@@ -400,17 +403,24 @@ def synth_topk(cfg: SynthConfig) -> tuple[NDArray[np.int16], NDArray[np.int64]]:
         if std > 0:
             keys += type_shift[:, rng_coact.integers(0, cfg.coact_clusters, cfg.tokens), :].transpose(1, 0, 2)
         out[s * cfg.tokens : (s + 1) * cfg.tokens] = _topk_of(keys, k)
+        if progress is not None:
+            progress(s + 1)
     offsets = np.arange(cfg.steps + 1, dtype=np.int64) * cfg.tokens
     return out, offsets
 
 
-def seed004_log(steps: int = 1, layers: int = 1, seed: int = 0) -> NDArray[np.int64]:
+def seed004_log(
+    steps: int = 1, layers: int = 1, seed: int = 0, progress: Callable[[int], None] | None = None
+) -> NDArray[np.int64]:
     """Seed 004 section 5.2 counts as a log [steps, layers, 256]: step s, layer l is
-    `seed004_counts(seed=seed + s * layers + l)`, so steps=layers=1, seed=0 is the published draw."""
+    `seed004_counts(seed=seed + s * layers + l)`, so steps=layers=1, seed=0 is the published draw. progress:
+    called with the steps drawn after each step."""
     out = np.empty((steps, layers, 256), dtype=np.int64)
     for s in range(steps):
         for layer in range(layers):
             out[s, layer] = seed004_counts(seed=seed + s * layers + layer)
+        if progress is not None:
+            progress(s + 1)
     return out
 
 

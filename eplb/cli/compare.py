@@ -6,12 +6,13 @@ import argparse
 from typing import Any
 
 from eplb.cli.logs import LOG_HELP
-from eplb.cli.replay import add_progress_options, add_schedule_options, schedule_from
+from eplb.cli.replay import add_schedule_options, schedule_from
 from eplb.cli.solve import (
     CLI_MAX_GPUS,
     DEFAULT_HARDWARE,
     MAX_COUNT,
     add_cost_options,
+    add_progress_options,
     check_time_limit,
     coactivation_for,
     cost_setup,

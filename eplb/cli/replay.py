@@ -21,6 +21,7 @@ from eplb.cli.solve import (
     MAX_COUNT,
     add_cluster_options,
     add_cost_options,
+    add_progress_options,
     check_groups,
     check_link,
     check_time_limit,
@@ -38,6 +39,7 @@ from eplb.executor import add_executor_options, executor_from, replay_logs
 from eplb.io.files import output_dir, plural, usable_path, writing
 from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
+from eplb.progress import Progress
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
 from eplb.solve import Cluster, CostSetup, time_limited
 from eplb.specs import MODEL_PRESETS, link_bandwidth, model_preset
@@ -144,6 +146,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--compress", action="store_true",
                    help="deflate the .npz (about 1.5x smaller, several times slower to read); refused for .jsonl")
     s.add_argument("--json", action="store_true", help="print the config and statistics as JSON")
+    add_progress_options(s)
     s.set_defaults(func=run_synth)
 
     r = subparsers.add_parser(
@@ -286,14 +289,6 @@ def schedule_from(args: argparse.Namespace, cost: CostSetup | None) -> Schedule:
     return schedule
 
 
-def add_progress_options(p: argparse.ArgumentParser) -> None:
-    """--progress / --no-progress into args.progress (None: when stderr is a terminal)."""
-    bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
-                     help="show a progress bar on stderr (default: when stderr is a terminal)")
-    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
-
-
 # --------------------------------------------------------------------------------------------
 # eplb synth
 # --------------------------------------------------------------------------------------------
@@ -411,7 +406,8 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         if not deflated:  # the writer stores them as uint16 (at most 4,096 x 8 a layer)
             _check_disk(out, steps * layers * 256 * 2.0, f"--steps {steps:,} x --layers {layers} x 256 experts' "
                         "counts of 2 bytes")
-        counts = seed004_log(steps, layers, args.seed)
+        with _synth_bar(args, steps) as bar:
+            counts = seed004_log(steps, layers, args.seed, progress=bar)
         acc.add(counts)
         meta: dict[str, Any] = {"model": args.model, "top_k": 8}
         _write_counts(out, counts, meta, args.compress)
@@ -435,19 +431,28 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
             _check_disk(out, float(size) * cfg.steps * cfg.layers * cfg.experts,
                         f"{shape} x --experts {cfg.experts} counts of {size} bytes")
         if args.format == "topk":
-            ids, offsets = synth_topk(cfg)
+            with _synth_bar(args, cfg.steps) as bar:
+                bar.update(0, "calibrating co-activation")  # seconds, before the first step (SynthConfig)
+                ids, offsets = synth_topk(cfg, progress=bar)
             acc.add(topk_counts(ids, offsets, cfg.experts))
             write_topk(out, ids, offsets, num_experts=cfg.experts, model=cfg.model, compress=args.compress)
         else:
+            with _synth_bar(args, cfg.steps) as bar:
 
-            def tee() -> Iterator[NDArray[Any]]:
-                for chunk in synth_counts(cfg):
-                    acc.add(chunk)
-                    yield chunk
+                def tee() -> Iterator[NDArray[Any]]:
+                    for chunk in synth_counts(cfg):
+                        acc.add(chunk)
+                        yield chunk
+                        bar.advance(chunk.shape[0])
 
-            meta = {"model": cfg.model, "top_k": cfg.top_k, "num_steps": cfg.steps, "dtype": cfg.count_dtype}
-            _write_counts(out, tee(), meta, args.compress)
+                meta = {"model": cfg.model, "top_k": cfg.top_k, "num_steps": cfg.steps, "dtype": cfg.count_dtype}
+                _write_counts(out, tee(), meta, args.compress)
     return config
+
+
+def _synth_bar(args: argparse.Namespace, steps: int) -> Progress:
+    """The progress bar of drawing (and writing) `steps` steps, once every flag is checked (--progress)."""
+    return Progress(steps, "synth", enabled=args.progress, unit="steps")
 
 
 def _config_dict(cfg: SynthConfig) -> dict[str, Any]:

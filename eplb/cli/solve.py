@@ -7,9 +7,11 @@ import json
 import math
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,6 +21,7 @@ from eplb.errors import EplbError
 from eplb.io.files import output_file, plural, write_text, writing
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
+from eplb.progress import Progress
 from eplb.rules import CLI_MAX_GPUS as CLI_MAX_GPUS  # eplb compare's bound too
 from eplb.solve import (
     DEFAULT_TOKENS_PER_GPU,
@@ -128,6 +131,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_cost_options(p)
     add_coactivation_options(p)
     p.add_argument("--json", action="store_true", help="print the JSON object the HTTP API returns")
+    add_progress_options(p, what="a line on stderr counting the solve's seconds",
+                         when="when stderr is a terminal, once the solve has run a second")
     p.set_defaults(func=run_solve)
 
     e = subparsers.add_parser(
@@ -173,6 +178,17 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                         "evenly as the GPUs allow (default: one per GPU; none on one GPU)")
     budget.add_argument("--memory-budget-gib", type=float_list, metavar="X", help="GiB of expert weights "
                         "each GPU may hold (one number or one per GPU); needs the model (--model)")
+
+
+def add_progress_options(
+    p: argparse.ArgumentParser, what: str = "a progress bar on stderr", when: str = "when stderr is a terminal"
+) -> None:
+    """--progress / --no-progress into args.progress (None: when stderr is a terminal); what: what they show,
+    when: when it is shown by default, for the help."""
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help=f"show {what} (default: {when})")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
 
 
 def add_cost_options(
@@ -508,19 +524,27 @@ def run_solve(args: argparse.Namespace) -> int:
     if args.frontier:
         assert current is not None
         return _print_frontier(window.loads, cluster, current.phy2log, args.json)
-    outcome = solve(
-        window.loads,
-        cluster,
-        solver=args.solver,
-        cost=cost_setup(args, model),
-        current=current,
-        options=options,
-        split=args.split or "uniform",
-        stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
-        objective=args.objective,
-        coactivation=coactivation_for(args, window),
-        starting=lambda name: _milp_progress(args, name, window.num_layers),
-    )
+    ticker = Ticker("solve", enabled=args.progress, after=0.0 if args.progress else 1.0)
+
+    def starting(name: str) -> None:  # every input checked: no refusal follows
+        _milp_progress(args, name, window.num_layers)
+        ticker.start(f"{name}, {plural(window.num_layers, 'layer')} x {plural(window.num_experts, 'expert')} on "
+                     f"{plural(args.gpus, 'GPU')}")
+
+    with ticker:
+        outcome = solve(
+            window.loads,
+            cluster,
+            solver=args.solver,
+            cost=cost_setup(args, model),
+            current=current,
+            options=options,
+            split=args.split or "uniform",
+            stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
+            objective=args.objective,
+            coactivation=coactivation_for(args, window),
+            starting=starting,
+        )
     if args.out:
         from eplb.io.exports import write_export
 
@@ -534,6 +558,52 @@ def run_solve(args: argparse.Namespace) -> int:
     else:
         print("\n".join([_summary(window, outcome, model, args.out), *_notes(args, outcome)]))
     return 0
+
+
+class Ticker(Progress):
+    """The progress line of work that counts no units (a solve: one compiled call per solver, at 65,536 GPUs
+    half a minute): `solve  12.3 s elapsed (greedy, 58 layers x 256 experts on 65,536 GPUs)` on stderr, redrawn
+    twice a second by a thread from `start` until the `with` block ends, once `after` seconds have passed (a quick
+    solve draws nothing). enabled: as `Progress` (default: when stderr is a terminal)."""
+
+    def __init__(self, label: str, *, enabled: bool | None = None, after: float = 1.0, every: float = 0.5,
+                 stream: TextIO | None = None) -> None:  # fmt: skip
+        super().__init__(None, label, stream, enabled)
+        self.wanted, self.enabled = self.enabled, False  # drawn from `after` on
+        self.after, self.every = after, every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Ticker:
+        return self
+
+    def start(self, note: str = "") -> None:
+        """Count the seconds from now on, `note` after them (once; nothing when not wanted)."""
+        if not self.wanted or self._thread is not None:
+            return
+        self.note, self.started = note, time.monotonic()
+        self._thread = threading.Thread(target=self._tick, name="eplb-ticker", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        if self._stop.wait(self.after):
+            return
+        self.enabled = True
+        while True:
+            self.update(0, self.note)
+            if self._stop.wait(self.every):
+                return
+
+    def close(self) -> None:
+        """Stop the thread; the line, when drawn, gets its last state and its end."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        super().close()
+
+    def text(self) -> str:
+        note = f" ({self.note})" if self.note else ""
+        return f"{self.label} {time.monotonic() - self.started:5.1f} s elapsed{note}"
 
 
 def _milp_progress(args: argparse.Namespace, name: str, num_layers: int) -> None:
