@@ -81,6 +81,33 @@ def test_evaluate_agrees_with_placement(base: str) -> None:
     assert r.json()["predicted"]["time_us"] == solved["predicted"]["time_us"]
 
 
+def test_a_window_of_subnormal_loads_is_timed_as_its_ratios_are(base: str) -> None:
+    """Loads of 1e-320 (finite, >= 0: counts the library takes) overflowed the cost model's scaling: /placement and
+    /evaluate answered time_us [null], a cost-trigger deployment's window a text/plain 500 (ValueError in
+    choose_candidate), a forced window of a threshold deployment a 500 (comm_us None). Each now costs what the
+    same ratios at 1 token cost."""
+    mixtral = {"model": "mixtral-8x7b", "hardware": "h100", "cluster": {"num_gpus": 4}}
+    tiny, one = [[1e-320] + [0.0] * 7], [[1.0] + [0.0] * 7]
+    answers = [httpx.post(f"{base}/placement", json={**mixtral, "loads": w}, timeout=60) for w in (tiny, one)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    got, want = (a.json() for a in answers)
+    assert got["predicted"] == want["predicted"] and got["predicted"]["time_us"][0] > 0
+    evaluated = httpx.post(f"{base}/evaluate", json={"model": "mixtral-8x7b", "hardware": "h100", "loads": tiny,
+                                                     "placement": got["placement"]}, timeout=60)  # fmt: skip
+    assert evaluated.status_code == 200, evaluated.text
+    assert evaluated.json()["predicted"]["time_us"] == want["predicted"]["time_us"]
+    layers = [[1.0, 2, 3, 4, 5, 6, 7, 8]] * 32
+    for trigger, second in (("cost", {"loads": tiny}), ("threshold", {"loads": tiny * 32, "force": True})):
+        name = f"subnormal-{trigger}"
+        put = httpx.put(f"{base}/deployments/{name}", json={**mixtral, "policy": {"trigger": trigger}}, timeout=60)
+        assert put.status_code in (200, 201), put.text
+        first = {"loads": layers[:1] if trigger == "cost" else layers}
+        assert httpx.post(f"{base}/deployments/{name}/windows", json=first, timeout=60).status_code == 200
+        r = httpx.post(f"{base}/deployments/{name}/windows", json=second, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["action"] == "rebalanced" and None not in r.json()["result"]["predicted"]["time_us"]
+
+
 def test_async_job_flow_with_greedy(base: str) -> None:
     r = httpx.post(f"{base}/placement", json=request_body(**{"async": True}), timeout=60)
     assert r.status_code == 202, r.text

@@ -12,6 +12,7 @@ import pytest
 
 from eplb.cli import main
 from eplb.cost import (
+    TimeModel,
     comm_copies_per_token,
     dominance_grid,
     ep_min,
@@ -364,6 +365,33 @@ def test_a_layer_without_tokens_costs_nothing(tokens_per_gpu: float | None, case
                     **kwargs)  # fmt: skip
     assert p.time_us[0] == alone.time_us[0] > 0
     assert p.bottleneck == [alone.bottleneck[0], "idle"]  # was "compute": the argmax of three zeros
+
+
+@pytest.mark.parametrize("scale", [1e-320, 5e-324, 1e-300, 1e15])
+@pytest.mark.parametrize("case", sorted(EMPTY_LAYER_CASES))
+def test_a_window_of_any_scale_costs_what_its_ratios_do(scale: float, case: str) -> None:
+    """With a T given only a window's ratios matter: loads of 1e-320 (subnormal) cost what [6, 2, 2, 2] do. The factor
+    G T k / total overflowed to infinity below about 1e-304, so every time was NaN (null in the service's answers,
+    a 500 from a cost-trigger deployment) and the weight read 0; 5e-324 is the smallest float."""
+    kwargs = dict(EMPTY_LAYER_CASES[case])
+    if "reach" in kwargs:
+        kwargs["reach"] = kwargs["reach"][:1]
+    window = np.array([[6.0, 2, 2, 2]])
+    tiny = window * scale if scale >= 1e-320 else np.array([[scale, scale, 0, 0]])
+    ref = window if scale >= 1e-320 else np.array([[1.0, 1, 0, 0]])
+    want = predict(ref, TOY_PLACEMENT, TOY_SLOTS, TOY_MODEL, TOY_GPU, 1e9, tokens_per_gpu=6.0, **kwargs)
+    got = predict(tiny, TOY_PLACEMENT, TOY_SLOTS, TOY_MODEL, TOY_GPU, 1e9, tokens_per_gpu=6.0, **kwargs)
+    for name in ("gpu_compute_us", "gpu_weight_read_us", "gpu_comm_us", "gpu_time_us", "gpu_rows", "lb"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-2, err_msg=name)
+    assert got.bottleneck == want.bottleneck
+    if case == "one link" and scale >= 1e-320:  # replay's path: the busiest and idlest GPU's rows only
+        tm = TimeModel.from_specs(TOY_MODEL, TOY_GPU, 1e9, 2, tokens_per_gpu=6.0)
+
+        def extremes(loads: np.ndarray) -> np.ndarray:
+            rows = predict(loads, TOY_PLACEMENT, TOY_SLOTS, TOY_MODEL, TOY_GPU, 1e9).gpu_rows
+            return tm.layer_time_from_extremes(loads.sum(axis=1, keepdims=True), rows.max(axis=1, keepdims=True),
+                                               rows.min(axis=1, keepdims=True), np.array([[3.0]]))  # fmt: skip
+        np.testing.assert_allclose(extremes(tiny), extremes(ref), rtol=1e-2)
 
 
 def test_a_layer_without_tokens_has_no_bottleneck_in_the_cli_and_the_json(

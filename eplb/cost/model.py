@@ -114,16 +114,24 @@ class TimeModel:
         active slots (comm overlapped, no dedup): see `layer_time_from_extremes`."""
         return self.overlap and not self.dedup and self.nic_us_per_copy is None
 
-    def scale(self, total: F64) -> tuple[F64, F64]:
-        """(T tokens per GPU, factor turning the loads into rows of one step), both shaped like total
-        (the layer's routed rows). A layer without tokens (total 0) has T = 0 either way: nothing to dispatch,
+    def tokens(self, total: F64) -> F64:
+        """T tokens per GPU of one step, shaped like total (the layer's routed rows of the window): tokens_per_gpu,
+        or total / (G k) when it is None. A layer without tokens (total 0) has T = 0 either way: nothing to dispatch,
         compute or read, so every term, and its time, is 0 (no fixed latency is modelled)."""
-        g, k = self.gpus, self.top_k
         if self.tokens_per_gpu is None:
-            return total / (g * k), np.ones_like(total)
-        busy = total > 0
-        factor = np.divide(g * self.tokens_per_gpu * k, total, out=np.zeros_like(total), where=busy)
-        return np.where(busy, self.tokens_per_gpu, 0.0), factor
+            return total / (self.gpus * self.top_k)
+        return np.where(total > 0, self.tokens_per_gpu, 0.0)
+
+    def step_rows(self, rows: NDArray[Any], total: F64) -> F64:
+        """The window's rows [..., G] as rows of one step: rows / total x G T k (the layer's routed rows G T k), 0 on a
+        layer without tokens; rows as they are when tokens_per_gpu is None. Divided first: rows <= total, so a window
+        of any scale is finite (the factor G T k / total of a subnormal total, 1e-320, is above the largest float)."""
+        if self.tokens_per_gpu is None:
+            return np.asarray(rows, dtype=np.float64)
+        share = np.divide(rows, total, out=np.zeros(np.broadcast_shapes(np.shape(rows), np.shape(total))),
+                          where=total > 0)
+        out: F64 = share * (self.gpus * self.tokens_per_gpu * self.top_k)
+        return out
 
     def gpu_terms(
         self, total: F64, rows: NDArray[Any], active: NDArray[Any], reach: NDArray[Any] | None = None
@@ -133,15 +141,15 @@ class TimeModel:
         top-k reaches each GPU (co-activation data, `eplb.coactivation.reach`), with two links [..., G + N]:
         each GPU's, then each node's; with it a token is sent once to each GPU it reaches, whatever `dedup`
         says."""
-        tokens, factor = self.scale(total)
+        tokens, busy = self.tokens(total), total > 0
         g, k = self.gpus, self.top_k
-        r = rows * factor
+        r = self.step_rows(rows, total)
         compute = (r + self.shared * tokens) * self.us_per_row
-        weight = self._weight_read(tokens, factor, active)
+        weight = self._weight_read(busy, active)
         if self.nic_us_per_copy is not None:
-            return compute, weight, self._two_link_comm(tokens, factor, r, reach)
+            return compute, weight, self._two_link_comm(tokens, busy, r, reach)
         if reach is not None:
-            q = np.where(factor > 0, reach, 0.0)
+            q = np.where(busy, reach, 0.0)
             received = (g - 1) * tokens * q
             sent = tokens * (q.sum(axis=-1, keepdims=True) - q)
         elif self.dedup:
@@ -155,7 +163,7 @@ class TimeModel:
         comm = np.maximum(sent, received) * self.comm_us_per_copy
         return compute, weight, comm
 
-    def _two_link_comm(self, tokens: F64, factor: F64, r: F64, reach: NDArray[Any] | None) -> F64:
+    def _two_link_comm(self, tokens: F64, busy: NDArray[np.bool_], r: F64, reach: NDArray[Any] | None) -> F64:
         """µs per GPU of DeepEP's dispatch and combine over two links, every GPU's T tokens routing like the
         layer. With q_g a token's chance to reach GPU g and Q_v node v (from `reach`, else from independent
         picks of the rows), N nodes of n GPUs, GPU g on node v:
@@ -174,7 +182,7 @@ class TimeModel:
         else:
             if reach.shape[-1] != g + nodes:
                 raise ValueError(f"two links need reach [..., {g} GPUs + {nodes} nodes], got {reach.shape}")
-            both = np.where(factor > 0, reach, 0.0)
+            both = np.where(busy, reach, 0.0)
             q, big_q = both[..., :g], both[..., g:]
         on_node = q.reshape(*q.shape[:-1], nodes, n)
         others_on_node = (on_node.sum(axis=-1, keepdims=True) - on_node).reshape(q.shape)
@@ -184,10 +192,11 @@ class TimeModel:
         out: F64 = np.maximum(nic * self.nic_us_per_copy, nvlink * self.comm_us_per_copy)
         return out
 
-    def _weight_read(self, tokens: F64, factor: F64, active: NDArray[Any]) -> F64:
-        """µs to read the active routed experts' and the shared experts' weights (none on an empty layer)."""
-        routed = np.where(factor > 0, active, 0.0) * self.expert_read_us
-        out: F64 = routed + np.where(tokens > 0, self.shared_read_us, 0.0)
+    def _weight_read(self, busy: NDArray[np.bool_], active: NDArray[Any]) -> F64:
+        """µs to read the active routed experts' and the shared experts' weights (none where busy is False: a layer
+        without tokens)."""
+        routed = np.where(busy, active, 0.0) * self.expert_read_us
+        out: F64 = routed + np.where(busy, self.shared_read_us, 0.0)
         return out
 
     def gpu_time(self, compute: F64, weight: F64, comm: F64) -> F64:
@@ -211,11 +220,11 @@ class TimeModel:
         shrink with them."""
         if not self.extremes_suffice:
             raise ValueError("layer_time_from_extremes needs overlap and no dedup")
-        tokens, factor = self.scale(total)
+        tokens = self.tokens(total)
         g, k = self.gpus, self.top_k
-        hi, lo = rmax * factor, rmin * factor
+        hi, lo = self.step_rows(rmax, total), self.step_rows(rmin, total)
         compute = (hi + self.shared * tokens) * self.us_per_row
-        weight = self._weight_read(tokens, factor, amax)
+        weight = self._weight_read(total > 0, amax)
         copies = np.maximum(k * tokens - lo / g, hi * (1.0 - 1.0 / g))
         out: F64 = np.maximum(np.maximum(compute, weight), copies * self.comm_us_per_copy)
         return out
@@ -354,8 +363,9 @@ def predict(
     phy2log: [L, P] int; slot s holds logical expert phy2log[l, s]; slots are numbered GPU by
         GPU, GPU g owning the next slots_per_gpu[g] slots. slots_per_gpu: [G] int, sum = P.
     tokens_per_gpu: T of one step; each layer's loads are scaled so the layer's routed rows are
-        G x T x k. None: the window is taken as one step, T_l = sum(loads[l]) / (G x k). A layer without
-        tokens has T_l = 0 either way, time 0 and bottleneck "idle".
+        G x T x k (a window of any scale, subnormal 1e-320 too, costs what its ratios do). None: the window
+        is taken as one step, T_l = sum(loads[l]) / (G x k). A layer without tokens has T_l = 0 either way,
+        time 0 and bottleneck "idle".
     shares: [L, P] fraction of its expert's tokens each slot serves (per expert summing to 1);
         None = 1 / replicas, as vLLM/SGLang/DeepSeek route.
     overlap: True, comm overlaps the GEMMs (two micro-batches): GPU time = max(compute,
@@ -375,6 +385,8 @@ def predict(
     bytes) / link_bw.
     """
     load, p2l, slots, share = _checked_inputs(loads, phy2log, slots_per_gpu, model, shares)
+    if tokens_per_gpu is not None:  # only the ratios matter: each layer scaled exactly to a largest load in [0.5, 1)
+        load = np.ldexp(load, -np.frexp(load.max(axis=1, keepdims=True))[1])
     num_layers, num_gpus = load.shape[0], slots.size
     tm = TimeModel.from_specs(model, hw, link_bw, num_gpus, tokens_per_gpu, overlap, dedup, inter_node_bw,
                               gpus_per_node)  # fmt: skip
@@ -393,7 +405,7 @@ def predict(
             raise EplbError(f"reach must be [{num_layers} layers, {what}], got shape {list(q.shape)}")
     compute, weight, comm = tm.gpu_terms(total, window_rows, active, q)
     gpu_time = tm.gpu_time(compute, weight, comm)
-    tokens, factor = tm.scale(total)
+    tokens = tm.tokens(total)
     slowest = np.argmax(gpu_time, axis=1)
     pick = slowest[:, None]
     c_s, w_s, m_s = (np.take_along_axis(a, pick, axis=1)[:, 0] for a in (compute, weight, comm))
@@ -412,7 +424,7 @@ def predict(
         gpu_compute_us=compute,
         gpu_weight_read_us=weight,
         gpu_comm_us=comm,
-        gpu_rows=window_rows * factor,
+        gpu_rows=tm.step_rows(window_rows, total),
         active_slots=active.astype(np.int64),
         tokens_per_gpu=tokens[:, 0],
         lb=lb,
