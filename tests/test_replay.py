@@ -1159,6 +1159,21 @@ def test_the_python_apis_refusal_of_a_model_with_other_experts_names_the_way_out
      "--robust-windows must be 2 .. --window (8), got 9"),
     ({"window": 8, "interval": 100, "robust_windows": 1}, "robust_windows must be 2 .. window (8), got 1",
      "--robust-windows must be 2 .. --window (8), got 1"),
+    # below 2 at a first check earlier than the window: it said 2 .. --window (1000), when 100 is the most
+    ({"window": 1000, "interval": 100, "robust_windows": 1},
+     "robust_windows must be 2 .. 100, the steps the window of the first check (step 100, interval) holds, got 1",
+     "--robust-windows must be 2 .. 100, the steps the window of the first check (step 100, --interval) holds, got 1"),
+    ({"window": 1000, "interval": 100, "robust_windows": 2000},
+     "robust_windows 2,000: the window of the first check (step 100, interval) holds 100 steps (interval), too few "
+     "for 2,000 sub-windows of a step or more: give robust_windows 2 .. 100",
+     "--robust-windows 2,000: the window of the first check (step 100, --interval) holds 100 steps (--interval), "
+     "too few for 2,000 sub-windows of a step or more: give --robust-windows 2 .. 100"),
+    ({"window": 50, "interval": 100, "first": 1, "robust_windows": 1},
+     "robust_windows 1: the window of the first check (step 1, first) holds 1 step (first), too few for 2 "
+     "sub-windows of a step or more: drop robust_windows or give a later first",
+     "--robust-windows 1: the window of the first check (step 1, --first-rebalance) holds 1 step "
+     "(--first-rebalance), too few for 2 sub-windows of a step or more: drop --robust-windows or give a later "
+     "--first-rebalance"),
 ])  # fmt: skip
 def test_robust_windows_are_bounded_by_the_first_checks_window_in_the_python_api_as_in_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], api: str, cli: str

@@ -90,17 +90,23 @@ class Schedule:
         k = self.robust_windows
         if k is None:
             return
-        if whole_number(k) is None or not 2 <= k <= self.window:
-            raise EplbError(f"{n('robust_windows')} must be 2 .. {n('window')} ({self.window}), got {k!r}")
         held = min(self.window, self.first_position)
-        if k <= held:
+        whole = whole_number(k) is not None
+        if whole and 2 <= k <= held:
             return
+        if held == self.window:
+            raise EplbError(f"{n('robust_windows')} must be 2 .. {n('window')} ({self.window}), got {k!r}")
         at = n("interval") if self.first is None else n("first")  # held < window: the first check's position
+        if held >= 2 and not (whole and k > held):  # it said 2 .. --window (1000) at a 100-step first check
+            raise EplbError(f"{n('robust_windows')} must be 2 .. {held:,}, the steps the window of the first check "
+                            f"(step {self.first_position:,}, {at}) holds, got {k!r}")
+        if not whole:  # and a one-step first check: no count would do
+            raise EplbError(f"{n('robust_windows')} must be a whole number of sub-windows, got {k!r}")
         fix = (f"give {n('robust_windows')} 2 .. {held}" if held >= 2
                else f"drop {n('robust_windows')} or give a later {at}")
         raise EplbError(f"{n('robust_windows')} {k:,}: the window of the first check (step {self.first_position:,}, "
-                        f"{at}) holds {plural(held, 'step')} ({at}), too few for {k:,} sub-windows of a step or more: "
-                        f"{fix}")
+                        f"{at}) holds {plural(held, 'step')} ({at}), too few for {max(k, 2):,} sub-windows of a step "
+                        f"or more: {fix}")
 
     @property
     def first_position(self) -> int:
