@@ -608,6 +608,23 @@ def test_a_vllm_expert_load_window_without_its_map_is_refused(tmp_path: Path) ->
     assert read_vllm_loads([tmp_path / "logical.npz"]).window.shape == (2, 6)
 
 
+def test_statistics_npz_arrays_are_read_by_name(tmp_path: Path) -> None:
+    """import-load took a lone array of any name (--from sglang, an npz holding only `foo`) and, of two arrays it
+    reads, the first it looked for (counts over expert_load_window): which counts a file holds is no guess."""
+    counts = np.ones((2, 1, 4))
+    np.savez(tmp_path / "foo.npz", foo=counts)
+    with pytest.raises(EplbError, match=r"foo\.npz: expected an array named 'logical_count' \(or one saved without a "
+                       r"name, np\.savez\(file, array\)\), found \['foo'\]$"):
+        read_sglang_loads([tmp_path / "foo.npz"])
+    np.savez(tmp_path / "two.npz", counts=counts, expert_load_window=counts)
+    with pytest.raises(EplbError, match=r"two\.npz: holds both 'counts' and 'expert_load_window', so which counts to "
+                       "read is unclear; keep one$"):
+        read_vllm_loads([tmp_path / "two.npz"])
+    np.savez(tmp_path / "unnamed.npz", counts)  # np.savez's arr_0: the one array, as documented
+    assert read_sglang_loads([tmp_path / "unnamed.npz"]).window.tolist() == [[2, 2, 2, 2]]
+    assert read_vllm_loads([tmp_path / "unnamed.npz"]).window.tolist() == [[2, 2, 2, 2]]
+
+
 def test_written_windows_read_back(tmp_path: Path) -> None:
     np.save(tmp_path / "c.npy", np.arange(2 * 3 * 4).reshape(2, 3, 4))
     loads = read_vllm_loads([tmp_path / "c.npy"])

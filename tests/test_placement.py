@@ -165,6 +165,23 @@ def test_bad_per_step_counts_are_named_as_the_file_holds_them(tmp_path: Path) ->
             read_window(tmp_path / "s.npy")
 
 
+def test_an_npz_of_two_kinds_of_counts_is_refused(tmp_path: Path) -> None:
+    """An npz with both loads and counts was read as its loads, one with topk_ids and counts as its token-level
+    log, by the window reader and the routing-log reader alike, without a word."""
+    from eplb.io.logs import open_log
+
+    window = np.ones((2, 4))
+    ids = np.zeros((2, 2, 1), dtype=np.int16)
+    np.savez(tmp_path / "both.npz", loads=window, counts=window[None])
+    np.savez(tmp_path / "tk.npz", topk_ids=ids, step_offsets=np.array([0, 2]), num_experts=np.int64(4),
+             counts=window[None])
+    for name, first, second in (("both.npz", "loads", "counts"), ("tk.npz", "counts", "topk_ids")):
+        message = f"{tmp_path / name}: holds both '{first}' and '{second}', so which to read is unclear; keep one ("
+        for read in (read_window, open_log):
+            with pytest.raises(EplbError, match=f"^{re.escape(message)}"):
+                read(tmp_path / name)
+
+
 def test_bad_load_paths(tmp_path: Path) -> None:
     with pytest.raises(EplbError, match="not found"):
         read_window(tmp_path / "nope.json")

@@ -37,7 +37,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError, shown
 from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools, usable_path
-from eplb.io.windows import MAX_LOAD
+from eplb.io.windows import MAX_LOAD, refuse_mixed_arrays
 
 __all__ = [
     "FORMAT_COUNTS",
@@ -977,6 +977,7 @@ def open_log(path: str | Path) -> RoutingLog:
     if fmt == "npz":
         with _open_zip(p) as zf:
             names = zf.namelist()
+        refuse_mixed_arrays((n.removesuffix(".npy") for n in names), p)
         if _TOPK + ".npy" in names:
             return _TopkNpz(p)
         if _COUNTS + ".npy" in names:

@@ -98,7 +98,7 @@ def import_loads(
 
 def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = True) -> ImportedLoads:
     """SGLang expert distribution `stat` dumps: `logical_count` [steps, layers, E] or [layers, E] in JSON
-    (`{"logical_count": ...}`) or .npz (array `logical_count`, or a single array) or .npy.
+    (`{"logical_count": ...}`) or .npz (array `logical_count`, or one array saved without a name) or .npy.
 
     Several files are stacked along the step axis. SGLang's rows are model layers, dense ones included (all
     zero); with drop_empty_layers those rows are dropped and `layer_ids` keeps the model layer of each row left.
@@ -251,8 +251,8 @@ def fold_slots(loads: ImportedLoads, phy2log: NDArray[np.int64], layer_ids: Sequ
 
 def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] | None = None) -> ImportedLoads:
     """vLLM-style per-step counts: .npy, .npz (array `counts`, `logical_count`, `loads` or
-    `expert_load_window`, or a single array) or .json (`{"counts": ...}` or `{"loads": ...}`), shaped
-    [steps, MoE layers, E] or [MoE layers, E]. Several files are the EP ranks of one recording: each rank
+    `expert_load_window`, or one array saved without a name) or .json (`{"counts": ...}` or `{"loads": ...}`),
+    shaped [steps, MoE layers, E] or [MoE layers, E]. Several files are the EP ranks of one recording: each rank
     counts the tokens it dispatched, and vLLM sums the ranks (an all-reduce) before it rebalances, so do we.
 
     vLLM's own `expert_load_window` counts physical slots, [steps, layers, P]: give `phy2log` [layers, P]
@@ -457,22 +457,32 @@ def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.flo
 
 
 
+UNNAMED = "arr_0"
+"""The name np.savez gives an array passed without one (`np.savez(file, counts)`)."""
+
+
 def _read_array(p: Path, keys: tuple[str, ...]) -> tuple[str, NDArray[Any]]:
-    """(name, array) of the first of `keys` an .npz holds, else of its one array; an .npy's array, named ""."""
+    """(name, array) of the one of `keys` an .npz holds, else of its one unnamed array (`UNNAMED`); an .npy's
+    array, named "". Two of `keys`, or a lone array of another name, are refused: which counts they are is a
+    guess."""
     try:
         if p.suffix.lower() == ".npy":
             return "", np.asarray(np.load(p, allow_pickle=False))
         with np.load(p, allow_pickle=False) as npz:
             names = list(npz.files)
-            for key in keys:
-                if key in names:
-                    return key, np.asarray(npz[key])
+            held = [key for key in keys if key in names]
+            if len(held) > 1:
+                raise EplbError(f"{p}: holds both {held[0]!r} and {held[1]!r}, so which counts to read is unclear; "
+                                "keep one")
+            if held:
+                return held[0], np.asarray(npz[held[0]])
             arrays = [n for n in names if n not in ("layer_ids", "physical_to_logical_map")]
-            if len(arrays) == 1:
-                return arrays[0], np.asarray(npz[arrays[0]])
+            if arrays == [UNNAMED]:
+                return UNNAMED, np.asarray(npz[UNNAMED])
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise EplbError(f"{p}: not a readable numpy file ({exc or 'cut short'})") from None
-    raise EplbError(f"{p}: expected an array named {' or '.join(repr(k) for k in keys)}, found {names}")
+    raise EplbError(f"{p}: expected an array named {' or '.join(repr(k) for k in keys)} (or one saved without a "
+                    f"name, np.savez(file, array)), found {names}")
 
 
 def _npz_table(p: Path) -> NDArray[np.int64] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -141,6 +142,7 @@ def _read_npz(p: Path) -> LoadWindow:
     try:
         with np.load(p, allow_pickle=False) as npz:
             names = list(npz.files)
+            refuse_mixed_arrays(names, p)
             if "topk_ids" in names:  # a token-level log: the window is its picks per expert, all steps summed
                 return _read_topk_log(p)
             meta = {} if "layer_ids" not in names else {"layer_ids": npz["layer_ids"].tolist()}
@@ -156,6 +158,22 @@ def _read_npz(p: Path) -> LoadWindow:
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise EplbError(f"{p}: not a readable .npz archive ({exc or 'cut short'})") from None
     raise EplbError(f"{p}: expected an array named 'loads' or 'counts', found {names}")
+
+
+NPZ_ARRAYS = {"loads": "a [layers, E] window", "counts": "[steps, layers, E] per-step counts",
+              "topk_ids": "token-level routing"}
+"""The arrays an .npz of loads or a routing log is read by: a file holds one of them."""
+
+
+def refuse_mixed_arrays(names: Iterable[str], path: str | Path) -> None:
+    """EplbError when an .npz's arrays `names` hold more than one of NPZ_ARRAYS: which one it is would be a guess
+    (the one check of `read_window` and `eplb.io.logs.open_log`)."""
+    present = set(names)
+    held = [key for key in NPZ_ARRAYS if key in present]
+    if len(held) > 1:
+        kinds = "; ".join(f"{key}: {NPZ_ARRAYS[key]}" for key in held)
+        raise EplbError(f"{path}: holds both {held[0]!r} and {held[1]!r}, so which to read is unclear; keep one "
+                        f"({kinds})")
 
 
 def _read_topk_log(p: Path) -> LoadWindow:
