@@ -113,7 +113,8 @@ def _windows(at: tuple[int, int, int] | None = None, value: float = 0.0) -> np.n
     ((_windows((1, 0, 2), np.nan), 8, 2, None, 1), "tokens_per_expert[1][0][2] is nan: loads must be finite numbers"),
     ((_windows((2, 1, 3), -1.0), 8, 2, None, 1), "tokens_per_expert[2][1][3] is -1: loads must be >= 0"),
     ((np.full((3, 2, 4), 9e14), 8, 2, None, 1),
-     "tokens_per_expert.sum(0)[0][0] is 2700000000000000: larger than any token count (limit 1e+15)"),
+     "tokens_per_expert summed over its 3 steps, [0][0] is 2700000000000000: larger than any token count (limit "
+     "1e+15)"),
     ((_windows(), 2, 1, None, 1),
      "num_physical_experts (2) must be >= the number of experts (4, the last dimension of tokens_per_expert)"),
     ((_windows(), 0, 2, None, 1), "num_physical_experts must be >= 1, got 0"),

@@ -24,14 +24,13 @@ from numpy.typing import NDArray
 
 from eplb import retry
 from eplb.errors import EplbError
-from eplb.io.files import number_text
 from eplb.io.windows import check_loads
 from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
 from solvers.registry import Options, Problem, SolverError
-from solvers.validation import InvalidPlacement, load_refusal, validate_placement
+from solvers.validation import InvalidPlacement, validate_placement
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -264,24 +263,17 @@ def positive(value: int, name: str) -> int:
 def loads(value: Any, names: Arguments = Arguments()) -> FloatArray:
     """The engine's loads as a [L, E] float64 window (`as_array`): [layers, experts] with at least one of each, or, for
     `names.windows`, also [W, L, E] windows summed over W; token counts by the rule of the CLI's and the service's
-    windows (`check_loads`: finite, >= 0, at most MAX_LOAD), each window's entry and then their sum. PolicyInputError
-    naming `names.weight` (the sum as `weight.sum(0)`) and the first bad entry otherwise."""
+    windows (`check_loads`: finite, >= 0, at most MAX_LOAD, each window's entry and then their sum). PolicyInputError
+    naming `names.weight` and the first bad entry otherwise."""
     weight = as_array(value, names.weight)
     shapes = "[layers, experts] or [windows, layers, experts]" if names.windows else "[layers, experts]"
     if weight.ndim not in ((2, 3) if names.windows else (2,)) or 0 in weight.shape:
         raise PolicyInputError(f"{names.weight} must be {shapes} with at least one of each, got shape "
                                f"{tuple(weight.shape)}")
-    name = names.weight
-    if weight.ndim == 3:
-        why = load_refusal(weight, name, number_text)  # each window's counts, before a sum hides a negative one
-        if why is not None:
-            raise PolicyInputError(why)
-        weight, name = weight.sum(axis=0), f"{name}.sum(0)"
-    try:  # token counts by the rule of the CLI's and the service's windows: finite, >= 0, at most MAX_LOAD
-        check_loads(weight, name)
+    try:
+        return check_loads(weight, names.weight)
     except EplbError as err:
         raise PolicyInputError(str(err)) from None
-    return weight
 
 
 def check_inputs(
