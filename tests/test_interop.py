@@ -77,6 +77,29 @@ def test_sglang_export_fields_and_round_trip(tmp_path: Path) -> None:
     assert back.placement.phy2log.tolist() == PHY2LOG and back.placement.slots_per_gpu.tolist() == [2, 2, 2]
 
 
+def test_sglang_rows_from_layer_ids_are_capped_as_the_flag_is(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--num-model-layers is capped at MAX_MODEL_LAYERS, but a placement with layer_ids [100000] exported a
+    100,001-row SGLang file (and a larger id would allocate without bound): the row count is capped wherever it
+    comes from."""
+    from eplb.cli import main
+    from eplb.io.exports import MAX_MODEL_LAYERS
+
+    far = Placement(np.array([[0, 1, 2, 3]]), np.array([2, 2]), 4, layer_ids=(100_000,))
+    with pytest.raises(EplbError, match=r"^SGLang's map has a row per model layer, and model layer 100000 would "
+                       r"make it 100,001 rows, more than any model has \(at most 10,000\): check the placement's "
+                       r"layer_ids$"):
+        to_sglang(far)
+    with pytest.raises(EplbError, match=r"and num_model_layers 10,001 would make it 10,001 rows"):
+        to_sglang(_placement(), num_model_layers=MAX_MODEL_LAYERS + 1)
+    save_placement(far, tmp_path / "far.json")
+    assert main(["export", "--placement", str(tmp_path / "far.json"), "--to", "sglang",
+                 "--out", str(tmp_path / "far.sglang.json")]) == 2  # fmt: skip
+    assert "would make it 100,001 rows" in capsys.readouterr().err and not (tmp_path / "far.sglang.json").exists()
+    near = Placement(np.array([[0, 1, 2, 3]]), np.array([2, 2]), 4, layer_ids=(MAX_MODEL_LAYERS - 1,))
+    assert len(to_sglang(near)["physical_to_logical_map"]) == MAX_MODEL_LAYERS
+
+
 def test_sglang_default_rows_and_file_name(tmp_path: Path) -> None:
     assert to_sglang(_placement())["physical_to_logical_map"] == PHY2LOG
     with pytest.raises(EplbError, match=r"ends in \.json"):

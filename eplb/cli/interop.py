@@ -10,6 +10,7 @@ from pathlib import Path
 
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import (
+    MAX_MODEL_LAYERS,
     SYSTEM_NAMES,
     TARGETS,
     model_layers_refusal,
@@ -116,11 +117,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "to fold physical-slot counts into logical experts")
     i.add_argument("--gpus", type=int, metavar="N", help="EP size, to read an SGLang or TensorRT-LLM --placement")
     i.set_defaults(func=run_import_load)
-
-
-MAX_MODEL_LAYERS = 10_000
-"""The most layers `--num-model-layers` and a `--layer-ids` id may name (SGLang writes a row per model layer;
-the largest models have a few hundred)."""
 
 
 def _num_model_layers(text: str) -> int:

@@ -33,6 +33,10 @@ from eplb.placement import Placement, appears_twice, row_layer_ids
 TARGETS = ("sglang", "trtllm", "vllm-ascend", "json")
 SYSTEM_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vllm-ascend", "json": "eplb"}
 
+MAX_MODEL_LAYERS = 10_000
+"""The most model layers an export names (SGLang writes a row per model layer; the largest models have a few
+hundred): SGLang's row count, `--num-model-layers` and a `--layer-ids` id stay below it."""
+
 _EQUAL_SLOTS_REASON = {
     "sglang": "it splits the physical experts evenly over the EP ranks",
     "trtllm": "every rank owns num_slots / ep_size consecutive slots",
@@ -153,6 +157,10 @@ def to_sglang(
     check_exportable(placement, "sglang")
     ids = row_labels(placement, layer_ids)
     rows = max(ids) + 1 if num_model_layers is None else num_model_layers
+    if rows > MAX_MODEL_LAYERS:  # the rows are allocated and written: a stray layer id must not make millions
+        said = f"model layer {max(ids)}" if num_model_layers is None else f"num_model_layers {num_model_layers:,}"
+        raise EplbError(f"SGLang's map has a row per model layer, and {said} would make it {rows:,} rows, more than "
+                        f"any model has (at most {MAX_MODEL_LAYERS:,}): check the placement's layer_ids")
     refusal = model_layers_refusal(ids, rows)
     if refusal is not None:
         raise EplbError(refusal)
