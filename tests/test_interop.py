@@ -309,6 +309,36 @@ def test_an_inconsistent_vllm_ascend_map_is_refused(tmp_path: Path, edit: dict[s
     assert read_placement_file(path).placement.phy2log.tolist() == [[0, 1, 2, 3]]
 
 
+def test_a_routing_log_or_window_given_as_a_placement_is_named(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """eplb evaluate --placement small.npz (a routing log) said "not a readable text file ('utf-8' codec ...)"."""
+    from eplb.cli import main
+    from eplb.io.logs import write_counts
+
+    (tmp_path / "w.json").write_text(json.dumps({"loads": [[1, 2, 3, 4]]}))
+    write_counts(tmp_path / "log.npz", np.ones((2, 1, 4), dtype=np.int64))
+    np.savez(tmp_path / "tk.npz", topk_ids=np.zeros((2, 1, 1), dtype=np.int16), step_offsets=np.array([0, 2]),
+             num_experts=np.int64(4))
+    np.savez(tmp_path / "loads.npz", loads=np.ones((1, 4)))
+    np.save(tmp_path / "w.npy", np.ones((1, 4)))
+    (tmp_path / "junk.bin").write_bytes(b"\xff\xfe\x00 not text")
+    tail = "placements are JSON or YAML text (eplb's, SGLang's, TensorRT-LLM's or vllm-ascend's)"
+    for name, said in (("log.npz", "a routing log (per-step counts)"), ("tk.npz", "a token-level routing log"),
+                       ("loads.npz", "a load window (loads)"), ("w.npy", "a numpy array (.npy)"),
+                       ("junk.bin", "not a readable text file")):
+        assert main(["evaluate", "--loads", str(tmp_path / "w.json"), "--placement", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eplb evaluate: error: {tmp_path / name}: {said}"), err
+        assert (f"not a placement: give it as --loads (or to eplb replay); {tail}" in err) == (name != "junk.bin")
+    from eplb.io.parquet import write_parquet
+
+    write_parquet(tmp_path / "log.parquet", np.ones((2, 1, 4), dtype=np.int64))
+    shard = next((tmp_path / "log.parquet").iterdir())
+    assert main(["evaluate", "--loads", str(tmp_path / "w.json"), "--placement", str(shard)]) == 2
+    err = capsys.readouterr().err
+    assert f"a Parquet shard of a routing log, not a placement: give it to eplb replay; {tail}" in err
+
+
 def test_empty_slots_read_and_export(tmp_path: Path) -> None:
     """vLLM marks slots of absent ranks with -1: our files and SGLang-style maps keep them; only eplb's own
     format can carry them out, the serving systems' formats need an expert in every slot."""

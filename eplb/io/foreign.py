@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,9 +119,39 @@ def _read(path: str | Path, num_gpus: int | None, layer_ids: Sequence[int] | Non
     p = existing_file(path, "placement file")
     try:
         text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise EplbError(f"{p}: {_binary_kind(p) or f'not a readable text file ({exc})'}") from None
+    except OSError as exc:
         raise EplbError(f"{p}: not a readable text file ({exc})") from None
     return _parse(_parse_placement_text(text, p), str(p), num_gpus, layer_ids, num_experts)
+
+
+def _binary_kind(p: Path) -> str | None:
+    """What a binary file given as a placement is, when it is one of ours (an .npz or .npy of loads or a routing
+    log, a Parquet shard), with where it goes; None otherwise."""
+    with p.open("rb") as f:
+        magic = f.read(6)
+    use = "give it as --loads (or to eplb replay)"
+    if magic == b"\x93NUMPY":
+        kind = "a numpy array (.npy): a load window or a routing log"
+    elif magic.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(p) as zf:
+                members = zf.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return None
+        arrays = {n.removesuffix(".npy") for n in members if n.endswith(".npy")}
+        if not arrays:
+            return None
+        kind = ("a token-level routing log (topk_ids)" if "topk_ids" in arrays else
+                "a routing log (per-step counts)" if "counts" in arrays else
+                "a load window (loads)" if "loads" in arrays else "a numpy archive (.npz)")
+    elif magic.startswith(b"PAR1"):
+        kind, use = "a Parquet shard of a routing log", "give it to eplb replay"
+    else:
+        return None
+    return (f"{kind}, not a placement: {use}; placements are JSON or YAML text (eplb's, SGLang's, TensorRT-LLM's "
+            "or vllm-ascend's)")
 
 
 def parse_placement(
