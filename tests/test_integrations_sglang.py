@@ -22,6 +22,7 @@ import torch
 from eplb.integrations import core
 from eplb.integrations import sglang as plugin
 from tests.conftest import remote_mixtral_deployment
+from tests.engine_ranks import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "deepseek_eplb_golden.json").read_text())["cases"]
@@ -387,3 +388,31 @@ def test_without_sglangs_map_a_fallback_reaches_the_deployment_with_the_next_win
     assert history[0]["lb_before"] == pytest.approx(
         core.layer_lb(windows[2].sum(dim=0).numpy(), local.numpy(), 4).mean(), abs=1e-5)
     assert served.tolist() == httpx.get(f"{base}/deployments/sglang-no-map", timeout=60).json()["placement"]["phy2log"]
+
+
+def test_every_sglang_rank_serves_one_map_when_only_some_reach_the_service(
+    server_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """Four SGLang ranks, real processes in one gloo group (SGLang's world group), rebalance the same windows; rank 0
+    cannot reach the service, ranks 1-3 get its answer. Rank 0 served its local solve while the others served the
+    service's, and SGLang's expert_location_updater moves weights by each rank's map: now all four serve the service's
+    answer, with one log2phy and logcnt."""
+    import httpx
+
+    base = server_factory()
+    config = {"model": "mixtral-8x7b", "cluster": {"num_gpus": 4, "slots_per_gpu": 4}, "solver": "greedy",
+              "policy": {"trigger": "periodic"}}
+    assert httpx.put(f"{base}/deployments/sglang-split", json=config, timeout=60).status_code == 201
+    windows = np.random.default_rng(14).pareto(1.0, size=(2, 4, 8)) * 100
+    current = np.tile(np.arange(8), (4, 2))
+    call = {"tokens_per_expert": windows.tolist(), "num_physical_experts": 16, "num_local_physical_experts": 4,
+            "num_groups": None, "num_nodes": 1, "current_phy2log": current.tolist()}
+    answers = run_ranks("sglang", ["http://127.0.0.1:9", base, base, base], {
+        "EPLB_DEPLOYMENT": "sglang-split", "EPLB_SERVICE_TIMEOUT_S": "60"}, call, tmp_path)
+    assert all(a["maps"] == answers[1]["maps"] for a in answers), [a["maps"][0] for a in answers]
+    deployment = httpx.get(f"{base}/deployments/sglang-split", timeout=60).json()
+    assert answers[1]["maps"][0] == deployment["placement"]["phy2log"] != current.tolist()
+    ((level, line),) = answers[0]["logs"]
+    assert level == "WARNING" and line.startswith("eplb algorithm (rank 1): the map of EP rank 1, which every rank "
+                                                  "serves; this rank's own (local): ")
+    assert not any(a["forked_group"] for a in answers)

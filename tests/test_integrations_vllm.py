@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -39,6 +40,7 @@ from eplb.rules import DEPLOYMENT_NAME, is_deployment_name
 from solvers import registry
 from tests.conftest import remote_mixtral_deployment
 from tests.db_fixtures import PostgresCluster, postgres_fixture  # noqa: F401
+from tests.engine_ranks import run_ranks
 from tests.flaky_proxy import proxy
 from tests.test_replicas import replica
 
@@ -1129,6 +1131,47 @@ def test_every_rank_calling_the_policy_gets_one_placement(
             assert maps[0].tolist() == old.tolist()
         old = maps[0]
     assert len(_history(base, "plugin-ranks")) == 4
+
+
+def test_ranks_whose_requests_failed_serve_the_answer_the_other_ranks_got(
+    server_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """Four EP ranks, real processes in one gloo group (vLLM's EPLB group), call the policy with the same window and
+    map; ranks 0 and 2 cannot reach the service (connection refused, retried, then the local solve), ranks 1 and 3
+    get its answer. Each rank served its own answer, so 0 and 2 served another map than 1 and 3, and vLLM moves the
+    weights by each rank's map. Every rank now serves rank 1's, the service's, also log2phy and logcnt; ranks 0 and
+    2 log a WARNING naming it and their own failure; a process a rank forks runs no collective."""
+    base = server_factory()
+    config = {**MIXTRAL_4X4, "policy": {"trigger": "periodic"}}
+    assert httpx.put(f"{base}/deployments/split-ranks", json=config, timeout=60).status_code == 201
+    weight = np.random.default_rng(13).pareto(1.0, size=(4, 8)) * 100
+    dead = "http://127.0.0.1:9"
+    call = {"weight": weight.tolist(), "num_replicas": 16, "num_groups": 1, "num_nodes": 1, "num_ranks": 4,
+            "old": INITIAL.tolist()}
+    answers = run_ranks("vllm", [dead, base, dead, base], {"EPLB_DEPLOYMENT": "split-ranks",
+                                                           "EPLB_SERVICE_TIMEOUT_S": "60"}, call, tmp_path)
+    assert all(a["maps"] == answers[1]["maps"] for a in answers), [a["maps"][0] for a in answers]
+    assert answers[1]["maps"][0] == _current(base, "split-ranks")["placement"]["phy2log"] != INITIAL.tolist()
+    for r in (0, 2):
+        ((level, line),) = answers[r]["logs"]
+        assert level == "WARNING" and line.startswith("eplb policy (rank 1): the map of EP rank 1, which every rank "
+                                                      "serves; this rank's own (local): ") and "remote failed" in line
+    for r in (1, 3):
+        assert answers[r]["logs"] == [["INFO", f"eplb policy (remote): placement from {base} deployment "
+                                                "'split-ranks'"]]
+    assert not any(a["forked_group"] for a in answers)
+
+
+def test_the_ranks_agree_over_vllms_eplb_group_or_its_ep_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Newer vLLM moves weights over get_eplb_group(), older over get_ep_group(): the plug-in agrees over the one the
+    installed vLLM has; without torch.distributed (one process) there is nothing to agree on."""
+    state = types.ModuleType("vllm.distributed.parallel_state")
+    state.get_ep_group = lambda: types.SimpleNamespace(cpu_group="ep")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", state)
+    assert plugin.eplb_group() == "ep"
+    state.get_eplb_group = lambda: types.SimpleNamespace(cpu_group="eplb")  # type: ignore[attr-defined]
+    assert plugin.eplb_group() == "eplb"
+    assert not torch.distributed.is_initialized() and core.engine_group(plugin.eplb_group) is None
 
 
 def _replicas(stack: ExitStack, db_url: str, count: int) -> list[str]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -198,11 +199,12 @@ def _parse(env: Mapping[str, str], name: str, kind: type[Any], default: Any) -> 
 
 @dataclass
 class Rebalanced:
-    """A new map and how it was made. source: "local", "remote" (the service's placement, or its `kept`) or "kept"
-    (the engine's map unchanged: the service answered a placement the engine refuses); how: one line for the
-    engine's log (solver, moves, fallback reason, reports to the service that failed); log2phy: DeepSeek's own
-    replica order when the drop-in produced the map unchanged, else None (`logical_maps` derives it in slot
-    order); fell_back: remote mode was asked for and failed (the plug-ins log a WARNING)."""
+    """A new map and how it was made. source: "local", "remote" (the service's placement, or its `kept`), "kept"
+    (the engine's map unchanged: the service answered a placement the engine refuses) or "rank N" (another EP rank's
+    map, which every rank serves: `agree`); how: one line for the engine's log (solver, moves, fallback reason,
+    reports to the service that failed); log2phy: DeepSeek's own replica order when the drop-in produced the map
+    unchanged, else None (`logical_maps` derives it in slot order); fell_back: remote mode was asked for and failed
+    on this rank (the plug-ins log a WARNING)."""
 
     phy2log: IntArray
     source: str
@@ -451,9 +453,9 @@ def solve_local(
     return Rebalanced(new, "local", f"{how}, {int(moves(new, old, num_ranks).sum())} copies ({budget})")
 
 
-# The retry rule of `Service`'s calls is eplb.retry's, shared with eplb.client. A rank whose window failed would fall
-# back to a local solve and serve another map than the ranks the service answered, so the plug-in sends the same
-# request again for what another attempt can mend, within `Settings.timeout_s`.
+# The retry rule of `Service`'s calls is eplb.retry's, shared with eplb.client. A window that failed falls back to a
+# local solve (which `agree` replaces by another rank's answer from the service, if any rank got one), so the
+# plug-in sends the same request again for what another attempt can mend, within `Settings.timeout_s`.
 
 
 FailureKind = Literal["unreachable", "error", "refused", "other-cluster"]
@@ -672,11 +674,14 @@ def rebalance(
     settings: Settings | None = None,
     client: httpx.Client | None = None,
     names: Arguments = Arguments(),
+    group: Any = None,
 ) -> Rebalanced:
     """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local. weight: [L, E] tokens (or
     [W, L, E] windows for `names.windows`: `loads`); old: [L, P] the engine's current map (each a tensor, a numpy
     array or lists: `as_array`); the counts are ints (`whole`); names: the engine's names of these arguments, which
-    every PolicyInputError uses; client: the httpx client for the service (default: one per call)."""
+    every PolicyInputError uses; client: the httpx client for the service (default: one per call); group: the
+    engine's CPU process group of the EP ranks that make this call together (`engine_group`), on which they `agree`
+    on one map; None: this process's answer alone."""
     settings = settings or Settings.from_env()
     num_replicas, num_groups, num_nodes, num_ranks = (
         whole(value, name) for value, name in ((num_replicas, names.num_replicas), (num_groups, names.num_groups),
@@ -692,12 +697,74 @@ def rebalance(
         local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         if settings.deployment is not None:
             local.how += "; EPLB_DEPLOYMENT is set without EPLB_SERVICE_URL, so solved locally"
-        return local
+        return agree(local, group)
     if settings.deployment is None:
         local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
         local.how += "; EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT, so solved locally"
-        return local
-    return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
+        return agree(local, group)
+    return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client, group)
+
+
+_INHERITED_GROUPS = False
+"""Set in a process forked from one whose torch.distributed was initialized: the groups it inherited share their
+parent's connections, so no collective may run on them (`engine_group`)."""
+
+
+def _forked() -> None:
+    global _INHERITED_GROUPS
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        _INHERITED_GROUPS = True
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def engine_group(find: Callable[[], Any]) -> Any:
+    """The CPU process group `find()` answers (the engine's group of the EP ranks that call the policy together: a
+    gloo group, as vLLM's and SGLang's `GroupCoordinator.cpu_group`), or None where no collective can run: one rank,
+    torch.distributed not initialized (one process; a process the engine spawned to run the algorithm), the engine's
+    group not set up (`find` raises), or a process forked from an initialized one (`_INHERITED_GROUPS`)."""
+    if _INHERITED_GROUPS:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        group = find()
+    except (ImportError, AttributeError, AssertionError, RuntimeError):  # no such group in this engine, or not yet
+        return None
+    return group if group is not None and dist.get_world_size(group) > 1 else None
+
+
+def agree(result: Rebalanced, group: Any) -> Rebalanced:
+    """The map every rank of `group` serves (None: `result` as it is): the map of the lowest rank whose own answer was
+    no fallback (the service's answer, or the local solve in local mode), else rank 0's, so a request that failed on
+    some ranks and was answered on others (`remote`) cannot leave the ranks on different placements, nor can a solve
+    that differs from rank to rank. Every rank of the group must call it, as the engines call the policy on every EP
+    rank; two collectives: an all-reduce of two ints, a broadcast of the [L, P] map. log2phy (DeepSeek's replica order)
+    stays only when every rank has it, all solving the same placement locally; else each derives it from the map.
+    A rank that serves another rank's map says so in `how`, after its own answer's."""
+    if group is None:
+        return result
+    import torch
+    import torch.distributed as dist
+
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    votes = torch.tensor([size if result.fell_back else me, 0 if result.log2phy is None else 1], dtype=torch.int64)
+    dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=group)
+    answered, ordered = int(votes[0]), bool(votes[1])
+    source = answered if answered < size else 0
+    agreed = torch.tensor(result.phy2log, dtype=torch.int64)  # a copy: the broadcast writes into it
+    dist.broadcast(agreed, src=dist.get_global_rank(group, source), group=group)
+    phy2log = agreed.numpy()
+    if np.array_equal(phy2log, result.phy2log):
+        if not ordered:
+            result.log2phy = None
+        return result
+    return Rebalanced(phy2log, f"rank {source}", f"the map of EP rank {source}, which every rank serves; this rank's "
+                      f"own ({result.source}): {result.how}", None, result.fell_back)
 
 
 _SERVED: dict[tuple[str, int, int, int, int], IntArray] = {}
@@ -737,6 +804,7 @@ def remote(
     old: IntArray | None,
     settings: Settings,
     client: httpx.Client | None = None,
+    group: Any = None,
 ) -> Rebalanced:
     """The deployment's answer to the window, in one request that every EP rank may send (vLLM and SGLang call the
     policy on each rank, with the same all-reduced load and map): the window carries `old` (the engine's map, every
@@ -756,10 +824,11 @@ def remote(
     3. No answer, or an error status: a local solve from `old` (after more attempts of the same request for a 502,
        503 or 504, a connection refused or reset, or no answer in time: `eplb.retry` says how many and which).
     fell_back marks 2 and 3; `how` names the reason. Nothing else is sent: what the engine serves reaches the
-    deployment with the next window."""
+    deployment with the next window. With the engine's `group`, the ranks `agree` on one of their answers (the
+    service's when any rank got it), which is what the next window reports and `last_served` remembers."""
     if old is None:
         old = last_served(settings, weight.shape, num_replicas, num_ranks)
-    result = _remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client)
+    result = agree(_remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client), group)
     with _SERVED_LOCK:
         _SERVED[_served_key(settings, weight.shape, num_replicas, num_ranks)] = result.phy2log.copy()
     return result

@@ -89,7 +89,8 @@ def rebalance_experts(
         num_nodes="num_nodes", num_ranks="num_physical_experts / num_local_physical_experts",
         old="current_phy2log" if current_phy2log is not None else "SGLang's physical_to_logical_map")
     weight = core.loads(tokens_per_expert, names)  # [L, E], the windows summed
-    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, names=names)
+    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, names=names,
+                            group=core.engine_group(world_group))
     level = logging.WARNING if result.fell_back else logging.INFO
     logger.log(level, "eplb algorithm (%s): %s", result.source, result.how)
     log2phy, logcnt = core.logical_maps(result.phy2log, weight.shape[1])
@@ -101,6 +102,13 @@ def rebalance_experts(
         as_tensor(np.ascontiguousarray(log2phy)),
         as_tensor(logcnt),
     )
+
+
+def world_group() -> Any:
+    """The CPU (gloo) group of SGLang's ranks, each of which runs `EPLBManager.rebalance` with the same all-reduced
+    counts: `get_world_group().cpu_group` (`sglang.srt.distributed.parallel_state`), the ranks whose expert weights
+    `expert_location_updater` moves with torch.distributed's world."""
+    return importlib.import_module("sglang.srt.distributed.parallel_state").get_world_group().cpu_group
 
 
 def _serving_map() -> Any:

@@ -67,7 +67,7 @@ class EplbPolicy:
 
         w = core.as_array(weight, "weight")
         result = core.rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices,
-                                names=NAMES)
+                                names=NAMES, group=core.engine_group(eplb_group))
         level = logging.WARNING if result.fell_back else logging.INFO
         logger.log(level, "eplb policy (%s): %s", result.source, result.how)
         phy2log = torch.from_numpy(np.ascontiguousarray(result.phy2log, dtype=np.int64))
@@ -77,6 +77,15 @@ class EplbPolicy:
         if result.log2phy is not None:
             log2phy = result.log2phy
         return phy2log, torch.from_numpy(np.ascontiguousarray(log2phy)), torch.from_numpy(logcnt)
+
+
+def eplb_group() -> Any:
+    """The CPU (gloo) group of vLLM's EPLB ranks, each of which calls the policy with the same loads and map: newer
+    vLLM's `get_eplb_group()`, else `get_ep_group()` (`vllm.distributed.parallel_state`; `EplbState.rearrange` moves
+    weights over that group's ranks, and its async worker calls the policy, then all-reduces on it)."""
+    state = importlib.import_module("vllm.distributed.parallel_state")
+    find = getattr(state, "get_eplb_group", None) or state.get_ep_group
+    return find().cpu_group
 
 
 class EplbTuplePolicy(EplbPolicy):
