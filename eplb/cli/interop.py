@@ -88,15 +88,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     e.add_argument("--placement", required=True, metavar="FILE", help="placement to export: eplb's JSON, or an "
-                   "SGLang, TensorRT-LLM or vllm-ascend file (those need --gpus)")
+                   "SGLang, TensorRT-LLM or vllm-ascend file (SGLang and TensorRT-LLM files need --gpus; eplb's and "
+                   "vllm-ascend's record their GPU count)")
     e.add_argument("--to", required=True, choices=TARGETS, help="target system")
     e.add_argument("--out", required=True, metavar="FILE", help="file to write (SGLang: name must end in .json)")
     e.add_argument("--layer-ids", metavar="IDS", help="model layer of each placement layer, "
-                   "e.g. 3-60 or 0,1,5-7 (default: the file's own, else 0, 1, ...); for SGLang and TensorRT-LLM "
-                   "input files it selects those layers")
+                   "e.g. 3-60 or 0,1,5-7 (default: the file's own, else 0, 1, ...); for input files whose rows are "
+                   "model layers (SGLang, TensorRT-LLM, eplb's with layer_ids) it selects those layers")
     e.add_argument("--num-model-layers", type=_num_model_layers, metavar="N", help="SGLang only: rows to write, "
                    "all model layers (default: the last layer id + 1)")
-    e.add_argument("--gpus", type=int, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files")
+    e.add_argument("--gpus", type=int, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files "
+                   "(for others it must be the file's own)")
     e.set_defaults(func=run_export)
 
     i = subparsers.add_parser(
