@@ -799,7 +799,7 @@ def test_synth_checks_the_disk_for_what_it_writes_uncompressed_only(
     import shutil
     from types import SimpleNamespace
 
-    monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(free=1000))  # 1 kB: below every log here
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(total=10**12, free=1000))  # 1 kB free
     shape = ["--steps", "20", "--layers", "2"] + ([] if "seed004" in argv else
                                                   ["--experts", "16", "--top-k", "2", "--tokens", "64"])
     code, err = run(capsys, "synth", "--out", str(tmp_path / name), *shape, *argv)
