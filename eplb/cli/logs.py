@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("src", metavar="IN", help=f"routing log: {LOG_HELP}")
     c.add_argument("dst", metavar="OUT", help="file or directory to write")
     c.add_argument("--to", choices=("npz", "jsonl", "parquet"), help="output format (default: from OUT's name)")
-    c.add_argument("--shard-steps", type=int, default=SHARD_STEPS, metavar="N",
-                   help=f"Parquet: steps per shard file (default {SHARD_STEPS:,})")
+    c.add_argument("--shard-steps", type=int, metavar="N",
+                   help=f"Parquet: steps per shard file (default {SHARD_STEPS:,}); refused for npz and JSONL")
     c.add_argument("--compress", action="store_true", help="npz: deflate the members (smaller, slower to read); "
                    "refused for JSONL and Parquet")
     c.set_defaults(func=run_convert)
@@ -75,8 +75,12 @@ def run_convert(args: argparse.Namespace) -> int:
         raise EplbError(f"--to {fmt} writes {fmt.upper()}: OUT {dst} must end in {' or '.join(LOG_SUFFIXES[fmt])} (a "
                         "log's format is told from its name when it is read)")
     refuse_compress(args.compress, fmt, f"OUT {dst}")
-    if fmt == "parquet" and args.shard_steps < 1:
-        raise EplbError(f"--shard-steps must be >= 1 (steps per shard file), got {args.shard_steps}")
+    if args.shard_steps is not None and fmt != "parquet":  # it was ignored
+        raise EplbError(f"--shard-steps sets the steps per shard file of a Parquet log; OUT {dst} is "
+                        f"{'NPZ' if fmt == 'npz' else 'JSONL'}, one file: drop --shard-steps, or name it .parquet")
+    shard_steps = SHARD_STEPS if args.shard_steps is None else args.shard_steps
+    if shard_steps < 1:
+        raise EplbError(f"--shard-steps must be >= 1 (steps per shard file), got {shard_steps}")
     if src.resolve() == dst.resolve():
         raise EplbError(f"{dst}: is the input; write to another name")
     log = open_log(src)
@@ -86,7 +90,7 @@ def run_convert(args: argparse.Namespace) -> int:
     # the writers keep the step ids and store the counts as the narrowest type they fit (`count_dtype`)
     meta: dict[str, Any] = {"model": info.model, "top_k": info.top_k, "layer_ids": info.layer_ids}
     if fmt == "parquet":
-        write_parquet(dst, log, shard_steps=args.shard_steps, **meta)
+        write_parquet(dst, log, shard_steps=shard_steps, **meta)
     elif fmt == "npz":
         write_counts(dst, log, compress=args.compress, **meta)
     else:
