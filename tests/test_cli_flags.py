@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from eplb.cli import main
+from eplb.io.logs import open_log
 
 SYNTH = ["synth", "--steps", "20", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64"]
 
@@ -35,3 +36,48 @@ def test_shard_steps_for_a_log_of_one_file_is_refused(
     assert main(["logs", "convert", str(log), str(tmp_path / "p.parquet"), "--shard-steps", "10"]) == 0
     assert capsys.readouterr().out.endswith(" in 2 shards\n")
     assert main(["logs", "convert", str(log), str(tmp_path / out)]) == 0
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--shift-every", "0"], "--shift-every is the mean steps between random regime shifts and must be > 0, got 0: "
+                             "drop it for none"),
+    (["--shift-every", "-5"], "--shift-every is the mean steps between random regime shifts and must be > 0, got "
+                              "-5: drop it for none"),
+    (["--preset", "seed004", "--shift-every", "50"], "--preset seed004 draws each layer-step on its own, without "
+                                                    "expert groups, drift or regime shifts; drop --shift-every"),
+    (["--preset", "seed004", "--groups", "4"], "--preset seed004 draws each layer-step on its own, without expert "
+                                              "groups, drift or regime shifts; drop --groups"),
+    (["--preset", "seed004", "--drift-std", "0.6"], "--preset seed004 draws each layer-step on its own, without "
+                                                   "expert groups, drift or regime shifts; drop --drift-std"),
+    (["--preset", "seed004", "--top-k", "8"], "--preset seed004 fixes 256 experts, top-8, 4096 tokens and skew 0.4; "
+                                             "drop --top-k"),  # it said --top_k
+])  # fmt: skip
+def test_synth_flags_that_would_do_nothing_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """`--shift-every 0` meant no random shifts without saying so; the seed004 preset ignored the popularity
+    flags (groups, drift, shifts), which defaulted to values it could not tell from given ones."""
+    out = tmp_path / "log.npz"
+    assert _error(capsys, ["synth", "--out", str(out), "--steps", "3", "--layers", "2", *argv]) == (
+        f"eplb synth: error: {said}")
+    assert not out.exists()
+
+
+def test_synth_notes_a_model_name_that_is_no_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`synth --model deepseek-v33` wrote the typo into the log without a word (only `eplb replay` noted it later):
+    a name that is no preset is noted before the work, with the preset it is close to; the log keeps the name."""
+    out = tmp_path / "log.npz"
+    shape = ["--steps", "3", "--layers", "2", "--no-progress"]
+    assert main(["synth", "--out", str(out), *shape, "--model", "deepseek-v33"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("note: --model 'deepseek-v33' is no preset (deepseek-v4.1-flash, deepseek-v3, ") and \
+        err.endswith("; did you mean deepseek-v3?\n") and err.count("\n") == 1, err
+    assert open_log(out).info.model == "deepseek-v33"
+    assert main(["synth", "--out", str(out), *shape, "--model", "my-own-moe"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("note: --model 'my-own-moe' is no preset (") and "did you mean" not in err, err
+    for preset in (["--model", "DeepSeek-V3"], []):
+        assert main(["synth", "--out", str(out), *shape, *preset]) == 0
+        assert capsys.readouterr().err == ""
+    assert _error(capsys, ["synth", "--out", str(out), *shape, "--model", "deepseek-v33", "--tokens", "0"]).startswith(
+        "eplb synth: error: --tokens must be")  # refused before any note

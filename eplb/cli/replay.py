@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import shutil
@@ -34,7 +35,7 @@ from eplb.cli.solve import (
 )
 from eplb.cost import TimeModel
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
-from eplb.errors import EplbError
+from eplb.errors import EplbError, shown
 from eplb.executor import add_executor_options, executor_from, replay_logs
 from eplb.io.files import output_dir, plural, usable_path, writing
 from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
@@ -124,18 +125,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     shape.add_argument("--exponent", type=float, metavar="A", help="power-law exponent of expert popularity")
     shape.add_argument("--hot-ratio", type=float, metavar="R",
                        help=f"median hottest-expert / mean popularity to aim for (default {d.hot_ratio:g})")
-    s.add_argument("--groups", type=int, default=d.groups, metavar="N",
+    # the popularity flags default to None, so that --preset seed004, which has none of them, can refuse them given
+    s.add_argument("--groups", type=int, metavar="N",
                    help=f"expert groups hot or cold together (default {d.groups}; 1 for none)")
-    s.add_argument("--group-std", type=float, default=d.group_std, metavar="S",
+    s.add_argument("--group-std", type=float, metavar="S",
                    help=f"std of a group's log popularity factor (default {d.group_std:g})")
-    s.add_argument("--drift-std", type=float, default=d.drift_std, metavar="S",
+    s.add_argument("--drift-std", type=float, metavar="S",
                    help=f"std of each expert's slow log-popularity drift (default {d.drift_std:g})")
-    s.add_argument("--drift-steps", type=float, default=d.drift_steps, metavar="N",
+    s.add_argument("--drift-steps", type=float, metavar="N",
                    help=f"correlation time of the drift in steps (default {d.drift_steps:g})")
-    s.add_argument("--shift-at", type=int_list, default=[], metavar="S,S",
+    s.add_argument("--shift-at", type=int_list, metavar="S,S",
                    help="steps at which every layer switches to a new hot set (a domain switch)")
-    s.add_argument("--shift-every", type=float, default=0.0, metavar="N",
-                   help="also switch at random times this many steps apart on average (default: never)")
+    s.add_argument("--shift-every", type=float, metavar="N",
+                   help="also switch at random times this many steps apart on average, N > 0 (default: never)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--model", default=None, metavar="NAME",
                    help="model name stored in the log (default deepseek-v3 for the default shape); a preset ("
@@ -323,6 +325,9 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
     """The SynthConfig of `eplb synth`'s flags: --layers, --experts and --top-k not given are --model's preset's (when
     it names one), else the defaults."""
     d = SynthConfig()
+    if args.shift_every is not None and not args.shift_every > 0:  # 0 meant none without a word
+        raise EplbError(f"--shift-every is the mean steps between random regime shifts and must be > 0, got "
+                        f"{args.shift_every:g}: drop it for none")
     default_shape = all(getattr(args, k) is None for k in ("layers", "experts", "top_k"))
     preset = model_preset(args.model)
     shape = d if preset is None else SynthConfig(layers=preset.num_moe_layers, experts=preset.num_experts,
@@ -335,12 +340,12 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
         tokens=d.tokens if args.tokens is None else args.tokens,
         exponent=args.exponent,
         hot_ratio=d.hot_ratio if args.hot_ratio is None else args.hot_ratio,
-        groups=args.groups,
-        group_std=args.group_std,
-        drift_std=args.drift_std,
-        drift_steps=args.drift_steps,
-        shift_at=tuple(args.shift_at),
-        shift_every=args.shift_every,
+        groups=d.groups if args.groups is None else args.groups,
+        group_std=d.group_std if args.group_std is None else args.group_std,
+        drift_std=d.drift_std if args.drift_std is None else args.drift_std,
+        drift_steps=d.drift_steps if args.drift_steps is None else args.drift_steps,
+        shift_at=tuple(args.shift_at or ()),
+        shift_every=d.shift_every if args.shift_every is None else args.shift_every,
         seed=args.seed,
         model=args.model if args.model is not None else (d.model if default_shape else None),
     )
@@ -385,6 +390,17 @@ def run_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _note_unknown_model(name: str | None) -> None:
+    """A note on stderr, before the work, when --model is no preset: the log carries the name as given (a model of
+    the user's own), and a typo (deepseek-v33) was first noted by `eplb replay`, after the synthesis."""
+    if name is None or model_preset(name) is not None:
+        return
+    near = difflib.get_close_matches(name.strip().lower(), list(MODEL_PRESETS), n=1, cutoff=0.8)
+    print(f"note: --model {shown(name)} is no preset ({', '.join(MODEL_PRESETS)}): the log names it as given, and "
+          "eplb replay and compare time it by the preset of its expert count unless given --model"
+          + (f"; did you mean {near[0]}?" if near else ""), file=sys.stderr)
+
+
 def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> dict[str, Any]:
     """Draw the log `args` asks for, write it to `out` and feed its counts to `acc`; returns its config."""
     config: dict[str, Any]
@@ -392,9 +408,14 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
     # (--compress with a .jsonl is refused).
     deflated = args.compress
     if args.preset == "seed004":
-        for flag in ("experts", "top_k", "tokens", "exponent", "hot_ratio"):
-            if getattr(args, flag) is not None:
-                raise EplbError(f"--preset seed004 fixes 256 experts, top-8, 4096 tokens and skew 0.4; drop --{flag}")
+        for field in ("experts", "top_k", "tokens", "exponent", "hot_ratio"):
+            if getattr(args, field) is not None:
+                raise EplbError(f"--preset seed004 fixes 256 experts, top-8, 4096 tokens and skew 0.4; drop "
+                                f"{SYNTH_FLAGS[field]}")
+        for field in ("groups", "group_std", "drift_std", "drift_steps", "shift_at", "shift_every"):
+            if getattr(args, field) is not None:  # they were ignored
+                raise EplbError(f"--preset seed004 draws each layer-step on its own, without expert groups, drift or "
+                                f"regime shifts; drop {SYNTH_FLAGS[field]}")
         if args.format == "topk":
             raise EplbError("--preset seed004 draws counts only; use --format counts")
         steps, layers = (1 if v is None else v for v in (args.steps, args.layers))
@@ -403,6 +424,7 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
                 raise EplbError(f"{flag} must be >= 1, got {v}")
         check_model_shape(args.model, layers, 256, 8, {**SYNTH_FLAGS, "experts": "--preset seed004",
                                                        "top_k": "--preset seed004"})  # fmt: skip
+        _note_unknown_model(args.model)
         if not deflated:  # the writer stores them as uint16 (at most 4,096 x 8 a layer)
             _check_disk(out, steps * layers * 256 * 2.0, f"--steps {steps:,} x --layers {layers} x 256 experts' "
                         "counts of 2 bytes")
@@ -417,6 +439,7 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         cfg = _synth_config(args)
         cfg.check(SYNTH_FLAGS)
         cfg.check_model(SYNTH_FLAGS)
+        _note_unknown_model(cfg.model)
         output_log(out)  # a directory, or a file in the way: refused before the work
         config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
         shape = f"--steps {cfg.steps:,} x --layers {cfg.layers}"  # the per-layer arrays fit (MemoryError): the log?
