@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from eplb.cli import main
@@ -81,3 +83,27 @@ def test_synth_notes_a_model_name_that_is_no_preset(tmp_path: Path, capsys: pyte
         assert capsys.readouterr().err == ""
     assert _error(capsys, ["synth", "--out", str(out), *shape, "--model", "deepseek-v33", "--tokens", "0"]).startswith(
         "eplb synth: error: --tokens must be")  # refused before any note
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "--loads", "{window}", "--gpus", "4", "--out", "{tmp}/x.npz"],
+    ["solve", "--loads", "{window}", "--gpus", "4", "--current", "{placement}", "--plan", "{tmp}/x.npz"],
+    ["export", "--placement", "{placement}", "--to", "json", "--out", "{tmp}/x.npz"],
+    ["export", "--placement", "{placement}", "--to", "vllm-ascend", "--out", "{tmp}/x.npz"],
+])  # fmt: skip
+def test_a_json_output_named_as_another_format_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """`eplb solve --out x.npz` wrote JSON under an .npz name without a word; a name without a suffix (/dev/stdout)
+    and any case of .json are taken."""
+    window, placement = tmp_path / "w.json", tmp_path / "p.json"
+    window.write_text(json.dumps({"loads": (np.arange(32).reshape(2, 16) + 1).tolist()}))
+    assert main(["solve", "--loads", str(window), "--gpus", "4", "--out", str(placement)]) == 0
+    args = [a.format(window=window, placement=placement, tmp=tmp_path) for a in argv]
+    flag = args[-2]
+    assert _error(capsys, args) == (f"eplb {args[0]}: error: {flag} {tmp_path}/x.npz: the file is JSON, but its name "
+                                    "ends in '.npz': name it x.json")
+    assert not (tmp_path / "x.npz").exists()
+    for name in ("x.JSON", "x"):
+        assert main([*args[:-1], str(tmp_path / name)]) == 0, name
+        json.loads((tmp_path / name).read_text())

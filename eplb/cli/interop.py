@@ -151,7 +151,8 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    output_file(args.out, "--out")
+    # JSON targets under another suffix are refused (SGLang's own rule, .json, is write_export's; YAML is left free)
+    output_file(args.out, "--out", (".json",) if args.to in ("json", "vllm-ascend") else ())
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.

@@ -491,9 +491,9 @@ def run_solve(args: argparse.Namespace) -> int:
     _check_frontier(args)
     check_groups(args)
     if args.out:
-        output_file(args.out, "--out")
+        output_file(args.out, "--out", (".json",))
     if args.plan:
-        output_file(args.plan, "--plan")
+        output_file(args.plan, "--plan", (".json",))
     if (args.plan or args.frontier or args.stage_gib is not None) and not args.current:
         raise EplbError("--plan, --stage-gib and --frontier need --current: the placement serving now")
     if args.plan and args.out and Path(args.plan).resolve() == Path(args.out).resolve():

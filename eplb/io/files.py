@@ -199,10 +199,16 @@ def _kind(p: Path) -> str:
     return "another kind of file"
 
 
-def output_file(raw: str | Path, what: str = "output file") -> Path:
+def output_file(raw: str | Path, what: str = "output file", suffixes: tuple[str, ...] = ()) -> Path:
     """The path of a file that can be written: not a directory, in a directory that exists. Call it before
-    the work whose result goes there."""
+    the work whose result goes there. suffixes: the names the file's format takes (`(".json",)`): a name ending in
+    another suffix is refused (JSON was written under x.npz without a word); one without a suffix (/dev/stdout)
+    is taken."""
     p = usable_path(raw, what)
+    if suffixes and p.suffix and p.suffix.lower() not in suffixes:
+        kind = suffixes[0].removeprefix(".").upper()
+        raise EplbError(f"{what} {p}: the file is {kind}, but its name ends in {shown(p.suffix)}: name it "
+                        f"{p.stem}{suffixes[0]}")
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file name inside it")
     if not p.parent.is_dir():
