@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -420,6 +421,43 @@ def test_a_mistyped_flag_is_the_subcommands_error_with_the_nearest_flag(
     err = capsys.readouterr().err
     assert err.startswith(f"usage: {usage} [-h]") and err.endswith(f"\n{usage}: error: unrecognized arguments: "
                                                                     f"{said}\n"), err
+
+
+def _help(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """`eplb COMMAND --help`, its words joined by single spaces (argparse wraps them to the terminal: to COLUMNS)."""
+    with pytest.MonkeyPatch.context() as env, pytest.raises(SystemExit) as info:
+        env.setenv("COLUMNS", "10000")  # no line breaks inside hyphenated words
+        main([command, "--help"])
+    assert info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_help_describes_every_solver_and_what_each_command_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """solve --help's --solver described greedy, milp and incremental only (its own words, which drift from the
+    registry's); --memory-budget-gib said it needs --model, though it takes the preset of the window's expert
+    count; compare --help's --link offered nvlink+nic with --gpus-per-node, which compare has not (and refuses
+    '+' links)."""
+    from solvers import registry
+
+    text = _help(capsys, "solve")
+    for name in registry.names():
+        assert f"{name}: {' '.join(registry.get_solver(name).summary.split())}" in text, name
+    assert "needs the model (--model)" not in text and "a slot holds one expert of the model (--model, or its " \
+        "default) in every MoE layer" in text
+    assert main(["solve", "--memory-budget-gib", "22", "--json"]) == 0  # no --model: deepseek-v3, by 256 experts
+    assert json.loads(capsys.readouterr().out)["placement"]["slots_per_gpu"] == [9] * 32
+    text = _help(capsys, "compare")
+    assert "--gpus-per-node" not in text and "nvlink+nic" not in text and "one link (no '+'" in text
+    assert "nvlink+nic is DeepEP's dispatch" in _help(capsys, "replay")  # replay has --gpus-per-node
+
+
+def test_building_the_solve_parser_imports_no_solver() -> None:
+    """--solver's help reads the summaries from the solver classes only when it is shown: importing them all
+    (the MILP's OR-Tools) would cost every start-up 0.3 s."""
+    code = ("import sys; from eplb.cli import build_parser; build_parser(['solve']).parse_args(['solve', '--solver', "
+            "'milp']); print(sorted(m for m in sys.modules if m.startswith(('solvers.milp', 'ortools'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "[]\n"
 
 
 def test_the_milp_refusing_groups_with_a_current_placement_says_what_to_drop(

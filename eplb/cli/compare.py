@@ -88,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "or token-level log (.npz): copies per token and the co-activation comm term")
     add_cost_options(p, model_default="the log's model with --log, else the preset with the expert count",
                      tokens_default=f"{DEFAULT_TOKENS_PER_GPU:.0f} with --loads, each step's own tokens with --log",
-                     tokens_value=None)
+                     tokens_value=None, two_links=False)
     replay = p.add_argument_group("log replay (with --log)")
     add_schedule_options(replay)
     replay.add_argument("--oracle-every", type=int_at_most(MAX_COUNT, "steps"), default=10, metavar="N",

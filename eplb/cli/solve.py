@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -95,8 +95,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_loads(p)
     add_cluster_options(p)
-    p.add_argument("--solver", choices=registry.names(), help="greedy (fast), milp (exact, OR-Tools) or incremental "
-                   "(edits the --current placement; docs/solvers.md). Default: incremental with --current, else greedy")
+    p.add_argument("--solver", choices=registry.names(), action=SolverChoice,
+                   help="Default: incremental with --current, else greedy (docs/solvers.md)")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
     p.add_argument("--total-time-limit", type=float, metavar="S", help="MILP time limit for the whole solve, "
                    "seconds, shared by the layers (default: none; with it alone, no per-layer limit)")
@@ -155,6 +155,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     e.set_defaults(func=run_evaluate)
 
 
+class SolverChoice(argparse.Action):
+    """--solver NAME, stored as given; its help lists every registered solver with its summary, read from
+    `solvers.registry` only when the help is shown (the classes hold them, and importing them all, the MILP's
+    OR-Tools among them, costs 0.3 s of every start-up), followed by the help given."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.given_help: str | None = None
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        setattr(namespace, self.dest, values)
+
+    @property  # argparse's attribute, read when the help is formatted
+    def help(self) -> str:
+        solvers = "; ".join(f"{name}: {registry.get_solver(name).summary}" for name in registry.names())
+        return f"{solvers}. {self.given_help or ''}".replace("%", "%%")  # argparse %-formats help
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        self.given_help = value
+
+
 def _add_loads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loads", metavar="FILE", help="load window: .json, .npy or .npz (default: the embedded "
                    "DeepSeek-V3 prefill window from SGLang's published statistics, 58 layers x 256 experts)")
@@ -177,7 +200,8 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     budget.add_argument("--redundant", type=int, metavar="R", help="redundant experts in all, spread as "
                         "evenly as the GPUs allow (default: one per GPU; none on one GPU)")
     budget.add_argument("--memory-budget-gib", type=float_list, metavar="X", help="GiB of expert weights "
-                        "each GPU may hold (one number or one per GPU); needs the model (--model)")
+                        "each GPU may hold (one number or one per GPU): a slot holds one expert of the model "
+                        "(--model, or its default) in every MoE layer")
 
 
 def add_progress_options(
@@ -197,18 +221,21 @@ def add_cost_options(
     model_default: str = "the preset with the window's expert count",
     tokens_default: str = f"{DEFAULT_TOKENS_PER_GPU:,.0f}, a prefill-sized step",
     tokens_value: float | None = DEFAULT_TOKENS_PER_GPU,
+    two_links: bool = True,
 ) -> None:
     """--model, --hardware, --link, --tokens-per-gpu, --overlap/--no-overlap: what the time prediction needs.
     model_default, tokens_default: what the help says --model and --tokens-per-gpu default to; tokens_value: the
-    tokens per GPU when --tokens-per-gpu is not given (args.tokens_per_gpu_default). --hardware, --tokens-per-gpu
+    tokens per GPU when --tokens-per-gpu is not given (args.tokens_per_gpu_default); two_links: whether the help
+    offers a '+' --link (within + between nodes: a command with --gpus-per-node). --hardware, --tokens-per-gpu
     and --overlap default to None, so `cost_setup` can tell them given (and refuse them without a model)."""
     p.add_argument("--model", metavar="NAME|FILE", help="model spec for memory and time: a preset ("
                    f"{', '.join(MODEL_PRESETS)}) or JSON file (default: {model_default})")
     p.add_argument("--hardware", metavar="NAME|FILE",
                    help=f"GPU spec: {', '.join(HARDWARE_PRESETS)} or a JSON file (default: {DEFAULT_HARDWARE})")
     p.add_argument("--link", help="all-to-all link: nvlink, nic, pcie or GB/s per GPU and direction "
-                   "(default: nvlink), or two joined by '+', within + between nodes: nvlink+nic is DeepEP's dispatch "
-                   "across nodes (once per node over the NIC, then NVLink; needs --gpus-per-node)")
+                   "(default: nvlink)" + (", or two joined by '+', within + between nodes: nvlink+nic is DeepEP's "
+                   "dispatch across nodes (once per node over the NIC, then NVLink; needs --gpus-per-node)"
+                   if two_links else "; one link (no '+': the cluster shapes carry no GPUs per node)"))
     p.add_argument("--tokens-per-gpu", type=float, metavar="T",
                    help=f"tokens per GPU in one step for the time prediction (default: {tokens_default})")
     p.set_defaults(tokens_per_gpu_default=tokens_value)
