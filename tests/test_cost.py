@@ -403,9 +403,12 @@ def test_a_layer_without_tokens_has_no_bottleneck_in_the_cli_and_the_json(
     out = tmp_path / "p.json"
     common = ["--model", "mixtral-8x7b", "--hardware", "h100", "--tokens-per-gpu", "256"]
     assert main(["solve", "--loads", str(window), "--gpus", "4", "--redundant", "4", *common, "--out", str(out)]) == 0
-    assert "bottleneck per layer: idle 1, weight_read 1" in capsys.readouterr().out
+    solved = capsys.readouterr().out
+    assert "bottleneck per layer: idle 1, weight_read 1" in solved
+    assert "T = 256 tokens/GPU" in solved  # the idle layer's T (0) is left out of the median: it said 128
     assert main(["evaluate", "--loads", str(window), "--placement", str(out), *common]) == 0
-    assert "bottleneck per layer: idle 1, weight_read 1" in capsys.readouterr().out
+    evaluated = capsys.readouterr().out
+    assert "bottleneck per layer: idle 1, weight_read 1" in evaluated and "T = 256 tokens/GPU" in evaluated
     assert main(["evaluate", "--loads", str(window), "--placement", str(out), *common, "--json"]) == 0
     predicted = json.loads(capsys.readouterr().out)["predicted"]
     assert predicted["bottleneck"] == predicted["baseline"]["bottleneck"] == ["idle", "weight_read"]

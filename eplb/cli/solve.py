@@ -743,9 +743,10 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
         lines.append(f"  ({plural(empty, 'layer')} of {p.num_layers} without tokens: no lb, left out of the above)")
     if outcome.prediction is not None and outcome.baseline_prediction is not None and model is not None:
         t_new, t_base = outcome.prediction, outcome.baseline_prediction
+        busy = t_new.tokens_per_gpu[tokens]  # T of the layers with tokens: an idle layer's T is 0
         lines.append("")
         lines.append(
-            f"predicted MoE time of one step ({model.name}, T = {float(np.median(t_new.tokens_per_gpu)):,.0f} "
+            f"predicted MoE time of one step ({model.name}, T = {float(np.median(busy)) if busy.size else 0.0:,.0f} "
             "tokens/GPU, --tokens-per-gpu): "
             f"{t_new.total_time_us / 1000:,.3f} ms per step over {p.num_layers} layers "
             f"(baseline {t_base.total_time_us / 1000:,.3f} ms, {_ratio(t_base.total_time_us, t_new.total_time_us)})"
