@@ -489,7 +489,7 @@ def test_messages_count_one_in_the_singular(tmp_path: Path, capsys: pytest.Captu
         write_counts(tmp_path / "x.npz", iter([np.ones((1, 2, 4))]), num_steps=2)
     with pytest.raises(EplbError, match=r"^steps lists 1 id for 2 steps$"):
         write_jsonl(tmp_path / "x.jsonl", np.ones((2, 1, 4)), steps=[5])
-    with pytest.raises(EplbError, match=r"^layer_ids lists 1 layer, the counts have 2$"):
+    with pytest.raises(EplbError, match=r"^the log to write: layer_ids lists 1 layer but the counts have 2 rows: "):
         write_counts(tmp_path / "x.npz", np.ones((2, 2, 4)), layer_ids=[3])
     short = tmp_path / "short.jsonl"
     short.write_text('{"num_steps": 2}\n{"step": 0, "layer": 0, "counts": [1, 2]}\n')
@@ -577,3 +577,32 @@ def test_one_table_of_names_tells_every_reader_and_writer_the_format(
     assert open_log(tmp_path / "c.npy").read_counts().counts.tolist() == counts.tolist()
     assert main(["logs", "convert", str(src), str(tmp_path / "x.npy")]) == 2
     assert "cannot tell the output format from '.npy': name it .npz, .jsonl or .parquet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ids, why", [
+    ([5, 3], "layer 3 comes after layer 5"),
+    ([2, 2], "layer 2 appears twice"),
+    ([3], "layer_ids lists 1 layer but the counts have 2 rows"),
+    ([-1, 2], "layer -1 is negative"),
+])
+def test_a_logs_layer_ids_follow_the_placements_rule_when_written_and_read(
+        tmp_path: Path, ids: list[int], why: str) -> None:
+    """A log's rows are model layers in increasing order, as windows and placements hold them: `eplb replay` took
+    [5, 3] from a log that the same file read as a window refused, and the writers wrote such logs."""
+    from eplb.io.parquet import write_parquet
+
+    c = np.ones((4, 2, 8), dtype=np.int64)
+    for name, write in (("w.npz", write_counts), ("w.jsonl", write_jsonl), ("w_parquet", write_parquet)):
+        with pytest.raises(EplbError, match=re.escape(why)):
+            write(tmp_path / name, c, layer_ids=ids)
+        assert not (tmp_path / name).exists()
+    np.savez(tmp_path / "r.npz", counts=c, format=np.array("eplb.counts/v1"), num_experts=np.array(8),
+             layer_ids=np.array(ids))
+    head = {"format": "eplb.counts-jsonl/v1", "num_experts": 8, "num_layers": 2, "layer_ids": ids}
+    records = [{"step": s, "layer": j, "counts": [1] * 8} for s in range(2) for j in range(2)]
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(r) for r in [head, *records]) + "\n")
+    for name in ("r.npz", "r.jsonl"):
+        with pytest.raises(EplbError, match=re.escape(f"r.{name.split('.')[1]}") + ".*" + re.escape(why)):
+            open_log(tmp_path / name)
+    write_parquet(tmp_path / "ok_parquet", c, layer_ids=[3, 5])
+    assert open_log(tmp_path / "ok_parquet").info.layer_ids == [3, 5]

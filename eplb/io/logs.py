@@ -37,7 +37,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError, shown
 from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools, usable_path
-from eplb.io.windows import MAX_LOAD, refuse_mixed_arrays
+from eplb.io.windows import MAX_LOAD, refuse_mixed_arrays, window_layer_ids
 
 __all__ = [
     "FORMAT_COUNTS",
@@ -349,17 +349,17 @@ def check_format(meta: dict[str, Any], expected: str, path: str) -> None:
         raise EplbError(f"{path}: format is {shown(said)}, but eplb reads logs like this one as {expected!r}")
 
 
+def written_layer_ids(layer_ids: ArrayLike, num_layers: int) -> list[int]:
+    """`layer_ids` of a log about to be written with `num_layers` layers, by the rule its readers apply."""
+    return window_layer_ids(np.asarray(layer_ids).reshape(-1).tolist(), num_layers, "the log to write",
+                            "the counts have")
+
+
 def _layer_ids(meta: dict[str, Any], num_layers: int, path: str) -> list[int] | None:
+    """A log's `layer_ids` (None when it has none), by the windows' and placements' rule: a log's rows are model
+    layers in increasing order, as the placements a replay writes hold them."""
     raw = meta.get("layer_ids")
-    if raw is None:
-        return None
-    ids = list(raw) if isinstance(raw, list) else [raw]
-    for i, v in enumerate(ids):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ID:
-            raise EplbError(f"{path}: layer_ids[{i}] is {v!r}: layer ids are integers 0 .. 2**63 - 1")
-    if len(ids) != num_layers:
-        raise EplbError(f"{path}: 'layer_ids' lists {plural(len(ids), 'layer')}, the counts have {num_layers}")
-    return [int(v) for v in ids]
+    return None if raw is None else window_layer_ids(raw, num_layers, path, "the counts have")
 
 
 def _check_axes(path: str | Path, name: str, shape: tuple[int, ...], per: str = "layer") -> None:
@@ -1273,9 +1273,7 @@ def _write_meta(
             raise EplbError(f"step ids must increase: {int(ids[bad[0] + 1])} follows {int(ids[bad[0]])}")
         _write_member(zf, "steps", ids)
     if layer_ids is not None:
-        lids = np.asarray(layer_ids, dtype=np.int64).reshape(-1)
-        if lids.size != num_layers:
-            raise EplbError(f"layer_ids lists {plural(lids.size, 'layer')}, the counts have {num_layers}")
+        lids = np.asarray(written_layer_ids(layer_ids, num_layers), dtype=np.int64)
         _write_member(zf, "layer_ids", lids)
 
 
@@ -1346,7 +1344,7 @@ def write_jsonl(
         raise EplbError("step ids must increase")
     if step_ids is not None and num_steps is not None and step_ids.size != num_steps:
         raise EplbError(f"steps lists {plural(step_ids.size, 'id')} for {plural(num_steps, 'step')}")
-    lids = None if layer_ids is None else [int(v) for v in np.asarray(layer_ids).reshape(-1)]
+    lids: list[int] | None = None if layer_ids is None else np.asarray(layer_ids).reshape(-1).tolist()
     tmp = _atomic_target(p)
     try:
         with tmp.open("w") as f:
@@ -1358,6 +1356,8 @@ def write_jsonl(
                 if block.ndim != 3:
                     raise EplbError(f"counts chunks must be [steps, layers, experts], got shape {list(block.shape)}")
                 refuse_counts(block, pos)
+                if lids is not None:
+                    lids = written_layer_ids(lids, block.shape[1])
                 if step_ids is not None and pos + block.shape[0] > step_ids.size:
                     raise EplbError(f"steps lists {plural(step_ids.size, 'id')} for more steps")
                 if not wrote_header:
@@ -1373,8 +1373,6 @@ def write_jsonl(
                         head["layer_ids"] = lids
                     f.write(json.dumps(head) + "\n")
                     wrote_header = True
-                if lids is not None and len(lids) != block.shape[1]:
-                    raise EplbError(f"layer_ids lists {plural(len(lids), 'layer')}, the counts have {block.shape[1]}")
                 values = block.astype(np.int64, copy=False).tolist()
                 lines = []
                 for i, step_rows in enumerate(values):

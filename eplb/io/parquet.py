@@ -26,8 +26,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import plural
-from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, check_fits, counts_to_write
+from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, check_fits, counts_to_write, written_layer_ids
+from eplb.io.windows import window_layer_ids
 
 __all__ = ["FORMAT_PARQUET", "ParquetLog", "is_parquet", "open_parquet", "write_parquet"]
 
@@ -113,6 +113,7 @@ class ParquetLog(RoutingLog):
             raise EplbError(f"{self.path}: step positions {self.positions.start}..{self.positions.stop - 1} are "
                             f"not in the log's 0..{total - 1}")  # fmt: skip
         ids = meta.get("layer_ids")
+        checked = None if ids is None else window_layer_ids(ids, num_layers, str(self.path), "the shards have")
         self.stored_dtype = _value_dtype(first_schema)
         self.info = LogInfo(
             path=str(self.path),
@@ -122,7 +123,7 @@ class ParquetLog(RoutingLog):
             num_experts=num_experts,
             top_k=meta.get("top_k"),
             model=meta.get("model"),
-            layer_ids=None if ids is None else [int(ids[i]) for i in self.layers],
+            layer_ids=None if checked is None else [checked[i] for i in self.layers],
             meta=meta,
         )
 
@@ -262,8 +263,8 @@ class _ShardWriter:
             self.shape = counts.shape[1:]
             layers, experts = self.shape
             ids = self.meta["layer_ids"]
-            if ids is not None and len(ids) != layers:
-                raise EplbError(f"layer_ids lists {plural(len(ids), 'layer')}, the counts have {layers}")
+            if ids is not None:
+                self.meta["layer_ids"] = written_layer_ids(ids, layers)
             self.meta.update(num_layers=int(layers), num_experts=int(experts))
             value = self.pa.from_numpy_dtype(self.dtype)
             self.schema = self.pa.schema(

@@ -124,12 +124,13 @@ def _window(loads: NDArray[np.float64], source: str, meta: dict[str, Any]) -> Lo
     return LoadWindow(loads, source, meta)
 
 
-def window_layer_ids(value: Any, num_layers: int, source: str) -> list[int]:
-    """A window's `layer_ids`, the model layer of each of its `num_layers` rows, by the placements' rule
-    (`eplb.placement.row_layer_ids`: whole numbers >= 0, one per row, increasing), since `eplb solve --out` writes
-    them into the placement; EplbError naming `source` otherwise."""
+def window_layer_ids(value: Any, num_layers: int, source: str, rows: str = "the loads have") -> list[int]:
+    """A window's or a routing log's `layer_ids`, the model layer of each of its `num_layers` rows, by the
+    placements' rule (`eplb.placement.row_layer_ids`: whole numbers >= 0, one per row, increasing), since
+    `eplb solve --out` writes them into the placement; EplbError naming `source` otherwise (`rows`: what holds the
+    rows, for the message)."""
     if isinstance(value, list | np.ndarray) and len(value) != num_layers:
-        raise EplbError(f"{source}: layer_ids lists {plural(len(value), 'layer')} but the loads have "
+        raise EplbError(f"{source}: layer_ids lists {plural(len(value), 'layer')} but {rows} "
                         f"{plural(num_layers, 'row')}: give one model layer per row (e.g. 3-60 for DeepSeek-V3's 58 "
                         "MoE layers), or drop layer_ids")
     try:
