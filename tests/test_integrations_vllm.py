@@ -631,6 +631,39 @@ def test_remote_mode_uses_the_services_deployment(
     assert phy2log.tolist() == current["placement"]["phy2log"]  # the engine got the service's placement
 
 
+def test_a_window_without_tokens_is_answered_here_and_sent_to_no_service(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's start-up profile run (`EplbState.step(is_profile=True)` calls `rearrange`, which calls the policy with the
+    all-zero window and its map, then discards the answer) posted a window of nothing on every rank: the deployment
+    recorded vLLM's map as applied and a kept window without tokens, and an engine without a map remembered the
+    deployment's placement as served. Now nothing is sent: the engine's map stays (an engine without one: the map the
+    plug-in answered last, else DeepSeek's placement); in local mode too, where the incremental solver spent copies on
+    a window of nothing (repairing a map's same-GPU duplicates)."""
+    from solvers.greedy import rebalance_experts as deepseek
+
+    base = server_factory()
+    remote_mixtral_deployment(base, "plugin-profile", monkeypatch)
+    zeros = torch.zeros(4, 8, dtype=torch.int32)  # vLLM's expert_load_window dtype, folded and summed
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        kept = EplbPolicy.rebalance_experts(zeros, 16, 1, 1, 4, torch.from_numpy(INITIAL))
+    assert kept.tolist() == INITIAL.tolist()
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "vllm.eplb_plugin"] == [
+        (logging.INFO, f"eplb policy (local): the window has no tokens: the serving map stays, 0 copies; not sent to "
+                       f"{base}")]
+    first = EplbPolicy.rebalance_experts(zeros, 16, 1, 1, 4)  # vLLM before old_global_expert_indices
+    assert first.tolist() == deepseek(np.zeros((4, 8)), 16, 1, 1, 4)[0].tolist()
+    assert _current(base, "plugin-profile")["windows"] == 0 and _history(base, "plugin-profile") == []
+    served = EplbPolicy.rebalance_experts(torch.from_numpy(np.random.default_rng(16).pareto(1.0, (4, 8)) * 100),
+                                          16, 1, 1, 4)
+    assert EplbPolicy.rebalance_experts(zeros, 16, 1, 1, 4).tolist() == served.tolist()  # the map answered last
+    assert [e["action"] for e in _history(base, "plugin-profile")] == ["placed"]
+    paired = np.tile(np.arange(8).repeat(2), (4, 1))  # each GPU holds two copies of its experts, as DeepSeek's maps can
+    local = core.rebalance(np.zeros((4, 8)), 16, 1, 1, 4, paired.copy(), settings=core.Settings())
+    assert np.array_equal(local.phy2log, paired)  # not 32 copies spent on repairing them for a window of nothing
+    assert local.how == "the window has no tokens: the serving map stays, 0 copies"
+
+
 @pytest.mark.parametrize("url", ["http://[::1", "ftp://127.0.0.1", "no url"])
 def test_a_service_url_that_is_no_http_url_falls_back(url: str) -> None:
     """httpx raises InvalidURL, no HTTPError, for 'http://[::1': a WARNING and a local solve, not a traceback."""

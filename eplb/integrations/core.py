@@ -676,12 +676,12 @@ def rebalance(
     names: Arguments = Arguments(),
     group: Any = None,
 ) -> Rebalanced:
-    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local. weight: [L, E] tokens (or
-    [W, L, E] windows for `names.windows`: `loads`); old: [L, P] the engine's current map (each a tensor, a numpy
-    array or lists: `as_array`); the counts are ints (`whole`); names: the engine's names of these arguments, which
-    every PolicyInputError uses; client: the httpx client for the service (default: one per call); group: the
-    engine's CPU process group of the EP ranks that make this call together (`engine_group`), on which they `agree`
-    on one map; None: this process's answer alone."""
+    """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local; a window without tokens is
+    answered here in both (`no_tokens`). weight: [L, E] tokens (or [W, L, E] windows for `names.windows`: `loads`);
+    old: [L, P] the engine's current map (each a tensor, a numpy array or lists: `as_array`); the counts are ints
+    (`whole`); names: the engine's names of these arguments, which every PolicyInputError uses; client: the httpx
+    client for the service (default: one per call); group: the engine's CPU process group of the EP ranks that make
+    this call together (`engine_group`), on which they `agree` on one map; None: this process's answer alone."""
     settings = settings or Settings.from_env()
     num_replicas, num_groups, num_nodes, num_ranks = (
         whole(value, name) for value, name in ((num_replicas, names.num_replicas), (num_groups, names.num_groups),
@@ -693,16 +693,48 @@ def rebalance(
         check_map(old, weight, num_replicas, num_ranks, names.old)
         if old.shape == (weight.shape[0], num_replicas):
             old = old.astype(np.int64)
-    if settings.service_url is None:
-        local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
-        if settings.deployment is not None:
-            local.how += "; EPLB_DEPLOYMENT is set without EPLB_SERVICE_URL, so solved locally"
-        return agree(local, group)
-    if settings.deployment is None:
-        local = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
-        local.how += "; EPLB_SERVICE_URL is set without EPLB_DEPLOYMENT, so solved locally"
-        return agree(local, group)
-    return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client, group)
+    url, deployment = settings.service_url, settings.deployment
+    if not weight.any():
+        result = no_tokens(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+    elif url is not None and deployment is not None:
+        return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client, group)
+    else:
+        result = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
+    if (url is None) != (deployment is None):
+        given, missing = ("EPLB_SERVICE_URL", "EPLB_DEPLOYMENT") if deployment is None else (
+            "EPLB_DEPLOYMENT", "EPLB_SERVICE_URL")
+        result.how += f"; {given} is set without {missing}, so solved locally"
+    return agree(result, group)
+
+
+NO_TOKENS = "the window has no tokens"
+"""How a window without tokens is logged (`no_tokens`)."""
+
+
+def no_tokens(
+    weight: FloatArray,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_ranks: int,
+    old: IntArray | None,
+    settings: Settings,
+) -> Rebalanced:
+    """The answer to a window without tokens (weight [L, E] all zero: vLLM's start-up profile run calls the policy with
+    one and discards the answer; an idle engine's window), made here and sent to no service: a placement made from no
+    tokens is arbitrary, the service would only record a window of nothing, and what the engine does with the answer
+    is unknown. The engine's map `old` [L, P] stays (in remote mode, for an engine that passes none, the map the
+    plug-in answered last, `last_served`); without one, DeepSeek's placement (`fresh` with DEFAULT_SOLVER: the
+    engines' default algorithm's answer). Nothing is remembered as served."""
+    serving = old if old is not None and old.shape == (weight.shape[0], num_replicas) else None
+    remote_mode = settings.service_url is not None and settings.deployment is not None
+    if serving is None and remote_mode:
+        serving = last_served(settings, weight.shape, num_replicas, num_ranks)
+    unsent = f"; not sent to {settings.service_url}" if remote_mode else ""
+    if serving is not None:
+        return Rebalanced(serving.copy(), "local", f"{NO_TOKENS}: the serving map stays, 0 copies{unsent}")
+    phy2log, log2phy = fresh(weight, num_replicas, num_groups, num_nodes, num_ranks, DEFAULT_SOLVER)
+    return Rebalanced(phy2log, "local", f"{DEFAULT_SOLVER} ({NO_TOKENS} and no map serves){unsent}", log2phy)
 
 
 _INHERITED_GROUPS = False
