@@ -416,3 +416,74 @@ def test_every_sglang_rank_serves_one_map_when_only_some_reach_the_service(
     assert level == "WARNING" and line.startswith("eplb algorithm (rank 1): the map of EP rank 1, which every rank "
                                                   "serves; this rank's own (local): ")
     assert not any(a["forked_group"] for a in answers)
+
+
+def _dsv3_windows() -> np.ndarray:
+    """SGLang's recorded windows for DeepSeek-V3 [W=2, 61 model layers, 256 experts]: its recorder counts no token in
+    the dense layers 0-2 (rows of zeros), the MoE layers 3-60 hold the shipped decode window, a quarter and three."""
+    windows = np.zeros((2, 61, 256))
+    windows[:, 3:] = DECODE[None] * np.array([0.25, 0.75])[:, None, None]
+    return windows
+
+
+def test_a_deepseek_v3_deployment_gets_the_moe_layers_and_its_answer_fills_sglangs_61_rows(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang passes one row per model layer (`ModelConfigForExpertLocation.num_layers` is the model's
+    num_hidden_layers), dense ones included: DeepSeek-V3's 61. The plug-in posted all 61 and a deepseek-v3 deployment
+    answered 422 (58 MoE layers), so every rebalance fell back to a local solve. Now the 58 rows with tokens go,
+    SGLang's map of them labelled with model layers 3-60, and the answer fills SGLang's 61 rows, the dense ones as
+    SGLang's own algorithm (DeepSeek's) places a layer of no tokens. A window without tokens is sent nowhere: SGLang's
+    map stays."""
+    import httpx
+
+    from solvers.greedy import rebalance_experts as deepseek
+
+    base = server_factory()
+    config = {"model": "deepseek-v3", "cluster": {"num_gpus": 8, "slots_per_gpu": 36}, "solver": "greedy",
+              "policy": {"trigger": "periodic"}}
+    assert httpx.put(f"{base}/deployments/sglang-dsv3", json=config, timeout=60).status_code == 201
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "sglang-dsv3")
+    monkeypatch.setenv("EPLB_SERVICE_TIMEOUT_S", "60")
+    trivial = torch.arange(288).repeat(61, 1) % 256  # SGLang's ExpertLocationMetadata.init_trivial map
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        phy2log, log2phy, logcnt = plugin.rebalance_experts(torch.from_numpy(_dsv3_windows()), 288, 36, 8, 1,
+                                                            plugin.EPLB, trivial)
+    (record,) = [r for r in caplog.records if r.name == plugin.logger.name]
+    assert record.levelno == logging.INFO, record.getMessage()
+    assert record.getMessage() == (
+        f"eplb algorithm (remote): placement from {base} deployment 'sglang-dsv3'; model layers 3-60 with tokens (58 "
+        "MoE layers), 0-2 without (dense: placed as SGLang's deepseek algorithm places a layer of no tokens)")
+    deployment = httpx.get(f"{base}/deployments/sglang-dsv3", timeout=60).json()
+    assert phy2log.shape == (61, 288) and phy2log[3:].tolist() == deployment["placement"]["phy2log"]
+    dense, _, dense_logcnt = deepseek(np.zeros((3, 256)), 288, 8, 1, 8)
+    assert phy2log[:3].tolist() == dense.tolist() and logcnt[:3].tolist() == dense_logcnt.tolist()
+    assert [t.tolist() for t in core.logical_maps(phy2log.numpy(), 256)] == [log2phy.tolist(), logcnt.tolist()]
+    history = httpx.get(f"{base}/deployments/sglang-dsv3/history", timeout=60).json()["entries"]
+    assert [(e["action"], e.get("window", {}).get("layers")) for e in history] == [("rebalanced", 58),
+                                                                                    ("applied", None)]
+    idle, _, _ = plugin.rebalance_experts(torch.zeros(1, 61, 256), 288, 36, 8, 1, plugin.EPLB, phy2log)
+    assert idle.tolist() == phy2log.tolist()
+    assert httpx.get(f"{base}/deployments/sglang-dsv3", timeout=60).json()["windows"] == 1
+
+
+def test_sglangs_moe_layers_are_placed_alone_and_its_dense_ones_as_sglang_places_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Locally, DeepSeek's algorithm on SGLang's 61 rows is DeepSeek's answer, exactly (it places each layer on its
+    own); with EPLB_SOLVER=greedy the MoE rows are greedy's placement of them alone, where the dense rows were greedy's
+    placement of no tokens, and a map is still refused naming SGLang's own row."""
+    from solvers.greedy import rebalance_experts as deepseek
+
+    windows = torch.from_numpy(_dsv3_windows())
+    out = plugin.rebalance_experts(windows, 288, 36, 8, 1)
+    assert [t.tolist() for t in out] == [a.tolist() for a in deepseek(windows.sum(dim=0).numpy(), 288, 8, 1, 8)]
+    monkeypatch.setenv("EPLB_SOLVER", "greedy")
+    greedy, _, _ = plugin.rebalance_experts(windows, 288, 36, 8, 1)
+    assert greedy[3:].tolist() == plugin.rebalance_experts(windows[:, 3:], 288, 36, 8, 1)[0].tolist()
+    assert greedy[:3].tolist() == out[0][:3].tolist()
+    bad = out[0].clone()
+    bad[40, 3] = 999
+    with pytest.raises(core.PolicyInputError, match=r"^current_phy2log\[40\]\[3\] is 999: expert ids run 0\.\.255"):
+        plugin.rebalance_experts(windows, 288, 36, 8, 1, plugin.EPLB, bad)

@@ -14,7 +14,7 @@ import operator
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -554,16 +554,20 @@ class Service:
         return _usable(body["placement"], self.url, weight, num_replicas, num_ranks)
 
     def send_window(
-        self, weight: FloatArray, num_replicas: int, num_ranks: int, current: IntArray | None = None
+        self, weight: FloatArray, num_replicas: int, num_ranks: int, current: IntArray | None = None,
+        layer_ids: Sequence[int] | None = None,
     ) -> IntArray | str:
         """POST the window [L, E], with `current` [L, P] (the engine's map, every slot filled) as its
-        current_placement: the new phy2log [L, P], UNCHANGED when the service kept its placement, or a Failure.
-        Every rank sending the same window and map gets the same answer (the service's window key)."""
+        current_placement, labelled with the rows' model `layer_ids` when given (the window itself has no such
+        field): the new phy2log [L, P], UNCHANGED when the service kept its placement, or a Failure. Every rank
+        sending the same window and map gets the same answer (the service's window key)."""
         url = f"{self.url}/windows"
         window: dict[str, Any] = {"loads": weight.tolist()}
         if current is not None:
             spg = current.shape[1] // num_ranks
             window[CURRENT] = {"phy2log": current.tolist(), "slots_per_gpu": [spg] * num_ranks}
+            if layer_ids is not None:
+                window[CURRENT]["layer_ids"] = [int(i) for i in layer_ids]
         body = self._json("POST", url, window)
         if isinstance(body, Failure):
             return body
@@ -675,13 +679,15 @@ def rebalance(
     client: httpx.Client | None = None,
     names: Arguments = Arguments(),
     group: Any = None,
+    layer_ids: Sequence[int] | None = None,
 ) -> Rebalanced:
     """Remote when EPLB_SERVICE_URL and EPLB_DEPLOYMENT are set (`remote`), else local; a window without tokens is
     answered here in both (`no_tokens`). weight: [L, E] tokens (or [W, L, E] windows for `names.windows`: `loads`);
     old: [L, P] the engine's current map (each a tensor, a numpy array or lists: `as_array`); the counts are ints
     (`whole`); names: the engine's names of these arguments, which every PolicyInputError uses; client: the httpx
     client for the service (default: one per call); group: the engine's CPU process group of the EP ranks that make
-    this call together (`engine_group`), on which they `agree` on one map; None: this process's answer alone."""
+    this call together (`engine_group`), on which they `agree` on one map; None: this process's answer alone;
+    layer_ids: the model layer of each row of weight (SGLang's MoE layers), sent as the current placement's."""
     settings = settings or Settings.from_env()
     num_replicas, num_groups, num_nodes, num_ranks = (
         whole(value, name) for value, name in ((num_replicas, names.num_replicas), (num_groups, names.num_groups),
@@ -697,7 +703,7 @@ def rebalance(
     if not weight.any():
         result = no_tokens(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
     elif url is not None and deployment is not None:
-        return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client, group)
+        return remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client, group, layer_ids)
     else:
         result = solve_local(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
     if (url is None) != (deployment is None):
@@ -837,6 +843,7 @@ def remote(
     settings: Settings,
     client: httpx.Client | None = None,
     group: Any = None,
+    layer_ids: Sequence[int] | None = None,
 ) -> Rebalanced:
     """The deployment's answer to the window, in one request that every EP rank may send (vLLM and SGLang call the
     policy on each rank, with the same all-reduced load and map): the window carries `old` (the engine's map, every
@@ -860,7 +867,8 @@ def remote(
     service's when any rank got it), which is what the next window reports and `last_served` remembers."""
     if old is None:
         old = last_served(settings, weight.shape, num_replicas, num_ranks)
-    result = agree(_remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client), group)
+    result = agree(_remote(weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings, client, layer_ids),
+                   group)
     with _SERVED_LOCK:
         _SERVED[_served_key(settings, weight.shape, num_replicas, num_ranks)] = result.phy2log.copy()
     return result
@@ -875,8 +883,10 @@ def _remote(
     old: IntArray | None,
     settings: Settings,
     client: httpx.Client | None,
+    layer_ids: Sequence[int] | None = None,
 ) -> Rebalanced:
-    """`remote`'s answer from the engine's map `old` (or None: the first window of an engine that passes none)."""
+    """`remote`'s answer from the engine's map `old` (or None: the first window of an engine that passes none); the
+    rows' model `layer_ids` go with the map."""
     args = (weight, num_replicas, num_groups, num_nodes, num_ranks, old, settings)
     if not is_deployment_name(settings.deployment or ""):
         return _instead(_bad_name(settings), *args)
@@ -885,7 +895,7 @@ def _remote(
     service = Service(settings, client)
     try:
         sent = serving if serving is not None and not (serving < 0).any() else None  # the deployment fills every slot
-        answer = service.send_window(weight, num_replicas, num_ranks, sent)
+        answer = service.send_window(weight, num_replicas, num_ranks, sent, layer_ids)
         if isinstance(answer, np.ndarray):
             served = answer  # rebalanced from `sent`, its slots kept by the service, and held so
             if serving is not None and sent is None:  # rebalanced from the deployment's map: keep the engine's slots

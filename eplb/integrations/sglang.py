@@ -26,12 +26,17 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from eplb.integrations import core
+from eplb.io.exports import ranges
+from eplb.io.files import plural
 
 ALGORITHM_NAME = core.SELECTED
 SELECT_ENV = core.SGLANG_SELECT
 TARGET_MODULE = "sglang.srt.eplb.eplb_algorithms"
+DENSE = "placed as SGLang's deepseek algorithm places a layer of no tokens"
+"""How the rows of SGLang's dense layers are answered (`_moe_layers`), as the log line says it."""
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +66,8 @@ def rebalance_experts(
 ) -> tuple[Any, Any, Any]:
     """SGLang's `rebalance_experts` contract with eplb's placement.
 
-    tokens_per_expert: [W, L, E] recorded windows (summed over W) or [L, E]; num_physical_experts: P, a
+    tokens_per_expert: [W, L, E] recorded windows (summed over W) or [L, E], one row per model layer: the rows without
+    tokens are SGLang's dense layers (`_moe_layers`), and a window without any keeps the map; num_physical_experts: P, a
     multiple of num_local_physical_experts (slots per rank); num_groups None (or not a multiple of
     num_nodes) is the global policy, like SGLang's "auto"; current_phy2log: [L, P] the map now serving
     (default: SGLang's global expert-location metadata when it has one). Tensors of any device and dtype, numpy
@@ -88,20 +94,63 @@ def rebalance_experts(
         weight="tokens_per_expert", windows=True, num_replicas="num_physical_experts", num_groups="num_groups",
         num_nodes="num_nodes", num_ranks="num_physical_experts / num_local_physical_experts",
         old="current_phy2log" if current_phy2log is not None else "SGLang's physical_to_logical_map")
-    weight = core.loads(tokens_per_expert, names)  # [L, E], the windows summed
-    result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, names=names,
-                            group=core.engine_group(world_group))
+    weight = core.loads(tokens_per_expert, names)  # [L, E], the windows summed: one row per model layer
+    moe = np.asarray(weight.any(axis=1))  # [L] the MoE layers: SGLang's recorder counts no token in a dense layer
+    group = core.engine_group(world_group)
+    if moe.all() or not moe.any():  # no dense row, or a window without tokens (`core.no_tokens`)
+        result = core.rebalance(weight, num_physical_experts, groups, nodes, num_ranks, current, names=names,
+                                group=group)
+        phy2log, ordered = result.phy2log, result.log2phy
+    else:
+        phy2log, ordered, result = _moe_layers(weight, moe, num_physical_experts, groups, nodes, num_ranks, current,
+                                               names, group)
     level = logging.WARNING if result.fell_back else logging.INFO
     logger.log(level, "eplb algorithm (%s): %s", result.source, result.how)
-    log2phy, logcnt = core.logical_maps(result.phy2log, weight.shape[1])
-    if result.log2phy is not None:
-        log2phy = result.log2phy
+    log2phy, logcnt = core.logical_maps(phy2log, weight.shape[1])
+    if ordered is not None:
+        log2phy = ordered
     as_tensor = torch.from_numpy
     return (
-        as_tensor(np.ascontiguousarray(result.phy2log, dtype=np.int64)),
+        as_tensor(np.ascontiguousarray(phy2log, dtype=np.int64)),
         as_tensor(np.ascontiguousarray(log2phy)),
         as_tensor(logcnt),
     )
+
+
+def _moe_layers(
+    weight: core.FloatArray, moe: NDArray[np.bool_], num_physical: int, groups: int, nodes: int, num_ranks: int,
+    current: Any, names: core.Arguments, group: Any,
+) -> tuple[core.IntArray, core.IntArray | None, core.Rebalanced]:
+    """SGLang's rows are model layers, dense ones included (`ModelConfigForExpertLocation.num_layers` is the model's
+    `num_hidden_layers`: 61 for DeepSeek-V3, whose layers 0-2 are dense), and its recorder counts no token in a dense
+    layer. weight: [L, E] tokens; moe: [L] the rows with tokens, the MoE layers. Those rows (and theirs of the map
+    `current` [L, P]) are placed by `core.rebalance`, which sends the service their model layer ids with the map, the
+    others as SGLang's default algorithm (DeepSeek's) places a row of no tokens (SGLang moves no weights for them:
+    `EPLBManager` updates only layers with routed experts). Returns phy2log [L, P], log2phy [L, E, X] (DeepSeek's
+    order, or None: `logical_maps` derives it) and the MoE rows' result."""
+    old = None
+    if current is not None:  # checked whole, so an error names SGLang's own row
+        old = core.as_array(current, names.old, integer=True)
+        core.check_map(old, weight, num_physical, num_ranks, names.old)
+        if old.shape == (weight.shape[0], num_physical):
+            old = old[moe]
+    ids = np.flatnonzero(moe).tolist()
+    result = core.rebalance(weight[moe], num_physical, groups, nodes, num_ranks, old, names=names, group=group,
+                            layer_ids=ids)
+    dense, dense_log2phy = core.fresh(np.zeros((int((~moe).sum()), weight.shape[1])), num_physical, groups, nodes,
+                                      num_ranks, core.DEFAULT_SOLVER)
+    phy2log = np.empty((weight.shape[0], num_physical), dtype=np.int64)
+    phy2log[moe], phy2log[~moe] = result.phy2log, dense
+    log2phy = None
+    if result.log2phy is not None and dense_log2phy is not None:  # DeepSeek's order in every row: one -1 padded array
+        width = max(result.log2phy.shape[2], dense_log2phy.shape[2])
+        log2phy = np.full((*weight.shape, width), -1, dtype=np.int64)
+        log2phy[moe, :, :result.log2phy.shape[2]] = result.log2phy
+        log2phy[~moe, :, :dense_log2phy.shape[2]] = dense_log2phy
+    dense_ids = np.flatnonzero(~moe).tolist()
+    result.how += (f"; model layers {ranges(ids)} with tokens ({plural(len(ids), 'MoE layer')}), "
+                   f"{ranges(dense_ids)} without (dense: {DENSE})")
+    return phy2log, log2phy, result
 
 
 def world_group() -> Any:
