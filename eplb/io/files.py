@@ -28,6 +28,10 @@ def int_table(value: Any, what: str) -> NDArray[np.int64]:
 
 
 def int_list(value: Any, what: str) -> list[int]:
+    """`value` as a list of integers (ids); EplbError naming `what` otherwise (true/false are not integers here)."""
+    if isinstance(value, bool) or (isinstance(value, list | tuple) and any(isinstance(v, bool) for v in value)) or (
+            isinstance(value, np.ndarray) and value.dtype.kind == "b"):
+        raise EplbError(f"{what} must be a list of integers, got {shown(value)}")
     arr = numeric_array(value, what)
     if arr.ndim != 1 or not np.all(np.mod(arr, 1) == 0):
         raise EplbError(f"{what} must be a list of integers")
