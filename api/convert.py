@@ -28,7 +28,7 @@ from eplb.io.windows import check_loads
 from eplb.npy import NpyError, read_npy
 from eplb.placement import FORMAT as PLACEMENT_FORMAT
 from eplb.placement import Placement
-from eplb.rules import CLUSTER_FIELDS
+from eplb.rules import CLUSTER_FIELDS, work_fields, work_refusal
 from eplb.schemas import SolverOut
 from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, shared with Outcome.to_model
     Cluster,
@@ -107,6 +107,12 @@ class Answer:
     solver: str | None = None  # set on a solved placement's answer
 
 
+def work(job: SolveJob) -> int:
+    """layers x slots x GPUs of a validated job: what a solve's time grows with (`eplb.rules.SERVICE_MAX_WORK`)."""
+    slots = job.cluster.slots_per_gpu
+    return int(job.loads.shape[0]) * int(slots.sum()) * int(slots.size)
+
+
 def in_background(job: SolveJob, async_threshold_s: float) -> bool:
     """Whether a validated request runs as a job (asked for, or a time budget over the threshold)."""
     return job.run_async or (job.options.total_time_limit_s or 0) > async_threshold_s
@@ -125,14 +131,15 @@ def parse_placement(body: Body, milp_default_time_limit_s: float) -> Answer:
 
 
 def placement_inline(body: Body, milp_default_time_limit_s: float, async_threshold_s: float,
-                     inline: frozenset[str]) -> Answer:
+                     inline: frozenset[str], inline_max_work: int) -> Answer:
     """POST /placement in the server's own threads (api/inline.py): parse and validate, then solve and serialize
-    when the request is synchronous and its solver is one of `inline`; otherwise the validated job, for the
-    solver processes."""
+    when the request is synchronous, its solver is one of `inline` and its `work` is at most `inline_max_work`;
+    otherwise the validated job, for the solver processes."""
     parsed = parse_placement(body, milp_default_time_limit_s)
     job = parsed.job
-    if job is None or job.solver not in inline or job.objective != "lb" or in_background(job, async_threshold_s):
-        return parsed  # the time objective's candidates take longer: a solver process
+    if (job is None or job.solver not in inline or job.objective != "lb" or in_background(job, async_threshold_s)
+            or work(job) > inline_max_work):
+        return parsed  # the time objective's candidates take longer, and so does a large solve: a solver process
     return answer_job(job, body.path)
 
 
@@ -432,6 +439,9 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         model = model_for(req.model, window)
         cost = cost_setup(req, model)
         the_cluster = cluster(req.cluster, model, window.shape[1])
+        too_large = work_refusal(window.shape[0], int(the_cluster.slots_per_gpu.sum()), the_cluster.num_gpus)
+        if too_large is not None:  # before any solve or job: no time limit caps the greedy kernels
+            raise FieldError(work_fields(req.cluster), too_large)
         _check_links(cost, the_cluster, "cluster.gpus_per_node")
         current = None
         if req.current_placement is not None:

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
         "(empty: every request goes to the solver processes)",
     )
     inline_max_bytes: int = Field(1024 * 1024, ge=0, description="larger bodies go to the parser and solver processes")
+    inline_max_work: int = Field(2**21, ge=0, description="larger solves (layers x slots x GPUs) go to the solver "
+                                 "processes, so they never hold the fast lane")
     inline_threads: int = Field(1, ge=1, description="threads of the fast lane in the server process (they share "
                                 "one GIL: beyond them, fast requests go to idle solver processes)")
 

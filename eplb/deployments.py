@@ -44,6 +44,8 @@ from eplb.rules import (
     SERVICE_MAX_GPUS,
     is_deployment_name,
     name_refusal,
+    work_fields,
+    work_refusal,
 )
 from eplb.schemas import ClusterRules, PlacementOut, PlacementResponse
 from eplb.solve import (
@@ -218,6 +220,9 @@ class Setup:
                 check_shapes(probe, part)
             except EplbError as exc:
                 raise FieldError(field, str(exc)) from None
+        too_large = work_refusal(1, int(self.cluster.slots_per_gpu.sum()), self.cluster.num_gpus)
+        if too_large is not None:  # even a window of one layer would be refused (`loads`)
+            raise FieldError(work_fields(shape, None), too_large)
         try:  # a '+' link or a node limit needs nodes: refused here, by name, not at the first window
             check_links(self.cost, self.cluster)
         except EplbError as exc:
@@ -309,6 +314,10 @@ class Setup:
         why = window_refusal(self.model, *loads.shape)  # POST /placement's rule: its experts, at most its MoE layers
         if why is not None:
             raise FieldError(what, why)
+        slots = self.cluster.slots_per_gpu
+        too_large = work_refusal(loads.shape[0], int(slots.sum()), slots.size)  # POST /placement's bound too
+        if too_large is not None:
+            raise FieldError(work_fields(self.config.cluster, what), too_large)
         return loads
 
 

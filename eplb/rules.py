@@ -58,6 +58,13 @@ CLI_MAX_GPUS = 65_536
 run's time, which is its user's own (the solve of SERVICE_MAX_GPUS' note on 65,536 GPUs printed 60.90 s and 725,724
 KB: `/usr/bin/time -f "%e s %M KB" eplb solve --gpus 65536 --slots-per-gpu 1`, on the 2-core machine, other work
 running). The service, whose workers every request shares, takes at most SERVICE_MAX_GPUS (4,096)."""
+SERVICE_MAX_WORK = 2**30
+"""The most layers x slots x GPUs (L x P x G) one solve of the service takes (`POST /placement`, a deployment's
+window): what the solvers' time grows with, which no other bound caps for the solvers without a time limit (a 5 KB
+body of one 1,024-expert layer on 4,096 GPUs of 64 slots is 2**30; 58 layers of 256 experts on 4,096 GPUs of one
+slot, 973,078,528, is taken). `work_refusal`; the CLI has no such bound (a local run spends its user's time)."""
+SERVICE_MAX_LAYER_SLOTS = 2**22
+"""The most layers x slots (the answer's phy2log entries, L x P) one solve of the service writes: 4,194,304."""
 MAX_BUDGET_BYTES = 1e15
 """The largest memory budget of one GPU, bytes (a petabyte)."""
 BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
@@ -113,3 +120,26 @@ def one_per_gpu(values: T, data: Mapping[str, object]) -> T:
         if wrong is not None:
             raise ValueError(wrong)
     return values
+
+
+def work_refusal(layers: int, slots: int, gpus: int) -> str | None:
+    """Why a solve of `layers` layers on `slots` slots of `gpus` GPUs is too large for the service, in one line with
+    the limit (SERVICE_MAX_WORK, SERVICE_MAX_LAYER_SLOTS), or None. The fields it is about: `work_fields`."""
+    what = f"{layers:,} layer{'' if layers == 1 else 's'}"
+    if layers * slots > SERVICE_MAX_LAYER_SLOTS:
+        return (f"{what} x {slots:,} slots is {layers * slots:,} slots to place, above the service's "
+                f"{SERVICE_MAX_LAYER_SLOTS:,} per solve (eplb.rules.SERVICE_MAX_LAYER_SLOTS): send fewer layers or "
+                f"slots per request, or run eplb solve, which has no such bound")
+    if layers * slots * gpus > SERVICE_MAX_WORK:
+        return (f"{what} x {slots:,} slots x {gpus:,} GPUs is {layers * slots * gpus:,}, above the "
+                f"service's {SERVICE_MAX_WORK:,} per solve (eplb.rules.SERVICE_MAX_WORK, what a solve's time grows "
+                f"with): send fewer layers, GPUs or slots per GPU per request, or run eplb solve, which has no such "
+                f"bound")
+    return None
+
+
+def work_fields(cluster: object, loads: str | None = "loads") -> list[str]:
+    """The fields a solve's size comes from: the window's layers (`loads`; None: not the request's), the cluster's
+    GPUs and the slot budget it gives (`BUDGETS`; none given: the default, one redundant expert per GPU)."""
+    given = [f"cluster.{name}" for name in BUDGETS if getattr(cluster, name, None) is not None]
+    return [*([loads] if loads else []), "cluster.num_gpus", *given]

@@ -465,6 +465,71 @@ def test_a_worker_killed_while_idle_costs_no_request(server_factory: Callable[..
     assert server_children(base) != workers
 
 
+def zipf_window(layers: int, experts: int, seed: int = 0) -> list[list[float]]:
+    """[layers][experts] tokens, each layer's expert popularity a power law (exponent 1.2) over its own ranking."""
+    rng = np.random.default_rng(seed)
+    ranks = np.stack([rng.permutation(experts) for _ in range(layers)])
+    window: list[list[float]] = np.floor(1e6 / (1.0 + ranks) ** 1.2).tolist()
+    return window
+
+
+def test_a_large_solve_never_holds_the_fast_lane(server_factory: Callable[..., str]) -> None:
+    """A 5 KB body can ask for seconds of greedy work (one layer of 256 experts on 4,096 GPUs of 16 slots: 2.7e8
+    layers x slots x GPUs, about 2.5 s here): three of them took the lane thread and both idle solver processes, and
+    the docs' small example waited behind them for seconds. A solve above EPLB_INLINE_MAX_WORK now runs in the solver
+    processes only: the lane thread stays free for small requests."""
+    base = server_factory(solver_workers="2", queue_limit="8", inline_threads="1")
+    big = {"loads": zipf_window(1, 256), "cluster": {"num_gpus": 4096, "slots_per_gpu": 16}}
+    small = {"model": "mixtral-8x7b", "hardware": "h100", "cluster": {"num_gpus": 4, "num_redundant": 4},
+             "loads": [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]], "tokens_per_gpu": 256}
+    assert httpx.post(f"{base}/placement", json=small, timeout=60).status_code == 200
+    answers: list[int] = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{base}/placement", json=big, timeout=120).status_code)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{base}/readyz", timeout=10).json()["running"] < 2:  # both solver processes took a big one
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    lane = httpx.get(f"{base}/readyz", timeout=10).json()["lane"]
+    started = time.monotonic()
+    assert httpx.post(f"{base}/placement", json=small, timeout=60).status_code == 200
+    waited = time.monotonic() - started
+    for t in threads:
+        t.join()
+    assert lane["running"] == 0, lane  # a big one held the lane thread
+    assert waited < 1.5, waited  # was the length of a big solve
+    assert answers == [200, 200, 200]
+
+
+def test_a_solve_beyond_the_services_work_bound_is_refused_naming_its_fields(base: str) -> None:
+    """Nothing capped a solver without a time limit: one layer of 2,048 experts on 4,096 GPUs of 128 slots (a 10 KB
+    body) took 10.8 s of greedy. Above eplb.rules.SERVICE_MAX_WORK layers x slots x GPUs (2**30), or
+    SERVICE_MAX_LAYER_SLOTS layers x slots, a request is a 422 naming the loads and the cluster's fields, before
+    anything is solved or queued; so is a deployment's config, and its window."""
+    layer = list(range(1, 2049))
+    for over, sizes in (({"cluster": {"num_gpus": 4096, "slots_per_gpu": 128}}, "1 layer x 524,288 slots x 4,096 "
+                         "GPUs is 2,147,483,648, above the service's 1,073,741,824"),
+                        ({"cluster": {"num_gpus": 1024, "slots_per_gpu": 512}, "loads": [layer] * 16},
+                         "16 layers x 524,288 slots is 8,388,608 slots to place, above the service's 4,194,304")):
+        for run_async in (False, True):
+            r = httpx.post(f"{base}/placement", json={"loads": [layer], **over, "async": run_async}, timeout=60)
+            assert r.status_code == 422, r.text[:300]
+            assert sizes in r.json()["detail"]
+            fields = [e["field"] for e in r.json()["errors"]]
+            assert fields == ["loads", "cluster.num_gpus", "cluster.slots_per_gpu"]
+    deepseek: dict[str, Any] = {"model": "deepseek-v3", "cluster": {"num_gpus": 4096, "slots_per_gpu": 128}}
+    put = httpx.put(f"{base}/deployments/too-large", json=deepseek, timeout=60)
+    assert put.status_code == 422 and [e["field"] for e in put.json()["errors"]] == [
+        "cluster.num_gpus", "cluster.slots_per_gpu"], put.text[:300]
+    deepseek["cluster"]["slots_per_gpu"] = 64  # one layer fits: 2**30
+    assert httpx.put(f"{base}/deployments/too-large", json=deepseek, timeout=60).status_code in (200, 201)
+    r = httpx.post(f"{base}/deployments/too-large/windows", json={"loads": zipf_window(2, 256)}, timeout=60)
+    assert r.status_code == 422 and "2 layers x 262,144 slots x 4,096 GPUs" in r.json()["detail"], r.text[:300]
+    assert [e["field"] for e in r.json()["errors"]] == ["loads", "cluster.num_gpus", "cluster.slots_per_gpu"]
+
+
 def test_parsing_a_large_body_leaves_healthz_free(base: str) -> None:
     rows = np.tile(V3, (400, 1))  # 2,400 layers x 256 experts, about 12 MB of JSON
     rows[-1, -1] = -1.0  # parsed and validated in full, then refused: the cost is the parsing

@@ -1,8 +1,9 @@
 """POST /placement and POST /evaluate. A small body (at most EPLB_INLINE_MAX_BYTES) is parsed and validated in
-the server's in-process lane (api/inline.py); a synchronous request for one of EPLB_INLINE_SOLVERS is solved
-and serialized there too, in the same thread. Any other validated job goes to a solver process (api/pool.py);
-a larger body is parsed in the parser process first. This side only checks the Content-Type and moves bytes, so
-the event loop stays free. (/evaluate runs whole in the lane, or in a solver process for a large body.)"""
+the server's in-process lane (api/inline.py); a synchronous request for one of EPLB_INLINE_SOLVERS, of at most
+EPLB_INLINE_MAX_WORK layers x slots x GPUs, is solved and serialized there too, in the same thread. Any other
+validated job goes to a solver process (api/pool.py); a larger body is parsed in the parser process first. This
+side only checks the Content-Type and moves bytes, so the event loop stays free. (/evaluate runs whole in the lane,
+or in a solver process for a large body.)"""
 
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ async def placement(request: Request, settings: SettingsDep, pool: PoolDep, pars
     if inline(settings, body):
         parsed = await in_lane(lane, settings, convert.placement_inline, body=body,
                                milp_default_time_limit_s=settings.milp_default_time_limit_s,
-                               async_threshold_s=settings.async_threshold_s, inline=settings.inline)
+                               async_threshold_s=settings.async_threshold_s, inline=settings.inline,
+                               inline_max_work=settings.inline_max_work)
     else:
         parsed = await in_pool(parsers, settings, convert.parse_placement, body=body,
                                milp_default_time_limit_s=settings.milp_default_time_limit_s)
