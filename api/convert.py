@@ -36,6 +36,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     Outcome,
     _balance_dict,
     _time_dict,
+    check_cluster_fields,
     check_coactivation,
     check_current,
     check_links,
@@ -44,6 +45,7 @@ from eplb.solve import (  # _balance_dict, _time_dict: the answer's rounding, sh
     groups_refusal,
     infer_model,
     least_stage_gib,
+    link_fields,
     solve,
     solver_name,
     time_limited,
@@ -344,11 +346,12 @@ def cost_setup(req: CostIn, model: ModelSpec | None) -> CostSetup | None:
 
 
 def _check_links(cost: CostSetup | None, the_cluster: Cluster, field: str) -> None:
-    """A '+' link without nodes, refused naming the field before any solve (and before a job is queued)."""
+    """A '+' link (or a node limit) without nodes, refused naming it and the GPUs per node (`field`), as a
+    deployment's PUT does (`eplb.solve.link_fields`), before any solve (and before a job is queued)."""
     try:
         check_links(cost, the_cluster)
     except EplbError as exc:
-        raise FieldError(field, str(exc)) from None
+        raise FieldError(link_fields(cost, the_cluster, field), str(exc)) from None
 
 
 def coactivation(req: CostIn, window: NDArray[np.float64]) -> CoactivationSummary | None:
@@ -412,7 +415,8 @@ def _check_solver(name: str, named: bool, the_cluster: Cluster, current: Placeme
     PUT does: a current placement of another shape (current_placement; `eplb.solve`'s own check), options the
     solver does not take or cannot honour (the options given: the registry's `check_options`), a hierarchical
     cluster the solver cannot honour (the solver, when the request named it, cluster.gpus_per_node,
-    cluster.num_groups: `eplb.solve.groups_refusal`), any other cluster it cannot honour (solver)."""
+    cluster.num_groups: `eplb.solve.groups_refusal`), any other cluster it cannot honour (solver), no current
+    placement for a solver that rebalances one (solver, current_placement)."""
     try:
         if current is not None:
             check_current(current, window, the_cluster)
@@ -423,6 +427,10 @@ def _check_solver(name: str, named: bool, the_cluster: Cluster, current: Placeme
     except registry.SolverError as exc:
         given = [OPTION_FIELDS.get(option, option) for option in options.set_names()]
         raise field_problem(FieldError(given or ["solver"], str(exc), str(exc))) from None
+    if current is None and registry.get_solver(name).capabilities.requires_current:
+        message = (f"solver {name!r} rebalances a serving placement: give current_placement (the placement the "
+                   f"cluster serves), or choose another solver")
+        raise field_problem(FieldError(["solver", "current_placement"], message, message))
     refused = groups_refusal(name, the_cluster, window.shape[1], options, names=GROUP_FIELDS, named=named,
                              current_phy2log=None if current is None else current.phy2log)
     if isinstance(refused, FieldError):
@@ -442,6 +450,7 @@ def solve_job(req: PlacementRequest, loads: NDArray[np.float64] | None, milp_def
         too_large = work_refusal(window.shape[0], int(the_cluster.slots_per_gpu.sum()), the_cluster.num_gpus)
         if too_large is not None:  # before any solve or job: no time limit caps the greedy kernels
             raise FieldError(work_fields(req.cluster), too_large)
+        check_cluster_fields(window.shape[1], the_cluster)  # nodes and groups that do not divide: by name, as PUT
         _check_links(cost, the_cluster, "cluster.gpus_per_node")
         current = None
         if req.current_placement is not None:

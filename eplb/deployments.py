@@ -53,12 +53,13 @@ from eplb.solve import (
     Cluster,
     CostSetup,
     Outcome,
+    check_cluster_fields,
     check_coactivation,
     check_links,
-    check_shapes,
     check_uniform_shares,
     evaluate,
     groups_refusal,
+    link_fields,
     solve,
     window_refusal,
 )
@@ -212,22 +213,14 @@ class Setup:
                                        fixed_stall_s=config.policy.migration_stall_s)  # fmt: skip
         shape = config.cluster
         self.cluster = Cluster(config_slots(config), shape.gpus_per_node, shape.num_groups)
-        probe = np.zeros((1, self.model.num_experts))  # the checks every window's solve runs, on the cluster alone
-        for field, part in (("cluster", Cluster(self.cluster.slots_per_gpu)),
-                            ("cluster.gpus_per_node", Cluster(self.cluster.slots_per_gpu, shape.gpus_per_node)),
-                            ("cluster.num_groups", Cluster(self.cluster.slots_per_gpu, num_groups=shape.num_groups))):
-            try:
-                check_shapes(probe, part)
-            except EplbError as exc:
-                raise FieldError(field, str(exc)) from None
+        check_cluster_fields(self.model.num_experts, self.cluster)  # the checks every window's solve runs
         too_large = work_refusal(1, int(self.cluster.slots_per_gpu.sum()), self.cluster.num_gpus)
         if too_large is not None:  # even a window of one layer would be refused (`loads`)
             raise FieldError(work_fields(shape, None), too_large)
         try:  # a '+' link or a node limit needs nodes: refused here, by name, not at the first window
             check_links(self.cost, self.cluster)
         except EplbError as exc:
-            field = "node_limit" if config.node_limit is not None and config.cluster.gpus_per_node is None else "link"
-            raise FieldError(field, str(exc)) from None
+            raise FieldError(link_fields(self.cost, self.cluster, "cluster.gpus_per_node"), str(exc)) from None
         try:
             if config.solver is not None:
                 registry.get_solver(config.solver)  # unknown names fail here, naming the choices

@@ -280,6 +280,28 @@ def check_shapes(loads: NDArray[np.float64], cluster: Cluster) -> None:
         raise EplbError(f"{num_experts} experts do not split into {cluster.num_groups} equal groups")
 
 
+def check_cluster_fields(num_experts: int, cluster: Cluster) -> None:
+    """`check_shapes` of a cluster alone (an empty window of `num_experts` experts), its refusals naming the service's
+    fields: `cluster` (slots), `cluster.gpus_per_node` (nodes that do not divide the GPUs), `cluster.num_groups` (groups
+    that do not divide the experts). FieldError; what POST /placement and a deployment's PUT check before any solve
+    or job."""
+    probe = np.zeros((1, num_experts))
+    slots = cluster.slots_per_gpu
+    for name, part in (("cluster", Cluster(slots)), ("cluster.gpus_per_node", Cluster(slots, cluster.gpus_per_node)),
+                       ("cluster.num_groups", Cluster(slots, num_groups=cluster.num_groups))):
+        try:
+            check_shapes(probe, part)
+        except EplbError as exc:
+            raise FieldError(name, str(exc)) from None
+
+
+def link_fields(cost: CostSetup | None, cluster: Cluster, nodes: str) -> list[str]:
+    """The fields a `check_links` refusal is about: the setting that needs nodes (`node_limit` when it is set on a
+    cluster without nodes, else `link`: a '+' link) and the GPUs per node (`nodes`: the caller's name of it)."""
+    limited = cost is not None and cost.node_limit is not None and cluster.gpus_per_node is None
+    return ["node_limit" if limited else "link", nodes]
+
+
 def groups_refusal(
     name: str, cluster: Cluster, num_experts: int, options: Options, *, names: Mapping[str, str],
     current_phy2log: NDArray[np.int64] | None = None, named: bool = True, when: str = "",

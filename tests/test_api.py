@@ -653,6 +653,33 @@ def test_the_answer_built_without_the_models_is_byte_for_byte_theirs() -> None:
         assert answer_json(outcome) == orjson.dumps(outcome.to_model().to_json_dict())
 
 
+@pytest.mark.parametrize(("over", "fields", "text"), [
+    ({"cluster": {"num_gpus": 4, "gpus_per_node": 3, "num_groups": 2}}, ["cluster.gpus_per_node"],
+     "cluster.gpus_per_node: 4 GPUs do not split into nodes of 3"),
+    ({"cluster": {"num_gpus": 4, "gpus_per_node": 2, "num_groups": 3}}, ["cluster.num_groups"],
+     "cluster.num_groups: 8 experts do not split into 3 equal groups"),
+    ({"cluster": {"num_gpus": 4}, "solver": "incremental"}, ["solver", "current_placement"],
+     "solver 'incremental' rebalances a serving placement: give current_placement"),
+    ({"cluster": {"num_gpus": 4}, "link": "nvlink+nic"}, ["link", "cluster.gpus_per_node"], "GPUs per node"),
+    ({"cluster": {"num_gpus": 4}, "node_limit": 1}, ["node_limit", "cluster.gpus_per_node"], "GPUs per node"),
+])
+def test_cluster_and_solver_refusals_name_their_fields_before_any_job(
+        base: str, over: dict[str, Any], fields: list[str], text: str) -> None:
+    """Nodes or groups that do not divide, and the incremental solver without current_placement, were 422s with
+    no `errors` (the solve's own text), and with "async": true a 202 whose job then failed; PUT /deployments/{name}
+    names the cluster's fields. A '+' link without nodes named cluster.gpus_per_node here and link at PUT: both
+    name both now."""
+    for run_async in (False, True):
+        body = {"model": "mixtral-8x7b", "loads": [[1, 2, 3, 4, 5, 6, 7, 8]], **over, "async": run_async}
+        r = httpx.post(f"{base}/placement", json=body, timeout=60)
+        assert r.status_code == 422, r.text
+        assert text in r.json()["detail"] and [e["field"] for e in r.json()["errors"]] == fields
+    if over.get("solver") is None:
+        put = httpx.put(f"{base}/deployments/shape", json={k: v for k, v in body.items() if k not in (
+            "loads", "async")}, timeout=60)  # fmt: skip
+        assert put.status_code == 422 and [e["field"] for e in put.json()["errors"]] == fields, put.text
+
+
 def test_two_links_within_and_between_nodes(base: str) -> None:
     """"link": "nvlink+nic" (DeepEP across nodes) needs cluster.gpus_per_node; with it, the predicted comm lies
     between every copy over NVLink and every copy over the NIC."""
@@ -660,7 +687,7 @@ def test_two_links_within_and_between_nodes(base: str) -> None:
         r = httpx.post(f"{base}/placement", json=request_body(link="nvlink+nic", **{"async": run_async}), timeout=60)
         assert r.status_code == 422, r.text
         assert "GPUs per node" in r.json()["detail"]
-        assert [e["field"] for e in r.json()["errors"]] == ["cluster.gpus_per_node"]
+        assert [e["field"] for e in r.json()["errors"]] == ["link", "cluster.gpus_per_node"]  # as PUT names them
     total = {}
     for link in ("nvlink", "nvlink+nic", "nic"):
         cluster = {"num_gpus": 16, "num_redundant": 16, "gpus_per_node": 8}

@@ -477,7 +477,7 @@ def test_a_current_placement_replaces_a_stored_one_of_other_layers(store: Store)
     ({"solver": "greedy", "time_limit_s": 5}, "^solver 'greedy' does not take time_limit_s: "
      "choose a solver that does"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 7}}, "cannot hold|fewer than"),
-    ({"link": "nvlink+nic"}, "link: .*GPUs per node"),
+    ({"link": "nvlink+nic"}, "^link, cluster.gpus_per_node: .*GPUs per node"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 3}},
      "^cluster.gpus_per_node: 8 GPUs do not split into nodes of 3$"),
     ({"cluster": {"num_gpus": 8, "slots_per_gpu": 10, "gpus_per_node": 3}, "link": "nvlink+nic"},
@@ -733,7 +733,7 @@ def test_rows_stored_under_an_older_default_or_older_checks_still_read(store: St
     _edit_stored_config(store, "old-check", lambda c: {**c, "node_limit": 4})
     assert [v.name for v in dep.list_all(store)] == ["old-check", "old-default"]
     assert dep.get(store, "old-check").placement is not None
-    with pytest.raises(EplbError, match="node_limit: a node limit caps the nodes"):
+    with pytest.raises(EplbError, match=r"node_limit, cluster\.gpus_per_node: a node limit caps the nodes"):
         dep.process_window(store, "old-check", window(1))
     assert dep.register(store, "old-check", config())[0].placement is not None  # fixed by a PUT
 
@@ -1083,7 +1083,7 @@ def test_setups_refusals_list_their_fields_in_errors_as_every_422(client: TestCl
     cases = [
         ({**MIXTRAL, "model": "gpt-9"}, ["model"], "unknown preset 'gpt-9'"),
         ({**MIXTRAL, "hardware": "tpu"}, ["hardware"], "unknown preset 'tpu'"),
-        ({**MIXTRAL, "link": "nvlink+nic"}, ["link"], "GPUs per node"),
+        ({**MIXTRAL, "link": "nvlink+nic"}, ["link", "cluster.gpus_per_node"], "GPUs per node"),
         ({**MIXTRAL, "solver": "simplex"}, ["solver"], "unknown solver 'simplex'"),
         ({**MIXTRAL, "solver": "greedy", "policy": {"max_moves": 10}}, ["solver", "policy.max_moves"],
          "solver 'greedy' does not take policy.max_moves: choose a solver that does"),
