@@ -11,7 +11,8 @@
                 serving = answer.result.placement        # (refused: the next window says what still serves)
 
 Answers are typed (pydantic models): `PlacementResponse` for placements, `Job` for background solves,
-`DeploymentView`, `WindowResult`, `HistoryPage`, `HistoryEntry` for deployments. A problem answer (4xx/5xx)
+`DeploymentView` (a PUT's `DeploymentUpdate` adds `created` and `placement_dropped`), `WindowResult`, `HistoryPage`,
+`HistoryEntry` for deployments. A problem answer (4xx/5xx)
 raises `ServiceError` with the service's status, title and one-line detail; a service that cannot be reached
 (refused, no such host, not an http(s) URL, timed out) raises `Unreachable`, and an answer that is not the
 service's `NotTheService`; a request the client will not send (a deployment name the service cannot have, a
@@ -41,6 +42,7 @@ from pydantic import BaseModel
 from eplb import retry
 from eplb.deployments import (
     DeploymentConfig,
+    DeploymentUpdate,
     DeploymentView,
     HistoryEntry,
     HistoryPage,
@@ -209,6 +211,14 @@ def _view(data: Any) -> DeploymentView:
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = {**data, "config": _known(DeploymentConfig, data["config"])}
     return DeploymentView.model_validate(data)
+
+
+def _update(response: httpx.Response) -> DeploymentUpdate:
+    """A PUT's answer: the deployment (`_view`), `created` from the status (201; a service that does not say it in
+    the body says it so) and `placement_dropped` as answered."""
+    data = response.json()
+    dropped = data.get("placement_dropped") if isinstance(data, dict) else None
+    return DeploymentUpdate(**dict(_view(data)), created=response.status_code == 201, placement_dropped=dropped)
 
 
 class _Bad(Exception):
@@ -419,9 +429,9 @@ class _Api:
         return _Call("DELETE", f"/jobs/{_job_segment(job_id)}", _model(Job))
 
     @staticmethod
-    def put_deployment(name: str, config: DeploymentConfig | dict[str, Any]) -> _Call[DeploymentView]:
+    def put_deployment(name: str, config: DeploymentConfig | dict[str, Any]) -> _Call[DeploymentUpdate]:
         path = f"/deployments/{_segment(name)}"
-        return _Call("PUT", path, lambda r: _view(r.json()), json=_config(config), refusal=InvalidConfig)
+        return _Call("PUT", path, _update, json=_config(config), refusal=InvalidConfig)
 
     @staticmethod
     def deployment(name: str) -> _Call[DeploymentView]:
@@ -583,7 +593,8 @@ class Client:
         return self._do(_Api.cancel(job_id))
 
     # deployments
-    def put_deployment(self, name: str, config: DeploymentConfig | dict[str, Any]) -> DeploymentView:
+    def put_deployment(self, name: str, config: DeploymentConfig | dict[str, Any]) -> DeploymentUpdate:
+        """PUT /deployments/{name}: register or update; `created` (201) and `placement_dropped` say what it did."""
         return self._do(_Api.put_deployment(name, config))
 
     def deployment(self, name: str) -> DeploymentView:
@@ -684,7 +695,8 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> Job:
         return await self._do(_Api.cancel(job_id))
 
-    async def put_deployment(self, name: str, config: DeploymentConfig | dict[str, Any]) -> DeploymentView:
+    async def put_deployment(self, name: str, config: DeploymentConfig | dict[str, Any]) -> DeploymentUpdate:
+        """PUT /deployments/{name}: register or update; `created` (201) and `placement_dropped` say what it did."""
         return await self._do(_Api.put_deployment(name, config))
 
     async def deployment(self, name: str) -> DeploymentView:

@@ -366,6 +366,17 @@ class DeploymentView(BaseModel):
     updated_at: float
 
 
+class DeploymentUpdate(DeploymentView):
+    """What `PUT /deployments/{name}` answers (and `eplb.client.Client.put_deployment` returns): the deployment,
+    whether this PUT registered it, and why it dropped the serving placement (if it did)."""
+
+    created: bool = Field(False, description="true when this PUT registered the deployment (201), false when it "
+                          "updated one (200)")
+    placement_dropped: str | None = Field(None, description="present when this update dropped the serving "
+                                          "placement: the new model or cluster shape (experts, slots per GPU) no "
+                                          "longer fits it; the next window places afresh (history stays)")
+
+
 class WindowResult(BaseModel):
     """The answer to a window: `action` placed/rebalanced (with `result`: placement, prediction, moves, plan) or
     kept (`reason` says why; `before` is the serving placement judged on the window)."""

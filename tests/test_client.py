@@ -32,7 +32,15 @@ from eplb.client import (
     ServiceError,
     Unreachable,
 )
-from eplb.deployments import ClusterShape, DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, WindowResult
+from eplb.deployments import (
+    ClusterShape,
+    DeploymentConfig,
+    DeploymentUpdate,
+    DeploymentView,
+    HistoryEntry,
+    HistoryPage,
+    WindowResult,
+)
 from eplb.schemas import PlacementResponse
 from tests.flaky_proxy import proxy
 from tests.test_deployments import MODEL, config, window
@@ -185,6 +193,35 @@ def test_deployments_sync(base: str) -> None:
         eplb.delete_deployment("client-sync")
         with pytest.raises(ServiceError, match="404"):
             eplb.deployment("client-sync")
+
+
+def test_put_deployment_says_whether_it_created_and_whether_it_dropped_the_placement(base: str) -> None:
+    """The PUT's answer carries placement_dropped (and 201 for a new deployment); the client's DeploymentView had
+    neither, so a caller could not tell a registered deployment from an updated one, nor see its placement go."""
+    wider = config(threshold=1.1).model_copy(update={"cluster": ClusterShape(num_gpus=8, slots_per_gpu=12)})
+
+    def told(view: DeploymentUpdate) -> tuple[bool, bool, bool]:
+        """(created, a placement serves, the PUT dropped one)."""
+        dropped = view.placement_dropped
+        assert dropped is None or "no longer fits the new config" in dropped
+        return view.created, view.placement is not None, dropped is not None
+
+    with Client(base, api_key=KEY) as eplb:
+        assert told(eplb.put_deployment("client-put", config(threshold=1.1))) == (True, False, False)
+        assert told(eplb.put_deployment("client-put", config(threshold=1.2))) == (False, False, False)
+        eplb.send_window("client-put", window(0))
+        assert told(eplb.put_deployment("client-put", config(threshold=1.1))) == (False, True, False)  # same slots
+        assert told(eplb.put_deployment("client-put", wider)) == (False, False, True)  # 12 slots per GPU, not 10
+        eplb.delete_deployment("client-put")
+
+    async def run() -> None:
+        async with AsyncClient(base, api_key=KEY) as eplb:
+            assert told(await eplb.put_deployment("client-put-async", config())) == (True, False, False)
+            await eplb.send_window("client-put-async", window(0))
+            assert told(await eplb.put_deployment("client-put-async", wider)) == (False, False, True)
+            await eplb.delete_deployment("client-put-async")
+
+    asyncio.run(run())
 
 
 def test_async_client(base: str) -> None:

@@ -20,7 +20,15 @@ from api.routing import Route
 from api.schemas import CoactivationBinary, CoactivationIn, PlacementIn
 from api.settings import Settings
 from eplb import deployments
-from eplb.deployments import DeploymentConfig, DeploymentView, HistoryEntry, HistoryPage, NotFound, WindowResult
+from eplb.deployments import (
+    DeploymentConfig,
+    DeploymentUpdate,
+    DeploymentView,
+    HistoryEntry,
+    HistoryPage,
+    NotFound,
+    WindowResult,
+)
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
@@ -60,14 +68,6 @@ class AppliedIn(BaseModel):
 
 class DeploymentList(BaseModel):
     deployments: list[DeploymentView]
-
-
-class DeploymentUpdate(DeploymentView):
-    """What a PUT answers: the deployment, and why the update dropped its serving placement (if it did)."""
-
-    placement_dropped: str | None = Field(None, description="present when this update dropped the serving "
-                                          "placement: the new model or cluster shape (experts, slots per GPU) no "
-                                          "longer fits it; the next window places afresh (history stays)")
 
 
 PLACEMENT_DROPPED = ("the serving placement no longer fits the new config (experts or slots per GPU changed) and "
@@ -117,7 +117,8 @@ async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response:
     view, created = await _call(deployments.register, db, name, body)
     response.status_code = 201 if created else 200
     dropped = old is not None and old.placement is not None and view.placement is None
-    return DeploymentUpdate.model_construct(**dict(view), placement_dropped=PLACEMENT_DROPPED if dropped else None)
+    return DeploymentUpdate.model_construct(**dict(view), created=created,
+                                            placement_dropped=PLACEMENT_DROPPED if dropped else None)
 
 
 def model_layers(config: DeploymentConfig, placement: Placement,
