@@ -20,7 +20,7 @@ from eplb.store import Base, DeploymentRow, HistoryRow, make_engine, migrate, op
 from eplb.store.arrays import pack, unpack
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 
-HEAD = "0004"
+HEAD = "0005"
 
 
 def revision(url: str) -> str | None:
@@ -88,6 +88,42 @@ def test_downgrade_drops_the_plan_column_and_upgrade_restores_it(db_url: str) ->
     migrate(engine)
     assert "plan" in {c["name"] for c in inspect(engine).get_columns("history")}
     engine.dispose()
+
+
+def test_history_ids_are_never_reused_after_a_delete(db_url: str) -> None:
+    """SQLite gave a new history row the largest id in the table plus one: a deployment deleted with the newest
+    entries (its rows cascade) left their ids to the next deployment (create idx, post a window: history_id 22;
+    delete idx, create idy, post: 22 again), so a history id could read another deployment's entry. Migration 0005
+    gives the table AUTOINCREMENT, seeded with the largest id it holds; PostgreSQL's sequence never reused one."""
+    from eplb import deployments as dep
+    from tests.test_deployments import config, window
+
+    engine = make_engine(db_url)
+    migrate(engine, "0004")  # a database of the previous revision, its newest entries then deleted
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO deployments (name, config, windows, created_at, updated_at) "
+                          "VALUES ('old', :config, 2, 1.0, 1.0)"), {"config": json.dumps({"model": "x"})})
+        for seq in (1, 2):
+            conn.execute(text("INSERT INTO history (deployment, seq, at, action, reason) "
+                              "VALUES ('old', :seq, 1.0, 'kept', 'before 0005')"), {"seq": seq})
+    migrate(engine)
+    engine.dispose()
+    store = open_store(db_url)
+    try:
+        with store.read() as session:
+            assert [r.id for r in session.query(HistoryRow).order_by(HistoryRow.id)] == [1, 2]  # kept
+        dep.retire(store, "old")
+        with store.read() as session:
+            assert session.query(HistoryRow).count() == 0  # the cascade survived the copy
+        seen: list[int] = []
+        for name in ("idx", "idy", "idz"):
+            dep.register(store, name, config())
+            seen.append(dep.process_window(store, name, window(0)).history_id)
+            dep.retire(store, name)
+        assert seen == [3, 4, 5], seen  # was [3, 3, 3] on SQLite
+        assert "ix_history_deployment_id" in {i["name"] for i in inspect(store.engine).get_indexes("history")}
+    finally:
+        store.close()
 
 
 def test_replicas_starting_together_migrate_once(db_url: str) -> None:

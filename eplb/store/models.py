@@ -46,7 +46,8 @@ class HistoryRow(Base):
     migration plan (JSON), when the solver gave one."""
 
     __tablename__ = "history"
-    __table_args__ = (Index("ix_history_deployment_id", "deployment", "id"),)
+    __table_args__ = (Index("ix_history_deployment_id", "deployment", "id"),
+                      {"sqlite_autoincrement": True})  # ids never reused after a delete (migration 0005)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     deployment: Mapped[str] = mapped_column(String(100), ForeignKey("deployments.name", ondelete="CASCADE"))
