@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -44,15 +48,38 @@ class _NotStarted(Exception):
 
 
 RETRIES = 2  # fresh workers tried when the one taken had died while idle
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
-def _worker_main(conn: Connection) -> None:
+def _die_with(server: int) -> None:
+    """End this worker when the server process `server` dies, however it dies (a SIGKILL runs none of its cleanup),
+    even mid-solve: on Linux the kernel sends SIGKILL (PR_SET_PDEATHSIG; the server's loop thread spawns the
+    workers and lives as long as the server); elsewhere a thread checks the parent every second. A server gone
+    before this ran: exit now."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    if os.getppid() != server:
+        os._exit(0)
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == server:
+                time.sleep(1.0)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="eplb-server-watch", daemon=True).start()
+
+
+def _worker_main(conn: Connection, server: int) -> None:
     """Worker loop: receive (fn, kwargs), acknowledge it, send ("ok", result) or ("error", message); return
-    when the pipe closes (the pool's orderly stop).
+    when the pipe closes (the pool's orderly stop). `server`: the server's pid; the worker dies with it
+    (`_die_with`: a MILP job of an hour does not outlive a killed server).
 
     The worker leads its own process group, so stopping it also stops the processes its solver started
     (the MILP solves layers in a pool of its own)."""
     os.setpgrp()
+    _die_with(server)
     import eplb.solve  # noqa: F401  (import once, warm)
     from solvers import registry
 
@@ -107,7 +134,7 @@ class SolvePool:
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        process = self._ctx.Process(target=_worker_main, args=(child,), daemon=False, name="eplb-solver")
+        process = self._ctx.Process(target=_worker_main, args=(child, os.getpid()), daemon=False, name="eplb-solver")
         process.start()
         child.close()
         return _Worker(process, parent)

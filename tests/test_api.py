@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -589,6 +590,55 @@ def test_server_stop_leaks_no_semaphores() -> None:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert "leaked" not in out.decode(), out.decode()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie no one reaped has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_solver_processes_die_with_a_killed_server(tmp_path: Path) -> None:
+    """kill -9 of a server whose solver process ran a MILP job (time_limit_s 20) left that process running (ppid 1,
+    80% CPU) until its solve finished, up to the 3,600 s a job may take; its idle parser process too, until its
+    pipe closed. Every worker now dies with the server (PR_SET_PDEATHSIG, set by the worker at start)."""
+    port = free_port()
+    env = {**os.environ, "EPLB_DATA_DIR": str(tmp_path), "EPLB_SOLVER_WORKERS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level", "warning"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        r = httpx.post(f"{base}/placement", json=request_body(solver="milp", time_limit_s=20, **{"async": True}),
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 202, r.text
+        poll_job(base, r.headers["location"], ("running",))
+        time.sleep(1.0)  # the solve is under way
+        workers = server_children(base)
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)  # the solver and the parser
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _alive(pid)], "solver processes outlived the killed server"
+    finally:
+        proc.kill()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # what the test started, should it fail
 
 
 def test_incremental_rebalance_with_a_move_budget_answers_with_its_plan(base: str) -> None:
