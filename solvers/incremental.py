@@ -468,27 +468,45 @@ class IncrementalSolver(Solver):
             target_lb=options.target_lb,
         )
         info: dict[str, object] = {"steps": take.tolist()}
-        if options.max_moves is None and options.max_moves_per_layer is None and options.target_lb is None:
-            phy2log, info["fresh_layers"] = _fresh_where_edits_fall_short(problem, phy2log)
+        if options.max_moves is None and options.max_moves_per_layer is None:
+            # no budget: a layer whose edits stop short (of the target, if any) may go fresh; a budget is the
+            # user's cap on copies, and its edits stand
+            short = None if options.target_lb is None else _short_of_target(problem, phy2log, options.target_lb)
+            phy2log, info["fresh_layers"] = _fresh_where_edits_fall_short(problem, phy2log, short)
         return Solution(phy2log, status="heuristic", info=info)
 
 
 FRESH_LB_TOLERANCE = 1.01
 """Without a budget, a layer whose edited placement's busiest GPU is more than 1% above a fresh greedy
-placement's takes the fresh one (relabelled onto the serving placement)."""
+placement's (and, with a target, above the target) takes the fresh one (relabelled onto the serving placement)."""
 
 
-def _fresh_where_edits_fall_short(problem: Problem, edited: IntArray) -> tuple[IntArray, list[int]]:
+def _short_of_target(problem: Problem, edited: IntArray, target_lb: float) -> BoolArray:
+    """[L] True where ``edited [L, P]``'s busiest GPU is above ``target_lb`` x the mean GPU load (the check
+    `rebalance` stops on)."""
+    mean = problem.loads.sum(axis=1) / problem.slots_per_gpu.size
+    busiest = gpu_loads(problem.loads, edited, problem.slots_per_gpu).max(axis=1)
+    return np.asarray(busiest > target_lb * mean * (1 + 1e-12), dtype=np.bool_)
+
+
+def _fresh_where_edits_fall_short(
+    problem: Problem, edited: IntArray, short: BoolArray | None = None
+) -> tuple[IntArray, list[int]]:
     """Edits stop short of a re-solve when the serving placement is far off (e.g. hierarchical edits cannot move
-    a group to another node). Per layer, take fresh greedy (relabelled, node-aware) where its busiest GPU is more
-    than FRESH_LB_TOLERANCE lower. Returns phy2log [L, P] and the layers replaced."""
+    a group to another node). Per layer (of those ``short [L]`` marks, default all), take fresh greedy (relabelled,
+    node-aware) where its busiest GPU is more than FRESH_LB_TOLERANCE lower. Returns phy2log [L, P] and the layers
+    replaced."""
     from solvers.greedy import solve_greedy
 
     assert problem.current_phy2log is not None
+    if short is not None and not short.any():
+        return edited, []  # every layer reached its target: no fresh solve needed
     slots = problem.slots_per_gpu
     fresh = solve_greedy(problem.loads, slots, num_groups=problem.num_groups, gpus_per_node=problem.gpus_per_node)
     worse = (gpu_loads(problem.loads, edited, slots).max(axis=1)
              > FRESH_LB_TOLERANCE * gpu_loads(problem.loads, fresh, slots).max(axis=1))  # fmt: skip
+    if short is not None:
+        worse &= short
     if not worse.any():
         return edited, []
     nodes = problem.gpus_per_node if problem.hierarchical else None

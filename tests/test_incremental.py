@@ -271,6 +271,38 @@ def test_default_takes_fresh_greedy_where_edits_fall_short() -> None:
     assert count_moves(budgeted.phy2log, current, slots).sum() <= 500 and "fresh_layers" not in budgeted.info
 
 
+def test_a_target_without_a_budget_takes_fresh_greedy_where_edits_stop_short_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the hierarchical prefill -> decode drift edits stop short of --target-lb 1.01: such a layer takes fresh
+    greedy by the default's rule, so the target never ends worse than the default, and the note names those layers.
+    With a move budget the edits stand."""
+    root = Path(__file__).resolve().parents[1]
+    old, new = (read_window(root / f).loads for f in (PREFILL, DECODE))
+    slots = np.full(32, 9, dtype=np.int64)
+    current = solve_greedy(old, slots, num_groups=8, gpus_per_node=8)
+    problem = Problem(new, slots, num_groups=8, gpus_per_node=8, current_phy2log=current)
+    default = lb(new, registry.solve("incremental", problem).phy2log, slots)
+    solution = registry.solve("incremental", problem, Options(target_lb=1.01))
+    assert (lb(new, solution.phy2log, slots) <= default * 1.01 + 1e-9).all()
+    assert lb(new, solution.phy2log, slots).max() <= default.max() + 1e-9
+    assert solution.info["fresh_layers"]
+    budgeted = registry.solve("incremental", problem, Options(target_lb=1.01, max_moves=500))
+    assert count_moves(budgeted.phy2log, current, slots).sum() <= 500 and "fresh_layers" not in budgeted.info
+    # every layer within reach of edits: no layer goes fresh
+    flat = Problem(new, slots, current_phy2log=solve_greedy(old, slots))
+    assert registry.solve("incremental", flat, Options(target_lb=1.05)).info["fresh_layers"] == []
+
+    hier = ["--gpus", "32", "--redundant", "32", "--gpus-per-node", "8", "--groups", "8"]
+    assert main(["solve", "--loads", PREFILL, *hier, "--out", str(tmp_path / "h.json")]) == 0
+    capsys.readouterr()
+    assert main(["solve", "--loads", DECODE, *hier, "--current", str(tmp_path / "h.json"), "--target-lb", "1.01"]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note == ("target lb 1.01: reached on 0 of 58 layers (58 layers: fresh greedy does not get there either); "
+                    "where edits stopped short and fresh greedy was more than 1% better, 58 layers took it "
+                    "(solver.fresh_layers): 0-57"), note
+
+
 @pytest.mark.parametrize(
     ("current", "message"),
     [

@@ -659,16 +659,37 @@ def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
                          "slots empty only from scratch)" if args.current and args.objective == "time" else
                          "; fewer redundant slots (--redundant, or --objective time) read less"))
     if args.target_lb is not None:
-        layers = int(outcome.balance.lb.size)
-        reached = int((outcome.balance.lb <= args.target_lb * (1 + 1e-9)).sum())
         spent = outcome.moves
         budget = spent is not None and (
             (args.max_moves is not None and int(spent.sum()) >= args.max_moves)
             or (args.max_moves_per_layer is not None and int(spent.max()) >= args.max_moves_per_layer))
-        why = "" if reached == layers else (
-            " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)")
-        lines.append(f"target lb {args.target_lb:g}: reached on {reached} of {layers} layers{why}")
+        lines.append(_target_note(args.target_lb, outcome.balance.lb, budget, outcome.solver.get("fresh_layers")))
     return lines
+
+
+def _target_note(target_lb: float, lb: NDArray[np.float64], budget: bool, fresh_layers: list[int] | None) -> str:
+    """How far --target-lb got on the layers' ``lb [L]``: how many reached it, why the others did not (a move budget
+    ran out; no edit gets there, and, when the solver looked (``fresh_layers`` not None: no budget), fresh greedy is
+    not more than 1% better or does not get there either), and which layers took fresh greedy instead of edits."""
+    from eplb.io.exports import ranges
+    from solvers.incremental import FRESH_LB_TOLERANCE
+
+    short = lb > target_lb * (1 + 1e-9)
+    fresh = np.zeros(lb.size, dtype=np.bool_)
+    fresh[np.asarray(fresh_layers or [], dtype=np.int64)] = True
+    margin = f"{(FRESH_LB_TOLERANCE - 1) * 100:g}%"
+    line = f"target lb {target_lb:g}: reached on {int((~short).sum())} of {lb.size} layers"
+    if short.any() and (budget or fresh_layers is None):
+        line += " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)"
+    elif short.any():
+        line += " (" + "; ".join(f"{plural(n, 'layer')}: {text}" for n, text in (
+            (int((short & ~fresh).sum()), f"no edit of the serving placement gets there, and fresh greedy is not more "
+                                          f"than {margin} better"),
+            (int((short & fresh).sum()), "fresh greedy does not get there either")) if n) + ")"
+    if fresh.any():
+        line += (f"; where edits stopped short and fresh greedy was more than {margin} better, "
+                 f"{plural(int(fresh.sum()), 'layer')} took it (solver.fresh_layers): {ranges(fresh_layers or [])}")
+    return line
 
 
 def _print_frontier(
