@@ -1199,3 +1199,41 @@ def test_robust_windows_are_bounded_by_the_first_checks_window_in_the_python_api
         result = replay(counts, cluster, schedule=Schedule(**{**fields, "robust_windows": most}), oracle_every=0,
                         hindsight=False)  # fmt: skip
         assert result.rebalances
+
+
+def _small_topk_log(path: Path, hot: bool = False) -> Path:
+    """40 steps x 16 tokens x 2 layers, top-2 of 16 experts (with `hot`, every token also picks expert 0)."""
+    from eplb.io.logs import write_topk
+
+    ids = (np.arange(40 * 16)[:, None, None] * 7 + np.arange(2)[None, None, :] * 3 + np.arange(2)[None, :, None]) % 16
+    if hot:
+        ids[:, :, 0] = 0
+        ids[:, :, 1] = 1 + np.arange(40 * 16)[:, None] % 15
+    write_topk(path, ids, np.arange(0, 40 * 16 + 1, 16), num_experts=16)
+    return path
+
+
+def test_a_token_log_above_the_limit_is_replayed_as_counts_with_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token-level log of more picks than TOKEN_LOG_MAX was replayed as counts silently (no dispatch copies per
+    token, the comm term per pick): the summary's notes and the terminal now say so; under the limit, no note."""
+    import eplb.replay.run as run
+    from eplb.cli import main
+
+    log = _small_topk_log(tmp_path / "topk.npz")  # 640 tokens x 2 layers x top-2: 2,560 picks
+    args = (log, Cluster(np.full(4, 5, dtype=np.int64)))
+    kwargs: dict[str, Any] = dict(schedule=Schedule(window=10, interval=10, trigger="periodic"), oracle_every=0)
+    held = replay(*args, **kwargs).summary
+    assert held["notes"] == [] and held["results"]["replay"]["copies_per_token"] > 0
+    monkeypatch.setattr(run, "TOKEN_LOG_MAX", 2_000)
+    counted = replay(*args, **kwargs).summary
+    assert "copies_per_token" not in counted["results"]["replay"]
+    assert counted["notes"] == [
+        "note: the log's 2,560 picks (tokens x layers x top-k) are above the 2,000 a replay holds (TOKEN_LOG_MAX), so "
+        "it is replayed as per-step counts: no dispatch copies per token, and the all-to-all is timed one copy per "
+        "pick, not per GPU a token reaches (cut the log to keep its tokens)"]
+    assert main(["replay", str(log), "--gpus", "4", "--window", "10", "--interval", "10", "--trigger", "periodic",
+                 "--oracle-every", "0"]) == 0  # fmt: skip
+    assert counted["notes"][0] in capsys.readouterr().out.splitlines()
+

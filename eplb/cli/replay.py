@@ -676,6 +676,7 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
         sampled = plural(s["results"]["oracle"]["steps"], "step")
         lines.append(f"  (oracle on one step in {oe:,} only: lb over those {sampled}, total s scaled from them to all "
                      "steps)")
+    lines.extend(s.get("notes", []))
     tm = s["timing"]
     lines.append("")
     rate = tm.get("evaluation_layer_steps_per_s")

@@ -206,6 +206,28 @@ def _token_routing(info: LogInfo) -> tuple[NDArray[np.int16], NDArray[np.int64]]
     return (ids, offsets) if ids.size <= TOKEN_LOG_MAX else None
 
 
+def _token_picks(info: LogInfo) -> int | None:
+    """Picks (tokens x layers x k) of a token-level log's ``topk_ids``, from its .npy header alone; None for a log
+    of counts."""
+    if info.kind != "topk":
+        return None
+    import math
+    import zipfile
+
+    with zipfile.ZipFile(info.path) as archive, archive.open("topk_ids.npy") as f:
+        version = np.lib.format.read_magic(f)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return math.prod(header(f)[0])
+
+
+def _counts_only_note(info: LogInfo) -> str:
+    """The note of a token-level log replayed as counts (more picks than TOKEN_LOG_MAX)."""
+    picks = _token_picks(info)
+    return (f"note: the log's {picks or 0:,} picks (tokens x layers x top-k) are above the {TOKEN_LOG_MAX:,} a replay "
+            "holds (TOKEN_LOG_MAX), so it is replayed as per-step counts: no dispatch copies per token, and the "
+            "all-to-all is timed one copy per pick, not per GPU a token reaches (cut the log to keep its tokens)")
+
+
 def _nan_mean(a: NDArray[np.float64], axis: int | tuple[int, ...]) -> NDArray[np.float64]:
     """`a.mean(axis)` over the values that are not NaN (NaN where none is); exactly `a.mean(axis)` without NaN."""
     missing = np.isnan(a)
@@ -429,6 +451,7 @@ class _Replay:
         self.timing = {"evaluation_s": 0.0, "solve_s": 0.0, "oracle_s": 0.0, "read_s": 0.0, "hindsight_s": 0.0}
         self.tokens = _token_routing(self.info)  # token-level logs: exact dispatch copies per token per row
         self.copies = {name: [0.0, 0, 0.0] for name in COPY_ROWS}  # copies x tokens, tokens, nodes x tokens
+        self.notes = [_counts_only_note(self.info)] if self.tokens is None and self.info.kind == "topk" else []
         try:
             self.needs_pairs = registry.get_solver(policy.solver).capabilities.coactivation  # e.g. greedy-coact
         except registry.SolverError as exc:
@@ -828,6 +851,7 @@ class _Replay:
         hs = self.stats["hindsight"]
         if hs.count:
             results["replay"]["hindsight_ratio"] = round(self.stats["replay"].lb_mean / hs.lb_mean, 6)
+        notes = list(self.notes)
         rbs = self.rebalances
         moved = [r.bytes_moved for r in rbs]
         layer_steps = steps * info.num_layers
@@ -870,4 +894,5 @@ class _Replay:
                 "layer_steps_per_s": round(layer_steps / wall, 1) if wall > 0 else None,
                 "evaluation_layer_steps_per_s": round(layer_steps / ev, 1) if ev > 0 else None,
             },
+            "notes": notes,
         }  # fmt: skip
