@@ -27,7 +27,7 @@ from eplb.placement import Placement
 from eplb.progress import Progress
 from eplb.replay import Schedule, initial_placement, predict_time_us, replay
 from eplb.replay.schedule import Window
-from eplb.replay.summary import EXACT_VALUES, RowStats
+from eplb.replay.summary import EXACT_VALUES, RowStats, weight_reads_note
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.synth import SEED004_TABLE, SynthConfig, log_stats, synth_counts, synth_log, synth_topk
@@ -1237,3 +1237,25 @@ def test_a_token_log_above_the_limit_is_replayed_as_counts_with_a_note(
                  "--oracle-every", "0"]) == 0  # fmt: skip
     assert counted["notes"][0] in capsys.readouterr().out.splitlines()
 
+
+def test_a_replay_slower_than_no_eplb_for_its_weight_reads_has_eplb_solves_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At 16 tokens per GPU the 4 redundant slots' weight reads outweigh the balance: the replay's MoE time is above
+    no EPLB's, and the summary and terminal carry eplb solve's note (one function); without redundant slots, or
+    with a hot expert and many tokens per GPU, it is not slower and there is no note."""
+    log = _small_topk_log(tmp_path / "topk.npz")
+    kwargs: dict[str, Any] = dict(schedule=Schedule(window=10, interval=10, trigger="periodic"), oracle_every=0)
+    small = replay(log, Cluster(np.full(4, 5, dtype=np.int64)), cost=small_cost(16, top_k=2, tokens_per_gpu=16),
+                   **kwargs).summary  # fmt: skip
+    rows = small["results"]
+    assert rows["replay"]["total_time_s"] > rows["no_eplb"]["total_time_s"]
+    note = weight_reads_note(16, 20, "; fewer redundant slots (--redundant) read less", baseline="no EPLB",
+                             placement="the replay's placements fill")
+    assert small["notes"] == [note] and note.startswith("note: slower than no EPLB, which reads 16 experts' weights")
+    none = replay(log, Cluster(np.full(4, 4, dtype=np.int64)), cost=small_cost(16, top_k=2, tokens_per_gpu=16),
+                  **kwargs).summary  # fmt: skip
+    assert none["notes"] == []
+    hot = replay(_small_topk_log(tmp_path / "hot.npz", hot=True), Cluster(np.full(4, 5, dtype=np.int64)),
+                 cost=small_cost(16, top_k=2, tokens_per_gpu=4096), **kwargs).summary  # fmt: skip
+    assert hot["results"]["replay"]["total_time_s"] < hot["results"]["no_eplb"]["total_time_s"] and hot["notes"] == []

@@ -653,11 +653,12 @@ def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
     p, pred, base = outcome.placement, outcome.prediction, outcome.baseline_prediction
     slower = pred is not None and base is not None and pred.total_time_us > base.total_time_us
     if slower and p.num_physical > p.num_experts and bool((p.phy2log >= 0).all()):
-        lines.append(f"note: slower than the baseline, which reads {p.num_experts} experts' weights per layer where "
-                     f"this placement fills {p.num_physical} slots" + (
-                         ": against a serving placement no slot is left empty (--objective time leaves redundant "
-                         "slots empty only from scratch)" if args.current and args.objective == "time" else
-                         "; fewer redundant slots (--redundant, or --objective time) read less"))
+        from eplb.replay.summary import weight_reads_note
+
+        lines.append(weight_reads_note(p.num_experts, p.num_physical, (
+            ": against a serving placement no slot is left empty (--objective time leaves redundant slots empty only "
+            "from scratch)" if args.current and args.objective == "time" else
+            "; fewer redundant slots (--redundant, or --objective time) read less")))
     if args.target_lb is not None:
         spent = outcome.moves
         budget = spent is not None and (

@@ -44,7 +44,7 @@ from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, as_log
 from eplb.placement import Placement
 from eplb.replay.evaluate import Evaluator, oracle, time_model
 from eplb.replay.schedule import Schedule, Window
-from eplb.replay.summary import BASELINES, RowStats
+from eplb.replay.summary import BASELINES, RowStats, weight_reads_note
 from eplb.solve import Cluster, CostSetup, Outcome, check_links, check_objective, evaluate, model_mismatch, solve
 from solvers import registry
 from solvers.registry import Options, applicable
@@ -852,6 +852,12 @@ class _Replay:
         if hs.count:
             results["replay"]["hindsight_ratio"] = round(self.stats["replay"].lb_mean / hs.lb_mean, 6)
         notes = list(self.notes)
+        replay, none = results["replay"], results["no_eplb"]
+        if (replay.get("total_time_s") and none.get("total_time_s") and replay["total_time_s"] > none["total_time_s"]
+                and replay["step_time_us"] > none["step_time_us"] and int(slots.sum()) > info.num_experts
+                and bool((self.serving.phy2log >= 0).all())):  # fmt: skip
+            notes.append(weight_reads_note(info.num_experts, int(slots.sum()), "; fewer redundant slots (--redundant) "
+                                           "read less", baseline="no EPLB", placement="the replay's placements fill"))
         rbs = self.rebalances
         moved = [r.bytes_moved for r in rbs]
         layer_steps = steps * info.num_layers

@@ -1,4 +1,5 @@
-"""Streaming statistics of a replay's rows (replay, baselines) with fixed memory."""
+"""Streaming statistics of a replay's rows (replay, baselines) with fixed memory, and the note a summary shares with
+`eplb solve`'s (`weight_reads_note`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["BASELINES", "RowStats"]
+__all__ = ["BASELINES", "RowStats", "weight_reads_note"]
 
 BASELINES: tuple[str, ...] = ("no_eplb", "static", "replay", "hindsight", "oracle")
 """Summary rows, in the order the CLI prints them."""
@@ -119,3 +120,13 @@ class RowStats:
             "migration_s": round(self.migration_s, 6) if timed else None,
             "total_time_s": None if serve_s is None else round(serve_s + self.migration_s, 6),
         }
+
+
+def weight_reads_note(num_experts: int, num_physical: int, remedy: str, *, baseline: str = "the baseline",
+                      placement: str = "this placement fills") -> str:
+    """Why a placement of ``num_physical`` filled slots per layer is predicted slower than the baseline of
+    ``num_experts`` (no redundancy): every redundant slot is one more expert's weights read per layer, which outweighs
+    the balance at small batches. remedy: the end of the line (what reads less). `eplb solve` and `eplb replay`
+    print it."""
+    return (f"note: slower than {baseline}, which reads {num_experts} experts' weights per layer where {placement} "
+            f"{num_physical} slots{remedy}")
