@@ -49,7 +49,7 @@ def sweep_tasks() -> list[tuple[str, list[Task[Any]]]]:
     shapes = cluster_shapes(loads.shape[1], [4, 8, 16], None)
     window = [Task((_window_run, t.arg), note=t.note, cpus=t.cpus)
               for t in window_tasks(loads, shapes, ("greedy", "milp"), None, 0.5, ("lb",), None, LocalExecutor())]
-    counts = synth_log(SynthConfig(steps=2000, layers=16, experts=64, top_k=6, tokens=2048, seed=1))
+    counts = synth_log(SynthConfig(steps=2000, layers=16, experts=64, top_k=6, tokens=2048, seed=1, hot_ratio=10))
     args = dict(schedule=Schedule(window=200, interval=250), solver="greedy", oracle_every=5)
     cluster = Cluster(spread_evenly(80, 16))
     replay = [Task((_replay_part, _Part(as_log(counts[:, r.start : r.stop]), None, cluster, args, False)),

@@ -156,7 +156,8 @@ class SynthConfig:
         """The power-law exponent a: `exponent`, or the one that gives `hot_ratio`."""
         if self.exponent is not None:
             return float(self.exponent)
-        return exponent_for_hot_ratio(self.hot_ratio, self.experts, self.groups, self.group_std, self.drift_std)
+        return exponent_for_hot_ratio(self.hot_ratio, self.experts, self.groups, self.group_std, self.drift_std,
+                                      self.top_k)
 
     def resolved_coact_std(self) -> float:
         """The co-activation strength: `coact_std`, or the one that gives `partner_lift` (0 without clusters)."""
@@ -228,11 +229,18 @@ def _median_hot_ratio(a: float, draws: tuple[NDArray[np.float64], ...], group_st
 
 
 def exponent_for_hot_ratio(
-    hot_ratio: float, experts: int, groups: int = 1, group_std: float = 0.0, drift_std: float = 0.0
+    hot_ratio: float, experts: int, groups: int = 1, group_std: float = 0.0, drift_std: float = 0.0, top_k: int = 1
 ) -> float:
     """Power-law exponent a at which the median over layers of (hottest popularity / mean) is
     `hot_ratio`, with the given group and drift effects (Monte Carlo over 512 layers with a fixed
-    seed, then bisection; deterministic). Raises EplbError when the noise alone already exceeds it."""
+    seed, then bisection; deterministic). Raises EplbError when the noise alone already exceeds it, or when
+    `hot_ratio` is above experts / top_k: a token picks top_k distinct experts, so no expert gets more than
+    1/top_k of a layer's picks."""
+    if hot_ratio * top_k > experts:
+        raise EplbError(f"synth: a hot ratio of {hot_ratio:g} is out of reach for {plural(experts, 'expert')}, top-"
+                        f"{top_k}: each token picks {top_k} distinct experts, so an expert gets at most 1/{top_k} of "
+                        f"a layer's picks, experts / top-k = {experts / top_k:g}x the mean: lower --hot-ratio or give "
+                        "--exponent")
     draws = _calibration_draws(experts, groups)
     low_ratio = _median_hot_ratio(0.0, draws, group_std, drift_std)
     if hot_ratio < low_ratio:

@@ -174,7 +174,7 @@ def test_synthetic_tokens_carry_calibrated_co_activation() -> None:
     from eplb.coactivation import partner_lift
     from eplb.synth import SynthConfig, synth_topk
 
-    cfg = SynthConfig(steps=2, layers=4, experts=32, top_k=4, tokens=3000, groups=4, model=None)
+    cfg = SynthConfig(steps=2, layers=4, experts=32, top_k=4, tokens=3000, groups=4, model=None, hot_ratio=4)
     ids, _ = synth_topk(cfg)
     assert np.all(np.sort(ids, axis=2)[:, :, 1:] != np.sort(ids, axis=2)[:, :, :-1])
     lift = partner_lift(ids, 32)

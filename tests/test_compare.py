@@ -209,7 +209,8 @@ def log_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     16 experts (for times and bytes), and the report of greedy and a 0.5 s MILP replaying it at EP4."""
     d = tmp_path_factory.mktemp("log")
     log, model = d / "log.npz", d / "tiny.json"
-    cfg = SynthConfig(steps=60, layers=3, experts=16, top_k=2, tokens=256, groups=1, shift_at=(30,), model=None)
+    cfg = SynthConfig(steps=60, layers=3, experts=16, top_k=2, tokens=256, groups=1, shift_at=(30,), model=None,
+                      hot_ratio=4)
     write_counts(log, synth_log(cfg), top_k=2)
     tiny = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": 16, "top_k": 2, "name": "tiny"})
     model.write_text(json.dumps(tiny.to_dict()))

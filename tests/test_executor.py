@@ -47,7 +47,7 @@ def ray_cluster() -> Iterator[RayExecutor]:
 
 @pytest.fixture(scope="module")
 def log_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    counts = synth_log(SynthConfig(steps=240, layers=6, experts=32, top_k=4, tokens=256, seed=5))
+    counts = synth_log(SynthConfig(steps=240, layers=6, experts=32, top_k=4, tokens=256, seed=5, hot_ratio=4))
     path = tmp_path_factory.mktemp("logs") / "log.npz"
     write_counts(path, counts, top_k=4)
     return path

@@ -19,7 +19,7 @@ from eplb.synth import SynthConfig, synth_log
 
 @pytest.fixture(scope="module")
 def counts() -> np.ndarray:
-    return synth_log(SynthConfig(steps=300, layers=5, experts=16, top_k=2, tokens=64, seed=3))
+    return synth_log(SynthConfig(steps=300, layers=5, experts=16, top_k=2, tokens=64, seed=3, hot_ratio=4))
 
 
 def test_shards_hold_time_ranges_and_read_back(tmp_path: Path, counts: np.ndarray) -> None:

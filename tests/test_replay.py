@@ -259,7 +259,8 @@ def test_schedule_and_input_errors() -> None:
 
 
 def test_synth_is_deterministic_by_seed_and_prefix_stable() -> None:
-    cfg = SynthConfig(steps=30, layers=3, experts=32, top_k=4, tokens=256, groups=4, shift_at=(12,), shift_every=9)
+    cfg = SynthConfig(steps=30, layers=3, experts=32, top_k=4, tokens=256, groups=4, shift_at=(12,), shift_every=9,
+                      hot_ratio=4)
     a, b = synth_log(cfg), synth_log(cfg)
     assert np.array_equal(a, b)
     assert not np.array_equal(a, synth_log(SynthConfig(**{**cfg.__dict__, "seed": 1})))
@@ -302,7 +303,7 @@ def test_synth_hot_ratio_or_exponent() -> None:
 
 
 def test_synth_topk_tokens_pick_distinct_experts() -> None:
-    cfg = SynthConfig(steps=3, layers=2, experts=16, top_k=4, tokens=50, groups=2, model=None)
+    cfg = SynthConfig(steps=3, layers=2, experts=16, top_k=4, tokens=50, groups=2, model=None, hot_ratio=3)
     ids, offsets = synth_topk(cfg)
     assert ids.shape == (150, 2, 4) and ids.dtype == np.int16 and offsets.tolist() == [0, 50, 100, 150]
     assert np.all(np.sort(ids, axis=2)[:, :, 1:] != np.sort(ids, axis=2)[:, :, :-1])
@@ -377,7 +378,8 @@ def test_replay_out_replaced_by_a_file_during_the_run_is_one_line(
 def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "log.npz"
     assert run_cli(["synth", "--out", str(log), "--steps", "90", "--layers", "3", "--experts", "32",
-                    "--top-k", "4", "--tokens", "512", "--groups", "4", "--shift-at", "50"]) == 0  # fmt: skip
+                    "--top-k", "4", "--tokens", "512", "--groups", "4", "--shift-at", "50",
+                    "--hot-ratio", "4"]) == 0  # fmt: skip
     assert "hottest / mean expert" in capsys.readouterr().out
     out = tmp_path / "run"
     assert run_cli(["replay", str(log), "--window", "20", "--interval", "30", "--gpus", "8",
@@ -438,7 +440,7 @@ def test_synth_takes_the_shape_of_a_model_preset_and_refuses_another(
     assert run_cli(["replay", str(out), "--gpus", "4", "--window", "10", "--interval", "10", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cost"]["model"] == "mixtral-8x7b"
     assert run_cli(["synth", "--out", str(out), "--model", "my-own-model", "--experts", "16", "--top-k", "2",
-                    "--steps", "5", "--layers", "2"]) == 0  # a name that is no preset: any shape  # fmt: skip
+                    "--steps", "5", "--layers", "2", "--hot-ratio", "4"]) == 0  # no preset: any shape  # fmt: skip
     with pytest.raises(EplbError, match=r"^synth: model MIXTRAL-8x7b: the log would have 33 layers \(synth: layers\), "
                        "but model 'mixtral-8x7b'"):  # the Python API's names; the preset found whatever the case
         SynthConfig(layers=33, experts=8, top_k=2, model="MIXTRAL-8x7b").check_model()
@@ -448,7 +450,8 @@ def test_a_log_whose_model_has_other_experts_names_the_way_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "s.npz"
-    write_counts(log, synth_log(SynthConfig(steps=5, layers=2, experts=16, top_k=2, tokens=32)), model="mixtral-8x7b")
+    write_counts(log, synth_log(SynthConfig(steps=5, layers=2, experts=16, top_k=2, tokens=32, hot_ratio=4)),
+                 model="mixtral-8x7b")
     assert run_cli(["replay", str(log), "--gpus", "4"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         f"the log has 16 experts, but model 'mixtral-8x7b' has 8: {log} names it as its model: give --model NAME or "
