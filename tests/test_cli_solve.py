@@ -580,3 +580,15 @@ def test_one_gpu_and_one_slot_are_singular(tmp_path: Path, capsys: pytest.Captur
     assert "cluster:    1 GPU, 4 slots each, 4 slots per layer (0 redundant)" in capsys.readouterr().out
     assert main(["solve", "--loads", str(window), "--gpus", "4", "--slots-per-gpu", "1"]) == 0
     assert "cluster:    4 GPUs, 1 slot each" in capsys.readouterr().out
+
+
+def test_groups_that_do_not_divide_over_the_nodes_are_noted(capsys: pytest.CaptureFixture[str]) -> None:
+    """--groups 4 on 8 nodes fell back to the global placement without a word: the note names the rule; 8 groups on
+    8 nodes are hierarchical, and get no note."""
+    common = ["solve", "--gpus", "64", "--gpus-per-node", "8", "--redundant", "64"]
+    assert main([*common, "--groups", "4"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note: placed globally, not by the hierarchical policy (--groups with --gpus-per-node): 4 groups do not divide "
+        "evenly over the 8 nodes (64 GPUs / 8 per node): give a multiple of 8 groups")
+    assert main([*common, "--groups", "8"]) == 0
+    assert "placed globally" not in capsys.readouterr().out

@@ -659,6 +659,10 @@ def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
             ": against a serving placement no slot is left empty (--objective time leaves redundant slots empty only "
             "from scratch)" if args.current and args.objective == "time" else
             "; fewer redundant slots (--redundant, or --objective time) read less")))
+    global_why = _why_not_hierarchical(args.groups, args.gpus_per_node, p.num_gpus, p.num_experts)
+    if global_why and outcome.solver.get("name") in ("greedy", "deepseek", "greedy-coact"):
+        lines.append(f"note: placed globally, not by the hierarchical policy (--groups with --gpus-per-node): "
+                     f"{global_why}")
     if args.target_lb is not None:
         spent = outcome.moves
         budget = spent is not None and (
@@ -666,6 +670,23 @@ def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
             or (args.max_moves_per_layer is not None and int(spent.max()) >= args.max_moves_per_layer))
         lines.append(_target_note(args.target_lb, outcome.balance.lb, budget, outcome.solver.get("fresh_layers")))
     return lines
+
+
+def _why_not_hierarchical(groups: int | None, gpus_per_node: int | None, num_gpus: int, num_experts: int) -> str:
+    """Why greedy's and DeepSeek's hierarchical policy does not apply to `groups` expert groups with `gpus_per_node`
+    (solvers/greedy.py's rule: more than one node, the experts split into the groups, the groups divide evenly over
+    the nodes), or "" when it does or was not asked for."""
+    if groups is None or gpus_per_node is None:
+        return ""
+    nodes = num_gpus // gpus_per_node
+    if nodes <= 1:
+        return f"the {num_gpus} GPUs are one node of {gpus_per_node}, so there is no node to keep a group within"
+    if num_experts % groups:
+        return f"{num_experts} experts do not split into {groups} equal groups"
+    if groups % nodes:
+        return (f"{groups} groups do not divide evenly over the {nodes} nodes ({num_gpus} GPUs / {gpus_per_node} per "
+                f"node): give a multiple of {nodes} groups")
+    return ""
 
 
 def _target_note(target_lb: float, lb: NDArray[np.float64], budget: bool, fresh_layers: list[int] | None) -> str:
