@@ -471,42 +471,37 @@ class IncrementalSolver(Solver):
         if options.max_moves is None and options.max_moves_per_layer is None:
             # no budget: a layer whose edits stop short (of the target, if any) may go fresh; a budget is the
             # user's cap on copies, and its edits stand
-            short = None if options.target_lb is None else _short_of_target(problem, phy2log, options.target_lb)
-            phy2log, info["fresh_layers"] = _fresh_where_edits_fall_short(problem, phy2log, short)
+            phy2log, info["fresh_layers"] = _fresh_where_edits_fall_short(problem, phy2log, options.target_lb)
         return Solution(phy2log, status="heuristic", info=info)
 
 
 FRESH_LB_TOLERANCE = 1.01
 """Without a budget, a layer whose edited placement's busiest GPU is more than 1% above a fresh greedy
-placement's (and, with a target, above the target) takes the fresh one (relabelled onto the serving placement)."""
-
-
-def _short_of_target(problem: Problem, edited: IntArray, target_lb: float) -> BoolArray:
-    """[L] True where ``edited [L, P]``'s busiest GPU is above ``target_lb`` x the mean GPU load (the check
-    `rebalance` stops on)."""
-    mean = problem.loads.sum(axis=1) / problem.slots_per_gpu.size
-    busiest = gpu_loads(problem.loads, edited, problem.slots_per_gpu).max(axis=1)
-    return np.asarray(busiest > target_lb * mean * (1 + 1e-12), dtype=np.bool_)
+placement's takes the fresh one (relabelled onto the serving placement); with a target, a layer whose edits stop
+short of it takes fresh greedy when that is 1% better or reaches the target."""
 
 
 def _fresh_where_edits_fall_short(
-    problem: Problem, edited: IntArray, short: BoolArray | None = None
+    problem: Problem, edited: IntArray, target_lb: float | None = None
 ) -> tuple[IntArray, list[int]]:
     """Edits stop short of a re-solve when the serving placement is far off (e.g. hierarchical edits cannot move
-    a group to another node). Per layer (of those ``short [L]`` marks, default all), take fresh greedy (relabelled,
-    node-aware) where its busiest GPU is more than FRESH_LB_TOLERANCE lower. Returns phy2log [L, P] and the layers
-    replaced."""
+    a group to another node). Per layer, take fresh greedy (relabelled, node-aware) where its busiest GPU is more
+    than FRESH_LB_TOLERANCE lower than ``edited [L, P]``'s; with ``target_lb``, only on layers whose edits are above
+    the target (x the mean GPU load, the check `rebalance` stops on), and also where fresh greedy reaches it.
+    Returns phy2log [L, P] and the layers replaced."""
     from solvers.greedy import solve_greedy
 
     assert problem.current_phy2log is not None
-    if short is not None and not short.any():
-        return edited, []  # every layer reached its target: no fresh solve needed
     slots = problem.slots_per_gpu
+    edited_max = gpu_loads(problem.loads, edited, slots).max(axis=1)
+    level = None if target_lb is None else target_lb * problem.loads.sum(axis=1) / slots.size * (1 + 1e-12)
+    if level is not None and not (edited_max > level).any():
+        return edited, []  # every layer reached its target: no fresh solve needed
     fresh = solve_greedy(problem.loads, slots, num_groups=problem.num_groups, gpus_per_node=problem.gpus_per_node)
-    worse = (gpu_loads(problem.loads, edited, slots).max(axis=1)
-             > FRESH_LB_TOLERANCE * gpu_loads(problem.loads, fresh, slots).max(axis=1))  # fmt: skip
-    if short is not None:
-        worse &= short
+    fresh_max = gpu_loads(problem.loads, fresh, slots).max(axis=1)
+    worse = edited_max > FRESH_LB_TOLERANCE * fresh_max
+    if level is not None:
+        worse = (edited_max > level) & (worse | (fresh_max <= level))
     if not worse.any():
         return edited, []
     nodes = problem.gpus_per_node if problem.hierarchical else None

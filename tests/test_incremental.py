@@ -299,8 +299,23 @@ def test_a_target_without_a_budget_takes_fresh_greedy_where_edits_stop_short_of_
     assert main(["solve", "--loads", DECODE, *hier, "--current", str(tmp_path / "h.json"), "--target-lb", "1.01"]) == 0
     note = capsys.readouterr().out.splitlines()[-1]
     assert note == ("target lb 1.01: reached on 0 of 58 layers (58 layers: fresh greedy does not get there either); "
-                    "where edits stopped short and fresh greedy was more than 1% better, 58 layers took it "
-                    "(solver.fresh_layers): 0-57"), note
+                    "where edits stopped short and fresh greedy got there or was more than 1% better, 58 layers "
+                    "took it (solver.fresh_layers): 0-57"), note
+
+
+def test_a_target_is_missed_only_where_fresh_greedy_misses_it_too() -> None:
+    """A layer whose edits stop short of --target-lb takes fresh greedy when that reaches the target, even when it
+    is less than 1% better than the edits (2 of these 24 skewed layers stayed at lb ~1.011 above a 1.01 target)."""
+    rng = np.random.default_rng(3)
+    slots = np.full(32, 5, dtype=np.int64)
+    old, new = (rng.multinomial(4096 * 8, rng.dirichlet(np.full(128, 0.3), size=24)).astype(float) for _ in "ab")
+    problem = Problem(new, slots, current_phy2log=solve_greedy(old, slots))
+    edited = registry.solve("incremental", problem, Options(target_lb=1.01))
+    mean = new.sum(axis=1) / slots.size
+    short = gpu_loads(new, edited.phy2log, slots).max(axis=1) / mean > 1.01 + 1e-9
+    fresh_short = gpu_loads(new, solve_greedy(new, slots), slots).max(axis=1) / mean > 1.01 + 1e-9
+    assert not (short & ~fresh_short).any()
+    assert len(edited.info["fresh_layers"]) == 20  # reached by edits on the other 4
 
 
 @pytest.mark.parametrize(

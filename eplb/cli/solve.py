@@ -691,8 +691,9 @@ def _why_not_hierarchical(groups: int | None, gpus_per_node: int | None, num_gpu
 
 def _target_note(target_lb: float, lb: NDArray[np.float64], budget: bool, fresh_layers: list[int] | None) -> str:
     """How far --target-lb got on the layers' ``lb [L]``: how many reached it, why the others did not (a move budget
-    ran out; no edit gets there, and, when the solver looked (``fresh_layers`` not None: no budget), fresh greedy is
-    not more than 1% better or does not get there either), and which layers took fresh greedy instead of edits."""
+    ran out; no edit gets there, and, when the solver looked (``fresh_layers`` not None: no budget), fresh greedy
+    neither gets there nor is more than 1% better, or does not get there either), and which layers took fresh greedy
+    instead of edits."""
     from eplb.io.exports import ranges
     from solvers.incremental import FRESH_LB_TOLERANCE
 
@@ -705,11 +706,11 @@ def _target_note(target_lb: float, lb: NDArray[np.float64], budget: bool, fresh_
         line += " (a move budget ran out first)" if budget else " (no edit of the serving placement gets there)"
     elif short.any():
         line += " (" + "; ".join(f"{plural(n, 'layer')}: {text}" for n, text in (
-            (int((short & ~fresh).sum()), f"no edit of the serving placement gets there, and fresh greedy is not more "
-                                          f"than {margin} better"),
+            (int((short & ~fresh).sum()), f"no edit of the serving placement gets there, and fresh greedy neither "
+                                          f"gets there nor is more than {margin} better"),
             (int((short & fresh).sum()), "fresh greedy does not get there either")) if n) + ")"
     if fresh.any():
-        line += (f"; where edits stopped short and fresh greedy was more than {margin} better, "
+        line += (f"; where edits stopped short and fresh greedy got there or was more than {margin} better, "
                  f"{plural(int(fresh.sum()), 'layer')} took it (solver.fresh_layers): {ranges(fresh_layers or [])}")
     return line
 
