@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from eplb import _reach
 from eplb.errors import EplbError, FieldError
 from eplb.io.logs import coactivation as _coactivation
 from eplb.io.logs import open_log
@@ -167,17 +168,97 @@ def _replica_table(phy2log: IntArray, slots_per_gpu: IntArray, num_experts: int)
     return table, count
 
 
-def _step_positions(tokens: int, step_offsets: ArrayLike | None) -> IntArray:
-    """[tokens] each token's position in its own step, from step_offsets [steps + 1] (token offsets of the
-    steps, 0 .. tokens; None: the tokens are one step)."""
+def _offsets(tokens: int, step_offsets: ArrayLike | None) -> IntArray:
+    """step_offsets [steps + 1] (token offsets of the steps, rising from 0 to tokens) as int64, checked; None: the
+    tokens are one step, [0, tokens]."""
     if step_offsets is None:
-        return np.arange(tokens, dtype=np.int64)
+        return np.array([0, tokens], dtype=np.int64)
     offsets = np.asarray(step_offsets, dtype=np.int64)
     bad = offsets.ndim != 1 or not offsets.size or offsets[0] != 0 or offsets[-1] != tokens
     if bad or (np.diff(offsets) < 0).any():
         raise EplbError(f"step_offsets must rise from 0 to the {tokens} tokens, got {offsets.tolist()[:8]}")
+    return offsets
+
+
+def _step_positions(tokens: int, step_offsets: ArrayLike | None) -> IntArray:
+    """[tokens] each token's position in its own step, from step_offsets [steps + 1] (token offsets of the
+    steps, 0 .. tokens; None: the tokens are one step)."""
+    offsets = _offsets(tokens, step_offsets)
     out: IntArray = np.arange(tokens, dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets))
     return out
+
+
+def _routing_inputs(
+    topk_ids: ArrayLike, phy2log: ArrayLike, slots_per_gpu: ArrayLike, num_experts: int, rule: str
+) -> tuple[NDArray[np.integer[Any]], IntArray, IntArray]:
+    """(topk_ids [tokens, L, k], phy2log [L, P] int64, slots_per_gpu [G] int64), checked; topk_ids keeps int16,
+    int32 and int64 (native order), other types become int64."""
+    if rule not in RULES:
+        raise EplbError(f"unknown replica rule {rule!r}: choose one of {', '.join(RULES)}")
+    ids = np.asarray(topk_ids)
+    if ids.dtype not in (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64)):
+        ids = ids.astype(np.int64)
+    p2l = np.asarray(phy2log, dtype=np.int64)
+    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    if p2l.ndim == 1:
+        p2l = p2l[None, :]
+    if ids.ndim != 3 or p2l.ndim != 2 or ids.shape[1] != p2l.shape[0]:
+        raise EplbError(f"topk_ids must be [tokens, {p2l.shape[0]} layers, k], got shape {list(ids.shape)}")
+    if slots.ndim != 1 or (slots < 0).any() or p2l.shape[1] != int(slots.sum()):
+        raise EplbError(f"slots_per_gpu sums to {int(slots.sum())} but phy2log has {p2l.shape[1]} slots")
+    if p2l.size and int(p2l.max()) >= num_experts:
+        raise EplbError(f"phy2log holds expert {int(p2l.max())}, beyond the {num_experts} experts")
+    return ids, p2l, slots
+
+
+def _replica_tables(p2l: IntArray, slots: IntArray, num_experts: int) -> tuple[IntArray, IntArray]:
+    """(table [L, E, R] GPU of each replica in slot order, -1 padded; count [L, E]) of every layer."""
+    per_layer = [_replica_table(row, slots, num_experts) for row in p2l]
+    width = max((t.shape[1] for t, _ in per_layer), default=1)
+    table = np.full((p2l.shape[0], num_experts, width), -1, dtype=np.int64)
+    count = np.zeros((p2l.shape[0], num_experts), dtype=np.int64)
+    for layer, (t, c) in enumerate(per_layer):
+        table[layer, :, : t.shape[1]] = t
+        count[layer] = c
+    return table, count
+
+
+_MODES = {"reach": 0, "copies": 1, "gpus": 2}
+
+
+def _route(
+    ids: NDArray[np.integer[Any]], offsets: IntArray, p2l: IntArray, slots: IntArray, num_experts: int, rule: str,
+    per_node: int, nodes: int, mode: str,
+) -> IntArray:
+    """The compiled loop (eplb/_reach.c) over checked inputs (`_routing_inputs`, `_offsets`): mode "reach"
+    [steps, L, G + nodes] tokens of each step reaching each GPU, then each node; "copies" [L, 4] summed distinct
+    GPUs, GPUs with the source GPU, nodes, nodes with the source's; "gpus" [tokens, L, k] each pick's GPU."""
+    tokens, layers, k = ids.shape
+    num_gpus, steps = slots.size, offsets.size - 1
+    shape = {"reach": (steps, layers, num_gpus + nodes), "copies": (layers, 4), "gpus": (tokens, layers, k)}[mode]
+    out = np.zeros(shape, dtype=np.int64)
+    if out.size == 0 or tokens == 0:
+        return out
+    table, count = _replica_tables(p2l, slots, num_experts)
+    done = _reach.route(np.ascontiguousarray(ids), tokens, layers, k, np.ascontiguousarray(offsets), steps, table,
+                        count, num_experts, table.shape[2], RULES.index(rule), num_gpus, per_node, nodes,
+                        _MODES[mode], out)  # fmt: skip
+    if done is None:
+        _refuse_picks(ids, count, num_experts)
+    return out
+
+
+def _refuse_picks(ids: NDArray[np.integer[Any]], count: IntArray, num_experts: int) -> None:
+    """EplbError naming the first pick (layer by layer) of an expert outside 0 .. E - 1 or without a slot."""
+    for layer in range(ids.shape[1]):
+        e = ids[:, layer, :].astype(np.int64)
+        outside = (e < 0) | (e >= num_experts)
+        if outside.any():
+            raise EplbError(f"layer {layer}: expert id {int(e[outside][0])} is outside 0..{num_experts - 1}")
+        empty = count[layer][e] == 0
+        if empty.any():
+            raise EplbError(f"layer {layer}: expert {int(e[empty][0])} is routed to but has no slot in phy2log")
+    raise EplbError("topk_ids could not be routed")  # unreachable: the kernel refuses only those picks
 
 
 def replica_gpus(
@@ -191,27 +272,25 @@ def replica_gpus(
     """GPU each pick is served on: [tokens, layers, k] from topk_ids [tokens, layers, k], phy2log [L, P]
     (one placement per layer) and slots_per_gpu [G], with replica-selection `rule` (module docstring);
     step_offsets: [steps + 1] token offsets of the steps in topk_ids (None: one step)."""
-    ids = np.asarray(topk_ids)
-    position = None if step_offsets is None else _step_positions(ids.shape[0] if ids.ndim else 0, step_offsets)
-    return _replica_gpus(ids, phy2log, slots_per_gpu, num_experts, rule, position)
+    ids, p2l, slots = _routing_inputs(topk_ids, phy2log, slots_per_gpu, num_experts, rule)
+    offsets = _offsets(ids.shape[0], step_offsets)
+    if ids.shape[2] > MAX_PICKS:
+        return _replica_gpus(ids, p2l, slots, num_experts, rule, _step_positions(ids.shape[0], offsets))
+    return _route(ids, offsets, p2l, slots, num_experts, rule, slots.size, 0, "gpus")
+
+
+MAX_PICKS = 64
+"""Most picks per token (k) the compiled loop routes (eplb/_reach.c's MAX_K); more take the numpy reference."""
 
 
 def _replica_gpus(
     topk_ids: ArrayLike, phy2log: ArrayLike, slots_per_gpu: ArrayLike, num_experts: int, rule: str,
     position: IntArray | None,
 ) -> IntArray:
-    """`replica_gpus` with position [tokens]: each token's position in its step (None: its row)."""
-    if rule not in RULES:
-        raise EplbError(f"unknown replica rule {rule!r}: choose one of {', '.join(RULES)}")
-    ids = np.asarray(topk_ids).astype(np.int64)
-    p2l = np.asarray(phy2log, dtype=np.int64)
-    slots = np.asarray(slots_per_gpu, dtype=np.int64)
-    if p2l.ndim == 1:
-        p2l = p2l[None, :]
-    if ids.ndim != 3 or ids.shape[1] != p2l.shape[0]:
-        raise EplbError(f"topk_ids must be [tokens, {p2l.shape[0]} layers, k], got shape {list(ids.shape)}")
-    if p2l.shape[1] != int(slots.sum()):
-        raise EplbError(f"slots_per_gpu sums to {int(slots.sum())} but phy2log has {p2l.shape[1]} slots")
+    """`replica_gpus` in numpy, with position [tokens]: each token's position in its step (None: its row). The
+    reference the compiled loop (eplb/_reach.c) is tested and benchmarked against."""
+    ids, p2l, slots = _routing_inputs(topk_ids, phy2log, slots_per_gpu, num_experts, rule)
+    ids = ids.astype(np.int64)
     tokens, layers, k = ids.shape
     num_gpus = slots.size
     if position is None:
@@ -251,8 +330,16 @@ def _replica_gpus(
     return out
 
 
+def _node_split(num_gpus: int, gpus_per_node: int | None) -> tuple[int, int]:
+    """(GPUs per node, nodes counted apart: 0 without gpus_per_node)."""
+    per_node = gpus_per_node or num_gpus
+    if per_node < 1 or num_gpus % per_node:
+        raise EplbError(f"{num_gpus} GPUs do not split into nodes of {per_node}")
+    return per_node, (num_gpus // per_node if gpus_per_node else 0)
+
+
 STEP_REACH_PICKS = 8_000_000
-"""Picks (tokens x layers x k) routed at once by `step_reach` (bounds its memory)."""
+"""Picks (tokens x layers x k) routed at once by `_step_reach_numpy` (bounds its memory)."""
 
 
 def step_reach(
@@ -268,16 +355,34 @@ def step_reach(
     land on each GPU (the `reach` of `eplb.cost.TimeModel.gpu_terms`, from the tokens instead of a summary);
     with gpus_per_node [n, L, G + N]: then the fraction landing on each node (two links).
     topk_ids: [tokens, L, k]; step_offsets: [n + 1] token offsets of the steps (from 0; a token's position counts
-    from its step's start); phy2log: [L, P]."""
-    ids = np.asarray(topk_ids)
-    offsets = np.asarray(step_offsets, dtype=np.int64)
-    slots = np.asarray(slots_per_gpu, dtype=np.int64)
+    from its step's start); phy2log: [L, P]. One compiled pass over the tokens (eplb/_reach.c), no temporaries
+    of the tokens' size."""
+    ids, p2l, slots = _routing_inputs(topk_ids, phy2log, slots_per_gpu, num_experts, rule)
+    offsets = _offsets(ids.shape[0], step_offsets)
+    per_node, nodes = _node_split(slots.size, gpus_per_node)
+    if ids.shape[2] > MAX_PICKS:
+        return _step_reach_numpy(ids, offsets, p2l, slots, num_experts, rule, gpus_per_node)
+    reached = _route(ids, offsets, p2l, slots, num_experts, rule, per_node, nodes, "reach")
+    per_step = np.maximum(np.diff(offsets), 1).astype(np.float64)[:, None, None]
+    out: F64 = reached / per_step
+    return out
+
+
+def _step_reach_numpy(
+    topk_ids: ArrayLike,
+    step_offsets: ArrayLike,
+    phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    num_experts: int,
+    rule: str = "vllm",
+    gpus_per_node: int | None = None,
+) -> F64:
+    """`step_reach` in numpy (blocks of `STEP_REACH_PICKS` picks): the reference of the compiled loop."""
+    ids, _, slots = _routing_inputs(topk_ids, phy2log, slots_per_gpu, num_experts, rule)
+    offsets = _offsets(ids.shape[0], step_offsets)
     tokens, layers, k = ids.shape
     num_gpus = slots.size
-    per_node = gpus_per_node or num_gpus
-    if num_gpus % per_node:
-        raise EplbError(f"{num_gpus} GPUs do not split into nodes of {per_node}")
-    nodes = num_gpus // per_node if gpus_per_node else 0
+    per_node, nodes = _node_split(num_gpus, gpus_per_node)
     reached = np.zeros((offsets.size - 1, layers, num_gpus + nodes))
     step_of = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))  # [T]
     position = _step_positions(tokens, offsets)
@@ -318,7 +423,34 @@ def copies_per_token(
 
     topk_ids: [tokens, L, k]; phy2log: [L, P]; slots_per_gpu: [G]; gpus_per_node: None = one node;
     step_offsets: [steps + 1] token offsets of the steps in topk_ids (None: one step).
-    Each token's picks go to the replicas `rule` chooses; copies = distinct GPUs (nodes) among them."""
+    Each token's picks go to the replicas `rule` chooses; copies = distinct GPUs (nodes) among them. One compiled
+    pass over the tokens (eplb/_reach.c)."""
+    ids = np.asarray(topk_ids)
+    if ids.ndim != 3 or ids.shape[0] == 0:
+        raise EplbError(f"topk_ids must be a non-empty [tokens, layers, k] array, got shape {list(ids.shape)}")
+    ids, p2l, slots = _routing_inputs(ids, phy2log, slots_per_gpu, num_experts, rule)
+    offsets = _offsets(ids.shape[0], step_offsets)
+    per_node, _ = _node_split(slots.size, gpus_per_node)
+    if ids.shape[2] > MAX_PICKS:
+        return _copies_numpy(ids, p2l, slots, num_experts, gpus_per_node=gpus_per_node, rule=rule,
+                             step_offsets=offsets)  # fmt: skip
+    sums = _route(ids, offsets, p2l, slots, num_experts, rule, per_node, 0, "copies")
+    tokens = ids.shape[0]
+    return CopyStats(gpus=sums[:, 0] / tokens, remote_gpus=(sums[:, 1] - tokens) / tokens,
+                     nodes=sums[:, 2] / tokens, remote_nodes=(sums[:, 3] - tokens) / tokens)  # fmt: skip
+
+
+def _copies_numpy(
+    topk_ids: ArrayLike,
+    phy2log: ArrayLike,
+    slots_per_gpu: ArrayLike,
+    num_experts: int,
+    *,
+    gpus_per_node: int | None = None,
+    rule: str = "vllm",
+    step_offsets: ArrayLike | None = None,
+) -> CopyStats:
+    """`copies_per_token` in numpy: the reference of the compiled loop."""
     ids = np.asarray(topk_ids)
     if ids.ndim != 3 or ids.shape[0] == 0:
         raise EplbError(f"topk_ids must be a non-empty [tokens, layers, k] array, got shape {list(ids.shape)}")
@@ -326,9 +458,7 @@ def copies_per_token(
     position = _step_positions(ids.shape[0], step_offsets)
     gpus = _replica_gpus(ids, phy2log, slots, num_experts, rule, position)  # [T, L, k]
     num_gpus = slots.size
-    per_node = gpus_per_node or num_gpus
-    if num_gpus % per_node:
-        raise EplbError(f"{num_gpus} GPUs do not split into nodes of {per_node}")
+    per_node, _ = _node_split(num_gpus, gpus_per_node)
     source = (position % num_gpus)[:, None, None]
     with_src = np.concatenate([gpus, np.broadcast_to(source, (*gpus.shape[:2], 1))], axis=2)
     n_gpu = _distinct(gpus)
