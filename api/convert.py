@@ -272,7 +272,7 @@ def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
     except orjson.JSONDecodeError as exc:
         raise ProblemError(400, "Bad request", f"the 'request' query parameter is not valid JSON: {exc}") from None
     if not isinstance(fields, dict):
-        raise invalid([{"field": "request", "message": "must be a JSON object of the request's fields"}])
+        raise invalid([{"field": "query.request", "message": "must be a JSON object of the request's fields"}])
     if "loads" in fields:
         raise invalid([{"field": "loads", "message": "given in the .npy body; leave it out of 'request'"}])
     return _validate(model, orjson.dumps({**fields, "loads": []})), loads

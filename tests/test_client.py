@@ -675,7 +675,7 @@ def test_export_sends_the_layer_ids(base: str) -> None:
         with pytest.raises(ServiceError) as beyond:
             eplb.export("client-layers", "sglang", layer_ids=[24, 25, 26, 27])
         assert beyond.value.status == 422 and "beyond the model's 27 layers" in beyond.value.detail
-        assert [e["field"] for e in beyond.value.errors or []] == ["layer_ids"]
+        assert [e["field"] for e in beyond.value.errors or []] == ["query.layer_ids"]
         for bad in ([1, -2, 3, 4], [], [1.0, 2, 3, 4], [True, 2, 3, 4], 7):
             with pytest.raises(InvalidRequest, match=r"^layer_ids: "):
                 eplb.export("client-layers", "trtllm", layer_ids=bad)  # type: ignore[arg-type]

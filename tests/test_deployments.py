@@ -1040,7 +1040,7 @@ def test_exports_key_sglang_and_trtllm_by_model_layer(client: TestClient) -> Non
     for value, message in (("3-59", "57 ids for the placement's 58 layers"), ("x", "expected numbers"),
                            ("3-59,3", "appears twice")):
         bad = client.get("/deployments/v3", params={"format": "sglang", "layer_ids": value})
-        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "layer_ids", bad.text
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "query.layer_ids", bad.text
         assert message in bad.json()["detail"], bad.text
     assert client.get("/deployments/v3", params={"layer_ids": "3-60"}).status_code == 422
 
@@ -1058,7 +1058,7 @@ def test_export_layer_ids_are_bounded_by_the_placement_and_the_model(client: Tes
         for target in ("sglang", "trtllm"):
             bad = client.get("/deployments/mx", params={"format": target, "layer_ids": value[:10_000]})
             assert bad.status_code == 422, (value[:40], bad.text)
-            assert [e["field"] for e in bad.json()["errors"]] == ["layer_ids"], bad.text
+            assert [e["field"] for e in bad.json()["errors"]] == ["query.layer_ids"], bad.text
             assert message in bad.json()["detail"], bad.text
     rows = client.get("/deployments/mx", params={"format": "sglang", "layer_ids": "30,31"}).json()
     assert len(rows["physical_to_logical_map"]) == 32
@@ -1247,13 +1247,39 @@ def test_every_422_of_a_config_names_its_field_in_errors_as_post_placement_does(
 
 def test_a_bad_name_and_an_export_the_system_cannot_express_name_their_fields(client: TestClient) -> None:
     named = client.put("/deployments/-dash", json=config().model_dump(mode="json", exclude_none=True))
-    assert named.status_code == 422 and [e["field"] for e in named.json()["errors"]] == ["name"], named.text
+    assert named.status_code == 422 and [e["field"] for e in named.json()["errors"]] == ["path.name"], named.text
     uneven = {"model": MODEL, "hardware": "h100", "cluster": {"num_gpus": 8, "slots_per_gpu": [8] * 7 + [10]}}
     assert client.put("/deployments/uneven", json=uneven).status_code == 201
     assert client.post("/deployments/uneven/windows", json={"loads": window(0)}).status_code == 200
     for target in ("sglang", "trtllm", "vllm-ascend"):
         export = client.get("/deployments/uneven", params={"format": target})
-        assert export.status_code == 422 and [e["field"] for e in export.json()["errors"]] == ["format"], export.text
+        fields = [e["field"] for e in export.json()["errors"]]
+        assert export.status_code == 422 and fields == ["query.format"], export.text
+
+
+def test_path_and_query_fields_are_named_by_where_they_are(client: TestClient) -> None:
+    """The query's limit and before were named query.limit and query.before (FastAPI's own checks), its format and
+    layer_ids, and the path's name, bare (the service's checks), so format=xyz was query.format and an export the
+    system cannot express format. Every parameter is now named by where it is: path.name, query.format,
+    query.layer_ids, query.limit, query.before."""
+    body = config().model_dump(mode="json", exclude_none=True)
+    assert client.put("/deployments/fields", json=body).status_code == 201
+    assert client.post("/deployments/fields/windows", json={"loads": window(0)}).status_code == 200
+    asked = [("PUT", "/deployments/-dash", body, None, "path.name"),
+             ("GET", "/deployments/-dash", None, None, "path.name"),
+             ("DELETE", "/deployments/-dash", None, None, "path.name"),
+             ("POST", "/deployments/-dash/windows", {"loads": window(0)}, None, "path.name"),
+             ("GET", "/deployments/-dash/history", None, None, "path.name"),
+             ("POST", "/deployments/-dash/placement", {"placement": {"phy2log": [[0]], "slots_per_gpu": [1]}}, None,
+              "path.name"),
+             ("GET", "/deployments/fields", None, {"format": "xyz"}, "query.format"),
+             ("GET", "/deployments/fields", None, {"layer_ids": "3-6"}, "query.layer_ids"),
+             ("GET", "/deployments/fields", None, {"format": "sglang", "layer_ids": "0,0"}, "query.layer_ids"),
+             ("GET", "/deployments/fields/history", None, {"limit": "0"}, "query.limit"),
+             ("GET", "/deployments/fields/history", None, {"before": "0"}, "query.before")]
+    for method, path, json_body, params, field in asked:
+        r = client.request(method, path, json=json_body, params=params)
+        assert r.status_code == 422 and [e["field"] for e in r.json()["errors"]] == [field], (method, path, r.text)
 
 
 def test_a_policy_of_zero_copies_is_refused_at_put_and_a_stored_one_keeps_serving(
@@ -1398,8 +1424,8 @@ def test_messages_name_the_window_and_the_json_fields(client: TestClient) -> Non
     assert client.post("/deployments/msg/windows", json={"loads": window(0)[:1]}).status_code == 200
     twice = client.get("/deployments/msg", params={"format": "sglang", "layer_ids": "0,0"})
     assert twice.status_code == 422 and twice.json()["errors"] == [
-        {"field": "layer_ids", "message": "'0,0': layer 0 appears twice: every placement layer is a different model "
-         "layer"}], twice.text
+        {"field": "query.layer_ids", "message": "'0,0': layer 0 appears twice: every placement layer is a different "
+         "model layer"}], twice.text
     assert client.put("/deployments/coact", json={**body, "solver": "greedy-coact"}).status_code == 201
     window_answer = client.post("/deployments/coact/windows", json={"loads": window(0)})
     placed = client.post("/placement", json={**request, "loads": window(0), "solver": "greedy-coact"})

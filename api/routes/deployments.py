@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +32,7 @@ from eplb.deployments import (
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
-from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID
+from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
 from eplb.solve import Outcome, solve
 from eplb.specs import model_preset
 
@@ -74,6 +74,19 @@ PLACEMENT_DROPPED = ("the serving placement no longer fits the new config (exper
                      "was dropped: the next window places afresh")
 
 
+def _deployment_name(name: str) -> str:
+    """The path's deployment name; one no deployment can have is a 422 naming `path.name` (`eplb.rules.name_refusal`'s
+    text, the CLI's and the client's), before anything is read, as FastAPI names the query's parameters
+    (`query.limit`)."""
+    refused = name_refusal(name)
+    if refused is not None:
+        raise FieldError("path.name", DEPLOYMENT_NAME_RULE, refused)
+    return name
+
+
+DeploymentName = Annotated[str, Depends(_deployment_name)]
+
+
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a blocking `eplb.deployments` call in the database threads; NotFound becomes 404 (EplbError 422)."""
     try:
@@ -109,7 +122,8 @@ async def list_deployments(db: DbDep) -> DeploymentList:
             responses={201: {"model": DeploymentUpdate, "description": "registered"}, **documented(401, 404, 422)},
             summary="Register a deployment, or update its config (history stays; the serving placement too unless "
                     "the new shape no longer fits it: `placement_dropped` then says so)")
-async def put_deployment(name: str, body: DeploymentConfig, db: DbDep, response: Response) -> DeploymentUpdate:
+async def put_deployment(name: DeploymentName, body: DeploymentConfig, db: DbDep,
+                         response: Response) -> DeploymentUpdate:
     try:
         old: DeploymentView | None = await in_db(deployments.get, db, name)
     except NotFound:
@@ -138,15 +152,15 @@ def model_layers(config: DeploymentConfig, placement: Placement,
         return None, None
     try:
         ids = checked_layer_ids(parse_layer_ids(given, placement.num_layers, total), placement.num_layers)
-    except FieldError:
-        raise
+    except FieldError as exc:  # the library names its argument, layer_ids
+        raise _layer_ids_error(exc.message) from None
     except EplbError as exc:
         raise _layer_ids_error(str(exc).removeprefix("layer ids: ")) from None
     return ids, total
 
 
 def _layer_ids_error(message: str) -> FieldError:
-    return FieldError("layer_ids", message)
+    return FieldError("query.layer_ids", message)
 
 
 @router.get("/{name}", response_model=DeploymentView, response_model_exclude_none=True,
@@ -154,7 +168,7 @@ def _layer_ids_error(message: str) -> FieldError:
                        **documented(401, 404, 422)},
             summary="Config and current placement (or the placement exported for a serving system)")
 async def get_deployment(
-    name: str, db: DbDep,
+    name: DeploymentName, db: DbDep,
     format: Annotated[Literal["sglang", "trtllm", "vllm-ascend"] | None, Query(
         description="export the current placement for this serving system instead")] = None,
     layer_ids: Annotated[str | None, Query(max_length=10_000, description="with format sglang or trtllm: the model "
@@ -181,16 +195,16 @@ async def get_deployment(
 
 
 def _exported(export: Callable[..., dict[str, Any]], *args: Any) -> JSONResponse:
-    """The export's JSON; a placement the serving system cannot express is a 422 naming `format`."""
+    """The export's JSON; a placement the serving system cannot express is a 422 naming `query.format`."""
     try:
         return JSONResponse(export(*args))
     except EplbError as exc:
-        raise FieldError("format", str(exc)) from None
+        raise FieldError("query.format", str(exc)) from None
 
 
 @router.delete("/{name}", status_code=204, responses=documented(401, 404),
                summary="Retire a deployment and its history")
-async def delete_deployment(name: str, db: DbDep) -> Response:
+async def delete_deployment(name: DeploymentName, db: DbDep) -> Response:
     await _call(deployments.retire, db, name)
     return Response(status_code=204)
 
@@ -199,7 +213,8 @@ async def delete_deployment(name: str, db: DbDep) -> Response:
              responses=documented(401, 404, 422, 500, 503),
              summary="Send a load window: rebalance when the deployment's trigger fires, else 'kept' and why (the "
                      "last window sent again, nothing changed since: its answer again, nothing stored)")
-async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, settings: SettingsDep) -> WindowResult:
+async def post_window(name: DeploymentName, body: WindowIn, db: DbDep, pool: PoolDep,
+                      settings: SettingsDep) -> WindowResult:
     solver = _pool_solver(pool, settings, asyncio.get_running_loop())
     value = body.coactivation
     coactivation = value if value is None or isinstance(value, str) else value.model_dump()
@@ -212,7 +227,7 @@ async def post_window(name: str, body: WindowIn, db: DbDep, pool: PoolDep, setti
 @router.get("/{name}/history", response_model=HistoryPage, response_model_exclude_none=True,
             responses=documented(401, 404, 422), summary="The deployment's events, newest first, paged")
 async def get_history(
-    name: str, db: DbDep,
+    name: DeploymentName, db: DbDep,
     limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE_MAX, description="entries per page")] = 50,
     before: Annotated[int | None, Query(ge=1, le=MAX_ID,
                                         description="entries older than this id (a page's `next`)")] = None,
@@ -225,7 +240,7 @@ async def get_history(
              responses=documented(401, 404, 422),
              summary="Record the placement the cluster applied (it becomes the current placement; the one already "
                      "serving records nothing and answers the entry that made it serve)")
-async def post_applied(name: str, body: AppliedIn, db: DbDep) -> HistoryEntry:
+async def post_applied(name: DeploymentName, body: AppliedIn, db: DbDep) -> HistoryEntry:
     entry: HistoryEntry = await _call(deployments.record_applied, db, name,
                                       body.placement.model_dump(exclude_none=True))
     return entry

@@ -51,7 +51,7 @@ async def read_body(request: Request, fields: str | None) -> convert.Body:
     content_type = media_type(request)
     if is_json(content_type):
         if fields is not None:
-            raise FieldError("request", "only with an application/x-npy body")
+            raise FieldError("query.request", "only with an application/x-npy body")
         return convert.Body(await request.body(), "json", request.url.path)
     if content_type == NPY:
         return convert.Body(await request.body(), "npy", request.url.path, fields)
