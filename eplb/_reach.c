@@ -16,6 +16,9 @@
  * An expert id outside [0, E) or without a replica in its layer makes route() return None, out partly
  * written (the Python side names the pick).
  *
+ * counts() is the same pass for eplb.io.logs: each step's picks per layer and expert, checking every id is in
+ * [0, E) and named once per token and layer.
+ *
  * Buffers through the buffer protocol (solvers/_buffer.h; no numpy headers).
  */
 #define PY_SSIZE_T_CLEAN
@@ -219,8 +222,73 @@ done:
     return ret;
 }
 
+static const char counts_doc[] =
+    "counts(ids, tokens, layers, k, offsets, steps, experts, out) -> True, or None on an expert id outside "
+    "[0, experts) or named twice in one token's top-k (out partly written)\n\n"
+    "ids: C-contiguous int16, int32 or int64 [tokens, layers, k]; offsets: int64 [steps + 1] rising from 0 to "
+    "tokens; out: int64 [steps, layers, experts], each step's picks of each expert added to it. With out None "
+    "only the checks run.";
+
+static PyObject *counts(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oids, *ooff, *oout;
+    Py_ssize_t T, L, k, n, E;
+    if (!PyArg_ParseTuple(args, "OnnnOnnO", &oids, &T, &L, &k, &ooff, &n, &E, &oout)) return NULL;
+    if (T < 0 || L < 0 || k < 1 || n < 0 || E < 1) {
+        PyErr_SetString(PyExc_ValueError, "counts: bad sizes");
+        return NULL;
+    }
+    Py_buffer ids;
+    if (PyObject_GetBuffer(oids, &ids, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if ((ids.itemsize != 2 && ids.itemsize != 4 && ids.itemsize != 8) || ids.len != ids.itemsize * T * L * k) {
+        PyErr_SetString(PyExc_ValueError, "counts: ids must be [tokens, layers, k] of 2, 4 or 8 byte integers");
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    int have_out = oout != Py_None;
+    BufferSpec spec[] = {{ooff, 8, n + 1, 0, "offsets"}, {oout, 8, n * L * E, 1, "out"}};
+    Py_buffer views[2];
+    if (buffers(spec, have_out ? 2 : 1, views) < 0) {
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    const i64 *offsets = (const i64 *)views[0].buf;
+    int ok = offsets[0] == 0 && offsets[n] == T;
+    for (Py_ssize_t s = 0; ok && s < n; s++) ok = offsets[s] <= offsets[s + 1];
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "counts: offsets must rise from 0 to tokens");
+        goto done;
+    }
+    i64 *out = have_out ? (i64 *)views[1].buf : NULL;
+    const void *buf = ids.buf;
+    int isz = (int)ids.itemsize, bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (i64 s = 0; s < n && !bad; s++)
+        for (i64 t = offsets[s]; t < offsets[s + 1] && !bad; t++)
+            for (i64 l = 0; l < L && !bad; l++) {
+                const i64 base = (t * L + l) * k;
+                i64 *row = out ? out + (s * L + l) * E : NULL;
+                for (i64 j = 0; j < k; j++) {
+                    i64 e = id_at(buf, isz, base + j);
+                    if (e < 0 || e >= E) bad = 1;
+                    for (i64 i = 0; i < j; i++) bad |= id_at(buf, isz, base + i) == e;
+                    if (bad) break;
+                    if (row) row[e]++;
+                }
+            }
+    Py_END_ALLOW_THREADS;
+    ret = bad ? Py_None : Py_True;
+    Py_INCREF(ret);
+done:
+    release_buffers(views, have_out ? 2 : 1);
+    PyBuffer_Release(&ids);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"route", route, METH_VARARGS, route_doc},
+    {"counts", counts, METH_VARARGS, counts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,3 +26,6 @@ def route(
     mode: int,
     out: _I,
 ) -> bool | None: ...
+def counts(
+    ids: NDArray[Any], tokens: int, layers: int, k: int, offsets: _I, steps: int, experts: int, out: _I | None
+) -> bool | None: ...

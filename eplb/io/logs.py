@@ -637,6 +637,9 @@ class _TopkNpz(RoutingLog):
                         step = int(np.searchsorted(offsets, have, side="right")) - 1
                         raise EplbError(f"{path}: truncated: topk_ids end inside step {int(self._steps[step])}")
                     ids = np.frombuffer(raw, dtype=self._dtype).reshape(n_tok, layers, k)
+                    if _compiled_counts(ids, None, num_experts) is not None:
+                        yield i, ids  # every id in range and distinct per token and layer (eplb/_reach.c)
+                        continue
                     if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
                         t, layer, pick = (int(v) for v in np.argwhere((ids < 0) | (ids >= num_experts))[0])
                         step = int(np.searchsorted(offsets, offsets[i] + t, side="right")) - 1
@@ -717,6 +720,9 @@ def topk_counts(topk_ids: ArrayLike, step_offsets: ArrayLike, num_experts: int) 
     offsets = np.asarray(step_offsets, dtype=np.int64)
     tokens, layers, _ = ids.shape
     steps = offsets.size - 1
+    fast = _compiled_counts(ids, offsets, num_experts)
+    if fast is not None:
+        return fast
     step_of_token = np.repeat(np.arange(steps, dtype=np.int64), np.diff(offsets))
     if step_of_token.size != tokens:
         raise EplbError(f"step_offsets cover {plural(step_of_token.size, 'token')}, topk_ids has {tokens:,}")
@@ -724,6 +730,27 @@ def topk_counts(topk_ids: ArrayLike, step_offsets: ArrayLike, num_experts: int) 
     flat = (row[:, :, None] + ids.astype(np.int64)).ravel()
     counts = np.bincount(flat, minlength=steps * layers * num_experts)
     return counts.reshape(steps, layers, num_experts)
+
+
+def _compiled_counts(
+    ids: NDArray[Any], offsets: NDArray[np.int64] | None, num_experts: int
+) -> NDArray[np.int64] | None:
+    """`topk_counts` of ids [tokens, layers, k] in one compiled pass (eplb/_reach.c; offsets None: only its
+    checks, an empty [0, layers, E] array); None when the ids are not int16, int32 or int64, the offsets do not
+    rise from 0 to the tokens, or an id is outside 0..E-1 or named twice by a token in a layer (the numpy code
+    then counts, or names the pick)."""
+    from eplb import _reach
+
+    tokens, layers, k = ids.shape
+    span = np.array([0, tokens], dtype=np.int64) if offsets is None else np.ascontiguousarray(offsets)
+    if ids.dtype not in (np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.int64)) or k < 1 or span.ndim != 1:
+        return None
+    if span.size < 1 or span[0] != 0 or span[-1] != tokens or (np.diff(span) < 0).any():
+        return None
+    out = np.zeros((0 if offsets is None else span.size - 1, layers, num_experts), dtype=np.int64)
+    done = _reach.counts(np.ascontiguousarray(ids), tokens, layers, k, span, span.size - 1, num_experts,
+                         None if offsets is None else out)  # fmt: skip
+    return out if done else None
 
 
 def coactivation(topk_ids: ArrayLike, num_experts: int) -> NDArray[np.int64]:
