@@ -289,7 +289,9 @@ def _plain(value: Any) -> Any:
                 bad.path.append(f"[{i}]")
                 raise
         return items
-    raise _Bad(f"is a {kind.__name__}: JSON has numbers, strings, lists and objects")
+    name = kind.__name__
+    raise _Bad(f"is {'an' if name[:1].lower() in 'aeiou' else 'a'} {name}: JSON has numbers, strings, lists and "
+               "objects")
 
 
 def _json(value: Any, name: str) -> Any:

@@ -414,6 +414,10 @@ def test_values_json_cannot_carry_are_one_line_errors(base: str) -> None:
                                     loads=window(0)), r"^cluster\.memory_budget_bytes\[0\] is inf: "),
             (lambda: eplb.evaluate(loads=window(0), placement={"phy2log": {1, 2}}),
              r"^placement\.phy2log is a set: JSON has numbers, strings, lists and objects$"),
+            (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8}, loads=object()),
+             r"^loads is an object: JSON has numbers"),  # was 'is a object'
+            (lambda: eplb.placement(model=MODEL, cluster={"num_gpus": 8}, loads=[[1 + 2j]]),
+             r"^loads\[0\]\[0\] is a complex: JSON has numbers"),
             (lambda: eplb.put_deployment("client-nan", {"model": MODEL, "cluster": {"num_gpus": 8},
                                                          "tokens_per_gpu": float("nan")}),
              r"^config\.tokens_per_gpu is nan: "),
