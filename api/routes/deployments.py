@@ -202,7 +202,7 @@ def _exported(export: Callable[..., dict[str, Any]], *args: Any) -> JSONResponse
         raise FieldError("query.format", str(exc)) from None
 
 
-@router.delete("/{name}", status_code=204, responses=documented(401, 404),
+@router.delete("/{name}", status_code=204, responses=documented(401, 404, 422),
                summary="Retire a deployment and its history")
 async def delete_deployment(name: DeploymentName, db: DbDep) -> Response:
     await _call(deployments.retire, db, name)
