@@ -58,8 +58,8 @@ def unauthorized() -> ProblemError:
                         headers={"WWW-Authenticate": "Bearer"})
 
 
-LINKS = ("must be a string: nvlink, nic, or GB/s per GPU per direction such as \"400\"; or a link within and "
-         "one between nodes, e.g. nvlink+nic")
+LINKS = ("must be a string: nvlink, nic, pcie, or GB/s per GPU per direction such as \"400\"; or a link within "
+         "and one between nodes, e.g. nvlink+nic")
 TYPE_MESSAGES = {"link": LINKS}
 """Messages for a value of the wrong type, by the field's name, where pydantic's ('Input should be a valid
 string') does not say what the field takes."""

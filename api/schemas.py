@@ -99,7 +99,7 @@ class CostIn(BaseModel):
     )
     hardware: str | HardwareSpec = Field("b200", description="GPU preset name or a full spec object")
     link: str = Field(
-        "nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s per GPU per direction; or "
+        "nvlink", max_length=40, description="all-to-all link: nvlink, nic, pcie, or GB/s per GPU per direction; or "
         "within + between nodes, e.g. nvlink+nic (DeepEP's dispatch across nodes; needs gpus_per_node)"
     )
     tokens_per_gpu: float = Field(
@@ -156,7 +156,8 @@ class PlacementRequest(CostIn):
         None, ge=1, le=1000, description="incremental: fewest copies that bring every layer's lb to this"
     )
     stage_gib: float | None = Field(
-        None, gt=0, le=1e6, description="migration plan: bytes copied per stage, GiB (default: one stage)"
+        None, gt=0, le=1e6, description="migration plan: bytes copied per stage, GiB (default: one stage per layer "
+        "with copies)"
     )
     split: Literal["uniform", "weighted"] = Field(
         "uniform", description="weighted: replicas serve unequal shares (MILP only; needs weighted routing)"

@@ -137,7 +137,7 @@ class DeploymentConfig(BaseModel):
     )
     model: str = Field(min_length=1, max_length=200)
     hardware: str = Field("b200", min_length=1, max_length=200)
-    link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, or GB/s; or within + "
+    link: str = Field("nvlink", max_length=40, description="all-to-all link: nvlink, nic, pcie, or GB/s; or within + "
                       "between nodes, e.g. nvlink+nic (DeepEP across nodes; needs cluster.gpus_per_node)")
     tokens_per_gpu: float = Field(DEFAULT_TOKENS_PER_GPU, gt=0, le=1e9, description="tokens per GPU in one step, "
                                   "for the predicted times and the cost trigger (default 4,096, as POST /placement "

@@ -159,8 +159,8 @@ def test_a_link_that_is_no_string_says_what_links_are(base: str) -> None:
     for route, sent, method in (("/placement", BODY, "POST"), ("/deployments/messages", CONFIG, "PUT")):
         r = post_json(base, route, {**sent, "link": 400}, method)
         assert r.status_code == 422 and r.json()["errors"] == [{"field": "link", "message": (
-            'must be a string: nvlink, nic, or GB/s per GPU per direction such as "400"; or a link within and one '
-            "between nodes, e.g. nvlink+nic")}], r.text
+            'must be a string: nvlink, nic, pcie, or GB/s per GPU per direction such as "400"; or a link within and '
+            "one between nodes, e.g. nvlink+nic")}], r.text
 
 
 def test_a_nan_must_be_a_finite_number_and_one_or_per_gpu_fields_give_one_error(base: str) -> None:
