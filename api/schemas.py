@@ -159,8 +159,9 @@ class PlacementRequest(CostIn):
         None, gt=0, le=1e6, description="migration plan: bytes copied per stage, GiB (default: one stage per layer "
         "with copies)"
     )
-    split: Literal["uniform", "weighted"] = Field(
-        "uniform", description="weighted: replicas serve unequal shares (MILP only; needs weighted routing)"
+    split: Literal["uniform", "weighted"] | None = Field(
+        None, description="weighted: replicas serve unequal shares (MILP only; needs weighted routing); default "
+        "uniform (milp-weighted: weighted)"
     )
     current_placement: PlacementIn | None = Field(None, description="the placement now serving: moves are counted")
     objective: Literal["lb", "time"] = Field(

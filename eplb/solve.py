@@ -45,12 +45,19 @@ def _named(names: Mapping[str, str] | None) -> Mapping[str, str]:
     return SETTING_FLAGS if names is None else {**{k: k for k in SETTING_FLAGS}, **names}
 
 
-def solver_name(solver: str, split: str = "uniform", names: Mapping[str, str] | None = None) -> str:
-    """The registry name for a solver and share split (`milp` + weighted -> `milp-weighted`). names: what the
-    refusal of a weighted split calls the settings (default `SETTING_FLAGS`); it is a FieldError of them."""
-    if split not in ("uniform", "weighted"):
+def solver_name(solver: str, split: str | None = None, names: Mapping[str, str] | None = None) -> str:
+    """The registry name for a solver and share split (`milp` + weighted -> `milp-weighted`); split None: not given
+    (uniform, or the split a solver such as `milp-weighted` names itself). names: what the refusals of a split the
+    solver cannot give call the settings (default `SETTING_FLAGS`); they are FieldErrors of them."""
+    if split not in (None, "uniform", "weighted"):
         raise EplbError(f"split must be 'uniform' or 'weighted', got {split!r}")
-    if split == "uniform" or solver.endswith("-weighted"):  # milp-weighted names its split itself
+    weights = solver in registry.names() and registry.get_solver(solver).capabilities.shares
+    if split == "uniform" and weights:
+        n = _named(names)
+        message = (f"{n['solver']} {solver} gives replicas weighted shares, {n['split']} uniform even ones: drop "
+                   f"{n['split']} uniform, or choose {n['solver']} {solver.removesuffix('-weighted')}")
+        raise FieldError((n["solver"], n["split"]), message, message)
+    if split != "weighted" or weights:
         return solver
     weighted = f"{solver}-weighted"
     if weighted not in registry.names():
@@ -60,7 +67,7 @@ def solver_name(solver: str, split: str = "uniform", names: Mapping[str, str] | 
     return weighted
 
 
-def check_uniform_shares(name: str, objective: str, split: str = "uniform",
+def check_uniform_shares(name: str, objective: str, split: str | None = None,
                          names: Mapping[str, str] | None = None) -> None:
     """The time objective places uniform shares: a FieldError for solver `name` when it weights them, asked for
     with `split` weighted or named itself (`milp-weighted`). names: what the message calls the settings (default
@@ -357,7 +364,7 @@ def solve(
     cost: CostSetup | None = None,
     current: Placement | None = None,
     options: Options | None = None,
-    split: str = "uniform",
+    split: str | None = None,
     scenarios: NDArray[np.float64] | None = None,
     stage_bytes: float | None = None,
     objective: str = "lb",

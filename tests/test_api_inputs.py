@@ -342,6 +342,10 @@ def test_a_weighted_split_the_request_cannot_have_names_the_json_fields(base: st
         ({"solver": "milp-weighted", "objective": "time"}, ["solver", "objective"], named_weighted),
         ({"solver": "greedy", "split": "weighted"}, ["solver", "split"],
          "the greedy solver gives uniform shares only; use solver milp for split weighted"),
+        # a uniform split with the weighted MILP wrote weighted shares (the split defaulted to uniform unseen)
+        ({"solver": "milp-weighted", "split": "uniform"}, ["solver", "split"],
+         "solver milp-weighted gives replicas weighted shares, split uniform even ones: drop split uniform, or "
+         "choose solver milp"),
     ]
     for over, fields, message in cases:
         for run_async in (False, True):

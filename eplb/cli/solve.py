@@ -485,10 +485,7 @@ def _check_options(args: argparse.Namespace, options: Options) -> None:
     budget = [OPTION_FLAGS[o] for o in registry.BUDGET_OPTIONS if o in given]
     if budget and not args.current:
         raise EplbError(f"{', '.join(budget)}: a move budget edits the serving placement: give it with --current FILE")
-    name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split or "uniform")
-    if args.split == "uniform" and registry.get_solver(name).capabilities.shares:
-        raise EplbError(f"--solver {name} gives replicas weighted shares, --split uniform even ones: drop --split "
-                        f"uniform, or choose --solver {name.removesuffix('-weighted')}")
+    name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split)
     takes = registry.get_solver(name).options
     refused = [OPTION_FLAGS[o] for o in ("time_limit_s", "total_time_limit_s") if o in given and o not in takes]
     if refused:
@@ -566,7 +563,7 @@ def run_solve(args: argparse.Namespace) -> int:
             cost=cost_setup(args, model),
             current=current,
             options=options,
-            split=args.split or "uniform",
+            split=args.split,
             stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
             objective=args.objective,
             coactivation=coactivation_for(args, window),
