@@ -9,6 +9,8 @@ loop over layers (replicate, then heaviest-first into the least-loaded GPU with 
 Quality: lb (max GPU load / mean) per layer on every shipped real window (the embedded DeepSeek-V3 window and
 fixtures/sglang6017-*.json), median and range, for ours, the previous numpy greedy and DeepSeek's algorithm,
 with the number of layers where ours is worse than DeepSeek's.
+Count search: on a Mixtral-shaped window (8 experts, few slots), greedy with and without its replica-count search
+next to the MILP's optimum.
 """
 
 from __future__ import annotations
@@ -73,6 +75,79 @@ def skewed(layers: int, experts: int, seed: int) -> NDArray[np.float64]:
     rng = np.random.default_rng(seed)
     loads = rng.lognormal(0.0, 1.0, (layers, experts))
     return np.asarray(np.round(loads / loads.mean(axis=1, keepdims=True) * 1000), dtype=np.float64)
+
+
+def topk_window(layers: int, experts: int, top_k: int, tokens: int, seed: int) -> NDArray[np.float64]:
+    """Token counts [layers, experts] of a window where each of `tokens` tokens picks top_k distinct experts
+    (Gumbel top-k on a per-layer Pareto(1) popularity, seeded): the Mixtral-shaped windows of the count search."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((layers, experts))
+    for layer in range(layers):
+        logp = np.log(rng.pareto(1.0, experts) + 0.05)
+        top = np.argpartition(-(logp[None, :] + rng.gumbel(size=(tokens, experts))), top_k, axis=1)[:, :top_k]
+        out[layer] = np.bincount(top.ravel(), minlength=experts)
+    return out
+
+
+def count_search_rows(results: list[dict[str, Any]], repeats: int) -> None:
+    """Mixtral-shaped windows (32 layers x 8 experts, top-2, 8192 tokens, seed 1): greedy with and without the
+    replica-count search (`solvers.greedy.search_counts`) against the MILP's optimum (CP-SAT, 2 s per layer, one
+    thread: the status says which layers it proved), lb mean and max, and greedy's median ms per window (the two
+    run in turn, round after round)."""
+    import solvers.greedy as greedy_module
+    from solvers.milp import solve_milp
+
+    def without_search(loads: NDArray[np.float64], slots: NDArray[np.int64]) -> NDArray[np.int64]:
+        saved = greedy_module.COUNT_SEARCH_SLOTS
+        greedy_module.COUNT_SEARCH_SLOTS = 0
+        try:
+            return solve_greedy(loads, slots)
+        finally:
+            greedy_module.COUNT_SEARCH_SLOTS = saved
+
+    loads = topk_window(32, 8, 2, 8192, 1)
+    print("\ncount search: Mixtral-shaped window (32 x 8, top-2), lb mean / max; greedy median ms of the window")
+    print(f"{'EP x slots':<12}{'greedy':>18}{'no count search':>18}{'MILP':>18}{'proven':>9}{'ms':>8}"
+          f"{'ms, no search':>15}")
+    for gpus, per_gpu in ((4, 3), (8, 2), (16, 1)):
+        slots = np.full(gpus, per_gpu)
+        times = interleaved({"on": partial(solve_greedy, loads, slots), "off": partial(without_search, loads, slots)},
+                            {"on": repeats, "off": repeats})  # fmt: skip
+        ours = lb_of(loads, solve_greedy(loads, slots), slots)
+        rule = lb_of(loads, without_search(loads, slots), slots)
+        milp = solve_milp(loads, slots, time_limit_s=2.0, threads=1)
+        best = lb_of(loads, milp.phy2log, slots)
+        proven = sum(status == "optimal" for status in milp.status)
+        on, off = statistics.median(times["on"]), statistics.median(times["off"])
+        cells = [f"{c.mean():.4f} / {c.max():.4f}" for c in (ours, rule, best)]
+        print(f"{f'{gpus} x {per_gpu}':<12}{cells[0]:>18}{cells[1]:>18}{cells[2]:>18}{f'{proven}/32':>9}{on:>8.2f}"
+              f"{off:>15.2f}")
+        results.append({"case": "count search mixtral-shaped 32x8 top-2", "gpus": gpus, "slots_per_gpu": per_gpu,
+                        "lb_greedy": [float(ours.mean()), float(ours.max())],
+                        "lb_no_count_search": [float(rule.mean()), float(rule.max())],
+                        "lb_milp": [float(best.mean()), float(best.max())], "milp_proven": proven,
+                        "median_ms": round(on, 3), "median_ms_no_count_search": round(off, 3)})
+    print("\ncount search: random small layers (24 per shape, Pareto(1) loads + 1, seed 2026) on the layers the MILP"
+          " proves optimal: layers at the optimum, busiest GPU over the optimum mean / max")
+    print(f"{'shape':<16}{'proven':>8}{'greedy at opt':>15}{'ratio':>18}{'no search at opt':>18}{'ratio':>18}")
+    rng = np.random.default_rng(2026)
+    for experts, gpus, per_gpu in ((8, 4, 3), (8, 8, 2), (12, 8, 2)):
+        small = rng.pareto(1.0, (24, experts)) * 100 + 1
+        slots = np.full(gpus, per_gpu)
+        milp = solve_milp(small, slots, time_limit_s=2.0, threads=1)
+        proved = np.array([status == "optimal" for status in milp.status])
+        optimum = np.asarray(milp.objective)[proved]
+        row: dict[str, Any] = {"case": "count search random small layers", "experts": experts, "gpus": gpus,
+                               "slots_per_gpu": per_gpu, "milp_proven": int(proved.sum())}
+        cells = []
+        for key, phy2log in (("greedy", solve_greedy(small, slots)), ("no_count_search", without_search(small, slots))):
+            ratio = lb_of(small, phy2log, slots)[proved] * small[proved].sum(axis=1) / gpus / optimum
+            at = int(np.sum(ratio <= 1 + 1e-9))
+            cells += [f"{at}", f"{ratio.mean():.4f} / {ratio.max():.4f}"]
+            row[f"at_optimum_{key}"], row[f"ratio_{key}"] = at, [float(ratio.mean()), float(ratio.max())]
+        print(f"{f'{experts} on {gpus} x {per_gpu}':<16}{int(proved.sum()):>8}{cells[0]:>15}{cells[1]:>18}"
+              f"{cells[2]:>18}{cells[3]:>18}")
+        results.append(row)
 
 
 def previous_greedy() -> ModuleType | None:
@@ -188,6 +263,7 @@ def main() -> None:
             results.append({"window": name, "gpus": gpus, "slots": gpus * per_gpu, "worse_than_deepseek": worse,
                             **{f"lb_{k}": None if c is None else [float(np.median(c)), float(c.min()), float(c.max())]
                                for k, c in zip(("ours", "previous", "deepseek"), cells, strict=True)}})
+    count_search_rows(results, args.repeats)
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
     (ROOT / "benchmarks" / "results" / "greedy.json").write_text(json.dumps(results, indent=1) + "\n")
 

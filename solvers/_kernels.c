@@ -1095,6 +1095,123 @@ static PyObject *py_refine(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(total);
 }
 
+/* ---------- search: the replica counts of small layers, packed and refined again (solve_greedy) ---------- */
+
+/* The GPU loads of one row (replica weights w [P]) into out [gpus], busiest first. */
+static void sorted_loads(const double *w, const i64 *count, i64 gpus, double *out) {
+    for (i64 g = 0, s = 0; g < gpus; g++) {
+        double sum = 0.0;
+        for (i64 i = 0; i < count[g]; i++, s++) sum += w[s];
+        i64 j = g;
+        for (; j > 0 && out[j - 1] < sum; j--) out[j] = out[j - 1];
+        out[j] = sum;
+    }
+}
+
+/* 1 when GPU loads a [gpus] (busiest first) are lower than b's: the first load that differs beyond rounding
+ * (tol) is lower in a. */
+static int loads_lower(const double *a, const double *b, i64 gpus, double tol) {
+    for (i64 g = 0; g < gpus; g++) {
+        if (a[g] < b[g] - tol) return 1;
+        if (a[g] > b[g] + tol) return 0;
+    }
+    return 0;
+}
+
+/* Work of search_counts: the row's counts cnt [E] and GPU loads now [gpus] (busiest first), the best move of a
+ * round (top [gpus], best [P]), and buffers for packing and refining a candidate. */
+typedef struct {
+    const double *l;
+    const i64 *count;
+    i64 num_log, gpus, width, most, max_rounds;
+    i64 *cnt, *cnt2, *cand, *best;
+    double *w, *now, *next, *top, tol;
+    Pair *items, *tmp;
+    double *load, *key_of_bin;
+    i64 *used, *tree, *prev, *first_slot;
+    RefineWork *k;
+    int found;
+    i64 packed, budget; /* candidates packed in this row, and the most it may pack */
+} Search;
+
+/* Pack and refine the counts cnt2 (as solve_greedy does); when the result has no duplicate and its GPU loads,
+ * busiest first, are lower than the round's best (top) beyond rounding, it becomes the best. Moves whose heaviest
+ * replica alone exceeds the best's busiest GPU are not packed (no GPU can carry less than a replica). */
+static void search_try(Search *q) {
+    double largest = 0.0;
+    for (i64 e = 0; e < q->num_log; e++) {
+        double r = q->cnt2[e] > 0 ? q->l[e] / (double)q->cnt2[e] : 0.0;
+        largest = r > largest ? r : largest;
+    }
+    if (largest > q->top[0] + q->tol || q->packed >= q->budget) return;
+    q->packed++;
+    if (pack_row(q->l, q->num_log, q->count, q->gpus, q->cand, q->cnt2, q->items, q->tmp, q->load, q->used, q->tree,
+                 q->key_of_bin, q->prev, q->first_slot))
+        return; /* a duplicate: the row had none */
+    for (i64 s = 0; s < q->width; s++) q->w[s] = q->l[q->cand[s]] / (double)q->cnt2[q->cand[s]];
+    if (q->max_rounds > 0)
+        refine_layer(q->cand, q->w, q->first_slot, q->count, q->gpus, q->most, q->num_log, q->max_rounds, q->k);
+    sorted_loads(q->w, q->count, q->gpus, q->next);
+    if (!loads_lower(q->next, q->top, q->gpus, q->tol)) return;
+    memcpy(q->top, q->next, sizeof(double) * (size_t)q->gpus);
+    memcpy(q->best, q->cand, sizeof(i64) * (size_t)q->width);
+    memcpy(q->cnt + q->num_log, q->cnt2, sizeof(i64) * (size_t)q->num_log); /* the best's counts, after cnt */
+    q->found = 1;
+}
+
+/* Replica-count search, one row placed and refined without a duplicate: o [P] its slots, cnt [2E] its counts in
+ * the first E (in/out; experts with no replica in the row stay out), w [P] its replica weights (in, then work).
+ * The largest-load-per-replica rule picks counts no packing balances when slots are few (loads 10, 9, 1 on 2 GPUs
+ * x 2 slots: counts 2, 1, 1 leave 14; 1, 1, 2 reach 10.5). Each round every move of n replicas from an expert with
+ * more than n to another expert (up to max_replicas, 0: no cap) is packed (pack_row) and refined (refine_layer)
+ * again (search_try); when none is lower and the row has at most pair_experts experts, every pair of one-replica
+ * moves is (one move at a time got stuck where the optimum moves two replicas of two experts, or replicates a
+ * small expert 3 or 4 times as filler). The move leaving the lowest GPU loads, busiest first and compared in turn,
+ * is kept when they are lower beyond rounding, until none is, after max_search moves or once q->budget candidates
+ * are packed (the best of the round so far is kept): the busiest GPU never rises. Returns the moves kept. */
+static i64 search_counts(Search *q, i64 *o, i64 max_replicas, i64 max_search, i64 pair_experts) {
+    i64 E = q->num_log, moves = 0, *cnt = q->cnt, *cnt2 = q->cnt2;
+    sorted_loads(q->w, q->count, q->gpus, q->now);
+    q->packed = 0;
+    for (; moves < max_search && q->packed < q->budget; moves++) {
+        q->tol = q->now[0] * 1e-12;
+        q->found = 0;
+        memcpy(q->top, q->now, sizeof(double) * (size_t)q->gpus);
+        for (i64 src = 0; src < E; src++)
+            for (i64 dst = 0; dst < E; dst++)
+                for (i64 n = 1; n < cnt[src] && dst != src && cnt[dst] > 0; n++) { /* n replicas from src to dst */
+                    if (max_replicas > 0 && cnt[dst] + n > max_replicas) break;
+                    memcpy(cnt2, cnt, sizeof(i64) * (size_t)E);
+                    cnt2[src] -= n;
+                    cnt2[dst] += n;
+                    search_try(q);
+                }
+        if (!q->found && E <= pair_experts) /* pairs of one-replica moves (a, b) <= (c, d) in move order */
+            for (i64 a = 0; a < E; a++)
+                for (i64 b = 0; b < E; b++) {
+                    if (a == b || cnt[a] < 2 || cnt[b] < 1) continue;
+                    for (i64 c = a; c < E; c++)
+                        for (i64 d = c == a ? b + 1 : 0; d < E; d++) {
+                            if (c == d || cnt[d] < 1) continue;
+                            memcpy(cnt2, cnt, sizeof(i64) * (size_t)E);
+                            cnt2[a]--;
+                            cnt2[b]++;
+                            cnt2[c]--;
+                            cnt2[d]++;
+                            int fits = 1;
+                            for (i64 e = 0; e < E; e++)
+                                fits &= cnt2[e] >= (cnt[e] > 0) && (max_replicas <= 0 || cnt2[e] <= max_replicas);
+                            if (fits) search_try(q);
+                        }
+                }
+        if (!q->found) break;
+        memcpy(cnt, cnt + E, sizeof(i64) * (size_t)E);
+        memcpy(o, q->best, sizeof(i64) * (size_t)q->width);
+        memcpy(q->now, q->top, sizeof(double) * (size_t)q->gpus);
+    }
+    return moves;
+}
+
 /* ---------- greedy: place, then refine, each row in one pass (the global policy of solve_greedy) ---------- */
 
 static PyObject *py_greedy(PyObject *self, PyObject *args) {
@@ -1182,6 +1299,107 @@ e2:
 e1:
     PyBuffer_Release(&bc);
     return NULL;
+}
+
+/* search: search_counts on every row of expert [rows, P] (in/out; loads [rows, E]) that holds no two replicas of
+ * one expert on one GPU; the rows are placed and refined already (the caller keeps rows with more slots than the
+ * search is meant for out). Returns the moves kept. */
+static PyObject *py_search(PyObject *self, PyObject *args) {
+    PyObject *o_expert, *o_loads, *o_slots;
+    Py_ssize_t rows, width, num_log, gpus, max_replicas, max_rounds, max_search, pair_experts, budget;
+    if (!PyArg_ParseTuple(args, "OOnnnOnnnnnn", &o_expert, &o_loads, &rows, &width, &num_log, &o_slots, &gpus,
+                          &max_replicas, &max_rounds, &max_search, &pair_experts, &budget))
+        return NULL;
+    Py_buffer be, bl, bc;
+    if (get_buf(o_slots, &bc, 8, gpus, 0, "slots_per_gpu") < 0) return NULL;
+    const i64 *count = bc.buf;
+    i64 total_slots = 0, most = 1;
+    for (i64 g = 0; g < gpus; g++) {
+        total_slots += count[g];
+        most = count[g] > most ? count[g] : most;
+    }
+    if (gpus < 1 || total_slots != width) {
+        PyErr_Format(PyExc_ValueError, "search: %lld slots on the GPUs, rows of %zd", (long long)total_slots, width);
+        PyBuffer_Release(&bc);
+        return NULL;
+    }
+    if (get_buf(o_expert, &be, 8, rows * width, 1, "expert") < 0) {
+        PyBuffer_Release(&bc);
+        return NULL;
+    }
+    if (get_buf(o_loads, &bl, 8, rows * num_log, 0, "loads") < 0) {
+        PyBuffer_Release(&be);
+        PyBuffer_Release(&bc);
+        return NULL;
+    }
+    i64 *expert = be.buf;
+    const double *loads = bl.buf;
+    for (i64 s = 0; s < rows * width; s++)
+        if (expert[s] < 0 || expert[s] >= num_log) {
+            PyErr_Format(PyExc_ValueError, "search: expert id %lld out of range [0, %zd)", (long long)expert[s],
+                         num_log);
+            PyBuffer_Release(&bl);
+            PyBuffer_Release(&be);
+            PyBuffer_Release(&bc);
+            return NULL;
+        }
+    i64 leaves = 1;
+    while (leaves < gpus) leaves *= 2;
+    i64 *cnt = calloc(2 * num_log + 1, sizeof(i64)), *cnt2 = malloc(sizeof(i64) * (num_log + 1));
+    i64 *cand = malloc(sizeof(i64) * (width + 1)), *best = malloc(sizeof(i64) * (width + 1));
+    double *w = malloc(sizeof(double) * (width + 1)), *now = malloc(sizeof(double) * 3 * (gpus + 1));
+    Pair *items = malloc(sizeof(Pair) * (num_log + 1)), *tmp = malloc(sizeof(Pair) * (num_log + 1));
+    double *load = malloc(sizeof(double) * (gpus + 1)), *key_of_bin = malloc(sizeof(double) * (gpus + 1));
+    i64 *used = malloc(sizeof(i64) * (gpus + 1)), *tree = malloc(sizeof(i64) * 2 * leaves);
+    i64 *prev = malloc(sizeof(i64) * (width + 1)), *first_slot = malloc(sizeof(i64) * (gpus + 1));
+    unsigned char *seen = calloc((size_t)num_log + 1, 1);
+    RefineWork k;
+    int ok = refine_alloc(&k, gpus, most, num_log) && cnt && cnt2 && cand && best && w && now && items && tmp &&
+             load && key_of_bin && used && tree && prev && first_slot && seen;
+    i64 total = 0;
+    Search q = {NULL, count, num_log, gpus, width, most, max_rounds, cnt, cnt2, cand, best, w, now, now + gpus + 1,
+                now + 2 * (gpus + 1), 0.0, items, tmp, load, key_of_bin, used, tree, prev, first_slot, &k, 0, 0,
+                budget};
+    if (ok && gpus >= 2 && max_search > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t row = 0; row < rows; row++) {
+            i64 *o = expert + row * width;
+            const double *l = loads + row * num_log;
+            int duplicate = 0;
+            for (i64 g = 0, s = 0; g < gpus; g++) {
+                for (i64 i = 0; i < count[g]; i++) duplicate |= seen[o[s + i]]++ > 0;
+                for (i64 i = 0; i < count[g]; i++, s++) seen[o[s]] = 0;
+            }
+            if (duplicate) continue; /* the search keeps rows free of duplicates; these have one already */
+            for (i64 e = 0; e < num_log; e++) cnt[e] = 0;
+            for (i64 s = 0; s < width; s++) cnt[o[s]]++;
+            for (i64 s = 0; s < width; s++) w[s] = l[o[s]] / (double)cnt[o[s]];
+            q.l = l;
+            total += search_counts(&q, o, max_replicas, max_search, pair_experts);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    refine_free(&k);
+    free(cnt);
+    free(cnt2);
+    free(cand);
+    free(best);
+    free(w);
+    free(now);
+    free(items);
+    free(tmp);
+    free(load);
+    free(key_of_bin);
+    free(used);
+    free(tree);
+    free(prev);
+    free(first_slot);
+    free(seen);
+    PyBuffer_Release(&bl);
+    PyBuffer_Release(&be);
+    PyBuffer_Release(&bc);
+    if (!ok) return PyErr_NoMemory();
+    return PyLong_FromLongLong(total);
 }
 
 /* ---------- log2phy: the physical slots of each logical expert, by replica rank ---------- */
@@ -1286,6 +1504,9 @@ static PyMethodDef methods[] = {
     {"greedy", py_greedy, METH_VARARGS,
      "greedy(loads, rows, E, slots_per_gpu, gpus, max_replicas, max_rounds, out, stuck) -> swaps made: place "
      "and refine each row (rows marked stuck are placed, not refined)"},
+    {"search", py_search, METH_VARARGS,
+     "search(expert, loads, rows, num_physical, E, slots_per_gpu, gpus, max_replicas, max_rounds, max_search, "
+     "pair_experts, budget) -> moves kept: the replica-count search on each placed, refined row without a duplicate"},
     {"refine", py_refine, METH_VARARGS,
      "refine(expert, loads, rows, num_physical, num_experts, slots_per_gpu, gpus, max_rounds) -> swaps made"},
     {NULL, NULL, 0, NULL},

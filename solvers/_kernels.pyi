@@ -67,5 +67,19 @@ def greedy(
     out: _I,
     stuck: NDArray[np.bool_],
 ) -> int: ...
+def search(
+    expert: _I,
+    loads: _F,
+    rows: int,
+    num_physical: int,
+    num_experts: int,
+    slots_per_gpu: _I,
+    gpus: int,
+    max_replicas: int,
+    max_rounds: int,
+    max_search: int,
+    pair_experts: int,
+    budget: int,
+) -> int: ...
 def log2phy(phy2log: _I, rank: _I, rows: int, n_phy: int, n_log: int, maxcnt: int, out: _I) -> None: ...
 def take(src: _F | _I, idx: _I, rows: int, n_src: int, n_idx: int, inverse: bool, out: _F | _I) -> None: ...

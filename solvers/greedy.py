@@ -246,6 +246,41 @@ def refine_swaps(
     return expert
 
 
+COUNT_SEARCH_SLOTS = 64
+"""Layers (nodes, for the hierarchical policy) with at most this many slots get `search_counts`."""
+COUNT_SEARCH_MOVES = 32
+"""The most moves `search_counts` keeps per layer."""
+COUNT_SEARCH_PAIR_EXPERTS = 8
+"""Layers (nodes) with at most this many experts also try pairs of one-replica moves in `search_counts`."""
+COUNT_SEARCH_BUDGET = 512
+"""The most candidate counts `search_counts` packs per layer: it bounds the time of layers with many experts
+(docs/solvers.md, "Replica-count search")."""
+"""Layers (nodes) with at most this many experts also try pairs of one-replica moves in `search_counts`."""
+
+
+def search_counts(
+    loads: FloatArray, phy2log: IntArray, slots_per_gpu: IntArray, max_replicas: int | None, rounds: int
+) -> IntArray:
+    """phy2log [layers, P] (placed and refined) after searching the replica counts of each layer with at most
+    COUNT_SEARCH_SLOTS slots and no duplicate: the largest-load-per-replica rule picks counts that no packing
+    balances when slots are few (loads 10, 9, 1 on 2 GPUs x 2 slots: 2, 1, 1 replicas leave 14 on a GPU; 1, 1, 2
+    reach 10.5, the optimum). Each round every move of n replicas from an expert with more than n to another (at
+    most max_replicas each, None: no cap) is packed as `solve_greedy` packs and refined (`refine_swaps`, rounds;
+    0 turns the search off), skipping packings with a duplicate; when none helps and the layer has at most
+    COUNT_SEARCH_PAIR_EXPERTS experts, every pair of one-replica moves. The move whose GPU loads, busiest first,
+    are lowest is kept while they drop (at most COUNT_SEARCH_MOVES moves, COUNT_SEARCH_BUDGET packings), so the
+    busiest GPU never rises. Compiled (`_kernels.search`). loads: [layers, E] (every expert with a replica in the
+    row: a node's own experts for the hierarchical policy); slots_per_gpu: [G]. Returns a new array, or phy2log
+    itself when no layer is searched (more slots than COUNT_SEARCH_SLOTS, rounds 0, one GPU)."""
+    if phy2log.shape[1] > COUNT_SEARCH_SLOTS or rounds <= 0 or np.size(slots_per_gpu) < 2:
+        return phy2log  # no layer to search: the placements as they are
+    slots = np.ascontiguousarray(slots_per_gpu, dtype=np.int64)
+    out = np.array(phy2log, dtype=np.int64, order="C")
+    _kernels.search(out, _f64(loads), out.shape[0], out.shape[1], loads.shape[1], slots, slots.size, max_replicas or 0,
+                    rounds, COUNT_SEARCH_MOVES, COUNT_SEARCH_PAIR_EXPERTS, COUNT_SEARCH_BUDGET)  # fmt: skip
+    return out
+
+
 def _replica_counts(phy2log: IntArray, num_experts: int) -> IntArray:
     """Replicas of each expert per row: [rows, E]."""
     rows = phy2log.shape[0]
@@ -403,7 +438,9 @@ def solve_greedy(
     max_replicas caps the GPUs that hold one expert (default: the GPU count, or GPUs per node; the duplicates a
     GPU with more slots than experts parks on one expert it holds occupy no more GPUs);
     refine_rounds bounds the swaps per layer of the refinement (`refine_swaps`, which stops by itself when
-    the busiest GPU cannot improve; 0 turns it off).
+    the busiest GPU cannot improve; 0 turns it off, and the count search with it).
+    Layers (nodes) of at most COUNT_SEARCH_SLOTS slots then search their replica counts (`search_counts`): on few
+    slots the largest-load-per-replica counts can leave a GPU far above what other counts reach.
     No GPU holds two replicas of one expert unless it has more slots than there are experts (node experts for the
     hierarchical policy): a layer whose packing gets stuck with replica counts that force a duplicate elsewhere
     (uneven slots) is replicated again under the Gale-Ryser condition in the compiled loop (`_kernels.c`,
@@ -438,6 +475,7 @@ def solve_greedy(
             rows = np.flatnonzero(stuck)
             spread = spread_duplicates(loads[rows], phy2log[rows], slots)
             phy2log[rows] = refine_swaps(loads[rows], spread, slots, refine_rounds)
+        phy2log = search_counts(loads, phy2log, slots, cap, refine_rounds)
         found = _parked_alternative(loads, slots, cap, refine_rounds, _gpu_peaks(loads, phy2log, slots))
         if found is not None:  # a GPU has more slots than there are experts
             phy2log[found[0]] = found[1]
@@ -453,6 +491,12 @@ def solve_greedy(
         phy2log = _refine_within_nodes(loads, phy2log, slots, gpus_per_node, refine_rounds)
         node_experts = mlog2log.reshape(layers, num_nodes, -1)  # [layers, nodes, node experts], as placed
         cap = max_replicas if max_replicas is not None else gpus_per_node
+        for node, (gpus, span) in enumerate(_node_spans(slots, gpus_per_node)):  # the count search, node by node
+            if int(slots[gpus].sum()) <= COUNT_SEARCH_SLOTS:
+                held = np.ascontiguousarray(node_experts[:, node])
+                local = search_counts(_take(_f64(loads), held), _positions(held, phy2log[:, span]), slots[gpus], cap,
+                                      refine_rounds)  # fmt: skip
+                phy2log[:, span] = _take(held, local)
         for node, (gpus, span) in enumerate(_node_spans(slots, gpus_per_node)):
             if not np.any(slots[gpus] > node_experts.shape[2]):
                 continue  # the rest: nodes with a GPU of more slots than the node has experts
@@ -576,7 +620,8 @@ def _node_peaks(
         rows = np.flatnonzero(stuck)
         spread = spread_duplicates(loads[layer_of_row[rows]], _take(experts[rows], local[rows]), kind)
         local[rows] = _positions(experts[rows], spread)
-    peak = _gpu_peaks(node_loads, refine_swaps(node_loads, local, kind, rounds), kind)  # the swaps ignore ids
+    refined = search_counts(node_loads, refine_swaps(node_loads, local, kind, rounds), kind, max_replicas, rounds)
+    peak = _gpu_peaks(node_loads, refined, kind)  # the swaps and the count search ignore ids
     found = _parked_alternative(node_loads, kind, max_replicas, rounds, peak)
     if found is not None:  # as solve_greedy's last step on such a node
         peak[found[0]] = found[2]
