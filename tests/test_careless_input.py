@@ -41,7 +41,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files = {"window": window, "current": d / "p.json", "log": d / "log.npz", "dsv3": d / "p8.json"}
     for argv in (["solve", "--loads", str(window), "--gpus", "4", "--out", str(files["current"])],
                  ["synth", "--out", str(files["log"]), "--steps", "20", "--layers", "2", "--experts", "16",
-                  "--top-k", "2", "--tokens", "64"],
+                  "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"],
                  ["solve", "--loads", str(DECODE), "--gpus", "8", "--redundant", "8", "--out", str(files["dsv3"])]):
         assert main(argv) == 0
     return files
@@ -646,7 +646,8 @@ def test_log_outputs_that_cannot_be_written_are_refused_before_the_work(
     folder.mkdir()
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    synth = ["synth", "--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64"]
+    synth = ["synth", "--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64",
+             "--hot-ratio", "4"]
     for argv, said in [
         ([*synth, "--out", str(folder)], f"{folder} is a directory; give a file name"),
         ([*synth, "--format", "topk", "--out", str(folder)], f"{folder} is a directory; give a file name"),
@@ -694,7 +695,7 @@ def test_a_bad_link_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture
     """`eplb replay` takes two links: 'link must be ...' did not say which flag it was about."""
     log = tmp_path / "v2lite.npz"
     assert main(["synth", "--out", str(log), "--steps", "10", "--layers", "2", "--experts", "64", "--top-k", "6",
-                 "--tokens", "256", "--model", "deepseek-v2-lite"]) == 0  # fmt: skip
+                 "--tokens", "256", "--model", "deepseek-v2-lite", "--hot-ratio", "5"]) == 0  # fmt: skip
     capsys.readouterr()
     for flag in ("--link", "--migration-link"):
         code, err = run(capsys, "replay", str(log), "--gpus", "4", flag, "foo")
@@ -801,7 +802,8 @@ def test_synth_checks_the_disk_for_what_it_writes_uncompressed_only(
 
     monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(total=10**12, free=1000))  # 1 kB free
     shape = ["--steps", "20", "--layers", "2"] + ([] if "seed004" in argv else
-                                                  ["--experts", "16", "--top-k", "2", "--tokens", "64"])
+                                                  ["--experts", "16", "--top-k", "2", "--tokens", "64",
+                                                   "--hot-ratio", "4"])
     code, err = run(capsys, "synth", "--out", str(tmp_path / name), *shape, *argv)
     if checked:
         assert code == 2 and err.startswith("eplb synth: error: the log would take 0.0 GB") and \
@@ -834,7 +836,8 @@ def test_a_path_the_system_cannot_look_up_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["synth", "--steps", "3", "--layers", "2", "--experts", "16", "--out", f"{LONG_NAME}.npz"], "--out"),
+    (["synth", "--steps", "3", "--layers", "2", "--experts", "16", "--exponent", "1", "--out", f"{LONG_NAME}.npz"],
+     "--out"),
     (["synth", "--preset", "seed004", "--steps", "2", "--layers", "2", "--out", f"{LONG_NAME}.npz"], "--out"),
     (["logs", "convert", "LOG", f"{LONG_NAME}.npz"], "OUT"),
     (["logs", "convert", "LOG", f"{LONG_NAME}.parquet"], "OUT"),

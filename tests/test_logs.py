@@ -437,7 +437,8 @@ def test_compress_deflates_an_npz_log(tmp_path: Path, counts: np.ndarray, argv: 
     write_counts(log, counts)
     out = tmp_path / "log.npz"
     swap = {"LOG": str(log), "OUT/log.npz": str(out)}
-    extra = ["--steps", "10", "--layers", "2", "--experts", "16", "--top-k", "2"] if argv[0] == "synth" else []
+    extra = ["--steps", "10", "--layers", "2", "--experts", "16", "--top-k", "2", "--hot-ratio", "4"] if (
+        argv[0] == "synth") else []
     assert main([swap.get(a, a) for a in argv] + extra + ["--compress"]) == 0
     with zipfile.ZipFile(out) as zf:
         assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
