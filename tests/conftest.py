@@ -35,6 +35,23 @@ def poll_job(base: str, location: str, until: tuple[str, ...], timeout_s: float 
         time.sleep(0.1)
 
 
+def wait_until_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    """Poll `eplb serve` at `base` until GET /readyz answers 200; if `proc` exits or `timeout_s` passes first, kill
+    it and raise RuntimeError with what it printed (when its output is piped)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise RuntimeError(f"eplb serve did not start: {out}")
+        time.sleep(0.2)
+
+
 @contextmanager
 def running_server(**env: str) -> Iterator[str]:
     """Start `eplb serve` on 127.0.0.1 with EPLB_* settings; yield its base URL; stop it. Each server keeps its
@@ -47,18 +64,7 @@ def running_server(**env: str) -> Iterator[str]:
         env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            proc.kill()
-            raise RuntimeError(f"eplb serve did not start: {out}")
-        time.sleep(0.2)
+    wait_until_ready(base, proc)
     try:
         yield base
     finally:

@@ -23,7 +23,7 @@ import pytest
 from eplb.evaluate import balance
 from eplb.io.windows import read_window
 from eplb.placement import Placement
-from tests.conftest import free_port, poll_job
+from tests.conftest import free_port, poll_job, wait_until_ready
 
 PROBLEM = "application/problem+json"
 V3 = read_window(None).loads[:6]  # 6 real DeepSeek-V3 layers keep requests small
@@ -576,14 +576,7 @@ def test_server_stop_leaks_no_semaphores() -> None:
                             stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.2)
+        wait_until_ready(base, proc)
         body = request_body(loads=V3[:2].tolist(), solver="milp", time_limit_s=1)  # the MILP starts its own pool
         assert httpx.post(f"{base}/placement", json=body, timeout=60).status_code == 200
     finally:
@@ -612,15 +605,7 @@ def test_solver_processes_die_with_a_killed_server(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.2)
+        wait_until_ready(base, proc)
         r = httpx.post(f"{base}/placement", json=request_body(solver="milp", time_limit_s=20, **{"async": True}),
                        timeout=60)  # fmt: skip
         assert r.status_code == 202, r.text

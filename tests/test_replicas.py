@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from eplb.io.windows import read_window
-from tests.conftest import free_port, poll_job
+from tests.conftest import free_port, poll_job, wait_until_ready
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 from tests.test_deployments import config, window
 
@@ -36,19 +36,8 @@ def replica(db_url: str, **settings: str) -> Iterator[tuple[str, subprocess.Pope
     proc = subprocess.Popen([sys.executable, "-m", "eplb.cli", "serve", "--port", str(port), "--log-level",
                              "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"eplb serve did not start: {out}")
-            time.sleep(0.2)
+        wait_until_ready(base, proc, timeout_s=120)
         yield base, proc
     finally:
         if proc.poll() is None:
