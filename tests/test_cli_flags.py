@@ -11,7 +11,8 @@ import pytest
 from eplb.cli import main
 from eplb.io.logs import open_log
 
-SYNTH = ["synth", "--steps", "20", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64"]
+SYNTH = ["synth", "--steps", "20", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64", "--hot-ratio",
+         "4"]
 
 
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -20,7 +20,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files["sglang"].write_text(json.dumps({"logical_count": (np.arange(64).reshape(2, 2, 16) % 7).tolist()}))
     for argv in (["solve", "--loads", str(files["window"]), "--gpus", "4", "--out", str(files["placement"])],
                  ["synth", "--out", str(files["log"]), "--steps", "20", "--layers", "2", "--experts", "16",
-                  "--top-k", "2", "--tokens", "64"]):  # fmt: skip
+                  "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"]):  # fmt: skip
         assert main(argv) == 0
     return files
 
@@ -32,7 +32,7 @@ WRITERS = {
     "export": (["export", "--placement", "{placement}", "--to", "sglang", "--out", "{bad}.json"], "--out"),
     "import-load": (["import-load", "--from", "sglang", "{sglang}", "--out", "{bad}.json"], "--out"),
     "synth": (["synth", "--out", "{bad}.npz", "--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2",
-               "--tokens", "64"], "cannot write"),
+               "--tokens", "64", "--hot-ratio", "4"], "cannot write"),
     "logs convert": (["logs", "convert", "{log}", "{bad}.jsonl"], "cannot write"),
     "replay": (["replay", "{log}", "--gpus", "4", "--no-progress", "--out", "{bad}"], "--out"),
     "compare": (["compare", "--loads", "{window}", "--solvers", "greedy", "--ep", "4", "--no-progress", "--out",

@@ -51,7 +51,7 @@ def test_the_ticker_draws_only_work_that_outlasts_its_delay() -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["--steps", "600", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64"],
+    ["--steps", "600", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"],
     ["--steps", "2", "--preset", "seed004"],
 ])  # fmt: skip
 def test_synth_shows_a_progress_bar_over_its_steps(
