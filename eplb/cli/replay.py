@@ -441,7 +441,11 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
         cfg.check_model(SYNTH_FLAGS)
         _note_unknown_model(cfg.model)
         output_log(out)  # a directory, or a file in the way: refused before the work
-        config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(cfg.resolved_exponent(), 6)}
+        try:
+            exponent = cfg.resolved_exponent()
+        except EplbError as exc:  # the library's messages say 'synth: ...'; the CLI's prefix says it already
+            raise EplbError(str(exc).removeprefix("synth: ")) from None
+        config = {"preset": "default", **_config_dict(cfg), "exponent_used": round(exponent, 6)}
         shape = f"--steps {cfg.steps:,} x --layers {cfg.layers}"  # the per-layer arrays fit (MemoryError): the log?
         if deflated:
             pass
