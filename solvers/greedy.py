@@ -255,7 +255,6 @@ COUNT_SEARCH_PAIR_EXPERTS = 8
 COUNT_SEARCH_BUDGET = 512
 """The most candidate counts `search_counts` packs per layer: it bounds the time of layers with many experts
 (docs/solvers.md, "Replica-count search")."""
-"""Layers (nodes) with at most this many experts also try pairs of one-replica moves in `search_counts`."""
 
 
 def search_counts(
