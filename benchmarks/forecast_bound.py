@@ -79,7 +79,7 @@ def generate(cfg: SynthConfig, checks: list[int], interval: int, delay: int) -> 
             serve = np.linspace(delay + 1, interval + 1, POINTS)  # steps s + delay .. s + interval from s - 1
             forecasts["causal oracle"].append(expected_popularity(proc, serve, rng))
             forecasts["regime mean"].append(regime_mean(proc, rng))
-        log[s] = proc.rng_sample.multinomial(cfg.tokens * cfg.top_k, proc.next())
+        log[s] = proc.sample(proc.next())
     return log, forecasts
 
 

@@ -76,7 +76,9 @@ class SynthConfig:
       random times `shift_every` steps apart on average: every layer draws a new ranking and new
       group factors;
     - sampling noise: each step routes `tokens` x `top_k` assignments per layer as a multinomial
-      over p (the distinct-experts-per-token constraint is ignored for counts);
+      over p, except where k distinct experts per token bind (`_Popularity.sample`: an expert with
+      top_k p > 1, or a draw above `tokens`): there each token picks top_k distinct experts with the
+      inclusion probabilities min(1, c p), c such that they sum to top_k;
     - co-activation (token-level logs, `synth_topk`, only): each token is of one of `coact_clusters`
       latent types, drawn uniformly per token, and type z adds coact_std x u_l(z, e) to its log
       popularity (u standard normal per layer, type and expert, fixed for the log), so experts favoured
@@ -318,6 +320,39 @@ def coact_std_for_partner_lift(cfg: SynthConfig) -> float:
     return (lo + hi) / 2
 
 
+def _inclusion(p: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """Inclusion probabilities pi [experts] of k distinct picks for popularity p [experts] (sums to 1):
+    pi = min(1, c p) with c such that pi sums to k (water-filling; c = k when k p <= 1 everywhere)."""
+    order = np.argsort(-p)
+    ps = p[order]
+    tail = np.cumsum(ps[::-1])[::-1]  # tail[m] = sum of ps[m:]
+    m = np.arange(k)
+    c = (k - m) / tail[:k]  # c when the m hottest are capped at 1
+    capped = int(np.flatnonzero(c * ps[:k] <= 1)[0])  # the fewest capped that leave the next one below 1
+    pi = np.empty_like(p)
+    pi[order] = np.minimum(1.0, c[capped] * ps)
+    pi[order[:capped]] = 1.0
+    return pi
+
+
+def _distinct_counts(rng: np.random.Generator, pi: NDArray[np.float64], tokens: int) -> NDArray[np.int64]:
+    """Counts [experts] of `tokens` tokens each picking round(sum pi) distinct experts, expert e with probability
+    pi[e] <= 1: an expert at pi = 1 gets every token, the others by systematic sampling (points u, u + 1, ... on
+    their cumulative pi, u uniform per token: an interval shorter than 1 holds at most one), so none gets more
+    than `tokens`."""
+    full = pi >= 1.0
+    rest = np.flatnonzero(~full)
+    k = round(float(pi[rest].sum()))
+    out = np.where(full, tokens, 0).astype(np.int64)
+    if k > 0:
+        edges = np.cumsum(pi[rest])
+        edges[-1] = k  # rounding: the last point u + k - 1 < k falls inside
+        points = rng.random(tokens)[:, None] + np.arange(k)[None, :]
+        picks = np.minimum(np.searchsorted(edges, points, side="right"), rest.size - 1)
+        out[rest] = np.bincount(picks.ravel(), minlength=rest.size)
+    return out
+
+
 class _Popularity:
     """The popularity process of SynthConfig, one step at a time ([layers, experts] probabilities)."""
 
@@ -325,7 +360,8 @@ class _Popularity:
         cfg.check()
         self.cfg = cfg
         self.a = cfg.resolved_exponent()
-        init, drift, shift_time, shift_draw, sample = np.random.SeedSequence(cfg.seed).spawn(5)
+        init, drift, shift_time, shift_draw, sample, _, cap = np.random.SeedSequence(cfg.seed).spawn(7)
+        self.rng_cap = np.random.default_rng(cap)  # the k-distinct redraws (`sample`); the 6th is synth_topk's
         self.rng_drift = np.random.default_rng(drift)
         self.rng_shift_time = np.random.default_rng(shift_time)
         self.rng_shift = np.random.default_rng(shift_draw)
@@ -345,6 +381,19 @@ class _Popularity:
         log_rank = _log_ranks(rng, cfg.layers, cfg.experts)
         group = rng.standard_normal((cfg.layers, cfg.groups))[:, self.group_of]
         out: NDArray[np.float64] = -self.a * log_rank + cfg.group_std * group
+        return out
+
+    def sample(self, p: NDArray[np.float64]) -> NDArray[np.int64]:
+        """One step's counts [layers, experts] for popularity p [layers, experts]: a multinomial of tokens x top_k
+        picks per layer, except a layer where k distinct picks per token bind (an expert with top_k x p > 1, or a
+        multinomial draw giving an expert more picks than tokens): it is drawn again by the inclusion
+        probabilities k distinct picks allow (`_inclusion`, `_distinct_counts`), so no expert exceeds tokens. The
+        multinomial is drawn for every layer first, so the layers where nothing binds are the multinomial's."""
+        cfg = self.cfg
+        out: NDArray[np.int64] = self.rng_sample.multinomial(cfg.tokens * cfg.top_k, p)
+        binds = (cfg.top_k * p.max(axis=1) > 1) | (out.max(axis=1) > cfg.tokens)
+        for layer in np.flatnonzero(binds):
+            out[layer] = _distinct_counts(self.rng_cap, _inclusion(p[layer], cfg.top_k), cfg.tokens)
         return out
 
     def _next_shift(self, after: int) -> int | None:
@@ -373,13 +422,12 @@ def synth_counts(cfg: SynthConfig, chunk_steps: int = 256) -> Iterator[NDArray[A
     """The log of `cfg`, streamed: chunks of [n, layers, experts] counts (dtype cfg.count_dtype);
     every layer of every step sums to tokens x top_k."""
     proc = _Popularity(cfg)
-    total = cfg.tokens * cfg.top_k
     dtype = cfg.count_dtype
     for start in range(0, cfg.steps, chunk_steps):
         n = min(chunk_steps, cfg.steps - start)
         out = np.empty((n, cfg.layers, cfg.experts), dtype=dtype)
         for i in range(n):
-            out[i] = proc.rng_sample.multinomial(total, proc.next())
+            out[i] = proc.sample(proc.next())
         yield out
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from eplb.cli import main as cli_main
 from eplb.errors import EplbError
-from eplb.synth import SynthConfig
+from eplb.synth import SynthConfig, _distinct_counts, _inclusion, _Popularity, synth_counts
 
 
 def test_a_hot_ratio_above_experts_over_top_k_is_refused_with_the_reason(
@@ -27,3 +28,35 @@ def test_a_hot_ratio_above_experts_over_top_k_is_refused_with_the_reason(
     err = capsys.readouterr().err
     assert err.startswith("eplb synth: error: a hot ratio of 5 is out of reach for 8 experts, top-2"), err  # one prefix
     assert not out.exists()
+
+
+def test_inclusion_probabilities_cap_each_expert_at_one_pick_per_token() -> None:
+    """Water-filling: pi = min(1, c p) sums to k; with k p <= 1 everywhere it is k p itself."""
+    flat = np.array([0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_allclose(_inclusion(flat, 2), 2 * flat)
+    hot = np.array([0.7, 0.1, 0.1, 0.06, 0.04])  # 2 x 0.7 > 1: the hot expert is in every token's top-2
+    pi = _inclusion(hot, 2)
+    assert pi[0] == 1.0 and pi.sum() == pytest.approx(2.0)
+    np.testing.assert_allclose(pi[1:], hot[1:] / hot[1:].sum())  # the other pick spread by p
+    two_hot = np.array([0.45, 0.45, 0.05, 0.05])  # k = 3: two capped
+    pi = _inclusion(two_hot, 3)
+    np.testing.assert_allclose(pi, [1.0, 1.0, 0.5, 0.5])
+
+
+def test_distinct_counts_give_no_expert_more_picks_than_tokens_and_the_inclusion_means() -> None:
+    rng = np.random.default_rng(3)
+    pi = _inclusion(np.array([0.7, 0.1, 0.1, 0.06, 0.04]), 2)
+    draws = np.stack([_distinct_counts(rng, pi, 50) for _ in range(2000)])
+    assert (draws <= 50).all() and (draws.sum(axis=1) == 100).all()
+    np.testing.assert_allclose(draws.mean(axis=0) / 50, pi, atol=0.01)  # each expert in a share pi of the tokens
+
+
+def test_synthetic_counts_respect_k_distinct_experts_per_token() -> None:
+    """Mixtral's shape at a hot ratio near E/k, few tokens: a plain multinomial of tokens x k picks gives the
+    hottest expert more picks than there are tokens on some steps; the log never does, and keeps its totals."""
+    cfg = SynthConfig(layers=4, experts=8, top_k=2, tokens=64, steps=400, hot_ratio=3.9, model=None)
+    log = np.concatenate(list(synth_counts(cfg)))
+    assert log.max() <= cfg.tokens
+    assert (log.sum(axis=2) == cfg.tokens * cfg.top_k).all()
+    first = _Popularity(cfg).next()  # popularity [layers, experts] of step 0
+    assert (cfg.top_k * first.max(axis=1) > 0.9).any()  # the constraint is near binding
