@@ -7,13 +7,16 @@ Two entry points:
 - `solve_greedy(loads, slots_per_gpu, ...)`: ours. GPUs may have different slot counts, no two replicas
   of one expert share a GPU when another placement exists, optional hierarchical (node-aware) policy.
 - `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)`: a drop-in for DeepSeek
-  EPLB's function of the same name, same signature, semantics and results, on numpy arrays.
+  EPLB's function of the same name, same signature, semantics and results (int64 CPU tensors for a torch
+  tensor weight, as DeepSeek's; numpy arrays otherwise).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, TypeVar
+import sys
+from collections.abc import Sequence
+from typing import Any, TypeVar, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -789,17 +792,37 @@ def _as_numpy(weight: Any) -> NDArray[np.float32]:
     return np.asarray(weight, dtype=np.float32)
 
 
+def _torch_of(weight: Any) -> Any:
+    """The torch module when `weight` is a torch tensor (torch is then imported already), else None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(weight, torch.Tensor) else None
+
+
+@overload
+def rebalance_experts(
+    weight: NDArray[Any] | Sequence[Any], num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> tuple[IntArray, IntArray, IntArray]: ...
+
+
+@overload
 def rebalance_experts(
     weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
-) -> tuple[IntArray, IntArray, IntArray]:
-    """Drop-in for DeepSeek EPLB's `rebalance_experts`, on numpy arrays.
+) -> tuple[Any, Any, Any]: ...
 
-    weight: [layers, E] load statistics (array-like; torch tensors accepted); num_replicas: physical
-    experts, a multiple of num_gpus; hierarchical policy when num_groups % num_nodes == 0, else global.
-    Raises AssertionError where DeepSeek's function asserts (counts that do not divide, fewer physical
-    than logical experts), as callers such as vLLM's tests expect.
+
+def rebalance_experts(
+    weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> tuple[Any, Any, Any]:
+    """Drop-in for DeepSeek EPLB's `rebalance_experts`.
+
+    weight: [layers, E] load statistics (a torch tensor of any device, a numpy array or nested lists);
+    num_replicas: physical experts, a multiple of num_gpus; hierarchical policy when num_groups % num_nodes
+    == 0, else global. Raises AssertionError where DeepSeek's function asserts (counts that do not divide,
+    fewer physical than logical experts), as callers such as vLLM's tests expect.
     Returns phy2log [layers, num_replicas], log2phy [layers, E, max replicas] (-1 padded) and
-    logcnt [layers, E], all int64, identical to DeepSeek's (float32 arithmetic, same tie-breaking).
+    logcnt [layers, E], all int64, identical to DeepSeek's (float32 arithmetic, same tie-breaking): torch
+    int64 CPU tensors for a torch tensor weight, as DeepSeek's (callers pad them and move them with `.to`),
+    numpy arrays otherwise.
     """
     w = _as_numpy(weight)
     if w.ndim != 2:
@@ -813,7 +836,11 @@ def rebalance_experts(
     maxcnt = int(logcnt.max())
     log2phy = np.empty((layers, num_log, maxcnt), dtype=np.int64)
     _kernels.log2phy(phy2log, phyrank, layers, num_replicas, num_log, maxcnt, log2phy)
-    return phy2log, log2phy, logcnt
+    torch = _torch_of(weight)
+    if torch is None:
+        return phy2log, log2phy, logcnt
+    as_tensor = torch.from_numpy
+    return as_tensor(phy2log.astype(np.int64)), as_tensor(log2phy), as_tensor(logcnt.astype(np.int64))
 
 
 def _require(condition: bool, message: str) -> None:
