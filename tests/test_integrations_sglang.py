@@ -257,8 +257,8 @@ def test_sglangs_start_checks_the_settings_as_every_rebalance(
     sglang_modules: Callable[[bool], dict[str, list[Any]]], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """SGLang's register() checked nothing: a bad EPLB_SGLANG_ALGORITHM was ignored without a word, a bad
-    EPLB_MAX_MOVES waited for the first rebalance. Now a WARNING once, and the rebalance's error at start."""
+    """SGLang's register() checked nothing: a bad EPLB_SGLANG_ALGORITHM was ignored without a word. Now a WARNING
+    once (a value no rebalance can use: the next test)."""
     registered = sglang_modules(True)
     monkeypatch.setenv("EPLB_SGLANG_ALGORITHM", "EPLB")
     with caplog.at_level(logging.INFO, logger=plugin.__name__):
@@ -266,11 +266,45 @@ def test_sglangs_start_checks_the_settings_as_every_rebalance(
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "eplb plugin: EPLB_SGLANG_ALGORITHM='EPLB' is not 'eplb': --eplb-algorithm alone selects the algorithm"]
     assert len(registered["hooks"]) == 2
+
+
+def _load_plugins(register: Callable[[], None]) -> None:
+    """What SGLang's `execute_plugin_callbacks` (sglang/srt/plugins/__init__.py) does with an entry point: logs what
+    it raises and starts without it."""
+    try:
+        register()
+    except Exception:
+        logging.getLogger("sglang.srt.plugins").exception("Failed to execute general plugin: eplb")
+
+
+def test_a_setting_no_rebalance_can_use_stops_sglang_where_it_selects_eplb(
+    sglang_modules: Callable[[bool], dict[str, list[Any]]], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """register() raised PolicyInputError for EPLB_MAX_MOVES=99999999999999999999999, which SGLang's load_plugins
+    catches and logs: no hook was installed, so with EPLB_SGLANG_ALGORITHM=eplb SGLang ran its own algorithm, and
+    --eplb-algorithm eplb was a bare KeyError. Now an ERROR at register, both hooks, and the compute_algorithm hook
+    raises the one-line error whenever eplb is selected; SGLang's own names keep working."""
     registered = sglang_modules(True)
     monkeypatch.setenv("EPLB_MAX_MOVES", "99999999999999999999999")
-    with pytest.raises(core.PolicyInputError, match=r"^EPLB_MAX_MOVES must be [^\n]*10,000,000"):
-        plugin.register()
-    assert registered["hooks"] == []
+    with caplog.at_level(logging.INFO):
+        _load_plugins(plugin.register)
+    assert len(registered["hooks"]) == 2 and "Failed to execute" not in caplog.text
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    with pytest.raises(core.PolicyInputError) as expected:
+        core.Settings.from_env()
+    message = str(expected.value)
+    assert "10,000,000" in message and "\n" not in message
+    assert error.startswith(f"eplb plugin: {message}; SGLang stops with this error when it selects the eplb algorithm")
+    algorithms = sys.modules["sglang.srt.eplb.eplb_algorithms"]
+    assert algorithms.compute_algorithm(raw_algorithm="auto", num_groups=8, num_nodes=4) == "deepseek"
+    with pytest.raises(core.PolicyInputError) as raised:
+        algorithms.compute_algorithm(raw_algorithm="eplb", num_groups=8, num_nodes=4)
+    assert str(raised.value) == message
+    monkeypatch.setenv("EPLB_SGLANG_ALGORITHM", "eplb")
+    with pytest.raises(core.PolicyInputError) as raised:
+        algorithms.compute_algorithm(raw_algorithm="auto", num_groups=8, num_nodes=4)
+    assert str(raised.value) == message
 
 
 def test_entry_point_is_installed() -> None:

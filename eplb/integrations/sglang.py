@@ -174,12 +174,20 @@ def _argument(name: str, position: int, args: tuple[Any, ...], kwargs: dict[str,
     return kwargs[name] if name in kwargs else (args[position] if len(args) > position else None)
 
 
+def _selected(raw: Any) -> bool:
+    """eplb's algorithm is asked for: the raw name "eplb", or EPLB_SGLANG_ALGORITHM=eplb."""
+    return raw == ALGORITHM_NAME or os.environ.get(SELECT_ENV, "").strip() == ALGORITHM_NAME
+
+
 def compute_algorithm_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook for `compute_algorithm(raw_algorithm, num_groups, num_nodes)`."""
-    raw = _argument("raw_algorithm", 0, args, kwargs)
-    if raw == ALGORITHM_NAME or os.environ.get(SELECT_ENV, "").strip() == ALGORITHM_NAME:
-        return EPLB
-    return original(*args, **kwargs)
+    """AROUND hook for `compute_algorithm(raw_algorithm, num_groups, num_nodes)`, which SGLang calls in
+    `ExpertLocationMetadata.init_by_eplb` (as the model runner starts from recorded counts, and at each rebalance).
+    When eplb is selected, first the EPLB_* settings (`core.Settings.from_env`): their PolicyInputError stops SGLang
+    there."""
+    if not _selected(_argument("raw_algorithm", 0, args, kwargs)):
+        return original(*args, **kwargs)
+    core.Settings.from_env()
+    return EPLB
 
 
 def rebalance_experts_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -196,10 +204,16 @@ def register() -> None:
     """Entry point of the `sglang.srt.plugins` group: registers the two hooks with SGLang's HookRegistry
     (SGLang applies them after loading plug-ins). A no-op with a log line when SGLang is not installed or
     has no plug-in hooks (then use the `--init-expert-location` export path). First checks every EPLB_* setting by
-    the rules of every rebalance (`core.check_environment`): PolicyInputError for a value no rebalance can use, so
-    SGLang does not start with it; a WARNING, once, for a setting that does nothing (an unknown name,
+    the rules of every rebalance (`core.check_environment`): a value no rebalance can use is logged as an ERROR and
+    the hooks are registered all the same (SGLang's `load_plugins` logs what a plug-in raises and starts without it,
+    so raising here would only leave SGLang's own algorithm serving); the compute_algorithm hook then raises that
+    PolicyInputError when eplb is selected. A WARNING, once, for a setting that does nothing (an unknown name,
     EPLB_SGLANG_ALGORITHM other than eplb, a service URL without a deployment or the reverse)."""
-    core.check_environment(logger)
+    try:
+        core.check_environment(logger)
+    except core.PolicyInputError as err:
+        logger.error("eplb plugin: %s; SGLang stops with this error when it selects the eplb algorithm (--eplb-"
+                     "algorithm eplb or %s=eplb)", err, SELECT_ENV)
     if importlib.util.find_spec("sglang") is None:
         logger.info("eplb plugin: SGLang is not installed; nothing registered")
         return
