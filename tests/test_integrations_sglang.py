@@ -307,6 +307,84 @@ def test_a_setting_no_rebalance_can_use_stops_sglang_where_it_selects_eplb(
     assert str(raised.value) == message
 
 
+@pytest.fixture
+def elastic_ep(monkeypatch: pytest.MonkeyPatch) -> Callable[..., types.SimpleNamespace]:
+    """SGLang's elastic EP state at its path (`sglang.srt.elastic_ep.elastic_ep`): `ElasticEPStateManager.instance()`
+    (current SGLang) or `get_elastic_ep_state()` (older) with `active_ranks`, and an `EplbAlgorithm` enum with
+    `elasticity_aware` in `eplb_algorithms`, as SGLang's rebalance_experts reads them."""
+
+    def make(active: list[int] | None, older: bool = False) -> types.SimpleNamespace:
+        module = types.ModuleType(plugin.ELASTIC_MODULE)
+        state = None if active is None else types.SimpleNamespace(active_ranks=torch.tensor(active, dtype=torch.int32))
+        if older:
+            module.get_elastic_ep_state = lambda: state  # type: ignore[attr-defined]
+        else:
+            module.ElasticEPStateManager = types.SimpleNamespace(instance=lambda: state)  # type: ignore[attr-defined]
+        algorithms = types.ModuleType(plugin.TARGET_MODULE)
+        algorithms.EplbAlgorithm = types.SimpleNamespace(elasticity_aware="EplbAlgorithm.elasticity_aware")  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, plugin.ELASTIC_MODULE, module)
+        monkeypatch.setitem(sys.modules, plugin.TARGET_MODULE, algorithms)
+        return algorithms.EplbAlgorithm  # type: ignore[no-any-return]
+
+    return make
+
+
+def test_elastic_ep_keeps_sglangs_elasticity_aware_algorithm(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With EPLB_SGLANG_ALGORITHM=eplb the hook answered eplb's algorithm for every name, elasticity_aware too (what
+    SGLang's server args set for "auto" with --elastic-ep-backend), which places experts on failed ranks. Now
+    SGLang's, with one WARNING however often SGLang asks."""
+    calls: list[str] = []
+
+    def sglang_compute_algorithm(raw_algorithm: str, num_groups: int | None, num_nodes: int) -> str:
+        calls.append(raw_algorithm)
+        return f"EplbAlgorithm.{raw_algorithm}"
+
+    monkeypatch.setenv("EPLB_SGLANG_ALGORITHM", "eplb")
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        for _ in range(2):
+            assert plugin.compute_algorithm_hook(sglang_compute_algorithm, raw_algorithm="elasticity_aware",
+                                                 num_groups=8, num_nodes=4) == "EplbAlgorithm.elasticity_aware"
+    assert calls == ["elasticity_aware"] * 2
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "eplb algorithm: EPLB_SGLANG_ALGORITHM=eplb is not applied to SGLang's elasticity_aware algorithm (elastic "
+        "EP): SGLang's places, as eplb's placement does not leave the slots of failed ranks empty"]
+    assert plugin.compute_algorithm_hook(sglang_compute_algorithm, "auto", 8, 4) is plugin.EPLB
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["ElasticEPStateManager", "get_elastic_ep_state"])
+def test_inactive_ranks_get_sglangs_elasticity_aware_placement(
+    elastic_ep: Callable[..., Any], older: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hooks never read SGLang's active ranks, so eplb's placement put experts on dead GPUs. Now, while any rank
+    is inactive, SGLang's elasticity_aware algorithm answers eplb's algorithm value (one WARNING per set of ranks),
+    called as SGLang called the hook; with every rank active, or no elastic state, eplb places."""
+    enum = elastic_ep([1, 0, 1, 0], older)
+    seen: list[Any] = []
+
+    def sglang_rebalance(*args: Any, **kwargs: Any) -> str:
+        seen.append((args, kwargs))
+        return "sglang elasticity_aware"
+
+    tokens = torch.ones(1, 2, 8)
+    kwargs: dict[str, Any] = {"tokens_per_expert": tokens, "num_physical_experts": 12, "num_local_physical_experts": 3,
+                              "num_groups": None, "num_nodes": 1}
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        answer = plugin.rebalance_experts_hook(sglang_rebalance, **kwargs, algorithm=plugin.EPLB)
+        assert answer == "sglang elasticity_aware"
+        plugin.rebalance_experts_hook(sglang_rebalance, *kwargs.values(), plugin.EPLB)
+    assert seen == [((), {**kwargs, "algorithm": enum.elasticity_aware}),
+                    ((*kwargs.values(), enum.elasticity_aware), {})]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "eplb algorithm: EP ranks 1,3 of SGLang's elastic EP are inactive: SGLang's elasticity_aware algorithm places, "
+        "as eplb's placement does not leave the slots of failed ranks empty"]
+    for active in ([1, 1, 1, 1], None):
+        elastic_ep(active, older)
+        phy2log, _, _ = plugin.rebalance_experts_hook(sglang_rebalance, **kwargs, algorithm=plugin.EPLB)
+        assert phy2log.shape == (2, 12) and len(seen) == 2
+
+
 def test_entry_point_is_installed() -> None:
     (ep,) = [e for e in entry_points(group="sglang.srt.plugins") if e.name == "eplb"]
     assert ep.value == "eplb.integrations.sglang:register" and ep.load() is plugin.register

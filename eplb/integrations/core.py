@@ -161,12 +161,17 @@ def check_environment(log: logging.Logger, env: Mapping[str, str] | None = None)
     once in the process."""
     settings, notes = environment(env)
     for note in notes:
-        with _WARNED_LOCK:
-            if note in _WARNED:
-                continue
-            _WARNED.add(note)
-        log.warning("eplb plugin: %s", note)
+        warn_once(log, f"eplb plugin: {note}")
     return settings
+
+
+def warn_once(log: logging.Logger, message: str) -> None:
+    """`message` logged as a WARNING the first time this process says it, and never again."""
+    with _WARNED_LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    log.warning("%s", message)
 
 
 def plugin_solvers() -> list[str]:

@@ -7,10 +7,11 @@ num_nodes, algorithm)` dispatches on it; callers look both up on the module at c
 closed, so `register()` (the `sglang.srt.plugins` entry point) adds two AROUND hooks through SGLang's
 own `HookRegistry`, and patches nothing else:
 
-- `eplb_algorithms.compute_algorithm`: answers `EPLB` for "eplb" (or for any value when
+- `eplb_algorithms.compute_algorithm`: answers `EPLB` for "eplb" (or for any value but "elasticity_aware" when
   EPLB_SGLANG_ALGORITHM=eplb); every other name goes to SGLang's function unchanged;
-- `eplb_algorithms.rebalance_experts`: answers with eplb's placement when the algorithm is `EPLB`;
-  every SGLang algorithm goes to SGLang's function unchanged.
+- `eplb_algorithms.rebalance_experts`: answers with eplb's placement when the algorithm is `EPLB`, unless SGLang's
+  elastic EP state has an inactive rank (then SGLang's elasticity_aware algorithm places); every SGLang algorithm
+  goes to SGLang's function unchanged.
 
 The static path needs no plug-in: `eplb export --to sglang` writes an `--init-expert-location` file.
 torch is imported lazily.
@@ -35,6 +36,10 @@ from eplb.io.files import plural
 ALGORITHM_NAME = core.SELECTED
 SELECT_ENV = core.SGLANG_SELECT
 TARGET_MODULE = "sglang.srt.eplb.eplb_algorithms"
+ELASTIC = "elasticity_aware"
+"""SGLang's algorithm for elastic EP (its server args set it for "auto" with --elastic-ep-backend): it leaves the slots
+of failed ranks without routed experts, which eplb's placement does not, so it is always SGLang's."""
+ELASTIC_MODULE = "sglang.srt.elastic_ep.elastic_ep"
 DENSE = "placed as SGLang's deepseek algorithm places a layer of no tokens"
 """How the rows of SGLang's dense layers are answered (`_moe_layers`), as the log line says it."""
 
@@ -183,19 +188,51 @@ def compute_algorithm_hook(original: Callable[..., Any], *args: Any, **kwargs: A
     """AROUND hook for `compute_algorithm(raw_algorithm, num_groups, num_nodes)`, which SGLang calls in
     `ExpertLocationMetadata.init_by_eplb` (as the model runner starts from recorded counts, and at each rebalance).
     When eplb is selected, first the EPLB_* settings (`core.Settings.from_env`): their PolicyInputError stops SGLang
-    there."""
-    if not _selected(_argument("raw_algorithm", 0, args, kwargs)):
+    there. "elasticity_aware" stays SGLang's, with a WARNING once when EPLB_SGLANG_ALGORITHM=eplb asked for eplb."""
+    raw = _argument("raw_algorithm", 0, args, kwargs)
+    if raw == ELASTIC or not _selected(raw):
+        if raw == ELASTIC and _selected(raw):
+            core.warn_once(logger, f"eplb algorithm: {SELECT_ENV}={ALGORITHM_NAME} is not applied to SGLang's "
+                                   f"{ELASTIC} algorithm (elastic EP): SGLang's places, as eplb's placement does not "
+                                   f"leave the slots of failed ranks empty")
         return original(*args, **kwargs)
     core.Settings.from_env()
     return EPLB
 
 
+def _inactive_ranks() -> list[int]:
+    """The EP ranks SGLang's elastic EP state marks inactive (`active_ranks` of `ElasticEPStateManager.instance()`, or
+    of `get_elastic_ep_state()` in older versions: what SGLang's rebalance_experts gives its elasticity_aware
+    algorithm); [] outside SGLang, without elastic EP, or with every rank active."""
+    try:
+        elastic = importlib.import_module(ELASTIC_MODULE)
+        manager = getattr(elastic, "ElasticEPStateManager", None)
+        state = manager.instance() if manager is not None else elastic.get_elastic_ep_state()
+        active = None if state is None else state.active_ranks
+    except Exception:  # outside a running SGLang (or a version without elastic EP): no rank is known to be down
+        return []
+    if active is None:
+        return []
+    return np.flatnonzero(core.as_array(active, "SGLang's active_ranks").reshape(-1) == 0).tolist()
+
+
 def rebalance_experts_hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """AROUND hook for `rebalance_experts(tokens_per_expert, num_physical_experts,
-    num_local_physical_experts, num_groups, num_nodes, algorithm)`."""
+    num_local_physical_experts, num_groups, num_nodes, algorithm)`. For `EPLB` while SGLang's elastic EP has an
+    inactive rank, SGLang's elasticity_aware algorithm answers (a WARNING once per set of inactive ranks)."""
     if _argument("algorithm", 5, args, kwargs) is not EPLB:
         return original(*args, **kwargs)
     names = ("tokens_per_expert", "num_physical_experts", "num_local_physical_experts", "num_groups", "num_nodes")
+    inactive = _inactive_ranks()
+    if inactive:
+        elastic = getattr(importlib.import_module(TARGET_MODULE).EplbAlgorithm, ELASTIC)
+        core.warn_once(logger, f"eplb algorithm: EP {'rank' if len(inactive) == 1 else 'ranks'} {ranges(inactive)} "
+                               f"of SGLang's elastic EP {'is' if len(inactive) == 1 else 'are'} inactive: SGLang's "
+                               f"{ELASTIC} algorithm places, as eplb's placement does not leave the slots of failed "
+                               f"ranks empty")
+        if "algorithm" in kwargs:
+            return original(*args, **{**kwargs, "algorithm": elastic})
+        return original(*args[:5], elastic, *args[6:], **kwargs)
     tokens, physical, local, groups, nodes = (_argument(n, i, args, kwargs) for i, n in enumerate(names))
     return rebalance_experts(tokens, physical, local, groups, nodes, EPLB)
 
