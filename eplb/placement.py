@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError, shown
-from eplb.io.files import existing_file, int_list, number_text, output_file, plural, read_json, real_array
+from eplb.io.files import existing_file, int_list, number_text, output_file, plural, read_json, real_array, replace_text
 from solvers.validation import (
     EMPTY_SLOT,
     InvalidPlacement,
@@ -173,7 +173,7 @@ class Placement:
 
 def save_placement(placement: Placement, path: str | Path) -> None:
     """Write a placement file (JSON)."""
-    output_file(path).write_text(json.dumps(placement.to_dict()) + "\n")
+    replace_text(output_file(path), json.dumps(placement.to_dict()) + "\n")
 
 
 def load_placement(path: str | Path) -> Placement:

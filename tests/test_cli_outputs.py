@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eplb.cli import main
+from eplb.io.files import replace_text
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +71,43 @@ def test_an_output_that_cannot_be_written_is_one_line(
     assert err.count("\n") == 1 and err.startswith(f"eplb {argv[0]}: error: ") and cause in err, err
     said = err.removeprefix(f"eplb {argv[0]}: error: ")
     assert said.startswith(names) and str(bad)[:30] in said, said  # --plot clips a long path (eplb.errors.shown)
+
+
+def test_a_failed_write_leaves_the_old_placement_whole(
+    inputs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`eplb solve --current p.json --out p.json` (the incremental workflow) on a disk that fills during the write:
+    the placement being served stays as it was (written in place, it was truncated), and nothing is left beside it."""
+    serving = tmp_path / "p.json"
+    serving.write_bytes(inputs["placement"].read_bytes())
+    before = serving.read_bytes()
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    argv = ["solve", "--loads", str(inputs["window"]), "--gpus", "4", "--current", str(serving), "--out", str(serving)]
+    assert main(argv) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert serving.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_replace_text_keeps_the_mode_and_writes_through_symlinks_and_devices(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text("old")
+    old.chmod(0o640)
+    replace_text(old, "new")
+    assert old.read_text() == "new" and stat.S_IMODE(old.stat().st_mode) == 0o640
+    fresh = tmp_path / "fresh.json"
+    mask = os.umask(0o022)
+    try:
+        replace_text(fresh, "x")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o644  # as open() would make it, not mkstemp's 0600
+    link = tmp_path / "link.json"
+    link.symlink_to(old)
+    replace_text(link, "via link")
+    assert link.is_symlink() and old.read_text() == "via link"
+    replace_text("/dev/null", "in place")  # a device is written, not replaced
+    assert Path("/dev/null").is_char_device()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from eplb.errors import EplbError, FieldError, shown
-from eplb.io.files import output_file, plural
+from eplb.io.files import output_file, plural, replace_text
 from eplb.placement import Placement, appears_twice, row_layer_ids
 
 TARGETS = ("sglang", "trtllm", "vllm-ascend", "json")
@@ -265,7 +265,7 @@ def write_export(
             f"name the output like {p.stem or 'placement'}.sglang.json"
         )
     text = export_text(placement, target, layer_ids=layer_ids, num_model_layers=num_model_layers)
-    p.write_text(text)
+    replace_text(p, text)
 
 
 def _equal_slots(placement: Placement, target: str) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -235,10 +237,40 @@ def writing(path: str | Path, what: str = "output file", name: str | None = None
         raise EplbError(f"{what} {path}: cannot write {where} ({exc.strerror or exc})") from None
 
 
+def replace_text(path: str | Path, text: str) -> None:
+    """Write `text` to file `path` so that whoever reads it (a serving system polling its placement file, the
+    next `--current`) finds the old file or the new one, never part of one, and a failed write (a full disk)
+    leaves the old file as it was: a temporary file beside it, flushed to disk, then renamed over it, keeping an
+    existing file's mode (a new one's follows the umask). Written in place instead: a path that exists and is
+    not a regular file (a device, a FIFO: `/dev/stdout`), and a file in a directory the process may not create
+    files in. Through a symlink its target is replaced. OSError as `open` raises it (`writing` names it)."""
+    target = Path(path).resolve() if Path(path).is_symlink() else Path(path)
+    if target.exists() and not target.is_file():
+        target.write_text(text)
+        return
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except PermissionError:
+        target.write_text(text)
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if target.exists():
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_text(path: str | Path, text: str, what: str = "output file") -> None:
-    """Write `text` to `path`, an OSError as one EplbError naming `what` (`writing`)."""
+    """Write `text` to `path` (`replace_text`), an OSError as one EplbError naming `what` (`writing`)."""
     with writing(path, what):
-        Path(path).write_text(text)
+        replace_text(path, text)
 
 
 def output_dir(raw: str | Path, what: str = "output directory", *, create: bool = False) -> Path:

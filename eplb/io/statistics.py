@@ -27,7 +27,16 @@ import safetensors.numpy
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.files import existing_file, int_table, number_text, numeric_array, output_file, plural, read_json
+from eplb.io.files import (
+    existing_file,
+    int_table,
+    number_text,
+    numeric_array,
+    output_file,
+    plural,
+    read_json,
+    replace_text,
+)
 from solvers.validation import EMPTY_SLOT, load_refusal
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
@@ -359,7 +368,7 @@ def write_loads(loads: ImportedLoads, path: str | Path, *, keep_steps: bool = Fa
             **{k: v for k, v in loads.meta.items() if k not in ("source", "loads")},
             "loads": values,
         }
-        p.write_text(json.dumps(obj) + "\n")
+        replace_text(p, json.dumps(obj) + "\n")
     elif suffix == ".npz":
         members: dict[str, NDArray[Any]] = {"counts" if keep_steps else "loads": arr}
         if loads.layer_ids is not None:
