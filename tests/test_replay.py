@@ -623,14 +623,15 @@ def test_migration_charge_is_bytes_over_bandwidth() -> None:
     into = plan_copies(plan_for(arrange_slots(new, old, slots), old, slots), 3, None)[0]  # 2 keeps its slot
     assert into.tolist() == [2, 1, 2]
     bw, per_copy = 50e9, 44e6
-    cost = MigrationSpec(bw, overlap=False).cost(into * per_copy, comm_fraction=0.5)
+    cost = MigrationSpec(bw, overlap=False).cost(into * per_copy, _prediction([[0.0]], [[0.0]], [[90.0]], True))
     assert cost.stall_s == pytest.approx(2 * per_copy / bw) and cost.bytes == 5 * per_copy
     charge, steps = cost.charge_s(step_time_s=0.01)
     assert charge == pytest.approx(2 * per_copy / bw) and steps == 0
-    lap = MigrationSpec(bw, overlap=True, link_share=0.25).cost(np.array([2 * per_copy, 0.0]), comm_fraction=0.9)
+    comm_bound = _prediction([[0.0, 0.0]], [[0.0, 0.0]], [[90.0, 60.0]], overlap=True)
+    lap = MigrationSpec(bw, overlap=True, link_share=0.25).cost(np.array([2 * per_copy, 0.0]), comm_bound)
     assert lap.transfer_s == pytest.approx(2 * per_copy / (0.25 * bw)) and lap.stall_s == 0
-    assert lap.slowdown == pytest.approx(0.9 / 0.75 - 1)  # comm 0.9 of the step on 0.75 of the link
-    assert MigrationSpec(bw).cost(np.array([per_copy]), comm_fraction=0.5).slowdown == 0  # comm stays hidden
+    assert lap.slowdown == pytest.approx(1 / 0.75 - 1)  # the all-to-all on 0.75 of the link
+    assert lap.charge_s(0.01)[0] == pytest.approx(2 * per_copy / bw)  # comm-bound: what blocking would stall
     # in a replay: the charge of each rebalance is its busiest GPU's bytes / bandwidth (blocking)
     log = two_regimes(200, shift=100, layers=2)
     cluster = Cluster(np.full(8, 5))
@@ -652,9 +653,44 @@ def test_migration_charge_is_bytes_over_bandwidth() -> None:
     assert r["total_time_s"] == pytest.approx(r["serving_s"] + r["migration_s"], abs=1e-5)
 
 
+def _prediction(compute: list[list[float]], weight: list[list[float]], comm: list[list[float]],
+                overlap: bool) -> Any:
+    """A LayerPrediction of the given per-GPU terms [L][G] µs (the fields the migration charge reads)."""
+    from eplb.cost.model import LayerPrediction, combine_terms
+
+    c, w, m = (np.array(x, dtype=float) for x in (compute, weight, comm))
+    gpu = combine_terms(c, w, m, overlap)
+    layers, gpus = c.shape
+    zeros, slowest = np.zeros(layers), gpu.argmax(axis=1)
+    pick = np.arange(layers)
+    return LayerPrediction(gpu.max(axis=1), c[pick, slowest], w[pick, slowest], m[pick, slowest], ["comm"] * layers,
+                           slowest, gpu, c, w, m, np.zeros((layers, gpus)), np.zeros((layers, gpus), dtype=np.int64),
+                           zeros, np.ones(layers), overlap)  # fmt: skip
+
+
+def test_copies_slow_each_layer_by_its_own_comm_share() -> None:
+    """The all-to-all on 1 - share of the link: each GPU's comm term grows by 1 / (1 - share). Comm hidden behind
+    the GEMMs slows nothing until it surfaces; comm after the GEMMs (no overlap) always slows the step; and the
+    slowdown is the layers' own, not one of their mean comm share (below, a comm-bound layer next to a GEMM-bound
+    one slows the step by 0.19, where the old rule, max(0, mean share / 0.75 - 1) with a mean share of 0.625,
+    said 0)."""
+    from eplb.cost.migration import MigrationSpec
+
+    spec = MigrationSpec(50e9, link_share=0.25)
+    hidden = _prediction([[100.0, 90.0]], [[10.0, 10.0]], [[50.0, 60.0]], overlap=True)
+    assert spec.slowdown(hidden) == 0.0  # 60 / 0.75 = 80 < 100
+    after = _prediction([[60.0, 60.0]], [[10.0, 10.0]], [[40.0, 30.0]], overlap=False)  # 100 us, comm 0.4 of it
+    assert spec.slowdown(after) == pytest.approx((60 + 40 / 0.75) / 100 - 1)  # 0.133
+    mixed = _prediction([[0.0, 0.0], [80.0, 80.0]], [[0.0, 0.0], [0.0, 0.0]], [[100.0, 100.0], [20.0, 20.0]],
+                        overlap=True)  # layer 0 all comm, layer 1 comm 0.2 of it
+    assert spec.slowdown(mixed) == pytest.approx((100 / 0.75 + 80) / 180 - 1)
+    assert spec.slowdown(_prediction([[0.0]], [[0.0]], [[0.0]], overlap=True)) == 0.0  # an idle step
+
+
 def test_copies_hbm_traffic_is_charged_to_weight_bound_steps() -> None:
     """With overlap, a copy is read from a source GPU's HBM and written to its destination's: the busiest
-    GPU's copy bytes (in + out) / HBM bandwidth, times the share of the step that weight reads bound. The
+    GPU's copy bytes (in + out) / HBM bandwidth when weight reads bound the step (its weight reads take
+    1 / (1 - h) as long while copies take the share h of its HBM bandwidth, over the copies' transfer_s). The
     sources are the plan's (`solvers.plan`): replicas that stay put, else all holders, taken in turn."""
     from eplb.cost.migration import MigrationSpec, plan_copies, plan_for
     from solvers.plan import build_plan
@@ -668,12 +704,13 @@ def test_copies_hbm_traffic_is_charged_to_weight_bound_steps() -> None:
     assert sent.tolist() == [1.0, 1.0, 0.0]
     per_copy, hbm = 44e6, 8e12
     spec = MigrationSpec(900e9, hbm_bw=hbm)
-    cost = spec.cost(into * per_copy, 0.1, sent * per_copy, weight_fraction=0.5)
-    assert cost.hbm_s == pytest.approx(2 * per_copy / hbm * 0.5)  # GPU 1: one copy in, one out
-    assert cost.charge_s(1e-3)[0] == pytest.approx(cost.hbm_s)  # comm hidden: HBM traffic is all it costs
-    assert MigrationSpec(900e9).cost(np.array([per_copy]), 0.1, np.array([per_copy]), 1.0).hbm_s == 0  # not asked
-    assert MigrationSpec(900e9, overlap=False, hbm_bw=hbm).cost(np.array([per_copy]), 0.1, np.array([per_copy]),
-                                                                1.0).hbm_s == 0  # blocking: inside the stall
+    weight_bound = _prediction([[50.0] * 3], [[100.0] * 3], [[10.0] * 3], overlap=True)  # comm hidden
+    cost = spec.cost(into * per_copy, weight_bound, sent * per_copy)
+    assert cost.charge_s(1e-3)[0] == pytest.approx(2 * per_copy / hbm)  # GPU 1: one copy in, one out
+    one = np.array([per_copy])
+    assert MigrationSpec(900e9).cost(one, weight_bound, one).slowdown == 0  # HBM not asked
+    blocking = MigrationSpec(900e9, overlap=False, hbm_bw=hbm).cost(one, weight_bound, one)
+    assert blocking.charge_s(1e-3)[0] == pytest.approx(per_copy / 900e9)  # inside the stall
     # on aligned greedy placements of random windows the plan's reads per GPU are the estimate's, up to less than
     # one copy per (layer, expert) the GPU sends
     from solvers.greedy import solve_greedy
@@ -718,14 +755,15 @@ def test_fixed_stall_is_charged_once_per_rebalance_that_copies() -> None:
 
     bw, per_copy, stall = 50e9, 44e6, 0.25
     bytes_in = np.array([2 * per_copy, 0.0])
-    blocking = MigrationSpec(bw, overlap=False, fixed_stall_s=stall).cost(bytes_in, comm_fraction=0.5)
+    comm_bound = _prediction([[0.0, 0.0]], [[0.0, 0.0]], [[90.0, 60.0]], overlap=True)
+    blocking = MigrationSpec(bw, overlap=False, fixed_stall_s=stall).cost(bytes_in, comm_bound)
     charge, steps = blocking.charge_s(0.01)
     assert charge == pytest.approx(2 * per_copy / bw + stall) and steps == 0
-    plain = MigrationSpec(bw, link_share=0.25).cost(bytes_in, comm_fraction=0.9)
-    lap = MigrationSpec(bw, link_share=0.25, fixed_stall_s=stall).cost(bytes_in, comm_fraction=0.9)
+    plain = MigrationSpec(bw, link_share=0.25).cost(bytes_in, comm_bound)
+    lap = MigrationSpec(bw, link_share=0.25, fixed_stall_s=stall).cost(bytes_in, comm_bound)
     assert lap.charge_s(0.01)[0] == pytest.approx(plain.charge_s(0.01)[0] + stall) and plain.charge_s(0.01)[0] > 0
     assert lap.charge_s(0.01)[1] == plain.charge_s(0.01)[1] > 0  # the copies span the same steps
-    nothing = MigrationSpec(bw, fixed_stall_s=stall).cost(np.zeros(2), comm_fraction=0.9)
+    nothing = MigrationSpec(bw, fixed_stall_s=stall).cost(np.zeros(2), comm_bound)
     assert nothing.charge_s(0.01) == (0.0, 0)
     for bad in (-1.0, float("nan"), float("inf"), 1e9):
         with pytest.raises(EplbError, match="fixed stall"):

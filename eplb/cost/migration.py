@@ -8,12 +8,12 @@ busiest destination: `max_g bytes_in[g] / link_bw`. Two ways to apply them (docs
 
 - blocking: serving stops while the weights move; the stall adds to the simulated time;
 - overlap (vLLM's layer-by-layer moves while serving): the copies take a share of the link for
-  `bytes / (share x link_bw)`; meanwhile the all-to-all runs on the rest, so a step whose comm
-  is the fraction c of its layer time slows by max(0, c / (1 - share) - 1) of itself; and every copy
-  is read from a source GPU's HBM and written to the destination's, HBM time taken from the weight
-  reads of the steps served meanwhile: the busiest GPU's copy bytes (in + out) / HBM bandwidth, charged
-  in proportion to the fraction w of the layer time that weight reads bound. The new placement serves
-  only once the copies are done.
+  `bytes / (share x link_bw)`; meanwhile the all-to-all runs on the rest (every GPU's comm term takes
+  1 / (1 - share) as long) and every copy is read from a source GPU's HBM and written to the destination's,
+  so a GPU whose copies take the fraction h of its HBM bandwidth reads its experts' weights 1 / (1 - h) as
+  long. A step slows by what both add to its layers' times (each layer's slowest GPU, terms combined as the
+  cost model does: `MigrationSpec.slowdown`), and the steps served while the copies run lose
+  `transfer_s x d / (1 + d)` for a slowdown d. The new placement serves only once the copies are done.
 
 Either way a rebalance that copies anything may also stop serving for a fixed `fixed_stall_s` (host-side
 planning, building the transfer ops, synchronizing the ranks), which the bytes do not show.
@@ -73,18 +73,34 @@ class MigrationSpec:
             raise EplbError(f"the fixed stall per rebalance must be 0 to {MAX_FIXED_STALL_S:g} s, "
                             f"got {self.fixed_stall_s!r}")
 
+    def slowdown(self, serving: LayerPrediction, hbm_share: NDArray[np.float64] | None = None) -> float:
+        """The relative slowdown of a step like `serving` (a prediction, per GPU and layer) while the copies run:
+        every GPU's comm term takes 1 / (1 - link_share) as long, and GPU g's weight reads 1 / (1 - hbm_share[g])
+        (hbm_share [G]: the fraction of its HBM bandwidth the copies take; None: none); each layer waits for its
+        slowest GPU, terms combined as the cost model combines them (`eplb.cost.model.combine_terms`: comm hidden
+        behind the GEMMs with overlap, after them without); 0 for a step without time."""
+        from eplb.cost.model import combine_terms
+
+        def step_us(comm: float, weight: NDArray[np.float64] | float) -> float:
+            times = combine_terms(serving.gpu_compute_us, serving.gpu_weight_read_us * weight,
+                                  serving.gpu_comm_us * comm, serving.overlap)  # fmt: skip
+            return float(times.max(axis=1, initial=0.0).sum())
+
+        before = step_us(1.0, 1.0)
+        weight = 1.0 if hbm_share is None else 1.0 / (1.0 - hbm_share)
+        return max(0.0, step_us(1.0 / (1.0 - self.link_share), weight) / before - 1.0) if before > 0 else 0.0
+
     def cost(
         self,
         bytes_in: NDArray[np.float64],
-        comm_fraction: float,
+        serving: LayerPrediction | None = None,
         bytes_out: NDArray[np.float64] | None = None,
-        weight_fraction: float = 0.0,
         remote_in: NDArray[np.float64] | None = None,
     ) -> MigrationCost:
         """The cost of copying bytes_in [G] bytes into each GPU (read from bytes_out [G] of each GPU, None: not
-        known) while serving steps whose comm term is `comm_fraction` (0..1) of their layer time and whose
-        weight reads bound `weight_fraction` (0..1) of it. remote_in [G]: the part of bytes_in read from other
-        nodes (two links; None: every copy takes link_bw)."""
+        known) while serving steps like `serving` (None: the copies slow nothing; blocking copies stop serving
+        whatever it is). remote_in [G]: the part of bytes_in read from other nodes (two links; None: every copy
+        takes link_bw)."""
         if remote_in is not None and self.inter_node_bw is not None:
             per_gpu = np.maximum((bytes_in - remote_in) / self.link_bw, remote_in / self.inter_node_bw)
         else:
@@ -94,12 +110,11 @@ class MigrationSpec:
             return MigrationCost(float(bytes_in.sum()), link_s, stall_s=link_s + self.fixed_stall_s, slowdown=0.0,
                                  overlap=False)  # fmt: skip
         seconds = link_s / self.link_share
-        slowdown = max(0.0, min(1.0, comm_fraction) / (1.0 - self.link_share) - 1.0)
-        hbm_s = 0.0
-        if self.hbm_bw is not None and bytes_out is not None and bytes_in.size:
-            hbm_s = float((bytes_in + bytes_out).max()) / self.hbm_bw * min(1.0, max(0.0, weight_fraction))
-        return MigrationCost(float(bytes_in.sum()), seconds, stall_s=self.fixed_stall_s, slowdown=slowdown,
-                             hbm_s=hbm_s)  # fmt: skip
+        hbm_share = None
+        if self.hbm_bw is not None and bytes_out is not None and seconds > 0:
+            hbm_share = np.minimum(0.99, (bytes_in + bytes_out) / seconds / self.hbm_bw)  # copies' HBM B/s per GPU
+        slowdown = 0.0 if serving is None else self.slowdown(serving, hbm_share)
+        return MigrationCost(float(bytes_in.sum()), seconds, stall_s=self.fixed_stall_s, slowdown=slowdown)
 
     def rebalance_cost(
         self,
@@ -120,28 +135,21 @@ class MigrationSpec:
             plan = plan_for(new, old, slots_per_gpu, self.gpus_per_node)
         copies_in, copies_out, across = plan_copies(plan, slots_per_gpu.size, self.gpus_per_node)
         remote_in = across * expert_bytes if self.inter_node_bw is not None and self.gpus_per_node else None
-        t = serving.time_us
-
-        def share(term: NDArray[np.float64]) -> float:
-            return float(np.mean(np.divide(term, t, out=np.zeros_like(term), where=t > 0)))
-
-        return self.cost(copies_in * expert_bytes, share(serving.comm_us), copies_out * expert_bytes,
-                         share(serving.weight_read_us), remote_in)
+        return self.cost(copies_in * expert_bytes, serving, copies_out * expert_bytes, remote_in)
 
 
 @dataclass(frozen=True)
 class MigrationCost:
     """One rebalance's weight moves. bytes: all copies; transfer_s: how long they take; stall_s: serving
     time lost outright (blocking copies, and the spec's fixed stall); slowdown: with overlap, the relative
-    slowdown of the steps served while the copies run (their extra time = slowdown x their time, at most
-    transfer_s x slowdown); hbm_s: with overlap, the weight-read time the steps served meanwhile lose to the
-    copies' HBM traffic; overlap: the copies run while serving."""
+    slowdown of the steps served while the copies run, their link and HBM traffic included (each takes
+    1 + slowdown times as long, so over the transfer_s they run, serving loses transfer_s x slowdown /
+    (1 + slowdown)); overlap: the copies run while serving."""
 
     bytes: float
     transfer_s: float
     stall_s: float
     slowdown: float
-    hbm_s: float = 0.0
     overlap: bool = True
 
     def charge_s(self, step_time_s: float) -> tuple[float, int]:
@@ -152,7 +160,7 @@ class MigrationCost:
         if not self.overlap:
             return self.stall_s, 0
         steps = math.ceil(self.transfer_s / step_time_s) if step_time_s > 0 else 0
-        return self.stall_s + self.transfer_s * self.slowdown + self.hbm_s, steps
+        return self.stall_s + self.transfer_s * self.slowdown / (1.0 + self.slowdown), steps
 
 
 def plan_for(

@@ -19,7 +19,7 @@ from eplb.cost.uniform import IDLE, TERMS
 from eplb.errors import EplbError
 from eplb.specs import HardwareSpec, ModelSpec
 
-__all__ = ["LayerPrediction", "TimeModel", "predict"]
+__all__ = ["LayerPrediction", "TimeModel", "combine_terms", "predict"]
 
 _US = 1e6  # seconds -> microseconds
 F64 = NDArray[np.float64]
@@ -200,10 +200,8 @@ class TimeModel:
         return out
 
     def gpu_time(self, compute: F64, weight: F64, comm: F64) -> F64:
-        """Per-GPU layer time µs from its three terms."""
-        gemm = np.maximum(compute, weight)
-        out: F64 = np.maximum(gemm, comm) if self.overlap else gemm + comm
-        return out
+        """Per-GPU layer time µs from its three terms (`combine_terms`)."""
+        return combine_terms(compute, weight, comm, self.overlap)
 
     def layer_time(
         self, total: F64, rows: NDArray[Any], active: NDArray[Any], reach: NDArray[Any] | None = None
@@ -228,6 +226,14 @@ class TimeModel:
         copies = np.maximum(k * tokens - lo / g, hi * (1.0 - 1.0 / g))
         out: F64 = np.maximum(np.maximum(compute, weight), copies * self.comm_us_per_copy)
         return out
+
+
+def combine_terms(compute: F64, weight: F64, comm: F64, overlap: bool) -> F64:
+    """A GPU's layer time µs from its terms (same shapes): the GEMMs wait for the larger of compute and weight
+    reads; the all-to-all overlaps them (two micro-batches) or follows them."""
+    gemm = np.maximum(compute, weight)
+    out: F64 = np.maximum(gemm, comm) if overlap else gemm + comm
+    return out
 
 
 @dataclass(frozen=True)
