@@ -858,7 +858,8 @@ def _worth_it(
     steps: int,
 ) -> tuple[int, bool, str]:
     """Cost trigger: for each candidate (its judged outcome, copies, solve arguments, the solve's migration plan),
-    the predicted time saved over `steps` steps minus the migration charge of copying its experts while serving
+    the predicted time saved over `steps` steps (those after its copies land, `eplb.trigger.net_saving`) minus the
+    migration charge of copying its experts while serving
     (replay's cost model, `eplb.cost.migration`, counting the plan's copies); `eplb.trigger.choose_candidate`
     picks one. Returns (candidate, rebalance?, why)."""
     pred = before.prediction
@@ -870,8 +871,10 @@ def _worth_it(
         assert after.prediction is not None
         migration = spec.rebalance_cost(after.placement.phy2log, current.phy2log, setup.cluster.slots_per_gpu,
                                         setup.model.expert_bytes, pred, plan)  # fmt: skip
-        charge.append(migration.charge_s(pred.total_time_us * 1e-6)[0])
-        saved.append((pred.total_time_us - after.prediction.total_time_us) * 1e-6 * steps)
+        net, saving = trigger.net_saving((pred.total_time_us - after.prediction.total_time_us) * 1e-6, steps, migration,
+                                         pred.total_time_us * 1e-6)  # fmt: skip
+        saved.append(saving)
+        charge.append(saving - net)
     lbs = [(after.balance.lb_over_tokens() or (1.0, 1.0))[0] for after, _, _, _ in tried]  # a window with tokens
     pick = trigger.choose_candidate([s - c for s, c in zip(saved, charge, strict=True)], lbs,
                                     [copies for _, copies, _, _ in tried])  # fmt: skip

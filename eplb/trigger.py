@@ -1,18 +1,22 @@
 """The cost trigger's candidates and its choice among them, one definition for replay and deployments.
 
 With the incremental solver a check tries several move budgets, no budget and a fresh greedy placement
-(`candidates`); each is scored by its net saving (predicted time saved over the next interval minus its
-migration charge, `eplb.cost.migration`) and `choose_candidate` picks one, or none when nothing pays for
-itself. Why this choice: docs/replay.md ("Rebalancing policies, triggers and migration").
+(`candidates`); each is scored by its net saving (predicted time saved over the next interval once its copies
+land minus its migration charge, `net_saving`, `eplb.cost.migration`) and `choose_candidate` picks one, or none
+when nothing pays for itself. Why this choice: docs/replay.md ("Rebalancing policies, triggers and migration").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eplb.cost.migration import MigrationCost
 
 __all__ = ["LB_TOLERANCE", "MOVE_BUDGETS", "NET_TOLERANCE", "TRIGGER_OPTIONS", "candidates", "choose_candidate",
-           "unused_option"]
+           "net_saving", "unused_option"]
 
 TRIGGER_OPTIONS: dict[str, tuple[str, ...]] = {
     "periodic": ("every",), "threshold": ("threshold",), "cost": ("steps", "migration", "migration_stall_s"),
@@ -39,14 +43,27 @@ def candidates(total_slots: int) -> list[dict[str, Any]]:
     return [*({"max_moves": b} for b in budgets), {"max_moves": None}, {"fresh": True}]
 
 
+def net_saving(saved_per_step_s: float, steps: int, cost: MigrationCost | None, step_time_s: float,
+               delay: int = 0) -> tuple[float, float]:
+    """(net saving, saving), s, of a candidate whose placement serves `saved_per_step_s` faster per step than the
+    serving one, over the `steps` steps until the next decision: until its copies land (the steps they span,
+    `MigrationCost.charge_s`, or `delay`, the longer) the serving placement serves on, so only the steps after
+    save; the net saving takes its migration charge off (None: nothing to copy or no migration model)."""
+    charge, span = (0.0, 0) if cost is None else cost.charge_s(step_time_s)
+    saving = saved_per_step_s * max(0, steps - max(delay, span))
+    return saving - charge, saving
+
+
 def choose_candidate(net_s: list[float], lb: list[float], moves: list[int]) -> int | None:
     """The cost trigger's choice among candidates (net saving s, lb on the judged loads, copies each): of
     those within NET_TOLERANCE of the best net saving, the fewest copies whose lb is within LB_TOLERANCE of
-    the most balanced one's (ties: the lower lb); None when no candidate saves more than it costs."""
-    best = max(net_s, default=0.0)
+    the most balanced one's (ties: the lower lb); None when no candidate saves more than it costs. A candidate
+    whose net saving or lb is not a finite number (a prediction that failed) is never chosen."""
+    finite = [i for i in range(len(net_s)) if math.isfinite(net_s[i]) and math.isfinite(lb[i])]
+    best = max((net_s[i] for i in finite), default=0.0)
     if best <= 0:
         return None
-    near = [i for i, n in enumerate(net_s) if n >= best * (1 - NET_TOLERANCE)]
+    near = [i for i in finite if net_s[i] >= best * (1 - NET_TOLERANCE)]
     balanced = min(lb[i] for i in near)
     return min((i for i in near if lb[i] <= balanced * (1 + LB_TOLERANCE)), key=lambda i: (moves[i], lb[i]))
 

@@ -857,7 +857,51 @@ def test_cost_trigger_takes_the_fewest_copies_near_the_best_balance() -> None:
     assert choose_candidate(net, [1.30, 1.20, 1.15, 1.095], copies) == 3  # only fresh greedy is balanced enough
     assert choose_candidate([1.0, 0.5, 0.98, 0.99], lb, copies) == 2  # the mid budget saves too little
     assert choose_candidate([-0.1, 0.0], [1.0, 1.0], [1, 2]) is None
+    nan, inf = float("nan"), float("inf")  # a failed prediction is never chosen (max() kept a NaN first, then crashed)
+    assert choose_candidate([nan, 0.5, 0.4], [1.0, 1.1, 1.2], [1, 2, 3]) == 1
+    assert choose_candidate([inf, 0.5], [1.0, nan], [1, 2]) is None
     assert choose_candidate([], [], []) is None
+
+
+def test_saving_counts_only_the_steps_after_the_copies_land() -> None:
+    """A candidate saving 1 ms a step over a 100-step interval whose copies span 30 steps saves 70 ms (the serving
+    placement serves meanwhile); with a delay of 40 steps, 60 ms; copies longer than the interval save nothing."""
+    from eplb.cost.migration import MigrationCost
+    from eplb.trigger import net_saving
+
+    copies = MigrationCost(bytes=1.0, transfer_s=0.3, stall_s=0.0, slowdown=0.25)  # 30 steps of 10 ms: 0.3 x 0.2 s
+    assert net_saving(1e-3, 100, copies, 0.01) == pytest.approx((0.07 - 0.06, 0.07))
+    assert net_saving(1e-3, 100, copies, 0.01, delay=40) == pytest.approx((0.0, 0.06))
+    assert net_saving(1e-3, 20, copies, 0.01) == pytest.approx((-0.06, 0.0))
+    assert net_saving(1e-3, 100, None, 0.01, delay=1) == pytest.approx((0.099, 0.099))
+
+
+def test_a_check_where_copies_land_runs_against_the_landed_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies that span exactly one interval land at the next check: that check runs (it was skipped as 'copies
+    still in flight', so a whole interval passed without one)."""
+    from eplb.cost.migration import MigrationCost, MigrationSpec
+
+    monkeypatch.setattr(MigrationCost, "charge_s", lambda self, step_time_s: (0.0, 60))
+    log = two_regimes(200, shift=100, layers=2)
+    res = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=30, interval=60), cost=small_cost(32),
+                 oracle_every=0, migration=MigrationSpec(900e9), hindsight=False)  # fmt: skip
+    assert [c["decision"] for c in res.checks] == ["rebalance", "rebalance", "rebalance"]
+    assert [r.applies_from for r in res.rebalances] == [120, 180, 240]
+
+
+def test_cost_trigger_keeps_the_callers_move_budget() -> None:
+    """Options(max_moves=N) with the cost trigger: the policy's one budgeted solve is judged, never the trigger's
+    unbudgeted or fresh candidates (a rebalance copied every slot the fresh placement moved)."""
+    from solvers.registry import Options
+
+    log = two_regimes(200, shift=100, layers=2)
+    cost = small_cost(32, tokens_per_gpu=4096.0)
+    res = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=30, interval=60, trigger="cost"), cost=cost,
+                 solver="incremental", options=Options(max_moves=3), oracle_every=0, hindsight=False)  # fmt: skip
+    assert res.rebalances and all(r.moves <= 3 for r in res.rebalances)
+    free = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=30, interval=60, trigger="cost"), cost=cost,
+                  solver="incremental", oracle_every=0, hindsight=False)  # fmt: skip
+    assert max(r.moves for r in free.rebalances) > 3  # without the budget it moves more (the test can fail)
 
 
 def test_cost_trigger_with_fresh_candidate_still_pays_for_itself() -> None:

@@ -537,8 +537,9 @@ class _Replay:
         return self.result(done, time.perf_counter() - started, oracle_every, blocks if collect else None)
 
     def at_position(self, pos: int, chunk: CountsChunk) -> None:
-        """Run the check due at `pos` (unless copies are in flight) and apply a placement due at `pos`."""
-        changed = False
+        """Apply a placement due at `pos`, then run the check due at `pos` (against it: copies that land at a check
+        are not in flight; unless copies are), then apply what that check schedules for `pos` itself (delay 0)."""
+        changed = self.apply_due(pos)
         if pos == self.next_check:
             if self.pending is None:
                 self.check(pos, chunk)
@@ -546,17 +547,21 @@ class _Replay:
                 self.checks.append({"position": pos, "decision": "skip", "reason": "copies still in flight"})
             self.next_check += self.sched.interval
             self.segment = min(self.segment + 1, max(len(self.hindsight) - 1, 0))
-            changed = True
-        if self.pending is not None and pos == self.pending[0]:  # charged once it serves
-            _, self.serving, charge = self.pending
-            self.stats["replay"].migration_s += charge
-            if self.static is None:
-                self.static = self.serving
-                self.stats["static"].migration_s += charge
-            self.pending = None
-            changed = True
+            changed = self.apply_due(pos) or True
         if changed:
             self.evaluator.set_placements(self.placements())
+
+    def apply_due(self, pos: int) -> bool:
+        """Serve the pending placement if it is due at `pos`, charging its migration once it serves."""
+        if self.pending is None or pos != self.pending[0]:
+            return False
+        _, self.serving, charge = self.pending
+        self.stats["replay"].migration_s += charge
+        if self.static is None:
+            self.static = self.serving
+            self.stats["static"].migration_s += charge
+        self.pending = None
+        return True
 
     def serve(self, chunk: CountsChunk, pos: int, stop: int, oracle_every: int) -> StepBlock:
         """Evaluate positions pos .. stop - 1 on every row, add them to the statistics and the window."""
@@ -767,10 +772,11 @@ class _Replay:
                                              self.cost.model.expert_bytes, pred, plan)  # fmt: skip
 
     def candidates(self) -> list[dict[str, Any]]:
-        """The cost trigger's candidates as `solve` keyword arguments: with the incremental solver
-        `eplb.trigger.candidates` (move budgets, no budget, a fresh greedy placement); with any other solver,
-        its one fresh placement."""
-        if self.policy.solver != "incremental":
+        """The cost trigger's candidates as `solve` keyword arguments: with the incremental solver and no budget of
+        the caller's own (Options max_moves or target_lb) `eplb.trigger.candidates` (move budgets, no budget, a
+        fresh greedy placement), as deployments do; else the policy's one solve."""
+        opts = self.policy.options or Options()
+        if self.policy.solver != "incremental" or opts.max_moves is not None or opts.target_lb is not None:
             return [{}]
         return trigger.candidates(self.serving.num_layers * self.serving.num_physical)
 
@@ -805,11 +811,9 @@ class _Replay:
         scored: list[tuple[float, float, MigrationCost | None, Outcome, float]] = []
         for outcome, t_new, b in zip(candidates, step_s[1:], balance[1:], strict=True):
             cost = self.migration_cost(outcome, step_loads)
-            charge, _ = (0.0, 0) if cost is None else cost.charge_s(self.step_time_s)
-            # until the copies land, moving and keeping serve the same placement; after, the new one serves
-            # at least an interval (no check runs while copies are in flight)
-            saving = float(step_s[0] - t_new) * self.sched.interval
-            scored.append((saving - charge, float(b), cost, outcome, saving))
+            net, saving = trigger.net_saving(float(step_s[0] - t_new), self.sched.interval, cost, self.step_time_s,
+                                             self.sched.delay)  # fmt: skip
+            scored.append((net, float(b), cost, outcome, saving))
         pick = trigger.choose_candidate([s[0] for s in scored], [s[1] for s in scored], [_moves(s[3]) for s in scored])
         if pick is None:
             return None
