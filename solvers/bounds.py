@@ -86,50 +86,29 @@ def replication_bound(loads: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.
     With ``r[e]`` replicas, expert ``e`` leaves at least ``loads[e] / r[e]`` tokens on
     one GPU (uniform: exactly that on each; weighted: the largest share is at least
     the mean share). Replica counts satisfy ``1 <= r[e] <= max_replicas_per_expert``
-    and ``sum(r) <= P``, so the bound is ``min_r max_e loads[e] / r[e]`` over those
-    counts: the least t whose fewest counts ``max(1, ceil(loads / t))`` fit, found
-    exactly, all layers at once (what giving each next replica to the expert with the
-    largest ``load / r`` reaches, one replica at a time). Holds for every split.
+    and ``sum(r) == P``, so the bound is ``min_r max_e loads[e] / r[e]`` over those
+    counts. Giving the next replica to the expert with the largest ``load / r``
+    (water filling) attains that minimum, since each step lowers the current maximum
+    as far as one replica can and never raises another expert's ratio. Holds for
+    every split.
     """
     w, slots = _check(loads, slots_per_gpu)
     num_layers, num_experts = w.shape
-    if num_experts == 0:
-        return np.zeros(num_layers)
-    total = int(slots.sum())
+    extra = int(slots.sum()) - num_experts
     cap = max_replicas_per_expert(num_experts, slots)
-
-    def fewest(t: NDArray[np.float64]) -> NDArray[np.int64]:
-        """[L, E] the fewest replicas that put every expert's load / replicas at most t [L] (t > 0)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            need = np.ceil(w / t[:, None])
-        out: NDArray[np.int64] = np.maximum(1, np.nan_to_num(need, nan=1.0, posinf=float(cap + 1))).astype(np.int64)
-        return out
-
-    def fits(r: NDArray[np.int64]) -> NDArray[np.bool_]:
-        out: NDArray[np.bool_] = (r.sum(axis=1) <= total) & (r.max(axis=1) <= cap)
-        return out
-
-    # The optimum t* is the least t whose fewest replicas fit. Bisect a bracket (lo fails, hi fits: one
-    # replica each fits, as P >= E), then lower exactly: t = max(loads / r) for fitting counts r, and a
-    # smaller t needs one more replica on every expert at t; when those no longer fit, t is t*.
-    hi = w.max(axis=1)
-    lo = hi / cap / 2  # below hot / cap: fails
-    busy = hi > 0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        ok = fits(fewest(np.where(busy, mid, 1.0)))
-        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
-    r = fewest(np.where(busy, hi, 1.0))
-    active = busy.copy()
-    while True:
-        ratio = w / r
-        t = ratio.max(axis=1)
-        more = r + (ratio >= t[:, None])
-        step = active & fits(more)
-        if not step.any():
-            return np.asarray(np.where(busy, t, 0.0), dtype=np.float64)
-        r = np.where(step[:, None], more, r)
-        active = step
+    replicas = np.ones((num_layers, num_experts), dtype=np.int64)
+    ratio = w.copy()
+    layers = np.arange(num_layers)
+    active = np.ones(num_layers, dtype=bool)  # every layer at once: one argmax per replica, not per layer
+    for _ in range(extra if num_experts else 0):
+        hottest = np.argmax(ratio, axis=1)
+        active &= replicas[layers, hottest] < cap  # at cap, the hottest ratio is final: that layer is done
+        if not active.any():
+            break
+        rows, cols = layers[active], hottest[active]
+        replicas[rows, cols] += 1
+        ratio[rows, cols] = w[rows, cols] / replicas[rows, cols]
+    return np.asarray(ratio.max(axis=1, initial=0.0), dtype=np.float64)
 
 
 def smallest_pieces_bound(loads: ArrayLike, slots_per_gpu: ArrayLike) -> NDArray[np.float64]:

@@ -136,31 +136,3 @@ def test_bounds_hold_for_placements_with_same_gpu_duplicates_too() -> None:
             beaten += int(busiest.min() < busiest[free].min() * (1 - 1e-9))
         checked += 1
     assert beaten > 10
-
-
-def _water_filling(w: list[float], total: int, cap: int) -> float:
-    """The replication bound of one layer one replica at a time: the next to the expert of the largest
-    load / replicas, until the replicas run out or that expert is at the cap."""
-    r = [1] * len(w)
-    for _ in range(total - len(w)):
-        e = max(range(len(w)), key=lambda i: w[i] / r[i])
-        if r[e] == cap:
-            break
-        r[e] += 1
-    return max(wi / ri for wi, ri in zip(w, r, strict=True))
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_replication_bound_equals_water_filling(seed: int) -> None:
-    """Random layers (heavy tails, ties, zero experts and idle layers), even and uneven slots, caps that bind."""
-    rng = np.random.default_rng(seed)
-    experts = int(rng.integers(2, 40))
-    loads = np.floor(rng.pareto(1.2, size=(12, experts)) * 100)
-    loads[0] = 0.0  # an idle layer
-    loads[1, : experts // 2] = 7.0  # ties
-    for slots in (np.full(int(rng.integers(2, 9)), -(-experts // 4) + 1), rng.integers(0, 12, size=6)):
-        if slots.sum() < experts:
-            slots[0] += experts - slots.sum()
-        cap = max_replicas_per_expert(experts, slots)
-        want = [_water_filling(row.tolist(), int(slots.sum()), cap) for row in loads]
-        assert replication_bound(loads, slots).tolist() == want  # exactly, not approximately
