@@ -140,7 +140,8 @@ def validate_placement(
 
 
 def duplicate_count(phy2log: NDArray[np.int64], slots_per_gpu: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Replicas that share a GPU with another replica of the same expert: [layers]."""
+    """Surplus replicas per layer: for each GPU holding k > 1 replicas of one expert, k - 1 (0 when no GPU holds an
+    expert twice; empty slots count as none): [layers], from phy2log [layers, P] and slots_per_gpu [G]."""
     layers, _ = phy2log.shape
     gpus = slot_gpu(slots_per_gpu)
     num_experts = int(phy2log.max()) + 1 if phy2log.size else 1
