@@ -893,11 +893,19 @@ def _describe(kwargs: dict[str, Any]) -> str:
     return "incremental, no budget"
 
 
+RECENT_WINDOWS_SCANNED = 10_000
+"""How many of a deployment's newest stored windows `_recent_windows` searches for ones of a window's shape."""
+
+
 def _recent_windows(session: Any, name: str, count: int, shape: tuple[int, ...]) -> list[NDArray[np.float64]]:
-    """The last `count` stored windows of this shape, newest first: [layers, E] each."""
+    """The last `count` stored windows of this shape ([layers, E]), newest first, found among the deployment's
+    newest `RECENT_WINDOWS_SCANNED` stored windows of any shape (fewer when fewer match there)."""
     if count < 1:
         return []
-    query = select(HistoryRow.loads).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
+    newest = (select(HistoryRow.id).where(HistoryRow.deployment == name, HistoryRow.loads.is_not(None))
+              .order_by(HistoryRow.id.desc()).limit(RECENT_WINDOWS_SCANNED))
+    layers, experts = shape
+    query = select(HistoryRow.loads).where(HistoryRow.id.in_(newest.scalar_subquery()),
+                                           HistoryRow.window_layers == layers, HistoryRow.window_experts == experts)
     blobs = session.scalars(query.order_by(HistoryRow.id.desc()).limit(count))
-    windows = [np.asarray(unpack(b), dtype=np.float64) for b in blobs]
-    return [w for w in windows if w.shape == shape]
+    return [np.asarray(unpack(b), dtype=np.float64) for b in blobs]

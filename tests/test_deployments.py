@@ -278,6 +278,38 @@ def test_solve_on_the_sum_of_recent_windows(store: Store) -> None:
     assert second.result.placement.phy2log == expected.placement.phy2log.tolist()
 
 
+def test_the_sum_of_recent_windows_skips_windows_of_other_layers(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """policy.windows 3 after a window of other layers: the last 2 stored windows of any shape were taken and the
+    other shape dropped, so the solve summed 2 windows, not 3, though an older one of the window's shape was
+    stored. It sums the last 2 of its shape, searched among the newest RECENT_WINDOWS_SCANNED stored windows."""
+    dep.register(store, "mixed", config(trigger="periodic", every=1, windows=3))
+    dep.process_window(store, "mixed", window(0))
+    second = dep.process_window(store, "mixed", window(1))
+    assert second.result is not None
+    serving = second.result.placement.model_dump(exclude_none=True)
+    part = {"phy2log": serving["phy2log"][:2], "slots_per_gpu": serving["slots_per_gpu"]}  # 2 of the 4 layers
+    assert dep.process_window(store, "mixed", window(2)[:2], current_placement=part).action == "rebalanced"
+    with store.read() as session:
+        assert [w.tolist() for w in dep._recent_windows(session, "mixed", 2, (LAYERS, EXPERTS))] == [window(1),
+                                                                                                      window(0)]
+        monkeypatch.setattr(dep, "RECENT_WINDOWS_SCANNED", 2)  # the two newest: the 2-layer window and window(1)
+        assert [w.tolist() for w in dep._recent_windows(session, "mixed", 2, (LAYERS, EXPERTS))] == [window(1)]
+    monkeypatch.undo()
+    last = dep.process_window(store, "mixed", window(3), current_placement=serving)
+    setup = dep.Setup(config())
+    served = Placement.from_dict({**serving, "num_experts": EXPERTS})
+
+    def solved(*phases: int) -> list[list[int]]:
+        summed = np.sum([window(p) for p in phases], axis=0)
+        outcome = solve(summed, setup.cluster, solver=setup.solver_name(True), cost=setup.cost, current=served,
+                        options=setup.options(True), empty_slots=False)
+        phy2log: list[list[int]] = outcome.placement.phy2log.tolist()
+        return phy2log
+
+    assert last.result is not None and last.result.placement.phy2log == solved(3, 1, 0)
+    assert solved(3, 1, 0) != solved(3, 1)  # what it summed before: the test tells the two apart
+
+
 def test_history_pages_newest_first(store: Store) -> None:
     dep.register(store, "h", config(trigger="periodic", every=1))
     for i in range(5):
