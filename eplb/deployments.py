@@ -88,6 +88,11 @@ class NotFound(EplbError):
     """No deployment of that name (or no such history entry)."""
 
 
+PLACEMENT_DROPPED = ("the serving placement no longer fits the new config (experts or slots per GPU changed) and "
+                     "was dropped: the next window places afresh")
+"""`DeploymentUpdate.placement_dropped` of a PUT that dropped the serving placement."""
+
+
 # ----- configuration -------------------------------------------------------------------------------------------
 class ClusterShape(ClusterRules):
     """A deployment's EP group and its slot budget: the fields, bounds and rules of `eplb.schemas.ClusterRules`,
@@ -430,28 +435,28 @@ def check_config(config: DeploymentConfig) -> Setup:
     return Setup(config)
 
 
-def register(store: Store, name: str, config: DeploymentConfig) -> tuple[DeploymentView, bool]:
+def register(store: Store, name: str, config: DeploymentConfig) -> tuple[DeploymentUpdate, bool]:
     """Create or update deployment `name`. An update keeps the serving placement and history when the slot
-    layout is unchanged (and drops the placement otherwise). Returns the view and whether it was created."""
+    layout is unchanged (and drops the placement otherwise). Returns the deployment, with whether this call created
+    it and dropped its placement (both judged under the deployment's lock), and whether it was created."""
     check_name(name)
     setup = check_config(config)
-    config = stored_config(config)
+    stored = stored_config(config).model_dump(mode="json")
     now = time.time()
     with store.write() as session:
-        row = store.lock_deployment(session, name)
-        created = row is None
-        if row is None:
-            row = DeploymentRow(name=name, windows=0, created_at=now)
-            session.add(row)
-        else:  # the placement stays only while it fits the new slot layout and expert count
+        row, created = store.create_or_lock_deployment(
+            session, name, {"config": stored, "windows": 0, "created_at": now, "updated_at": now})
+        serving = None
+        if not created:  # the placement stays only while it fits the new slot layout and expert count
             serving = _placement(row)
             if (serving is None or serving.num_experts != setup.model.num_experts
                     or serving.slots_per_gpu.tolist() != setup.cluster.slots_per_gpu.tolist()):
                 row.phy2log, row.shares = None, None
-        row.config = config.model_dump(mode="json")
-        row.updated_at = now
-        session.flush()
-        return _view(row), created
+            row.config, row.updated_at = stored, now
+            session.flush()
+        view = _view(row)
+        dropped = PLACEMENT_DROPPED if serving is not None and view.placement is None else None
+        return DeploymentUpdate.model_construct(**dict(view), created=created, placement_dropped=dropped), created
 
 
 def get(store: Store, name: str) -> DeploymentView:

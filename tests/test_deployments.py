@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from eplb.store import DeploymentRow, Store, open_store
 from solvers import registry
 from solvers.migration import count_moves
 from solvers.registry import Options
-from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
+from tests.db_fixtures import PostgresCluster, db_url_fixture, postgres_fixture  # noqa: F401
 
 MODEL = "deepseek-v2-lite"  # 64 experts
 EXPERTS = MODEL_PRESETS[MODEL].num_experts
@@ -67,7 +69,9 @@ def test_register_get_update_list_retire(store: Store) -> None:
     view, created = dep.register(store, "prod-a", config(threshold=1.3))  # same shape: placement stays
     assert not created and view.placement is not None and view.config.policy.threshold == 1.3
     bigger = config().model_copy(update={"cluster": dep.ClusterShape(num_gpus=8, slots_per_gpu=9)})
-    assert dep.register(store, "prod-a", bigger)[0].placement is None  # new slot layout: placement dropped
+    dropped, created = dep.register(store, "prod-a", bigger)  # new slot layout: placement dropped, and said so
+    assert not created and dropped.placement is None and dropped.placement_dropped == dep.PLACEMENT_DROPPED
+    assert not view.created and view.placement_dropped is None
     dep.register(store, "prod-b", config())
     assert [v.name for v in dep.list_all(store)] == ["prod-a", "prod-b"]
     dep.retire(store, "prod-a")
@@ -413,6 +417,63 @@ def test_concurrent_windows_are_judged_one_after_the_other(store: Store) -> None
     assert dep.get(store, "c").windows == 3
 
 
+def test_first_puts_of_one_name_on_two_replicas_at_once_create_it_once(postgres: PostgresCluster) -> None:
+    """Two PUTs of a new deployment at once on PostgreSQL (two replicas on one database): SELECT ... FOR UPDATE
+    locked nothing, there being no row yet, so both inserted, and the second's IntegrityError was a 500. Now one
+    creates it (201) and the other updates it (200). A SHARE lock on the table, held until both PUTs wait on it
+    with their inserts, makes them overlap every time."""
+    from sqlalchemy import text
+
+    store = open_store(postgres.new_database())
+    waiting = text("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'deployments'::regclass AND "
+                   "database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+    body = config().model_dump(mode="json", exclude_none=True)
+    answers: list[Any] = [None, None]
+    try:
+        with _service(store, raise_server_exceptions=False) as client, store.engine.connect() as hold:
+            hold.execute(text("LOCK TABLE deployments IN SHARE MODE"))  # until the rollback below
+
+            def put(i: int) -> None:
+                answers[i] = client.put("/deployments/new", json=body)
+
+            threads = [threading.Thread(target=put, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while hold.execute(waiting).scalar_one() < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            reached = hold.execute(waiting).scalar_one()
+            hold.rollback()  # both inserts go ahead together
+            for t in threads:
+                t.join()
+        assert reached == 2, f"{reached} PUTs waited on the table lock"
+        got = sorted((a.status_code, a.json().get("created") if a.is_success else a.text[:300]) for a in answers)
+        assert got == [(200, False), (201, True)], got
+        assert [v.name for v in dep.list_all(store)] == ["new"] and dep.history_count(store, "new") == 0
+    finally:
+        store.close()
+
+
+def test_placement_dropped_says_what_this_put_dropped(client: TestClient, store: Store,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """PUT read the deployment before taking its lock: another request's PUT that dropped the serving placement
+    between that read and this PUT's update made this PUT answer that it dropped it. The answer is now what the
+    locked transaction saw: the other PUT's answer says it dropped it, this one does not."""
+    dep.register(store, "raced", config())
+    dep.process_window(store, "raced", window(0))
+    bigger = config().model_copy(update={"cluster": dep.ClusterShape(num_gpus=8, slots_per_gpu=9)})
+    register, other = dep.register, []
+
+    def another_put_first(*args: Any) -> Any:  # another replica's PUT lands just before this one's
+        other.append(register(store, "raced", bigger))
+        return register(*args)
+
+    monkeypatch.setattr(dep, "register", another_put_first)
+    answer = client.put("/deployments/raced", json=bigger.model_dump(mode="json", exclude_none=True))
+    assert answer.status_code == 200 and "placement_dropped" not in answer.json(), answer.json()
+    assert other[0][0].placement_dropped == dep.PLACEMENT_DROPPED and other[0][0].placement is None
+
+
 def test_every_rank_sending_one_window_gets_one_answer(store: Store) -> None:
     """Four threads (an engine's EP ranks) send the same window with the same serving placement at once: one is
     processed (the placement recorded, one rebalance), the others get its answer unchanged and store nothing."""
@@ -552,8 +613,9 @@ def test_bad_windows_and_names(store: Store) -> None:
 
 
 # ----- over HTTP, in process ---------------------------------------------------------------------------------
-@pytest.fixture
-def client(store: Store) -> Iterator[TestClient]:
+@contextmanager
+def _service(store: Store, raise_server_exceptions: bool = True) -> Iterator[TestClient]:
+    """The service in process on `store`, its API key sent."""
     from api.app import create_app
     from api.database import SqlJobStore
     from api.settings import Settings
@@ -561,7 +623,13 @@ def client(store: Store) -> Iterator[TestClient]:
     settings = Settings(solver_workers=1, api_key="k")
     app = create_app(settings, job_store=SqlJobStore(store, settings.max_jobs, settings.job_ttl_s))
     app.state.db = store
-    with TestClient(app, headers={"Authorization": "Bearer k"}) as c:
+    with TestClient(app, headers={"Authorization": "Bearer k"}, raise_server_exceptions=raise_server_exceptions) as c:
+        yield c
+
+
+@pytest.fixture
+def client(store: Store) -> Iterator[TestClient]:
+    with _service(store) as c:
         yield c
 
 

@@ -70,10 +70,6 @@ class DeploymentList(BaseModel):
     deployments: list[DeploymentView]
 
 
-PLACEMENT_DROPPED = ("the serving placement no longer fits the new config (experts or slots per GPU changed) and "
-                     "was dropped: the next window places afresh")
-
-
 def _deployment_name(name: str) -> str:
     """The path's deployment name; one no deployment can have is a 422 naming `path.name` (`eplb.rules.name_refusal`'s
     text, the CLI's and the client's), before anything is read, as FastAPI names the query's parameters
@@ -124,15 +120,10 @@ async def list_deployments(db: DbDep) -> DeploymentList:
                     "the new shape no longer fits it: `placement_dropped` then says so)")
 async def put_deployment(name: DeploymentName, body: DeploymentConfig, db: DbDep,
                          response: Response) -> DeploymentUpdate:
-    try:
-        old: DeploymentView | None = await in_db(deployments.get, db, name)
-    except NotFound:
-        old = None
-    view, created = await _call(deployments.register, db, name, body)
+    update: DeploymentUpdate
+    update, created = await _call(deployments.register, db, name, body)  # `created`, `placement_dropped`: as locked
     response.status_code = 201 if created else 200
-    dropped = old is not None and old.placement is not None and view.placement is None
-    return DeploymentUpdate.model_construct(**dict(view), created=created,
-                                            placement_dropped=PLACEMENT_DROPPED if dropped else None)
+    return update
 
 
 def model_layers(config: DeploymentConfig, placement: Placement,

@@ -5,7 +5,8 @@ migrates nothing).
 
 Writes are serialized per deployment: `Store.write()` opens a transaction that, on SQLite, starts with
 `BEGIN IMMEDIATE` (the database's write lock, taken up front so two writers never deadlock on upgrade),
-and `lock_deployment` adds `SELECT ... FOR UPDATE` on PostgreSQL (a row lock held until commit)."""
+and `lock_deployment` adds `SELECT ... FOR UPDATE` on PostgreSQL (a row lock held until commit;
+`create_or_lock_deployment` inserts the row first when there is none, so there is a row to lock)."""
 
 from eplb.store.engine import (
     MissingDatabase,

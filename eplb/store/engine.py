@@ -15,6 +15,7 @@ from urllib.request import pathname2url
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,6 +25,7 @@ from eplb.store.models import DeploymentRow
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _WRITE_LOCK = "eplb_write_lock"
+_CREATE_ATTEMPTS = 10  # inserts of a deployment a concurrent DELETE keeps removing before it is locked
 _MIGRATION_LOCK_KEY = 0x65706C62  # "eplb": pg_advisory_xact_lock key for concurrent starts
 CONNECT_TIMEOUT_S = 10
 """Seconds a PostgreSQL connection may take to open unless the URL (`?connect_timeout=`) or PGCONNECT_TIMEOUT
@@ -278,6 +280,24 @@ class Store:
         """The deployment row, locked until the transaction ends (FOR UPDATE on PostgreSQL; on SQLite the
         write session's BEGIN IMMEDIATE already excludes every other writer)."""
         return session.scalars(select(DeploymentRow).where(DeploymentRow.name == name).with_for_update()).first()
+
+    def create_or_lock_deployment(self, session: Session, name: str,
+                                  columns: dict[str, Any]) -> tuple[DeploymentRow, bool]:
+        """The deployment row, locked until the transaction ends (`lock_deployment`), inserted first with `columns`
+        when there is none; and whether this call inserted it. The insert is ON CONFLICT DO NOTHING: on PostgreSQL
+        it waits for a transaction inserting the same name, so first PUTs of one name on several replicas at once
+        create it once (the others then update it), where a lock on a row not yet there locks nothing."""
+        dialect = postgresql if self.dialect == "postgresql" else sqlite  # both spell ON CONFLICT alike
+        for _ in range(_CREATE_ATTEMPTS):
+            insert = dialect.insert(DeploymentRow).values(name=name, **columns).on_conflict_do_nothing(
+                index_elements=[DeploymentRow.name])
+            created = session.execute(insert.returning(DeploymentRow.name)).first() is not None
+            row = self.lock_deployment(session, name)
+            if row is not None:
+                return row, created
+            # another transaction deleted the row between the insert and the lock: insert again
+        raise EplbError(f"deployment {name!r} was deleted {_CREATE_ATTEMPTS} times while it was being registered "
+                        "(concurrent DELETE and PUT): send the PUT again")
 
     def close(self) -> None:
         self.engine.dispose()
