@@ -44,7 +44,8 @@ def engine_default(
     weight: np.ndarray, slots: int, groups: int, nodes: int, ep: int, old: np.ndarray | None
 ) -> np.ndarray:
     """DeepSeek's placement; vLLM's slot preservation moves no expert between GPUs, so copies are unchanged."""
-    return rebalance_experts(weight, slots, groups, nodes, ep)[0]
+    phy2log: np.ndarray = rebalance_experts(weight, slots, groups, nodes, ep)[0]
+    return phy2log
 
 
 def plugin(env: dict[str, str]):  # type: ignore[no-untyped-def]

@@ -212,8 +212,8 @@ def test_migration_over_two_links_sends_copies_from_other_nodes_over_the_nic() -
     assert far_across.tolist() == [1.0, 0.0, 1.0, 0.0]
     per_copy = 44e6
     spec = MigrationSpec(NVLINK, overlap=False, inter_node_bw=NIC, gpus_per_node=2)
-    near_s = spec.cost(near_in * per_copy, 0.0, remote_in=near_across * per_copy).transfer_s
-    far_s = spec.cost(far_in * per_copy, 0.0, remote_in=far_across * per_copy).transfer_s
+    near_s = spec.cost(near_in * per_copy, remote_in=near_across * per_copy).transfer_s
+    far_s = spec.cost(far_in * per_copy, remote_in=far_across * per_copy).transfer_s
     assert near_s == pytest.approx(per_copy / NVLINK) and far_s == pytest.approx(per_copy / NIC)
     serving = evaluate(np.ones((1, 8)), Placement(old, slots, 8), CostSetup(MODEL.model_copy(
         update={"num_experts": 8}), H800, NVLINK, 64.0)).prediction  # fmt: skip
