@@ -33,6 +33,7 @@ from eplb import trigger
 from eplb.budget import cluster_slots, describe_slots
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, FieldError, shown
+from eplb.io.files import plural
 from eplb.io.windows import check_loads
 from eplb.placement import Placement
 from eplb.rules import (
@@ -549,8 +550,9 @@ def process_window(store: Store, name: str, loads_value: Any, *, force: bool = F
             if served.num_layers != loads.shape[0]:
                 raise FieldError("current_placement", f"{served.num_layers} layers, the window has {loads.shape[0]}")
         elif current is not None and current.num_layers != loads.shape[0]:
-            raise FieldError("loads", f"{loads.shape[0]} layers, but the serving placement has {current.num_layers} "
-                             "(send the placement the cluster serves with the window, as current_placement)")
+            raise FieldError("loads", f"{plural(loads.shape[0], 'layer')}, but the serving placement has "
+                             f"{current.num_layers} (send the placement the cluster serves with the window, as "
+                             "current_placement)")
         summary = setup.coactivation(coactivation, loads)
         key = window_key(loads, served, force, summary)
         if row.last_window_answer is not None and row.last_window_key == _state_key(key, row):

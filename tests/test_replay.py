@@ -889,6 +889,22 @@ def test_a_check_where_copies_land_runs_against_the_landed_placement(monkeypatch
     assert [r.applies_from for r in res.rebalances] == [120, 180, 240]
 
 
+def test_checks_skipped_while_copies_fly_are_counted_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies spanning 70 steps at checks 60 apart: every other check is skipped; the summary counts them and the
+    terminal says why (it read '2 of 4 checks' under 'rebalancing every check', as if the trigger had declined)."""
+    from eplb.cli.replay import format_summary
+    from eplb.cost.migration import MigrationCost, MigrationSpec
+
+    monkeypatch.setattr(MigrationCost, "charge_s", lambda self, step_time_s: (0.0, 70))
+    res = replay(two_regimes(300, shift=100, layers=2), Cluster(np.full(8, 5)),
+                 schedule=Schedule(window=30, interval=60), cost=small_cost(32), oracle_every=0,
+                 migration=MigrationSpec(900e9), hindsight=False)  # fmt: skip
+    decisions = [c["decision"] for c in res.checks]
+    assert decisions == ["rebalance", "skip", "rebalance", "skip"]
+    assert res.summary["rebalances"]["skipped"] == 2
+    assert "2 of 4 checks (2 skipped: the copies of the rebalance before were still in flight)" in format_summary(res)
+
+
 def test_cost_trigger_keeps_the_callers_move_budget() -> None:
     """Options(max_moves=N) with the cost trigger: the policy's one budgeted solve is judged, never the trigger's
     unbudgeted or fresh candidates (a rebalance copied every slot the fresh placement moved)."""

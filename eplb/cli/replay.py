@@ -626,10 +626,12 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
         f"schedule:   {result.schedule.describe(result.solver)}",
     ]
     rb = s["rebalances"]
+    skipped = (f" ({rb['skipped']:,} skipped: the copies of the rebalance before were still in flight)"
+               if rb.get("skipped") else "")
     if rb["count"]:
         moved = "" if rb["bytes_moved"] is None else f", {rb['bytes_moved'] / GIB:,.1f} GiB"
         lines.append(
-            f"rebalances: {rb['count']} of {rb['checks']} checks, {rb['moves']:,} expert copies{moved} "
+            f"rebalances: {rb['count']} of {rb['checks']} checks{skipped}, {rb['moves']:,} expert copies{moved} "
             f"({rb['slots_moved_fraction']:.1%} of the slots per rebalance); solve "
             f"{rb['solve_ms_mean']:,.1f} ms mean, {rb['solve_ms_max']:,.1f} ms max"
         )

@@ -887,6 +887,7 @@ class _Replay:
             "results": results,
             "rebalances": {
                 "checks": len(self.checks),
+                "skipped": sum(c["decision"] == "skip" for c in self.checks),  # copies still in flight
                 "count": len(rbs),
                 "moves": sum(r.moves for r in rbs),
                 "moves_per_rebalance": round(sum(r.moves for r in rbs) / len(rbs), 1) if rbs else None,
