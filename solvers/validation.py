@@ -33,7 +33,7 @@ def load_refusal(loads: NDArray[np.float64], what: str = "loads",
         return None
     for bad, rule in ((~np.isfinite(loads), f"{noun} must be finite numbers"), (loads < 0, f"{noun} must be >= 0"),
                       (loads > MAX_LOAD, f"larger than any token count (limit {MAX_LOAD:g}); scale the window down, "
-                                         "only the ratios matter for placement")):
+                                         "a placement follows the loads' ratios, up to rounding")):
         if bad.any():
             index = tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), loads.shape))
             return f"{what}{''.join(f'[{i}]' for i in index)} is {show(float(loads[index]))}: {rule}"

@@ -550,7 +550,8 @@ def test_numbers_beyond_ids_and_token_counts_are_named(tmp_path: Path) -> None:
         with pytest.raises(EplbError) as info:
             read_sglang_loads([tmp_path / "c.json"])
         assert str(info.value) == (f"{tmp_path / 'c.json'}: logical_count[0][1][1] is {shown}: larger than any token "
-                                   "count (limit 1e+15); scale the window down, only the ratios matter for placement")
+                                   "count (limit 1e+15); scale the window down, a placement follows the loads' ratios, "
+                                   "up to rounding")
 
 def _trtllm_dir(tmp_path: Path, fmt: str = "safetensors") -> tuple[Path, NDArray[np.float64]]:
     folder = tmp_path / "expert_statistic"

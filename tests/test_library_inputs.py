@@ -67,7 +67,8 @@ def test_huge_finite_loads_are_refused_before_the_greedy_kernel_runs() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    rule = "larger than any token count (limit 1e+15); scale the window down, only the ratios matter for placement"
+    rule = ("larger than any token count (limit 1e+15); scale the window down, a placement follows the loads' ratios, "
+            "up to rounding")
     assert lines[0] == f"solve: loads[0][0] is 1e+300: {rule}"
     names = registry.names()
     assert lines[1 : 1 + len(names)] == [f"{name}: loads[0][0] is 1e+300: {rule}" for name in names]
