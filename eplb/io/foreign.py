@@ -197,7 +197,7 @@ def _parse_placement_text(text: str, p: Path) -> Any:
     data: Any = None
     if suffix not in (".yaml", ".yml"):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, p))
         except json.JSONDecodeError as exc:
             if suffix == ".json":
                 raise EplbError(f"{p}: not valid JSON ({exc})") from None
@@ -207,6 +207,17 @@ def _parse_placement_text(text: str, p: Path) -> Any:
     else:
         refuse_bools(data, text, f"{p}: ")
     return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], p: Path) -> dict[str, Any]:
+    """One JSON object of a placement file, refusing a key given twice (json.loads keeps the last silently)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise EplbError(f"{p}: key {key!r} appears twice in one object (JSON readers keep only the last); "
+                            "give each key once")
+        obj[key] = value
+    return obj
 
 
 def _parse_trtllm(
@@ -220,11 +231,13 @@ def _parse_trtllm(
     if not isinstance(assignments, dict):
         raise EplbError(f"{source}: initial_global_assignments must map layer ids to lists of expert ids")
     rows: dict[int, Any] = {}
+    keys: dict[int, Any] = {}
     for key, row in assignments.items():
-        try:
-            rows[int(key)] = row
-        except (TypeError, ValueError):
-            raise EplbError(f"{source}: initial_global_assignments key {key!r} is not a layer number") from None
+        layer = _layer_key(key, source)
+        if layer in rows:
+            raise EplbError(f"{source}: initial_global_assignments keys {keys[layer]!r} and {key!r} are both layer "
+                            f"{layer}; give each layer once")
+        rows[layer], keys[layer] = row, key
     ids = sorted(rows)
     table = int_table([rows[i] for i in ids], f"{source}: initial_global_assignments")
     num_slots = data.get("num_slots")
@@ -233,6 +246,19 @@ def _parse_trtllm(
                         f"{plural(table.shape[1], 'slot')} per layer")
     placement = _from_table(table, num_gpus, source, "TensorRT-LLM", ids, num_experts)
     return _pick_rows(placement, "trtllm", layer_ids, source)
+
+
+def _layer_key(key: Any, source: str) -> int:
+    """A TensorRT-LLM `initial_global_assignments` key as its model layer: a whole number >= 0 as ids are read
+    (`int_list`: 3.7 and true/false are refused, not cut to 3 or read as 1), or its digits (JSON's keys are text)."""
+    try:
+        (layer,) = int_list([int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key], "key")
+    except EplbError:
+        layer = -1
+    if layer < 0:
+        raise EplbError(f"{source}: initial_global_assignments key {key!r} is not a layer number (a whole number "
+                        ">= 0, the model layer of its row)")
+    return layer
 
 
 def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | None = None) -> Placement:
@@ -350,11 +376,43 @@ def _pick_rows(placement: Placement, fmt: str, wanted: Sequence[int] | None, sou
 
 
 def parse_trtllm_yaml(text: str, source: str = "config") -> dict[str, Any]:
-    """Parse a TensorRT-LLM load-balancer YAML (PyYAML's safe_load) into its mapping."""
+    """Parse a TensorRT-LLM load-balancer YAML (PyYAML's SafeLoader, refusing a key given twice) into its mapping."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except _DuplicateKey as dup:
+        again = f"key {dup.key!r} appears twice" if repr(dup.key) == repr(dup.first) else (
+            f"key {dup.key!r} repeats key {dup.first!r}")
+        raise EplbError(f"{source}: line {dup.line}: {again} in one mapping (YAML would keep only the last); "
+                        "give each key once") from None
     except yaml.YAMLError as err:
         raise EplbError(f"{source}: not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
         raise EplbError(f"{source}: expected a YAML mapping with num_slots and initial_global_assignments")
     return data
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one YAML mapping, at `line` (1-based); `first`: the equal key before it (3 for 3.0)."""
+
+    def __init__(self, key: Any, first: Any, line: int) -> None:
+        super().__init__(key, first, line)
+        self.key, self.first, self.line = key, first, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping (`_DuplicateKey`) where safe_load keeps the
+    last silently; merged keys (`<<`) may still be overridden, as YAML means."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+                seen[key] = key
+            except TypeError:  # unhashable: SafeLoader refuses it below
+                pass
+        return super().construct_mapping(node, deep)

@@ -1,0 +1,68 @@
+"""Engine files the readers once read into a wrong answer (exit 0), now refused naming the file and what is
+wrong."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from eplb.errors import EplbError
+from eplb.io.foreign import read_placement_any
+
+ROWS = ("[0, 1, 2, 0, 1, 3]", "[0, 3, 2, 1, 3, 2]")
+
+
+def _yaml(tmp_path: Path, key_a: str, key_b: str, name: str = "t.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(f"num_slots: 6\ninitial_global_assignments:\n  {key_a}: {ROWS[0]}\n  {key_b}: {ROWS[1]}\n")
+    return path
+
+
+@pytest.mark.parametrize("key", ["3.9", "0.5", "true", "false", "-1", "'x'", "null"])
+def test_a_trtllm_key_that_is_no_layer_number_is_refused(tmp_path: Path, key: str) -> None:
+    """3.9 was read as layer 3, true as layer 1, 0.5 as layer 0."""
+    path = _yaml(tmp_path, "5", key)
+    shown = {"'x'": "'x'", "null": "None", "true": "True", "false": "False"}.get(key, key)
+    with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: initial_global_assignments key "
+                       rf"{re.escape(shown)} is not a layer number \(a whole number >= 0"):
+        read_placement_any(path, num_gpus=2)
+
+
+def test_trtllm_layer_numbers_are_read_as_ids_are(tmp_path: Path) -> None:
+    """Whole numbers, as `int_list` reads ids (3.0 is layer 3), and JSON's text keys."""
+    assert read_placement_any(_yaml(tmp_path, "3", "5.0"), num_gpus=2).layer_ids == (3, 5)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"num_slots": 6, "initial_global_assignments": {"4": [0, 1, 2, 0, 1, 3],
+                                                                               "3": [0, 3, 2, 1, 3, 2]}}))
+    assert read_placement_any(path, num_gpus=2).phy2log[0].tolist() == [0, 3, 2, 1, 3, 2]
+
+
+def test_a_trtllm_layer_given_twice_is_refused(tmp_path: Path) -> None:
+    """YAML's safe_load (and json.loads) kept only the last row of a repeated key, silently."""
+    path = _yaml(tmp_path, "3", "3")
+    with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: line 4: key 3 appears twice in one mapping "
+                       r"\(YAML would keep only the last\); give each key once$"):
+        read_placement_any(path, num_gpus=2)
+    path = _yaml(tmp_path, "3", "3.0", "float.yaml")
+    with pytest.raises(EplbError, match=r"float.yaml: line 4: key 3.0 repeats key 3 in one mapping"):
+        read_placement_any(path, num_gpus=2)
+    path = tmp_path / "t.json"
+    path.write_text('{"num_slots": 6, "initial_global_assignments": {"3": [0, 1, 2, 0, 1, 3], '
+                    '"3": [0, 3, 2, 1, 3, 2]}}')
+    with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: key '3' appears twice in one object"):
+        read_placement_any(path, num_gpus=2)
+    path.write_text(json.dumps({"num_slots": 6, "initial_global_assignments": {"3": [0, 1, 2, 0, 1, 3],
+                                                                               "03": [0, 3, 2, 1, 3, 2]}}))
+    with pytest.raises(EplbError, match=r"t.json: initial_global_assignments keys '3' and '03' are both layer 3; "
+                       "give each layer once$"):
+        read_placement_any(path, num_gpus=2)
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "merge.yaml"
+    path.write_text("num_slots: 6\nrow: &r [0, 1, 2, 0, 1, 3]\nbase: &b {3: *r}\n"
+                    "initial_global_assignments:\n  <<: *b\n  3: [0, 3, 2, 1, 3, 2]\n")
+    assert read_placement_any(path, num_gpus=2).phy2log.tolist() == [[0, 3, 2, 1, 3, 2]]
