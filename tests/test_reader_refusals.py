@@ -7,10 +7,12 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from eplb.errors import EplbError
 from eplb.io.foreign import read_placement_any
+from eplb.io.statistics import read_vllm_loads
 
 ROWS = ("[0, 1, 2, 0, 1, 3]", "[0, 3, 2, 1, 3, 2]")
 
@@ -66,3 +68,20 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
     path.write_text("num_slots: 6\nrow: &r [0, 1, 2, 0, 1, 3]\nbase: &b {3: *r}\n"
                     "initial_global_assignments:\n  <<: *b\n  3: [0, 3, 2, 1, 3, 2]\n")
     assert read_placement_any(path, num_gpus=2).phy2log.tolist() == [[0, 3, 2, 1, 3, 2]]
+
+
+def test_a_vllm_map_leaving_experts_without_a_slot_is_refused(tmp_path: Path) -> None:
+    """An id of 9 among 0..3 made the window '3 layers x 10 experts', experts 3-8 with no slot."""
+    path = tmp_path / "b.npz"
+    np.savez(path, expert_load_window=np.ones((2, 3, 6), int),
+             physical_to_logical_map=np.array([[0, 1, 2, 0, 1, 9]] * 3))
+    with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: physical_to_logical_map gives logical expert 3 "
+                       r"no slot in layer 0 though its ids run to 9 \(18 missing in all\); every expert has a slot"):
+        read_vllm_loads([path])
+    np.savez(path, expert_load_window=np.ones((2, 3, 6), int),
+             physical_to_logical_map=np.array([[0, 1, 2, 0, 1, 3]] * 2 + [[0, 1, 2, 0, 1, 2]]))
+    with pytest.raises(EplbError, match="gives logical expert 3 no slot in layer 2 though its ids run to 3"):
+        read_vllm_loads([path])
+    table = np.array([[0, 1, 2, 0, 1, 3], [0, 1, 2, 3, -1, -1], [3, 2, 1, 0, 0, 0]])  # -1: an absent rank's slots
+    np.savez(path, expert_load_window=np.ones((2, 3, 6), int) * (table >= 0), physical_to_logical_map=table)
+    assert read_vllm_loads([path]).window.tolist() == [[4, 4, 2, 2], [2, 2, 2, 2], [6, 2, 2, 2]]

@@ -37,7 +37,7 @@ from eplb.io.files import (
     read_json,
     replace_text,
 )
-from solvers.validation import EMPTY_SLOT, load_refusal
+from solvers.validation import EMPTY_SLOT, load_refusal, replica_counts
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
 
@@ -341,6 +341,13 @@ def fold_physical(
         raise EplbError(f"{what}: slot {slot} of layer {layer} is empty (-1) in the map but counted "
                         f"{counts[step, layer, slot]:g} tokens at step {step}; use the map live while recording")
     experts = int(table.max()) + 1 if num_experts is None else num_experts
+    if num_experts is None:  # E is the largest id + 1: an id below it without a slot means a wrong map, not E
+        unheld = np.argwhere(replica_counts(table, experts) == 0)
+        if unheld.size:
+            layer, expert = (int(v) for v in unheld[0])
+            raise EplbError(f"{what}: physical_to_logical_map gives logical expert {expert} no slot in layer {layer} "
+                            f"though its ids run to {experts - 1} ({len(unheld)} missing in all); every expert has "
+                            "a slot: use the map live while recording")
     steps, layers, _ = counts.shape
     flat = (table + (np.arange(layers, dtype=np.int64) * experts)[:, None])[~empty]
     out = np.zeros((steps, layers * experts), dtype=np.float64)
