@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy
 
 from eplb.errors import EplbError
 from eplb.io.foreign import read_placement_any
-from eplb.io.statistics import read_vllm_loads
+from eplb.io.statistics import read_trtllm_loads, read_vllm_loads
 
 ROWS = ("[0, 1, 2, 0, 1, 3]", "[0, 3, 2, 1, 3, 2]")
 
@@ -85,3 +86,26 @@ def test_a_vllm_map_leaving_experts_without_a_slot_is_refused(tmp_path: Path) ->
     table = np.array([[0, 1, 2, 0, 1, 3], [0, 1, 2, 3, -1, -1], [3, 2, 1, 0, 0, 0]])  # -1: an absent rank's slots
     np.savez(path, expert_load_window=np.ones((2, 3, 6), int) * (table >= 0), physical_to_logical_map=table)
     assert read_vllm_loads([path]).window.tolist() == [[4, 4, 2, 2], [2, 2, 2, 2], [6, 2, 2, 2]]
+
+
+def test_a_trtllm_rank_file_missing_a_key_is_refused(tmp_path: Path) -> None:
+    """A rank missing '101_4' was counted as 0 tokens there: layer 4 came out short, exit 0."""
+    (tmp_path / "meta_info.json").write_text(json.dumps({"num_experts": 4, "num_experts_per_token": 2}))
+    keys = [f"{it}_{layer}" for it in (100, 101) for layer in (3, 4)]
+    for rank in range(2):
+        records = {key: np.full(4, rank + 1, dtype=np.int64) for key in keys}
+        safetensors.numpy.save_file(records, str(tmp_path / f"rank{rank}.safetensors"))
+    assert read_trtllm_loads([tmp_path]).window.tolist() == [[6, 6, 6, 6], [6, 6, 6, 6]]
+    short = {key: np.full(4, 2, dtype=np.int64) for key in keys if key != "101_4"}
+    safetensors.numpy.save_file(short, str(tmp_path / "rank1.safetensors"))
+    with pytest.raises(EplbError, match=f"^{re.escape(str(tmp_path / 'rank1.safetensors'))}: no counts for "
+                       r"'101_4', which other rank files record; every rank records every iteration and layer"):
+        read_trtllm_loads([tmp_path])
+    safetensors.numpy.save_file({"100_3": np.ones(4, dtype=np.int64)}, str(tmp_path / "rank1.safetensors"))
+    with pytest.raises(EplbError, match=r"rank1.safetensors: no counts for '100_4', '101_3', '101_4', which"):
+        read_trtllm_loads([tmp_path])
+    safetensors.numpy.save_file({}, str(tmp_path / "rank1.safetensors"))
+    for rank in (2, 3):
+        safetensors.numpy.save_file({"100_3": np.ones(4, dtype=np.int64)}, str(tmp_path / f"rank{rank}.safetensors"))
+    with pytest.raises(EplbError, match=r"rank1.safetensors: no counts for '100_3', '100_4', '101_3' and 1 more,"):
+        read_trtllm_loads([tmp_path])

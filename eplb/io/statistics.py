@@ -213,13 +213,16 @@ def read_trtllm_loads(paths: Sequence[str | Path]) -> ImportedLoads:
         raise EplbError(f"{meta_path}: missing 'num_experts' (a positive integer)")
     num_experts = int(meta["num_experts"])
     totals: dict[tuple[int, int], NDArray[np.float64]] = {}
+    recorded: dict[Path, set[tuple[int, int]]] = {}
     for f in rank_files:
+        recorded[f] = set()
         for key, arr in _trtllm_rank_counts(f).items():
             m = re.fullmatch(r"(\d+)_(\d+)", key)
             if not m:
                 raise EplbError(f"{f}: key {key!r} is not '{{iteration}}_{{layer}}'")
             vec = _counts_vector(arr, f"{f}: {key}", num_experts)
             it_layer = (int(m.group(1)), int(m.group(2)))
+            recorded[f].add(it_layer)
             totals[it_layer] = totals[it_layer] + vec if it_layer in totals else vec
     if not totals:
         raise EplbError(f"{rank_files[0].parent}: the rank files hold no counts")
@@ -232,11 +235,24 @@ def read_trtllm_loads(paths: Sequence[str | Path]) -> ImportedLoads:
                 raise EplbError(f"{rank_files[0].parent}: iteration {it} has no counts for layer {layer}; "
                                 "every iteration must cover the same layers")
             counts[i, j] = totals[(it, layer)]
+    _refuse_incomplete_ranks(recorded, set(totals))
     info: dict[str, Any] = {k: v for k, v in meta.items() if isinstance(v, int | float | str)}
     info.update({"iterations": [iters[0], iters[-1] + 1], "ranks": len(rank_files)})
     source = (f"TensorRT-LLM expert statistics ({meta_path.parent}, {plural(len(rank_files), 'rank file')}, "
               f"iterations {iters[0]}-{iters[-1]})")
     return ImportedLoads(counts, layers, source, "trtllm", info)
+
+
+def _refuse_incomplete_ranks(recorded: dict[Path, set[tuple[int, int]]], keys: set[tuple[int, int]]) -> None:
+    """Every rank file must count every (iteration, layer) some rank counts: each rank records its own tokens, so
+    a key one lacks would be summed as 0 tokens of that rank (a cut-short or partly copied recording)."""
+    for f, held in recorded.items():
+        missing = sorted(keys - held)
+        if missing:
+            shown_keys = ", ".join(f"'{it}_{layer}'" for it, layer in missing[:3])
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise EplbError(f"{f}: no counts for {shown_keys}{more}, which other rank files record; every rank "
+                            "records every iteration and layer: give the complete recording")
 
 
 def fold_slots(loads: ImportedLoads, phy2log: NDArray[np.int64], layer_ids: Sequence[int]) -> ImportedLoads:
