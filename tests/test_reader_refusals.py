@@ -1,5 +1,6 @@
 """Engine files the readers once read into a wrong answer (exit 0), now refused naming the file and what is
-wrong."""
+wrong: TensorRT-LLM placement keys that are not layer numbers or name a layer twice, a vLLM map that leaves
+experts without a slot, a TensorRT-LLM rank file missing a key, and another engine's JSON given as vLLM's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import safetensors.numpy
 
 from eplb.errors import EplbError
 from eplb.io.foreign import read_placement_any
-from eplb.io.statistics import read_trtllm_loads, read_vllm_loads
+from eplb.io.statistics import import_loads, read_trtllm_loads, read_vllm_loads
 
 ROWS = ("[0, 1, 2, 0, 1, 3]", "[0, 3, 2, 1, 3, 2]")
 
@@ -109,3 +110,18 @@ def test_a_trtllm_rank_file_missing_a_key_is_refused(tmp_path: Path) -> None:
         safetensors.numpy.save_file({"100_3": np.ones(4, dtype=np.int64)}, str(tmp_path / f"rank{rank}.safetensors"))
     with pytest.raises(EplbError, match=r"rank1.safetensors: no counts for '100_3', '100_4', '101_3' and 1 more,"):
         read_trtllm_loads([tmp_path])
+
+
+def test_another_engines_json_given_as_vllm_is_refused(tmp_path: Path) -> None:
+    """SGLang's dump was read as vLLM counts: its all-zero dense layer kept, its layer ids dropped."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"logical_count": [[[0, 0, 0], [1, 2, 3]]]}))
+    with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: this is SGLang's stat dump \\(logical_count\\), "
+                       "whose rows are model layers: import it with --from sglang$"):
+        import_loads("vllm", [path])
+    assert import_loads("sglang", [path]).layer_ids == [1]
+    path.write_text(json.dumps({"loads": [[1, 2, 3]], "layer_ids": [3]}))
+    with pytest.raises(EplbError, match=r"s.json: this is a load window already \(loads\): give it as --loads"):
+        import_loads("vllm", [path])
+    path.write_text(json.dumps({"counts": [[[1, 2, 3]]]}))
+    assert import_loads("vllm", [path]).window.tolist() == [[1, 2, 3]]

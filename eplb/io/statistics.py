@@ -276,7 +276,8 @@ def fold_slots(loads: ImportedLoads, phy2log: NDArray[np.int64], layer_ids: Sequ
 
 def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] | None = None) -> ImportedLoads:
     """vLLM-style per-step counts: .npy, .npz (array `counts`, `logical_count`, `loads` or
-    `expert_load_window`, or one array saved without a name) or .json (`{"counts": ...}` or `{"loads": ...}`),
+    `expert_load_window`, or one array saved without a name) or .json (`{"counts": ...}`, or
+    `{"expert_load_window": ...}`; SGLang's `logical_count` and our `loads` are refused naming where they go),
     shaped [steps, MoE layers, E] or [MoE layers, E]. Several files are the EP ranks of one recording: each rank
     counts the tokens it dispatched, and vLLM sums the ranks (an all-reduce) before it rebalances, so do we.
 
@@ -295,10 +296,14 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
         table = phy2log
         if suffix == ".json":
             data = read_json(p)
-            key = next((k for k in ("counts", "logical_count", "loads", "expert_load_window")
-                        if isinstance(data, dict) and k in data), None)
+            key = next((k for k in ("counts", "expert_load_window") if isinstance(data, dict) and k in data), None)
             if key is None:
-                raise EplbError(f"{p}: expected a 'counts' field holding [steps][layers][experts] token counts")
+                raise EplbError(f"{p}: " + (
+                    "this is SGLang's stat dump (logical_count), whose rows are model layers: import it with "
+                    "--from sglang" if isinstance(data, dict) and "logical_count" in data else
+                    "this is a load window already (loads): give it as --loads, not to import-load"
+                    if isinstance(data, dict) and "loads" in data else
+                    "expected a 'counts' field holding [steps][layers][experts] token counts"))
             value: Any = data[key]
             if table is None and "physical_to_logical_map" in data:
                 table = int_table(data["physical_to_logical_map"], f"{p}: physical_to_logical_map")
