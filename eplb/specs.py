@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import plural
+from eplb.io.files import parse_json, plural
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -441,7 +441,7 @@ def _read_json(path: Path, spec_kind: str) -> Any:
     except UnicodeDecodeError:
         raise EplbError(f"{spec_kind} spec file {str(path)!r} is not text (a spec is a UTF-8 JSON file)") from None
     try:
-        return json.loads(text)
+        return parse_json(text, f"{spec_kind} spec file {str(path)!r}")
     except json.JSONDecodeError as exc:
         raise EplbError(
             f"{spec_kind} spec file {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})"

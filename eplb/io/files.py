@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -116,7 +117,11 @@ def refuse_bools(data: Any, text: str | bytes | None, what: str) -> None:
         return
     if isinstance(text, str) and "true" not in text and "false" not in text:
         return
-    where = _bool_among_numbers(data)
+    try:
+        where = _bool_among_numbers(data)
+    except RecursionError:  # parsed, yet too deep to walk here
+        raise EplbError(f"{what}nested too deeply (lists or objects inside each other about "
+                        f"{sys.getrecursionlimit():,} levels deep)") from None
     if where is not None:
         path, value = where
         raise EplbError(f"{what}{path} is {str(value).lower()}: give a number, not true/false")
@@ -154,11 +159,36 @@ def read_json(p: Path) -> Any:
     """The JSON value of file p; EplbError when it is not JSON, or holds a true/false among numbers."""
     try:
         text = p.read_text()
-        data = json.loads(text)
+        data = parse_json(text, str(p))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EplbError(f"{p}: not valid JSON ({exc})") from None
     refuse_bools(data, text, f"{p}: ")
     return data
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """json.loads(text), with the two failures Python's reader raises beyond JSONDecodeError (which the caller
+    words, as it is left to it) as one EplbError starting `where` (the file, its line): lists or objects nested
+    deeper than the reader's recursion takes (a RecursionError), and an integer longer than Python converts
+    (a ValueError, `sys.get_int_max_str_digits`). Every JSON reader of eplb parses through it (`read_json`,
+    `eplb.io.logs`' JSONL lines, `eplb.specs`' spec files)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise EplbError(f"{where}: nested too deeply to read (lists or objects more than about "
+                        f"{sys.getrecursionlimit():,} levels inside each other)") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        if "digits" not in str(exc):
+            raise
+        raise EplbError(f"{where}: holds a number with more than {_int_digits():,} digits "
+                        "(no count or id is that long)") from None
+
+
+def _int_digits() -> int:
+    """The longest integer Python converts from text (4,300 by default; 0: no limit)."""
+    return getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
 
 
 def existing_file(raw: str | Path, what: str = "file") -> Path:

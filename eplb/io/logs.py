@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError, shown
-from eplb.io.files import existing_file, number_text, plural, real_array, refuse_bools, usable_path
+from eplb.io.files import existing_file, number_text, parse_json, plural, real_array, refuse_bools, usable_path
 from eplb.io.windows import MAX_LOAD, refuse_mixed_arrays, window_layer_ids
 
 __all__ = [
@@ -937,7 +937,7 @@ def _nonblank_lines(path: Path) -> int:
 
 def _parse_line(line: bytes, lineno: int, path: str) -> dict[str, Any]:
     try:
-        rec = json.loads(line)
+        rec = parse_json(line, f"{path}: line {lineno}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         end = "" if line.endswith(b"\n") else " (the line has no newline: the file may be truncated)"
         raise EplbError(f"{path}: line {lineno}: not valid JSON ({exc}){end}") from None

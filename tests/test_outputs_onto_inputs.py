@@ -1,0 +1,68 @@
+"""An outside tester's findings, through the real CLI and real files: an output named as an input of the same run
+(through a symlink, ./x), JSON nested 100,000 levels deep or holding a 5,000-digit number, an input this user
+cannot read, a symbolic link loop, a TensorRT-LLM export under a name eplb cannot read back, an empty --out.
+Each is one error line naming the flag or file (exit 2), the input left as it was, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eplb.cli import main
+
+DEEP = '{"loads": ' + "[" * 100_000 + "]" * 100_000 + "}"
+LONG = "9" * 5_000
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """(exit code, last stderr line) of `eplb ARGV`; no traceback allowed."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, (err.strip().splitlines() or [""])[-1]
+
+
+@pytest.fixture
+def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """In tmp_path (the working directory): a 2 x 4 load window, a placement solved for it, an SGLang dump, a
+    per-step log."""
+    monkeypatch.chdir(tmp_path)
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[5, 1, 1, 1], [1, 1, 1, 7]]}))
+    placement = tmp_path / "p.json"
+    assert main(["solve", "--loads", str(window), "--gpus", "2", "--redundant", "2", "--out", str(placement)]) == 0
+    sglang = tmp_path / "sg.json"
+    sglang.write_text(json.dumps({"logical_count": [[[3, 1, 2, 0], [0, 1, 2, 3]]]}))
+    log = tmp_path / "log.npy"
+    np.save(log, np.ones((3, 2, 4), dtype=np.int64))
+    return {"window": window, "placement": placement, "sglang": sglang, "log": log}
+
+
+SOLVE = ["solve", "--gpus", "2", "--redundant", "2"]
+
+
+# 2. JSON too deep or holding too long a number -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "message"), [(DEEP, "nested too deeply"),
+                                               ('{"loads": [[' + LONG + ", 1]]}", "more than 4,300 digits")],
+                         ids=["deep", "long"])
+def test_json_beyond_pythons_reader_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                               message: str) -> None:
+    window, log, spec = tmp_path / "w.json", tmp_path / "log.jsonl", tmp_path / "model.json"
+    window.write_text(text)
+    counts = text.removeprefix('{"loads": ').removesuffix("}")
+    log.write_text('{"step": 0, "layer": 0, "counts": ' + counts + "}\n")
+    spec.write_text(text)
+    for argv, where in ((["solve", "--loads", str(window), "--gpus", "2"], f"{window}:"),
+                        (["replay", str(log)], f"{log}: line 1:"),
+                        (["cost", "--model", str(spec), "--hardware", "h100", "--link", "nvlink", "--ep", "8",
+                          "--tokens-per-gpu", "100"], f"model spec file '{spec}'")):
+        code, err = run(capsys, *argv)
+        assert code == 2 and where in err and message in err, (argv[0], err)
