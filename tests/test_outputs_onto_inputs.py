@@ -6,6 +6,9 @@ Each is one error line naming the flag or file (exit 2), the input left as it wa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +69,29 @@ def test_json_beyond_pythons_reader_is_refused(tmp_path: Path, capsys: pytest.Ca
                           "--tokens-per-gpu", "100"], f"model spec file '{spec}'")):
         code, err = run(capsys, *argv)
         assert code == 2 and where in err and message in err, (argv[0], err)
+
+
+# 3. an input this user cannot read -----------------------------------------------------------------------------
+
+
+def _unprivileged() -> list[str]:
+    """A prefix that runs a command without root's power to read any file (none when not root)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def test_an_unreadable_input_is_refused(files: dict[str, Path], tmp_path: Path) -> None:
+    for p in (files["window"], files["log"], files["sglang"]):
+        p.chmod(0)
+    eplb = [*_unprivileged(), sys.executable, "-m", "eplb.cli"]
+    cases = [(["solve", "--loads", str(files["window"]), "--gpus", "2"], files["window"]),
+             (["replay", str(files["log"])], files["log"]),
+             (["logs", "convert", str(files["log"]), str(tmp_path / "o.npz")], files["log"]),
+             (["import-load", "--from", "sglang", str(files["sglang"]), "--out", str(tmp_path / "o.json")],
+              files["sglang"])]
+    for argv, path in cases:
+        done = subprocess.run([*eplb, *argv], capture_output=True, text=True, timeout=120, check=False)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, (argv, done.stderr)
+        assert f"{path}: cannot read it (Permission denied)" in lines[0]

@@ -203,6 +203,11 @@ def existing_file(raw: str | Path, what: str = "file") -> Path:
         raise EplbError(f"{what} {p} exists but is not a regular file ({_kind(p)}); give a file")
     if p.stat().st_size == 0:
         raise EplbError(f"{what} {p} is empty (0 bytes)")
+    try:
+        with p.open("rb"):
+            pass
+    except OSError as exc:  # no permission to read it (the mode, an ACL, a dropped capability)
+        raise EplbError(f"{what} {p}: cannot read it ({exc.strerror or exc}); give a file this user can read") from None
     return p
 
 
