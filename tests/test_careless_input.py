@@ -126,7 +126,7 @@ def test_plan_and_out_on_one_file_are_refused(
     assert code == 2 and "--plan and --out are both" in err and not same.exists()
     before = small["current"].read_text()
     code, err = run(capsys, *common, "--plan", str(small["current"]))
-    assert code == 2 and "is the --current placement" in err and small["current"].read_text() == before
+    assert code == 2 and "is the input (--current" in err and small["current"].read_text() == before
 
 
 # 4. flags that would be silently ignored -------------------------------------------------------------------

@@ -50,6 +50,60 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 SOLVE = ["solve", "--gpus", "2", "--redundant", "2"]
 
 
+# 1. an output onto an input of the same run --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["same", "dot", "symlink"])
+def test_solve_out_onto_loads_is_refused(files: dict[str, Path], capsys: pytest.CaptureFixture[str], form: str) -> None:
+    window = files["window"]
+    out = {"same": str(window), "dot": f"./{window.name}", "symlink": str(window.with_name("link.json"))}[form]
+    if form == "symlink":
+        Path(out).symlink_to(window.name)
+    before = window.read_text()
+    code, err = run(capsys, *SOLVE, "--loads", str(window), "--out", out)
+    assert code == 2 and "is the input (--loads" in err and "write to another name" in err
+    assert window.read_text() == before
+
+
+def test_solve_plan_onto_loads_is_refused(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    before = files["window"].read_text()
+    code, err = run(capsys, *SOLVE, "--loads", str(files["window"]), "--current", str(files["placement"]),
+                    "--plan", str(files["window"]))
+    assert code == 2 and err.endswith("write to another name") and "--plan" in err and "(--loads" in err
+    assert files["window"].read_text() == before
+
+
+def test_solve_out_onto_current_stays_allowed(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """The incremental workflow (README): the serving placement replaced whole by the next one."""
+    p = str(files["placement"])
+    code, _ = run(capsys, *SOLVE, "--loads", str(files["window"]), "--current", p, "--out", p)
+    assert code == 0 and "phy2log" in json.loads(files["placement"].read_text())
+
+
+def test_import_load_out_onto_its_dump_is_refused(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    before = files["sglang"].read_text()
+    code, err = run(capsys, "import-load", "--from", "sglang", str(files["sglang"]), "--out", "./sg.json")
+    assert code == 2 and "is the input (FILE" in err and files["sglang"].read_text() == before
+
+
+def test_export_out_onto_its_placement_is_refused(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    before = files["placement"].read_text()
+    link = files["placement"].with_name("live.json")
+    link.symlink_to(files["placement"])
+    for out in (str(files["placement"]), str(link)):
+        code, err = run(capsys, "export", "--placement", str(files["placement"]), "--to", "json", "--out", out)
+        assert code == 2 and "is the input (--placement" in err
+    assert files["placement"].read_text() == before
+
+
+def test_logs_convert_onto_its_input_is_refused(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    npz = files["log"].with_suffix(".npz")
+    assert main(["logs", "convert", str(files["log"]), str(npz)]) == 0
+    capsys.readouterr()
+    code, err = run(capsys, "logs", "convert", str(npz), f"./{npz.name}")
+    assert code == 2 and "OUT" in err and "is the input (IN" in err
+
+
 # 2. JSON too deep or holding too long a number -----------------------------------------------------------------
 
 

@@ -152,7 +152,8 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 
 def run_export(args: argparse.Namespace) -> int:
     # JSON targets under another suffix are refused (SGLang's own rule, .json, is write_export's; YAML is left free)
-    output_file(args.out, "--out", (".json",) if args.to in ("json", "vllm-ascend") else ())
+    output_file(args.out, "--out", (".json",) if args.to in ("json", "vllm-ascend") else (),
+                [("--placement", args.placement)])
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
     # SGLang rows and TensorRT-LLM keys are model layers: --layer-ids picks those; for other files it names rows.
@@ -189,7 +190,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import_load(args: argparse.Namespace) -> int:
-    output_file(args.out, "--out")
+    output_file(args.out, "--out", inputs=[*(("FILE", f) for f in args.files), ("--placement", args.placement)])
     live = None
     if args.placement:
         if args.source_format == "sglang":

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import numpy as np
@@ -18,7 +17,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots, slots_per_gpu
 from eplb.errors import EplbError
-from eplb.io.files import output_file, plural, write_text, writing
+from eplb.io.files import output_file, plural, same_file, write_text, writing
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.progress import Progress
@@ -514,17 +513,18 @@ def _check_stage(args: argparse.Namespace, model: ModelSpec | None, num_experts:
 def run_solve(args: argparse.Namespace) -> int:
     _check_frontier(args)
     check_groups(args)
+    # --out may be the --current placement (replaced whole after the solve: the incremental workflow); no other
+    # input, and --plan none at all
+    inputs = [("--loads", args.loads), ("--model", args.model), ("--hardware", args.hardware),
+              ("--coactivation", args.coactivation)]
     if args.out:
-        output_file(args.out, "--out", (".json",))
+        output_file(args.out, "--out", (".json",), inputs)
     if args.plan:
-        output_file(args.plan, "--plan", (".json",))
+        output_file(args.plan, "--plan", (".json",), [*inputs, ("--current", args.current)])
     if (args.plan or args.frontier or args.stage_gib is not None) and not args.current:
         raise EplbError("--plan, --stage-gib and --frontier need --current: the placement serving now")
-    if args.plan and args.out and Path(args.plan).resolve() == Path(args.out).resolve():
+    if args.plan and args.out and same_file(args.plan, args.out):
         raise EplbError(f"--plan and --out are both {args.out}: the plan would overwrite the placement; give two files")
-    if args.plan and args.current and Path(args.plan).resolve() == Path(args.current).resolve():
-        raise EplbError(f"--plan {args.plan} is the --current placement: the plan would overwrite it; give "
-                        "another file")
     if args.stage_gib is not None and not 0 < args.stage_gib <= MAX_STAGE_GIB:
         raise EplbError(f"--stage-gib must be > 0 and at most {MAX_STAGE_GIB:g} GiB, got {args.stage_gib:g}")
     check_time_limit("--time-limit", args.time_limit)

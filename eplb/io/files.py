@@ -8,7 +8,7 @@ import os
 import secrets
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,28 @@ def usable_path(raw: str | Path, what: str) -> Path:
     return p
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths a and b name one file: os.path.samefile when both exist (a symlink, ./x, a hard link), else
+    their resolved paths agree."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):  # a loop, a path the system refuses: told by `usable_path`
+        return False
+
+
+def refuse_input(out: str | Path, what: str, inputs: Iterable[tuple[str, str | Path | None]]) -> None:
+    """EplbError when output `out` (named `what`, the flag) is one of the run's input files (`same_file`):
+    inputs are (flag, path) pairs, a path None or empty where the flag was not given. Writing there would replace
+    the input before, or instead of, anything else (a raw dump that cannot be recorded again). Every writer checks
+    it before the work (`output_file`'s inputs; `eplb logs convert`)."""
+    for flag, raw in inputs:
+        if raw is not None and str(raw) != "" and same_file(out, raw):
+            raise EplbError(f"{what} {out} is the input ({flag} {raw}): writing it would replace the input; write "
+                            "to another name")
+
+
 def _kind(p: Path) -> str:
     """What p, which exists and is neither a regular file nor a directory, is, for a message."""
     if p.is_char_device():
@@ -240,12 +262,14 @@ def _kind(p: Path) -> str:
     return "another kind of file"
 
 
-def output_file(raw: str | Path, what: str = "output file", suffixes: tuple[str, ...] = ()) -> Path:
+def output_file(raw: str | Path, what: str = "output file", suffixes: tuple[str, ...] = (),
+                inputs: Iterable[tuple[str, str | Path | None]] = ()) -> Path:
     """The path of a file that can be written: not a directory, in a directory that exists. Call it before
     the work whose result goes there. suffixes: the names the file's format takes (`(".json",)`): a name ending in
     another suffix is refused (JSON was written under x.npz without a word); one without a suffix (/dev/stdout)
-    is taken."""
+    is taken. inputs: the run's input files as (flag, path), none of which it may be (`refuse_input`)."""
     p = usable_path(raw, what)
+    refuse_input(p, what, inputs)
     if suffixes and p.suffix and p.suffix.lower() not in suffixes:
         kind = suffixes[0].removeprefix(".").upper()
         raise EplbError(f"{what} {p}: the file is {kind}, but its name ends in {shown(p.suffix)}: name it "
