@@ -149,3 +149,30 @@ def test_an_unreadable_input_is_refused(files: dict[str, Path], tmp_path: Path) 
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, (argv, done.stderr)
         assert f"{path}: cannot read it (Permission denied)" in lines[0]
+
+
+# 4. a symbolic link loop ---------------------------------------------------------------------------------------
+
+
+def test_a_symlink_loop_is_named(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "a").symlink_to("b")
+    for argv in ([*SOLVE, "--loads", str(files["window"]), "--out", "a"], [*SOLVE, "--loads", "a"],
+                 ["logs", "convert", "a", "x.npz"], ["logs", "convert", str(files["log"]), "a"]):
+        code, err = run(capsys, *argv)
+        assert code == 2 and "'a': a symbolic link loop" in err, (argv, err)
+
+
+# 6. an empty --out (an unset $OUT) -----------------------------------------------------------------------------
+
+
+def test_an_empty_out_is_refused_everywhere(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, flag in (([*SOLVE, "--loads", str(files["window"]), "--out", ""], "--out"),
+                       ([*SOLVE, "--loads", str(files["window"]), "--current", str(files["placement"]), "--plan", ""],
+                        "--plan"),
+                       (["import-load", "--from", "sglang", str(files["sglang"]), "--out", ""], "--out"),
+                       (["export", "--placement", str(files["placement"]), "--to", "json", "--out", ""], "--out"),
+                       (["logs", "convert", str(files["log"]), ""], "OUT"),
+                       (["synth", "--out", ""], "--out")):
+        code, err = run(capsys, *argv)
+        assert code == 2 and f"{flag} is an empty name" in err, (argv, err)

@@ -517,9 +517,9 @@ def run_solve(args: argparse.Namespace) -> int:
     # input, and --plan none at all
     inputs = [("--loads", args.loads), ("--model", args.model), ("--hardware", args.hardware),
               ("--coactivation", args.coactivation)]
-    if args.out:
+    if args.out is not None:
         output_file(args.out, "--out", (".json",), inputs)
-    if args.plan:
+    if args.plan is not None:
         output_file(args.plan, "--plan", (".json",), [*inputs, ("--current", args.current)])
     if (args.plan or args.frontier or args.stage_gib is not None) and not args.current:
         raise EplbError("--plan, --stage-gib and --frontier need --current: the placement serving now")

@@ -3,6 +3,7 @@ tables."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -217,12 +218,18 @@ def usable_path(raw: str | Path, what: str) -> Path:
     as OSError tracebacks. Every reader and writer checks its path with it before it looks at the path
     (`existing_file`, `output_file`, `output_dir`, `eplb.io.logs.open_log` and `output_log`). Nothing there, or a
     file in the way of a directory, is left to the caller to say."""
+    if str(raw) == "":  # Path("") is ".", the working directory
+        raise EplbError(f"{what} is an empty name (an unset variable?): give a file name")
     p = Path(raw)
     try:
-        p.lstat()
+        if stat.S_ISLNK(p.lstat().st_mode):
+            p.stat()  # where it leads: nothing (a broken link, the caller's to say), or back to itself
     except (FileNotFoundError, NotADirectoryError):
         pass
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise EplbError(f"{what} {shown(str(p))}: a symbolic link loop (the link leads back to itself); give "
+                            "a file") from None
         raise EplbError(f"{what} {shown(str(p))}: the system cannot use this path ({exc.strerror or exc})") from None
     return p
 
