@@ -369,7 +369,8 @@ def test_empty_slots_on_gpus_that_serve_are_said_for_what_they_are(tmp_path: Pat
                  "--out", str(placement)]) == 0  # fmt: skip
     assert "one slot per expert" in capsys.readouterr().out
     for target in ("sglang", "trtllm", "vllm-ascend"):
-        assert main(["export", "--placement", str(placement), "--to", target, "--out", str(out)]) == 2
+        named = out.with_name("time.yaml") if target == "trtllm" else out  # TensorRT-LLM's file is YAML
+        assert main(["export", "--placement", str(placement), "--to", target, "--out", str(named)]) == 2
         system = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vllm-ascend"}[target]
         err = capsys.readouterr().err
         assert err.startswith(
@@ -486,7 +487,7 @@ def test_export_summaries_count_in_words(tmp_path: Path, capsys: pytest.CaptureF
         "json": "eplb placement, 1 layer (placement layer -> model layer 0), 1 GPU, 2 slots",
     }
     for target, text in said.items():
-        out = tmp_path / f"o.{target}.json"
+        out = tmp_path / f"o.{target}.{'yaml' if target == 'trtllm' else 'json'}"
         assert _cli(["export", "--placement", str(tmp_path / "one.json"), "--to", target, "--out", str(out)]) == 0
         assert text in capsys.readouterr().out, target
     save_placement(Placement(np.array([[0]]), np.array([1]), 1), tmp_path / "single.json")

@@ -163,6 +163,19 @@ def test_a_symlink_loop_is_named(files: dict[str, Path], tmp_path: Path, capsys:
         assert code == 2 and "'a': a symbolic link loop" in err, (argv, err)
 
 
+# 5. a TensorRT-LLM export under a name that is not YAML ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["x.json", "x.npz"])
+def test_trtllm_export_must_be_named_yaml(files: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                          name: str) -> None:
+    code, err = run(capsys, "export", "--placement", str(files["placement"]), "--to", "trtllm", "--out", name)
+    assert code == 2 and "the file is YAML" in err and "name it x.yaml" in err and not Path(name).exists()
+    for ok in ("x.yaml", "x.yml"):
+        assert main(["export", "--placement", str(files["placement"]), "--to", "trtllm", "--out", ok]) == 0
+        assert main(["export", "--placement", ok, "--gpus", "2", "--to", "json", "--out", "back.json"]) == 0
+
+
 # 6. an empty --out (an unset $OUT) -----------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from eplb.errors import EplbError, FieldError
 from eplb.io.exports import (
     MAX_MODEL_LAYERS,
     SYSTEM_NAMES,
+    TARGET_SUFFIXES,
     TARGETS,
     model_layers_refusal,
     parse_layer_ids,
@@ -151,8 +152,8 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    # JSON targets under another suffix are refused (SGLang's own rule, .json, is write_export's; YAML is left free)
-    output_file(args.out, "--out", (".json",) if args.to in ("json", "vllm-ascend") else (),
+    # a target's file under another suffix is refused (SGLang's own rule, .json, is write_export's: its message)
+    output_file(args.out, "--out", () if args.to == "sglang" else TARGET_SUFFIXES[args.to],
                 [("--placement", args.placement)])
     if args.num_model_layers is not None and args.to != "sglang":
         raise EplbError("--num-model-layers applies to --to sglang only")
