@@ -271,11 +271,11 @@ class Setup:
         """What to solve for a window: the policy's one solve, or, when the cost trigger judges a rebalance of
         the incremental solver with no budget of its own, `eplb.trigger.candidates` (move budgets, no budget,
         fresh greedy), as in replay."""
-        policy = self.config.policy
-        budgeted = policy.max_moves is not None or policy.target_lb is not None
-        if not judged or budgeted or self.solver_name(True) != "incremental":
+        if not judged:
             return [{}]
-        return trigger.candidates(layers * int(self.cluster.slots_per_gpu.sum()))
+        policy = self.config.policy
+        return trigger.candidates(layers * int(self.cluster.slots_per_gpu.sum()), self.solver_name(True),
+                                  policy.max_moves is not None or policy.target_lb is not None)
 
     def solve(
         self, run_solve: SolveFn, loads: NDArray[np.float64], current: Placement | None,

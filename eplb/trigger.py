@@ -35,10 +35,14 @@ LB_TOLERANCE = 0.01
 balanced one's."""
 
 
-def candidates(total_slots: int) -> list[dict[str, Any]]:
-    """The incremental solver's candidates as keyword arguments: {"max_moves": b} for every MOVE_BUDGETS
-    fraction of `total_slots` (layers x slots), {"max_moves": None} (the solver's own stop rule) and
-    {"fresh": True} (a fresh greedy placement, relabelled onto the serving one)."""
+def candidates(total_slots: int, solver: str = "incremental", budgeted: bool = False) -> list[dict[str, Any]]:
+    """What the cost trigger solves, as keyword arguments of one solve each: for the incremental solver with no
+    budget of the caller's own (`budgeted`: max_moves or target_lb given), {"max_moves": b} for every MOVE_BUDGETS
+    fraction of `total_slots` (layers x slots), {"max_moves": None} (the solver's own stop rule) and {"fresh": True}
+    (a fresh greedy placement, relabelled onto the serving one); else the policy's one solve, [{}]. Replay and
+    deployments both ask here."""
+    if solver != "incremental" or budgeted:
+        return [{}]
     budgets = sorted({max(1, round(f * total_slots)) for f in MOVE_BUDGETS})
     return [*({"max_moves": b} for b in budgets), {"max_moves": None}, {"fresh": True}]
 

@@ -776,9 +776,8 @@ class _Replay:
         the caller's own (Options max_moves or target_lb) `eplb.trigger.candidates` (move budgets, no budget, a
         fresh greedy placement), as deployments do; else the policy's one solve."""
         opts = self.policy.options or Options()
-        if self.policy.solver != "incremental" or opts.max_moves is not None or opts.target_lb is not None:
-            return [{}]
-        return trigger.candidates(self.serving.num_layers * self.serving.num_physical)
+        return trigger.candidates(self.serving.num_layers * self.serving.num_physical, self.policy.solver,
+                                  opts.max_moves is not None or opts.target_lb is not None)
 
     def cheapest(
         self,
