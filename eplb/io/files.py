@@ -189,7 +189,7 @@ def parse_json(text: str | bytes, where: str) -> Any:
 
 def _int_digits() -> int:
     """The longest integer Python converts from text (4,300 by default; 0: no limit)."""
-    return getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
+    return sys.get_int_max_str_digits() or 4300
 
 
 def existing_file(raw: str | Path, what: str = "file") -> Path:
