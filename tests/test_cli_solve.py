@@ -147,15 +147,32 @@ def test_a_uniform_split_with_the_weighted_milp_is_refused(tmp_path: Path, capsy
         assert (shares is not None) == ("weighted" in argv), argv
 
 
-def test_current_placement_of_another_cluster_is_one_short_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_current_placement_gives_the_cluster_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--current without --gpus or a slot flag solves for the current placement's GPUs and slots (not the default
+    32 GPUs x 9 slots, which were then refused as another cluster); flags that ask for another shape are refused,
+    one line naming both."""
     out = tmp_path / "p64.json"
     assert main(["solve", "--gpus", "64", "--redundant", "64", "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["solve", "--gpus", "32", "--current", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "is for 64 GPUs, 5 slots each, the request asks for 32 GPUs, 9 slots each" in err and len(err) < 200
+    assert main(["solve", "--current", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["placement"]["slots_per_gpu"] == [5] * 64
+    for agreeing in (["--gpus", "64"], ["--slots-per-gpu", "5"], ["--gpus", "64", "--redundant", "64"],
+                     ["--gpus-per-node", "8", "--groups", "8"]):
+        assert main(["solve", "--current", str(out), *agreeing, "--json"]) == 0, agreeing
+        assert json.loads(capsys.readouterr().out)["placement"]["slots_per_gpu"] == [5] * 64, agreeing
+    err = _error(capsys, "--gpus", "32", "--current", str(out))
+    assert f"--gpus 32: {out} records its own GPU count, 64: give 64" in err
+    err = _error(capsys, "--redundant", "128", "--current", str(out))
+    assert (f"--redundant 128 asks for 64 GPUs, 6 slots each, but --current {out} is for 64 GPUs, 5 slots each"
+            in err)
+    err = _error(capsys, "--slots-per-gpu", "6", "--current", str(out))
+    assert f"--slots-per-gpu 6 asks for 64 GPUs, 6 slots each, but --current {out} is for 64 GPUs, 5 slots each" in err
+    sglang = tmp_path / "sglang.json"  # records no GPU count: --gpus splits it, as evaluate and export
+    assert main(["export", "--placement", str(out), "--to", "sglang", "--out", str(sglang)]) == 0
+    assert _error(capsys, "--current", str(sglang)).endswith(
+        "SGLang placement files do not record the EP size; pass the GPU count (--gpus)")
+    assert main(["solve", "--current", str(sglang), "--gpus", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["placement"]["slots_per_gpu"] == [5] * 64
 
 
 def test_zero_gpus_per_node_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,6 +52,7 @@ from solvers.registry import MAX_MOVES, MAX_MOVES_PER_LAYER, Options
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
     from eplb.io.logs import LogInfo
+    from eplb.placement import Placement
 
 T = TypeVar("T")
 
@@ -93,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_loads(p)
-    add_cluster_options(p)
+    add_cluster_options(p, from_current=True)
     p.add_argument("--solver", choices=registry.names(), action=SolverChoice,
                    help="Default: incremental with --current, else greedy (docs/solvers.md)")
     p.add_argument("--time-limit", type=float, metavar="S", help="MILP time limit per layer, seconds (default: 5)")
@@ -108,7 +109,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the MILP with --current: accept lb up to (1 + F) x the best found to copy fewer experts; "
                    "greedy-coact: no swap may lift a GPU above greedy's busiest x (1 + F) (default: 0.01)")
     p.add_argument("--current", metavar="FILE", help="the placement serving now (ours, SGLang or TensorRT-LLM "
-                   "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported")
+                   "file): GPUs are relabelled to overlap it and the moves (expert copies, bytes) are reported. "
+                   "The cluster is its GPUs and slots per GPU: --gpus, --slots-per-gpu, --redundant and "
+                   "--memory-budget-gib may be left out, and are refused when they ask for another shape (SGLang "
+                   "and TensorRT-LLM files, which do not record their GPU count, need --gpus)")
     p.add_argument("--max-moves", type=int_at_most(MAX_MOVES, "expert copies"), metavar="N",
                    help="incremental: expert copies allowed in the whole model (default: until further copies buy "
                    "less than 0.1%% of lb)")
@@ -182,11 +186,17 @@ def _add_loads(p: argparse.ArgumentParser) -> None:
                    "DeepSeek-V3 prefill window from SGLang's published statistics, 58 layers x 256 experts)")
 
 
-def add_cluster_options(p: argparse.ArgumentParser) -> None:
+DEFAULT_GPUS = 32
+"""--gpus when not given (and, for eplb solve, no --current placement gives it)."""
+
+
+def add_cluster_options(p: argparse.ArgumentParser, *, from_current: bool = False) -> None:
     """--gpus, --gpus-per-node, --groups and one of --slots-per-gpu, --redundant, --memory-budget-gib
-    (read back with `slots_for` and `eplb.solve.Cluster`)."""
-    p.add_argument("--gpus", type=int_at_most(CLI_MAX_GPUS, "GPUs"), default=32, metavar="N",
-                   help="GPUs in the EP group (default: 32)")
+    (read back with `slots_for` and `eplb.solve.Cluster`). from_current: the command takes --current, whose
+    placement gives the GPUs and slots the flags leave out (`cluster_slots`): --gpus is then None when not given."""
+    p.add_argument("--gpus", type=int_at_most(CLI_MAX_GPUS, "GPUs"), default=None if from_current else DEFAULT_GPUS,
+                   metavar="N", help="GPUs in the EP group (default: " + (
+                       "the --current placement's, else " if from_current else "") + f"{DEFAULT_GPUS})")
     p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node: the hierarchical policy (with "
                    "--groups), nodes per token with co-activation data, and a '+' --link")
     p.add_argument(
@@ -358,12 +368,15 @@ def check_groups(args: argparse.Namespace) -> None:
                         "group within a node; give both, or drop --groups")
 
 
-def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | None) -> NDArray[np.int64]:
-    """Slots per GPU [--gpus] from `add_cluster_options`' budget (default: `slots_per_gpu`'s)."""
+def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | None,
+              num_gpus: int | None = None) -> NDArray[np.int64]:
+    """Slots per GPU [--gpus] from `add_cluster_options`' budget (default: `slots_per_gpu`'s); num_gpus: the GPUs
+    when --gpus did not give them (a --current placement's), else DEFAULT_GPUS."""
     if args.memory_budget_gib is not None and model is None:
         raise EplbError(f"--memory-budget-gib needs --model: no preset has {num_experts} experts")
+    gpus = args.gpus if args.gpus is not None else num_gpus if num_gpus is not None else DEFAULT_GPUS
     return slots_per_gpu(
-        args.gpus,
+        gpus,
         num_experts,
         slots=args.slots_per_gpu,
         num_redundant=args.redundant,
@@ -371,6 +384,29 @@ def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | Non
         slot_bytes=None if model is None else model.expert_bytes_all_layers,
         names=BUDGET_FLAGS,
     )
+
+
+def cluster_slots(args: argparse.Namespace, num_experts: int, model: ModelSpec | None,
+                  current: Placement | None) -> NDArray[np.int64]:
+    """Slots per GPU of `eplb solve`'s cluster: with a --current placement, its own (read with --gpus, which
+    `read_placement_for` refuses when the file records another GPU count), and a budget flag
+    (--slots-per-gpu, --redundant, --memory-budget-gib) that asks for other slots is refused naming both;
+    without one, `slots_for`'s."""
+    if current is None:
+        return slots_for(args, num_experts, model)
+    own = current.slots_per_gpu
+    given = [(flag, value) for flag, value in (("--slots-per-gpu", args.slots_per_gpu), ("--redundant", args.redundant),
+                                               ("--memory-budget-gib", args.memory_budget_gib)) if value is not None]
+    if not given:
+        return own
+    asked = slots_for(args, num_experts, model, current.num_gpus)
+    if asked.tolist() != own.tolist():
+        flag, value = given[0]
+        text = ",".join(f"{v:g}" for v in value) if isinstance(value, list) else str(value)
+        raise EplbError(f"{flag} {text} asks for {describe_slots(asked)}, but --current {args.current} is for "
+                        f"{describe_slots(own)}: moves are counted between placements of one cluster shape; drop "
+                        f"{flag} (the shape is then the current placement's), or give a --current of that shape")
+    return asked
 
 
 BUDGET_FLAGS = {"num_gpus": "--gpus", "slots": "--slots-per-gpu", "num_redundant": "--redundant",
@@ -536,14 +572,14 @@ def run_solve(args: argparse.Namespace) -> int:
     window = read_window(args.loads)
     model = model_for(args, window)
     _check_stage(args, model, window.num_experts)
-    slots = slots_for(args, window.num_experts, model)
     layer_ids = window.meta.get("layer_ids")
     current = None
     if args.current:
         from eplb.io.foreign import read_placement_for  # lazy: YAML support costs start-up time
 
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
-                                     num_gpus=args.gpus, gpus_flag=None)  # the cluster check names the slots too
+                                     num_gpus=args.gpus, gpus_flag="--gpus")
+    slots = cluster_slots(args, window.num_experts, model, current)
     cluster = Cluster(slots, args.gpus_per_node, args.groups)
     if args.frontier:
         assert current is not None
@@ -553,7 +589,7 @@ def run_solve(args: argparse.Namespace) -> int:
     def starting(name: str) -> None:  # every input checked: no refusal follows
         _milp_progress(args, name, window.num_layers)
         ticker.start(f"{name}, {plural(window.num_layers, 'layer')} x {plural(window.num_experts, 'expert')} on "
-                     f"{plural(args.gpus, 'GPU')}")
+                     f"{plural(cluster.num_gpus, 'GPU')}")
 
     with ticker:
         outcome = solve(

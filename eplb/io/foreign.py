@@ -52,8 +52,8 @@ def read_placement_for(
 ) -> Placement:
     """Read a placement to use with a load window of num_layers x num_experts (its model layers `layer_ids`);
     a placement of another shape is refused naming both shapes, then one for other than num_gpus GPUs as in
-    `read_placement_file`. gpus_flag None: num_gpus only splits SGLang and TensorRT-LLM files, and the caller
-    compares the GPU count with its cluster's (`eplb solve --current`, which names the slots too)."""
+    `read_placement_file` (`eplb evaluate --placement`, `eplb solve --current`: its flag). gpus_flag None: num_gpus
+    only splits SGLang and TensorRT-LLM files, and the caller compares the GPU count with its cluster's."""
     try:
         placement = _read(path, num_gpus, layer_ids, num_experts).placement
         picked: EplbError | None = None
