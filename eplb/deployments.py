@@ -367,7 +367,11 @@ class DeploymentView(BaseModel):
     config: DeploymentConfig
     placement: PlacementOut | None = Field(None, description="the placement now serving (None until the first)")
     windows: int = Field(description="windows received")
-    last_rebalance: int | None = Field(None, description="window number of the last new placement")
+    last_rebalance: int | None = Field(None, description="window number of the last new placement the service made "
+                                       "(placed or rebalanced; the periodic trigger counts from it)")
+    last_placement: Literal["placed", "rebalanced"] | None = Field(
+        None, description="what that window did: `placed` (no placement served: the first window, or the first "
+        "after an update dropped the placement) or `rebalanced`; None before the first")
     created_at: float
     updated_at: float
 
@@ -455,14 +459,14 @@ def register(store: Store, name: str, config: DeploymentConfig) -> tuple[Deploym
                 row.phy2log, row.shares = None, None
             row.config, row.updated_at = stored, now
             session.flush()
-        view = _view(row)
+        view = _view(session, row)
         dropped = PLACEMENT_DROPPED if serving is not None and view.placement is None else None
         return DeploymentUpdate.model_construct(**dict(view), created=created, placement_dropped=dropped), created
 
 
 def get(store: Store, name: str) -> DeploymentView:
     with store.read() as session:
-        return _view(_row(session.get(DeploymentRow, name), name))
+        return _view(session, _row(session.get(DeploymentRow, name), name))
 
 
 def current_placement(store: Store, name: str) -> Placement | None:
@@ -473,7 +477,8 @@ def current_placement(store: Store, name: str) -> Placement | None:
 
 def list_all(store: Store) -> list[DeploymentView]:
     with store.read() as session:
-        return [_view(r) for r in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
+        rows = list(session.scalars(select(DeploymentRow).order_by(DeploymentRow.name)))
+        return [_view(session, r) for r in rows]
 
 
 def retire(store: Store, name: str) -> None:
@@ -786,13 +791,25 @@ def _placement(row: DeploymentRow) -> Placement | None:
     return Placement(phy2log, slots, model.num_experts, shares)
 
 
-def _view(row: DeploymentRow) -> DeploymentView:
+def _view(session: Any, row: DeploymentRow) -> DeploymentView:
     placement = _placement(row)
     return DeploymentView(
         name=row.name, config=DeploymentConfig.model_validate(row.config),
         placement=None if placement is None else PlacementOut.model_validate(placement.to_dict()),
-        windows=row.windows, last_rebalance=row.last_rebalance, created_at=row.created_at, updated_at=row.updated_at,
+        windows=row.windows, last_rebalance=row.last_rebalance, last_placement=_last_placement(session, row),
+        created_at=row.created_at, updated_at=row.updated_at,
     )
+
+
+def _last_placement(session: Any, row: DeploymentRow) -> Literal["placed", "rebalanced"] | None:
+    """Whether window `row.last_rebalance` placed (no placement served) or rebalanced: its history entry's action
+    (None before the first new placement, or when the history holds no such entry)."""
+    if row.last_rebalance is None:
+        return None
+    action = session.scalars(select(HistoryRow.action).where(
+        HistoryRow.deployment == row.name, HistoryRow.seq == row.last_rebalance,
+        HistoryRow.action.in_(("placed", "rebalanced"))).order_by(HistoryRow.id.desc()).limit(1)).first()
+    return "placed" if action == "placed" else "rebalanced" if action == "rebalanced" else None
 
 
 def _entry(row: HistoryRow) -> HistoryEntry:

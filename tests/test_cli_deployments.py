@@ -261,6 +261,39 @@ def test_show_counts_in_words(store: Store, db_url: str, capsys: pytest.CaptureF
     assert "deployment one: 1 window," in out and "on 8 GPUs, 80 slots" in out
 
 
+def test_list_and_show_say_placed_for_a_deployment_never_rebalanced(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deployment whose one window placed it was listed as 'rebalanced #1' (and shown as 'last rebalance at
+    window 1'): the column said rebalanced for every new placement. It says which one, from the database and from
+    the service alike."""
+    dep.register(store, "fresh", config(trigger="periodic", every=1))
+    dep.process_window(store, "fresh", window(0))
+
+    def columns() -> tuple[str, str]:
+        assert main(["deployments", "list", "--database-url", db_url]) == 0
+        _, row = capsys.readouterr().out.splitlines()
+        assert main(["deployments", "show", "fresh", "--database-url", db_url]) == 0
+        return row, capsys.readouterr().out.splitlines()[0]
+
+    row, shown_ = columns()
+    assert "rebalanced" not in row and row.split()[-3:-1] == ["placed", "#1"]
+    assert shown_ == "deployment fresh: 1 window, placed at window 1"
+    view = dep.get(store, "fresh")
+    assert (view.last_rebalance, view.last_placement) == (1, "placed")
+    dep.process_window(store, "fresh", window(1))
+    row, shown_ = columns()
+    assert row.split()[-3:-1] == ["rebalanced", "#2"] and shown_.endswith("last rebalanced at window 2")
+
+
+def test_the_service_says_placed_or_rebalanced_as_the_database_does(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["deployments", "list", "--url", served, "--api-key", KEY]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert "last placement" in header and row.split()[-3:-1] == ["rebalanced", "#2"]
+
+
 # --- the history plot ----------------------------------------------------------------------------------------
 
 

@@ -164,7 +164,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("deployments", help="list and inspect the deployments the service remembers",
                               description=__doc__)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="every deployment: model, GPUs, slots, windows, last rebalance")
+    ls = sub.add_parser("list", help="every deployment: model, GPUs, slots, windows, last placement (placed or "
+                        "rebalanced)")
     ls.add_argument("--json", action="store_true", help="print the deployments as JSON")
     show = sub.add_parser("show", help="one deployment's config and current placement")
     show.add_argument("name", metavar="NAME")
@@ -212,13 +213,25 @@ def run_list(args: argparse.Namespace) -> int:
     if not views:
         print("no deployments")
         return 0
-    print(f"{'name':<24} {'model':<20} {'hardware':<9} {'GPUs':>5} {'slots':>6} {'windows':>8} {'rebalanced':>10} "
-          f"{'trigger':<9}")
+    print(f"{'name':<24} {'model':<20} {'hardware':<9} {'GPUs':>5} {'slots':>6} {'windows':>8} "
+          f"{'last placement':>15} {'trigger':<9}")
     for v in views:
-        last = "-" if v.last_rebalance is None else f"#{v.last_rebalance}"
+        last = "-" if v.last_rebalance is None else f"{v.last_placement or 'window'} #{v.last_rebalance}"
         print(f"{clip(v.name, 24):<24} {clip(v.config.model, 20):<20} {clip(v.config.hardware, 9):<9} "
-              f"{v.config.cluster.num_gpus:>5} {_slots(v):>6} {v.windows:>8} {last:>10} {v.config.policy.trigger:<9}")
+              f"{v.config.cluster.num_gpus:>5} {_slots(v):>6} {v.windows:>8} {last:>15} {v.config.policy.trigger:<9}")
     return 0
+
+
+def _last_placement(view: DeploymentView) -> str:
+    """The last placement the service made, in words: placed or rebalanced, at which window (a service older than
+    `last_placement` says only the window)."""
+    if view.last_rebalance is None:
+        return "no placement made yet"
+    if view.last_placement == "placed":
+        return f"placed at window {view.last_rebalance}"
+    if view.last_placement == "rebalanced":
+        return f"last rebalanced at window {view.last_rebalance}"
+    return f"last new placement at window {view.last_rebalance}"
 
 
 def _slots(view: DeploymentView) -> str:
@@ -239,8 +252,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(view.model_dump(mode="json", exclude_none=True), indent=2))
         return 0
-    print(f"deployment {view.name}: {plural(view.windows, 'window')}, last rebalance "
-          f"{'never' if view.last_rebalance is None else f'at window {view.last_rebalance}'}")
+    print(f"deployment {view.name}: {plural(view.windows, 'window')}, {_last_placement(view)}")
     print(f"  created {_when(view.created_at)}, updated {_when(view.updated_at)}")
     print("  config " + json.dumps(view.config.model_dump(mode="json", exclude_none=True)))
     if view.placement is None:
