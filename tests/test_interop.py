@@ -523,7 +523,8 @@ def test_sglang_npz_and_refusals(tmp_path: Path) -> None:
         read_sglang_loads([tmp_path / "d.pt"])
     cases = {
         "nokey.json": ({"rank": 0}, "missing 'logical_count'"),
-        "neg.json": ({"logical_count": [[1, 2], [3, -4]]}, r"logical_count\[0\]\[1\]\[1\] is -4: counts must be >= 0"),
+        "neg.json": ({"logical_count": [[1, 2], [3, -4]]},
+                     r"logical_count\[0\]\[1\]\[1\]: count is -4; counts must be >= 0"),
         "ragged.json": ({"logical_count": [[1, 2], [3]]}, "ragged: row 0 has 2 entries, row 1 has 1"),
         "flat.json": ({"logical_count": [1, 2]}, r"must be \[steps\]\[layers\]\[experts\] or \[layers\]\[experts\]"),
         "zero.json": ({"logical_count": [[0, 0]]}, "every count is 0"),
@@ -550,9 +551,37 @@ def test_numbers_beyond_ids_and_token_counts_are_named(tmp_path: Path) -> None:
         (tmp_path / "c.json").write_text(json.dumps({"logical_count": [[1, 2], [3, big]]}))
         with pytest.raises(EplbError) as info:
             read_sglang_loads([tmp_path / "c.json"])
-        assert str(info.value) == (f"{tmp_path / 'c.json'}: logical_count[0][1][1] is {shown}: larger than any token "
-                                   "count (limit 1e+15); scale the window down, a placement follows the loads' ratios, "
-                                   "up to rounding")
+        assert str(info.value) == (f"{tmp_path / 'c.json'}: logical_count[0][1][1]: count is {shown}, too large for "
+                                   "a token count (at most 1e+15)")
+
+
+@pytest.mark.parametrize(("value", "why"), [(3.5, "3.5; counts must be whole numbers"), (-2, "-2; counts must be >= 0"),
+                                           (float("nan"), "nan; counts must be finite"),
+                                           (float("inf"), "inf; counts must be finite")])
+def test_imported_counts_are_token_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: float, why: str
+) -> None:
+    """SGLang, TensorRT-LLM and vLLM dumps count tokens: a fraction (3.5 was summed into the window by --from sglang
+    and trtllm, and vllm), a negative, NaN or inf means a wrong file, refused in one line naming the file, the key
+    or field, and the entry: the routing logs' rule (`count_problem`), one check for the three."""
+    from eplb.cli import main
+
+    steps = [[[1, 2, 3, 4], [1, value, 3, 4]]]  # NaN and inf as Python's json writes them (NaN, Infinity)
+    (tmp_path / "sg.json").write_text(json.dumps({"logical_count": steps}))
+    (tmp_path / "vllm.json").write_text(json.dumps({"counts": steps}))
+    trtllm = tmp_path / "stats"
+    trtllm.mkdir()
+    (trtllm / "meta_info.json").write_text(json.dumps({"num_experts": 4, "num_experts_per_token": 2}))
+    (trtllm / "rank0.json").write_text(json.dumps({"0_3": steps[0][0], "0_4": steps[0][1]}))
+    for fmt, given, where in (("sglang", tmp_path / "sg.json", "logical_count[0][1][1]"),
+                              ("vllm", tmp_path / "vllm.json", "counts[0][1][1]"),
+                              ("trtllm", trtllm, "0_4[1]")):
+        file = trtllm / "rank0.json" if fmt == "trtllm" else given
+        assert main(["import-load", "--from", fmt, str(given), "--out", str(tmp_path / "w.json")]) == 2, fmt
+        err = capsys.readouterr().err
+        assert err == f"eplb import-load: error: {file}: {where}: count is {why}\n", fmt
+    assert not (tmp_path / "w.json").exists()
+
 
 def _trtllm_dir(tmp_path: Path, fmt: str = "safetensors") -> tuple[Path, NDArray[np.float64]]:
     folder = tmp_path / "expert_statistic"
@@ -593,7 +622,7 @@ def test_trtllm_statistics_errors(tmp_path: Path) -> None:
     with pytest.raises(EplbError, match=r"100_3 has shape \[3\]; expected 4 counts"):
         read_trtllm_loads([folder])
     (folder / "rank2.json").write_text(json.dumps({"100_3": [1, 2, 3, -1]}))
-    with pytest.raises(EplbError, match=r"100_3\[3\] is -1: counts must be >= 0"):
+    with pytest.raises(EplbError, match=r"100_3\[3\]: count is -1; counts must be >= 0"):
         read_trtllm_loads([folder])
     (folder / "rank2.json").write_text(json.dumps({"layer3": [1, 2, 3, 4]}))
     with pytest.raises(EplbError, match=r"'layer3' is not '\{iteration\}_\{layer\}'"):

@@ -30,14 +30,14 @@ from eplb.errors import EplbError
 from eplb.io.files import (
     existing_file,
     int_table,
-    number_text,
     numeric_array,
     output_file,
     plural,
     read_json,
     replace_text,
 )
-from solvers.validation import EMPTY_SLOT, load_refusal, replica_counts
+from eplb.io.logs import count_problem
+from solvers.validation import EMPTY_SLOT, replica_counts
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
 
@@ -476,9 +476,13 @@ def _steps_layers_experts(value: Any, what: str) -> NDArray[np.float64]:
 
 
 def _check_counts(arr: NDArray[np.float64], what: str) -> None:
-    why = load_refusal(arr, what, number_text, noun="counts")
-    if why is not None:
-        raise EplbError(why)
+    """Every entry of `what` (a file and where in it) a token count, the routing logs' rule (`count_problem`):
+    SGLang's, TensorRT-LLM's and vLLM's recorders count tokens, so 3.5 (or a negative, NaN, inf, or a count beyond
+    any window) is a wrong file, refused naming the file, the key or field and the first bad entry."""
+    found = count_problem(arr)
+    if found is not None:
+        index, why = found
+        raise EplbError(f"{what}{''.join(f'[{i}]' for i in index)}: {why}")
 
 
 def _stack(parts: list[NDArray[np.float64]], names: list[str]) -> NDArray[np.float64]:
