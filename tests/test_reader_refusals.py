@@ -125,3 +125,38 @@ def test_another_engines_json_given_as_vllm_is_refused(tmp_path: Path) -> None:
         import_loads("vllm", [path])
     path.write_text(json.dumps({"counts": [[[1, 2, 3]]]}))
     assert import_loads("vllm", [path]).window.tolist() == [[1, 2, 3]]
+
+
+def test_a_key_given_twice_in_any_json_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Load statistics, load windows and spec files kept the last of a repeated key (json.loads), silently, where
+    placements refused it: every JSON reader parses through `eplb.io.files.parse_json`, which refuses it."""
+    from eplb.cli import main
+
+    twice = "appears twice in one object (JSON readers keep only the last); give each key once"
+    sglang = tmp_path / "sg.json"
+    sglang.write_text('{"logical_count": [[[1, 2, 3, 4]]], "logical_count": [[[9, 9, 9, 9]]]}')
+    vllm = tmp_path / "vllm.json"
+    vllm.write_text('{"counts": [[[1, 2, 3, 4]]], "counts": [[[9, 9, 9, 9]]]}')
+    trtllm = tmp_path / "stats"
+    trtllm.mkdir()
+    (trtllm / "meta_info.json").write_text('{"num_experts": 4, "num_experts_per_token": 2}')
+    (trtllm / "rank0.json").write_text('{"0_3": [1, 2, 3, 4], "0_3": [9, 9, 9, 9]}')
+    out = str(tmp_path / "w.json")
+    for argv, file, key in ((["import-load", "--from", "sglang", str(sglang)], sglang, "logical_count"),
+                            (["import-load", "--from", "vllm", str(vllm)], vllm, "counts"),
+                            (["import-load", "--from", "trtllm", str(trtllm)], trtllm / "rank0.json", "0_3")):
+        assert main([*argv, "--out", out]) == 2, argv
+        assert capsys.readouterr().err == f"eplb import-load: error: {file}: key {key!r} {twice}\n"
+    (trtllm / "rank0.json").write_text('{"0_3": [1, 2, 3, 4]}')
+    (trtllm / "meta_info.json").write_text('{"num_experts": 4, "num_experts": 8}')
+    assert main(["import-load", "--from", "trtllm", str(trtllm), "--out", out]) == 2
+    assert f"{trtllm / 'meta_info.json'}: key 'num_experts' {twice}" in capsys.readouterr().err
+    window = tmp_path / "window.json"
+    window.write_text('{"loads": [[1, 2, 3, 4]], "loads": [[4, 4, 4, 4]]}')
+    assert main(["solve", "--loads", str(window), "--gpus", "2"]) == 2
+    assert f"{window}: key 'loads' {twice}" in capsys.readouterr().err
+    spec = tmp_path / "hw.json"
+    spec.write_text('{"name": "x", "name": "y"}')
+    assert main(["cost", "--hardware", str(spec), "--ep", "8", "--tokens-per-gpu", "256"]) == 2
+    assert f"key 'name' {twice}" in capsys.readouterr().err
+    assert not Path(out).exists()

@@ -168,13 +168,15 @@ def read_json(p: Path) -> Any:
 
 
 def parse_json(text: str | bytes, where: str) -> Any:
-    """json.loads(text), with the two failures Python's reader raises beyond JSONDecodeError (which the caller
-    words, as it is left to it) as one EplbError starting `where` (the file, its line): lists or objects nested
-    deeper than the reader's recursion takes (a RecursionError), and an integer longer than Python converts
-    (a ValueError, `sys.get_int_max_str_digits`). Every JSON reader of eplb parses through it (`read_json`,
-    `eplb.io.logs`' JSONL lines, `eplb.specs`' spec files)."""
+    """json.loads(text), refusing a key given twice in one object (Python's reader keeps the last silently) and
+    with the two failures it raises beyond JSONDecodeError (which the caller words, as it is left to it) as one
+    EplbError starting `where` (the file, its line): lists or objects nested deeper than the reader's recursion
+    takes (a RecursionError), and an integer longer than Python converts (a ValueError,
+    `sys.get_int_max_str_digits`). Every JSON reader of eplb parses through it (`read_json`: load windows, load
+    statistics, placements, co-activation summaries; `eplb.io.foreign`'s engine placements, `eplb.io.logs`' JSONL
+    lines, `eplb.specs`' spec files)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
     except RecursionError:
         raise EplbError(f"{where}: nested too deeply to read (lists or objects more than about "
                         f"{sys.getrecursionlimit():,} levels inside each other)") from None
@@ -185,6 +187,20 @@ def parse_json(text: str | bytes, where: str) -> Any:
             raise
         raise EplbError(f"{where}: holds a number with more than {_int_digits():,} digits "
                         "(no count or id is that long)") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
+    """One JSON object, refusing a key given twice (`parse_json`)."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise EplbError(f"{where}: key {key!r} appears twice in one object (JSON readers keep only the last); "
+                            "give each key once")
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs means one repeats")
 
 
 def _int_digits() -> int:

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from eplb.errors import EplbError
 from eplb.io.exports import ranges
-from eplb.io.files import existing_file, int_list, int_table, plural, refuse_bools
+from eplb.io.files import existing_file, int_list, int_table, parse_json, plural, refuse_bools
 from eplb.placement import Placement
 from solvers.validation import EMPTY_SLOT
 
@@ -197,7 +197,7 @@ def _parse_placement_text(text: str, p: Path) -> Any:
     data: Any = None
     if suffix not in (".yaml", ".yml"):
         try:
-            data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, p))
+            data = parse_json(text, str(p))
         except json.JSONDecodeError as exc:
             if suffix == ".json":
                 raise EplbError(f"{p}: not valid JSON ({exc})") from None
@@ -207,17 +207,6 @@ def _parse_placement_text(text: str, p: Path) -> Any:
     else:
         refuse_bools(data, text, f"{p}: ")
     return data
-
-
-def _unique_keys(pairs: list[tuple[str, Any]], p: Path) -> dict[str, Any]:
-    """One JSON object of a placement file, refusing a key given twice (json.loads keeps the last silently)."""
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise EplbError(f"{p}: key {key!r} appears twice in one object (JSON readers keep only the last); "
-                            "give each key once")
-        obj[key] = value
-    return obj
 
 
 def _parse_trtllm(
