@@ -30,6 +30,7 @@ from eplb.io.exports import (
 )
 from eplb.io.foreign import parse_placement, parse_trtllm_yaml, read_placement_any, read_placement_file
 from eplb.io.statistics import (
+    LOAD_FORMATS,
     fold_physical,
     import_loads,
     read_safetensors,
@@ -580,6 +581,32 @@ def test_imported_counts_are_token_counts(
         assert main(["import-load", "--from", fmt, str(given), "--out", str(tmp_path / "w.json")]) == 2, fmt
         err = capsys.readouterr().err
         assert err == f"eplb import-load: error: {file}: {where}: count is {why}\n", fmt
+    assert not (tmp_path / "w.json").exists()
+
+
+def test_import_load_names_its_input_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing, empty or unusable input was 'file not found: x' (no word of which argument), a directory named
+    rank0.json in a TensorRT-LLM folder an IsADirectoryError traceback, and a name too long for the system an
+    OSError one: each is one line naming the statistics file, as solve names its load file (`existing_file`)."""
+    from eplb.cli import main
+
+    def error(fmt: str, *files: Path | str) -> str:
+        assert main(["import-load", "--from", fmt, *map(str, files), "--out", str(tmp_path / "w.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err.strip().removeprefix("eplb import-load: error: ")
+
+    missing, empty = tmp_path / "missing.json", tmp_path / "empty.json"
+    empty.write_text("")
+    for fmt in LOAD_FORMATS:
+        assert error(fmt, missing) == f"statistics file not found: {missing}", fmt
+    for fmt in ("sglang", "vllm"):
+        assert error(fmt, empty) == f"statistics file {empty} is empty (0 bytes)", fmt
+    folder, _ = _trtllm_dir(tmp_path, "json")
+    assert error("trtllm", folder / "meta_info.json", missing) == f"statistics file not found: {missing}"
+    (folder / "rank5.json").mkdir()
+    assert error("trtllm", folder) == f"statistics file {folder / 'rank5.json'} is a directory; give a file"
+    assert error("trtllm", "x" * 300).startswith("statistics file 'xxx")
     assert not (tmp_path / "w.json").exists()
 
 

@@ -35,11 +35,15 @@ from eplb.io.files import (
     plural,
     read_json,
     replace_text,
+    usable_path,
 )
 from eplb.io.logs import count_problem
 from solvers.validation import EMPTY_SLOT, replica_counts
 
 LOAD_FORMATS = ("sglang", "trtllm", "vllm")
+STATISTICS_FILE = "statistics file"
+"""What the messages call an input file of `import_loads` (`eplb import-load FILE...`), as `eplb solve` says "load
+file" and `eplb replay` "routing log" (`eplb.io.files.existing_file`)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ def read_sglang_loads(paths: Sequence[str | Path], *, drop_empty_layers: bool = 
     parts: list[NDArray[np.float64]] = []
     names: list[str] = []
     for raw in paths:
-        p = existing_file(raw)
+        p = existing_file(raw, STATISTICS_FILE)
         suffix = p.suffix.lower()
         if suffix == ".pt":
             raise EplbError(f"{p}: SGLang's .pt dumps need torch to read; convert once with {sglang_pt_hint(p)}")
@@ -291,7 +295,7 @@ def read_vllm_loads(paths: Sequence[str | Path], *, phy2log: NDArray[np.int64] |
     names: list[str] = []
     recorder = False
     for raw in paths:
-        p = existing_file(raw)
+        p = existing_file(raw, STATISTICS_FILE)
         suffix = p.suffix.lower()
         table = phy2log
         if suffix == ".json":
@@ -418,7 +422,9 @@ def read_safetensors(path: str | Path) -> dict[str, NDArray[Any]]:
 
 
 def _trtllm_files(paths: Sequence[str | Path]) -> tuple[Path, list[Path]]:
-    given = [Path(p) for p in paths]
+    """(meta_info.json, rank files) of a TensorRT-LLM recording given as its folder or as its files, each an
+    `existing_file` (named STATISTICS_FILE, as the other formats' files)."""
+    given = [usable_path(p, STATISTICS_FILE) for p in paths]
     if len(given) == 1 and given[0].is_dir():
         folder = given[0]
         meta = folder / "meta_info.json"
@@ -429,9 +435,9 @@ def _trtllm_files(paths: Sequence[str | Path]) -> tuple[Path, list[Path]]:
                             "(EXPERT_STATISTIC_PATH)")
         if not files:
             raise EplbError(f"{folder}: no rank*.safetensors (or rank*.json) count files")
-        return meta, files
+        return existing_file(meta, STATISTICS_FILE), [existing_file(f, STATISTICS_FILE) for f in files]
     for p in given:
-        existing_file(p)
+        existing_file(p, STATISTICS_FILE)
     metas = [p for p in given if p.name == "meta_info.json"]
     files = [p for p in given if p.name != "meta_info.json"]
     if len(metas) != 1:
