@@ -196,6 +196,7 @@ ERRORS = {
     400: "the body is not valid JSON (or not a valid .npy array)",
     401: "missing or wrong API key",
     404: "no such resource",
+    409: "a write lost to concurrent writes of the same deployment every attempt it made; send it again",
     413: "request body too large",
     415: "unsupported Content-Type: send application/json (or application/x-npy loads)",
     422: "invalid input; `errors` names the fields",

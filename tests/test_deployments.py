@@ -454,6 +454,44 @@ def test_first_puts_of_one_name_on_two_replicas_at_once_create_it_once(postgres:
         store.close()
 
 
+def test_puts_racing_deletes_register_it_again_and_never_answer_422(client: TestClient, store: Store) -> None:
+    """10 PUTs and 10 DELETEs of one deployment at once, a few rounds: a PUT that comes after a DELETE registers the
+    deployment anew (201), one before it updates it (200); a DELETE answers 204, or 404 once it is gone. No 422 or
+    500 for a valid body."""
+    body = config().model_dump(mode="json", exclude_none=True)
+    got: set[tuple[str, int]] = set()
+    for _ in range(3):
+        assert client.put("/deployments/raced", json=body).status_code in (200, 201)
+        answers = _concurrently(20, lambda i: ("PUT", client.put("/deployments/raced", json=body)) if i % 2
+                                else ("DELETE", client.delete("/deployments/raced")))
+        got |= {(method, a.status_code) for method, a in answers}
+    assert got <= {("PUT", 200), ("PUT", 201), ("DELETE", 204), ("DELETE", 404)}, got
+
+
+def test_a_put_whose_row_a_delete_keeps_removing_is_a_409_not_a_422(client: TestClient, store: Store) -> None:
+    """A PUT inserts the deployment again when a concurrent DELETE removed it before the PUT locked it; after
+    `_CREATE_ATTEMPTS` such losses in a row it gave up with a 422 (an invalid body, it said, of a valid one). It is a
+    409 Conflict. A trigger of the database that drops every insert of the name stands for the DELETEs."""
+    from sqlalchemy import text
+
+    with store.engine.begin() as conn:
+        if store.dialect == "postgresql":
+            conn.execute(text("CREATE FUNCTION vanish() RETURNS trigger AS $$ BEGIN RETURN NULL; END $$ "
+                              "LANGUAGE plpgsql"))
+            conn.execute(text("CREATE TRIGGER vanish BEFORE INSERT ON deployments FOR EACH ROW "
+                              "WHEN (NEW.name = 'ghost') EXECUTE FUNCTION vanish()"))
+        else:
+            conn.execute(text("CREATE TRIGGER vanish BEFORE INSERT ON deployments WHEN NEW.name = 'ghost' "
+                              "BEGIN SELECT RAISE(IGNORE); END"))
+    answer = client.put("/deployments/ghost", json=config().model_dump(mode="json", exclude_none=True))
+    assert answer.status_code == 409, answer.text
+    problem = answer.json()
+    assert problem["title"] == "Conflict" and problem["detail"] == (
+        "deployment 'ghost' was deleted 10 times while it was being registered (concurrent DELETE and PUT): send "
+        "the PUT again")
+    assert client.put("/deployments/other", json=config().model_dump(mode="json")).status_code == 201
+
+
 def test_placement_dropped_says_what_this_put_dropped(client: TestClient, store: Store,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """PUT read the deployment before taking its lock: another request's PUT that dropped the serving placement

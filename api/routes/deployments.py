@@ -35,6 +35,7 @@ from eplb.placement import Placement
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
 from eplb.solve import Outcome, solve
 from eplb.specs import model_preset
+from eplb.store import Conflict
 
 MAX_ID = MAX_HISTORY_ID
 """The largest history id the store holds (`eplb.rules.MAX_HISTORY_ID`): a larger `before` is a 422."""
@@ -84,11 +85,14 @@ DeploymentName = Annotated[str, Depends(_deployment_name)]
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a blocking `eplb.deployments` call in the database threads; NotFound becomes 404 (EplbError 422)."""
+    """Run a blocking `eplb.deployments` call in the database threads; NotFound becomes 404, a write that lost to
+    concurrent ones every attempt (`eplb.store.Conflict`) 409 (EplbError 422)."""
     try:
         return await in_db(fn, *args, **kwargs)
     except NotFound as exc:
         raise ProblemError(404, "Not found", str(exc)) from None
+    except Conflict as exc:
+        raise ProblemError(409, "Conflict", str(exc)) from None
 
 
 def _pool_solver(pool: SolvePool, settings: Settings, loop: asyncio.AbstractEventLoop) -> Callable[..., Outcome]:
@@ -115,7 +119,8 @@ async def list_deployments(db: DbDep) -> DeploymentList:
 
 
 @router.put("/{name}", response_model=DeploymentUpdate, response_model_exclude_none=True,
-            responses={201: {"model": DeploymentUpdate, "description": "registered"}, **documented(401, 404, 422)},
+            responses={201: {"model": DeploymentUpdate, "description": "registered"},
+                       **documented(401, 404, 409, 422)},
             summary="Register a deployment, or update its config (history stays; the serving placement too unless "
                     "the new shape no longer fits it: `placement_dropped` then says so)")
 async def put_deployment(name: DeploymentName, body: DeploymentConfig, db: DbDep,

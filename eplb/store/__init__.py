@@ -9,6 +9,7 @@ and `lock_deployment` adds `SELECT ... FOR UPDATE` on PostgreSQL (a row lock hel
 `create_or_lock_deployment` inserts the row first when there is none, so there is a row to lock)."""
 
 from eplb.store.engine import (
+    Conflict,
     MissingDatabase,
     Store,
     StoreSettings,
@@ -22,6 +23,7 @@ from eplb.store.models import Base, DeploymentRow, HistoryRow, JobRow
 
 __all__ = [
     "Base",
+    "Conflict",
     "DeploymentRow",
     "HistoryRow",
     "JobRow",

@@ -73,6 +73,11 @@ def _reason(exc: BaseException) -> str:
     return "; ".join(said) or type(orig).__name__
 
 
+class Conflict(EplbError):
+    """A write that lost to concurrent writes of the same deployment, every attempt it made: send it again (the
+    service answers 409)."""
+
+
 class MissingDatabase(EplbError):
     """A read-only open (`open_existing`) found nothing to read: no SQLite file there, or a database without the
     eplb tables. The message names the database; the caller says how to point at the right one."""
@@ -286,7 +291,9 @@ class Store:
         """The deployment row, locked until the transaction ends (`lock_deployment`), inserted first with `columns`
         when there is none; and whether this call inserted it. The insert is ON CONFLICT DO NOTHING: on PostgreSQL
         it waits for a transaction inserting the same name, so first PUTs of one name on several replicas at once
-        create it once (the others then update it), where a lock on a row not yet there locks nothing."""
+        create it once (the others then update it), where a lock on a row not yet there locks nothing. A row a
+        concurrent DELETE removed before it was locked is inserted again (the PUT comes after the DELETE and
+        registers the deployment anew); `Conflict` after `_CREATE_ATTEMPTS` such losses in a row."""
         dialect = postgresql if self.dialect == "postgresql" else sqlite  # both spell ON CONFLICT alike
         for _ in range(_CREATE_ATTEMPTS):
             insert = dialect.insert(DeploymentRow).values(name=name, **columns).on_conflict_do_nothing(
@@ -296,8 +303,8 @@ class Store:
             if row is not None:
                 return row, created
             # another transaction deleted the row between the insert and the lock: insert again
-        raise EplbError(f"deployment {name!r} was deleted {_CREATE_ATTEMPTS} times while it was being registered "
-                        "(concurrent DELETE and PUT): send the PUT again")
+        raise Conflict(f"deployment {name!r} was deleted {_CREATE_ATTEMPTS} times while it was being registered "
+                       "(concurrent DELETE and PUT): send the PUT again")
 
     def close(self) -> None:
         self.engine.dispose()
