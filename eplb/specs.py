@@ -8,17 +8,15 @@ docs/cost-model.md; the short `source` notes live in `MODEL_PRESET_SOURCES` and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import parse_json, plural
+from eplb.io.files import existing_file, plural, read_json, usable_path
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -433,21 +431,6 @@ def hardware_from_dict(d: Mapping[str, Any]) -> HardwareSpec:
     return _from_dict(HardwareSpec, "hardware", d)
 
 
-def _read_json(path: Path, spec_kind: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise EplbError(f"cannot read {spec_kind} spec file {str(path)!r}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise EplbError(f"{spec_kind} spec file {str(path)!r} is not text (a spec is a UTF-8 JSON file)") from None
-    try:
-        return parse_json(text, f"{spec_kind} spec file {str(path)!r}")
-    except json.JSONDecodeError as exc:
-        raise EplbError(
-            f"{spec_kind} spec file {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})"
-        ) from exc
-
-
 def _looks_like_path(s: str) -> bool:
     return s.endswith(".json") or os.sep in s or "/" in s
 
@@ -476,12 +459,14 @@ def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, ki
     preset = _preset(name_or_path, presets)
     if preset is not None:
         return preset
-    path = Path(name_or_path)
-    if path.is_file() or _looks_like_path(name_or_path):
+    what = f"{kind} spec file"
+    if _looks_like_path(name_or_path) or usable_path(name_or_path, what).is_file():
+        path = existing_file(name_or_path, what)  # the file named once: by these, by read_json, or below
+        data = read_json(path)
         try:
-            return from_dict(_read_json(path, kind))
+            return from_dict(data)
         except EplbError as exc:
-            raise EplbError(f"{path}: {exc}") from exc
+            raise EplbError(f"{path}: {exc}") from None
     raise EplbError(
         f"unknown {kind} {name_or_path!r}: give a preset ({', '.join(presets)}) "
         f"or a path to a JSON file with the {kind} spec's fields"

@@ -213,9 +213,27 @@ def test_a_binary_spec_file_is_refused_in_one_line(tmp_path: Path, capsys: pytes
     spec = tmp_path / "spec.json"
     spec.write_bytes(bytes(range(256)) * 4)
     code, err = run(capsys, "solve", flag, str(spec))
-    kind = flag.removeprefix("--")
-    assert code == 2 and err == (f"eplb solve: error: {spec}: {kind} spec file {str(spec)!r} is not text (a spec is "
-                                 "a UTF-8 JSON file)"), err
+    assert code == 2 and err.startswith(f"eplb solve: error: {spec}: not valid JSON ('utf-8' codec can't decode"), err
+
+
+@pytest.mark.parametrize("flag", ["--model", "--hardware"])
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "{kind} spec file not found: {spec}"), ("", "{kind} spec file {spec} is empty (0 bytes)"),
+    ('{"name": ', "{spec}: not valid JSON (Expecting value: line 1 column 10 (char 9))"),
+    ('{"name": "a", "name": "b"}', "{spec}: key 'name' appears twice in one object (JSON readers keep only the last); "
+                                   "give each key once"),
+    ('{"nme": "a"}', "{spec}: {kind} spec: "),
+], ids=["missing", "empty", "not-json", "key-twice", "bad-field"])
+def test_a_spec_file_error_names_the_file_once(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str,
+                                               content: str | None, said: str) -> None:
+    """`/x.json: cannot read model spec file '/x.json': ...` named the file twice; now once, in the words of every
+    other input file (`existing_file`, `read_json`)."""
+    spec = tmp_path / "spec.json"
+    if content is not None:
+        spec.write_text(content)
+    code, err = run(capsys, "cost", flag, str(spec), "--ep", "8", "--tokens-per-gpu", "256")
+    expected = said.format(kind=flag.removeprefix("--"), spec=spec)
+    assert code == 2 and err.startswith(f"eplb cost: error: {expected}") and err.count(str(spec)) == 1, err
 
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -120,7 +120,7 @@ def test_json_beyond_pythons_reader_is_refused(tmp_path: Path, capsys: pytest.Ca
     for argv, where in ((["solve", "--loads", str(window), "--gpus", "2"], f"{window}:"),
                         (["replay", str(log)], f"{log}: line 1:"),
                         (["cost", "--model", str(spec), "--hardware", "h100", "--link", "nvlink", "--ep", "8",
-                          "--tokens-per-gpu", "100"], f"model spec file '{spec}'")):
+                          "--tokens-per-gpu", "100"], f"{spec}:")):
         code, err = run(capsys, *argv)
         assert code == 2 and where in err and message in err, (argv[0], err)
 
