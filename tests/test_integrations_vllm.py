@@ -446,6 +446,60 @@ EPLB_POLICIES = {{"default": DefaultEplbPolicy}}
 '''
 
 
+PLAN_POLICY_PACKAGE = '''
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+import torch
+
+@dataclass(frozen=True)
+class EplbTopology:
+    num_groups: int
+    num_nodes: int
+    num_ranks: int
+
+@dataclass(frozen=True)
+class EplbRebalanceContext:
+    load_window_cpu: torch.Tensor  # [samples, layers, experts], oldest first
+    physical_to_logical_map_cpu: torch.Tensor  # [layers, physical experts]
+    topology: EplbTopology
+    num_replicas: int
+    cpu_group: object
+
+@dataclass(frozen=True)
+class EplbPlan:
+    physical_to_logical_map: torch.Tensor
+
+class EplbPolicyState:
+    pass
+
+class AbstractEplbPolicy(ABC):
+    def create_state(self, num_moe_layers):
+        return EplbPolicyState()
+
+    @abstractmethod
+    def plan_rebalance(self, context, policy_state):
+        raise NotImplementedError
+
+    def on_layer_committed(self, policy_state, plan, layer_idx):
+        return None
+
+    @classmethod
+    def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                          old_global_expert_indices=None) -> torch.Tensor:
+        raise NotImplementedError
+
+class DefaultEplbPolicy(AbstractEplbPolicy):
+    def plan_rebalance(self, context, policy_state):
+        raise RuntimeError("vLLM's default")
+
+EPLB_POLICIES = {"default": DefaultEplbPolicy}
+'''
+"""vLLM's policy package as its sources read by the search tool have it after 0.33.0 (the newest release, which has
+the `rebalance_experts` class method alone): a policy is an instance, EplbState asks it `plan_rebalance(context,
+policy_state)` (one version: `plan_rebalance(context)`), abstract, for an `EplbPlan`; `rebalance_experts` stays as
+the legacy class method. vLLM itself cannot be installed here (it pins its own CUDA torch and 79 packages)."""
+
+
 @pytest.fixture
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
     """Lay out a package tree with vLLM's module paths (`vllm.distributed.eplb.policy` or the older
@@ -463,6 +517,9 @@ def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
         elif layout == "table-new":
             (eplb_dir / "policy").mkdir()
             (eplb_dir / "policy" / "__init__.py").write_text(POLICY_PACKAGE.format(returns="torch.Tensor"))
+        elif layout == "table-plan":
+            (eplb_dir / "policy").mkdir()
+            (eplb_dir / "policy" / "__init__.py").write_text(PLAN_POLICY_PACKAGE)
         else:
             (eplb_dir / "rebalance_algo.py").write_text("def rebalance_experts(*args):\n    raise RuntimeError\n")
             (eplb_dir / "eplb_state.py").write_text("from .rebalance_algo import rebalance_experts\n")
@@ -501,6 +558,37 @@ def test_register_adds_the_policy_to_vllms_table(
     assert f"({convention} convention)" in caplog.text
     out = cls.rebalance_experts(torch.tensor([[10, 20, 30, 40]]), 6, 2, 1, 2)  # vLLM's call: a class method
     assert (out[0] if convention == "tuple" else out).shape == (1, 6)
+
+
+def test_on_vllm_with_plan_rebalance_the_policy_is_an_instance_that_plans(
+    fake_vllm: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM after 0.33.0 makes `plan_rebalance(context, policy_state)` the policy's abstract entry point and
+    instantiates the policy: the class register() made could not be instantiated there (TypeError: abstract method
+    plan_rebalance). It plans now, from the context's window summed over its samples and its serving map, the
+    placement `rebalance_experts` (still there, a class method, for vLLM 0.33.0 and older) answers; its errors
+    name the context's fields."""
+    fake_vllm("table-plan")
+    monkeypatch.setenv("EPLB_VLLM_POLICY", "eplb")
+    plugin.register()
+    package = importlib.import_module("vllm.distributed.eplb.policy")
+    cls = package.EPLB_POLICIES["eplb"]
+    assert package.EPLB_POLICIES["default"] is cls and cls.convention == "phy2log"
+    policy = cls()
+    window = torch.tensor([[[10, 20, 30, 40]], [[30, 0, 50, 0]]])
+    serving = torch.tensor([[0, 1, 2, 3, 0, 1]])
+    context = package.EplbRebalanceContext(window, serving, package.EplbTopology(2, 1, 2), 6, None)
+    legacy = cls.rebalance_experts(window.sum(dim=0), 6, 2, 1, 2, serving)
+    for plan in (policy.plan_rebalance(context, policy.create_state(1)), policy.plan_rebalance(context)):
+        assert isinstance(plan, package.EplbPlan)
+        target = plan.physical_to_logical_map
+        assert target.dtype == torch.int64 and target.device.type == "cpu" and target.shape == (1, 6)
+        assert torch.equal(target, legacy)
+    assert set(legacy[0].tolist()) == {0, 1, 2, 3}
+    odd = replace(context, num_replicas=5)
+    with pytest.raises(core.PolicyInputError, match=r"^context\.num_replicas \(5\) must be a multiple of "
+                       r"context\.topology\.num_ranks \(2\)$"):
+        policy.plan_rebalance(odd, policy.create_state(1))
 
 
 def test_register_on_vllm_before_the_policy_table(

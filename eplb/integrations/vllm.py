@@ -9,7 +9,9 @@ selects unless set).
 
 Return convention: older vLLM policies return `(phy2log, log2phy, logcnt)`, newer ones `phy2log` alone
 (vLLM derives the rest). `detect_convention` reads it from the installed vLLM's abstract policy;
-`policy_class(convention)` gives a class for either when vLLM is absent.
+`policy_class(convention)` gives a class for either when vLLM is absent. vLLM's sources after 0.33.0 (the newest
+release, which calls the class method) make the policy an instance whose abstract `plan_rebalance(context,
+policy_state)` answers an `EplbPlan`; the class has that method too, computed as `rebalance_experts` is.
 
 torch is imported lazily (inside the calls), so importing this module needs neither torch nor vLLM.
 """
@@ -33,6 +35,12 @@ POLICY_NAME = core.SELECTED
 SELECT_ENV = core.VLLM_SELECT
 NAMES = core.Arguments(old="old_global_expert_indices")
 """vLLM's names of the policy's arguments (`rebalance_experts`), which the plug-in's errors use."""
+PLAN_NAMES = core.Arguments(
+    weight="context.load_window_cpu", num_replicas="context.num_replicas", num_groups="context.topology.num_groups",
+    num_nodes="context.topology.num_nodes", num_ranks="context.topology.num_ranks",
+    old="context.physical_to_logical_map_cpu", windows=True)
+"""The same for `plan_rebalance`: the fields of vLLM's `EplbRebalanceContext`; its window is [samples, L, E]."""
+POLICY_MODULE = "vllm.distributed.eplb.policy"
 
 # A child of vLLM's logger, so lines appear in vLLM's log with its format and level.
 logger = logging.getLogger("vllm.eplb_plugin")
@@ -66,17 +74,45 @@ class EplbPolicy:
         import torch
 
         w = core.as_array(weight, "weight")
-        result = core.rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices,
-                                names=NAMES, group=core.engine_group(eplb_group))
-        level = logging.WARNING if result.fell_back else logging.INFO
-        logger.log(level, "eplb policy (%s): %s", result.source, result.how)
-        phy2log = torch.from_numpy(np.ascontiguousarray(result.phy2log, dtype=np.int64))
+        result = _rebalanced(w, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices, NAMES,
+                             core.engine_group(eplb_group))
+        phy2log = _int64_tensor(result.phy2log)
         if cls.convention == "phy2log":
             return phy2log
         log2phy, logcnt = core.logical_maps(result.phy2log, w.shape[1])
         if result.log2phy is not None:
             log2phy = result.log2phy
         return phy2log, torch.from_numpy(np.ascontiguousarray(log2phy)), torch.from_numpy(logcnt)
+
+    def plan_rebalance(self, context: Any, policy_state: Any = None) -> Any:
+        """vLLM's planning entry point where the policy is an instance (its sources after 0.33.0): `context`, an
+        `EplbRebalanceContext`, holds the load window [samples, L, E] (summed over the samples, as vLLM's legacy
+        adapter sums it), the serving map [L, P], the topology, the physical expert count and the EP ranks' CPU
+        group, on which the ranks agree on one map (`core.agree`). Returns vLLM's `EplbPlan` of the int64 CPU map
+        [L, P] `rebalance_experts` answers for the same inputs. `policy_state` (absent in one version of the
+        interface) is read-only here and unused: eplb keeps no state between rebalances."""
+        topology = context.topology
+        cpu_group = context.cpu_group
+        result = _rebalanced(context.load_window_cpu, context.num_replicas, topology.num_groups, topology.num_nodes,
+                             topology.num_ranks, context.physical_to_logical_map_cpu, PLAN_NAMES,
+                             core.engine_group(lambda: cpu_group))
+        plan = importlib.import_module(POLICY_MODULE).EplbPlan
+        return plan(_int64_tensor(result.phy2log))
+
+
+def _rebalanced(weight: Any, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int, old: Any,
+                names: core.Arguments, group: Any) -> core.Rebalanced:
+    """`core.rebalance`, logged in vLLM's log (a WARNING when it fell back): both entry points' one solve."""
+    result = core.rebalance(weight, num_replicas, num_groups, num_nodes, num_ranks, old, names=names, group=group)
+    level = logging.WARNING if result.fell_back else logging.INFO
+    logger.log(level, "eplb policy (%s): %s", result.source, result.how)
+    return result
+
+
+def _int64_tensor(array: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
 
 
 def eplb_group() -> Any:
