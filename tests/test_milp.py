@@ -195,12 +195,14 @@ def drifted_windows(seed: int, layers: int, experts: int) -> tuple[NDArray[np.fl
 
 
 def test_migration_moves_fewer_experts_than_fresh_greedy() -> None:
-    first, second = drifted_windows(0, 2, 64)
+    first, second = drifted_windows(0, 1, 64)
     slots = np.full(8, 9, dtype=np.int64)  # 72 slots for 64 experts
     current = solve_greedy(first, slots)
     fresh = relabel_gpus(solve_greedy(second, slots), current, slots)
     fresh_moves = count_moves(fresh, current, slots)
-    result = solve_milp(second, slots, time_limit_s=3.0, threads=2, current_phy2log=current)
+    # one layer at 6 s: the search is wall-clock bound (about 3 s on a quiet machine halves greedy's 51 copies), so
+    # twice that keeps the assertion on a busy one
+    result = solve_milp(second, slots, time_limit_s=6.0, threads=2, current_phy2log=current)
     check_result(result, second, slots)
     assert result.moves is not None
     np.testing.assert_array_equal(result.moves, count_moves(result.phy2log, current, slots))
