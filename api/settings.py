@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from eplb.errors import SETTING_REFUSED
 
 
 class Settings(BaseSettings):
@@ -33,6 +36,15 @@ class Settings(BaseSettings):
                                  "processes, so they never hold the fast lane")
     inline_threads: int = Field(1, ge=1, description="threads of the fast lane in the server process (they share "
                                 "one GIL: beyond them, fast requests go to idle solver processes)")
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_blank(cls, key: str | None) -> str | None:
+        """A blank key would switch the check on and let `Authorization: Bearer` (no key) through."""
+        if key is not None and not key.strip():
+            raise PydanticCustomError(SETTING_REFUSED, "give a key that is not blank, or leave EPLB_API_KEY unset "
+                                      "for a service that asks for none")
+        return key
 
     @property
     def inline(self) -> frozenset[str]:

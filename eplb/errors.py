@@ -27,6 +27,11 @@ class FieldError(EplbError):
         return (type(self), (self.fields, self.message, str(self)))
 
 
+SETTING_REFUSED = "eplb_setting"
+"""The pydantic error type of a setting a validator of ours refuses (`api.settings`): its message says what is
+accepted, whole; `eplb.cli.settings_error` puts it after where the value came from."""
+
+
 def clip(text: str, width: int = 40) -> str:
     """`text` as it fits in `width` characters: cut, its last character an ellipsis, when longer (a name a message
     or a table cell echoes)."""

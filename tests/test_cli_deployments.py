@@ -372,6 +372,9 @@ def test_the_plot_draws_the_applied_lb_and_side_by_side_bars_on_whole_windows(
     ([], {"EPLB_QUEUE_LIMIT": "abc"}, "EPLB_QUEUE_LIMIT='abc': give a whole number >= 0 (solves that may wait"),
     ([], {"EPLB_SOLVER_WORKERS": "-1"}, "EPLB_SOLVER_WORKERS='-1': give a whole number >= 1"),
     ([], {"EPLB_JOB_LEASE_S": "abc"}, "EPLB_JOB_LEASE_S='abc': give a number > 0 and <= 3600 (job lease"),
+    ([], {"EPLB_API_KEY": ""}, "EPLB_API_KEY='': give a key that is not blank, or leave EPLB_API_KEY unset for a "
+     "service that asks for none\n"),
+    ([], {"EPLB_API_KEY": " \t"}, "EPLB_API_KEY=' \\t': give a key that is not blank"),
 ])
 def test_serve_names_the_flag_or_variable_of_a_bad_setting_and_what_it_takes(
     argv: list[str], env: dict[str, str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -384,6 +387,18 @@ def test_serve_names_the_flag_or_variable_of_a_bad_setting_and_what_it_takes(
     err = capsys.readouterr().err
     assert err.startswith(f"eplb serve: error: {message}") and err.count("\n") == 1
     assert "bad setting" not in err and not (tmp_path / "data").exists()
+
+
+def test_a_blank_api_key_is_refused_wherever_settings_are_read() -> None:
+    """A blank key would switch the check on and let `Authorization: Bearer` (empty) through: no app gets one."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+
+    for key in ("", "   "):
+        with pytest.raises(ValidationError, match="give a key that is not blank"):
+            Settings(api_key=key)
+    assert Settings(api_key="k").api_key == "k" and Settings().api_key is None
 
 
 def test_serve_help_says_which_routes_need_the_api_key(capsys: pytest.CaptureFixture[str]) -> None:

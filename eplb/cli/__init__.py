@@ -11,7 +11,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from eplb.errors import EplbError
+from eplb.errors import SETTING_REFUSED, EplbError
 from eplb.errors import clip as clip  # the commands echo values through these (eplb.errors)
 from eplb.errors import shown as shown
 
@@ -86,6 +86,9 @@ def settings_error(exc: ValidationError, model: type[BaseModel], flags: Mapping[
         else:
             env = next((k for k in os.environ if k.upper() == f"EPLB_{field.upper()}"), f"EPLB_{field.upper()}")
             source = f"{env}={shown(err['input'])}"
+        if err["type"] == SETTING_REFUSED:  # our validator's message says what is accepted
+            parts.append(f"{source}: {err['msg']}")
+            continue
         kinds = [t for t in (typing.get_args(info.annotation) or (info.annotation,)) if t is not type(None)]
         kind = " or ".join(_KINDS.get(t, getattr(t, "__name__", str(t))) for t in kinds)
         bounds = [f"{sign} {getattr(m, attr):g}" for m in info.metadata for attr, sign in _BOUNDS if hasattr(m, attr)]
