@@ -28,6 +28,11 @@ from api.pool import QueueFull, SolvePool
 T = TypeVar("T")
 Where = Literal["thread", "worker"]
 
+SOLVERS = ("greedy", "deepseek", "incremental")
+"""The solvers that may run in the lane, in the server process: small, tested C loops that release the GIL.
+`EPLB_INLINE_SOLVERS` names some of them (all by default); any other (the MILP's OR-Tools above all) runs in
+the solver processes, where a native crash costs one worker, never the server (api.settings refuses the rest)."""
+
 
 class FastLane:
     """Lane threads first, then idle solver workers, with one FIFO queue in front of both."""

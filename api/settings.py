@@ -8,7 +8,8 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eplb.errors import SETTING_REFUSED
+from api.inline import SOLVERS as INLINE_SOLVERS
+from eplb.errors import SETTING_REFUSED, shown
 
 
 class Settings(BaseSettings):
@@ -27,9 +28,9 @@ class Settings(BaseSettings):
     job_ttl_s: float = Field(3600.0, gt=0, description="finished jobs are forgotten after this many seconds")
     retry_after_s: int = Field(5, ge=1, description="Retry-After on 503")
     inline_solvers: str = Field(
-        "greedy,deepseek,incremental",
-        description="comma-separated solvers whose small synchronous requests run in the server process's threads "
-        "(empty: every request goes to the solver processes)",
+        ",".join(INLINE_SOLVERS),
+        description="comma-separated solvers whose small synchronous requests run in the server process's threads, "
+        f"some of {', '.join(INLINE_SOLVERS)} (empty: every request goes to the solver processes)",
     )
     inline_max_bytes: int = Field(1024 * 1024, ge=0, description="larger bodies go to the parser and solver processes")
     inline_max_work: int = Field(2**21, ge=0, description="larger solves (layers x slots x GPUs) go to the solver "
@@ -45,6 +46,20 @@ class Settings(BaseSettings):
             raise PydanticCustomError(SETTING_REFUSED, "give a key that is not blank, or leave EPLB_API_KEY unset "
                                       "for a service that asks for none")
         return key
+
+    @field_validator("inline_solvers")
+    @classmethod
+    def _inline_solvers_known(cls, value: str) -> str:
+        """Only the solvers of `api.inline.SOLVERS` may run in the server process, and every item names one."""
+        names = [name.strip() for name in value.split(",")] if value.strip() else []
+        others = [shown(name) for name in names if name and name not in INLINE_SOLVERS]
+        said = ([f"{', '.join(others)} cannot run in the server process"] if others else []) + (
+            ["an item is empty"] if "" in names else [])
+        if said:
+            raise PydanticCustomError(SETTING_REFUSED, "{said}; give a comma-separated list of some of {accepted}, "
+                                      "or nothing (every request in the solver processes)",
+                                      {"said": " and ".join(said), "accepted": ", ".join(INLINE_SOLVERS)})
+        return value
 
     @property
     def inline(self) -> frozenset[str]:

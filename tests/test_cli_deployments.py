@@ -375,6 +375,13 @@ def test_the_plot_draws_the_applied_lb_and_side_by_side_bars_on_whole_windows(
     ([], {"EPLB_API_KEY": ""}, "EPLB_API_KEY='': give a key that is not blank, or leave EPLB_API_KEY unset for a "
      "service that asks for none\n"),
     ([], {"EPLB_API_KEY": " \t"}, "EPLB_API_KEY=' \\t': give a key that is not blank"),
+    ([], {"EPLB_INLINE_SOLVERS": "milp"}, "EPLB_INLINE_SOLVERS='milp': 'milp' cannot run in the server process; give "
+     "a comma-separated list of some of greedy, deepseek, incremental, or nothing (every request in the solver "
+     "processes)\n"),
+    ([], {"EPLB_INLINE_SOLVERS": "greedy,bogus"}, "EPLB_INLINE_SOLVERS='greedy,bogus': 'bogus' cannot run in the"),
+    ([], {"EPLB_INLINE_SOLVERS": "greedy,,greedy"}, "EPLB_INLINE_SOLVERS='greedy,,greedy': an item is empty; give"),
+    ([], {"EPLB_INLINE_SOLVERS": "greedy-coact, "}, "EPLB_INLINE_SOLVERS='greedy-coact, ': 'greedy-coact' cannot run "
+     "in the server process and an item is empty; give"),
 ])
 def test_serve_names_the_flag_or_variable_of_a_bad_setting_and_what_it_takes(
     argv: list[str], env: dict[str, str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -399,6 +406,23 @@ def test_a_blank_api_key_is_refused_wherever_settings_are_read() -> None:
         with pytest.raises(ValidationError, match="give a key that is not blank"):
             Settings(api_key=key)
     assert Settings(api_key="k").api_key == "k" and Settings().api_key is None
+
+
+def test_the_fast_lane_takes_only_the_solvers_allowed_in_the_server_process() -> None:
+    """api.inline.SOLVERS is the one list: the default names all of it, any other solver (the MILP's OR-Tools above
+    all) is refused wherever settings are read, and spaces around names or an empty setting are fine."""
+    from pydantic import ValidationError
+
+    from api.inline import SOLVERS
+    from api.settings import Settings
+    from solvers import registry
+
+    assert Settings().inline == frozenset(SOLVERS) and set(SOLVERS) < set(registry.names())
+    assert Settings(inline_solvers=" greedy , deepseek").inline == {"greedy", "deepseek"}
+    assert Settings(inline_solvers="").inline == Settings(inline_solvers="  ").inline == frozenset()
+    for name in sorted(set(registry.names()) - set(SOLVERS)):
+        with pytest.raises(ValidationError, match=f"'{name}' cannot run in the server process"):
+            Settings(inline_solvers=f"greedy,{name}")
 
 
 def test_serve_help_says_which_routes_need_the_api_key(capsys: pytest.CaptureFixture[str]) -> None:
