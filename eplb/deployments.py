@@ -154,8 +154,8 @@ class DeploymentConfig(BaseModel):
     node_limit: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS, description="node-limited routing: nodes a token's "
                                    "experts may lie on (with windows' co-activation summaries)")
     cluster: ClusterShape
-    solver: str | None = Field(None, description="absent: incremental when registered and a placement serves, "
-                               "else greedy (the first placement)")
+    solver: str | None = Field(None, max_length=40, description="absent: incremental when registered and a "
+                               "placement serves, else greedy (the first placement)")
     time_limit_s: float | None = Field(None, gt=0, le=3600, description="MILP: budget per solve, seconds")
     policy: Policy = Field(default_factory=Policy)
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eplb.errors import EplbError, FieldError
+from eplb.errors import EplbError, FieldError, shown
 from eplb.io.files import existing_file, plural, read_json, usable_path
 
 __all__ = [
@@ -96,11 +96,11 @@ class ModelSpec(BaseModel):
             return f" ({names[size]})" if names and size in names else ""
 
         if experts != self.num_experts:
-            return (f"{what} {plural(experts, 'expert')}{ref('experts')}, but model {self.name!r} has "
+            return (f"{what} {plural(experts, 'expert')}{ref('experts')}, but model {shown(self.name)} has "
                     f"{self.num_experts}")
         if layers > self.num_moe_layers:
             dense = f", the first {self.first_dense_layers} dense" if self.first_dense_layers else ""
-            return (f"{what} {plural(layers, 'layer')}{ref('layers')}, but model {self.name!r} has "
+            return (f"{what} {plural(layers, 'layer')}{ref('layers')}, but model {shown(self.name)} has "
                     f"{plural(self.num_moe_layers, 'MoE layer')} ({plural(self.num_model_layers, 'layer')}{dense})")
         return None
 
@@ -405,19 +405,19 @@ def _explain(error: Any, field: str, fields: str) -> str:
     if kind == "extra_forbidden":
         return f"unknown field {field}{fields}"
     if kind == "greater_than":
-        return f"{field} must be a positive number, got {got!r}"
+        return f"{field} must be a positive number, got {shown(got)}"
     if kind == "greater_than_equal":
         bound = ctx.get("ge")
         need = {0: "0 or more", 1: "a positive integer"}.get(bound, f">= {bound}")
-        return f"{field} must be {need}, got {got!r}"
+        return f"{field} must be {need}, got {shown(got)}"
     if kind == "less_than_equal":
-        return f"{field} must be at most {ctx.get('le')}, got {got!r}"
+        return f"{field} must be at most {ctx.get('le')}, got {shown(got)}"
     if kind.startswith("int"):
-        return f"{field} must be an integer, got {got!r}"
+        return f"{field} must be an integer, got {shown(got)}"
     if kind.startswith(("float", "bool")):
-        return f"{field} must be a number, got {got!r}"
+        return f"{field} must be a number, got {shown(got)}"
     if kind.startswith("string"):
-        return f"{field} must be a non-empty string, got {got!r}"
+        return f"{field} must be a non-empty string, got {shown(got)}"
     return f"{field + ': ' if field else ''}{str(error['msg']).removeprefix('Value error, ')}"
 
 
@@ -451,7 +451,7 @@ def service_preset(name: str, presets: Mapping[str, SpecT], field: str) -> SpecT
     `hardware` field (presets only, never a file path); a FieldError naming `field` when it names none."""
     preset = _preset(name, presets)
     if preset is None:
-        raise FieldError(field, f"unknown preset {name!r}; known: {', '.join(presets)}")
+        raise FieldError(field, f"unknown preset {shown(name)}; known: {', '.join(presets)}")
     return preset
 
 
@@ -468,7 +468,7 @@ def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, ki
         except EplbError as exc:
             raise EplbError(f"{path}: {exc}") from None
     raise EplbError(
-        f"unknown {kind} {name_or_path!r}: give a preset ({', '.join(presets)}) "
+        f"unknown {kind} {shown(name_or_path)}: give a preset ({', '.join(presets)}) "
         f"or a path to a JSON file with the {kind} spec's fields"
     )
 
@@ -485,7 +485,7 @@ def named_model(name: str, source: str) -> ModelSpec:
     preset = model_preset(name)
     if preset is not None:
         return preset
-    raise EplbError(f"{source}: names model {name!r}, which is no preset ({', '.join(MODEL_PRESETS)}); give "
+    raise EplbError(f"{source}: names model {shown(name)}, which is no preset ({', '.join(MODEL_PRESETS)}); give "
                     "--model NAME or FILE (a preset, or a JSON file with the model spec's fields)")
 
 
@@ -518,7 +518,7 @@ def all_to_all_links(hw: HardwareSpec, link: str | float) -> tuple[float, float 
     if isinstance(link, str) and "+" in link:
         parts = link.split("+")
         if len(parts) != 2 or not all(part.strip() for part in parts):
-            raise EplbError(f"link {link!r}: give one link, or two joined by '+' (within a node + between nodes), "
+            raise EplbError(f"link {shown(link)}: give one link, or two joined by '+' (within a node + between nodes), "
                             "e.g. nvlink+nic")
         return link_bandwidth(hw, parts[0]), link_bandwidth(hw, parts[1])
     return link_bandwidth(hw, link), None
@@ -542,10 +542,10 @@ def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
             gbps = float(key)
         except ValueError:
             raise EplbError(
-                f"link must be 'nvlink', 'nic', 'pcie' or a bandwidth in GB/s per GPU and direction, got {link!r}"
+                f"link must be 'nvlink', 'nic', 'pcie' or a bandwidth in GB/s per GPU and direction, got {shown(link)}"
             ) from None
     elif isinstance(link, bool) or not isinstance(link, int | float):
-        raise EplbError(f"link must be 'nvlink', 'nic', 'pcie' or a number of GB/s, got {link!r}")
+        raise EplbError(f"link must be 'nvlink', 'nic', 'pcie' or a number of GB/s, got {shown(link)}")
     else:
         gbps = float(link)
     if not math.isfinite(gbps) or gbps <= 0:

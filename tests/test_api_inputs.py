@@ -384,3 +384,29 @@ def test_layer_ids_out_of_order_are_named_on_every_route_that_takes_a_placement(
         assert [e["field"] for e in bad.json()["errors"]] == [f"{field}.layer_ids"], (route, bad.json())
         assert "layer 3 comes after layer 5" in bad.json()["detail"], (route, bad.json())
     assert httpx.get(f"{base}/deployments/shuffled/history", timeout=30).json()["entries"] == []
+
+
+def test_unknown_preset_names_are_echoed_clipped_with_their_length(base: str) -> None:
+    """A 100,000-character model name came back whole in detail and errors (a 200 KB 422); a deployment's
+    200-character one (its cap) whole too. Every echo goes through eplb.errors.shown: 40 characters, then the
+    length."""
+    window = {"loads": V3.tolist(), "cluster": {"num_gpus": 16, "num_redundant": 16}}
+    placed = httpx.post(f"{base}/placement", json={**FIELDS, **window}, timeout=60).json()["placement"]
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("/placement", "model", {**window, "model": "x" * 100_000}),
+        ("/placement", "hardware", {**window, "hardware": "y" * 100_000}),
+        ("/evaluate", "model", {"loads": V3.tolist(), "placement": placed, "model": "x" * 100_000}),
+        ("/deployments/clipped", "model", {"model": "z" * 200, "cluster": {"num_gpus": 16, "slots_per_gpu": 17}}),
+        ("/deployments/clipped", "hardware", {"model": "deepseek-v3", "hardware": "h" * 200,
+                                              "cluster": {"num_gpus": 16, "slots_per_gpu": 17}}),
+    ]
+    for route, field, body in cases:
+        r = (httpx.put if route.startswith("/deployments") else httpx.post)(f"{base}{route}", json=body, timeout=60)
+        assert r.status_code == 422 and len(r.content) < 1000, (route, field, len(r.content))
+        problem = r.json()
+        name: str = body[field]
+        assert f"unknown preset '{name[0] * 39}\u2026' ({len(name):,} characters); known: " in problem["detail"]
+        assert problem["errors"] == [{"field": field, "message": problem["detail"].removeprefix(f"{field}: ")}]
+    solver = {"model": "deepseek-v3", "solver": "s" * 100_000, "cluster": {"num_gpus": 16, "slots_per_gpu": 17}}
+    r = httpx.put(f"{base}/deployments/clipped", json=solver, timeout=60)
+    assert r.status_code == 422 and len(r.content) < 1000 and r.json()["errors"][0]["field"] == "solver", r.text[:300]
