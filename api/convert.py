@@ -405,8 +405,10 @@ SETTING_FIELDS = {"solver": "solver", "split": "split", "objective": "objective"
 """What `eplb.solve`'s refusals of a share split call the settings here (the CLI: its flags, `SETTING_FLAGS`)."""
 
 
-OPTION_FIELDS = {"total_time_limit_s": "time_limit_s"}
-"""The request's field of each solver option whose name differs (`Options`' others are the fields' names)."""
+OPTION_FIELDS = {"total_time_limit_s": "time_limit_s", "max_lb_slack": "max_lb_slack", "max_moves": "max_moves",
+                 "max_moves_per_layer": "max_moves_per_layer", "target_lb": "target_lb"}
+"""The request's field of each solver option it sets (`solve_job`), for the registry's messages: they name these
+fields, and offer no option the request cannot set (the MILP's per-layer time_limit_s, robust)."""
 
 
 def _check_solver(name: str, named: bool, the_cluster: Cluster, current: Placement | None, options: Options,
@@ -423,10 +425,10 @@ def _check_solver(name: str, named: bool, the_cluster: Cluster, current: Placeme
     except EplbError as exc:
         raise field_problem(FieldError("current_placement", str(exc), str(exc))) from None
     try:
-        registry.check_options(name, options, current is not None)
+        registry.check_options(name, options, current is not None, names=OPTION_FIELDS)
     except registry.SolverError as exc:
-        given = [OPTION_FIELDS.get(option, option) for option in options.set_names()]
-        raise field_problem(FieldError(given or ["solver"], str(exc), str(exc))) from None
+        fields = [OPTION_FIELDS.get(option, option) for option in exc.options]
+        raise field_problem(FieldError(fields or ["solver"], str(exc), str(exc))) from None
     if current is None and registry.get_solver(name).capabilities.requires_current:
         message = (f"solver {name!r} rebalances a serving placement: give current_placement (the placement the "
                    f"cluster serves), or choose another solver")

@@ -15,7 +15,7 @@ import importlib
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -141,7 +141,13 @@ class Solver(ABC):
 
 
 class SolverError(ValueError):
-    """A solver name, option or input combination that cannot be honoured; the message says what to change."""
+    """A solver name, option or input combination that cannot be honoured; the message says what to change.
+    options: the `Options` fields the refusal is about, when it is about some (`check_options`), so a caller
+    names those fields and no other."""
+
+    def __init__(self, message: str, options: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.options: tuple[str, ...] = tuple(options)
 
 
 MAX_MOVES = 10_000_000
@@ -187,9 +193,10 @@ def check_options(
     name: str, options: Options, has_current: bool, names: Mapping[str, str] | None = None
 ) -> type[Solver]:
     """Refuse the options solver `name` does not take or cannot honour (a move budget without the serving
-    placement, values out of range). names: what the messages call each option (the CLI: its flags,
-    `eplb.cli.solve.OPTION_FLAGS`); by default the option names, which the API's JSON fields also use.
-    Returns the solver class."""
+    placement, values out of range); the SolverError's `options` are the ones refused. names: what the messages
+    call each option (the CLI: its flags, `eplb.cli.solve.OPTION_FLAGS`; the API: its fields,
+    `api.convert.OPTION_FIELDS`), and then the options a refusal offers are those it names (the caller has no
+    way to give the others); by default every option, by its own name. Returns the solver class."""
     cls = get_solver(name)
 
     def n(option: str) -> str:
@@ -199,31 +206,33 @@ def check_options(
     budget = [o for o in unsupported if o in BUDGET_OPTIONS]
     if budget and not has_current:
         raise SolverError(f"{', '.join(map(n, budget))}: a move budget needs the serving placement (give the "
-                          "current one)")
+                          "current one)", budget)
     if unsupported:
-        takes = ", ".join(sorted(map(n, cls.options))) or "none"
-        raise SolverError(f"solver {name!r} does not take {', '.join(map(n, unsupported))} (it takes: {takes})")
+        offered = {n(o) for o in cls.options if names is None or o in names}
+        takes = ", ".join(sorted(offered)) or "none"
+        raise SolverError(f"solver {name!r} does not take {', '.join(map(n, unsupported))} (it takes: {takes})",
+                          unsupported)
     for opt in ("time_limit_s", "total_time_limit_s"):
         value = getattr(options, opt)
         if value is not None and not (real_number(value) and math.isfinite(value) and value > 0):
-            raise SolverError(f"{n(opt)} must be a positive number, got {value!r}")
+            raise SolverError(f"{n(opt)} must be a positive number, got {value!r}", [opt])
     target = options.target_lb
     if target is not None and not (real_number(target) and math.isfinite(target) and target >= 1):
-        raise SolverError(f"{n('target_lb')} must be >= 1 (lb = busiest GPU / mean GPU), got {target!r}")
+        raise SolverError(f"{n('target_lb')} must be >= 1 (lb = busiest GPU / mean GPU), got {target!r}", ["target_lb"])
     if not (real_number(options.max_lb_slack) and math.isfinite(options.max_lb_slack) and options.max_lb_slack >= 0):
-        raise SolverError(f"{n('max_lb_slack')} must be >= 0, got {options.max_lb_slack!r}")
+        raise SolverError(f"{n('max_lb_slack')} must be >= 0, got {options.max_lb_slack!r}", ["max_lb_slack"])
     for opt, most in (("max_moves", MAX_MOVES), ("max_moves_per_layer", MAX_MOVES_PER_LAYER)):
         value = getattr(options, opt)
         if value is None:
             continue
         if whole_number(value) is None:
-            raise SolverError(f"{n(opt)} must be a whole number of expert copies, got {value!r}")
+            raise SolverError(f"{n(opt)} must be a whole number of expert copies, got {value!r}", [opt])
         if value < 0:
-            raise SolverError(f"{n(opt)} must be >= 0, got {value!r}")
+            raise SolverError(f"{n(opt)} must be >= 0, got {value!r}", [opt])
         if value > most:
-            raise SolverError(f"{n(opt)} must be at most {most:,} expert copies, got {value:,}")
+            raise SolverError(f"{n(opt)} must be at most {most:,} expert copies, got {value:,}", [opt])
     if not isinstance(options.robust, bool | np.bool_):
-        raise SolverError(f"{n('robust')} must be True or False, got {options.robust!r}")
+        raise SolverError(f"{n('robust')} must be True or False, got {options.robust!r}", ["robust"])
     return cls
 
 

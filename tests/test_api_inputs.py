@@ -410,3 +410,28 @@ def test_unknown_preset_names_are_echoed_clipped_with_their_length(base: str) ->
     solver = {"model": "deepseek-v3", "solver": "s" * 100_000, "cluster": {"num_gpus": 16, "slots_per_gpu": 17}}
     r = httpx.put(f"{base}/deployments/clipped", json=solver, timeout=60)
     assert r.status_code == 422 and len(r.content) < 1000 and r.json()["errors"][0]["field"] == "solver", r.text[:300]
+
+
+def test_an_option_the_solver_does_not_take_is_the_one_field_named_and_only_fields_are_offered(base: str) -> None:
+    """milp with max_moves named time_limit_s (valid) beside max_moves, and offered total_time_limit_s, a field
+    the API refuses as unknown: the registry's refusal names the refused options and offers the request's
+    fields (api.convert.OPTION_FIELDS)."""
+    import re
+
+    from api.schemas import PlacementRequest
+
+    window = {"loads": V3.tolist(), "cluster": {"num_gpus": 16, "num_redundant": 16}}
+    current = httpx.post(f"{base}/placement", json={**FIELDS, **window}, timeout=60).json()["placement"]
+    for extra, refused in (({"time_limit_s": 2}, ["max_moves"]), ({}, ["max_moves"]),
+                           ({"target_lb": 1.1}, ["max_moves", "target_lb"])):
+        body = {**FIELDS, **window, "solver": "milp", "max_moves": 2, "current_placement": current, **extra}
+        problem = httpx.post(f"{base}/placement", json=body, timeout=60).json()
+        assert [e["field"] for e in problem["errors"]] == refused, problem
+        said = re.fullmatch(r"solver 'milp' does not take (.*) \(it takes: (.*)\)", problem["detail"])
+        assert said is not None and said[1] == ", ".join(refused) and said[2] == "max_lb_slack, time_limit_s"
+    body = {**FIELDS, **window, "solver": "incremental", "max_lb_slack": 0.2, "current_placement": current}
+    problem = httpx.post(f"{base}/placement", json=body, timeout=60).json()
+    assert [e["field"] for e in problem["errors"]] == ["max_lb_slack"], problem
+    offered = problem["detail"].partition("(it takes: ")[2].rstrip(")").split(", ")
+    assert offered == ["max_moves", "max_moves_per_layer", "target_lb"]
+    assert set(offered) <= set(PlacementRequest.model_fields), offered
