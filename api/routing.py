@@ -72,9 +72,7 @@ class Route(APIRoute):
             if not content_type:  # FastAPI reads a body without a Content-Type as bytes: say it is JSON
                 scope = {**scope, "headers": [*scope["headers"], (b"content-type", JSON.encode())]}
             parsed = _ParsedRequest(scope, request.receive)
-            data = await parsed.body()
-            if data:
-                parsed.parsed = parse_json(data)
+            parsed.parsed = parse_json(await parsed.body())  # an empty body too: it is no JSON, a 400
             return await handler(parsed)
 
         return json_body
