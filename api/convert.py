@@ -356,8 +356,12 @@ def _check_links(cost: CostSetup | None, the_cluster: Cluster, field: str) -> No
 
 def coactivation(req: CostIn, window: NDArray[np.float64]) -> CoactivationSummary | None:
     """The request's co-activation summary, checked against the window [layers, E] (FieldError otherwise): as a
-    deployment's window's (`CoactivationSummary.for_window`)."""
+    deployment's window's (`CoactivationSummary.for_window`). A node_limit without one is refused: only the
+    summary's copies per token are capped by it (a deployment's windows may bring theirs later)."""
     if req.coactivation is None:
+        if req.node_limit is not None:
+            raise FieldError(("node_limit", "coactivation"), "a node limit caps the nodes a token reaches: it needs "
+                             "the window's co-activation summary (coactivation; docs/formats.md)")
         return None
     from eplb.coactivation import CoactivationSummary
 
@@ -382,13 +386,16 @@ def placement(value: PlacementIn, field: str, num_experts: int) -> Placement:
 
 
 def _check_budgets(req: PlacementRequest, name: str, model: ModelSpec | None, num_experts: int) -> None:
-    """time_limit_s for a solver without a time limit, and a stage_gib that holds no expert copy: FieldError."""
+    """time_limit_s for a solver without a time limit, and a stage_gib without the serving placement (no plan to
+    stage) or that holds no expert copy: FieldError."""
     if req.time_limit_s is not None and "total_time_limit_s" not in registry.get_solver(name).options:
         able = time_limited("total_time_limit_s")
         raise FieldError("time_limit_s", f"solver {name!r} has no time limit: drop time_limit_s or choose a solver "
                          f"that has one ({', '.join(able)})")
     if req.stage_gib is None:
         return
+    if req.current_placement is None:  # as a move budget without it (registry.check_options)
+        raise FieldError("stage_gib", "a migration plan needs the serving placement (give current_placement)")
     if model is None:
         raise FieldError("stage_gib", f"needs a model: a stage is counted in expert copies (no preset matches the "
                          f"window's {num_experts} experts and layers)")

@@ -435,3 +435,37 @@ def test_an_option_the_solver_does_not_take_is_the_one_field_named_and_only_fiel
     offered = problem["detail"].partition("(it takes: ")[2].rstrip(")").split(", ")
     assert offered == ["max_moves", "max_moves_per_layer", "target_lb"]
     assert set(offered) <= set(PlacementRequest.model_fields), offered
+
+
+def test_options_with_no_effect_without_what_they_act_on_are_refused_naming_them(base: str) -> None:
+    """stage_gib without current_placement (no plan to stage) and node_limit without coactivation (it caps only
+    the summary's copies per token) were 200s that dropped them, where max_moves without current_placement is a
+    422: each is a 422 naming it, before any job, on /placement and /evaluate alike; with what they act on, 200."""
+    from eplb.coactivation import read_topk, summarize
+
+    ids, _ = read_topk(LAW)
+    loads = read_window(LAW).loads
+    setup = {"model": "deepseek-v2-lite", "hardware": "h800", "tokens_per_gpu": 256, "loads": loads.tolist(),
+             "cluster": {"num_gpus": 8, "slots_per_gpu": 9, "gpus_per_node": 4}}
+    first = httpx.post(f"{base}/placement", json=setup, timeout=60).json()
+    for run_async in (False, True):
+        staged = httpx.post(f"{base}/placement", json={**setup, "stage_gib": 4, "async": run_async}, timeout=60)
+        assert staged.status_code == 422, staged.text
+        assert staged.json()["detail"] == "stage_gib: a migration plan needs the serving placement (give " \
+            "current_placement)"
+        assert [e["field"] for e in staged.json()["errors"]] == ["stage_gib"]
+        limited = httpx.post(f"{base}/placement", json={**setup, "node_limit": 2, "async": run_async}, timeout=60)
+        assert limited.status_code == 422, limited.text
+        assert [e["field"] for e in limited.json()["errors"]] == ["node_limit", "coactivation"]
+        assert "a node limit caps the nodes a token reaches: it needs the window's co-activation summary" in \
+            limited.json()["detail"]
+    judged = {k: v for k, v in setup.items() if k not in ("cluster", "tokens_per_gpu")}
+    judged.update(placement=first["placement"], gpus_per_node=4, node_limit=2)
+    evaluated = httpx.post(f"{base}/evaluate", json=judged, timeout=60)
+    assert evaluated.status_code == 422 and [e["field"] for e in evaluated.json()["errors"]] == [
+        "node_limit", "coactivation"], evaluated.text
+    summary = summarize(ids, 64).to_dict()
+    assert httpx.post(f"{base}/evaluate", json={**judged, "coactivation": summary}, timeout=60).status_code == 200
+    both = {**setup, "node_limit": 2, "coactivation": summary, "current_placement": first["placement"],
+            "stage_gib": 4}
+    assert httpx.post(f"{base}/placement", json=both, timeout=60).status_code == 200
