@@ -304,8 +304,10 @@ def _json(value: Any, name: str) -> Any:
 
 
 def _fields(request: Mapping[str, Any]) -> dict[str, Any]:
-    """A request body given as keywords, JSON-ready (each field named in what InvalidRequest says)."""
-    return {key: _json(value, key) for key, value in request.items()}
+    """A request body given as keywords, JSON-ready (each field named in what InvalidRequest says); `coactivation`
+    as `send_window` sends it (`_coactivation`: a CoactivationSummary too)."""
+    return {key: _coactivation(value) if key == "coactivation" and value is not None else _json(value, key)
+            for key, value in request.items()}
 
 
 def _segment(name: str) -> str:

@@ -550,6 +550,43 @@ def test_put_deployment_sends_only_the_fields_set() -> None:
 LAW = Path(__file__).resolve().parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"  # 26 layers of MODEL
 
 
+def test_placement_evaluate_and_submit_take_coactivation_in_every_form_send_window_does(base: str) -> None:
+    """placement(coactivation=<CoactivationSummary>) raised 'coactivation is a CoactivationSummary: JSON has
+    numbers...' while send_window took it: the request keywords send it as send_window does (one conversion)."""
+    from eplb.coactivation import read_topk, summarize
+    from eplb.io.windows import read_window
+
+    ids, _ = read_topk(LAW)
+    loads = read_window(LAW).loads
+    summary = summarize(ids, 64)
+    image = summary.to_bytes()
+    forms: list[Coactivation] = [summary, summary.to_dict(), image, base64.b64encode(image).decode()]
+    setup = {"model": MODEL, "hardware": "h800", "tokens_per_gpu": 256, "loads": loads}
+    cluster = {"num_gpus": 8, "slots_per_gpu": 9}
+    with Client(base, api_key=KEY) as eplb:
+        copies = []
+        for form in forms:
+            placed = eplb.placement(**setup, cluster=cluster, solver="greedy-coact", coactivation=form)
+            assert placed.solver is not None and placed.solver.name == "greedy-coact"
+            assert placed.predicted.copies_per_token is not None
+            judged = eplb.evaluate(**setup, placement=placed.placement, coactivation=form)
+            assert judged.predicted.copies_per_token == placed.predicted.copies_per_token
+            copies.append(placed.predicted.copies_per_token.gpus)
+            job = eplb.wait(eplb.submit(**setup, cluster=cluster, solver="greedy-coact", coactivation=form).id)
+            assert job.result is not None and job.result.predicted.copies_per_token == placed.predicted.copies_per_token
+        assert all(c == copies[0] for c in copies)
+        assert eplb.placement(**setup, cluster=cluster, coactivation=None).predicted.copies_per_token is None
+        with pytest.raises(InvalidRequest, match=r"^coactivation: a CoactivationSummary, its dict .* not a list$"):
+            eplb.placement(**setup, cluster=cluster, coactivation=[1, 2])
+
+    async def run() -> None:
+        async with AsyncClient(base, api_key=KEY) as client:
+            placed = await client.placement(**setup, cluster=cluster, solver="greedy-coact", coactivation=summary)
+            assert placed.predicted.copies_per_token is not None
+
+    asyncio.run(run())
+
+
 def test_windows_carry_a_coactivation_summary_in_every_form(served: tuple[str, str]) -> None:
     """send_window's coactivation (a CoactivationSummary, its dict, its .npz image or base64 of it) reaches the
     deployment: the predictions count the GPUs a token reaches, and the history keeps the summary, kept windows'
