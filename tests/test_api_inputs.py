@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -469,3 +470,22 @@ def test_options_with_no_effect_without_what_they_act_on_are_refused_naming_them
     both = {**setup, "node_limit": 2, "coactivation": summary, "current_placement": first["placement"],
             "stage_gib": 4}
     assert httpx.post(f"{base}/placement", json=both, timeout=60).status_code == 200
+
+
+def test_a_job_leaves_out_the_fields_it_has_no_value_for_as_docs_say(base: str) -> None:
+    """docs/api.md lists the job object's fields and says one with no value yet is absent, as in every answer
+    (response_model_exclude_none): a finished job has started_at and finished_at, result when done, no error; the
+    list has no result."""
+    body = {**FIELDS, "loads": V3.tolist(), "async": True}
+    accepted = httpx.post(f"{base}/placement", json=body, timeout=60)
+    assert accepted.status_code == 202
+    job = accepted.json()
+    assert {"id", "status", "created_at"} <= set(job) and "result" not in job and "error" not in job
+    for _ in range(600):
+        job = httpx.get(f"{base}/jobs/{job['id']}", timeout=30).json()
+        if job["status"] == "done":
+            break
+        time.sleep(0.1)
+    assert set(job) == {"id", "status", "created_at", "started_at", "finished_at", "result"}, sorted(job)
+    listed = next(j for j in httpx.get(f"{base}/jobs", timeout=30).json()["jobs"] if j["id"] == job["id"])
+    assert set(listed) == {"id", "status", "created_at", "started_at", "finished_at"}, sorted(listed)

@@ -61,6 +61,18 @@ def store(db_url: str) -> Iterator[Store]:
     s.close()
 
 
+def test_names_are_case_sensitive_on_every_database(store: Store) -> None:
+    """docs/api.md says so: `Prod` and `prod` are two deployments, and `PROD` is none of them (SQLite's and
+    PostgreSQL's comparisons of the primary key alike)."""
+    for name in ("Prod", "prod"):
+        assert dep.register(store, name, config())[1]  # both created
+    assert sorted(v.name for v in dep.list_all(store)) == ["Prod", "prod"]  # in the database's collation order
+    with pytest.raises(dep.NotFound, match="no deployment named 'PROD'"):
+        dep.get(store, "PROD")
+    dep.retire(store, "Prod")
+    assert [v.name for v in dep.list_all(store)] == ["prod"]
+
+
 def test_register_get_update_list_retire(store: Store) -> None:
     view, created = dep.register(store, "prod-a", config(threshold=1.2))
     assert created and view.placement is None and view.windows == 0
