@@ -25,7 +25,7 @@ from solvers import _kernels
 from solvers.bounds import lower_bound
 from solvers.registry import Capabilities, Options, Problem, Solution, Solver
 from solvers.torch_order import argsort_desc_like_torch, sum_last_like_torch
-from solvers.validation import refuse_loads, slot_gpu, validate_placement
+from solvers.validation import refuse_loads, slot_gpu, validate_placement, whole_number
 
 FloatArray = NDArray[np.floating[Any]]
 IntArray = NDArray[np.int64]
@@ -818,12 +818,19 @@ def rebalance_experts(
     weight: [layers, E] load statistics (a torch tensor of any device, a numpy array or nested lists);
     num_replicas: physical experts, a multiple of num_gpus; hierarchical policy when num_groups % num_nodes
     == 0, else global. Raises AssertionError where DeepSeek's function asserts (counts that do not divide,
-    fewer physical than logical experts), as callers such as vLLM's tests expect.
+    fewer physical than logical experts), as callers such as vLLM's tests expect. Invalid input may raise
+    otherwise than DeepSeek's does: num_groups, num_nodes or num_gpus that is no whole number >= 1 is a ValueError
+    naming it (DeepSeek's raises ZeroDivisionError for a 0, and runs on with a negative count), as is a weight
+    that is not [layers, E] finite counts >= 0.
     Returns phy2log [layers, num_replicas], log2phy [layers, E, max replicas] (-1 padded) and
     logcnt [layers, E], all int64, identical to DeepSeek's (float32 arithmetic, same tie-breaking): torch
     int64 CPU tensors for a torch tensor weight, as DeepSeek's (callers pad them and move them with `.to`),
     numpy arrays otherwise.
     """
+    for name, count in (("num_groups", num_groups), ("num_nodes", num_nodes), ("num_gpus", num_gpus)):
+        whole = whole_number(count)
+        if whole is None or whole < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {count!r}")
     w = _as_numpy(weight)
     if w.ndim != 2:
         raise ValueError(f"weight must be [layers, experts], got shape {w.shape}")
