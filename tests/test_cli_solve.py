@@ -426,6 +426,13 @@ def test_long_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) 
     (["replay", "log.npz", "--inter", "5"], "eplb replay", "--inter 5 (did you mean --interval?)"),
     (["logs", "convert", "a.npz", "b.npz", "--shard", "5"], "eplb logs convert",
      "--shard 5 (did you mean --shard-steps?)"),
+    # a flag the word begins comes first: --slots was offered --split, a closer spelling with the dashes counted
+    (["solve", "--slots", "3"], "eplb solve", "--slots 3 (did you mean --slots-per-gpu?)"),
+    (["solve", "--gpus-per-nodes", "8"], "eplb solve", "--gpus-per-nodes 8 (did you mean --gpus-per-node?)"),
+    (["solve", "--max", "3"], "eplb solve", "--max 3 (did you mean --max-moves?)"),
+    # replay's EP size is --gpus (--ep was offered --help), compare's --ep
+    (["replay", "log.npz", "--ep", "8"], "eplb replay", "--ep 8 (did you mean --gpus?)"),
+    (["compare", "--out", "r", "--gpus", "8"], "eplb compare", "--gpus 8 (did you mean --ep?)"),
 ])  # fmt: skip
 def test_a_mistyped_flag_is_the_subcommands_error_with_the_nearest_flag(
     capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, said: str

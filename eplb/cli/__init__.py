@@ -51,15 +51,42 @@ class Parser(argparse.ArgumentParser):
         return parsed, extras
 
     def _nearest(self, extras: Sequence[str]) -> str:
-        """' (did you mean --gpus?)' for the flags among `extras` close to one of this parser's (difflib)."""
-        known = [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
-        pairs = [(word, near[0]) for word in (e.split("=", 1)[0] for e in extras if e.startswith("--"))
-                 if (near := difflib.get_close_matches(word, known, n=1, cutoff=0.6))]
+        """' (did you mean --gpus?)' for the flags among `extras` close to one of this parser's (`nearest_flag`)."""
+        known = [flag for action in self._actions for flag in action.option_strings
+                 if flag.startswith("--") and flag != "--help"]  # `--ep 8` meant no --help
+        pairs = [(word, near) for word in (e.split("=", 1)[0] for e in extras if e.startswith("--"))
+                 if (near := nearest_flag(word, known)) is not None]
         if not pairs:
             return ""
         if len(pairs) == 1:
             return f" (did you mean {pairs[0][1]}?)"
         return f" (did you mean {', '.join(f'{near} for {word}' for word, near in pairs)}?)"
+
+
+SYNONYMS = {"--ep": "--gpus", "--gpus": "--ep"}
+"""Flags that name one thing in different commands: the EP size is `eplb compare`'s and `eplb cost`'s --ep (a list
+of sizes), the other commands' --gpus."""
+
+
+def nearest_flag(word: str, known: Sequence[str]) -> str | None:
+    """The flag of `known` that `word` (a long option a parser does not take) most likely meant, or None: the
+    shortest flag `word` begins (`--slots` -> `--slots-per-gpu`, `--gpu` -> `--gpus`), else the longest flag that
+    begins `word` (`--gpus-per-nodes` -> `--gpus-per-node`), else the closest by spelling (difflib, on the names
+    without their dashes: `--redundent` -> `--redundant`; the shared '--' made `--slots` look like `--split` and
+    `--ep` like `--help`); first of all a command's name for what another command calls `word` (`SYNONYMS`)."""
+    same = SYNONYMS.get(word)
+    if same in known:
+        return same
+    if len(word) > 3:  # '--x': more than the dashes
+        starting = [flag for flag in known if flag.startswith(word)]
+        if starting:
+            return min(starting, key=len)
+        begun = [flag for flag in known if word.startswith(flag)]
+        if begun:
+            return max(begun, key=len)
+    names = {flag[2:]: flag for flag in known}
+    near = difflib.get_close_matches(word[2:], list(names), n=1, cutoff=0.6)
+    return names[near[0]] if near else None
 
 
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
