@@ -606,13 +606,28 @@ def test_one_gpu_and_one_slot_are_singular(tmp_path: Path, capsys: pytest.Captur
     assert "cluster:    4 GPUs, 1 slot each" in capsys.readouterr().out
 
 
-def test_groups_that_do_not_divide_over_the_nodes_are_noted(capsys: pytest.CaptureFixture[str]) -> None:
-    """--groups 4 on 8 nodes fell back to the global placement without a word: the note names the rule; 8 groups on
-    8 nodes are hierarchical, and get no note."""
+def test_the_summary_says_which_policy_placed_the_experts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The text output never said whether the hierarchical policy ran (--groups 4 on 8 nodes fell back to the global
+    placement silently; a note at the end came later, and nothing said when it did run): one `policy:` line after the
+    solver's says which ran and, when --groups with --gpus-per-node asked for the hierarchical one, why it did not."""
     common = ["solve", "--gpus", "64", "--gpus-per-node", "8", "--redundant", "64"]
-    assert main([*common, "--groups", "4"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        "note: placed globally, not by the hierarchical policy (--groups with --gpus-per-node): 4 groups do not divide "
-        "evenly over the 8 nodes (64 GPUs / 8 per node): give a multiple of 8 groups")
-    assert main([*common, "--groups", "8"]) == 0
-    assert "placed globally" not in capsys.readouterr().out
+
+    def policy(*argv: str) -> str:
+        assert main(list(argv)) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[2].startswith("solver:     ") and sum(line.startswith("policy:") for line in lines) == 1
+        return lines[3]
+
+    assert policy(*common, "--groups", "4") == (
+        "policy:     global, not hierarchical (--groups 4 --gpus-per-node 8): 4 groups do not divide evenly over the 8 "
+        "nodes (64 GPUs / 8 per node): give a multiple of 8 groups")
+    assert policy(*common, "--groups", "8") == (
+        "policy:     hierarchical: 8 expert groups kept within the 8 nodes of 8 GPUs")
+    assert policy("solve", "--gpus", "8", "--gpus-per-node", "8", "--groups", "8") == (
+        "policy:     global, not hierarchical (--groups 8 --gpus-per-node 8): the 8 GPUs are one node of 8, so there "
+        "is no node to keep a group within")
+    assert policy("solve", "--gpus", "64", "--out", str(tmp_path / "p.json")) == (
+        "policy:     global: experts placed over all 64 GPUs (the hierarchical policy, expert groups kept within "
+        "nodes, needs --groups with --gpus-per-node)")
+    assert policy("solve", "--current", str(tmp_path / "p.json"), "--gpus-per-node", "8", "--groups", "8").startswith(
+        "policy:     hierarchical edits: an expert moves only onto the nodes of 8 GPUs where --current holds its group")

@@ -616,7 +616,7 @@ def run_solve(args: argparse.Namespace) -> int:
         json.dump(outcome.to_dict(), sys.stdout)
         print()
     else:
-        print("\n".join([_summary(window, outcome, model, args.out), *_notes(args, outcome)]))
+        print("\n".join([_summary(window, outcome, model, args.out, _policy(args, outcome)), *_notes(args, outcome)]))
     return 0
 
 
@@ -692,10 +692,6 @@ def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
             ": against a serving placement no slot is left empty (--objective time leaves redundant slots empty only "
             "from scratch)" if args.current and args.objective == "time" else
             "; fewer redundant slots (--redundant, or --objective time) read less")))
-    global_why = _why_not_hierarchical(args.groups, args.gpus_per_node, p.num_gpus, p.num_experts)
-    if global_why and outcome.solver.get("name") in ("greedy", "deepseek", "greedy-coact"):
-        lines.append(f"note: placed globally, not by the hierarchical policy (--groups with --gpus-per-node): "
-                     f"{global_why}")
     if args.target_lb is not None:
         spent = outcome.moves
         budget = spent is not None and (
@@ -703,6 +699,36 @@ def _notes(args: argparse.Namespace, outcome: Outcome) -> list[str]:
             or (args.max_moves_per_layer is not None and int(spent.max()) >= args.max_moves_per_layer))
         lines.append(_target_note(args.target_lb, outcome.balance.lb, budget, outcome.solver.get("fresh_layers")))
     return lines
+
+
+FROM_SCRATCH_GROUPS = ("greedy", "deepseek", "milp", "milp-weighted")
+"""The solvers that place from scratch by greedy's rule for --groups with --gpus-per-node (the MILP solves node by node
+from greedy's placement): the hierarchical policy when the groups divide evenly over the nodes, else the global one."""
+
+
+def _policy(args: argparse.Namespace, outcome: Outcome) -> str:
+    """The summary's `policy:` line: which policy placed the experts (hierarchical: expert groups kept within nodes;
+    global: over all GPUs) and, when --groups with --gpus-per-node asked for the hierarchical one and it did not run,
+    why (`_why_not_hierarchical`)."""
+    name, p = outcome.solver.get("name"), outcome.placement
+    asked = args.groups is not None and args.gpus_per_node is not None
+    why = _why_not_hierarchical(args.groups, args.gpus_per_node, p.num_gpus, p.num_experts)
+    head = "policy:     "
+    if not asked:
+        return f"{head}global: experts placed over all {plural(p.num_gpus, 'GPU')} (the hierarchical policy, expert " \
+               "groups kept within nodes, needs --groups with --gpus-per-node)"
+    fell_back = f"global, not hierarchical (--groups {args.groups} --gpus-per-node {args.gpus_per_node}): {why}"
+    kept = (f"hierarchical: {plural(args.groups, 'expert group')} kept within the "
+            f"{plural(p.num_gpus // args.gpus_per_node, 'node')} of {args.gpus_per_node} GPUs")
+    if name in FROM_SCRATCH_GROUPS:
+        return head + (fell_back if why else kept)
+    # incremental: its edits keep the groups where --current has them; the layers it re-solves go by greedy's rule
+    line = (f"{head}hierarchical edits: an expert moves only onto the nodes of {args.gpus_per_node} GPUs where "
+            f"--current holds its group (of {args.groups})")
+    fresh = outcome.solver.get("fresh_layers") or []
+    if fresh:
+        line += f"; the {plural(len(fresh), 'layer')} re-solved fresh by greedy: {fell_back if why else kept}"
+    return line
 
 
 def _why_not_hierarchical(groups: int | None, gpus_per_node: int | None, num_gpus: int, num_experts: int) -> str:
@@ -791,7 +817,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out: str | None) -> str:
+def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out: str | None,
+             policy: str | None = None) -> str:
     p = outcome.placement
     slots = p.slots_per_gpu
     lines = [
@@ -802,6 +829,8 @@ def _summary(window: LoadWindow, outcome: Outcome, model: ModelSpec | None, out:
     if outcome.solver:
         s = outcome.solver
         lines.append(f"solver:     {s['name']} ({s['status']}), {s['wall_ms']:.1f} ms")
+    if policy is not None:
+        lines.append(policy)
     new, base = outcome.balance, outcome.baseline
     tokens = new.has_tokens  # a layer without tokens has no lb and counts in no mean (Balance.lb_over_tokens)
     rows: list[tuple[str, str, str, str]] = [
