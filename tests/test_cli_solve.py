@@ -219,10 +219,21 @@ def test_move_budgets_and_stage_sizes_are_refused_in_the_flags_terms(
     serving: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     err = _error(capsys, "--max-moves", "10")
-    assert err == ("eplb solve: error: --max-moves: a move budget edits the serving placement: give it with "
-                   "--current FILE")
-    assert "--max-moves-per-layer, --target-lb: a move budget" in _error(capsys, "--max-moves-per-layer", "2",
-                                                                          "--target-lb", "1.01")
+    assert err == ("eplb solve: error: --max-moves: a move budget bounds the edits of the serving placement: give it "
+                   "with --current FILE")
+    # --target-lb is no move budget (it was called one): it says where the edits may stop
+    assert _error(capsys, "--target-lb", "1.05") == ("eplb solve: error: --target-lb: a target lb bounds the edits of "
+                                                     "the serving placement: give it with --current FILE")
+    assert "--max-moves-per-layer, --target-lb: a move budget and a target lb bound the edits" in _error(
+        capsys, "--max-moves-per-layer", "2", "--target-lb", "1.01")
+    assert "--max-moves, --max-moves-per-layer: move budgets bound the edits" in _error(
+        capsys, "--max-moves", "3", "--max-moves-per-layer", "2")
+    # the registry's 'give the current placement' named no flag
+    from solvers import registry
+
+    assert _error(capsys, "--solver", "incremental") == (
+        "eplb solve: error: solver 'incremental' rebalances a serving placement: give it with --current FILE (or a "
+        f"solver that places from scratch: {', '.join(n for n in registry.names() if n != 'incremental')})")
     # one DeepSeek-V3 expert in one layer: 3 matrices of 7168 x 2048 FP8 bytes = 0.041 GiB
     assert _error(capsys, "--current", str(serving), "--stage-gib", "0.01") == (
         "eplb solve: error: --stage-gib 0.01: a stage must hold one expert copy of deepseek-v3, at least 0.0411 GiB")

@@ -517,10 +517,20 @@ def _check_options(args: argparse.Namespace, options: Options) -> None:
     (--solver, or its default) without one, and any other option the solver does not take or value it refuses
     (`registry.check_options`)."""
     given = options.set_names()
-    budget = [OPTION_FLAGS[o] for o in registry.BUDGET_OPTIONS if o in given]
-    if budget and not args.current:
-        raise EplbError(f"{', '.join(budget)}: a move budget edits the serving placement: give it with --current FILE")
+    bounds = [OPTION_FLAGS[o] for o in registry.BUDGET_OPTIONS if o in given]
+    if bounds and not args.current:  # --target-lb is no budget: it says where the edits may stop
+        budgets = sum(flag != "--target-lb" for flag in bounds)
+        kinds = [*(["a move budget" if budgets == 1 else "move budgets"] if budgets else []),
+                 *(["a target lb"] if "--target-lb" in bounds else [])]
+        verb = "bounds" if kinds in (["a move budget"], ["a target lb"]) else "bound"
+        raise EplbError(f"{', '.join(bounds)}: {' and '.join(kinds)} {verb} the edits of the serving placement: give "
+                        "it with --current FILE")
     name = solver_name(args.solver or ("incremental" if args.current else "greedy"), args.split)
+    if registry.get_solver(name).capabilities.requires_current and not args.current:
+        raise EplbError(f"solver {name!r} rebalances a serving placement: give it with --current FILE (or a solver "
+                        "that places from scratch: " + ", ".join(
+                            n for n in registry.names() if not registry.get_solver(n).capabilities.requires_current)
+                        + ")")
     takes = registry.get_solver(name).options
     refused = [OPTION_FLAGS[o] for o in ("time_limit_s", "total_time_limit_s") if o in given and o not in takes]
     if refused:
