@@ -11,8 +11,8 @@
  *
  * Ranking: a move must lower the busiest GPU by min_gain; among those, the best value per copy, where value is
  * the drop of the summed excess above `level` of every GPU it touches (receivers and the other holders of the
- * experts whose replica counts change included) plus alpha x the busiest GPU's drop. Without a target, level
- * is inf and alpha 1 (the busiest GPU alone); with one, level is the target and alpha 0. When other GPUs tie with
+ * experts whose replica counts change included) plus alpha x the busiest GPU's drop (level inf: the busiest GPU's
+ * drop alone; solvers/incremental.py passes the balanced level and alpha 1, or a target and alpha 0). When other GPUs tie with
  * the busiest one (the same load up to rounding, TIE), the layer's max only drops when every one of them drops: the
  * busiest GPU's drop is then the max's, over the touched and the tied GPUs; if no move lowers them all, the step
  * lowers the busiest one as without ties (the next step sees one tied GPU fewer).

@@ -2,7 +2,7 @@
 
 A fresh placement for a new window copies most experts (13,000+ copies at DeepSeek-V3 size). Here the
 placement being served is edited instead, one move at a time, each move chosen where it lowers a layer's
-busiest GPU the most per copy:
+busiest GPU and the GPUs near it the most per copy:
 
 * spread: copy an expert of the busiest GPU ``h`` over a slot elsewhere that holds a redundant replica
   (the expert gains a replica, so ``h`` serves less of it; 1 copy);
@@ -11,9 +11,11 @@ busiest GPU the most per copy:
 * repair (first, while the serving placement has a duplicate): overwrite the second replica of an expert on a
   GPU with an expert the GPU lacks, the pair that leaves the lowest busiest GPU (1 copy).
 
-With a target, a move is ranked instead by how much it lowers the summed excess above the target of every GPU
-it touches, per copy: fixing ``h`` by lifting a light GPU over the target is charged for the new overload, and
-spreading an expert that sits on several overloaded GPUs is credited for all of them.
+A move is ranked by how much it lowers the summed excess above a level of every GPU it touches, per copy: fixing
+``h`` by lifting a light GPU over the level is charged for the new overload, and spreading an expert that sits on
+several overloaded GPUs is credited for all of them. With a target the level is the target; without one it is the
+balanced level (the mean load x (1 + BALANCED)) and the drop of ``h`` counts too, so that a walk's every prefix is
+a good state for a move budget to stop at (ranked by ``h``'s drop alone, a budget bought less balance: docs/solvers.md).
 
 When other GPUs tie with ``h`` as the busiest (the same load up to rounding), the layer's max only drops when all of
 them drop: a move is ranked by the highest load it leaves on them and on the GPUs it touches. When no move lowers them
@@ -67,7 +69,7 @@ MIN_GAIN = 1e-4
 """A move must lower the busiest GPU by this fraction of the mean GPU load."""
 BALANCED = 5e-4
 """A layer whose busiest GPU is within this fraction of the mean load stops: nothing left to buy."""
-_LIGHT_GPUS = 4
+_LIGHT_GPUS = 8
 """Swap partners of the busiest GPU: the slots of this many lightest GPUs."""
 _LIGHT_GPUS_TARGET = 16
 """With a target, this many (moves ranked by excess over the target rarely fill the very lightest GPUs, and the
@@ -171,11 +173,12 @@ def _walk(
         node_ok = _node_groups(phy, gpu, num_groups, gpus_per_node, num_experts)
         group_size, node_size, groups, nodes = num_experts // num_groups, gpus_per_node, num_groups, node_ok.shape[1]
     target = mean * (1 + BALANCED)
-    # without a target, a move is ranked by how far it lowers the busiest GPU per copy; with one, by how far it
-    # lowers the summed excess of all GPUs above the target per copy (its receivers and the other holders of
-    # the experts whose replica counts change included), so a fix of the busiest GPU that lifts another GPU
-    # over the target is charged for it; a move must still lower the busiest GPU by MIN_GAIN
-    level, rank_by_peak, light = np.full(num_layers, np.inf), 1.0, _LIGHT_GPUS
+    # a move is ranked per copy by how far it lowers the summed excess of all GPUs above a level (its receivers and
+    # the other holders of the experts whose replica counts change included), so a fix of the busiest GPU that lifts
+    # another GPU near the top is charged for it: with a target, the excess above the target alone; without one, the
+    # excess above the balanced level plus the busiest GPU's drop (every prefix of the walk is then a state a budget
+    # may stop at: docs/solvers.md); a move must still lower the busiest GPU by MIN_GAIN
+    level, rank_by_peak, light = target.copy(), 1.0, _LIGHT_GPUS
     if target_max_load is not None:
         target = np.maximum(target, np.asarray(target_max_load, dtype=np.float64))
         level, rank_by_peak, light = target, 0.0, _LIGHT_GPUS_TARGET
