@@ -16,6 +16,7 @@ from eplb.cost import (
     comm_copies_per_token,
     dominance_grid,
     ep_min,
+    format_sweep_table,
     plot_dominance_map,
     predict,
     reuse_threshold_rows,
@@ -170,6 +171,24 @@ def test_hot_expert_lb_and_absent_factor() -> None:
     assert uniform_cost(V41, B200, 900e9, 64, 256, hot_expert_factor=1).hot_expert_lb == 1.0
     with pytest.raises(EplbError, match="hot expert factor"):
         uniform_cost(V41, B200, 900e9, 64, 256, hot_expert_factor=0.5)
+
+
+def test_a_hot_expert_factor_past_e_over_k_is_refused_naming_the_most(capsys: pytest.CaptureFixture[str]) -> None:
+    """A token chooses k distinct experts, so one expert carries at most E/k x the mean load (every token): 500 was
+    accepted (lb 11.4 at EP 8). The sweep's default 10 is past mixtral-8x7b's 4 (its lb(h=10) read 10.00 at EP 8,
+    where no expert gets past 4): the sweep takes it up to the model's most, and its lb column says so."""
+    v3 = MODEL_PRESETS["deepseek-v3"]
+    assert uniform_cost(v3, B200, 900e9, 8, 256, hot_expert_factor=32).hot_expert_lb == pytest.approx(1 + 31 / 32)
+    with pytest.raises(EplbError, match=r"^hot expert factor 32.5 is more than one expert can carry: deepseek-v3 "
+                       r"routes each token to 8 of its 256 experts, so an expert chosen by every token carries "
+                       r"E/k = 32 x the mean load, the most \(give 1 to 32\)$"):
+        uniform_cost(v3, B200, 900e9, 8, 256, hot_expert_factor=32.5)
+    assert main(["cost", "--ep", "8", "--tokens-per-gpu", "256", "--hot-expert-factor", "500"]) == 2
+    assert "hot expert factor 500 is more than one expert can carry" in capsys.readouterr().err
+    mixtral = MODEL_PRESETS["mixtral-8x7b"]
+    rows = sweep(mixtral, B200, 900e9, eps=[2, 8], tokens=[256])
+    assert [u.hot_expert_factor for u in rows] == [4.0, 4.0] and rows[-1].hot_expert_lb == 4.0
+    assert "lb(h=4)" in format_sweep_table(rows)
 
 
 def test_uniform_cost_rejects_bad_inputs() -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "ep_min",
     "format_sweep_table",
     "hot_expert_lb",
+    "max_hot_expert_factor",
     "plot_dominance_map",
     "reuse_threshold_rows",
     "sweep",
@@ -80,6 +81,12 @@ def ep_min(model: ModelSpec, hw: HardwareSpec, tokens_per_gpu: float) -> float:
     if tokens_per_gpu <= 0:
         raise EplbError(f"tokens per GPU must be positive, got {tokens_per_gpu!r}")
     return reuse_threshold_rows(model, hw) * model.num_experts / (model.top_k * tokens_per_gpu)
+
+
+def max_hot_expert_factor(model: ModelSpec) -> float:
+    """The most load one expert can carry, x the mean expert load: E/k. A token chooses k distinct experts, so an
+    expert gets at most every token, and the mean expert k/E of them (DeepSeek-V3: 256/8 = 32)."""
+    return model.num_experts / model.top_k
 
 
 def hot_expert_lb(num_experts: int, ep: float, hot_expert_factor: float) -> float:
@@ -200,6 +207,11 @@ def uniform_cost(
     _check_uniform_inputs(model, link_bw, ep, tokens_per_gpu)
     if hot_expert_factor is not None and (not math.isfinite(hot_expert_factor) or hot_expert_factor < 1):
         raise EplbError(f"hot expert factor must be >= 1 (x the mean load), got {hot_expert_factor!r}")
+    most = max_hot_expert_factor(model)
+    if hot_expert_factor is not None and hot_expert_factor > most * (1 + 1e-12):
+        raise EplbError(f"hot expert factor {hot_expert_factor:g} is more than one expert can carry: {model.name} "
+                        f"routes each token to {model.top_k} of its {model.num_experts} experts, so an expert chosen "
+                        f"by every token carries E/k = {most:g} x the mean load, the most (give 1 to {most:g})")
     c, w, m = _uniform_terms(model, hw, link_bw, np.asarray(float(ep)), np.asarray(float(tokens_per_gpu)), dedup)
     compute, weight, comm = float(c), float(w), float(m)
     terms = (compute, weight, comm)
@@ -246,9 +258,12 @@ def sweep(
     dedup: bool = False,
     hot_expert_factor: float | None = 10.0,
 ) -> list[UniformCost]:
-    """`uniform_cost` for every (T, EP), T-major: [len(tokens) x len(eps)] results."""
+    """`uniform_cost` for every (T, EP), T-major: [len(tokens) x len(eps)] results. hot_expert_factor is taken up to
+    the model's most, E/k (`max_hot_expert_factor`; the table's lb column names the one used): the default 10 is
+    more than mixtral-8x7b's 4, whose lb(h=10) was 10.00 at EP 8."""
+    factor = None if hot_expert_factor is None else min(hot_expert_factor, max_hot_expert_factor(model))
     return [
-        uniform_cost(model, hw, link_bw, ep, t, dedup=dedup, hot_expert_factor=hot_expert_factor)
+        uniform_cost(model, hw, link_bw, ep, t, dedup=dedup, hot_expert_factor=factor)
         for t in tokens
         for ep in eps
     ]
