@@ -478,6 +478,23 @@ def test_export_says_which_moe_layers_the_engine_will_not_find(tmp_path: Path, c
     assert capsys.readouterr().err == ""
 
 
+def test_a_json_export_says_what_the_file_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A vllm-ascend expert map back to eplb's JSON printed 'placement layers -> model layers 0-57', though the file
+    it wrote holds no layer_ids (vllm-ascend numbers MoE layers by position): the summary says what the file holds."""
+    placement = Placement(np.array([[0, 1, 2, 3]] * 3), np.array([2, 2]), 4, layer_ids=(3, 4, 5))
+    save_placement(placement, tmp_path / "p.json")
+    ascend, back = tmp_path / "expert_map.json", tmp_path / "back.json"
+    assert _cli(["export", "--placement", str(tmp_path / "p.json"), "--to", "vllm-ascend", "--out", str(ascend)]) == 0
+    capsys.readouterr()
+    assert _cli(["export", "--placement", str(ascend), "--to", "json", "--out", str(back)]) == 0
+    assert capsys.readouterr().out == (f"wrote {back}: eplb placement, 3 layers (no layer_ids: rows by position, no "
+                                       "model layer named; --layer-ids to record them), 2 GPUs, 4 slots\n")
+    assert "layer_ids" not in json.loads(back.read_text())
+    assert _cli(["export", "--placement", str(ascend), "--to", "json", "--out", str(back), "--layer-ids", "3-5"]) == 0
+    assert "3 layers (layer_ids: model layers 3-5), 2 GPUs" in capsys.readouterr().out
+    assert json.loads(back.read_text())["layer_ids"] == [3, 4, 5]
+
+
 def test_export_summaries_count_in_words(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """'1 model layers', '1 MoE layers', '1 slots', '1 ranks': the summaries of a one-layer, one-GPU placement."""
     save_placement(Placement(np.array([[0, 1]]), np.array([2]), 2), tmp_path / "one.json")
@@ -485,7 +502,8 @@ def test_export_summaries_count_in_words(tmp_path: Path, capsys: pytest.CaptureF
         "sglang": "SGLang expert location, 1 model layer x 2 physical experts (placement layer -> model layer 0; ",
         "trtllm": "num_slots 2 (2 slots per rank on 1 rank; placement layer -> model layer 0; ",
         "vllm-ascend": "vllm-ascend expert map, 1 MoE layer x 1 device x 2 slots\nserve on 1 device with",
-        "json": "eplb placement, 1 layer (placement layer -> model layer 0), 1 GPU, 2 slots",
+        "json": "eplb placement, 1 layer (no layer_ids: rows by position, no model layer named; --layer-ids to "
+                "record them), 1 GPU, 2 slots",
     }
     for target, text in said.items():
         out = tmp_path / f"o.{target}.{'yaml' if target == 'trtllm' else 'json'}"

@@ -296,7 +296,10 @@ def _export_summary(placement: Placement, target: str, out: str, num_model_layer
         return (f"wrote {out}: vllm-ascend expert map, {plural(count, 'MoE layer')} x {plural(g, 'device')} x "
                 f"{plural(slots, 'slot')}\nserve on {plural(g, 'device')} with --additional-config "
                 f"'{{\"eplb_config\": {{\"expert_map_path\": \"{name}\", \"num_redundant_experts\": {p - e}}}}}'")
-    return f"wrote {out}: eplb placement, {plural(count, 'layer')} ({layers}), {plural(g, 'GPU')}, {plural(p, 'slot')}"
+    # the file's own words: layer_ids when it records them, else rows by position (a vllm-ascend map records none)
+    held = (f"layer_ids: model {_layers(ids)}" if placement.layer_ids is not None else
+            "no layer_ids: rows by position, no model layer named; --layer-ids to record them")
+    return f"wrote {out}: eplb placement, {plural(count, 'layer')} ({held}), {plural(g, 'GPU')}, {plural(p, 'slot')}"
 
 
 def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
