@@ -9,7 +9,8 @@ finished tasks (a `ray.wait` loop).
 
 - `LocalExecutor`: one task after the other, here (the default; needs nothing).
 - `RayExecutor`: Ray tasks (`pip install 'eplb[ray]'`). With no address it starts a local Ray on this
-  machine; with one (`auto`, `ray://head:10001`, `head:6379`) it joins that cluster. A task that raises
+  machine; with one (`auto`, `ray://head:10001`, `head:6379`) it joins that cluster; either on first use, once
+  the command has checked its inputs. A task that raises
   anything but an EplbError (a lost worker, a killed process, a flaky disk) is retried up to `retries`
   times; an EplbError (bad input, an unreadable log) is not retried: the first one ends the map with
   that one message, the other tasks are cancelled. Every worker needs eplb installed and the data
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -156,11 +158,17 @@ class RayExecutor(Executor):
     """Tasks as Ray tasks. address: None starts a local Ray instance on this machine (num_cpus: its
     CPUs, default all); else the cluster to join. retries: attempts after the first for a task that
     raised anything but an EplbError or whose worker died. A Ray already initialized in this process
-    is used as it is (and left running)."""
+    is used as it is (and left running). Ray is started or joined on first use (`map`, `node_cpus`), not
+    here: a command checks its inputs in between, so a refusal comes without Ray's start-up (seconds).
+    quiet: Ray's driver logger ("ray") at ERROR (ray.init's logging_level), so that its start-up warnings
+    ("Token authentication is enabled for this Ray cluster...") stay out of the command's output; False leaves
+    Ray's logging as Ray sets it. flag: what the messages call the address (the CLI's --ray-address; default
+    `address`)."""
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, *, num_cpus: int | None = None, retries: int = 2) -> None:
+    def __init__(self, address: str | None = None, *, num_cpus: int | None = None, retries: int = 2,
+                 quiet: bool = True, flag: str | None = None) -> None:  # fmt: skip
         try:
             import ray
         except ImportError:
@@ -168,20 +176,43 @@ class RayExecutor(Executor):
         if retries < 0:
             raise EplbError(f"retries must be >= 0, got {retries}")
         self.ray = ray
-        self.retries = retries
+        self.address, self.num_cpus, self.retries, self.quiet, self.flag = address, num_cpus, retries, quiet, flag
         self.started = False
+        self._remote: Any = None
+
+    def _ready(self) -> Any:
+        """The remote task function, once Ray is up: started or joined here on first use."""
+        if self._remote is not None:
+            return self._remote
+        ray, address = self.ray, self.address
         if not ray.is_initialized():
+            logs = {"logging_level": logging.ERROR} if self.quiet else {"configure_logging": False}
             try:
                 local = address is None
-                ray.init(address="local" if local else address, num_cpus=num_cpus if local else None,
-                         include_dashboard=False, configure_logging=False)  # fmt: skip
+                ray.init(address="local" if local else address, num_cpus=self.num_cpus if local else None,
+                         include_dashboard=False, **logs)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"
-                raise EplbError(f"cannot start or reach {where}: {exc}") from None
+                raise EplbError(self._unreachable(exc)) from None
             self.started = True
         self._remote = ray.remote(_run_task)
+        return self._remote
+
+    def _unreachable(self, exc: Exception) -> str:
+        """Why Ray did not start or could not be joined, in eplb's terms: Ray's own text for `auto` points at Ray's
+        `--address` flag and RAY_ADDRESS, which are not how eplb is told where the cluster is."""
+        address = self.address
+        if address is None:
+            return f"cannot start a local Ray instance: {exc}"
+        given = f"{self.flag} {address}" if self.flag else f"address {address!r}"
+        if address == "auto" and isinstance(exc, ConnectionError):
+            return (f"{given} found no Ray cluster to join on this machine (auto joins the one `ray start` started "
+                    f"here, or the one the RAY_ADDRESS environment variable names): run the command on a node of the "
+                    f"cluster, give the head's address ({self.flag or 'address'} HEAD:6379, or ray://HEAD:10001 from "
+                    "outside the cluster), or leave the address out to start a local Ray")
+        return f"cannot reach the Ray cluster at {address}: {exc}"
 
     def node_cpus(self) -> int:
+        self._ready()
         nodes: list[dict[str, Any]] = self.ray.nodes()  # type: ignore[no-untyped-call]
         cpus = [node["Resources"].get("CPU", 0) for node in nodes if node.get("Alive")]
         return max(1, int(max(cpus, default=1)))
@@ -190,7 +221,7 @@ class RayExecutor(Executor):
         ray = self.ray
         ceiling = self.node_cpus()
         refs = [
-            self._remote.options(num_cpus=min(t.cpus, ceiling), max_retries=self.retries, retry_exceptions=True)
+            self._ready().options(num_cpus=min(t.cpus, ceiling), max_retries=self.retries, retry_exceptions=True)
             .remote(fn, t.arg)
             for t in tasks
         ]
@@ -238,7 +269,7 @@ def make_executor(name: str, address: str | None = None) -> Executor:
             raise EplbError("--ray-address needs --executor ray")
         return LocalExecutor()
     if name == "ray":
-        return RayExecutor(address)
+        return RayExecutor(address, flag="--ray-address")
     raise EplbError(f"unknown executor {name!r}: choose from {', '.join(EXECUTORS)}")
 
 

@@ -201,18 +201,66 @@ def test_cli_replay_with_ray_starts_a_local_ray(
     log_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No --ray-address: `eplb replay --executor ray` starts its own local Ray (in a fresh process, as a
-    user runs it) and prints the same summary as the local executor."""
+    user runs it) and prints the same summary as the local executor, and nothing of Ray's."""
     args = [str(log_path), "--solver", "greedy", "--gpus", "8", "--redundant", "8", "--window", "40", "--interval",
             "60", "--oracle-every", "4", "--json", "--no-progress"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.run([sys.executable, "-m", "eplb.cli", "replay", *args, "--executor", "ray"],
                           capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # Ray's start-up warnings ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
+    # ...") were the command's output: ray.init's logging_level keeps them out
+    assert proc.stderr == "", proc.stderr[-2000:]
     remote = json.loads(proc.stdout)
     assert main(["replay", *args]) == 0
     local = json.loads(capsys.readouterr().out)
     assert remote["timing"]["parts"] >= 2  # split by layers over the local Ray's CPUs
     assert _untimed(remote) == _untimed(local)
+
+
+def _no_ray_yet(monkeypatch: pytest.MonkeyPatch, init: Any) -> None:
+    """This process as one in which Ray has not started (the session's instance may run), with `init` as ray.init."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+
+
+def test_inputs_are_checked_before_ray_starts(
+    monkeypatch: pytest.MonkeyPatch, log_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RayExecutor started Ray when made, before the command read its inputs: `eplb compare --log` of a log shorter
+    than the interval failed after Ray's start-up (about 10 s), against 1 s locally. Ray starts on first use now."""
+
+    def init(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("ray.init ran before the inputs were checked")
+
+    _no_ray_yet(monkeypatch, init)
+    short = "the log has 240 steps but the first rebalanced placement serves from step position 1,001"
+    with RayExecutor() as executor, pytest.raises(EplbError, match=short):
+        compare_log(open_log(log_path), cluster_shapes(32, [8], None), ["greedy"], None,
+                    schedule=Schedule(interval=1000), executor=executor)  # fmt: skip
+    assert main(["compare", "--log", str(log_path), "--solvers", "greedy", "--ep", "8", "--interval", "1000",
+                 "--out", str(tmp_path / "r"), "--no-progress", "--executor", "ray"]) == 2  # fmt: skip
+    assert short in capsys.readouterr().err
+
+
+def test_no_cluster_at_auto_is_said_in_eplbs_terms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's own words for `auto` with no cluster point at its `--address` flag and RAY_ADDRESS; eplb's flag is
+    --ray-address."""
+
+    def init(*args: Any, **kwargs: Any) -> None:  # what ray.init(address="auto") raises with no cluster (Ray 2.x)
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by "
+                              "setting `--address` flag or `RAY_ADDRESS` environment variable.")
+
+    _no_ray_yet(monkeypatch, init)
+    executor = make_executor("ray", "auto")
+    with pytest.raises(EplbError) as info:
+        executor.node_cpus()
+    said = str(info.value)
+    assert said.startswith("--ray-address auto found no Ray cluster to join on this machine (auto joins the one "
+                           "`ray start` started here, or the one the RAY_ADDRESS environment variable names): "), said
+    assert "--ray-address HEAD:6379, or ray://HEAD:10001" in said and "`--address`" not in said
+    with pytest.raises(EplbError, match=r"^address 'auto' found no Ray cluster"):  # the Python API's words
+        RayExecutor("auto").node_cpus()
 
 
 def test_layer_ranges_with_idle_layers_merge_to_the_whole_replay() -> None:
