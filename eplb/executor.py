@@ -209,6 +209,10 @@ class RayExecutor(Executor):
                     f"here, or the one the RAY_ADDRESS environment variable names): run the command on a node of the "
                     f"cluster, give the head's address ({self.flag or 'address'} HEAD:6379, or ray://HEAD:10001 from "
                     "outside the cluster), or leave the address out to start a local Ray")
+        if "ray[client]" in str(exc):  # Ray without its client, e.g. `pip install ray`: no ray:// address
+            return (f"{given} needs Ray's client, which this Ray lacks (its grpcio): pip install 'eplb[ray]' (it "
+                    "installs ray[client]), or run the command on a node of the cluster with "
+                    f"{self.flag or 'address'} auto")
         return f"cannot reach the Ray cluster at {address}: {exc}"
 
     def node_cpus(self) -> int:

@@ -5,10 +5,12 @@ cannot read, and the command line's --executor."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,6 +263,26 @@ def test_no_cluster_at_auto_is_said_in_eplbs_terms(monkeypatch: pytest.MonkeyPat
     assert "--ray-address HEAD:6379, or ray://HEAD:10001" in said and "`--address`" not in said
     with pytest.raises(EplbError, match=r"^address 'auto' found no Ray cluster"):  # the Python API's words
         RayExecutor("auto").node_cpus()
+
+
+def test_the_ray_extra_brings_the_ray_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--ray-address ray://head:10001` failed 'Ray Client requires pip package ray[client]': the eplb[ray] extra
+    installed only `ray`. It (and the test extra) asks for ray[client] now, whose grpcio this environment then has;
+    a Ray without it is told in eplb's terms."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [[r for r in extras[name] if r.startswith("ray")] for name in ("ray", "test")] == [["ray[client]>=2.9"]] * 2
+    assert importlib.util.find_spec("grpc") is not None  # what Ray's client needs
+
+    def init(*args: Any, **kwargs: Any) -> None:  # what ray.init("ray://...") raises without ray[client] (Ray 2.x)
+        raise ValueError("Ray Client requires pip package `ray[client]`. If you installed the minimal Ray (e.g. `pip "
+                         "install ray`), please reinstall by executing `pip install ray[client]`.")
+
+    _no_ray_yet(monkeypatch, init)
+    with pytest.raises(EplbError) as info:
+        make_executor("ray", "ray://head:10001").node_cpus()
+    assert str(info.value) == ("--ray-address ray://head:10001 needs Ray's client, which this Ray lacks (its grpcio): "
+                               "pip install 'eplb[ray]' (it installs ray[client]), or run the command on a node of "
+                               "the cluster with --ray-address auto")
 
 
 def test_layer_ranges_with_idle_layers_merge_to_the_whole_replay() -> None:
