@@ -58,6 +58,9 @@ def seed004_counts(
 _CALIBRATION_SEED = 20_040_506  # fixed: the exponent a hot ratio maps to does not depend on --seed
 _CALIBRATION_LAYERS = 512
 _PICKS_PER_EXPERT = 780  # ESFT DeepSeek-V2-Lite logs: about 8,300 tokens x 6 picks / 64 experts
+COACT_STD_MAX = 16.0
+"""The strongest co-activation `coact_std_for_partner_lift` tries: past it the partner lift grows by a few hundredths
+while the token types turn into fixed sets of experts."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,17 @@ class SynthConfig:
     - sampling noise: each step routes `tokens` x `top_k` assignments per layer as a multinomial
       over p, except where k distinct experts per token bind (`_Popularity.sample`: an expert with
       top_k p > 1, or a draw above `tokens`): there each token picks top_k distinct experts with the
-      inclusion probabilities min(1, c p), c such that they sum to top_k;
-    - co-activation (token-level logs, `synth_topk`, only): each token is of one of `coact_clusters`
-      latent types, drawn uniformly per token, and type z adds coact_std x u_l(z, e) to its log
-      popularity (u standard normal per layer, type and expert, fixed for the log), so experts favoured
-      by the same type are chosen together. coact_std is `coact_std`, or solved from `partner_lift`
+      inclusion probabilities min(1, c p), c such that they sum to top_k. Either way an expert's expected
+      count is tokens x `_inclusions(p)`, whose median hottest / mean over layers is the popularity's as long
+      as hot_ratio <= experts / top_k (only layers above that are capped);
+    - token-level logs (`synth_topk`): each token picks top_k distinct experts by Gumbel top-k of per-step
+      logits solved (`_token_logits`) so that each expert's expected picks are the same tokens x
+      `_inclusions(p)`: both formats have the same expected counts, hence the same hot ratio;
+    - co-activation (token-level logs only): each token is of one of `coact_clusters`
+      latent types, drawn uniformly per token, and type z adds coact_std x u_l(z, e) to its logits
+      (u standard normal per layer, type and expert, fixed for the log), so experts favoured
+      by the same type are chosen together; the logits are solved for the average over the types. coact_std is
+      `coact_std`, or solved from `partner_lift`
       (`eplb.coactivation.partner_lift`: tokens an expert shares with its E/8 most frequent partners over
       what independent picks would share; 1 = independent); the default 2.27 is the mean of
       DeepSeek-V2-Lite's four ESFT task logs (1.90 to 2.59, docs/cost-model.md "Co-activation").
@@ -291,7 +300,10 @@ def _calibration_lift(std: float, cfg: SynthConfig, a: float) -> float:
     logp += cfg.drift_std * rng.standard_normal((layers, experts))
     u = _coact_offsets(rng, layers, clusters, experts)
     z = rng.integers(0, clusters, tokens)
-    keys = logp[None] + std * u[:, z, :].transpose(1, 0, 2) + rng.gumbel(size=(tokens, layers, experts))
+    p = np.exp(logp - logp.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    logits = _token_logits(_inclusions(p, top_k), std * u, top_k)
+    keys = logits[None] + std * u[:, z, :].transpose(1, 0, 2) + rng.gumbel(size=(tokens, layers, experts))
     return partner_lift(_topk_of(keys, top_k), experts)
 
 
@@ -302,15 +314,17 @@ def coact_std_for_partner_lift(cfg: SynthConfig) -> float:
     (Monte Carlo over 4 layers with a fixed seed at the ESFT logs' sample density, 780 picks per expert,
     at most 8,192 tokens, since sampling noise alone raises the statistic; then bisection; deterministic).
     Independent picks already give slightly above 1 (sampling noise): a lower target gives 0; a target
-    out of reach (tiny layers) gives the largest strength tried, 64."""
+    out of reach gives the largest strength tried, `COACT_STD_MAX` (the expected counts stay the counts format's, so
+    hot experts, which every token type picks, weigh on the load-weighted lift: 128 experts top-8 at a hot ratio
+    of 11 reach 2.11)."""
     lift, a = cfg.partner_lift, cfg.resolved_exponent()
     if _calibration_lift(0.0, cfg, a) >= lift:
         return 0.0
     lo, hi = 0.0, 1.0
     while _calibration_lift(hi, cfg, a) < lift:
-        hi *= 2
-        if hi >= 64:  # small layers (few experts, k near E / 8) cannot reach it: the strongest we try
-            return hi
+        if hi >= COACT_STD_MAX:  # the lift levels off well before: the strongest we try
+            return COACT_STD_MAX
+        lo, hi = hi, min(2 * hi, COACT_STD_MAX)
     for _ in range(8):
         mid = (lo + hi) / 2
         if _calibration_lift(mid, cfg, a) < lift:
@@ -350,6 +364,111 @@ def _distinct_counts(rng: np.random.Generator, pi: NDArray[np.float64], tokens: 
         points = rng.random(tokens)[:, None] + np.arange(k)[None, :]
         picks = np.minimum(np.searchsorted(edges, points, side="right"), rest.size - 1)
         out[rest] = np.bincount(picks.ravel(), minlength=rest.size)
+    return out
+
+
+def _inclusions(p: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """`_inclusion` of every row of p [layers, experts]: the expected picks per token of each expert, k p where
+    k p <= 1 everywhere (the multinomial's), else the inclusion probabilities k distinct picks allow."""
+    out = k * p
+    for layer in np.flatnonzero(out.max(axis=1) > 1):
+        out[layer] = _inclusion(p[layer], k)
+    return out
+
+
+def _concave_root(
+    w: NDArray[np.float64], goal: NDArray[np.float64], axis: int, mean: bool, x: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """x >= 0 with f(x) = sum (or mean) along `axis` of 1 - exp(-w x) = goal, from the start x (same shape as
+    goal): f is concave and increasing, so Newton's steps stay below the root after the first and converge to
+    it."""
+    n = w.shape[axis] if mean else 1
+    for _ in range(100):
+        e = np.exp(-w * x)
+        f = (-np.expm1(-w * x)).sum(axis=axis, keepdims=True) / n - goal
+        if not np.abs(f).max(initial=0.0) > 1e-12:
+            break
+        x = np.maximum(x - f / np.maximum((w * e).sum(axis=axis, keepdims=True) / n, 1e-300), 0.0)
+    return x
+
+
+def _token_logits(
+    target: NDArray[np.float64], offsets: NDArray[np.float64], k: int, start: NDArray[np.float64] | None = None
+) -> NDArray[np.float64]:
+    """Logits lam [layers, experts] at which tokens of C equally likely types, a token of type z picking k distinct
+    experts by Gumbel top-k of lam + offsets[:, z] ([layers, C, experts]), pick expert e target[l, e] times per token
+    on average over the types: target sums to k per layer, in [0, 1], 1 = every token (logit 1e6).
+
+    The inclusion probabilities of a Gumbel top-k draw are taken as Rosen's: 1 - exp(-w tau) for weights w = e^lam,
+    tau such that they sum to k (within about 1% of the exact ones at 32 experts or more, a few % at 8). The
+    unknowns are the logits and each type's s = log tau: given s, each expert's logit is a root of its own
+    (`_concave_root`, mean over the types = target), which leaves the C equations "type z picks k" per layer;
+    Newton's method on s solves them (C x C systems, the logits following s), and a layer where a Newton step
+    does not halve the error takes the plain step instead, each type's tau given the logits (block coordinate
+    descent of a convex function, which converges whatever the offsets). start: the logits to begin from (the
+    previous step's: a few steps then)."""
+    clusters = offsets.shape[1]
+    always = target >= 1.0
+    free = ~always
+    kk = (k - always.sum(axis=1)).astype(np.float64)[:, None, None]  # picks left to the others, per layer
+    live = kk[:, 0, 0] > 0
+    goal = np.where(free, np.clip(target, 1e-300, 1 - 1e-16), 0.0)[:, None, :]
+    lam = np.log(-np.log1p(-np.where(free, goal[:, 0], 0.5)))  # exact without offsets (one type)
+    if start is not None:
+        lam = np.where(start < 1e5, start, lam)  # an expert every token took: from the exact start
+    lam = np.where(free, np.maximum(lam, -1e4), -1e4)  # the others weigh nothing (finite: no inf - inf)
+
+    def types_step(lam: NDArray[np.float64], s: NDArray[np.float64] | None) -> NDArray[np.float64]:
+        """Each type's s given the logits: its picks sum to the k left."""
+        x = lam[:, None, :] + offsets
+        top = x.max(axis=2, keepdims=True)
+        start = np.zeros_like(top) if s is None else np.exp(np.minimum(s + top, 700.0))
+        tau = _concave_root(np.exp(x - top), kk, 2, False, start)
+        out: NDArray[np.float64] = np.log(np.maximum(tau, 1e-300)) - top
+        return out
+
+    def experts_step(s: NDArray[np.float64], lam: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Each expert's logit given the types' s: its picks, averaged over the types, are its target."""
+        y = offsets + s
+        top = y.max(axis=1, keepdims=True)
+        mu = _concave_root(np.exp(y - top), goal, 1, True, np.exp(np.minimum(lam[:, None, :] + top, 700.0)))
+        out: NDArray[np.float64] = np.where(free, np.maximum(np.log(np.maximum(mu[:, 0], 1e-300)) - top[:, 0], -1e4),
+                                            -1e4)  # fmt: skip
+        return out
+
+    def errors(lam: NDArray[np.float64], s: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+        """Each type's picks over k [layers, C], each layer's largest |error| and the weights w tau."""
+        wt = np.exp(np.minimum(lam[:, None, :] + offsets + s, 700.0))
+        err = np.where(live[:, None], (-np.expm1(-wt)).sum(axis=2) - kk[:, :, 0], 0.0)
+        return err, np.abs(err).max(axis=1), wt
+
+    s = types_step(lam, None)
+    lam = experts_step(s, lam)
+    err, worst, wt = errors(lam, s)
+    diagonal = np.arange(clusters)
+    for _ in range(500):
+        if not worst.max() > 1e-9:
+            break
+        # d err_z / d s_z' with the logits following s: diag(d) - C B^T diag(1 / a) B, B = h / C, a = mean_z h
+        h = wt * np.exp(-wt) * free[:, None, :]
+        a = np.maximum(h.mean(axis=1), 1e-300)
+        d = h.sum(axis=2)
+        ha = h / np.sqrt(a)[:, None, :]
+        jac = -np.einsum("lce,lde->lcd", ha, ha) / clusters
+        jac[:, diagonal, diagonal] += d + 1e-12 * d.max(axis=1, keepdims=True) + 1e-300
+        jac += (d.mean(axis=1) / clusters)[:, None, None]  # s + c, lam - c change nothing: pin that direction
+        new_s = s - np.linalg.solve(jac, err[..., None])
+        new_lam = experts_step(new_s, lam)
+        new_err, new_worst, new_wt = errors(new_lam, new_s)
+        slow = new_worst > 0.5 * worst
+        if slow.any():  # the plain step there
+            plain_s = types_step(lam, s)
+            plain_lam = experts_step(plain_s, lam)
+            plain_err, plain_worst, plain_wt = errors(plain_lam, plain_s)
+            new_s[slow], new_lam[slow], new_err[slow] = plain_s[slow], plain_lam[slow], plain_err[slow]
+            new_worst[slow], new_wt[slow] = plain_worst[slow], plain_wt[slow]
+        s, lam, err, worst, wt = new_s, new_lam, new_err, new_worst, new_wt
+    out: NDArray[np.float64] = np.where(always, 1e6, lam)
     return out
 
 
@@ -440,11 +559,13 @@ def synth_topk(
     cfg: SynthConfig, progress: Callable[[int], None] | None = None
 ) -> tuple[NDArray[np.int16], NDArray[np.int64]]:
     """Token-level routing for `cfg`: (topk_ids [steps x tokens, layers, top_k] int16, step_offsets
-    [steps + 1]). Each token picks top_k distinct experts per layer with probability proportional
-    to the popularity (Gumbel top-k), ordered hottest draw first; with co-activation (SynthConfig) each
-    token's popularity is shifted by its latent type's offsets. Costs tokens x layers x experts random
-    numbers per step: meant for small captures. progress: called with the steps drawn after each step
-    (`eplb.progress.Progress`)."""
+    [steps + 1]). Each token picks top_k distinct experts per layer by Gumbel top-k, ordered hottest draw first,
+    of per-step logits solved (`_token_logits`) so that each expert's expected picks are the counts format's,
+    tokens x top_k x p, or tokens x the inclusion probabilities where k distinct picks bind (`_inclusions`): the
+    same popularity gives the same expected counts, and the same hot ratio, in both formats. With co-activation
+    (SynthConfig) each token's logits are shifted by its latent type's offsets, and the logits are solved for the
+    average over the types. Costs tokens x layers x experts random numbers per step: meant for small captures.
+    progress: called with the steps drawn after each step (`eplb.progress.Progress`)."""
     if cfg.experts > np.iinfo(np.int16).max + 1:
         raise EplbError(f"synth: {cfg.experts} experts do not fit int16 expert ids")
     proc = _Popularity(cfg)
@@ -453,9 +574,10 @@ def synth_topk(
     rng_coact = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(6)[5])
     type_shift = _coact_offsets(rng_coact, cfg.layers, max(cfg.coact_clusters, 1), cfg.experts) * std
     out = np.empty((cfg.steps * cfg.tokens, cfg.layers, k), dtype=np.int16)
+    logits: NDArray[np.float64] | None = None
     for s in range(cfg.steps):
-        logp = np.log(proc.next())
-        keys = logp[None, :, :] + proc.rng_sample.gumbel(size=(cfg.tokens, cfg.layers, cfg.experts))
+        logits = _token_logits(_inclusions(proc.next(), k), type_shift, k, logits)
+        keys = logits[None, :, :] + proc.rng_sample.gumbel(size=(cfg.tokens, cfg.layers, cfg.experts))
         if std > 0:
             keys += type_shift[:, rng_coact.integers(0, cfg.coact_clusters, cfg.tokens), :].transpose(1, 0, 2)
         out[s * cfg.tokens : (s + 1) * cfg.tokens] = _topk_of(keys, k)

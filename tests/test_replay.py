@@ -22,7 +22,7 @@ from eplb.cost import predict
 from eplb.errors import EplbError
 from eplb.evaluate import balance, contiguous_placement
 from eplb.executor import LocalExecutor, replay_logs
-from eplb.io.logs import open_log, write_counts, write_jsonl
+from eplb.io.logs import open_log, topk_counts, write_counts, write_jsonl
 from eplb.placement import Placement
 from eplb.progress import Progress
 from eplb.replay import Schedule, initial_placement, predict_time_us, replay
@@ -307,6 +307,37 @@ def test_synth_topk_tokens_pick_distinct_experts() -> None:
     ids, offsets = synth_topk(cfg)
     assert ids.shape == (150, 2, 4) and ids.dtype == np.int16 and offsets.tolist() == [0, 50, 100, 150]
     assert np.all(np.sort(ids, axis=2)[:, :, 1:] != np.sort(ids, axis=2)[:, :, :-1])
+
+
+def test_synth_topk_has_the_hot_ratio_of_the_counts_format() -> None:
+    """--format topk ignored --hot-ratio: the tokens' Gumbel top-k (picks without replacement) and the co-activation
+    types flattened the hottest experts, the median hottest / mean of Qwen3's shape (128 experts, top-8) was 5.0
+    against the counts format's 10.7. Its logits are solved so each expert's expected picks are the counts format's:
+    the same hot ratio and no-EPLB lb, with co-activation or without."""
+    cfg = SynthConfig(steps=6, layers=24, experts=128, top_k=8, tokens=1024, model=None)
+    counts = log_stats(synth_counts(cfg), gpus=32, lags=(1,))
+    assert 9.0 < counts.hot_ratio[0] < 12.5  # the default 11, from 24 layers' draws
+    for clusters in (16, 0):
+        ids, offsets = synth_topk(SynthConfig(**{**cfg.__dict__, "coact_clusters": clusters}))
+        tokens = log_stats([topk_counts(ids, offsets, cfg.experts)], gpus=32, lags=(1,))
+        assert abs(tokens.hot_ratio[0] / counts.hot_ratio[0] - 1) < 0.05, clusters
+        assert abs(tokens.no_eplb_lb[0] / counts.no_eplb_lb[0] - 1) < 0.05, clusters
+
+
+def test_synth_topk_picks_each_expert_as_often_as_the_counts_expect() -> None:
+    """The logits give every expert its expected picks (`_inclusions`: k p, or the inclusion probabilities where k
+    distinct picks bind, here the hottest of 16 experts top-4 at a hot ratio of 4), whatever the co-activation
+    strength, within Rosen's approximation of Gumbel top-k's inclusion probabilities."""
+    from eplb.synth import _inclusions, _Popularity
+
+    for std in (0.0, 3.0, 12.0):
+        cfg = SynthConfig(steps=1, layers=3, experts=16, top_k=4, tokens=40_000, groups=2, hot_ratio=4, model=None,
+                          coact_std=std)  # fmt: skip
+        expected = _inclusions(_Popularity(cfg).next(), cfg.top_k)
+        assert expected.max() == 1.0  # an expert every token picks
+        ids, offsets = synth_topk(cfg)
+        picked = topk_counts(ids, offsets, cfg.experts)[0] / cfg.tokens
+        assert np.abs(picked - expected).max() < 0.03, std
 
 
 def test_seed004_preset_is_exact(tmp_path: Path) -> None:
