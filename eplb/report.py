@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.budget import GIB, slots_per_gpu
+from eplb.budget import GIB, describe_slots, slots_per_gpu
 from eplb.errors import EplbError
 from eplb.executor import Executor, LocalExecutor, RayExecutor, Report, Task, portable, reopen
 from eplb.io.files import output_dir, plural
@@ -28,12 +28,11 @@ from eplb.replay import Rebalance, Schedule, StepBlock, replay
 from eplb.solve import Cluster, CostSetup, solve
 from solvers import registry
 from solvers.bounds import lower_bound
-from solvers.registry import Options, applicable
+from solvers.registry import Options, Problem, SolverError, applicable
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
 
-SOLVER_CHOICES = ("greedy", "milp", "milp-weighted")
 
 
 @dataclass
@@ -119,16 +118,66 @@ def lb_mean_max(values: Sequence[float | None]) -> tuple[float, float]:
 
 
 def parse_solvers(text: str) -> list[str]:
-    """`greedy,milp,milp-weighted` -> list, checked (a solver listed twice is refused: it ran twice)."""
+    """`greedy,milp,milp-weighted` -> list, checked against the solvers registered now (`solvers.registry.names`:
+    one registered at run time too; a solver listed twice is refused: it ran twice). What each solver needs of
+    the comparison is `refuse_solvers`'."""
+    choices = ", ".join(registry.names())
     names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in SOLVER_CHOICES]
+    bad = [s for s in names if s not in registry.names()]
     if not names:
-        raise EplbError(f"--solvers {text!r} names no solver: choose from {', '.join(SOLVER_CHOICES)}")
+        raise EplbError(f"--solvers {text!r} names no solver: choose from {choices}")
     if bad:
         raise EplbError(f"--solvers names {plural(len(bad), 'unknown solver')} ({', '.join(map(repr, bad))}): "
-                        f"choose from {', '.join(SOLVER_CHOICES)}")
+                        f"choose from {choices}")
     refuse_repeats(names, "--solvers")
     return names
+
+
+def refuse_solvers(
+    solvers: Sequence[str],
+    shapes: Sequence[tuple[int, NDArray[np.int64]]],
+    num_experts: int,
+    time_limit_s: float | None,
+    *,
+    log: RoutingLog | None = None,
+    coactivation: bool = False,
+) -> None:
+    """EplbError, before any solve, for a solver the comparison cannot give what it needs, saying why: on one
+    window (log None) a solver that edits a serving placement (incremental: there is none; a log's replay gives
+    it one) or that needs co-activation pair counts without `coactivation` (the window's summary); on a log, such
+    a solver unless the log holds its tokens (`eplb.replay.run.TOKEN_LOG_MAX`); and a cluster shape a solver does
+    not take (deepseek with uneven slots, ...), named by its EP size and slots. Unknown names: SolverError's
+    message, as an EplbError."""
+    from eplb.replay.run import TOKEN_LOG_MAX, _token_picks
+
+    for name in solvers:
+        try:
+            caps = registry.get_solver(name).capabilities
+        except SolverError as exc:
+            raise EplbError(str(exc)) from None
+        if log is None and caps.requires_current:
+            raise EplbError(f"solver {name!r} edits the placement being served, and a window comparison has none: "
+                            "compare it replaying a routing log (eplb compare --log FILE), where each rebalance "
+                            "starts from the serving placement")
+        if caps.coactivation and log is None and not coactivation:
+            raise EplbError(f"solver {name!r} co-locates experts chosen together and needs the window's co-activation "
+                            "data: give --coactivation FILE (a summary or a token-level log), or compare it replaying "
+                            "a token-level log (--log)")
+        if caps.coactivation and log is not None:
+            picks = _token_picks(log.info)
+            if picks is None or picks > TOKEN_LOG_MAX:
+                raise EplbError(f"{log.info.path}: {name} needs the log's tokens (a token-level log with at most "
+                                f"{TOKEN_LOG_MAX:,} picks): use a token-level log, cut it, or another solver")
+        options = applicable(name, Options(time_limit_s=time_limit_s))
+        for ep, slots in shapes:
+            total = int(slots.sum())
+            problem = Problem(np.zeros((1, num_experts)), slots,
+                              current_phy2log=np.zeros((1, total), dtype=np.int64) if log is not None else None,
+                              coactivation=np.zeros((1, num_experts, num_experts)) if caps.coactivation else None)
+            try:
+                registry.check(name, problem, options)
+            except SolverError as exc:
+                raise EplbError(f"EP{ep} ({describe_slots(slots)}): {exc}") from None
 
 
 def refuse_repeats(values: Sequence[object], flag: str) -> None:
@@ -177,6 +226,7 @@ def compare_window(
     refused (no layer has an lb to compare)."""
     if not (loads > 0).any():
         raise EplbError("the load window has no tokens (every load is 0): no layer has an lb to compare")
+    refuse_solvers(solvers, shapes, loads.shape[1], time_limit_s, coactivation=coactivation is not None)
     ex = executor or LocalExecutor()
     tasks = window_tasks(loads, shapes, solvers, cost, time_limit_s, objectives, coactivation, ex)
     return ex.map(_window_run, tasks, label="compare", progress=progress)
@@ -385,6 +435,7 @@ def compare_log(
     sched.check()
     if layers is not None and not 1 <= layers <= log.info.num_layers:
         raise EplbError(f"layers must be between 1 and the log's {log.info.num_layers}, got {layers}")
+    refuse_solvers(solvers, shapes, log.info.num_experts, time_limit_s, log=log)
     view = _LogView(log, layers)
     served_from = sched.first_position + sched.delay
     num_steps = view.info.num_steps

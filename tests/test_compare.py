@@ -25,6 +25,8 @@ from eplb.report import ReplayStats, Run, write_report
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth, load_model
 from eplb.synth import SynthConfig, synth_log
+from solvers import registry
+from solvers.greedy import GreedySolver
 from solvers.registry import Options, applicable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +98,8 @@ def test_html_opens_in_chromium_without_console_errors(report: Path, tmp_path: P
 
 def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--solvers", "greedy,magic", "--out", str(tmp_path)]) == 2
-    assert "--solvers names 1 unknown solver ('magic'): choose from greedy, milp" in capsys.readouterr().err
+    assert ("--solvers names 1 unknown solver ('magic'): choose from greedy, deepseek, milp, milp-weighted, "
+            "incremental, greedy-coact") in capsys.readouterr().err  # the registry's solvers
     assert main(["compare", "--solvers", "magic,x", "--out", str(tmp_path)]) == 2
     assert "--solvers names 2 unknown solvers ('magic', 'x'): choose from" in capsys.readouterr().err
     assert main(["compare", "--solvers", ",", "--out", str(tmp_path)]) == 2
@@ -556,3 +559,61 @@ def test_a_layer_without_tokens_counts_in_no_mean_of_a_window_report(
     assert main(["compare", "--loads", str(tmp_path / "z.json"), "--ep", "2", "--out", str(tmp_path / "z")]) == 2
     assert "the load window has no tokens (every load is 0): no layer has an lb to compare" in capsys.readouterr().err
     assert not (tmp_path / "z").exists()
+
+
+class _GreedyByAnotherName(GreedySolver):
+    """A solver registered at run time (`test_every_registered_solver_is_a_choice_and_what_one_needs_is_said`)."""
+
+    name = "greedy-registered-late"
+
+
+def test_every_registered_solver_is_a_choice_and_what_one_needs_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--solvers took greedy, milp and milp-weighted only (a list of its own), refusing deepseek, incremental,
+    greedy-coact and a solver registered at run time as 'unknown solver': the choices are the registry's. A solver
+    the comparison cannot give what it needs is refused before any solve, saying why: incremental on one window
+    (no serving placement; a log's replay gives it one), greedy-coact without co-activation data or on a counts
+    log, deepseek on uneven slots."""
+    late = _GreedyByAnotherName.name
+    registry.register(late, f"{__name__}:_GreedyByAnotherName")
+    try:
+        out = tmp_path / "w"
+        assert main(["compare", "--loads", str(FIXTURE), "--solvers", f"greedy,deepseek,{late}", "--layers", "2",
+                     "--ep", "8", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+        runs = json.loads((out / "results.json").read_text())["runs"]
+        assert [r["solver"] for r in runs] == ["greedy", "deepseek", late]
+        assert runs[2]["lb"] == runs[0]["lb"]
+        assert f"EP8 x 9 slots: {late}" in capsys.readouterr().out
+    finally:
+        registry._TABLE.pop(late)
+        registry._LOADED.pop(late, None)
+    topk = str(ROOT / "fixtures" / "esft-dsv2lite-law-topk.npz")
+    out = tmp_path / "coact"
+    assert main(["compare", "--loads", topk, "--coactivation", topk, "--solvers", "greedy,greedy-coact", "--layers",
+                 "2", "--ep", "8", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    assert [r["solver"] for r in json.loads((out / "results.json").read_text())["runs"]] == ["greedy", "greedy-coact"]
+    out = tmp_path / "log"
+    assert main(["compare", "--log", topk, "--solvers", "greedy,incremental,greedy-coact", "--ep", "8", "--window",
+                 "8", "--interval", "8", "--trigger", "periodic", "--oracle-every", "0", "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["solver"] for r in runs] == ["greedy", "incremental", "greedy-coact"]
+    capsys.readouterr()
+    counts = tmp_path / "counts.npz"
+    write_counts(counts, synth_log(SynthConfig(steps=30, layers=2, experts=16, top_k=2, tokens=64, hot_ratio=4)),
+                 top_k=2)  # fmt: skip
+    for argv, said in (
+        (["--solvers", "greedy,incremental"], "solver 'incremental' edits the placement being served, and a window "
+         "comparison has none: compare it replaying a routing log (eplb compare --log FILE)"),
+        (["--solvers", "greedy,greedy-coact"], "solver 'greedy-coact' co-locates experts chosen together and needs the "
+         "window's co-activation data: give --coactivation FILE"),
+        (["--solvers", "greedy,deepseek", "--ep", "4", "--redundant", "10"], "EP4 (4 GPUs, 66-67 slots each): solver "
+         "'deepseek' needs the same slot count on every GPU"),
+        (["--log", str(counts), "--solvers", "greedy,greedy-coact", "--ep", "4"], f"{counts}: greedy-coact needs the "
+         "log's tokens (a token-level log with at most 50,000,000 picks)"),
+    ):  # fmt: skip
+        assert main(["compare", *argv, "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eplb compare: error: {said}"), err
+        assert not (tmp_path / "r").exists()

@@ -38,6 +38,7 @@ from eplb.report import (
 )
 from eplb.solve import DEFAULT_TOKENS_PER_GPU, CostSetup
 from eplb.specs import ModelSpec
+from solvers import registry
 
 DESCRIPTION = """\
 Run several solvers on the same load window over a sweep of EP sizes and redundancy, and write a report:
@@ -75,8 +76,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     source.add_argument("--loads", metavar="FILE", help="load window (default: the embedded DeepSeek-V3 window)")
     source.add_argument("--log", metavar="FILE", help=f"routing log to replay instead of one window: {LOG_HELP}")
     p.add_argument("--layers", type=int, metavar="N", help="use only the first N layers (quicker MILP runs)")
-    p.add_argument("--solvers", default="greedy,milp", help="comma-separated: greedy, milp, milp-weighted "
-                   "(default: greedy,milp)")
+    p.add_argument("--solvers", default="greedy,milp", help="comma-separated registered solvers: "
+                   f"{', '.join(registry.names())} (default: greedy,milp; incremental with --log only, greedy-coact "
+                   "with --coactivation or a token-level --log)")
     p.add_argument("--ep", default="32", help="EP sizes to sweep, comma-separated (default: 32)")
     p.add_argument("--redundant", help="redundant experts in all, comma-separated (default: one per GPU; none on "
                    "one GPU)")
