@@ -611,6 +611,31 @@ def test_cli_plot_writes_png(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "wrote" in capsys.readouterr().out
 
 
+def test_cli_plot_takes_its_grid_from_ep_and_tokens_and_refuses_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb cost --plot m.png --ep 8,16 --tokens-per-gpu 256,4096` wrote the map, then exited 2 with '--ep and
+    --tokens-per-gpu take one value each unless --sweep is given': with --plot they pick the map's grid. With one
+    value each the one-point explanation follows the map, as before; a refusal (--sweep with two links) comes before
+    the map is written, not after."""
+    out = tmp_path / "m.png"
+    assert main(["cost", "--plot", str(out), "--ep", "8,16", "--tokens-per-gpu", "256,4096"]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (PNG)\n" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one = tmp_path / "one.png"
+    assert main(["cost", "--plot", str(one), "--ep", "8", "--tokens-per-gpu", "256"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"wrote {one} (PNG)\n") and "EP 8, T = 256 tokens per GPU" in printed and one.exists()
+    for argv, said in ((["--sweep", "--link", "nvlink,nic"], "--sweep takes one --link (a comma list picks the "
+                        "panels of --plot)"),
+                       (["--ep", "999"], "--ep 999 exceeds the model's 384 routed experts")):  # fmt: skip
+        refused = tmp_path / "refused.png"
+        assert main(["cost", "--plot", str(refused), *argv]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"eplb cost: error: {said}\n" and captured.out == "" and not refused.exists()
+    assert main(["cost", "--ep", "8,16", "--tokens-per-gpu", "256"]) == 2  # without --plot: one point
+    assert "take one value each unless --sweep or --plot is given" in capsys.readouterr().err
+
+
 def test_cli_plot_writes_exactly_the_path_given_as_history_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """eplb cost --plot x wrote x.png while eplb history --plot x writes x: both write exactly the path given, in

@@ -210,27 +210,37 @@ def run(args: argparse.Namespace) -> int:
         if ep > model.num_experts:
             raise EplbError(f"--ep {ep} exceeds the model's {model.num_experts} routed experts")
 
-    if args.plot is not None and image is not None:
-        links = _links(hw, args.link if args.link else "nvlink,nic")
+    # With --plot, --ep and --tokens-per-gpu pick the map's grid (and --link its panels); the one-point explanation
+    # follows when each is one value. Every refusal comes before the map is written.
+    plot_links = None if image is None else _links(hw, args.link if args.link else "nvlink,nic")
+    link = args.link or "nvlink"
+    single = eps is not None and tokens is not None and len(eps) == 1 and len(tokens) == 1
+    point = not args.sweep and (image is None or (single and "," not in link))
+    if image is None and not args.sweep:
+        if eps is None or tokens is None:
+            raise EplbError("give --ep N and --tokens-per-gpu T (or --sweep / --plot FILE.png)")
+        if not single:
+            raise EplbError("--ep and --tokens-per-gpu take one value each unless --sweep or --plot is given")
+    bw = 0.0
+    if args.sweep or point:
+        if "," in link:
+            raise EplbError("--sweep takes one --link (a comma list picks the panels of --plot)" if args.sweep else
+                            "--link takes one link here (a comma list only with --plot)")  # fmt: skip
+        ((_, bw),) = _links(hw, link)
+
+    if plot_links is not None:
         plot_dominance_map(
             args.plot,
             model,
             hw,
-            links,
+            plot_links,
             eps=eps or DEFAULT_SWEEP_EPS,
             tokens=tokens or DEFAULT_MAP_TOKENS,
             dedup=args.dedup,
             name="--plot",
         )
         if not args.sweep and not args.json:
-            print(f"wrote {args.plot} ({image.upper()})")
-        if not args.sweep and (eps is None or tokens is None):
-            return 0
-
-    link = args.link or "nvlink"
-    if "," in link:
-        raise EplbError("--link takes one link here (a comma list only with --plot)")
-    ((_, bw),) = _links(hw, link)
+            print(f"wrote {args.plot} ({str(image).upper()})")
 
     if args.sweep:
         rows = sweep(
@@ -249,10 +259,9 @@ def run(args: argparse.Namespace) -> int:
             print(format_sweep_table(rows))
         return 0
 
-    if eps is None or tokens is None:
-        raise EplbError("give --ep N and --tokens-per-gpu T (or --sweep / --plot FILE.png)")
-    if len(eps) != 1 or len(tokens) != 1:
-        raise EplbError("--ep and --tokens-per-gpu take one value each unless --sweep is given")
+    if not point:
+        return 0
+    assert eps is not None and tokens is not None
     u = uniform_cost(model, hw, bw, eps[0], tokens[0], dedup=args.dedup, hot_expert_factor=h)
     if args.json:
         d = u.to_dict()
