@@ -439,6 +439,19 @@ def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.Cap
     assert json.loads(capsys.readouterr().out)["rebalances"]["count"] == 2
 
 
+def test_synth_names_the_default_model_on_its_own_shape_given_as_flags(tmp_path: Path) -> None:
+    """`eplb synth --layers 58` (DeepSeek-V3's own layer count, as docs/formats.md's JSONL example gives it) wrote a
+    log naming no model, while leaving --layers out named deepseek-v3: the default model is named whenever the log
+    has its shape, 58 x 256 experts top-8, flags or not; another shape (fewer layers) names none, as before."""
+    for flags, model in (([], "deepseek-v3"), (["--layers", "58"], "deepseek-v3"),
+                         (["--layers", "58", "--experts", "256", "--top-k", "8"], "deepseek-v3"),
+                         (["--layers", "8"], None), (["--experts", "128"], None)):  # fmt: skip
+        for suffix in (".npz", ".jsonl"):
+            out = tmp_path / f"s{len(flags)}{suffix}"
+            assert run_cli(["synth", "--out", str(out), "--steps", "2", "--tokens", "64", *flags]) == 0
+            assert open_log(out).info.model == model, (flags, suffix)
+
+
 def test_synth_takes_the_shape_of_a_model_preset_and_refuses_another(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

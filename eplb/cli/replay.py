@@ -140,7 +140,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="also switch at random times this many steps apart on average, N > 0 (default: never)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--model", default=None, metavar="NAME",
-                   help="model name stored in the log (default deepseek-v3 for the default shape); a preset ("
+                   help="model name stored in the log (default deepseek-v3 for the default shape, 58 x 256 top-8); "
+                   "a preset ("
                    f"{', '.join(MODEL_PRESETS)}) sets the default --layers, --experts and --top-k to its own, and "
                    "those given must agree with it (its experts and top-k, at most its MoE layers)")
     s.add_argument("--gpus", type=int, default=32, metavar="N",
@@ -328,15 +329,20 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
     if args.shift_every is not None and not args.shift_every > 0:  # 0 meant none without a word
         raise EplbError(f"--shift-every is the mean steps between random regime shifts and must be > 0, got "
                         f"{args.shift_every:g}: drop it for none")
-    default_shape = all(getattr(args, k) is None for k in ("layers", "experts", "top_k"))
     preset = model_preset(args.model)
     shape = d if preset is None else SynthConfig(layers=preset.num_moe_layers, experts=preset.num_experts,
                                                  top_k=preset.top_k)  # fmt: skip
+    layers = shape.layers if args.layers is None else args.layers
+    experts = shape.experts if args.experts is None else args.experts
+    top_k = shape.top_k if args.top_k is None else args.top_k
+    # the default model's name on the default model's shape, given as flags or not (--layers 58 dropped it); a log
+    # of another shape (fewer layers included) names none, as before
+    default_shape = (layers, experts, top_k) == (d.layers, d.experts, d.top_k)
     return SynthConfig(
         steps=d.steps if args.steps is None else args.steps,
-        layers=shape.layers if args.layers is None else args.layers,
-        experts=shape.experts if args.experts is None else args.experts,
-        top_k=shape.top_k if args.top_k is None else args.top_k,
+        layers=layers,
+        experts=experts,
+        top_k=top_k,
         tokens=d.tokens if args.tokens is None else args.tokens,
         exponent=args.exponent,
         hot_ratio=d.hot_ratio if args.hot_ratio is None else args.hot_ratio,
