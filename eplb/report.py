@@ -615,23 +615,44 @@ def verdict(runs: Sequence[Run]) -> list[str]:
     return lines or ["Only one solver ran: nothing to compare."]
 
 
+LB_DECIMALS = 4
+"""Decimals of lb in the verdict and the tables: a layer counts as better or worse only when its lb prints so."""
+
+
+def _tally(pairs: Sequence[tuple[float, float]]) -> tuple[int, int, int]:
+    """(lower, higher, equal) layers of (run's lb, ref's lb) pairs, at the `LB_DECIMALS` the tables print."""
+    rounded = [(round(a, LB_DECIMALS), round(b, LB_DECIMALS)) for a, b in pairs]
+    lower = sum(1 for a, b in rounded if a < b)
+    higher = sum(1 for a, b in rounded if a > b)
+    return lower, higher, len(rounded) - lower - higher
+
+
 def _lb_versus(label: str, run: Run, ref: Run) -> str:
-    """One sentence: run against ref on one window, on lb per layer (the layers with tokens), with solve times."""
+    """One sentence: run against ref on one window, on lb per layer (the layers with tokens), with solve times; a
+    layer whose lb prints the same (`LB_DECIMALS`) is matched, neither beaten nor lost."""
     pairs = _lb_pairs(run, ref)
-    better = sum(1 for a, b in pairs if a < b - 1e-9)
-    worse = sum(1 for a, b in pairs if a > b + 1e-9)
+    better, worse, matched = _tally(pairs)
     (r_mean, r_max), (g_mean, g_max) = lb_mean_max(run.lb), lb_mean_max(ref.lb)
     ms, g_ms = float(np.median(run.solve_ms)), float(np.median(ref.solve_ms))
+    layers = _layers_text(pairs, run)
     if better == 0:
+        how = "matched" if worse == 0 else "did not beat"
+        where = "every layer" if worse == 0 else "any layer"
         return (
-            f"{label}: {run.solver} did not beat {ref.solver} on any layer ({_layers_text(pairs, run)}; lb max "
-            f"{r_max:.4f} vs {g_max:.4f}); it took a median {ms:,.1f} ms per layer against {ref.solver}'s "
+            f"{label}: {run.solver} {how} {ref.solver} on {where} ({layers}"
+            + (f", worse on {worse}" if worse and matched else "")
+            + f"; lb max {r_max:.4f} vs {g_max:.4f}); it took a median {ms:,.1f} ms per layer against {ref.solver}'s "
             f"{g_ms:,.2f} ms."
         )
+    others = [f"matched on {matched}"] if matched else []
+    others += [f"worse on {worse}"] if worse else []
+    r_top, g_top = round(r_max, LB_DECIMALS), round(g_max, LB_DECIMALS)
+    top = "the same" if r_top == g_top else (
+        f"{100 * abs(g_top - r_top) / g_top:.2f}% {'lower' if r_top < g_top else 'higher'}")  # fmt: skip
     return (
-        f"{label}: {run.solver} beat {ref.solver} on {better} of {_layers_text(pairs, run)}"
-        + (f" (worse on {worse})" if worse else "")
-        + f": worst-layer lb {r_max:.4f} vs {g_max:.4f} ({100 * (g_max - r_max) / g_max:.2f}% lower), "
+        f"{label}: {run.solver} beat {ref.solver} on {better} of {layers}"
+        + (f" ({', '.join(others)})" if others else "")
+        + f": worst-layer lb {r_max:.4f} vs {g_max:.4f} ({top}), "
         f"mean lb {r_mean:.4f} vs {g_mean:.4f}, at a median {ms:,.1f} ms per layer ({ref.solver} {g_ms:,.2f} ms)."
     )
 
@@ -736,7 +757,7 @@ def _versus(label: str, name: str, r: Run, ref_name: str, ref: Run) -> str:
     """One sentence: r against ref on realized lb and moves per rebalance."""
     (r_lb, r_max), (g_lb, g_max) = lb_mean_max(r.lb), lb_mean_max(ref.lb)
     pairs = _lb_pairs(r, ref)
-    better = sum(1 for a, b in pairs if a < b - 1e-9)
+    better, _, _ = _tally(pairs)
     d_lb = (r_lb - g_lb) / g_lb
     lb_word = "the same" if abs(d_lb) < 1e-3 else f"{abs(d_lb):.1%} {'lower' if d_lb < 0 else 'higher'}"
     r_moves = sum(r.moves or [])

@@ -21,7 +21,7 @@ from eplb.cli import main
 from eplb.io.logs import open_log, write_counts
 from eplb.io.windows import read_window
 from eplb.replay import Schedule, replay
-from eplb.report import ReplayStats, Run, write_report
+from eplb.report import ReplayStats, Run, verdict, write_report
 from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS, link_bandwidth, load_model
 from eplb.synth import SynthConfig, synth_log
@@ -450,7 +450,7 @@ def test_verdict_compares_whatever_ran(tmp_path: Path, capsys: pytest.CaptureFix
                  "--time-limit", "0.3", "--ep", "8", "--out", str(out)]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "nothing to compare" not in printed
-    assert "EP8 x 9 slots: milp-weighted beat milp on" in printed or "milp-weighted did not beat milp" in printed
+    assert any(f"EP8 x 9 slots: milp-weighted {how} milp" in printed for how in ("beat", "did not beat", "matched"))
     assert "nothing to compare" not in (out / "report.md").read_text()
     out = tmp_path / "time"
     assert main(["compare", "--loads", str(FIXTURE), "--solvers", "greedy,milp", "--objectives", "time",
@@ -554,7 +554,7 @@ def test_a_layer_without_tokens_counts_in_no_mean_of_a_window_report(
         assert run["lb"][0] == pytest.approx(1.8) and run["bound"][0] == pytest.approx(1.8)  # 90 of a mean of 50
     md = (out / "report.md").read_text()
     assert "| EP2 x 4 slots | greedy | 1.8000 | 1.8000 | 1.8000 | 0.0000 | 2.000 |" in md, md
-    assert "milp did not beat greedy on any layer (1 layer with tokens; lb max 1.8000 vs 1.8000)" in printed
+    assert "milp matched greedy on every layer (1 layer with tokens; lb max 1.8000 vs 1.8000)" in printed
     (tmp_path / "z.json").write_text(json.dumps({"loads": [[0] * 8] * 2}))
     assert main(["compare", "--loads", str(tmp_path / "z.json"), "--ep", "2", "--out", str(tmp_path / "z")]) == 2
     assert "the load window has no tokens (every load is 0): no layer has an lb to compare" in capsys.readouterr().err
@@ -617,3 +617,28 @@ def test_every_registered_solver_is_a_choice_and_what_one_needs_is_said(
         err = capsys.readouterr().err
         assert err.startswith(f"eplb compare: error: {said}"), err
         assert not (tmp_path / "r").exists()
+
+
+def test_the_verdict_counts_layers_whose_lb_prints_the_same_as_matched() -> None:
+    """The verdict said 'milp-weighted beat greedy on 8 of 8 layers: worst-layer lb 1.0002 vs 1.0002 (0.00% lower)':
+    a layer counted as beaten on any difference, even one the tables' 4 decimals do not show. A layer whose lb prints
+    the same is matched, counted apart, and a worst layer that prints the same is 'the same'."""
+
+    def run(name: str, lb: list[float]) -> Run:
+        return Run(solver=name, ep=8, slots_per_gpu=[9] * 8, lb=list(lb), bound=[1.0] * len(lb),
+                   solve_ms=[1.0] * len(lb), status=["heuristic"] * len(lb), gap=[0.0] * len(lb),
+                   baseline_lb=[2.0] * len(lb))  # fmt: skip
+
+    greedy = [1.00021, 1.00013, 1.00030]
+    (line,) = verdict([run("greedy", greedy), run("milp-weighted", [1.00019, 1.00012, 1.00010])])
+    assert line.startswith("EP8 x 9 slots: milp-weighted beat greedy on 1 of 3 layers (matched on 2): worst-layer lb "
+                           "1.0002 vs 1.0003 (0.01% lower)"), line
+    (line,) = verdict([run("greedy", greedy), run("milp-weighted", [v - 2e-6 for v in greedy])])
+    assert line.startswith("EP8 x 9 slots: milp-weighted matched greedy on every layer (3 layers; lb max 1.0003 vs "
+                           "1.0003)"), line
+    (line,) = verdict([run("greedy", greedy), run("milp-weighted", [1.00010, 1.00013, 1.00029])])
+    assert line.startswith("EP8 x 9 slots: milp-weighted beat greedy on 1 of 3 layers (matched on 2): worst-layer lb "
+                           "1.0003 vs 1.0003 (the same)"), line
+    (line,) = verdict([run("greedy", greedy), run("milp-weighted", [1.00021, 1.00020, 1.00030])])
+    assert line.startswith("EP8 x 9 slots: milp-weighted did not beat greedy on any layer (3 layers, worse on 1; lb "
+                           "max 1.0003 vs 1.0003)"), line
