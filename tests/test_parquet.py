@@ -12,7 +12,7 @@ import pytest
 
 from eplb.cli import main
 from eplb.errors import EplbError
-from eplb.io.logs import open_log, read_counts, write_counts, write_jsonl
+from eplb.io.logs import CountsChunk, open_log, read_counts, write_counts, write_jsonl
 from eplb.io.parquet import open_parquet, write_parquet
 from eplb.synth import SynthConfig, synth_log
 
@@ -187,3 +187,56 @@ def test_parquet_counts_share_the_log_check(tmp_path: Path, counts: np.ndarray) 
         open_log(out).read_counts()
     assert str(info.value) == (f"{out}: step 150 (position 150), layer 2, expert 5: count is 9223372036854775813, "
                                "too large for a token count (at most 1e+15)")  # fmt: skip
+
+
+def test_row_groups_are_1024_steps_whatever_the_chunks(tmp_path: Path) -> None:
+    """Row groups followed the chunks the steps came in: `eplb logs convert log.jsonl shards/ --to parquet
+    --shard-steps 2000` wrote groups of [48, 952] steps in later shards. Each shard's groups are 1,024 steps, the last
+    one shorter (docs/formats.md), and the steps read back the same."""
+    counts = np.random.default_rng(0).integers(0, 50, (5000, 2, 4)).astype(np.uint16)
+    ids = np.arange(5000, dtype=np.int64)
+    chunks = (CountsChunk(a, ids[a : a + 1000], counts[a : a + 1000]) for a in range(0, 5000, 1000))
+    out = tmp_path / "shards"
+    assert write_parquet(out, chunks, shard_steps=2000) == 5000
+    groups = [[md.row_group(g).num_rows for g in range(md.num_row_groups)]
+              for md in (pq.read_metadata(f) for f in sorted(out.glob("part-*.parquet")))]  # fmt: skip
+    assert groups == [[1024, 976], [1024, 976], [1000]]
+    assert [json.loads(pq.read_metadata(f).metadata[b"eplb"])["start"] for f in sorted(out.glob("*.parquet"))] == [
+        0, 2000, 4000]  # fmt: skip
+    np.testing.assert_array_equal(open_log(out).read_counts().counts, counts)
+    jsonl = tmp_path / "log.jsonl"
+    write_jsonl(jsonl, counts)
+    assert main(["logs", "convert", str(jsonl), str(tmp_path / "cli"), "--to", "parquet", "--shard-steps", "2000"]) == 0
+    last = pq.read_metadata(tmp_path / "cli" / "part-00001.parquet")
+    assert [last.row_group(g).num_rows for g in range(last.num_row_groups)] == [1024, 976]
+
+
+def test_shard_metadata_is_read_as_every_json_reader_does(tmp_path: Path, counts: np.ndarray,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A shard's 'eplb' metadata was read with plain json.loads: a key given twice kept the last one, and metadata
+    that was no object, not UTF-8, or had no num_layers was a traceback (TypeError, UnicodeDecodeError, KeyError). It
+    is read by eplb.io.files.parse_json, as every JSON reader of eplb, and each of these is one error line."""
+    write_parquet(tmp_path / "good", counts, shard_steps=1000)
+    table = pq.read_table(tmp_path / "good" / "part-00000.parquet")
+    good = table.schema.metadata[b"eplb"].decode()
+    assert '"num_experts": 16' in good and '"num_layers": 5' in good and '"start": 0' in good
+    for name, raw, said in (
+        ("twice", good.replace('"num_experts": 16', '"num_experts": 16, "num_experts": 8').encode(),
+         "part-00000.parquet: its 'eplb' metadata: key 'num_experts' appears twice in one object (JSON readers keep "
+         "only the last); give each key once"),
+        ("list", b"[1, 2]", "part-00000.parquet: its 'eplb' metadata is not a JSON object (it holds list)"),
+        ("bytes", b"\xff\xfe{", "part-00000.parquet: its 'eplb' metadata is not JSON"),
+        ("start", good.replace('"start": 0', '"start": "0"').encode(), "part-00000.parquet: its 'eplb' metadata: "
+         "start (the position of the shard's first step) must be a whole number >= 0, got '0'"),
+        ("layers", good.replace('"num_layers": 5, ', "").encode(), ": the shards' 'eplb' metadata has no num_layers"),
+        ("top_k", good.replace('"top_k": null', '"top_k": "two"').encode(), ": metadata top_k must be a positive "
+         "integer, got 'two'"),
+    ):  # fmt: skip
+        (tmp_path / name).mkdir()
+        pq.write_table(table.replace_schema_metadata({b"eplb": raw}), tmp_path / name / "part-00000.parquet")
+        with pytest.raises(EplbError) as caught:
+            open_log(tmp_path / name)
+        assert str(caught.value).startswith(str(tmp_path / name)) and said in str(caught.value), str(caught.value)
+        assert main(["logs", "convert", str(tmp_path / name), str(tmp_path / f"{name}.npz")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
-from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, check_fits, counts_to_write, written_layer_ids
+from eplb.errors import EplbError, shown
+from eplb.io.files import parse_json
+from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, _meta_int, check_fits, counts_to_write, written_layer_ids
 from eplb.io.windows import window_layer_ids
 
 __all__ = ["FORMAT_PARQUET", "ParquetLog", "is_parquet", "open_parquet", "write_parquet"]
@@ -86,11 +87,8 @@ class ParquetLog(RoutingLog):
             if raw is None:
                 raise EplbError(f"{f}: not an eplb routing log shard (no 'eplb' metadata; write it with eplb logs "
                                 "convert)")  # fmt: skip
-            try:
-                shard_meta = json.loads(raw)
-            except json.JSONDecodeError:
-                raise EplbError(f"{f}: its 'eplb' metadata is not JSON") from None
-            start = shard_meta.pop("start", None)
+            shard_meta = _shard_meta(raw, f)
+            start = shard_meta.pop("start")
             if start != total and not alone:
                 raise EplbError(f"{f}: starts at step position {start}, but the shards before it end at {total}: "
                                 "a shard is missing or out of order")  # fmt: skip
@@ -102,8 +100,13 @@ class ParquetLog(RoutingLog):
             total += int(md.num_rows)
         assert meta is not None
         if meta.get("format") != FORMAT_PARQUET:
-            raise EplbError(f"{self.path}: format {meta.get('format')!r}, expected {FORMAT_PARQUET}")
-        num_layers, num_experts = int(meta["num_layers"]), int(meta["num_experts"])
+            raise EplbError(f"{self.path}: format {shown(meta.get('format'))}, expected {FORMAT_PARQUET}")
+        sizes = {key: _meta_int(meta, key, str(self.path)) for key in ("num_layers", "num_experts")}
+        for key, value in sizes.items():
+            if value is None:
+                raise EplbError(f"{self.path}: the shards' 'eplb' metadata has no {key} (write the log with eplb logs "
+                                "convert)")  # fmt: skip
+        num_layers, num_experts = int(sizes["num_layers"] or 0), int(sizes["num_experts"] or 0)
         self.layers = range(num_layers) if layers is None else layers
         self.positions = range(total) if positions is None else positions
         if not self.layers or self.layers.start < 0 or self.layers.stop > num_layers or self.layers.step != 1:
@@ -121,8 +124,8 @@ class ParquetLog(RoutingLog):
             num_steps=len(self.positions),
             num_layers=len(self.layers),
             num_experts=num_experts,
-            top_k=meta.get("top_k"),
-            model=meta.get("model"),
+            top_k=_meta_int(meta, "top_k", str(self.path)),
+            model=None if meta.get("model") is None else str(meta["model"]),
             layer_ids=None if checked is None else [checked[i] for i in self.layers],
             meta=meta,
         )
@@ -152,6 +155,23 @@ class ParquetLog(RoutingLog):
                     row += n
             except (OSError, ValueError, KeyError) as exc:
                 raise EplbError(f"{f}: unreadable Parquet data ({' '.join(str(exc).split())})") from None
+
+
+def _shard_meta(raw: bytes, f: Path) -> dict[str, Any]:
+    """A shard's 'eplb' metadata: a JSON object read as every eplb JSON reader reads (`parse_json`: a key given twice
+    is refused, not the last one kept), with `start`, the position of its first step, a whole number >= 0."""
+    where = f"{f}: its 'eplb' metadata"
+    try:
+        meta = parse_json(raw, where)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise EplbError(f"{where} is not JSON") from None
+    if not isinstance(meta, dict):
+        raise EplbError(f"{where} is not a JSON object (it holds {type(meta).__name__})")
+    start = meta.get("start")
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise EplbError(f"{where}: start (the position of the shard's first step) must be a whole number >= 0, got "
+                        f"{shown(start)}")  # fmt: skip
+    return meta
 
 
 def _value_dtype(schema: Any) -> np.dtype[Any] | None:
@@ -240,7 +260,9 @@ def _remove(path: Path) -> None:
 
 
 class _ShardWriter:
-    """Rolls shards every `shard_steps` steps; row groups of ROW_GROUP_STEPS steps."""
+    """Rolls shards every `shard_steps` steps; each shard's row groups are ROW_GROUP_STEPS steps, the last one
+    shorter, whatever the chunks the steps come in (they are gathered into whole row groups first: a chunk's own
+    boundaries made groups of any size, [48, 952] in a 2,000-step shard)."""
 
     def __init__(
         self, pa: Any, pq: Any, folder: Path, shard_steps: int, compression: str, model: str | None,
@@ -251,9 +273,12 @@ class _ShardWriter:
         self.meta: dict[str, Any] = {"format": FORMAT_PARQUET, "model": model, "top_k": top_k, "layer_ids": layer_ids}
         self.writer: Any = None
         self.schema: Any = None
-        self.in_shard = 0
+        self.in_shard = 0  # steps of the current shard, written or pending
         self.shard = 0
-        self.written = 0
+        self.written = 0  # steps in written row groups
+        self.added = 0  # steps given to `add`
+        self.pending: list[tuple[NDArray[np.int64], NDArray[Any]]] = []  # the next row group's steps so far
+        self.pending_steps = 0
         self.shape: tuple[int, ...] | None = None
 
     def add(self, steps: NDArray[np.int64], counts: NDArray[Any]) -> None:
@@ -271,16 +296,22 @@ class _ShardWriter:
                 [("step", self.pa.int64()), *((f"layer_{i}", self.pa.list_(value, experts)) for i in range(layers))]
             )
         elif counts.shape[1:] != self.shape:
-            raise EplbError(f"step {self.written} has shape {list(counts.shape[1:])}, earlier steps {list(self.shape)}")
-        check_fits(counts, self.dtype, self.written)
+            raise EplbError(f"step {self.added} has shape {list(counts.shape[1:])}, earlier steps {list(self.shape)}")
+        check_fits(counts, self.dtype, self.added)
         counts = counts.astype(self.dtype, copy=False)
         done = 0
         while done < counts.shape[0]:
             if self.writer is None or self.in_shard == self.shard_steps:
                 self._roll()
-            n = min(counts.shape[0] - done, self.shard_steps - self.in_shard)
-            self._write(steps[done : done + n], counts[done : done + n])
+            room = min(self.shard_steps - self.in_shard, ROW_GROUP_STEPS - self.pending_steps)
+            n = min(counts.shape[0] - done, room)
+            self.pending.append((np.asarray(steps[done : done + n], dtype=np.int64), counts[done : done + n]))
+            self.pending_steps += n
+            self.in_shard += n
+            self.added += n
             done += n
+            if self.pending_steps == ROW_GROUP_STEPS or self.in_shard == self.shard_steps:
+                self._flush()
 
     def _roll(self) -> None:
         if self.writer is not None:
@@ -293,20 +324,25 @@ class _ShardWriter:
         self.shard += 1
         self.in_shard = 0
 
-    def _write(self, steps: NDArray[np.int64], counts: NDArray[Any]) -> None:
+    def _flush(self) -> None:
+        """Write the pending steps as one row group."""
+        if not self.pending_steps:
+            return
         pa = self.pa
-        n, layers, experts = counts.shape
-        block = np.ascontiguousarray(counts)
-        columns = [pa.array(np.asarray(steps, dtype=np.int64))]
+        steps = np.concatenate([s for s, _ in self.pending])
+        block = np.ascontiguousarray(np.concatenate([c for _, c in self.pending]))
+        n, layers, experts = block.shape
+        columns = [pa.array(steps)]
         for i in range(layers):
             flat = pa.array(block[:, i, :].reshape(-1), type=self.schema.field(f"layer_{i}").type.value_type)
             columns.append(pa.FixedSizeListArray.from_arrays(flat, experts))
         table = pa.Table.from_arrays(columns, schema=self.schema_with_meta)
         self.writer.write_table(table, row_group_size=ROW_GROUP_STEPS)
-        self.in_shard += n
         self.written += n
+        self.pending, self.pending_steps = [], 0
 
     def close(self) -> int:
         if self.writer is not None:
+            self._flush()
             self.writer.close()
         return self.written
