@@ -607,3 +607,24 @@ def test_a_logs_layer_ids_follow_the_placements_rule_when_written_and_read(
             open_log(tmp_path / name)
     write_parquet(tmp_path / "ok_parquet", c, layer_ids=[3, 5])
     assert open_log(tmp_path / "ok_parquet").info.layer_ids == [3, 5]
+
+
+def test_per_step_json_loads_are_a_window_as_documented(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eplb import-load --keep-steps --out x.json` writes "loads" as [steps][layers][E], which docs/formats.md did
+    not document (only [layers][E]): `eplb solve` sums it over the steps, `eplb replay` refuses a .json, and the same
+    import written as .npz replays. The load window table says so."""
+    counts = np.random.default_rng(0).integers(0, 20, (3, 2, 4))
+    recorded = tmp_path / "vllm.json"
+    recorded.write_text(json.dumps({"counts": counts.tolist()}))
+    window, log = tmp_path / "x.json", tmp_path / "x.npz"
+    for out in (window, log):
+        assert main(["import-load", "--from", "vllm", str(recorded), "--keep-steps", "--out", str(out)]) == 0
+    assert np.asarray(json.loads(window.read_text())["loads"]).shape == (3, 2, 4)
+    np.testing.assert_array_equal(read_window(window).loads, counts.sum(axis=0))
+    assert main(["replay", str(window), "--gpus", "2"]) == 2
+    assert "x.json: unknown routing log type '.json'" in capsys.readouterr().err
+    assert main(["replay", str(log), "--gpus", "2", "--window", "1", "--interval", "2", "--delay", "0"]) == 0
+    text = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `.json` |"))
+    assert "[steps][layers][E]" in row and "import-load --keep-steps" in row
+    assert "refuse `.json` (`x.json: unknown routing log type '.json'`)" in " ".join(text.split())

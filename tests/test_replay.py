@@ -452,6 +452,24 @@ def test_synth_names_the_default_model_on_its_own_shape_given_as_flags(tmp_path:
             assert open_log(out).info.model == model, (flags, suffix)
 
 
+def test_every_key_of_summary_json_is_documented(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/replay.md's summary.json entry named neither `migration` nor each rebalance's `saving_s` (nor `checks`,
+    `list`, ...): every top-level key, every key of `rebalances` and of each rebalance in its list is named there."""
+    log = tmp_path / "log.npz"
+    write_counts(log, synth_log(SynthConfig(steps=60, layers=2, experts=64, top_k=6, tokens=256, groups=1,
+                                            hot_ratio=4)), model="deepseek-v2-lite", top_k=6)  # fmt: skip
+    assert run_cli(["replay", str(log), "--gpus", "8", "--window", "10", "--interval", "20", "--trigger", "periodic",
+                    "--oracle-every", "0", "--out", str(tmp_path / "r")]) == 0  # fmt: skip
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    text = (Path(__file__).resolve().parents[1] / "docs" / "replay.md").read_text()
+    entry = text[text.index("  - `summary.json`:") : text.index("- a progress bar on stderr")]
+    assert summary["migration"] is not None and summary["rebalances"]["list"]
+    keys = [*summary, *summary["migration"], *summary["rebalances"], *summary["rebalances"]["list"][0]]
+    missing = [k for k in dict.fromkeys(keys) if f"`{k}`" not in entry]
+    assert not missing, missing
+
+
 def test_synth_takes_the_shape_of_a_model_preset_and_refuses_another(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
