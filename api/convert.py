@@ -98,12 +98,14 @@ class SolveJob:
 
 @dataclass(frozen=True)
 class Answer:
-    """What a worker hands back: a JSON body (an answer or a problem) with its status, or the validated job.
-    For /metrics: the solver's wall time in seconds and lb (mean, max, baseline mean, baseline max)."""
+    """What a worker hands back: a JSON body (an answer or a problem) with its status, or the validated job, or
+    a validated body (`parse_body`). For /metrics: the solver's wall time in seconds and lb (mean, max, baseline
+    mean, baseline max)."""
 
     status: int
     body: bytes = b""
     job: SolveJob | None = None
+    value: Any = None
     seconds: float = 0.0
     lb: tuple[float, float, float, float] | None = None
     solver: str | None = None  # set on a solved placement's answer
@@ -163,6 +165,15 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
     except EplbError as exc:
         return _problem(field_problem(exc), path)
     return _answer(outcome, time.perf_counter() - started, job.solver)
+
+
+def parse_body(model: type[BaseModel], body: Body) -> Answer:
+    """Any other route's JSON body (`api.routing.Route`, through `api.offload.parse_body`): the validated model as
+    `value`, or the problem, as /placement's body is parsed (`parse`)."""
+    try:
+        return Answer(200, value=_validate(model, body.data))
+    except ProblemError as exc:
+        return _problem(exc, body.path)
 
 
 def answer_evaluate(body: Body) -> Answer:
@@ -303,11 +314,12 @@ def _read_npy(data: bytes) -> NDArray[np.float64]:
 
 
 def check_window(value: Any) -> NDArray[np.float64]:
-    """loads [layers, E] (or [steps, layers, E], summed), finite, >= 0."""
+    """loads [layers, E] (or [steps, layers, E], summed), finite, >= 0; refused as a deployment's window is
+    (`eplb.deployments.Setup.loads`): the text names the value, 'loads[0][1] is -2: loads must be >= 0'."""
     try:
         return check_loads(value, "loads")
     except EplbError as exc:
-        raise FieldError("loads", str(exc).removeprefix("loads").lstrip(": ")) from None
+        raise FieldError("loads", str(exc), str(exc)) from None
 
 
 # ----- request fields -> eplb objects ------------------------------------------------------------------------

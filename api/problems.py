@@ -17,6 +17,7 @@ from starlette.routing import Match
 
 from api.schemas import Problem
 from eplb.errors import EplbError, FieldError, clip
+from eplb.schemas import ARRAY_ERROR
 
 PROBLEM = "application/problem+json"
 INSTANCE_SHOWN = 200
@@ -75,22 +76,38 @@ def is_union_tag(part: str) -> bool:
 def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """pydantic's errors as {field, message}: the dotted path into the body (never 'body' itself). Of a union
     (one number or one per GPU; a preset name or a spec object) only the member the value's shape chose
-    speaks; a NaN or an infinity out of bounds must be a finite number."""
+    speaks; a NaN or an infinity out of bounds must be a finite number; a numeric array's one error
+    (`eplb.schemas.ARRAY_ERROR`) follows the field's path, naming its element: `loads[0][3] is null: ...`."""
     def tried_the_string_branch(err: Mapping[str, Any]) -> bool:  # "model": {...} also failed as a preset name
         return err.get("type") == "string_type" and any(is_union_tag(str(p)) for p in err.get("loc", ()))
 
-    kept = [e for e in errors if not tried_the_string_branch(e)] or list(errors)
+    kept = [_array_error(e) for e in errors if not tried_the_string_branch(e)] or list(errors)
     out = []
     for err in _chosen_members(kept):
         loc = [str(p) for p in err.get("loc", ()) if p != "body" and not is_union_tag(str(p))]
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         value = err.get("input")
-        if err.get("type") in BOUNDS and isinstance(value, float) and not math.isfinite(value):
+        field = ".".join(loc) or "body"
+        if err.get("type") == ARRAY_ERROR:
+            message = f"{field}{'' if message.startswith('[') else ' '}{message}"
+        elif err.get("type") in BOUNDS and isinstance(value, float) and not math.isfinite(value):
             message = "Input should be a finite number"
         elif str(err.get("type", "")).endswith("_type") and loc and loc[-1] in TYPE_MESSAGES:
             message = TYPE_MESSAGES[loc[-1]]
-        out.append({"field": ".".join(loc) or "body", "message": message})
+        out.append({"field": field, "message": message})
     return out
+
+
+def _array_error(err: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A numeric array's one error (`eplb.schemas.ARRAY_ERROR`) with its message: which element, what it is, what
+    the array holds (`_ArrayCheck.explain`, run on the refused value only); for a value that is no list at all,
+    pydantic's own list_type error (so a union's members are weighed as for any other value)."""
+    if err.get("type") != ARRAY_ERROR:
+        return err
+    if not isinstance(err.get("input"), list):
+        return {**err, "type": "list_type", "msg": "Input should be a valid array"}
+    why = err["ctx"]["check"].explain(err["input"])
+    return {**err, "msg": why} if why is not None else err
 
 
 def _chosen_members(errors: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -126,13 +143,16 @@ def _chosen_members(errors: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def not_json(reason: str) -> ProblemError:
-    """The 400 for a body that is not JSON, one text whichever route read it (`api.routing.parse_json`, the worker
-    side's `api.convert`); reason: the parser's ('EOF while parsing a list at line 1 column 17')."""
+    """The 400 for a body that is not JSON, one text whichever route read it (every body is parsed by the worker
+    side, `api.convert`); reason: the parser's ('EOF while parsing a list at line 1 column 17')."""
     return ProblemError(400, "Body is not JSON", f"the body is not valid JSON: {reason.removeprefix('Invalid JSON: ')}")
 
 
 def invalid(errors: list[dict[str, str]]) -> ProblemError:
-    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    """The 422 of field errors; the detail lists the first five, 'field: message', or the message alone where it
+    names its field itself ('loads[0][3] is null: ...', as `eplb.errors.FieldError` has it)."""
+    detail = "; ".join(e["message"] if e["message"].startswith((e["field"] + "[", e["field"] + " "))
+                       else f"{e['field']}: {e['message']}" for e in errors[:5])
     return ProblemError(422, "Invalid request", detail, errors=errors)
 
 

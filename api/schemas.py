@@ -2,7 +2,8 @@
 OpenAPI schema; the placement answer itself is `eplb.schemas.PlacementResponse`, shared with the CLI.
 
 Every request model forbids unknown fields and takes strict types (no "4" for 4, no true for 1.0), and every
-number has bounds, so a typo or an overflow is a 422 naming the field."""
+number has bounds, so a typo or an overflow is a 422 naming the field. Every numeric array is checked by
+`eplb.schemas.Numbers`: one error naming its first bad element, however many there are."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from eplb.errors import FieldError
 from eplb.placement import row_layer_ids
 from eplb.rules import SERVICE_MAX_GPUS
-from eplb.schemas import ClusterRules, PlacementResponse
+from eplb.schemas import ClusterRules, Numbers, PlacementResponse
 from eplb.solve import DEFAULT_TOKENS_PER_GPU
 from eplb.specs import HardwareSpec, ModelSpec
 from solvers.registry import MAX_MOVES, MAX_MOVES_PER_LAYER
@@ -25,9 +26,13 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 SlotCount = Annotated[int, Field(ge=0, le=SERVICE_MAX_GPUS)]  # a placement's slots on one GPU
 ExpertId = Annotated[int, Field(ge=-1, le=65_535)]  # -1: an empty slot (or no partner)
 LayerId = Annotated[int, Field(ge=0, le=65_535)]  # a model layer number (DeepSeek-V3's MoE layers are 3..60)
+Count = Annotated[int, Field(ge=0, le=10**15)]  # tokens, or picks, of a co-activation summary
 Loads = Annotated[
-    list[list[float]], Field(description="[layers][E] tokens routed to each expert over the window")
+    list[list[float]],
+    Field(description="[layers][E] tokens routed to each expert over the window"),
+    Numbers("loads", "[layers][experts]", "of tokens", "NaN is not accepted; send 0 for an expert without tokens"),
 ]
+ExpertIds = Numbers("expert ids", "[layers][slots]", note="-1: an empty slot")
 
 
 class ClusterIn(ClusterRules):
@@ -41,15 +46,16 @@ class PlacementIn(BaseModel):
 
     model_config = STRICT
     format: str | None = Field(None, max_length=100)
-    phy2log: list[list[ExpertId]]
-    slots_per_gpu: list[SlotCount] = Field(max_length=SERVICE_MAX_GPUS)
+    phy2log: Annotated[list[list[ExpertId]], ExpertIds]
+    slots_per_gpu: Annotated[list[SlotCount], Field(max_length=SERVICE_MAX_GPUS), Numbers("slot counts")]
     num_experts: int | None = Field(None, ge=1, le=65_536)
     num_gpus: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS)
-    replicas: list[list[int]] | None = None
-    shares: list[list[float]] | None = None
-    layer_ids: list[LayerId] | None = Field(None, description="model layer of each phy2log row, in increasing order "
-                                            "(`eplb solve --out` writes the window's); a label: rows are matched by "
-                                            "position")
+    replicas: Annotated[list[list[int]], Numbers("replica counts", "[layers][experts]")] | None = None
+    shares: Annotated[list[list[float]], Numbers("shares", "[layers][slots]")] | None = None
+    layer_ids: Annotated[list[LayerId], Numbers("layer ids")] | None = Field(
+        None, description="model layer of each phy2log row, in increasing order (`eplb solve --out` writes the "
+        "window's); a label: rows are matched by position"
+    )
 
     @field_validator("layer_ids")
     @classmethod
@@ -73,13 +79,16 @@ class CoactivationIn(BaseModel):
 
     model_config = STRICT
     format: Literal["eplb.coactivation-summary/v1"] | None = None
-    tokens: list[Annotated[int, Field(ge=0, le=10**15)]] = Field(description="[L] tokens routed in the window")
+    tokens: Annotated[list[Count], Numbers("token counts")] = Field(description="[L] tokens routed in the window")
     top_k: int = Field(ge=1, le=1024, description="experts each token chose")
-    loads: list[list[Annotated[int, Field(ge=0, le=10**15)]]] = Field(description="[L][E] picks per expert")
-    partners: list[list[list[ExpertId]]] = Field(
+    loads: Annotated[list[list[Count]], Numbers("picks", "[layers][experts]")] = Field(
+        description="[L][E] picks per expert"
+    )
+    partners: Annotated[list[list[list[ExpertId]]], Numbers("partners", "[layers][experts][partners]",
+                                                            note="expert ids; -1: no partner")] = Field(
         description="[L][E][m] each expert's most frequent co-chosen experts, most frequent first, -1 padded"
     )
-    counts: list[list[list[Annotated[int, Field(ge=0, le=10**15)]]]] = Field(
+    counts: Annotated[list[list[list[Count]]], Numbers("token counts", "[layers][experts][partners]")] = Field(
         description="[L][E][m] tokens that chose both the expert and that partner"
     )
 
@@ -192,6 +201,31 @@ class EvaluateRequest(CostIn):
     placement: PlacementIn
     loads: Loads
     gpus_per_node: int | None = Field(None, ge=1, le=SERVICE_MAX_GPUS, description="GPUs per node, for copies per node")
+
+
+class WindowIn(BaseModel):
+    """A load window for a registered deployment: what `POST /placement` takes minus what the deployment fixes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"loads": [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]}]})
+    loads: Loads
+    force: bool = Field(False, description="rebalance whatever the trigger says")
+    coactivation: CoactivationIn | CoactivationBinary | None = Field(None, description="the window's co-activation "
+                                                "summary (object or base64 of its .npz image, as POST "
+                                                "/placement takes it): kept in the history, used by the predictions "
+                                                "and the time objective")
+    current_placement: PlacementIn | None = Field(None, description="the placement the cluster serves now (as "
+                                                  "POST /deployments/{name}/placement takes it): recorded as "
+                                                  "serving first when the deployment holds another, so the window is "
+                                                  "judged against what serves; every EP rank of an engine may send "
+                                                  "the same window with it and gets the same answer")
+
+
+class AppliedIn(BaseModel):
+    """The placement the cluster now serves (a plan applied, refused or delayed)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    placement: PlacementIn
 
 
 class Problem(BaseModel):

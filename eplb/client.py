@@ -104,11 +104,17 @@ def _named(error: ServiceError) -> str:
             field = str(err.get("field") or "")
             if field and field != "body" and field not in fields:
                 fields.append(field)
-    parts = [f"{', '.join(fields)}: {message}" if fields else message for message, fields in by_message.items()]
+    parts = [f"{', '.join(fields)}: {message}" if fields and not _names(message, fields) else message
+             for message, fields in by_message.items()]
     if not parts:
         return " ".join(error.detail.split()) or f"{error.status} {error.title}"
     more = len(parts) - 5
     return "; ".join(parts[:5]) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _names(message: str, fields: list[str]) -> bool:
+    """Whether a message names its one field itself ('cluster.slots_per_gpu[1] is 0: ...'): said alone."""
+    return len(fields) == 1 and message.startswith((fields[0] + "[", fields[0] + " "))
 
 
 def _unreachable(url: str, exc: Exception) -> Unreachable:

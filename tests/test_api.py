@@ -367,8 +367,8 @@ def test_every_get_route_answers_head(base: str) -> None:
 LOOSE = [
     ({"time_limit": 5}, "time_limit"),
     ({"async": "yes"}, "async"),
-    ({"loads": [["1.0"] * 256]}, "loads.0.0"),
-    ({"loads": [[True] + [1.0] * 255]}, "loads.0.0"),
+    ({"loads": [["1.0"] * 256]}, "loads"),  # 'loads[0][0] is "1.0": loads are ...', one error for the array
+    ({"loads": [[True] + [1.0] * 255]}, "loads"),
     ({"cluster": {"num_gpus": "4"}}, "cluster.num_gpus"),
     ({"cluster": {"num_gpus": 4, "slots": 80}}, "cluster.slots"),
     ({"overlap": 1}, "overlap"),

@@ -436,8 +436,8 @@ def test_a_config_the_service_refuses_is_a_one_line_error_naming_the_field(base:
     cases: list[tuple[dict[str, Any], str, str | None]] = [
         ({"model": "nosuch"}, r"^deployment config: cluster: Field required$", "cluster"),
         ({"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": [9, 0]}, "policy": {"trigger": "sometimes"}},
-         r"^deployment config: cluster\.slots_per_gpu\.1: Input should be greater than or equal to 1; "
-         r"policy\.trigger: Input should be 'periodic', 'threshold' or 'cost'$", "cluster.slots_per_gpu.1"),
+         r"^deployment config: cluster\.slots_per_gpu\[1\] is 0: slot counts are whole numbers from 1 to 4,096; "
+         r"policy\.trigger: Input should be 'periodic', 'threshold' or 'cost'$", "cluster.slots_per_gpu"),
         ({"model": MODEL, "cluster": {"num_gpus": 2, "slots_per_gpu": 9, "num_redundant": 2}},
          r"^deployment config: cluster: give only one of slots_per_gpu, num_redundant, memory_budget_bytes", None),
         ({"model": "nosuch", "cluster": {"num_gpus": 4}}, r"^deployment config: model: unknown preset 'nosuch'",

@@ -10,14 +10,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from api.database import DbDep, in_db
 from api.deps import Authorized, PoolDep, SettingsDep
 from api.pool import QueueFull, SolvePool, WorkerDied
 from api.problems import ProblemError, documented
 from api.routing import Route
-from api.schemas import CoactivationBinary, CoactivationIn, PlacementIn
+from api.schemas import AppliedIn, WindowIn
 from api.settings import Settings
 from eplb import deployments
 from eplb.deployments import (
@@ -35,36 +35,11 @@ from eplb.placement import Placement
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
 from eplb.solve import Outcome, solve
 from eplb.specs import model_preset
-from eplb.store import Conflict
+from eplb.store import Conflict, Store
 
 MAX_ID = MAX_HISTORY_ID
 """The largest history id the store holds (`eplb.rules.MAX_HISTORY_ID`): a larger `before` is a 422."""
 router = APIRouter(prefix="/deployments", tags=["deployments"], dependencies=Authorized, route_class=Route)
-
-
-class WindowIn(BaseModel):
-    """A load window for a registered deployment: what `POST /placement` takes minus what the deployment fixes."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"loads": [[120, 80, 5, 3, 60, 40, 33, 11], [40, 40, 60, 70, 10, 90, 5, 5]]}]})
-    loads: list[list[float]] = Field(description="[layers][E] tokens routed to each expert over the window")
-    force: bool = Field(False, description="rebalance whatever the trigger says")
-    coactivation: CoactivationIn | CoactivationBinary | None = Field(None, description="the window's co-activation "
-                                                "summary (object or base64 of its .npz image, as POST "
-                                                "/placement takes it): kept in the history, used by the predictions "
-                                                "and the time objective")
-    current_placement: PlacementIn | None = Field(None, description="the placement the cluster serves now (as "
-                                                  "POST /deployments/{name}/placement takes it): recorded as "
-                                                  "serving first when the deployment holds another, so the window is "
-                                                  "judged against what serves; every EP rank of an engine may send "
-                                                  "the same window with it and gets the same answer")
-
-
-class AppliedIn(BaseModel):
-    """The placement the cluster now serves (a plan applied, refused or delayed)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    placement: PlacementIn
 
 
 class DeploymentList(BaseModel):
@@ -212,12 +187,18 @@ async def delete_deployment(name: DeploymentName, db: DbDep) -> Response:
 async def post_window(name: DeploymentName, body: WindowIn, db: DbDep, pool: PoolDep,
                       settings: SettingsDep) -> WindowResult:
     solver = _pool_solver(pool, settings, asyncio.get_running_loop())
+    result: WindowResult = await _call(_process_window, db, name, body, solver)
+    return result
+
+
+def _process_window(db: Store, name: str, body: WindowIn, solver: Callable[..., Outcome]) -> WindowResult:
+    """`eplb.deployments.process_window` of a window's body, in the database threads (its dumps too: a window's
+    arrays are hundreds of thousands of numbers, never handled in the event loop)."""
     value = body.coactivation
     coactivation = value if value is None or isinstance(value, str) else value.model_dump()
     current = None if body.current_placement is None else body.current_placement.model_dump(exclude_none=True)
-    result: WindowResult = await _call(deployments.process_window, db, name, body.loads, force=body.force,
-                                       run_solve=solver, coactivation=coactivation, current_placement=current)
-    return result
+    return deployments.process_window(db, name, body.loads, force=body.force, run_solve=solver,
+                                      coactivation=coactivation, current_placement=current)
 
 
 @router.get("/{name}/history", response_model=HistoryPage, response_model_exclude_none=True,
@@ -237,6 +218,10 @@ async def get_history(
              summary="Record the placement the cluster applied (it becomes the current placement; the one already "
                      "serving records nothing and answers the entry that made it serve)")
 async def post_applied(name: DeploymentName, body: AppliedIn, db: DbDep) -> HistoryEntry:
-    entry: HistoryEntry = await _call(deployments.record_applied, db, name,
-                                      body.placement.model_dump(exclude_none=True))
+    entry: HistoryEntry = await _call(_record_applied, db, name, body)
     return entry
+
+
+def _record_applied(db: Store, name: str, body: AppliedIn) -> HistoryEntry:
+    """`eplb.deployments.record_applied` of the body's placement, dumped in the database threads too."""
+    return deployments.record_applied(db, name, body.placement.model_dump(exclude_none=True))

@@ -17,10 +17,10 @@ from pydantic import BaseModel
 
 from api import convert
 from api.deps import Authorized, InlineDep, JobsDep, MetricsDep, ParsersDep, PoolDep, SettingsDep
-from api.inline import FastLane
 from api.jobs import JobWork, TooManyJobs
 from api.metrics import Metrics
-from api.pool import QueueFull, SolvePool, WorkerDied
+from api.offload import busy, in_lane, in_pool, inline
+from api.pool import SolvePool
 from api.problems import PROBLEM, ProblemError, documented
 from api.routing import JSON, NPY, Route, is_json, media_type, unsupported
 from api.schemas import EvaluateRequest, Job, PlacementRequest
@@ -56,48 +56,6 @@ async def read_body(request: Request, fields: str | None) -> convert.Body:
     if content_type == NPY:
         return convert.Body(await request.body(), "npy", request.url.path, fields)
     raise unsupported(content_type, NPY)
-
-
-def busy(settings: Settings) -> ProblemError:
-    return ProblemError(503, "Service busy", "every solver worker is busy and the wait queue is full",
-                        headers={"Retry-After": str(settings.retry_after_s)})
-
-
-async def in_pool(pool: SolvePool, settings: Settings, fn: Any, token: int | None = None,
-                  on_start: Callable[[], None] | None = None, **kwargs: Any) -> convert.Answer:
-    """Run a worker entry point of api/convert.py; pool failures become problems."""
-    try:
-        answer: convert.Answer = await pool.submit(fn, pool.token() if token is None else token, on_start, **kwargs)
-    except QueueFull:
-        raise busy(settings) from None
-    except WorkerDied as exc:
-        raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
-    except RuntimeError as exc:
-        raise ProblemError(500, "Solver failed", str(exc)) from None
-    return answer
-
-
-async def in_lane(lane: FastLane, settings: Settings, fn: Any, **kwargs: Any) -> convert.Answer:
-    """Run a worker entry point of api/convert.py in the fast lane (a thread here, else a solver process);
-    failures become problems."""
-    try:
-        answer: convert.Answer = await lane.submit(fn, **kwargs)
-    except QueueFull:
-        raise busy(settings) from None
-    except WorkerDied as exc:
-        raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
-    except ProblemError:
-        raise
-    except RuntimeError as exc:  # the worker's report of an unexpected exception
-        raise ProblemError(500, "Solver failed", str(exc)) from None
-    except Exception as exc:  # a bug, not bad input (convert answers that with a problem)
-        raise ProblemError(500, "Solver failed", f"{type(exc).__name__}: {exc}") from None
-    return answer
-
-
-def inline(settings: Settings, body: convert.Body) -> bool:
-    """Whether the body is parsed (and, for an inline solver, solved) in the server's own threads."""
-    return bool(settings.inline) and len(body.data) <= settings.inline_max_bytes
 
 
 def respond(answer: convert.Answer) -> Response:
