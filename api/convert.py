@@ -147,14 +147,36 @@ def placement_inline(body: Body, milp_default_time_limit_s: float, async_thresho
     return answer_job(job, body.path)
 
 
+@dataclass(frozen=True)
+class Solved:
+    """One solve of the service and what /metrics counts of it (`api.metrics.Metrics.solved`): its solver, wall
+    time in seconds and lb (mean, max, baseline mean, baseline max; None when no layer has tokens)."""
+
+    outcome: Outcome
+    solver: str
+    seconds: float
+    lb: tuple[float, float, float, float] | None
+
+
+def timed_solve(solver: str, **kwargs: Any) -> Solved:
+    """`eplb.solve.solve` timed, in a solver process or the lane: every solve the service makes runs here (POST
+    /placement's through `answer_job`, a deployment's windows through `api.routes.deployments`), so /metrics counts
+    and times them alike."""
+    started = time.perf_counter()
+    outcome = solve(solver=solver, **kwargs)
+    seconds = time.perf_counter() - started
+    p, b = outcome.balance.lb_over_tokens(), outcome.baseline.lb_over_tokens()  # None: no layer has tokens
+    lb = None if p is None or b is None else (round(p[0], 6), round(p[1], 6), round(b[0], 6), round(b[1], 6))
+    return Solved(outcome, solver, seconds, lb)
+
+
 def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
     """POST /placement, second half (in a solver process): solve a validated job, answer with the JSON."""
-    started = time.perf_counter()
     try:
-        outcome = solve(
-            job.loads,
-            job.cluster,
-            solver=job.solver,
+        solved = timed_solve(
+            job.solver,
+            loads=job.loads,
+            cluster=job.cluster,
             cost=job.cost,
             current=job.current,
             options=job.options,
@@ -164,7 +186,7 @@ def answer_job(job: SolveJob, path: str = "/placement") -> Answer:
         )
     except EplbError as exc:
         return _problem(field_problem(exc), path)
-    return _answer(outcome, time.perf_counter() - started, job.solver)
+    return Answer(200, answer_json(solved.outcome), seconds=solved.seconds, lb=solved.lb, solver=solved.solver)
 
 
 def parse_body(model: type[BaseModel], body: Body) -> Answer:
@@ -194,13 +216,9 @@ def answer_evaluate(body: Body) -> Answer:
         return _problem(exc, body.path)
     except EplbError as exc:
         return _problem(field_problem(exc), body.path)
-    return _answer(outcome, 0.0)
+    return Answer(200, answer_json(outcome))
 
 
-def _answer(outcome: Outcome, seconds: float, solver: str | None = None) -> Answer:
-    p, b = outcome.balance.lb_over_tokens(), outcome.baseline.lb_over_tokens()  # None: no layer has tokens
-    lb = None if p is None or b is None else (round(p[0], 6), round(p[1], 6), round(b[0], 6), round(b[1], 6))
-    return Answer(200, answer_json(outcome), seconds=seconds, lb=lb, solver=solver)
 
 
 # Outcome fields answer_json builds itself; any other that is set sends the outcome through the answer models

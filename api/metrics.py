@@ -39,7 +39,9 @@ class Metrics:
         self.latency.labels(route, method).observe(seconds)
 
     def solved(self, solver: str, seconds: float, lb: tuple[float, float, float, float] | None) -> None:
-        """One placement solved; lb: (mean, max) over layers of the placement, then of the baseline."""
+        """One placement solved, wherever the service solved it (POST /placement, its jobs, a deployment's windows:
+        `api.convert.timed_solve` times them all); lb: (mean, max) over layers of the placement, then of the
+        baseline."""
         self.solve_time.labels(solver).observe(seconds)
         if lb is not None:
             self.last_lb.labels("mean", solver).set(lb[0])

@@ -202,6 +202,21 @@ def test_metrics_count_what_happened(server_factory: Callable[..., str]) -> None
     assert 'eplb_last_placement_lb{solver="greedy",stat="max"}' in text
 
 
+def test_metrics_count_the_solves_of_deployment_windows(server_factory: Callable[..., str]) -> None:
+    """eplb_solve_duration_seconds counted POST /placement's solves only: a deployment's windows solved unseen."""
+    fresh = server_factory(queue_limit="6")  # a server of its own: counts start at zero
+    config = {"model": "deepseek-v3", "cluster": {"num_gpus": 16}, "policy": {"trigger": "periodic"}}
+    assert httpx.put(f"{fresh}/deployments/counted", json=config, timeout=60).status_code == 201
+    for shift, action in ((0, "placed"), (5, "rebalanced")):  # greedy places, incremental rebalances
+        r = httpx.post(f"{fresh}/deployments/counted/windows", json={"loads": (V3 + shift).tolist()}, timeout=60)
+        assert r.status_code == 200 and r.json()["action"] == action, r.text[:300]
+    assert httpx.post(f"{fresh}/placement", json=request_body(), timeout=60).status_code == 200
+    text = httpx.get(f"{fresh}/metrics", timeout=10).text
+    assert 'eplb_solve_duration_seconds_count{solver="greedy"} 2.0' in text, text
+    assert 'eplb_solve_duration_seconds_count{solver="incremental"} 1.0' in text, text
+    assert 'eplb_last_placement_lb{solver="incremental",stat="max"}' in text
+
+
 def test_milp_sync_respects_time_limit_and_beats_greedy(base: str) -> None:
     body = request_body(loads=V3[:4].tolist(), solver="milp", time_limit_s=2)
     started = time.monotonic()

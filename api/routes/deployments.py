@@ -12,9 +12,12 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from api import convert
 from api.database import DbDep, in_db
-from api.deps import Authorized, PoolDep, SettingsDep
-from api.pool import QueueFull, SolvePool, WorkerDied
+from api.deps import Authorized, MetricsDep, PoolDep, SettingsDep
+from api.metrics import Metrics
+from api.offload import in_pool
+from api.pool import SolvePool
 from api.problems import ProblemError, documented
 from api.routing import Route
 from api.schemas import AppliedIn, WindowIn
@@ -33,7 +36,7 @@ from eplb.errors import EplbError, FieldError
 from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
 from eplb.placement import Placement
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
-from eplb.solve import Outcome, solve
+from eplb.solve import Outcome
 from eplb.specs import model_preset
 from eplb.store import Conflict, Store
 
@@ -70,19 +73,17 @@ async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise ProblemError(409, "Conflict", str(exc)) from None
 
 
-def _pool_solver(pool: SolvePool, settings: Settings, loop: asyncio.AbstractEventLoop) -> Callable[..., Outcome]:
-    """`eplb.solve.solve` run in the solver pool, callable from the thread that holds the deployment's lock."""
+def _pool_solver(pool: SolvePool, settings: Settings, metrics: Metrics,
+                 loop: asyncio.AbstractEventLoop) -> Callable[..., Outcome]:
+    """`eplb.solve.solve` run in the solver pool as POST /placement's solves run (`api.convert.timed_solve`, its
+    failures the same problems: `api.offload.in_pool`) and counted in /metrics as they are, callable from the thread
+    that holds the deployment's lock."""
 
     def run(**kwargs: Any) -> Outcome:
-        future = asyncio.run_coroutine_threadsafe(pool.submit(solve, pool.token(), None, **kwargs), loop)
-        try:
-            outcome: Outcome = future.result()
-        except QueueFull:
-            raise ProblemError(503, "Service busy", "every solver worker is busy and the wait queue is full",
-                               headers={"Retry-After": str(settings.retry_after_s)}) from None
-        except WorkerDied as exc:
-            raise ProblemError(500, "Solver failed", f"the solver process died: {exc}") from None
-        return outcome
+        solved: convert.Solved = asyncio.run_coroutine_threadsafe(
+            in_pool(pool, settings, convert.timed_solve, **kwargs), loop).result()
+        metrics.solved(solved.solver, solved.seconds, solved.lb)
+        return solved.outcome
 
     return run
 
@@ -185,8 +186,8 @@ async def delete_deployment(name: DeploymentName, db: DbDep) -> Response:
              summary="Send a load window: rebalance when the deployment's trigger fires, else 'kept' and why (the "
                      "last window sent again, nothing changed since: its answer again, nothing stored)")
 async def post_window(name: DeploymentName, body: WindowIn, db: DbDep, pool: PoolDep,
-                      settings: SettingsDep) -> WindowResult:
-    solver = _pool_solver(pool, settings, asyncio.get_running_loop())
+                      settings: SettingsDep, metrics: MetricsDep) -> WindowResult:
+    solver = _pool_solver(pool, settings, metrics, asyncio.get_running_loop())
     result: WindowResult = await _call(_process_window, db, name, body, solver)
     return result
 
