@@ -165,10 +165,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        bad_json = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
-        if bad_json is not None:  # FastAPI reports it as a field at a character offset; it is a bad body
-            error = not_json(str(bad_json.get("ctx", {}).get("error") or bad_json.get("msg")))
-            return problem_response(error.status, error.title, error.detail, request.url.path)
+        """A path or query parameter FastAPI refused (`path.name`, `query.limit`, ...): no body reaches FastAPI's
+        validation, `api.routing.Route` parses and validates every body itself (a bad one is `not_json`'s 400)."""
         error = invalid(field_errors(exc.errors()))
         return problem_response(422, error.title, error.detail, request.url.path, errors=error.errors)
 
