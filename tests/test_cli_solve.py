@@ -17,6 +17,7 @@ from eplb.io.windows import read_window
 from eplb.placement import load_placement
 
 ESFT_LAW = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law.json"
+ESFT_TOPK = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
 
 
 def test_default_job_runs_from_the_console_script(tmp_path: Path) -> None:
@@ -545,7 +546,9 @@ def test_the_solvers_said_to_do_both_keep_groups_and_take_the_current_placement(
     (["--solver", "milp", "--link", "bogus"], "--link bogus: link must be"),
     (["--solver", "milp", "--hardware", "nope"], "unknown hardware 'nope'"),
     (["--solver", "milp", "--gpus-per-node", "3"], "32 GPUs do not split into nodes of 3"),
-    (["--solver", "milp", "--node-limit", "2"], "a node limit caps the nodes a token reaches"),
+    (["--solver", "milp", "--loads", "TOPK", "--coactivation", "TOPK", "--node-limit", "2"],
+     "a node limit caps the nodes a token reaches"),
+    (["--solver", "milp", "--node-limit", "2"], "--node-limit caps the nodes a token reaches"),
     (["--solver", "milp", "--coactivation", "MISSING"], "co-activation file not found"),
 ])  # fmt: skip
 def test_the_milp_refuses_before_its_progress_line(
@@ -553,7 +556,7 @@ def test_the_milp_refuses_before_its_progress_line(
 ) -> None:
     """The 'solving N layers with the MILP ...' line came before these refusals (solve's checks, the registry's,
     the cost and co-activation setup): now `solve` calls it back once every input is checked."""
-    swap = {"CURRENT": str(serving), "MISSING": str(tmp_path / "missing.json")}
+    swap = {"CURRENT": str(serving), "MISSING": str(tmp_path / "missing.json"), "TOPK": str(ESFT_TOPK)}
     err = _error(capsys, *[swap.get(a, a) for a in argv])  # the one line: the error, no progress before it
     assert err.startswith(f"eplb solve: error: {said}"), err
 
@@ -642,3 +645,26 @@ def test_the_summary_says_which_policy_placed_the_experts(tmp_path: Path, capsys
         "nodes, needs --groups with --gpus-per-node)")
     assert policy("solve", "--current", str(tmp_path / "p.json"), "--gpus-per-node", "8", "--groups", "8").startswith(
         "policy:     hierarchical edits: an expert moves only onto the nodes of 8 GPUs where --current holds its group")
+
+
+def test_a_node_limit_without_coactivation_is_refused_naming_both_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--node-limit caps only the copies per token counted from a co-activation summary: without --coactivation
+    `eplb solve` and `eplb evaluate` ran and exited 0, the limit read by nothing (the API's 422 names node_limit
+    and coactivation). Refused before any file is read; with --coactivation it is taken."""
+    placement = tmp_path / "p.json"
+    said = ("--node-limit caps the nodes a token reaches, counted from the window's co-activation summary: give "
+            "--coactivation FILE (a summary or a token-level log, docs/formats.md) or drop --node-limit")
+    for command, extra in (("solve", ["--out", str(placement)]), ("evaluate", ["--placement", str(placement)])):
+        capsys.readouterr()
+        assert main([command, "--gpus-per-node", "4", "--node-limit", "1", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err == f"eplb {command}: error: {said}\n"
+        assert not placement.exists()  # nothing solved: evaluate refused before reading the missing placement
+    taken = ["--loads", str(ESFT_TOPK), "--coactivation", str(ESFT_TOPK), "--gpus-per-node", "4", "--node-limit",
+             "1", "--json"]
+    assert main(["solve", *taken, "--gpus", "8", "--out", str(placement)]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted"]["copies_per_token"]
+    assert main(["evaluate", *taken, "--placement", str(placement)]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted"]["copies_per_token"]

@@ -263,6 +263,16 @@ def add_coactivation_options(p: argparse.ArgumentParser) -> None:
                    "experts lie on at most M nodes of --gpus-per-node GPUs; caps the co-activation copies")
 
 
+def check_node_limit(args: argparse.Namespace) -> None:
+    """--node-limit without --coactivation is refused, before any file is read, as the API refuses node_limit
+    without coactivation: the limit caps only the copies per token counted from the summary (without one nothing
+    reads it, and the run would say nothing)."""
+    if args.node_limit is not None and not args.coactivation:
+        raise EplbError("--node-limit caps the nodes a token reaches, counted from the window's co-activation "
+                        "summary: give --coactivation FILE (a summary or a token-level log, docs/formats.md) or "
+                        "drop --node-limit")
+
+
 def coactivation_for(args: argparse.Namespace, window: LoadWindow) -> CoactivationSummary | None:
     """The --coactivation summary of the window's shape and loads (`CoactivationSummary.window_contradiction`, the
     API's check), or None."""
@@ -559,6 +569,7 @@ def _check_stage(args: argparse.Namespace, model: ModelSpec | None, num_experts:
 def run_solve(args: argparse.Namespace) -> int:
     _check_frontier(args)
     check_groups(args)
+    check_node_limit(args)
     # --out may be the --current placement (replaced whole after the solve: the incremental workflow); no other
     # input, and --plan none at all
     inputs = [("--loads", args.loads), ("--model", args.model), ("--hardware", args.hardware),
@@ -811,6 +822,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     if args.gpus is not None and args.gpus < 1:
         raise EplbError(f"--gpus must be >= 1, got {args.gpus}")
+    check_node_limit(args)
     window = read_window(args.loads)
     placement = read_placement_for(args.placement, window.num_layers, window.num_experts,
                                    layer_ids=window.meta.get("layer_ids"), num_gpus=args.gpus, gpus_flag="--gpus")
