@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from eplb.cost.migration import MigrationCost
 
-__all__ = ["LB_TOLERANCE", "MOVE_BUDGETS", "NET_TOLERANCE", "TRIGGER_OPTIONS", "candidates", "choose_candidate",
+__all__ = ["MOVE_BUDGETS", "NET_TOLERANCE", "TRIGGER_OPTIONS", "candidates", "choose_candidate",
            "net_saving", "unused_option"]
 
 TRIGGER_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -29,10 +29,7 @@ MOVE_BUDGETS: tuple[float, ...] = (0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 NET_TOLERANCE = 0.05
 """The cost trigger considers the candidates whose net saving is within this fraction of the best (the
 estimate's error: on the benchmark logs the window's own steps overstate the next interval's saving by
-5-40%)..."""
-LB_TOLERANCE = 0.01
-"""... and of those takes the one with the fewest copies whose lb is within this fraction of the most
-balanced one's."""
+5-40%) and takes the most balanced of them."""
 
 
 def candidates(total_slots: int, solver: str = "incremental", budgeted: bool = False) -> list[dict[str, Any]]:
@@ -60,16 +57,15 @@ def net_saving(saved_per_step_s: float, steps: int, cost: MigrationCost | None, 
 
 def choose_candidate(net_s: list[float], lb: list[float], moves: list[int]) -> int | None:
     """The cost trigger's choice among candidates (net saving s, lb on the judged loads, copies each): of
-    those within NET_TOLERANCE of the best net saving, the fewest copies whose lb is within LB_TOLERANCE of
-    the most balanced one's (ties: the lower lb); None when no candidate saves more than it costs. A candidate
-    whose net saving or lb is not a finite number (a prediction that failed) is never chosen."""
+    those within NET_TOLERANCE of the best net saving, the most balanced (ties: the fewest copies); None when no
+    candidate saves more than it costs. A candidate whose net saving or lb is not a finite number (a prediction
+    that failed) is never chosen."""
     finite = [i for i in range(len(net_s)) if math.isfinite(net_s[i]) and math.isfinite(lb[i])]
     best = max((net_s[i] for i in finite), default=0.0)
     if best <= 0:
         return None
     near = [i for i in finite if net_s[i] >= best * (1 - NET_TOLERANCE)]
-    balanced = min(lb[i] for i in near)
-    return min((i for i in near if lb[i] <= balanced * (1 + LB_TOLERANCE)), key=lambda i: (moves[i], lb[i]))
+    return min(near, key=lambda i: (lb[i], moves[i]))
 
 
 def unused_option(trigger: str, given: Iterable[str], names: Mapping[str, str] | None = None, whose: str = "the",

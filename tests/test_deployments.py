@@ -221,8 +221,8 @@ def test_cost_trigger_charges_blocking_copies_when_the_policy_says_so(store: Sto
 
 def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store) -> None:
     """With the incremental solver and no budget of its own, the cost trigger judges the move budgets, no budget
-    and fresh greedy (`eplb.trigger.candidates`) and takes `eplb.trigger.choose_candidate`'s pick: here a
-    budget that saves as much as fresh greedy for a fraction of its copies."""
+    and fresh greedy (`eplb.trigger.candidates`) and takes `eplb.trigger.choose_candidate`'s pick, the placement
+    and copies of the candidate a replay would take from the same predictions."""
     from eplb.trigger import candidates, choose_candidate
 
     dep.register(store, "c", config(trigger="cost", steps=10**6))
@@ -258,7 +258,6 @@ def test_cost_trigger_takes_the_candidate_that_pays_as_replay_does(store: Store)
     assert pick is not None and moved.entry.moves == copies[pick] and moved.result is not None
     assert moved.result.placement.phy2log == outs[pick].placement.phy2log.tolist()
     assert moved.result.moves is not None and moved.result.moves.total == copies[pick]
-    assert copies[pick] < copies[-1]  # fewer copies than fresh greedy
 
 
 def test_a_deployment_over_two_links_predicts_with_the_nic_between_its_nodes(store: Store) -> None:

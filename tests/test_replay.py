@@ -905,19 +905,19 @@ def test_robust_refinement_lowers_the_worst_scenario_and_keeps_the_rules() -> No
         registry.solve("greedy", Problem(loads, slots), Options(robust=True))
 
 
-def test_cost_trigger_takes_the_fewest_copies_near_the_best_balance() -> None:
-    """Candidates whose net saving ties at the step-time floor: the fewest copies that come within 1% of the
-    most balanced one's lb, not simply the cheapest (it served the next interval worse) nor the most balanced
-    (it moved every slot for a hair of balance); nothing when nothing pays."""
+def test_cost_trigger_takes_the_most_balanced_near_the_best_net_saving() -> None:
+    """Candidates whose net saving ties at the step-time floor: the most balanced of those within 5% of the best
+    net saving (ties: the fewest copies), not simply the best net saving (the smallest budgets, which served the
+    next interval worse); nothing when nothing pays."""
     from eplb.trigger import choose_candidate
 
     # net s:          small budget, mid budget, none, fresh greedy
     net = [1.00, 0.99, 0.98, 0.99]
     lb = [1.30, 1.105, 1.10, 1.095]
     copies = [50, 400, 900, 2000]
-    assert choose_candidate(net, lb, copies) == 1  # within 1% of 1.095 with 400 copies
-    assert choose_candidate(net, [1.30, 1.20, 1.15, 1.095], copies) == 3  # only fresh greedy is balanced enough
-    assert choose_candidate([1.0, 0.5, 0.98, 0.99], lb, copies) == 2  # the mid budget saves too little
+    assert choose_candidate(net, lb, copies) == 3  # the most balanced, within 5% of the best net saving
+    assert choose_candidate(net, [1.30, 1.10, 1.10, 1.12], copies) == 1  # tied lb: the fewer copies
+    assert choose_candidate([1.0, 0.5, 0.98, 0.90], lb, copies) == 2  # the mid budget and fresh save too little
     assert choose_candidate([-0.1, 0.0], [1.0, 1.0], [1, 2]) is None
     nan, inf = float("nan"), float("inf")  # a failed prediction is never chosen (max() kept a NaN first, then crashed)
     assert choose_candidate([nan, 0.5, 0.4], [1.0, 1.1, 1.2], [1, 2, 3]) == 1

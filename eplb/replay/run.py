@@ -788,8 +788,8 @@ class _Replay:
     ) -> tuple[Outcome, MigrationCost | None, float] | None:
         """The candidate to rebalance with, None when none saves more than it costs. A candidate's net
         saving = mean time per step saved on the window's own steps `recent` [n, L, E] x the interval -
-        its migration charge; `eplb.trigger.choose_candidate` picks: among the near-best net savings, the fewest copies
-        that come within LB_TOLERANCE of the most balanced.
+        its migration charge; `eplb.trigger.choose_candidate` picks: among the near-best net savings, the most
+        balanced.
 
         Why not simply the best net: judged on the steps it was fitted to, every candidate past a few
         percent of moves puts those steps at the weight-read floor of the step time, so their savings tie
