@@ -443,9 +443,11 @@ SETTING_FIELDS = {"solver": "solver", "split": "split", "objective": "objective"
 
 
 OPTION_FIELDS = {"total_time_limit_s": "time_limit_s", "max_lb_slack": "max_lb_slack", "max_moves": "max_moves",
-                 "max_moves_per_layer": "max_moves_per_layer", "target_lb": "target_lb"}
-"""The request's field of each solver option it sets (`solve_job`), for the registry's messages: they name these
-fields, and offer no option the request cannot set (the MILP's per-layer time_limit_s, robust)."""
+                 "max_moves_per_layer": "max_moves_per_layer", "target_lb": "target_lb",
+                 "current_phy2log": "current_placement"}
+"""The request's field of each solver option it sets (`solve_job`), and of the serving placement, for the registry's
+messages: they name these fields, and offer no option the request cannot set (the MILP's per-layer time_limit_s,
+robust)."""
 
 
 def _check_solver(name: str, named: bool, the_cluster: Cluster, current: Placement | None, options: Options,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary, Reach
 
 
+OPTION_ARGS = {**{f.name: f.name for f in fields(Options)}, "current_phy2log": "solve(current=...)"}
+"""`solve`'s names for the registry's refusals (`registry.check_options`): every option by its own name, and the
+serving placement as this function takes it (`current`), not as the registry's Problem holds it."""
 SETTING_FLAGS = {"solver": "--solver", "split": "--split", "objective": "--objective"}
 """What the messages of `solver_name` and `check_uniform_shares` call these settings unless told (`names=`, as
 `solvers.registry.check` takes it): `eplb solve`'s flags. The API and deployments pass their JSON fields."""
@@ -401,6 +404,12 @@ def solve(
         raise EplbError(str(exc)) from None
     name = solver_name(base, split)
     check_uniform_shares(name, objective, split)
+    if current is None:  # what asks for the serving placement says to give it as `current`
+        try:
+            registry.check_options(name, options or Options(), False, names=OPTION_ARGS)
+            registry.check_current_given(name, False, names=OPTION_ARGS)
+        except SolverError as exc:
+            raise EplbError(str(exc)) from None
     problem = Problem(
         loads,
         cluster.slots_per_gpu,

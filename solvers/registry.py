@@ -192,11 +192,12 @@ def get_solver(name: str) -> type[Solver]:
 def check_options(
     name: str, options: Options, has_current: bool, names: Mapping[str, str] | None = None
 ) -> type[Solver]:
-    """Refuse the options solver `name` does not take or cannot honour (a move budget without the serving
-    placement, values out of range); the SolverError's `options` are the ones refused. names: what the messages
-    call each option (the CLI: its flags, `eplb.cli.solve.OPTION_FLAGS`; the API: its fields,
+    """Refuse the options solver `name` does not take or cannot honour (a move budget or a target lb without the
+    serving placement, values out of range); the SolverError's `options` are the ones refused. names: what the
+    messages call each option (the CLI: its flags, `eplb.cli.solve.OPTION_FLAGS`; the API: its fields,
     `api.convert.OPTION_FIELDS`), and then the options a refusal offers are those it names (the caller has no
-    way to give the others); by default every option, by its own name. Returns the solver class."""
+    way to give the others); by default every option, by its own name; names['current_phy2log'] says how the
+    caller gives the serving placement (by default `SERVING`, the Problem's field). Returns the solver class."""
     cls = get_solver(name)
 
     def n(option: str) -> str:
@@ -204,9 +205,14 @@ def check_options(
 
     unsupported = [o for o in options.set_names() if o not in cls.options and o not in EVERY_SOLVER]
     budget = [o for o in unsupported if o in BUDGET_OPTIONS]
-    if budget and not has_current:
-        raise SolverError(f"{', '.join(map(n, budget))}: a move budget needs the serving placement (give the "
-                          "current one)", budget)
+    if budget and not has_current:  # a target lb is no move budget: it says where the edits may stop
+        moves = sum(o != "target_lb" for o in budget)
+        kinds = [*(["a move budget" if moves == 1 else "move budgets"] if moves else []),
+                 *(["a target lb"] if "target_lb" in budget else [])]
+        one = kinds in (["a move budget"], ["a target lb"])
+        raise SolverError(f"{', '.join(map(n, budget))}: {' and '.join(kinds)} {'needs' if one else 'need'} the "
+                          f"serving placement, whose edits {'it bounds' if one else 'they bound'}{_give(names)}",
+                          budget)
     if unsupported:
         offered = {n(o) for o in cls.options if names is None or o in names}
         takes = ", ".join(sorted(offered)) or "none"
@@ -234,6 +240,26 @@ def check_options(
     if not isinstance(options.robust, bool | np.bool_):
         raise SolverError(f"{n('robust')} must be True or False, got {options.robust!r}", ["robust"])
     return cls
+
+
+SERVING = "Problem(current_phy2log=...)"
+"""How a caller of the registry gives the serving placement, for the refusals that ask for it (a caller names its
+own way as names['current_phy2log']: the API's current_placement, `eplb.solve.solve`'s current argument)."""
+
+
+def _give(names: Mapping[str, str] | None) -> str:
+    """': give it as X', X how the caller gives the serving placement (names['current_phy2log'], by default
+    `SERVING`); '' for a caller whose names say nothing of it."""
+    where = SERVING if names is None else names.get("current_phy2log")
+    return "" if where is None else f": give it as {where}"
+
+
+def check_current_given(name: str, has_current: bool, names: Mapping[str, str] | None = None) -> None:
+    """SolverError for solver `name`, which rebalances a serving placement, without one (names: as
+    `check_options`, names['current_phy2log'] how the caller gives it)."""
+    if not has_current and get_solver(name).capabilities.requires_current:
+        give = _give(names) or ": give the current placement"
+        raise SolverError(f"solver {name!r} rebalances a serving placement{give}")
 
 
 def _group_names(names: Mapping[str, str] | None) -> str:
@@ -296,8 +322,7 @@ def check(name: str, problem: Problem, options: Options, names: Mapping[str, str
     if caps.coactivation and (pairs is None or pairs.shape != (loads.shape[0], num_experts, num_experts)):
         raise SolverError(f"solver {name!r} needs co-activation pair counts [layers, E, E] in Problem.coactivation "
                           "(eplb.solve fills them from the window's co-activation summary)")
-    if caps.requires_current and problem.current_phy2log is None:
-        raise SolverError(f"solver {name!r} rebalances a serving placement: give the current placement")
+    check_current_given(name, problem.current_phy2log is not None, names)
     return cls
 
 

@@ -140,6 +140,8 @@ BAD = [
     ({"solver": "deepseek", "cluster": {"num_gpus": 16, "slots_per_gpu": [17] * 15 + [18]}}, "solver",
      "needs the same slot count on every GPU"),  # these three were 422s without errors
     ({"max_moves": 10}, "max_moves", "max_moves: a move budget needs the serving placement"),
+    ({"target_lb": 1.05}, "target_lb",  # it was 'a move budget ... (give the current one)'
+     "target_lb: a target lb needs the serving placement, whose edits it bounds: give it as current_placement"),
     ({"current_placement": {"phy2log": [list(range(256))] * 6, "slots_per_gpu": [16] * 16}}, "current_placement",
      "the current placement is for 16 GPUs, 16 slots each, the request asks for 16 GPUs, 17 slots each"),
 ]

@@ -295,3 +295,32 @@ def test_a_solve_from_a_placement_keeps_its_model_layers() -> None:
         out = solve(loads, Cluster(slots), solver=solver, current=current)
         assert out.placement.layer_ids == (3, 4)
         assert "3:" in export_text(out.placement, "trtllm") and "\n  0:" not in export_text(out.placement, "trtllm")
+
+
+def test_a_target_lb_or_a_move_budget_without_the_serving_placement_names_itself_and_how_to_give_it() -> None:
+    """The registry called --target-lb 'a move budget' and said 'give the current one' / 'give the current
+    placement', naming no argument: a library caller is told the Problem's field, `eplb.solve.solve`'s caller its
+    `current` argument."""
+    slots = np.full(4, 3, dtype=np.int64)
+    cases = [
+        (Options(target_lb=1.05), "target_lb: a target lb needs the serving placement, whose edits it bounds"),
+        (Options(max_moves=3), "max_moves: a move budget needs the serving placement, whose edits it bounds"),
+        (Options(max_moves=3, max_moves_per_layer=1),
+         "max_moves, max_moves_per_layer: move budgets need the serving placement, whose edits they bound"),
+        (Options(max_moves=3, target_lb=1.05),
+         "max_moves, target_lb: a move budget and a target lb need the serving placement, whose edits they bound"),
+    ]
+    for options, said in cases:
+        with pytest.raises(SolverError) as refused:
+            registry.check("greedy", Problem(LOADS, slots), options)
+        assert str(refused.value) == f"{said}: give it as Problem(current_phy2log=...)"
+        with pytest.raises(EplbError) as raised:
+            solve(LOADS, Cluster(slots), options=options)
+        assert str(raised.value) == f"{said}: give it as solve(current=...)"
+    with pytest.raises(SolverError) as refused:
+        registry.check("incremental", Problem(LOADS, slots), Options())
+    assert str(refused.value) == "solver 'incremental' rebalances a serving placement: give it as " \
+                                 "Problem(current_phy2log=...)"
+    with pytest.raises(EplbError) as raised:
+        solve(LOADS, Cluster(slots), solver="incremental", options=Options(target_lb=1.05))
+    assert str(raised.value) == "solver 'incremental' rebalances a serving placement: give it as solve(current=...)"
