@@ -9,13 +9,16 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.inline import SOLVERS as INLINE_SOLVERS
-from eplb.errors import SETTING_REFUSED, shown
+from eplb.errors import SECRET_REFUSED, SETTING_REFUSED, shown
+
+SPACES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
+"""What a key's leading or trailing whitespace is called in its refusal (any other: 'whitespace')."""
 
 
 class Settings(BaseSettings):
     """Every field can be set as EPLB_<FIELD> (upper case) in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="EPLB_")
+    model_config = SettingsConfigDict(env_prefix="EPLB_", hide_input_in_errors=True)  # no key in an error's text
 
     api_key: str | None = Field(None, description="when set, POST, PUT, PATCH and DELETE routes, GET /jobs and every "
                                 "/deployments route need 'Authorization: Bearer <key>'")
@@ -45,6 +48,13 @@ class Settings(BaseSettings):
         if key is not None and not key.strip():
             raise PydanticCustomError(SETTING_REFUSED, "give a key that is not blank, or leave EPLB_API_KEY unset "
                                       "for a service that asks for none")
+        if key is not None and key != key.strip():  # HTTP strips a header value's whitespace: no request matches
+            ends = [f"{where} with {SPACES.get(c, 'whitespace')}"
+                    for where, c in (("starts", key[0]), ("ends", key[-1])) if c.isspace()]
+            raise PydanticCustomError(SECRET_REFUSED, "the key (not shown) {ends}: HTTP strips the whitespace around "
+                                      "a header's value, so no request could send this key; remove it (a key file's "
+                                      "trailing newline: EPLB_API_KEY=\"$(cat FILE)\" drops it)",
+                                      {"ends": " and ".join(ends)})
         return key
 
     @field_validator("inline_solvers")

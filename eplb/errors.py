@@ -30,6 +30,9 @@ class FieldError(EplbError):
 SETTING_REFUSED = "eplb_setting"
 """The pydantic error type of a setting a validator of ours refuses (`api.settings`): its message says what is
 accepted, whole; `eplb.cli.settings_error` puts it after where the value came from."""
+SECRET_REFUSED = "eplb_secret_setting"
+"""As `SETTING_REFUSED`, for a secret (`EPLB_API_KEY`): `eplb.cli.settings_error` names where it came from, never
+the value."""
 
 
 def clip(text: str, width: int = 40) -> str:

@@ -375,6 +375,9 @@ def test_the_plot_draws_the_applied_lb_and_side_by_side_bars_on_whole_windows(
     ([], {"EPLB_API_KEY": ""}, "EPLB_API_KEY='': give a key that is not blank, or leave EPLB_API_KEY unset for a "
      "service that asks for none\n"),
     ([], {"EPLB_API_KEY": " \t"}, "EPLB_API_KEY=' \\t': give a key that is not blank"),
+    ([], {"EPLB_API_KEY": "s3cret-value\n"}, "EPLB_API_KEY: the key (not shown) ends with a newline: HTTP strips"),
+    ([], {"EPLB_API_KEY": "\ts3cret-value "}, "EPLB_API_KEY: the key (not shown) starts with a tab and ends with a "
+     "space: HTTP strips"),
     ([], {"EPLB_INLINE_SOLVERS": "milp"}, "EPLB_INLINE_SOLVERS='milp': 'milp' cannot run in the server process; give "
      "a comma-separated list of some of greedy, deepseek, incremental, or nothing (every request in the solver "
      "processes)\n"),
@@ -393,7 +396,7 @@ def test_serve_names_the_flag_or_variable_of_a_bad_setting_and_what_it_takes(
     assert main(["serve", "--port", "1", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"eplb serve: error: {message}") and err.count("\n") == 1
-    assert "bad setting" not in err and not (tmp_path / "data").exists()
+    assert "bad setting" not in err and not (tmp_path / "data").exists() and "s3cret" not in err
 
 
 def test_a_blank_api_key_is_refused_wherever_settings_are_read() -> None:

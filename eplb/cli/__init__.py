@@ -11,7 +11,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from eplb.errors import SETTING_REFUSED, EplbError
+from eplb.errors import SECRET_REFUSED, SETTING_REFUSED, EplbError
 from eplb.errors import clip as clip  # the commands echo values through these (eplb.errors)
 from eplb.errors import shown as shown
 
@@ -108,11 +108,11 @@ def settings_error(exc: ValidationError, model: type[BaseModel], flags: Mapping[
             parts.append(f"bad setting{' ' + field if field else ''}: {err['msg']}")
             continue
         flag = (flags or {}).get(field)
-        if flag is not None:
-            source = f"{flag} {shown(err['input'])}"
-        else:
-            env = next((k for k in os.environ if k.upper() == f"EPLB_{field.upper()}"), f"EPLB_{field.upper()}")
-            source = f"{env}={shown(err['input'])}"
+        env = next((k for k in os.environ if k.upper() == f"EPLB_{field.upper()}"), f"EPLB_{field.upper()}")
+        if err["type"] == SECRET_REFUSED:  # a secret: where it came from, never its value
+            parts.append(f"{flag or env}: {err['msg']}")
+            continue
+        source = f"{flag} {shown(err['input'])}" if flag is not None else f"{env}={shown(err['input'])}"
         if err["type"] == SETTING_REFUSED:  # our validator's message says what is accepted
             parts.append(f"{source}: {err['msg']}")
             continue
