@@ -642,3 +642,28 @@ def test_the_verdict_counts_layers_whose_lb_prints_the_same_as_matched() -> None
     (line,) = verdict([run("greedy", greedy), run("milp-weighted", [1.00021, 1.00020, 1.00030])])
     assert line.startswith("EP8 x 9 slots: milp-weighted did not beat greedy on any layer (3 layers, worse on 1; lb "
                            "max 1.0003 vs 1.0003)"), line
+
+
+def test_a_token_level_log_cut_by_layers_replays_as_the_log_of_those_layers(tmp_path: Path) -> None:
+    """--layers N on a token-level log: the replay's tokens are the first N layers' (it read every layer's
+    tokens from the file, a shape the N-layer placements did not fit, and stopped)."""
+    from eplb.io.logs import write_topk
+    from eplb.synth import synth_topk
+
+    cfg = SynthConfig(steps=40, layers=3, experts=16, top_k=2, tokens=64, groups=1, model=None, hot_ratio=4)
+    ids, offsets = synth_topk(cfg)
+    full, cut = tmp_path / "full.npz", tmp_path / "cut.npz"
+    write_topk(full, ids, offsets, num_experts=16)
+    write_topk(cut, ids[:, :2], offsets, num_experts=16)
+    tiny = MODEL_PRESETS["deepseek-v3"].model_copy(update={"num_experts": 16, "top_k": 2, "name": "tiny"})
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(tiny.to_dict()))
+    runs = []
+    for log, extra in ((full, ["--layers", "2"]), (cut, [])):
+        out = tmp_path / log.stem
+        assert main(["compare", "--log", str(log), "--model", str(model), "--solvers", "greedy", "--ep", "4",
+                     "--window", "10", "--interval", "10", "--trigger", "periodic", "--no-progress", "--out", str(out),
+                     *extra]) == 0
+        runs.append(json.loads((out / "results.json").read_text())["runs"][0])
+    assert len(runs[0]["lb"]) == 2 and runs[0]["lb"] == runs[1]["lb"] and runs[0]["time_us"] == runs[1]["time_us"]
+    assert runs[0]["moves"] == runs[1]["moves"] and len(runs[0]["moves"]) == 2  # time_us: the reach of its tokens

@@ -191,7 +191,8 @@ TOKEN_LOG_MAX = 50_000_000
 
 
 def _token_routing(info: LogInfo) -> tuple[NDArray[np.int16], NDArray[np.int64]] | None:
-    """(topk_ids [tokens, L, k], step_offsets [steps + 1]) of a token-level log small enough to hold, else None."""
+    """(topk_ids [tokens, L, k], step_offsets [steps + 1]) of a token-level log small enough to hold, else None;
+    L is info.num_layers, the file's first layers (`eplb compare --layers` replays a log cut to its first L)."""
     if info.kind != "topk":
         return None
     import zipfile
@@ -203,6 +204,8 @@ def _token_routing(info: LogInfo) -> tuple[NDArray[np.int16], NDArray[np.int64]]
     if stored > TOKEN_LOG_MAX * 8:  # at most 8 bytes per pick in the file
         return None
     ids, offsets = read_topk(info.path)
+    if ids.shape[1] > info.num_layers:
+        ids = np.ascontiguousarray(ids[:, : info.num_layers])
     return (ids, offsets) if ids.size <= TOKEN_LOG_MAX else None
 
 
