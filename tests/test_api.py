@@ -24,6 +24,7 @@ from eplb.evaluate import balance
 from eplb.io.windows import read_window
 from eplb.placement import Placement
 from tests.conftest import free_port, poll_job, wait_until_ready
+from tests.event_loop import healthz_while
 
 PROBLEM = "application/problem+json"
 V3 = read_window(None).loads[:6]  # 6 real DeepSeek-V3 layers keep requests small
@@ -552,23 +553,9 @@ def test_parsing_a_large_body_leaves_healthz_free(base: str) -> None:
     rows = np.tile(V3, (400, 1))  # 2,400 layers x 256 experts, about 12 MB of JSON
     rows[-1, -1] = -1.0  # parsed and validated in full, then refused: the cost is the parsing
     content = json.dumps(request_body(loads=rows.tolist())).encode()
-    result: dict[str, Any] = {}
-
-    def post() -> None:
-        result["r"] = httpx.post(f"{base}/placement", content=content, headers={"content-type": "application/json"},
-                                 timeout=120)
-
-    worst = 0.0
-    with httpx.Client(base_url=base, timeout=60) as client:  # one client: no per-request TLS context set-up
-        sender = threading.Thread(target=post)
-        sender.start()
-        while sender.is_alive():
-            started = time.perf_counter()
-            assert client.get("/healthz").status_code == 200
-            worst = max(worst, time.perf_counter() - started)
-            time.sleep(0.01)
-        sender.join()
-    assert result["r"].status_code == 422 and "[2399][255] is -1" in result["r"].json()["detail"]
+    r, worst = healthz_while(base, lambda: httpx.post(f"{base}/placement", content=content, timeout=120,
+                                                      headers={"content-type": "application/json"}))
+    assert r.status_code == 422 and "[2399][255] is -1" in r.json()["detail"]
     assert worst < 0.25, f"/healthz took {worst:.3f} s while a large body was parsed"
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 
 import httpx
 import pytest
+
+from tests.event_loop import healthz_while
 
 PROBLEM = "application/problem+json"
 
@@ -134,21 +134,10 @@ def test_every_route_parses_a_large_body_away_from_the_event_loop(base: str) -> 
               + "}", "padding", "Extra inputs are not permitted"),
              ("POST", "/deployments/large/placement", '{"placement":{"slots_per_gpu":[1],"phy2log":' + numbers + "}}",
               "placement.phy2log", f"placement.phy2log[0][0] is 1234.5: {IDS_RULE}")]
-    with httpx.Client(base_url=base, timeout=60) as client:
-        for method, path, content, field, message in cases:
-            sent: dict[str, httpx.Response] = {}
-            sender = threading.Thread(target=lambda: sent.update(r=post(base, path, content, method)))  # noqa: B023
-            worst = 0.0
-            sender.start()
-            while sender.is_alive():
-                started = time.perf_counter()
-                assert client.get("/healthz").status_code == 200
-                worst = max(worst, time.perf_counter() - started)
-                time.sleep(0.01)
-            sender.join()
-            assert worst < 0.25, f"/healthz took {worst:.3f} s while {path} parsed a {len(content) / 1e6:.0f} MB body"
-            r = sent["r"]
-            assert r.status_code == 422 and r.json()["errors"] == [{"field": field, "message": message}], r.text[:300]
+    for method, path, content, field, message in cases:
+        r, worst = healthz_while(base, lambda: post(base, path, content, method))  # noqa: B023
+        assert worst < 0.25, f"/healthz took {worst:.3f} s while {path} parsed a {len(content) / 1e6:.0f} MB body"
+        assert r.status_code == 422 and r.json()["errors"] == [{"field": field, "message": message}], r.text[:300]
     assert httpx.get(f"{base}/deployments/large", timeout=60).json()["windows"] == 0
 
 
