@@ -213,7 +213,8 @@ def test_a_binary_spec_file_is_refused_in_one_line(tmp_path: Path, capsys: pytes
     spec = tmp_path / "spec.json"
     spec.write_bytes(bytes(range(256)) * 4)
     code, err = run(capsys, "solve", flag, str(spec))
-    assert code == 2 and err.startswith(f"eplb solve: error: {spec}: not valid JSON ('utf-8' codec can't decode"), err
+    said = "not valid JSON: not UTF-8 text (byte 128); is it a binary file?"
+    assert code == 2 and err == f"eplb solve: error: {spec}: {said}", err
 
 
 @pytest.mark.parametrize("flag", ["--model", "--hardware"])

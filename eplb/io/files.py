@@ -161,7 +161,9 @@ def read_json(p: Path) -> Any:
     try:
         text = p.read_text()
         data = parse_json(text, str(p))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:  # a binary file (an .npz, a .parquet) given where JSON text is read
+        raise EplbError(f"{p}: not valid JSON: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+    except json.JSONDecodeError as exc:
         raise EplbError(f"{p}: not valid JSON ({exc})") from None
     refuse_bools(data, text, f"{p}: ")
     return data
