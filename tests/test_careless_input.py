@@ -34,14 +34,17 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A 2-layer x 16-expert window with a current placement (no model preset has 16 experts), a synthetic
-    log of that shape, and a DeepSeek-V3 placement on 8 GPUs for the decode window."""
+    log of that shape and a token-level one (for --coactivation), and a DeepSeek-V3 placement on 8 GPUs for the
+    decode window."""
     d = tmp_path_factory.mktemp("careless")
     window = d / "w.json"
     window.write_text(json.dumps({"loads": (np.arange(32).reshape(2, 16) + 1).tolist()}))
-    files = {"window": window, "current": d / "p.json", "log": d / "log.npz", "dsv3": d / "p8.json"}
+    files = {"window": window, "current": d / "p.json", "log": d / "log.npz", "dsv3": d / "p8.json",
+             "tokens": d / "topk.npz"}
+    shape = ["--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"]
     for argv in (["solve", "--loads", str(window), "--gpus", "4", "--out", str(files["current"])],
-                 ["synth", "--out", str(files["log"]), "--steps", "20", "--layers", "2", "--experts", "16",
-                  "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"],
+                 ["synth", "--out", str(files["log"]), "--steps", "20", *shape],
+                 ["synth", "--out", str(files["tokens"]), "--steps", "4", "--format", "topk", *shape],
                  ["solve", "--loads", str(DECODE), "--gpus", "8", "--redundant", "8", "--out", str(files["dsv3"])]):
         assert main(argv) == 0
     return files
@@ -185,7 +188,8 @@ def test_link_without_a_model_is_refused_by_solve(small: dict[str, Path], capsys
     # --hardware and --tokens-per-gpu were silently ignored without a model (replay's too, above)
     for flag, what in ((["--hardware", "h100"], "is the GPU the time prediction runs on"),
                        (["--tokens-per-gpu", "256"], "sizes the step the time prediction times"),
-                       (["--node-limit", "2", "--gpus-per-node", "2"], "caps the predicted co-activation copies")):
+                       (["--node-limit", "2", "--gpus-per-node", "2", "--coactivation", str(small["tokens"])],
+                        "caps the predicted co-activation copies")):
         for command in ("solve", "evaluate"):
             data = ["--placement", str(small["current"])] if command == "evaluate" else ["--gpus", "4"]
             code, err = run(capsys, command, "--loads", str(small["window"]), *data, *flag)
@@ -722,7 +726,7 @@ def test_a_bad_link_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture
                                           "GB/s per GPU and direction, got 'foo'"), err
     code, err = run(capsys, "solve", "--link", "0")
     assert code == 2 and err.endswith("--link 0: link bandwidth must be a positive number of GB/s, got '0'"), err
-    code, err = run(capsys, "cost", "--model", "deepseek-v3", "--link", "0")
+    code, err = run(capsys, "cost", "--model", "deepseek-v3", "--ep", "8", "--tokens-per-gpu", "256", "--link", "0")
     assert code == 2 and "--link 0: link bandwidth must be" in err, err
 
 
