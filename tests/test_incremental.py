@@ -233,7 +233,7 @@ def test_frontier_is_a_tradeoff_curve(
 def test_registered_and_refuses_what_it_cannot_do() -> None:
     loads = np.ones((1, 8))
     slots = np.full(4, 2, dtype=np.int64)
-    with pytest.raises(SolverError, match="current placement"):
+    with pytest.raises(SolverError, match=r"rebalances a serving placement: give it as Problem\(current_phy2log=...\)"):
         registry.solve("incremental", Problem(loads, slots), Options())
     with pytest.raises(SolverError, match="does not take"):
         registry.solve("incremental", Problem(loads, slots, current_phy2log=np.arange(8)[None, :]),
