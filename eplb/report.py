@@ -51,9 +51,10 @@ class ReplayStats:
     bytes_moved: list[float] | None  # [R] bytes of expert weights copied; None without a model
     window_lb: list[float | None]  # [R] mean over the window's layers with tokens of the lb the solver reported
     # on it (`Rebalance.window_lb_mean`); None: no layer had any
-    lb_all_steps: list[float]  # [L] mean lb over every step of the log
-    static_lb: list[float]  # [L] the first rebalance's placement kept
-    oracle_lb: list[float] | None  # [L] every sampled step solved on its own counts (greedy); None: skipped
+    # per-layer lbs below: None for a layer without tokens in any of the steps averaged (no lb, as Run's lb)
+    lb_all_steps: list[float | None]  # [L] mean lb over every step of the log
+    static_lb: list[float | None]  # [L] the first rebalance's placement kept
+    oracle_lb: list[float | None] | None  # [L] every sampled step solved on its own counts (greedy); None: skipped
     oracle_steps: int  # sampled steps behind oracle_lb
     static_time_us: list[float] | None = None  # [L] µs, mean predicted layer time
     oracle_time_us: list[float] | None = None  # [L] µs
@@ -109,8 +110,8 @@ def known(values: Sequence[float | None]) -> list[float]:
 
 def lb_mean_max(values: Sequence[float | None]) -> tuple[float, float]:
     """(mean, max) of a Run's per-layer lb (or bound) over the layers with tokens, as `Balance.lb_over_tokens`
-    takes them; a Run has at least one (`compare_window` refuses a window without tokens, `compare_log` a layer
-    without any)."""
+    takes them; a Run has at least one (`compare_window` refuses a window without tokens, `compare_log` a log
+    whose served steps have none)."""
     lb = known(values)
     if not lb:
         raise EplbError("no layer has tokens: no lb to report")
@@ -342,11 +343,10 @@ class _StepBounds:
         self.counts = np.zeros(layers, dtype=np.int64)  # step-layers with tokens
         self.steps = 0
 
-    def mean(self, split: str) -> list[float]:
-        """[L] the mean bound over the step-layers with tokens (1 for a layer that never has any)."""
-        out: list[float] = np.divide(self.sums[split], self.counts, out=np.ones(self.counts.size),
-                                     where=self.counts > 0).tolist()  # fmt: skip
-        return out
+    def mean(self, split: str) -> list[float | None]:
+        """[L] the mean bound over the step-layers with tokens (None for a layer that never has any: no lb)."""
+        means = np.divide(self.sums[split], self.counts, out=np.ones(self.counts.size), where=self.counts > 0)
+        return [float(m) if n else None for m, n in zip(means, self.counts, strict=True)]
 
     def __call__(self, pos: int, counts: NDArray[Any]) -> None:
         keep = counts[max(0, self.start - pos) :]
@@ -407,6 +407,15 @@ class _LayerMeans:
             return None
         out: list[float] = (self.sums[name] / n).tolist()
         return out
+
+    def layer_means(self, name: str) -> list[float | None] | None:
+        """[L] mean over the kept steps that have a value, None for a layer that has none (an lb of a layer
+        without tokens in any of them); None when no layer has any (no steps, or the oracle skipped)."""
+        n = self.counts[name]
+        if not n.any():
+            return None
+        means = np.divide(self.sums[name], n, out=np.zeros(n.size), where=n > 0)
+        return [float(m) if c else None for m, c in zip(means, n, strict=True)]
 
 
 def compare_log(
@@ -534,10 +543,10 @@ def _log_run(
     schedule: dict[str, Any],
 ) -> Run:
     """A Run from one replay: `means` its own per-layer sums, `shared` the ones holding the oracle."""
-    lb = means.mean("lb")
-    if lb is None:
-        raise EplbError("compare --log: some layer has no tokens in any step after the first rebalance, so it has "
-                        "no realized lb; use a longer log or an earlier --first-rebalance")
+    lb = means.layer_means("lb")
+    if lb is None:  # a layer without tokens in every served step has no lb (None), as in a window report
+        raise EplbError("compare --log: no layer has tokens in any step after the first rebalance, so there is no "
+                        "realized lb; use a longer log or an earlier --first-rebalance")
     layers = len(lb)
     infos = [rb.solver_info for rb in rebalances]
     layer_ms = [layer_solve_ms(rb.solver_info, rb.solve_ms, layers) for rb in rebalances]
@@ -556,9 +565,9 @@ def _log_run(
         layer_solve_ms=layer_ms,
         bytes_moved=moved if len(moved) == len(rebalances) else None,
         window_lb=[rb.window_lb_mean for rb in rebalances],
-        lb_all_steps=means.mean("lb_all") or [],
-        static_lb=means.mean("static_lb") or [],
-        oracle_lb=shared.mean("oracle_lb"),
+        lb_all_steps=means.layer_means("lb_all") or [],
+        static_lb=means.layer_means("static_lb") or [],
+        oracle_lb=shared.layer_means("oracle_lb"),
         oracle_steps=shared.oracle_steps,
         static_time_us=means.mean("static_time_us"),
         oracle_time_us=shared.mean("oracle_time_us"),
@@ -574,7 +583,7 @@ def _log_run(
         solve_ms=np.mean(layer_ms, axis=0).tolist() if layer_ms else [0.0] * layers,
         status=status,
         gap=np.max([info["gap"] for info in infos], axis=0).tolist() if infos else [0.0] * layers,
-        baseline_lb=list(means.mean("no_eplb_lb") or []),
+        baseline_lb=list(means.layer_means("no_eplb_lb") or []),
         time_us=time_us,
         baseline_time_us=means.mean("no_eplb_time_us"),
         moves=[rb.moves for rb in rebalances],
@@ -716,7 +725,7 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
     assert st is not None
     context = [f"no EPLB {lb_mean_max(first.baseline_lb)[0]:.3f}"]
     if st.oracle_lb is not None:
-        context.append(f"oracle {np.mean(st.oracle_lb):.3f} on {plural(st.oracle_steps, 'sampled step')}")
+        context.append(f"oracle {lb_mean_max(st.oracle_lb)[0]:.3f} on {plural(st.oracle_steps, 'sampled step')}")
     context.append(f"lower bound {lb_mean_max(first.bound)[0]:.3f}")
     counts = {name: len(r.moves or []) for name, r in group.items()}
     same_count = len(set(counts.values())) == 1
@@ -729,7 +738,7 @@ def _log_verdict(label: str, group: dict[str, Run]) -> list[str]:
                          "placement)")
             continue
         parts.append(
-            f"{name} {lb_mean_max(r.lb)[0]:.3f} (static {np.mean(rs.static_lb):.3f})"
+            f"{name} {lb_mean_max(r.lb)[0]:.3f} (static {lb_mean_max(rs.static_lb)[0]:.3f})"
             + ("" if same_count else f" over {plural(counts[name], 'rebalance')}")
             + f" moving {_moves_text(float(np.median(r.moves)), _bytes_per_move(r))} expert copies and solving in "
             f"{_ms(float(np.median(rs.solve_ms)))} ms per rebalance (medians)"
@@ -789,8 +798,9 @@ def _replay_rows(runs: Sequence[Run]) -> list[list[str]]:
             continue
         per = _bytes_per_move(r)
         rows.append([
-            r.label, r.solver, f"{st.steps:,}", f"{lb_mean_max(r.lb)[0]:.4f}", f"{np.mean(st.static_lb):.4f}",
-            "" if st.oracle_lb is None else f"{np.mean(st.oracle_lb):.4f}", f"{lb_mean_max(r.baseline_lb)[0]:.4f}",
+            r.label, r.solver, f"{st.steps:,}", f"{lb_mean_max(r.lb)[0]:.4f}", f"{lb_mean_max(st.static_lb)[0]:.4f}",
+            "" if st.oracle_lb is None else f"{lb_mean_max(st.oracle_lb)[0]:.4f}",
+            f"{lb_mean_max(r.baseline_lb)[0]:.4f}",
             f"{lb_mean_max(r.bound)[0]:.4f}", f"{len(r.moves)}",
             _moves_text(float(np.median(r.moves)), per) if r.moves else "", _moves_text(float(sum(r.moves)), per),
             f"{np.median(st.solve_ms):,.1f}" if st.solve_ms else "",
@@ -867,7 +877,7 @@ def _plots(runs: Sequence[Run], out: Path) -> list[tuple[str, str]]:
                 label="lower bound")
         oracle = group[0].replay.oracle_lb if group[0].replay is not None else None
         if oracle is not None:
-            ax.plot(layers, oracle, ls=":", color="gray", label="oracle (each step solved)")
+            ax.plot(layers, np.array(oracle, dtype=np.float64), ls=":", color="gray", label="oracle (each step solved)")
         ax.set_title(label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("MoE layer")

@@ -363,7 +363,41 @@ def test_log_report_leaves_out_steps_without_tokens(
     assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
                  "--window", "10", "--interval", "20", "--trigger", "periodic",
                  "--out", str(tmp_path / "empty")]) == 2  # fmt: skip
-    assert "no tokens in any step after the first rebalance" in capsys.readouterr().err
+    assert "no layer has tokens in any step after the first rebalance" in capsys.readouterr().err
+
+
+def test_a_log_layer_that_never_has_tokens_is_null_in_the_log_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
+) -> None:
+    """A layer all zero in every step (a dense layer a recorder dumped, as `eplb replay` takes it) has no realized
+    lb: results.json says null for its lb, bound, baseline, static and oracle lb, as a window report does, and the
+    means and the verdict are over the other layers. It was refused ('some layer has no tokens ...: use a longer
+    log or an earlier --first-rebalance', advice that cannot help)."""
+    _, log, model = log_report
+    counts = open_log(log).read_counts().counts.copy()
+    counts[:, 1] = 0
+    dead = tmp_path / "dead.npz"
+    write_counts(dead, counts, top_k=2)
+    out = tmp_path / "report"
+    assert main(["compare", "--log", str(dead), "--model", str(model), "--solvers", "greedy,deepseek", "--ep", "4",
+                 "--window", "10", "--interval", "20", "--trigger", "periodic", "--oracle-every", "3",
+                 "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    hw = HARDWARE_PRESETS["b200"]
+    cost = CostSetup(load_model(str(model)), hw, link_bandwidth(hw, "nvlink"), None, True)
+    direct = replay(open_log(dead), Cluster(np.full(4, 5)), schedule=LOG_SCHEDULE, solver="greedy", cost=cost,
+                    oracle_every=3, collect=True)  # fmt: skip
+    st = direct.steps
+    assert st is not None
+    for run in runs:
+        rs = run["replay"]
+        assert run["lb"][1] is None and run["bound"][1] is None and run["baseline_lb"][1] is None
+        assert rs["static_lb"][1] is None and rs["oracle_lb"][1] is None and rs["lb_all_steps"][1] is None
+        assert None not in run["lb"][::2] and None not in rs["oracle_lb"][::2]
+    assert runs[0]["lb"][::2] == pytest.approx(np.nanmean(st.lb[21:], axis=0)[::2], rel=1e-9)
+    assert "deepseek against greedy" in printed and "of 2 layers with tokens" in printed, printed
+    assert "| EP4 x 5 slots | greedy |" in (out / "report.md").read_text()
 
 
 def test_log_default_trigger_is_replays(
