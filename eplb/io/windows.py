@@ -112,9 +112,33 @@ def _read_json(p: Path) -> LoadWindow:
     data = read_json(p)
     if isinstance(data, dict):
         if "loads" not in data:
-            raise EplbError(f"{p}: expected a 'loads' field holding [layers][experts] token counts")
+            raise EplbError(_not_a_window(p, data))
         return _window(check_loads(data["loads"], f"{p}: loads"), str(p), _meta(data))
     return LoadWindow(check_loads(data, str(p)), str(p))
+
+
+_PLACEMENT_KEYS = ("phy2log", "physical_to_logical_map", "initial_global_assignments", "layer_list")
+"""The keys by which `eplb.io.foreign` knows a placement file (eplb's, SGLang's, TensorRT-LLM's, vllm-ascend's)."""
+
+
+def _not_a_window(p: Path, data: dict[str, Any]) -> str:
+    """Why a JSON object without 'loads' is no load window: the kind of file it is, when its keys tell (a placement,
+    a migration plan, an engine's statistics dump), and what takes it."""
+    for key in _PLACEMENT_KEYS:
+        if key in data:
+            return (f"{p}: a placement file ({key}), not a load window: give it as --placement (eplb evaluate) or "
+                    "--current (eplb solve), and the window as --loads")
+    if "logical_count" in data:
+        return (f"{p}: SGLang's expert distribution dump (logical_count), not a load window: make one with `eplb "
+                f"import-load --from sglang {p} --out window.json`")
+    if "stages" in data and "num_copies" in data:
+        return f"{p}: a migration plan (stages), not a load window: give the window the plan was made for"
+    keys = ", ".join(sorted(str(k) for k in data)[:6]) or "none"
+    text = f"{p}: expected a 'loads' field holding [layers][experts] token counts (keys: {keys})"
+    if "counts" in data:
+        text += (f"; per-step counts [steps][layers][experts] under 'counts' are read by `eplb import-load --from "
+                 f"vllm {p} --out window.json`")
+    return text
 
 
 def _window(loads: NDArray[np.float64], source: str, meta: dict[str, Any]) -> LoadWindow:
