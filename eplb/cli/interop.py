@@ -24,6 +24,7 @@ from eplb.io.files import output_file, plural, writing
 from eplb.io.foreign import read_placement_file
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
+from eplb.rules import CLI_MAX_GPUS
 from eplb.specs import MODEL_PRESETS, ModelSpec
 
 _EXPERT_COUNTS = {spec.num_experts for spec in MODEL_PRESETS.values()}
@@ -98,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "model layers (SGLang, TensorRT-LLM, eplb's with layer_ids) it selects those layers")
     e.add_argument("--num-model-layers", type=_num_model_layers, metavar="N", help="SGLang only: rows to write, "
                    "all model layers (default: the last layer id + 1)")
-    e.add_argument("--gpus", type=int, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files "
+    e.add_argument("--gpus", type=_gpu_count, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files "
                    "(for others it must be the file's own)")
     e.set_defaults(func=run_export)
 
@@ -118,8 +119,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     i.add_argument("--keep-empty-layers", action="store_true", help="SGLang: keep layers that recorded no tokens")
     i.add_argument("--placement", metavar="FILE", help="vLLM and TensorRT-LLM: the placement live while recording, "
                    "to fold physical-slot counts into logical experts")
-    i.add_argument("--gpus", type=int, metavar="N", help="EP size, to read an SGLang or TensorRT-LLM --placement")
+    i.add_argument("--gpus", type=_gpu_count, metavar="N", help="EP size, to read an SGLang or TensorRT-LLM --placement")
     i.set_defaults(func=run_import_load)
+
+
+def _gpu_count(text: str) -> int:
+    """argparse type of --gpus: a whole number up to `CLI_MAX_GPUS`, as `eplb solve --gpus` (>= 1 is checked by
+    `_check_gpus`, with the flag's name, as `eplb evaluate` does)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value > CLI_MAX_GPUS:
+        raise argparse.ArgumentTypeError(f"{value} is too large (at most {CLI_MAX_GPUS:,} GPUs)")
+    return value
+
+
+_gpu_count.__name__ = "whole number"  # argparse names the type in its own messages
+
+
+def _check_gpus(gpus: int | None) -> None:
+    """Refuse a --gpus below 1 by name (a file read with it said '... do not split evenly over 0 GPUs')."""
+    if gpus is not None and gpus < 1:
+        raise EplbError(f"--gpus must be >= 1, got {gpus}")
 
 
 def _num_model_layers(text: str) -> int:
@@ -152,6 +174,7 @@ def _step_range(text: str) -> tuple[int | None, int | None]:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    _check_gpus(args.gpus)
     # a target's file under another suffix is refused (SGLang's own rule, .json, is write_export's: its message)
     output_file(args.out, "--out", () if args.to == "sglang" else TARGET_SUFFIXES[args.to],
                 [("--placement", args.placement)])
@@ -191,6 +214,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import_load(args: argparse.Namespace) -> int:
+    _check_gpus(args.gpus)
     output_file(args.out, "--out", inputs=[*(("FILE", f) for f in args.files), ("--placement", args.placement)])
     live = None
     if args.placement:
