@@ -99,8 +99,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "model layers (SGLang, TensorRT-LLM, eplb's with layer_ids) it selects those layers")
     e.add_argument("--num-model-layers", type=_num_model_layers, metavar="N", help="SGLang only: rows to write, "
                    "all model layers (default: the last layer id + 1)")
-    e.add_argument("--gpus", type=_gpu_count, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement files "
-                   "(for others it must be the file's own)")
+    e.add_argument("--gpus", type=_gpu_count, metavar="N", help="EP size, to read SGLang or TensorRT-LLM placement "
+                   "files (for others it must be the file's own)")
     e.set_defaults(func=run_export)
 
     i = subparsers.add_parser(
@@ -119,7 +119,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     i.add_argument("--keep-empty-layers", action="store_true", help="SGLang: keep layers that recorded no tokens")
     i.add_argument("--placement", metavar="FILE", help="vLLM and TensorRT-LLM: the placement live while recording, "
                    "to fold physical-slot counts into logical experts")
-    i.add_argument("--gpus", type=_gpu_count, metavar="N", help="EP size, to read an SGLang or TensorRT-LLM --placement")
+    i.add_argument("--gpus", type=_gpu_count, metavar="N",
+                   help="EP size, to read an SGLang or TensorRT-LLM --placement")
     i.set_defaults(func=run_import_load)
 
 
