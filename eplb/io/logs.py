@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -377,6 +377,12 @@ def _check_axes(path: str | Path, name: str, shape: tuple[int, ...], per: str = 
 # --------------------------------------------------------------------------------------------
 
 
+def _not_three_axes(path: str | Path, shape: Sequence[int]) -> str:
+    """Why counts of `shape` are no log; two axes are a load window, named as one with the command that takes it."""
+    return f"{path}: counts must be [steps, layers, experts], got shape {list(shape)}" + (
+        " (a [layers, experts] window: use it with eplb solve --loads)" if len(shape) == 2 else "")
+
+
 class _NpzCounts(RoutingLog):
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -388,10 +394,7 @@ class _NpzCounts(RoutingLog):
             with zf.open(_COUNTS + ".npy") as f:
                 shape, fortran, dtype = _read_npy_header(f, f"{path}: counts")
         if len(shape) != 3:
-            raise EplbError(
-                f"{path}: counts must be [steps, layers, experts], got shape {list(shape)}"
-                + (" (a [layers, experts] window: use it with eplb solve --loads)" if len(shape) == 2 else "")
-            )
+            raise EplbError(_not_three_axes(path, shape))
         _check_axes(path, "counts", shape)
         if fortran:
             raise EplbError(f"{path}: counts is stored in Fortran order; save it C-contiguous to stream it")
@@ -457,7 +460,7 @@ class _NpyCounts(RoutingLog):
                 ) from None
             raise EplbError(f"{path}: not a readable .npy array ({exc})") from None
         if arr.ndim != 3:
-            raise EplbError(f"{path}: counts must be [steps, layers, experts], got shape {list(arr.shape)}")
+            raise EplbError(_not_three_axes(path, arr.shape))
         _check_axes(path, "counts", arr.shape)
         if (wrong := count_type_refusal(arr.dtype)) is not None:
             raise EplbError(f"{path}: {wrong}")
@@ -1009,8 +1012,10 @@ def open_log(path: str | Path) -> RoutingLog:
             return _TopkNpz(p)
         if _COUNTS + ".npy" in names:
             return _NpzCounts(p)
+        found = sorted(n.removesuffix(".npy") for n in names)
+        window = " (a 'loads' array is a load window: use it with eplb solve --loads)" if "loads" in found else ""
         raise EplbError(f"{p}: expected 'counts' ([steps, layers, E]) or 'topk_ids' ([tokens, layers, k]), "
-                        f"found {sorted(n.removesuffix('.npy') for n in names)}")
+                        f"found {found}{window}")
     if fmt == "npy":
         return _NpyCounts(p)
     if fmt == "jsonl":
