@@ -187,6 +187,9 @@ def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int
     if "logical_count" in data or "loads" in data:
         raise EplbError(f"{source}: this is a load statistics file, not a placement; import it with "
                         "`eplb import-load` or pass it as --loads")
+    if "stages" in data and "num_copies" in data:  # what `eplb solve --plan` writes next to its --out
+        raise EplbError(f"{source}: a migration plan (stages), not a placement: give the placement it leads to (the "
+                        "--out of the eplb solve that wrote it)")
     keys = ", ".join(sorted(str(k) for k in data)[:6])
     raise EplbError(f"{source}: not a placement file I know (keys: {keys}); expected phy2log, "
                     "physical_to_logical_map, initial_global_assignments or layer_list")
