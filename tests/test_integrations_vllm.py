@@ -204,6 +204,28 @@ def test_loads_no_window_could_hold_are_refused_by_the_windows_rule(value: float
     check_valid(*call("tuple", torch.from_numpy(weight), 6, 1, 1, 2), 4)
 
 
+@pytest.mark.parametrize("solver", ["deepseek", "greedy"])
+def test_a_hierarchical_topology_no_group_packing_fits_is_refused_naming_the_engines_arguments(
+        solver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """num_groups a multiple of num_nodes selects DeepSeek's hierarchical policy, which the drop-in runs for every
+    window of no tokens (vLLM's start-up profile run) and every fallback. Groups that do not divide the experts, or
+    ranks that do not split over the nodes, raised the drop-in's bare AssertionError ('experts (8) must be a multiple
+    of 3', 'GPUs (3) must be a multiple of 2') naming none of the engine's arguments: now the plug-in's one line,
+    with any solver, locally and for a window without tokens; one where the groups do not split over the nodes is the
+    global policy, placed."""
+    monkeypatch.setenv("EPLB_SOLVER", solver)
+    weight = torch.arange(16, dtype=torch.float64).reshape(2, 8) + 1
+    for w in (weight, torch.zeros_like(weight)):
+        for args, refused in (
+                ((12, 3, 1, 4), "num_groups (3) must divide the number of experts (8, the last dimension of weight): "
+                                "when num_groups (3) is a multiple of num_nodes (1), DeepSeek's hierarchical"),
+                ((12, 2, 2, 3), "num_ranks (3) must be a multiple of num_nodes (2): when num_groups (2) is a multiple "
+                                "of num_nodes (2)")):
+            with pytest.raises(core.PolicyInputError, match=f"^{re.escape(refused)}"):
+                EplbPolicy.rebalance_experts(w, *args)
+        check_valid(*call("tuple", w, 12, 3, 2, 4), 8)
+
+
 def test_hierarchical_policy_keeps_each_group_on_one_node() -> None:
     rng = np.random.default_rng(3)
     weight = torch.from_numpy(rng.pareto(1.2, size=(4, 64)) * 100)

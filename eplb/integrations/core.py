@@ -298,6 +298,16 @@ def check_inputs(
     if num_replicas < weight.shape[1]:
         raise PolicyInputError(f"{names.num_replicas} ({num_replicas}) must be >= the number of experts "
                                f"({weight.shape[1]}, the last dimension of {names.weight})")
+    if num_groups % num_nodes == 0:  # DeepSeek's hierarchical policy (the drop-in's, which places every window of
+        # no tokens and every fallback): whole groups of experts onto nodes of equally many ranks
+        why = (f"when {names.num_groups} ({num_groups}) is a multiple of {names.num_nodes} ({num_nodes}), DeepSeek's "
+               "hierarchical policy packs whole expert groups onto nodes of equally many ranks")
+        if weight.shape[1] % num_groups:
+            raise PolicyInputError(f"{names.num_groups} ({num_groups}) must divide the number of experts "
+                                   f"({weight.shape[1]}, the last dimension of {names.weight}): {why}")
+        if num_ranks % num_nodes:
+            raise PolicyInputError(f"{names.num_ranks} ({num_ranks}) must be a multiple of {names.num_nodes} "
+                                   f"({num_nodes}): {why}")
 
 
 def check_map(old: NDArray[Any] | None, weight: FloatArray, num_replicas: int, num_ranks: int, name: str) -> None:
