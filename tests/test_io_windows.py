@@ -47,3 +47,23 @@ def test_loads_names_the_kind_of_json_file_it_was_given(
 def test_a_real_window_still_reads(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["solve", "--loads", str(FIXTURES / "seed004-counts.json"), "--gpus", "8"]) == 0
     assert "lb" in capsys.readouterr().out
+
+
+def test_a_truncated_npz_says_it_was_cut_short_wherever_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb replay` said a cut-off .npz loses its directory (copy it again); `--loads` and `import-load` gave only
+    zipfile's 'File is not a zip file'."""
+    import numpy as np
+
+    whole = tmp_path / "whole.npz"
+    np.savez(whole, counts=np.ones((50, 4, 16), dtype=np.int64))
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(whole.read_bytes()[:2000])
+    hint = "a file cut short loses the archive's directory at its end: copy it again"
+    for argv in (["solve", "--loads", str(cut), "--gpus", "2"],
+                 ["import-load", "--from", "vllm", str(cut), "--out", str(tmp_path / "w.json")],
+                 ["replay", str(cut), "--gpus", "2"]):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{cut}: not a readable .npz archive (File is not a zip file); {hint}" in err, (argv, err)

@@ -9,6 +9,7 @@ import os
 import secrets
 import stat
 import sys
+import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -208,6 +209,15 @@ def _unique_keys(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
 def _int_digits() -> int:
     """The longest integer Python converts from text (4,300 by default; 0: no limit)."""
     return sys.get_int_max_str_digits() or 4300
+
+
+def unreadable_npz(path: str | Path, exc: BaseException) -> str:
+    """Why an .npz is unreadable, one message for every reader: a file cut short (zipfile finds no directory at its
+    end, `zipfile.BadZipFile`) is said to be one, with what helps."""
+    text = f"{path}: not a readable .npz archive ({exc or 'cut short'})"
+    if isinstance(exc, zipfile.BadZipFile):
+        text += "; a file cut short loses the archive's directory at its end: copy it again"
+    return text
 
 
 def existing_file(raw: str | Path, what: str = "file") -> Path:

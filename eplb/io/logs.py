@@ -36,7 +36,16 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from eplb.errors import EplbError, shown
-from eplb.io.files import existing_file, number_text, parse_json, plural, real_array, refuse_bools, usable_path
+from eplb.io.files import (
+    existing_file,
+    number_text,
+    parse_json,
+    plural,
+    real_array,
+    refuse_bools,
+    unreadable_npz,
+    usable_path,
+)
 from eplb.io.windows import MAX_LOAD, refuse_mixed_arrays, window_layer_ids
 
 __all__ = [
@@ -288,8 +297,7 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise EplbError(f"{path}: not a readable .npz archive ({exc}); a file cut short loses the archive's "
-                        "directory at its end: copy it again") from None
+        raise EplbError(unreadable_npz(path, exc)) from None
 
 
 def _meta_from_zip(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from eplb.io.files import (
     plural,
     read_json,
     replace_text,
+    unreadable_npz,
     usable_path,
 )
 from eplb.io.logs import count_problem
@@ -526,7 +527,9 @@ def _read_array(p: Path, keys: tuple[str, ...]) -> tuple[str, NDArray[Any]]:
             arrays = [n for n in names if n not in ("layer_ids", "physical_to_logical_map")]
             if arrays == [UNNAMED]:
                 return UNNAMED, np.asarray(npz[UNNAMED])
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except zipfile.BadZipFile as exc:
+        raise EplbError(unreadable_npz(p, exc)) from None
+    except (ValueError, OSError, EOFError) as exc:
         raise EplbError(f"{p}: not a readable numpy file ({exc or 'cut short'})") from None
     raise EplbError(f"{p}: expected an array named {' or '.join(repr(k) for k in keys)} (or one saved without a "
                     f"name, np.savez(file, array)), found {names}")

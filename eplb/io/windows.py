@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import existing_file, number_text, plural, read_json, real_array
+from eplb.io.files import existing_file, number_text, plural, read_json, real_array, unreadable_npz
 from eplb.placement import row_layer_ids
 from solvers.validation import MAX_LOAD as MAX_LOAD  # the one cap on token counts, re-exported
 from solvers.validation import load_refusal
@@ -181,7 +181,7 @@ def _read_npz(p: Path) -> LoadWindow:
             if len(names) == 1:
                 return LoadWindow(check_loads(npz[names[0]], f"{p}: {names[0]}"), str(p))
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise EplbError(f"{p}: not a readable .npz archive ({exc or 'cut short'})") from None
+        raise EplbError(unreadable_npz(p, exc)) from None
     raise EplbError(f"{p}: expected an array named 'loads' or 'counts', found {names}")
 
 
