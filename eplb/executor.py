@@ -26,6 +26,7 @@ import argparse
 import functools
 import itertools
 import logging
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -175,6 +176,7 @@ class RayExecutor(Executor):
             raise EplbError("--executor ray needs Ray: pip install 'eplb[ray]'") from None
         if retries < 0:
             raise EplbError(f"retries must be >= 0, got {retries}")
+        self.endpoint = None if address is None else ray_endpoint(address, flag)
         self.ray = ray
         self.address, self.num_cpus, self.retries, self.quiet, self.flag = address, num_cpus, retries, quiet, flag
         self.started = False
@@ -186,6 +188,8 @@ class RayExecutor(Executor):
             return self._remote
         ray, address = self.ray, self.address
         if not ray.is_initialized():
+            if self.endpoint is not None:  # Ray waits minutes (HOST:6379) or 30 s (ray://) for nothing that answers
+                self._probe(*self.endpoint)
             logs = {"logging_level": logging.ERROR} if self.quiet else {"configure_logging": False}
             try:
                 local = address is None
@@ -196,6 +200,24 @@ class RayExecutor(Executor):
             self.started = True
         self._remote = ray.remote(_run_task)
         return self._remote
+
+    def _probe(self, host: str, port: int) -> None:
+        """EplbError at once when nothing accepts a connection at the address's host and port (a closed port, a host
+        that does not resolve): ray.init would retry a GCS address for minutes, logging each attempt, and wait 30 s for
+        a Ray client address before saying 'ray client connection timeout'."""
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            if isinstance(exc, socket.gaierror):
+                raise EplbError(f"cannot reach the Ray cluster at {self.address}: no host {host!r} "
+                                f"({reason})") from None
+            if isinstance(exc, TimeoutError):
+                reason = f"no answer within {PROBE_TIMEOUT_S:g} s"
+            client = self.address is not None and self.address.strip().startswith(RAY_CLIENT)
+            which = "Ray client server port (10001 by default)" if client else "GCS port (6379 by default)"
+            raise EplbError(f"cannot reach the Ray cluster at {self.address}: {reason} at {host}:{port} (is Ray's head "
+                            f"running there, `ray start --head`, and is {port} its {which}?)") from None
 
     def _unreachable(self, exc: Exception) -> str:
         """Why Ray did not start or could not be joined, in eplb's terms: Ray's own text for `auto` points at Ray's
@@ -264,6 +286,36 @@ class RayExecutor(Executor):
         if self.started:
             self.ray.shutdown()
             self.started = False
+
+
+RAY_CLIENT = "ray://"
+PROBE_TIMEOUT_S = 5.0
+"""Seconds `RayExecutor` waits for a TCP connection to the cluster's address before ray.init."""
+_UNPROBED = ("auto", "local")
+
+
+def ray_endpoint(address: str, flag: str | None = None) -> tuple[str, int] | None:
+    """The (host, port) of a Ray address to join, None for `auto` and `local` (no one place to reach); EplbError naming
+    the address (`flag`'s words) for what is no Ray address: empty, an http(s) URL (the dashboard's or the job server's,
+    not the cluster's), another scheme, no port or a port outside 1-65535."""
+    given = f"{flag} {address!r}" if flag else f"address {address!r}"
+    accepted = "give auto, the head's GCS address HOST:6379, or the Ray client's ray://HOST:10001"
+    if not isinstance(address, str) or not address.strip():
+        raise EplbError(f"{given} is empty: {accepted}, or leave it out to start a local Ray")
+    address = address.strip()
+    if address in _UNPROBED:
+        return None
+    rest = address[len(RAY_CLIENT):] if address.startswith(RAY_CLIENT) else address
+    if "://" in rest:
+        scheme = rest.split("://", 1)[0]
+        what = "an HTTP URL (Ray's dashboard or job server, port 8265, takes no tasks)" if scheme.lower() in (
+            "http", "https") else f"a {scheme}:// URL"
+        raise EplbError(f"{given} is {what}: {accepted}")
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise EplbError(f"{given} needs a host and a port from 1 to 65535: {accepted}")
+    return host, int(port)
 
 
 def make_executor(name: str, address: str | None = None) -> Executor:

@@ -8,8 +8,10 @@ import dataclasses
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,11 +280,57 @@ def test_the_ray_extra_brings_the_ray_client(monkeypatch: pytest.MonkeyPatch) ->
                          "install ray`), please reinstall by executing `pip install ray[client]`.")
 
     _no_ray_yet(monkeypatch, init)
-    with pytest.raises(EplbError) as info:
-        make_executor("ray", "ray://head:10001").node_cpus()
-    assert str(info.value) == ("--ray-address ray://head:10001 needs Ray's client, which this Ray lacks (its grpcio): "
+    with socket.create_server(("127.0.0.1", 0)) as head:  # something listens there: the address is probed first
+        address = f"ray://127.0.0.1:{head.getsockname()[1]}"
+        with pytest.raises(EplbError) as info:
+            make_executor("ray", address).node_cpus()
+    assert str(info.value) == (f"--ray-address {address} needs Ray's client, which this Ray lacks (its grpcio): "
                                "pip install 'eplb[ray]' (it installs ray[client]), or run the command on a node of "
                                "the cluster with --ray-address auto")
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        return int(free.getsockname()[1])
+
+
+def test_a_ray_address_where_nothing_answers_or_that_is_no_ray_address_is_one_line_at_once(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ray-address 127.0.0.1:6379` with no Ray there ran for minutes, Ray logging 'Failed to connect to GCS' every
+    few seconds; `ray://HOST:10001` waited 30 s with a UserWarning for 'ray client connection timeout'; an empty
+    address (an unset $VAR) said 'Invalid address format: ', an http:// one spoke of RAY_ADDRESS, which was not set.
+    An address that is no Ray address is refused before Ray is called, and one where nothing answers after a TCP
+    probe, each in one line naming the address."""
+
+    def init(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("ray.init was called")
+
+    _no_ray_yet(monkeypatch, init)  # this process's Ray, if another test started it, would take the tasks instead
+    port = _closed_port()
+    for address, said in (
+            (f"127.0.0.1:{port}", f"cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused at "
+                                  f"127.0.0.1:{port} (is Ray's head running there, `ray start --head`, and is {port} "
+                                  "its GCS port (6379 by default)?)"),
+            (f"ray://127.0.0.1:{port}", f"cannot reach the Ray cluster at ray://127.0.0.1:{port}: Connection refused "
+                                        f"at 127.0.0.1:{port} (is Ray's head running there, `ray start --head`, and is "
+                                        f"{port} its Ray client server port (10001 by default)?)"),
+            ("ray://no-such-host.invalid:10001", "cannot reach the Ray cluster at ray://no-such-host.invalid:10001: no "
+                                                 "host 'no-such-host.invalid' ("),
+            ("", "--ray-address '' is empty: give auto, the head's GCS address HOST:6379, or the Ray client's "
+                 "ray://HOST:10001, or leave it out to start a local Ray"),
+            ("http://127.0.0.1:8265", "--ray-address 'http://127.0.0.1:8265' is an HTTP URL (Ray's dashboard or job "
+                                      "server, port 8265, takes no tasks): give auto, "),
+            ("localhost", "--ray-address 'localhost' needs a host and a port from 1 to 65535: give auto, "),
+            ("127.0.0.1:99999", "--ray-address '127.0.0.1:99999' needs a host and a port from 1 to 65535"),
+            ("ray:/head", "--ray-address 'ray:/head' needs a host and a port")):
+        started = time.monotonic()
+        assert main(["compare", "--solvers", "greedy", "--ep", "8", "--layers", "2", "--out", str(tmp_path / "r"),
+                     "--no-progress", "--executor", "ray", "--ray-address", address]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert err.startswith(f"eplb compare: error: {said}") and err.count("\n") == 1, (address, err)
+        assert time.monotonic() - started < 10, address
+    with pytest.raises(EplbError, match=r"^address 'localhost' needs a host and a port"):  # the Python API's words
+        RayExecutor("localhost")
 
 
 def test_layer_ranges_with_idle_layers_merge_to_the_whole_replay() -> None:
