@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
 
 T = TypeVar("T")
+NO_ROUTE = "Not Found"
+"""The detail of the service's 404 for a path it has no route for (the web framework's), not for a missing resource."""
 Export = Literal["sglang", "trtllm", "vllm-ascend"]
 Coactivation: TypeAlias = "CoactivationSummary | Mapping[str, Any] | str | bytes"
 """A window's co-activation summary: the summary, its JSON object (`to_dict`), its .npz image (`to_bytes`) or
@@ -328,8 +330,9 @@ def _segment(name: str) -> str:
 
 
 def _job_segment(job_id: str) -> str:
-    """A job id as one URL path segment (the service's ids are hex)."""
-    if not isinstance(job_id, str) or job_id in ("", ".", ".."):
+    """A job id as one URL path segment (the service's ids are hex). InvalidRequest for '', '.', '..' and an id with a
+    '/' (the service decodes %2F: '../x' or 'ID/x' reached no route, '404 Not Found: Not Found')."""
+    if not isinstance(job_id, str) or job_id in ("", ".", "..") or "/" in job_id:
         raise InvalidRequest(f"job id {job_id!r}: the id a submitted job answered (Job.id)")
     return quote(job_id, safe="")
 
@@ -412,8 +415,14 @@ def _problem(response: httpx.Response) -> None:
         detail = text if kind == "text/plain" and text else f"a {kind} answer, no problem details: is the URL that " \
             "of `eplb serve`?"
         raise ServiceError(response.status_code, response.reason_phrase, detail)
-    raise ServiceError(response.status_code, str(body.get("title", response.reason_phrase)),
-                       str(body.get("detail", "")), body.get("errors"))
+    detail = str(body.get("detail", ""))
+    if response.status_code == 404 and detail == NO_ROUTE:  # the framework's: no route for the path, no resource
+        path = str(body.get("instance") or response.request.url.path)
+        base = str(response.request.url.copy_with(path="/", query=None, fragment=None)).rstrip("/")
+        detail = (f"no route {path} on the service at {base}: is the client's base URL that of `eplb serve` "
+                  f"(http://HOST:PORT, with no path unless a proxy serves it under one)?")
+    raise ServiceError(response.status_code, str(body.get("title", response.reason_phrase)), detail,
+                       body.get("errors"))
 
 
 class _Api:

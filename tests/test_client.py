@@ -294,6 +294,18 @@ def test_unreachable_and_foreign_services_are_one_line_errors() -> None:
         assert gone.value.status == 404 and "\n" not in str(gone.value)
 
 
+def test_a_base_url_with_a_path_the_service_has_not_is_said_so(base: str) -> None:
+    """Client("http://HOST:PORT/api") raised '404 Not Found: Not Found' at every call: the 404 of no route is said as
+    one, naming the path and the base URL to check; a missing deployment keeps the service's own detail."""
+    with Client(base + "/api", api_key=KEY) as eplb, pytest.raises(ServiceError) as no_route:
+        eplb.deployments()
+    assert no_route.value.status == 404 and str(no_route.value) == (
+        f"404 Not Found: no route /api/deployments on the service at {base}: is the client's base URL that of `eplb "
+        "serve` (http://HOST:PORT, with no path unless a proxy serves it under one)?")
+    with Client(base, api_key=KEY) as eplb, pytest.raises(ServiceError, match="no deployment named 'absent'"):
+        eplb.deployment("absent")
+
+
 @pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), 1e12, True, "5"])
 def test_a_timeout_that_is_no_wait_is_a_one_line_error(timeout: Any) -> None:
     """Client(url, timeout=0) or -1 raised 'Timeout value out of range' from socket.py at the first call, inf or 1e12
@@ -364,17 +376,19 @@ def test_job_ids_are_escaped(base: str) -> None:
     """A job id is one path segment too: the service is asked about the id as given, not a prefix of it."""
     with Client(base, api_key=KEY) as eplb:
         job = eplb.submit(**request())
-        for suffix in ("#x", "?x=1", "/x"):
+        for suffix in ("#x", "?x=1"):
             with pytest.raises(ServiceError) as missing:
                 eplb.job(job.id + suffix)
             assert missing.value.status == 404, suffix
-            if suffix != "/x":  # the service decodes %2F into a path of its own: no route, no job
-                assert repr(job.id + suffix) in missing.value.detail
+            assert repr(job.id + suffix) in missing.value.detail
             with pytest.raises(ServiceError, match="404"):
                 eplb.cancel(job.id + suffix)
         assert eplb.wait(job.id, timeout=120).status == "done"  # not cancelled
-        with pytest.raises(InvalidRequest, match=r"^job id '\.\.'"):
-            eplb.job("..")
+        # the service decodes %2F into a path of its own, which no route has ('404 Not Found: Not Found'): not sent
+        for bad in ("..", job.id + "/x", "../x"):
+            for call in (eplb.job, eplb.cancel, eplb.wait):
+                with pytest.raises(InvalidRequest, match=f"^job id {re.escape(repr(bad))}: the id a submitted job "):
+                    call(bad)
 
 
 def test_numpy_values_at_any_depth(base: str) -> None:

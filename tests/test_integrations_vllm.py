@@ -715,8 +715,27 @@ def test_remote_falls_back_when_the_service_has_no_such_deployment(
     with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
         out = EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32)
     assert "answered 404" in caplog.text and "solved locally" in caplog.text
+    assert (f"{base}/deployments/no-such-deployment/windows answered 404: no deployment named 'no-such-deployment': "
+            "register it with PUT /deployments/no-such-deployment") in caplog.text  # the service's words
     monkeypatch.delenv("EPLB_SERVICE_URL")
     assert out.tolist() == EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32).tolist()
+
+
+def test_a_service_url_with_a_path_the_service_has_not_says_so(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EPLB_SERVICE_URL=http://HOST:PORT/api (a path `eplb serve` has no route under) was logged 'answered 404 (no
+    deployment 'prod', or a service without deployments)' for a deployment that exists: the 404 of no route is said as
+    one, naming the setting to check."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "routed", monkeypatch)
+    monkeypatch.setenv("EPLB_SERVICE_URL", base + "/api")
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        EplbPolicy.rebalance_experts(torch.ones(2, 8), 16, 1, 1, 4)
+    assert (f"remote failed, solved locally: {base}/api/deployments/routed/windows answered 404 (Not Found): no such "
+            f"route there; is EPLB_SERVICE_URL ({base}/api) the base URL `eplb serve` listens on (http://HOST:PORT, "
+            "with no path unless a proxy serves it under one), and does that service keep deployments?") in caplog.text
+    assert "no deployment 'routed'" not in caplog.text
 
 
 def test_remote_mode_uses_the_services_deployment(

@@ -490,6 +490,8 @@ class Failure(str):
         return self
 
 
+NO_ROUTE = "Not Found"
+"""The detail of a 404 for a path the service has no route for (the web framework's), not for an unknown deployment."""
 UNCHANGED = "unchanged"
 """`post_window`'s answer when the service kept the placement it holds (action kept)."""
 CURRENT = "current_placement"
@@ -544,8 +546,12 @@ class Service:
     def _answer(self, url: str, response: httpx.Response) -> Any:
         """An answer not sent again as `_json` returns it: its JSON, or a Failure for 404, another error, not JSON."""
         if response.status_code == 404:
-            return Failure(f"{url} answered 404 (no deployment {self.settings.deployment!r}, or a service without "
-                           "deployments)")
+            why = retry.detail(response).strip()
+            if why and why != NO_ROUTE:  # the service's own: "no deployment named 'prod': register it with PUT ..."
+                return Failure(f"{url} answered 404: {why}")
+            return Failure(f"{url} answered 404 ({why or 'no detail'}): no such route there; is EPLB_SERVICE_URL "
+                           f"({self.settings.service_url}) the base URL `eplb serve` listens on (http://HOST:PORT, "
+                           "with no path unless a proxy serves it under one), and does that service keep deployments?")
         if response.status_code == 422 and _names_field(response, CURRENT):
             why = retry.detail(response)
             return Failure(f"{url} refused the engine's map as the window's current placement ({why})", "other-cluster")
