@@ -48,6 +48,7 @@ class _NotStarted(Exception):
 
 
 RETRIES = 2  # fresh workers tried when the one taken had died while idle
+IDLE_EXIT_S = 0.5  # an idle worker not gone this long after its pipe closed is still starting: killed
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -237,7 +238,10 @@ class SolvePool:
 
     async def close(self) -> None:
         """Stop every worker: idle ones by closing their pipe (they exit cleanly, releasing what their
-        solvers hold), running ones by killing their process group."""
+        solvers hold), running ones by killing their process group. An idle worker still starting (importing
+        the solvers, seconds under load) sees the closed pipe only when it is done: one not gone within
+        IDLE_EXIT_S is killed too, as it holds nothing yet (a server stopped right after its start waited for
+        that, 2.9 s)."""
         self._closed = True
         running: list[_Worker] = list(self._running.values())
         idle: list[_Worker] = []
@@ -250,7 +254,7 @@ class SolvePool:
                 w.conn.close()
         loop = asyncio.get_running_loop()
         for w in idle + running:
-            await loop.run_in_executor(None, w.process.join, 5)
+            await loop.run_in_executor(None, w.process.join, IDLE_EXIT_S if w in idle else 5)
             if w.process.is_alive():
                 _kill_tree(w.process)
                 await loop.run_in_executor(None, w.process.join, 5)
