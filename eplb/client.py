@@ -421,6 +421,10 @@ def _problem(response: httpx.Response) -> None:
         base = str(response.request.url.copy_with(path="/", query=None, fragment=None)).rstrip("/")
         detail = (f"no route {path} on the service at {base}: is the client's base URL that of `eplb serve` "
                   f"(http://HOST:PORT, with no path unless a proxy serves it under one)?")
+    elif response.status_code == 401:  # which key the service refused: the caller's api_key, or none
+        sent = "authorization" in response.request.headers
+        detail += " (the client's api_key is not the service's key)" if sent else \
+            " (the client has no api_key: Client(url, api_key=KEY), KEY the service's EPLB_API_KEY)"
     raise ServiceError(response.status_code, str(body.get("title", response.reason_phrase)), detail,
                        body.get("errors"))
 

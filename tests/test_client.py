@@ -95,6 +95,17 @@ def test_placement_jobs_and_errors(base: str) -> None:
         intruder.put_deployment("x", config())
 
 
+def test_a_401_says_whether_the_client_sent_a_key(base: str) -> None:
+    """A 401 said only the service's words, 'send 'Authorization: Bearer <key>' with the service's API key', the same
+    for a client without api_key and one with the wrong one; it says which now, in the client's terms."""
+    refused = "401 Unauthorized: send 'Authorization: Bearer <key>' with the service's API key"
+    for key, said in ((None, " (the client has no api_key: Client(url, api_key=KEY), KEY the service's EPLB_API_KEY)"),
+                      ("wrong", " (the client's api_key is not the service's key)")):
+        with Client(base, api_key=key) as eplb, pytest.raises(ServiceError) as info:
+            eplb.deployments()
+        assert str(info.value) == refused + said and info.value.status == 401
+
+
 SIXTEEN = [[40, 3, 9, 0, 12, 7, 30, 1, 5, 8, 2, 22, 6, 4, 11, 10], [0] * 16,
            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 """A window of 16 experts, which no model preset has (an answer without a model), its middle layer without tokens."""

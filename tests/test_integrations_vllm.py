@@ -721,6 +721,32 @@ def test_remote_falls_back_when_the_service_has_no_such_deployment(
     assert out.tolist() == EplbPolicy.rebalance_experts(weight, 288, 8, 4, 32).tolist()
 
 
+def test_a_401_names_the_setting_that_sends_the_key(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service with an API key answered the plug-in 401, logged as 'send 'Authorization: Bearer <key>' ...', which
+    names no setting of the engine's: the line says EPLB_API_KEY is unset, or not the service's key."""
+    base = server_factory(api_key="the-key")
+    created = httpx.put(f"{base}/deployments/keyed", json={"model": "mixtral-8x7b", "cluster": {
+        "num_gpus": 4, "slots_per_gpu": 4}}, headers={"Authorization": "Bearer the-key"}, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "keyed")
+    for key, said in ((None, "EPLB_API_KEY is not set"), ("wrong", "EPLB_API_KEY is not the service's key")):
+        if key is not None:
+            monkeypatch.setenv("EPLB_API_KEY", key)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+            EplbPolicy.rebalance_experts(torch.ones(2, 8), 16, 1, 1, 4)
+        assert (f"remote failed, solved locally: {base}/deployments/keyed/windows answered 401: send 'Authorization: "
+                f"Bearer <key>' with the service's API key ({said})") in caplog.text
+    monkeypatch.setenv("EPLB_API_KEY", "the-key")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        EplbPolicy.rebalance_experts(torch.ones(2, 8), 16, 1, 1, 4)
+    assert "eplb policy (remote): " in caplog.text and "answered 401" not in caplog.text
+
+
 def test_a_service_url_with_a_path_the_service_has_not_says_so(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

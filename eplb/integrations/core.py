@@ -555,6 +555,9 @@ class Service:
         if response.status_code == 422 and _names_field(response, CURRENT):
             why = retry.detail(response)
             return Failure(f"{url} refused the engine's map as the window's current placement ({why})", "other-cluster")
+        if response.status_code == 401:
+            key = "EPLB_API_KEY is not set" if not self.settings.api_key else "EPLB_API_KEY is not the service's key"
+            return Failure(f"{url} answered 401: {retry.detail(response)} ({key})")
         if response.status_code >= 400:
             return Failure(f"{url} answered {response.status_code}: {retry.detail(response)}")
         try:
