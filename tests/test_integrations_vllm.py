@@ -226,6 +226,23 @@ def test_a_hierarchical_topology_no_group_packing_fits_is_refused_naming_the_eng
         check_valid(*call("tuple", w, 12, 3, 2, 4), 8)
 
 
+def test_the_log_lines_docs_tell_to_verify_by_are_the_ones_a_rebalance_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """docs/integrations.md said every rebalance logs 'eplb policy (local): deepseek, <N> copies (no limit)'; from
+    vLLM's serving map it logs 'incremental, <N> copies (no limit)' (the fresh placement only when it balances more
+    than 1% better), and without a map 'deepseek' alone. The doc quotes the lines the plug-in logs."""
+    doc = " ".join((ROOT / "docs" / "integrations.md").read_text().split())
+    first = EplbPolicy.rebalance_experts(torch.from_numpy(PREFILL), 288, 1, 1, 32)
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        EplbPolicy.rebalance_experts(torch.from_numpy(PREFILL), 288, 1, 1, 32)
+        EplbPolicy.rebalance_experts(torch.from_numpy(DECODE), 288, 1, 1, 32, first)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.eplb_plugin"]
+    assert lines[0] == "eplb policy (local): deepseek"
+    assert re.fullmatch(r"eplb policy \(local\): incremental, \d+ copies \(no limit\)", lines[1]), lines[1]
+    assert ("every rebalance logs `eplb policy (local): incremental, <N> copies (no limit)` from the serving map "
+            "(`deepseek (incremental lb ... vs fresh ...), <N> copies (no limit)` when a fresh placement balanced "
+            "better, `deepseek` alone when vLLM passed no map") in doc
+
+
 def test_hierarchical_policy_keeps_each_group_on_one_node() -> None:
     rng = np.random.default_rng(3)
     weight = torch.from_numpy(rng.pareto(1.2, size=(4, 64)) * 100)
