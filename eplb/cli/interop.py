@@ -335,7 +335,11 @@ def _import_summary(loads: ImportedLoads, out: str, keep_steps: bool) -> str:
     per_layer = total / layers if layers else 0.0
     rows = (f"model {_layers(loads.layer_ids)}" if loads.layer_ids is not None else  # vLLM numbers MoE layers
             f"MoE {_layers(list(range(layers)))} by position, no model layer ids")
+    empty = [i for i, total in enumerate(window.sum(axis=1)) if total == 0]  # kept: vLLM's, or --keep-empty-layers
+    labels = empty if loads.layer_ids is None else [loads.layer_ids[i] for i in empty]
+    none = "" if not empty else (f" (the mean over layers; {plural(len(empty), 'layer')} without tokens: "
+                                 f"{'' if loads.layer_ids is None else 'model '}{_layers(labels)})")
     return (f"read {loads.source}\n"
             f"wrote {out}: {what}{plural(layers, 'layer')} ({rows}) x "
             f"{plural(experts, 'expert')}, "
-            f"{per_layer:,.0f} token-expert assignments per layer summed over {plural(loads.num_steps, 'step')}")
+            f"{per_layer:,.0f} token-expert assignments per layer summed over {plural(loads.num_steps, 'step')}{none}")
