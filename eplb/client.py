@@ -515,6 +515,17 @@ def _result(job: Job) -> PlacementResponse:
     return job.result
 
 
+def _deadline(timeout: float | None) -> float | None:
+    """When `wait` gives up: None for no limit; InvalidRequest for a timeout that is no wait (`timeout_refusal`: a NaN
+    waited forever, a string raised TypeError, -1 gave up at once saying 'still running after -1 s')."""
+    if timeout is None:
+        return None
+    refused = timeout_refusal(timeout)
+    if refused is not None:
+        raise InvalidRequest(f"wait's timeout {refused} (or None: no limit)")
+    return time.monotonic() + float(timeout)
+
+
 def _backoff(delay: float) -> float:
     return min(delay * 1.5, 2.0)
 
@@ -599,8 +610,9 @@ class Client:
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Poll until the job is done (0.1 s, growing to 2 s between polls); JobFailed if it failed or was
-        cancelled, TimeoutError after `timeout` seconds."""
-        deadline, delay = None if timeout is None else time.monotonic() + timeout, 0.1
+        cancelled, TimeoutError after `timeout` seconds (None: no limit; else the rule of the client's own timeout,
+        InvalidRequest for one that is no wait)."""
+        deadline, delay = _deadline(timeout), 0.1
         while True:
             job = self.job(job_id)
             if job.finished:
@@ -703,7 +715,7 @@ class AsyncClient:
         return await self._do(_Api.job(job_id))
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
-        deadline, delay = None if timeout is None else time.monotonic() + timeout, 0.1
+        deadline, delay = _deadline(timeout), 0.1
         while True:
             job = await self.job(job_id)
             if job.finished:

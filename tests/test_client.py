@@ -328,6 +328,26 @@ def test_a_timeout_that_is_no_wait_is_a_one_line_error(timeout: Any) -> None:
         assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), -1, 0, "5", float("inf")])
+def test_a_wait_timeout_that_is_no_wait_is_a_one_line_error(base: str, timeout: Any) -> None:
+    """wait(job, timeout=nan) polled forever (no comparison with NaN is true), '5' raised TypeError from
+    time.monotonic() + '5', -1 and 0 gave up at once with 'still running after -1 s': each is InvalidRequest now,
+    before any poll, by the rule of the client's own timeout; None waits without limit."""
+    refused = f"wait's timeout must be a number of seconds above 0 and at most 86,400 (a day), got {timeout!r}"
+    with Client(base, api_key=KEY) as eplb:
+        job = eplb.submit(**request())
+        with pytest.raises(InvalidRequest, match=f"^{re.escape(refused)} \\(or None: no limit\\)$"):
+            eplb.wait(job.id, timeout=timeout)
+
+        async def waits() -> None:
+            async with AsyncClient(base, api_key=KEY) as other:
+                await other.wait(job.id, timeout=timeout)
+
+        with pytest.raises(InvalidRequest, match=f"^{re.escape(refused)}"):
+            asyncio.run(waits())
+        assert eplb.wait(job.id, timeout=None).status == "done"
+
+
 def test_a_closed_client_says_so_in_one_line(base: str) -> None:
     """A call after close() (or the with block) raised httpx's RuntimeError; now InvalidRequest."""
     with Client(base, api_key=KEY) as eplb:
