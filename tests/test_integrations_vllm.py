@@ -188,6 +188,19 @@ def test_numpy_arrays_lists_and_int_counts_are_taken_and_anything_else_is_refuse
             EplbPolicy.rebalance_experts(bad, 6, 1, 1, 2)
 
 
+def test_complex_loads_or_maps_are_refused_not_cut_to_their_real_part() -> None:
+    """A complex weight tensor was placed on its real part, torch saying only 'UserWarning: Casting complex values to
+    real discards the imaginary part'; a complex numpy array was 'no rectangular array of numbers'. Both are refused
+    naming the dtype, as is a complex map."""
+    weight, old = torch.tensor([[10.0, 20.0, 30.0, 40.0]] * 2), torch.tensor([[0, 1, 2, 3, 0, 1]] * 2)
+    for bad, dtype in ((weight.to(torch.complex64), "complex64"), (weight.numpy().astype(np.complex128), "complex128")):
+        with pytest.raises(core.PolicyInputError, match=f"^weight must hold real numbers, got {dtype}$"):
+            EplbPolicy.rebalance_experts(bad, 6, 1, 1, 2)
+    with pytest.raises(core.PolicyInputError, match=r"^old_global_expert_indices must hold real numbers, got "
+                                                    r"complex64$"):
+        EplbPolicy.rebalance_experts(weight, 6, 1, 1, 2, old.to(torch.complex64))
+
+
 @pytest.mark.parametrize("value", [1e16, 1e300, 1.7e308, float("inf"), float("nan"), -1.0])
 def test_loads_no_window_could_hold_are_refused_by_the_windows_rule(value: float) -> None:
     """Any finite load passed: above 1e15 it reached the C kernel, at 1.7e308 greedy corrupted memory. The plug-in

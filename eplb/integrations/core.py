@@ -250,11 +250,17 @@ def as_array(value: Any, name: str, integer: bool = False) -> NDArray[Any]:
     try:
         if hasattr(value, "detach"):
             tensor = value.detach().cpu()
+            if tensor.is_complex():  # .double() would drop the imaginary part, with only a UserWarning
+                raise PolicyInputError(f"{name} must hold real numbers, got {str(tensor.dtype).removeprefix('torch.')}")
             return np.asarray((tensor if integer else tensor.double()).numpy())
         array = np.asarray(value)
+        if array.dtype.kind == "c":
+            raise PolicyInputError(f"{name} must hold real numbers, got {array.dtype}")
         if array.dtype.kind not in "biuf":
             raise TypeError(array.dtype)
         return array if integer else array.astype(np.float64, copy=False)
+    except PolicyInputError:
+        raise
     except (TypeError, ValueError, RuntimeError):
         raise PolicyInputError(f"{name} must be a rectangular array of numbers (a tensor, a numpy array or nested "
                                f"lists), got a {type(value).__name__}") from None
