@@ -29,3 +29,15 @@ def test_a_plan_given_as_a_placement_is_named_a_plan(tmp_path: Path, capsys: pyt
     other.write_text(json.dumps({"rows": [[0, 1]]}))
     assert main(["evaluate", "--loads", window, "--placement", str(other)]) == 2
     assert "not a placement file I know (keys: rows)" in capsys.readouterr().err
+
+
+def test_a_jsonl_routing_log_given_as_a_placement_is_named_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was parsed as YAML: "not valid YAML (expected '<document start>', but found '{' ...)"."""
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 0, "layer": 0, "counts": [1, 2]}\n{"step": 1, "layer": 0, "counts": [2, 1]}\n')
+    assert main(["export", "--placement", str(log), "--to", "json", "--out", str(tmp_path / "e.json")]) == 2
+    err = capsys.readouterr().err
+    assert (f"{log}: a routing log (JSONL), not a placement: give it to eplb replay; placements are JSON or YAML "
+            "text") in err, err

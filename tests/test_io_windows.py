@@ -67,3 +67,20 @@ def test_a_truncated_npz_says_it_was_cut_short_wherever_it_is_read(
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert f"{cut}: not a readable .npz archive (File is not a zip file); {hint}" in err, (argv, err)
+
+
+def test_a_jsonl_or_parquet_routing_log_as_loads_says_how_to_use_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--loads reads a counts or token-level .npz log as its summed window; a JSONL log, a Parquet directory or one
+    of its shards was 'unknown load file type' or 'is a directory; give a file'."""
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 0, "layer": 0, "counts": [1, 2, 3, 4]}\n')
+    shards = tmp_path / "log.parquet"
+    shards.mkdir()
+    (shards / "part-00000.parquet").write_bytes(b"PAR1")
+    for path in (log, shards, shards / "part-00000.parquet"):
+        assert main(["solve", "--loads", str(path), "--gpus", "2"]) == 2
+        err = capsys.readouterr().err
+        assert (f"{path}: a routing log, which --loads reads only as an .npz: write one with `eplb logs convert {path} "
+                "log.npz` (its counts summed over the steps are the window), or replay it with eplb replay") in err, err

@@ -117,6 +117,9 @@ def _read(path: str | Path, num_gpus: int | None, layer_ids: Sequence[int] | Non
     """`read_placement_file` but for the check of num_gpus against a GPU count the file records; num_experts: the
     experts of the loads the placement is for, if known (`_parse`)."""
     p = existing_file(path, "placement file")
+    if p.suffix.lower() in (".jsonl", ".ndjson"):  # one JSON object a line: YAML's parser said only '<document start>'
+        raise EplbError(f"{p}: a routing log (JSONL), not a placement: give it to eplb replay; placements are JSON "
+                        "or YAML text (eplb's, SGLang's, TensorRT-LLM's or vllm-ascend's)")
     try:
         text = p.read_text()
     except UnicodeDecodeError as exc:

@@ -93,8 +93,13 @@ def read_window(path: str | Path | None = None) -> LoadWindow:
     if path is None:
         data = json.loads(resources.files("eplb.data").joinpath(DEFAULT_WINDOW).read_text())
         return _window(check_loads(data["loads"]), f"embedded default ({DEFAULT_WINDOW})", _meta(data))
+    raw = Path(path)
+    if str(path) and raw.is_dir() and any(raw.glob("part-*.parquet")):  # a Parquet log's shards
+        raise EplbError(_log_not_window(raw))
     p = existing_file(path, "load file")
     suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".parquet"):
+        raise EplbError(_log_not_window(p))
     if suffix == ".json":
         return _read_json(p)
     if suffix == ".npy":
@@ -106,6 +111,12 @@ def read_window(path: str | Path | None = None) -> LoadWindow:
     if suffix == ".npz":
         return _read_npz(p)
     raise EplbError(f"{p}: unknown load file type '{suffix}' (use .json, .npy or .npz)")
+
+
+def _log_not_window(p: Path) -> str:
+    """A JSONL or Parquet routing log given as --loads: how to make it a window (an .npz log reads as one)."""
+    return (f"{p}: a routing log, which --loads reads only as an .npz: write one with `eplb logs convert {p} log.npz` "
+            "(its counts summed over the steps are the window), or replay it with eplb replay")
 
 
 def _read_json(p: Path) -> LoadWindow:
