@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import existing_file, number_text, plural, read_json, real_array, unreadable_npz
+from eplb.io.files import existing_file, number_text, plural, read_json, real_array, unreadable_npz, usable_path
 from eplb.placement import row_layer_ids
 from solvers.validation import MAX_LOAD as MAX_LOAD  # the one cap on token counts, re-exported
 from solvers.validation import load_refusal
@@ -93,8 +93,8 @@ def read_window(path: str | Path | None = None) -> LoadWindow:
     if path is None:
         data = json.loads(resources.files("eplb.data").joinpath(DEFAULT_WINDOW).read_text())
         return _window(check_loads(data["loads"]), f"embedded default ({DEFAULT_WINDOW})", _meta(data))
-    raw = Path(path)
-    if str(path) and raw.is_dir() and any(raw.glob("part-*.parquet")):  # a Parquet log's shards
+    raw = usable_path(path, "load file")  # a name the system refuses is one line, not is_dir's OSError
+    if raw.is_dir() and any(raw.glob("part-*.parquet")):  # a Parquet log's shards
         raise EplbError(_log_not_window(raw))
     p = existing_file(path, "load file")
     suffix = p.suffix.lower()
