@@ -188,6 +188,23 @@ def test_numpy_arrays_lists_and_int_counts_are_taken_and_anything_else_is_refuse
             EplbPolicy.rebalance_experts(bad, 6, 1, 1, 2)
 
 
+def test_more_slots_per_rank_than_experts_or_more_ranks_than_eplb_places_are_refused() -> None:
+    """num_replicas=10**12 (a mistyped count) raised MemoryError 'Unable to allocate 14.6 TiB' from the drop-in, 10**6
+    on 4 ranks ran greedy for minutes: by the rule of every eplb cluster a rank has at most one slot per expert, and
+    there are at most CLI_MAX_GPUS ranks, each refused in one line naming the engine's arguments. E slots per rank
+    is taken."""
+    weight = torch.arange(16, dtype=torch.float64).reshape(2, 8) + 1
+    for args, refused in (
+            ((10**12, 1, 1, 4), "num_replicas (1,000,000,000,000) over num_ranks (4) is 250,000,000,000 slots per rank "
+                                "but only 8 experts (the last dimension of weight): a rank never needs more slots "
+                                "than there are experts"),
+            ((36, 1, 1, 4), "num_replicas (36) over num_ranks (4) is 9 slots per rank but only 8 experts"),
+            ((2**20, 1, 1, 2**17), "num_ranks (131,072) is more EP ranks than eplb places (at most 65,536)")):
+        with pytest.raises(core.PolicyInputError, match=f"^{re.escape(refused)}"):
+            EplbPolicy.rebalance_experts(weight, *args)
+    check_valid(*call("tuple", weight, 32, 1, 1, 4), 8)
+
+
 def test_complex_loads_or_maps_are_refused_not_cut_to_their_real_part() -> None:
     """A complex weight tensor was placed on its real part, torch saying only 'UserWarning: Casting complex values to
     real discards the imaginary part'; a complex numpy array was 'no rectangular array of numbers'. Both are refused

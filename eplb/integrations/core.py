@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from eplb import retry
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
-from eplb.rules import DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
+from eplb.rules import CLI_MAX_GPUS, DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
@@ -304,6 +304,14 @@ def check_inputs(
     if num_replicas < weight.shape[1]:
         raise PolicyInputError(f"{names.num_replicas} ({num_replicas}) must be >= the number of experts "
                                f"({weight.shape[1]}, the last dimension of {names.weight})")
+    if num_ranks > CLI_MAX_GPUS:  # the Python API's and the CLI's bound on GPUs (a huge value crashed the kernels)
+        raise PolicyInputError(f"{names.num_ranks} ({num_ranks:,}) is more EP ranks than eplb places (at most "
+                               f"{CLI_MAX_GPUS:,})")
+    if num_replicas // num_ranks > weight.shape[1]:  # the rule of every cluster (`eplb.budget.slots_beyond_experts`)
+        raise PolicyInputError(f"{names.num_replicas} ({num_replicas:,}) over {names.num_ranks} ({num_ranks:,}) is "
+                               f"{num_replicas // num_ranks:,} slots per rank but only {weight.shape[1]} experts (the "
+                               f"last dimension of {names.weight}): a rank never needs more slots than there are "
+                               "experts (extra slots would only hold a second copy on the same rank)")
     if num_groups % num_nodes == 0:  # DeepSeek's hierarchical policy (the drop-in's, which places every window of
         # no tokens and every fallback): whole groups of experts onto nodes of equally many ranks
         why = (f"when {names.num_groups} ({num_groups}) is a multiple of {names.num_nodes} ({num_nodes}), DeepSeek's "
