@@ -400,6 +400,20 @@ def test_a_log_layer_that_never_has_tokens_is_null_in_the_log_report(
     assert "| EP4 x 5 slots | greedy |" in (out / "report.md").read_text()
 
 
+def test_a_window_flag_with_a_log_names_the_flag_given(
+    capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """`--objectives time` alone with --log was refused as '--objectives and --coactivation compare ...'."""
+    _, log, _ = log_report
+    base = ["compare", "--log", str(log), "--ep", "4", "--out", str(tmp_path / "r")]
+    assert main([*base, "--objectives", "time"]) == 2
+    assert "error: --objectives compares placements on one window: give --loads, not --log" in capsys.readouterr().err
+    assert main([*base, "--coactivation", str(log)]) == 2
+    assert "error: --coactivation compares placements on one window" in capsys.readouterr().err
+    assert main([*base, "--coactivation", str(log), "--objectives", "lb,time"]) == 2
+    assert "error: --objectives and --coactivation compare placements on one window" in capsys.readouterr().err
+
+
 def test_log_default_trigger_is_replays(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
 ) -> None:

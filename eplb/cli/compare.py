@@ -171,8 +171,11 @@ def _run_window(
 def _run_log(
     args: argparse.Namespace, solvers: list[str], eps: list[int], redundant: list[int] | None
 ) -> tuple[list[Run], dict[str, Any]]:
-    if args.objectives != "lb" or args.coactivation:
-        raise EplbError("--objectives and --coactivation compare placements on one window: give --loads, not --log")
+    given = [flag for flag, on in (("--objectives", args.objectives != "lb"), ("--coactivation", args.coactivation))
+             if on]  # fmt: skip
+    if given:  # the flag the user gave, not both
+        raise EplbError(f"{' and '.join(given)} {'compare' if len(given) > 1 else 'compares'} placements on one "
+                        "window: give --loads, not --log")
     for dest, (_, default) in args.log_options.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
