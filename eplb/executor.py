@@ -26,6 +26,7 @@ import argparse
 import functools
 import itertools
 import logging
+import os
 import socket
 import time
 from abc import ABC, abstractmethod
@@ -189,7 +190,15 @@ class RayExecutor(Executor):
         ray, address = self.ray, self.address
         if not ray.is_initialized():
             if self.endpoint is not None:  # Ray waits minutes (HOST:6379) or 30 s (ray://) for nothing that answers
-                self._probe(*self.endpoint)
+                self._probe(*self.endpoint, str(address))
+            elif address is not None and address.strip() == "auto" and os.environ.get(RAY_ADDRESS, "").strip():
+                named = os.environ[RAY_ADDRESS].strip()  # what auto joins first; Ray waits as long for it
+                try:
+                    endpoint = ray_endpoint(named, RAY_ADDRESS)
+                except EplbError:  # another form (an http:// one for `ray job`): Ray's own message says what to do
+                    endpoint = None
+                if endpoint is not None:
+                    self._probe(*endpoint, f"{named} ({RAY_ADDRESS}, which {self.flag or 'address'} auto joins)")
             logs = {"logging_level": logging.ERROR} if self.quiet else {"configure_logging": False}
             try:
                 local = address is None
@@ -201,7 +210,7 @@ class RayExecutor(Executor):
         self._remote = ray.remote(_run_task)
         return self._remote
 
-    def _probe(self, host: str, port: int) -> None:
+    def _probe(self, host: str, port: int, shown: str) -> None:
         """EplbError at once when nothing accepts a connection at the address's host and port (a closed port, a host
         that does not resolve): ray.init would retry a GCS address for minutes, logging each attempt, and wait 30 s for
         a Ray client address before saying 'ray client connection timeout'."""
@@ -210,13 +219,13 @@ class RayExecutor(Executor):
         except OSError as exc:
             reason = exc.strerror or str(exc) or type(exc).__name__
             if isinstance(exc, socket.gaierror):
-                raise EplbError(f"cannot reach the Ray cluster at {self.address}: no host {host!r} "
+                raise EplbError(f"cannot reach the Ray cluster at {shown}: no host {host!r} "
                                 f"({reason})") from None
             if isinstance(exc, TimeoutError):
                 reason = f"no answer within {PROBE_TIMEOUT_S:g} s"
-            client = self.address is not None and self.address.strip().startswith(RAY_CLIENT)
+            client = shown.startswith(RAY_CLIENT)
             which = "Ray client server port (10001 by default)" if client else "GCS port (6379 by default)"
-            raise EplbError(f"cannot reach the Ray cluster at {self.address}: {reason} at {host}:{port} (is Ray's head "
+            raise EplbError(f"cannot reach the Ray cluster at {shown}: {reason} at {host}:{port} (is Ray's head "
                             f"running there, `ray start --head`, and is {port} its {which}?)") from None
 
     def _unreachable(self, exc: Exception) -> str:
@@ -289,6 +298,8 @@ class RayExecutor(Executor):
 
 
 RAY_CLIENT = "ray://"
+RAY_ADDRESS = "RAY_ADDRESS"
+"""The environment variable Ray's `auto` joins first."""
 PROBE_TIMEOUT_S = 5.0
 """Seconds `RayExecutor` waits for a TCP connection to the cluster's address before ray.init."""
 _UNPROBED = ("auto", "local")

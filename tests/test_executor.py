@@ -333,6 +333,27 @@ def test_a_ray_address_where_nothing_answers_or_that_is_no_ray_address_is_one_li
         RayExecutor("localhost")
 
 
+def test_auto_with_a_ray_address_where_nothing_answers_is_one_line_at_once(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ray-address auto` joins RAY_ADDRESS first: one naming a closed port ran for minutes as HOST:6379 did. It is
+    probed as the address itself is, and the line says where the address came from."""
+
+    def init(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("ray.init was called")
+
+    _no_ray_yet(monkeypatch, init)
+    port = _closed_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    started = time.monotonic()
+    assert main(["compare", "--solvers", "greedy", "--ep", "8", "--layers", "2", "--out", str(tmp_path / "r"),
+                 "--no-progress", "--executor", "ray", "--ray-address", "auto"]) == 2  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"eplb compare: error: cannot reach the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS, which --ray-address auto "
+        f"joins): Connection refused at 127.0.0.1:{port} (is Ray's head running there, `ray start --head`, and is "
+        f"{port} its GCS port (6379 by default)?)\n")
+    assert time.monotonic() - started < 10
+
+
 def test_layer_ranges_with_idle_layers_merge_to_the_whole_replay() -> None:
     """Layers 0-1 idle in the first check's window, layers 2-3 in the last one's: each layer range replayed apart
     sees other empty steps, yet merged the rebalances, steps and lb equal the replay of all layers."""
