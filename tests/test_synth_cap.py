@@ -60,3 +60,25 @@ def test_synthetic_counts_respect_k_distinct_experts_per_token() -> None:
     assert (log.sum(axis=2) == cfg.tokens * cfg.top_k).all()
     first = _Popularity(cfg).next()  # popularity [layers, experts] of step 0
     assert (cfg.top_k * first.max(axis=1) > 0.9).any()  # the constraint is near binding
+
+
+def test_the_default_hot_ratio_out_of_reach_of_a_shape_aims_below_its_cap_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eplb synth --model mixtral-8x7b` (and DeepSeek-V2-Lite) refused the default 11 unless told a ratio: without
+    --hot-ratio or --exponent it aims for 0.75 E/k and says so; a ratio given is still the user's, refused above E/k."""
+    import json
+
+    for model, ratio in (("mixtral-8x7b", 3.0), ("deepseek-v2-lite", 8.0)):
+        out = tmp_path / f"{model}.npz"
+        assert cli_main(["synth", "--out", str(out), "--model", model, "--steps", "40", "--json"]) == 0
+        said = capsys.readouterr()
+        assert json.loads(said.out)["config"]["hot_ratio"] == ratio
+        assert said.err.startswith("note: the default hot ratio 11 is out of reach for ") and f"aiming for {ratio:g}" \
+            in said.err, said.err
+        stats = json.loads(said.out)["stats"]
+        assert abs(stats["hot_ratio"]["median"] / ratio - 1) < 0.2, stats  # about what it aims for
+    assert cli_main(["synth", "--out", str(tmp_path / "q.npz"), "--model", "qwen3-235b-a22b", "--layers", "2",
+                     "--steps", "4", "--json"]) == 0  # 128 experts top-8 reach 16: the default 11, no note
+    said = capsys.readouterr()
+    assert json.loads(said.out)["config"]["hot_ratio"] == 11 and said.err == ""

@@ -345,7 +345,7 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
         top_k=top_k,
         tokens=d.tokens if args.tokens is None else args.tokens,
         exponent=args.exponent,
-        hot_ratio=d.hot_ratio if args.hot_ratio is None else args.hot_ratio,
+        hot_ratio=_default_hot_ratio(d.hot_ratio, experts, top_k) if args.hot_ratio is None else args.hot_ratio,
         groups=d.groups if args.groups is None else args.groups,
         group_std=d.group_std if args.group_std is None else args.group_std,
         drift_std=d.drift_std if args.drift_std is None else args.drift_std,
@@ -355,6 +355,25 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
         seed=args.seed,
         model=args.model if args.model is not None else (d.model if default_shape else None),
     )
+
+
+DEFAULT_HOT_REACH = 0.75
+"""The default hot ratio's cap, as a share of experts / top-k (the most one expert can carry when each token picks
+top-k distinct experts): Mixtral's 8 experts, top-2, get 3, the ratio docs/replay.md uses for it."""
+
+
+def _default_hot_ratio(default: float, experts: int, top_k: int) -> float:
+    """The hot ratio `eplb synth` aims for without --hot-ratio or --exponent: `default`, or DEFAULT_HOT_REACH of
+    experts / top-k where the default is out of reach (it refused Mixtral and DeepSeek-V2-Lite shapes unless told a
+    ratio), said on stderr."""
+    reach = experts / max(top_k, 1)
+    if default <= DEFAULT_HOT_REACH * reach or experts < 1 or top_k < 1:
+        return default
+    ratio = max(1.0, DEFAULT_HOT_REACH * reach)
+    print(f"note: the default hot ratio {default:g} is out of reach for {plural(experts, 'expert')}, top-{top_k} "
+          f"(at most {reach:.3g}x the mean): aiming for {ratio:g}"
+          + (f" ({DEFAULT_HOT_REACH:g} of it)" if ratio > 1 else "") + "; --hot-ratio R sets another", file=sys.stderr)
+    return ratio
 
 
 def run_synth(args: argparse.Namespace) -> int:
