@@ -818,8 +818,8 @@ def rebalance_experts(
     weight: [layers, E] load statistics (a torch tensor of any device, a numpy array or nested lists);
     num_replicas: physical experts, a multiple of num_gpus; hierarchical policy when num_groups % num_nodes
     == 0, else global. Raises AssertionError where DeepSeek's function asserts (counts that do not divide,
-    fewer physical than logical experts), as callers such as vLLM's tests expect. Invalid input may raise
-    otherwise than DeepSeek's does: num_groups, num_nodes or num_gpus that is no whole number >= 1 is a ValueError
+    fewer physical than logical experts: the message names the arguments), as callers such as vLLM's tests expect.
+    Invalid input may raise otherwise than DeepSeek's does: a count that is no whole number >= 1 is a ValueError
     naming it (DeepSeek's raises ZeroDivisionError for a 0, and runs on with a negative count), as is a weight
     that is not [layers, E] finite counts >= 0.
     Returns phy2log [layers, num_replicas], log2phy [layers, E, max replicas] (-1 padded) and
@@ -827,10 +827,12 @@ def rebalance_experts(
     int64 CPU tensors for a torch tensor weight, as DeepSeek's (callers pad them and move them with `.to`),
     numpy arrays otherwise.
     """
-    for name, count in (("num_groups", num_groups), ("num_nodes", num_nodes), ("num_gpus", num_gpus)):
+    for name, count in (("num_replicas", num_replicas), ("num_groups", num_groups), ("num_nodes", num_nodes),
+                        ("num_gpus", num_gpus)):
         whole = whole_number(count)
         if whole is None or whole < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {count!r}")
+    num_replicas, num_groups, num_nodes, num_gpus = (int(c) for c in (num_replicas, num_groups, num_nodes, num_gpus))
     w = _as_numpy(weight)
     if w.ndim != 2:
         raise ValueError(f"weight must be [layers, experts], got shape {w.shape}")
@@ -870,14 +872,15 @@ def _deepseek_hierarchical(
     weight: NDArray[np.float32], num_physical: int, num_groups: int, num_nodes: int, num_gpus: int
 ) -> tuple[IntArray, IntArray, IntArray]:
     layers, num_log = weight.shape
-    for what, a, b in (
-        ("experts", num_log, num_groups),
-        ("groups", num_groups, num_nodes),
-        ("GPUs", num_gpus, num_nodes),
-        ("physical experts", num_physical, num_gpus),
+    for what, a, by, b in (  # rebalance_experts' argument names (the global policy passes 1 group on 1 node)
+        ("the weight's experts", num_log, "num_groups", num_groups),
+        ("num_groups", num_groups, "num_nodes", num_nodes),
+        ("num_gpus", num_gpus, "num_nodes", num_nodes),
+        ("num_replicas", num_physical, "num_gpus", num_gpus),
     ):
-        _require(a % b == 0, f"{what} ({a}) must be a multiple of {b}")
-    _require(num_physical >= num_log, f"{num_physical} physical experts cannot hold {num_log} logical experts")
+        _require(a % b == 0, f"{what} ({a}) must be a multiple of {by} ({b})")
+    _require(num_physical >= num_log, f"num_replicas ({num_physical}) cannot hold the weight's {num_log} experts "
+                                      "(one slot each at least)")
     group_size = num_log // num_groups
     log2mlog = mlog2log = None  # experts listed node by node (mlog); the global policy keeps logical order
     mlog_load: FloatArray = weight

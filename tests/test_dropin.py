@@ -39,15 +39,17 @@ def test_numpy_and_lists_in_numpy_out() -> None:
         assert [a.tolist() for a in out] == [case["phy2log"], case["log2phy"], case["logcnt"]]
 
 
-@pytest.mark.parametrize("name", ["num_groups", "num_nodes", "num_gpus"])
+@pytest.mark.parametrize("name", ["num_replicas", "num_groups", "num_nodes", "num_gpus"])
 @pytest.mark.parametrize("bad", [0, -4, 2.0, True])
 def test_a_count_below_one_or_not_whole_is_a_value_error_naming_it(name: str, bad: object) -> None:
     """0 for num_groups, num_nodes or num_gpus raised a bare ZeroDivisionError (integer modulo by zero), as DeepSeek's
-    function does; a negative num_groups even returned a placement. The drop-in names the argument instead."""
-    counts: dict[str, Any] = {"num_groups": 4, "num_nodes": 2, "num_gpus": 4, name: bad}
+    function does; a negative num_groups even returned a placement; a float num_replicas (16.0) was a TypeError
+    ('float' object cannot be interpreted as an integer). The drop-in names the argument instead."""
+    counts: dict[str, Any] = {"num_replicas": 16, "num_groups": 4, "num_nodes": 2, "num_gpus": 4, name: bad}
     with pytest.raises(ValueError, match=rf"^{name} must be a whole number >= 1, got {bad!r}$"):
-        rebalance_experts(np.ones((2, 16)), 16, counts["num_groups"], counts["num_nodes"], counts["num_gpus"])
-    counts[name] = np.int64(2)  # numpy's integers are counts too
-    phy2log, _, logcnt = rebalance_experts(np.ones((2, 16)), 16, counts["num_groups"], counts["num_nodes"],
-                                           counts["num_gpus"])
+        rebalance_experts(np.ones((2, 16)), counts["num_replicas"], counts["num_groups"], counts["num_nodes"],
+                          counts["num_gpus"])
+    counts[name] = np.int64(16 if name == "num_replicas" else 2)  # numpy's integers are counts too
+    phy2log, _, logcnt = rebalance_experts(np.ones((2, 16)), counts["num_replicas"], counts["num_groups"],
+                                           counts["num_nodes"], counts["num_gpus"])
     assert phy2log.shape == (2, 16) and (logcnt == 1).all()

@@ -74,10 +74,10 @@ def test_edge_cases_single_gpu_equal_weights_and_global_fallback() -> None:
 @pytest.mark.parametrize(
     ("num_replicas", "num_groups", "num_nodes", "num_gpus", "message"),
     [
-        (7, 1, 1, 4, "physical experts (7) must be a multiple of 4"),  # vLLM's test: 7 slots on 4 GPUs
-        (16, 3, 1, 4, "experts (8) must be a multiple of 3"),
-        (16, 4, 2, 3, "GPUs (3) must be a multiple of 2"),
-        (4, 1, 1, 2, "4 physical experts cannot hold 8 logical experts"),
+        (7, 1, 1, 4, "num_replicas (7) must be a multiple of num_gpus (4)"),  # vLLM's test: 7 slots on 4 GPUs
+        (16, 3, 1, 4, "the weight's experts (8) must be a multiple of num_groups (3)"),
+        (16, 4, 2, 3, "num_gpus (3) must be a multiple of num_nodes (2)"),
+        (4, 1, 1, 2, "num_replicas (4) cannot hold the weight's 8 experts"),
     ],
 )
 def test_refuses_with_assertion_error_where_deepseek_asserts(
