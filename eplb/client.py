@@ -120,8 +120,7 @@ def _names(message: str, fields: list[str]) -> bool:
 
 
 def _unreachable(url: str, exc: Exception) -> Unreachable:
-    reason = str(exc).strip().rstrip(".") or type(exc).__name__
-    return Unreachable(f"cannot reach {url}: {reason}")
+    return Unreachable(f"cannot reach {url}: {retry.failure(exc)}")
 
 
 def _read(url: str, call: _Call[T], attempts: retry.Attempts) -> T:

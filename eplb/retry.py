@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from itertools import groupby
@@ -72,10 +73,32 @@ def retry_after_s(result: Result) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
+def tls_failed(result: Result) -> ssl.SSLError | None:
+    """The TLS error behind a failed connection (an https:// URL to a plain-HTTP service: WRONG_VERSION_NUMBER),
+    else None: no attempt mends it."""
+    cause = result.__cause__ or result.__context__ if isinstance(result, Exception) else None
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    return cause
+
+
+def failure(exc: Exception) -> str:
+    """Why a request got no answer, in one line: the exception's text, and for https:// to a plain-HTTP service
+    (`eplb serve`) what to give instead."""
+    text = str(exc).strip().rstrip(".") or type(exc).__name__
+    tls = tls_failed(exc)
+    if tls is not None and "WRONG_VERSION_NUMBER" in str(tls):
+        text += "; eplb serve speaks plain HTTP: give the URL as http://, or put a TLS proxy in front"
+    return text
+
+
 def mendable(result: Result, idempotent: bool = True) -> bool:
     """Whether another attempt of the same request can mend what this one got (`RETRIES` says what and why): for a
     request safe to repeat, a `RETRY_STATUSES` answer, no answer in time, a connection refused or reset before an
-    answer; for any other, a connection refused (the request never left)."""
+    answer; for any other, a connection refused (the request never left). A TLS handshake that failed is never
+    mended."""
+    if tls_failed(result) is not None:
+        return False
     if not idempotent:
         return isinstance(result, httpx.ConnectError | httpx.ConnectTimeout)
     if isinstance(result, httpx.Response):
@@ -186,7 +209,7 @@ def said(result: Result, waited: float) -> str:
     if isinstance(result, httpx.TimeoutException):
         return f"no answer within {seconds(waited)} s"
     if isinstance(result, Exception):
-        return f"unreachable ({type(result).__name__}: {result})"
+        return f"unreachable ({type(result).__name__}: {failure(result)})"
     return f"answered {result.status_code}: {detail(result)}"
 
 
@@ -206,5 +229,7 @@ def runs(items: list[str]) -> list[str]:
 
 
 def seconds(value: float) -> str:
-    """4.0 as '4', 0.8997 as '0.9', 1.6667 as '1.67'."""
+    """4.0 as '4', 0.8997 as '0.9', 1.6667 as '1.67', 0.001 as '0.001' (not '0')."""
+    if 0 < abs(value) < 0.01:
+        return f"{value:.2g}"
     return f"{value:.2f}".rstrip("0").rstrip(".")

@@ -888,6 +888,19 @@ def test_retry_after_is_read_as_seconds_or_a_date_for_every_status_sent_again() 
     assert retry.mendable(httpx.Response(429)) and not retry.mendable(httpx.Response(429), idempotent=False)
 
 
+def test_an_https_url_to_the_plain_http_service_is_said_once_with_the_fix(base: str) -> None:
+    """https:// to `eplb serve` (plain HTTP) was tried 3 times and said only '[SSL: WRONG_VERSION_NUMBER]': a failed
+    TLS handshake is not sent again, and the line says to use http://."""
+    url = base.replace("http://", "https://")
+    with Client(url, api_key=KEY) as eplb, pytest.raises(Unreachable) as down:
+        eplb.deployments()
+    message = str(down.value)
+    assert "WRONG_VERSION_NUMBER" in message and "attempt 2" not in message, message
+    assert message.endswith("; eplb serve speaks plain HTTP: give the URL as http://, or put a TLS proxy in front"), \
+        message
+    assert retry.seconds(0.001) == "0.001" and retry.seconds(0.8997) == "0.9"  # a tiny timeout is not said as 0 s
+
+
 def test_a_service_that_stays_down_is_tried_within_the_timeout_and_said_in_one_line(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
