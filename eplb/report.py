@@ -123,10 +123,14 @@ def parse_solvers(text: str) -> list[str]:
     one registered at run time too; a solver listed twice is refused: it ran twice). What each solver needs of
     the comparison is `refuse_solvers`'."""
     choices = ", ".join(registry.names())
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    items = [s.strip() for s in text.split(",")]
+    names = [s for s in items if s]
     bad = [s for s in names if s not in registry.names()]
     if not names:
         raise EplbError(f"--solvers {text!r} names no solver: choose from {choices}")
+    if len(names) < len(items):  # 'greedy,,' compared one solver, then said only 'nothing to compare'
+        raise EplbError(f"--solvers {text!r} has an empty item: give solver names separated by single commas "
+                        f"(choose from {choices})")
     if bad:
         raise EplbError(f"--solvers names {plural(len(bad), 'unknown solver')} ({', '.join(map(repr, bad))}): "
                         f"choose from {choices}")

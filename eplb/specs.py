@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eplb.errors import EplbError, FieldError, shown
-from eplb.io.files import existing_file, plural, read_json, usable_path
+from eplb.io.files import existing_file, json_kind, plural, read_json, usable_path
 
 __all__ = [
     "HARDWARE_PRESETS",
@@ -463,6 +463,10 @@ def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, ki
     if _looks_like_path(name_or_path) or usable_path(name_or_path, what).is_file():
         path = existing_file(name_or_path, what)  # the file named once: by these, by read_json, or below
         data = read_json(path)
+        other = json_kind(data)
+        if other is not None:  # another of eplb's files given as a spec ('missing field name' told nothing)
+            raise EplbError(f"{path}: {other}, not a {kind} spec: give a preset ({', '.join(presets)}) or a JSON "
+                            f"file of the {kind} spec's fields (docs/cost-model.md)")
         try:
             return from_dict(data)
         except EplbError as exc:

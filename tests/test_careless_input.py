@@ -241,6 +241,18 @@ def test_a_spec_file_error_names_the_file_once(tmp_path: Path, capsys: pytest.Ca
     assert code == 2 and err.startswith(f"eplb cost: error: {expected}") and err.count(str(spec)) == 1, err
 
 
+@pytest.mark.parametrize("flag", ["--model", "--hardware"])
+def test_another_eplb_file_given_as_a_spec_is_named_by_its_kind(
+    small: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """A placement or a load window given as --model said 'missing field name; the fields are ...'."""
+    kind = flag.removeprefix("--")
+    for file, what in ((small["current"], "a placement file (phy2log)"), (small["window"], "a load window (loads)")):
+        code, err = run(capsys, "cost", flag, str(file), "--ep", "8", "--tokens-per-gpu", "256")
+        assert code == 2 and err.startswith(f"eplb cost: error: {file}: {what}, not a {kind} spec: give a preset ("), \
+            err
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["--memory-budget-gib", "nan", "--model", "deepseek-v3"], "--memory-budget-gib must be finite and >= 0"),
     (["--memory-budget-gib", "-1", "--model", "deepseek-v3"], "--memory-budget-gib must be finite and >= 0"),

@@ -104,6 +104,9 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "--solvers names 2 unknown solvers ('magic', 'x'): choose from" in capsys.readouterr().err
     assert main(["compare", "--solvers", ",", "--out", str(tmp_path)]) == 2
     assert "--solvers ',' names no solver: choose from" in capsys.readouterr().err
+    assert main(["compare", "--solvers", "greedy,,", "--out", str(tmp_path)]) == 2  # ran greedy alone before
+    assert "--solvers 'greedy,,' has an empty item: give solver names separated by single commas" in \
+        capsys.readouterr().err
     assert main(["compare", "--ep", "4,x", "--out", str(tmp_path)]) == 2
     assert "--ep takes comma-separated whole numbers of GPUs, 1 to 65,536, got '4,x'" in capsys.readouterr().err
 

@@ -157,6 +157,28 @@ def check_rectangular(rows: list[Any], what: str) -> None:
         check_rectangular(r, f"{what}[{i}]")
 
 
+_PLACEMENT_KEYS = ("phy2log", "physical_to_logical_map", "initial_global_assignments", "layer_list")
+"""The keys by which `eplb.io.foreign` knows a placement file (eplb's, SGLang's, TensorRT-LLM's, vllm-ascend's)."""
+
+
+def json_kind(data: Any) -> str | None:
+    """The kind of eplb file a JSON value is, by its keys, for a refusal that names it ('a placement file
+    (phy2log)', 'a load window (loads)', "SGLang's expert distribution dump (logical_count)", 'a migration plan
+    (stages)'); None when the keys tell none of these."""
+    if not isinstance(data, dict):
+        return None
+    for key in _PLACEMENT_KEYS:
+        if key in data:
+            return f"a placement file ({key})"
+    if "loads" in data:
+        return "a load window (loads)"
+    if "logical_count" in data:
+        return "SGLang's expert distribution dump (logical_count)"
+    if "stages" in data and "num_copies" in data:
+        return "a migration plan (stages)"
+    return None
+
+
 def read_json(p: Path) -> Any:
     """The JSON value of file p; EplbError when it is not JSON, or holds a true/false among numbers."""
     try:

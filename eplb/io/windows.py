@@ -21,7 +21,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError
-from eplb.io.files import existing_file, number_text, plural, read_json, real_array, unreadable_npz, usable_path
+from eplb.io.files import (
+    existing_file,
+    json_kind,
+    number_text,
+    plural,
+    read_json,
+    real_array,
+    unreadable_npz,
+    usable_path,
+)
 from eplb.placement import row_layer_ids
 from solvers.validation import MAX_LOAD as MAX_LOAD  # the one cap on token counts, re-exported
 from solvers.validation import load_refusal
@@ -128,22 +137,18 @@ def _read_json(p: Path) -> LoadWindow:
     return LoadWindow(check_loads(data, str(p)), str(p))
 
 
-_PLACEMENT_KEYS = ("phy2log", "physical_to_logical_map", "initial_global_assignments", "layer_list")
-"""The keys by which `eplb.io.foreign` knows a placement file (eplb's, SGLang's, TensorRT-LLM's, vllm-ascend's)."""
-
-
 def _not_a_window(p: Path, data: dict[str, Any]) -> str:
     """Why a JSON object without 'loads' is no load window: the kind of file it is, when its keys tell (a placement,
     a migration plan, an engine's statistics dump), and what takes it."""
-    for key in _PLACEMENT_KEYS:
-        if key in data:
-            return (f"{p}: a placement file ({key}), not a load window: give it as --placement (eplb evaluate) or "
-                    "--current (eplb solve), and the window as --loads")
-    if "logical_count" in data:
-        return (f"{p}: SGLang's expert distribution dump (logical_count), not a load window: make one with `eplb "
-                f"import-load --from sglang {p} --out window.json`")
-    if "stages" in data and "num_copies" in data:
-        return f"{p}: a migration plan (stages), not a load window: give the window the plan was made for"
+    kind = json_kind(data)
+    if kind is not None and kind.startswith("a placement file"):
+        return (f"{p}: {kind}, not a load window: give it as --placement (eplb evaluate) or --current (eplb solve), "
+                "and the window as --loads")
+    if kind is not None and kind.startswith("SGLang's"):
+        return (f"{p}: {kind}, not a load window: make one with `eplb import-load --from sglang {p} --out "
+                "window.json`")
+    if kind is not None and kind.startswith("a migration plan"):
+        return f"{p}: {kind}, not a load window: give the window the plan was made for"
     keys = ", ".join(sorted(str(k) for k in data)[:6]) or "none"
     text = f"{p}: expected a 'loads' field holding [layers][experts] token counts (keys: {keys})"
     if "counts" in data:
