@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import socket
@@ -91,8 +92,10 @@ def server_factory() -> Iterator[Callable[..., str]]:
         return servers[key]
 
     yield get
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)  # type: ignore[attr-defined]
+    # stopped together: each waits for its own graceful shutdown (seconds), one after another took 17 s at the end
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(stack))) as stopping:
+        for done in [stopping.submit(cm.__exit__, None, None, None) for cm in stack]:  # type: ignore[attr-defined]
+            done.result()
 
 
 def remote_mixtral_deployment(base: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
