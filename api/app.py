@@ -20,7 +20,7 @@ from api.inline import FastLane
 from api.jobs import JobStore, MemoryJobStore
 from api.metrics import Metrics
 from api.middleware import Gate
-from api.pool import SolvePool
+from api.pool import SolvePool, warm_parser
 from api.problems import ERRORS, PROBLEM, install_handlers
 from api.routes import deployments, jobs, meta, placement
 from api.schemas import EvaluateRequest, PlacementRequest
@@ -35,7 +35,8 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
     settings = settings or Settings()
     metrics = Metrics()
     pool = SolvePool(settings.solver_workers, settings.queue_limit)
-    parsers = SolvePool(1, PARSE_QUEUE)  # large bodies are parsed apart from solving: a busy solver delays no 202
+    # large bodies are parsed apart from solving (a busy solver delays no 202), in a process that loads no solver
+    parsers = SolvePool(1, PARSE_QUEUE, warm_parser)
     lane = FastLane(settings.inline_threads, settings.queue_limit, pool)  # small requests of the fast solvers
     store = job_store or MemoryJobStore(settings.max_jobs, settings.job_ttl_s)
 
