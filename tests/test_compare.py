@@ -337,6 +337,12 @@ def test_a_log_too_short_for_the_schedule_gets_advice_that_helps(
         assert "replaying 1 step from" in out and "1 steps" not in out and "1 rebalances" not in out, out
 
 
+def _compare_log(log: Path, model: Path, out: Path, solvers: str, *extra: str) -> int:
+    """`eplb compare --log` of an edited copy of the module's log at EP4, LOG_SCHEDULE's periodic checks."""
+    return main(["compare", "--log", str(log), "--model", str(model), "--solvers", solvers, "--ep", "4", "--window",
+                 "10", "--interval", "20", "--trigger", "periodic", *extra, "--out", str(out)])
+
+
 def test_log_report_leaves_out_steps_without_tokens(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], log_report: tuple[Path, Path, Path]
 ) -> None:
@@ -348,9 +354,7 @@ def test_log_report_leaves_out_steps_without_tokens(
     holes = tmp_path / "holes.npz"
     write_counts(holes, counts, top_k=2)
     out = tmp_path / "report"
-    assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
-                 "--window", "10", "--interval", "20", "--trigger", "periodic", "--oracle-every", "3",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert _compare_log(holes, model, out, "greedy", "--oracle-every", "3") == 0
     run = json.loads((out / "results.json").read_text())["runs"][0]
     hw = HARDWARE_PRESETS["b200"]
     cost = CostSetup(load_model(str(model)), hw, link_bandwidth(hw, "nvlink"), None, True)
@@ -363,9 +367,7 @@ def test_log_report_leaves_out_steps_without_tokens(
     counts[21:] = 0
     write_counts(holes, counts, top_k=2)
     capsys.readouterr()
-    assert main(["compare", "--log", str(holes), "--model", str(model), "--solvers", "greedy", "--ep", "4",
-                 "--window", "10", "--interval", "20", "--trigger", "periodic",
-                 "--out", str(tmp_path / "empty")]) == 2  # fmt: skip
+    assert _compare_log(holes, model, tmp_path / "empty", "greedy") == 2
     assert "no layer has tokens in any step after the first rebalance" in capsys.readouterr().err
 
 
@@ -382,9 +384,7 @@ def test_a_log_layer_that_never_has_tokens_is_null_in_the_log_report(
     dead = tmp_path / "dead.npz"
     write_counts(dead, counts, top_k=2)
     out = tmp_path / "report"
-    assert main(["compare", "--log", str(dead), "--model", str(model), "--solvers", "greedy,deepseek", "--ep", "4",
-                 "--window", "10", "--interval", "20", "--trigger", "periodic", "--oracle-every", "3",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert _compare_log(dead, model, out, "greedy,deepseek", "--oracle-every", "3") == 0
     printed = capsys.readouterr().out
     runs = json.loads((out / "results.json").read_text())["runs"]
     hw = HARDWARE_PRESETS["b200"]

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from eplb.cli.solve import int_at_most
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import (
     MAX_MODEL_LAYERS,
@@ -124,19 +125,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     i.set_defaults(func=run_import_load)
 
 
-def _gpu_count(text: str) -> int:
-    """argparse type of --gpus: a whole number up to `CLI_MAX_GPUS`, as `eplb solve --gpus` (>= 1 is checked by
-    `_check_gpus`, with the flag's name, as `eplb evaluate` does)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value > CLI_MAX_GPUS:
-        raise argparse.ArgumentTypeError(f"{value} is too large (at most {CLI_MAX_GPUS:,} GPUs)")
-    return value
-
-
-_gpu_count.__name__ = "whole number"  # argparse names the type in its own messages
+_gpu_count = int_at_most(CLI_MAX_GPUS, "GPUs")
+"""argparse type of --gpus, as `eplb solve --gpus` (>= 1 is checked by `_check_gpus`, with the flag's name, as
+`eplb evaluate` does)."""
 
 
 def _check_gpus(gpus: int | None) -> None:
