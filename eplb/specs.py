@@ -465,7 +465,7 @@ def _load_spec(name_or_path: str, presets: Mapping[str, Any], from_dict: Any, ki
         data = read_json(path)
         other = json_kind(data)
         if other is not None:  # another of eplb's files given as a spec ('missing field name' told nothing)
-            raise EplbError(f"{path}: {other}, not a {kind} spec: give a preset ({', '.join(presets)}) or a JSON "
+            raise EplbError(f"{path}: {other[1]}, not a {kind} spec: give a preset ({', '.join(presets)}) or a JSON "
                             f"file of the {kind} spec's fields (docs/cost-model.md)")
         try:
             return from_dict(data)

@@ -161,21 +161,21 @@ _PLACEMENT_KEYS = ("phy2log", "physical_to_logical_map", "initial_global_assignm
 """The keys by which `eplb.io.foreign` knows a placement file (eplb's, SGLang's, TensorRT-LLM's, vllm-ascend's)."""
 
 
-def json_kind(data: Any) -> str | None:
-    """The kind of eplb file a JSON value is, by its keys, for a refusal that names it ('a placement file
-    (phy2log)', 'a load window (loads)', "SGLang's expert distribution dump (logical_count)", 'a migration plan
-    (stages)'); None when the keys tell none of these."""
+def json_kind(data: Any) -> tuple[str, str] | None:
+    """The kind of eplb file a JSON value is, by its keys, for a refusal that names it: ("placement", "a placement
+    file (phy2log)"), ("window", "a load window (loads)"), ("sglang", "SGLang's expert distribution dump
+    (logical_count)") or ("plan", "a migration plan (stages)"); None when the keys tell none of these."""
     if not isinstance(data, dict):
         return None
     for key in _PLACEMENT_KEYS:
         if key in data:
-            return f"a placement file ({key})"
+            return "placement", f"a placement file ({key})"
     if "loads" in data:
-        return "a load window (loads)"
+        return "window", "a load window (loads)"
     if "logical_count" in data:
-        return "SGLang's expert distribution dump (logical_count)"
+        return "sglang", "SGLang's expert distribution dump (logical_count)"
     if "stages" in data and "num_copies" in data:
-        return "a migration plan (stages)"
+        return "plan", "a migration plan (stages)"
     return None
 
 

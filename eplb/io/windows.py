@@ -140,15 +140,15 @@ def _read_json(p: Path) -> LoadWindow:
 def _not_a_window(p: Path, data: dict[str, Any]) -> str:
     """Why a JSON object without 'loads' is no load window: the kind of file it is, when its keys tell (a placement,
     a migration plan, an engine's statistics dump), and what takes it."""
-    kind = json_kind(data)
-    if kind is not None and kind.startswith("a placement file"):
-        return (f"{p}: {kind}, not a load window: give it as --placement (eplb evaluate) or --current (eplb solve), "
+    kind, what = json_kind(data) or ("", "")
+    if kind == "placement":
+        return (f"{p}: {what}, not a load window: give it as --placement (eplb evaluate) or --current (eplb solve), "
                 "and the window as --loads")
-    if kind is not None and kind.startswith("SGLang's"):
-        return (f"{p}: {kind}, not a load window: make one with `eplb import-load --from sglang {p} --out "
+    if kind == "sglang":
+        return (f"{p}: {what}, not a load window: make one with `eplb import-load --from sglang {p} --out "
                 "window.json`")
-    if kind is not None and kind.startswith("a migration plan"):
-        return f"{p}: {kind}, not a load window: give the window the plan was made for"
+    if kind == "plan":
+        return f"{p}: {what}, not a load window: give the window the plan was made for"
     keys = ", ".join(sorted(str(k) for k in data)[:6]) or "none"
     text = f"{p}: expected a 'loads' field holding [layers][experts] token counts (keys: {keys})"
     if "counts" in data:
