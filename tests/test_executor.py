@@ -39,9 +39,13 @@ FIXTURE = ROOT / "fixtures" / "esft-dsv2lite-law.json"
 TIMED = {"solve_ms", "wall_ms", "layer_ms", "timing", "solve_ms_mean", "solve_ms_max", "layer_solve_ms"}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayExecutor]:
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    """A local Ray of this module's own (address "local": never a cluster found on the machine), stopped when the
+    module ends. A Ray driver whose raylet is gone ends its whole process (exit code 1, its words in a captured
+    stderr): one CI run stopped so, mid-suite and unexplained, 7 tests after this module while the Ray it started
+    for the whole session still ran."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]  # workers cannot import tests/
     try:
         yield RayExecutor()  # uses the instance above, leaves it running
@@ -66,6 +70,28 @@ def _untimed(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_untimed(v) for v in value]
     return value
+
+
+def test_cli_replay_with_ray_starts_a_local_ray(
+    log_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --ray-address: `eplb replay --executor ray` starts its own local Ray (in a fresh process, as a
+    user runs it) and prints the same summary as the local executor, and nothing of Ray's. First in the module: the
+    module's own Ray is not running yet."""
+    args = [str(log_path), "--solver", "greedy", "--gpus", "8", "--redundant", "8", "--window", "40", "--interval",
+            "60", "--oracle-every", "4", "--json", "--no-progress"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    proc = subprocess.run([sys.executable, "-m", "eplb.cli", "replay", *args, "--executor", "ray"],
+                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Ray's start-up warnings ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
+    # ...") were the command's output: ray.init's logging_level keeps them out
+    assert proc.stderr == "", proc.stderr[-2000:]
+    remote = json.loads(proc.stdout)
+    assert main(["replay", *args]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert remote["timing"]["parts"] >= 2  # split by layers over the local Ray's CPUs
+    assert _untimed(remote) == _untimed(local)
 
 
 def test_compare_sweep_on_ray_equals_local(ray_cluster: RayExecutor) -> None:
@@ -199,27 +225,6 @@ def test_without_ray_installed_the_error_says_how_to_install(monkeypatch: pytest
     with pytest.raises(EplbError, match=r"--executor ray needs Ray: pip install 'eplb\[ray\]'"):
         make_executor("ray")
     assert isinstance(make_executor("local"), LocalExecutor)
-
-
-def test_cli_replay_with_ray_starts_a_local_ray(
-    log_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """No --ray-address: `eplb replay --executor ray` starts its own local Ray (in a fresh process, as a
-    user runs it) and prints the same summary as the local executor, and nothing of Ray's."""
-    args = [str(log_path), "--solver", "greedy", "--gpus", "8", "--redundant", "8", "--window", "40", "--interval",
-            "60", "--oracle-every", "4", "--json", "--no-progress"]  # fmt: skip
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    proc = subprocess.run([sys.executable, "-m", "eplb.cli", "replay", *args, "--executor", "ray"],
-                          capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    # Ray's start-up warnings ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled
-    # ...") were the command's output: ray.init's logging_level keeps them out
-    assert proc.stderr == "", proc.stderr[-2000:]
-    remote = json.loads(proc.stdout)
-    assert main(["replay", *args]) == 0
-    local = json.loads(capsys.readouterr().out)
-    assert remote["timing"]["parts"] >= 2  # split by layers over the local Ray's CPUs
-    assert _untimed(remote) == _untimed(local)
 
 
 def _no_ray_yet(monkeypatch: pytest.MonkeyPatch, init: Any) -> None:
