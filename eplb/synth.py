@@ -349,6 +349,9 @@ def _inclusion(p: NDArray[np.float64], k: int) -> NDArray[np.float64]:
     return pi
 
 
+_POINTS_PER_DRAW = 1 << 20  # tokens x picks above which `_distinct_counts` draws per cell, not per token
+
+
 def _distinct_counts(rng: np.random.Generator, pi: NDArray[np.float64], tokens: int) -> NDArray[np.int64]:
     """Counts [experts] of `tokens` tokens each picking round(sum pi) distinct experts, expert e with probability
     pi[e] <= 1: an expert at pi = 1 gets every token, the others by systematic sampling (points u, u + 1, ... on
@@ -361,9 +364,18 @@ def _distinct_counts(rng: np.random.Generator, pi: NDArray[np.float64], tokens: 
     if k > 0:
         edges = np.cumsum(pi[rest])
         edges[-1] = k  # rounding: the last point u + k - 1 < k falls inside
-        points = rng.random(tokens)[:, None] + np.arange(k)[None, :]
-        picks = np.minimum(np.searchsorted(edges, points, side="right"), rest.size - 1)
-        out[rest] = np.bincount(picks.ravel(), minlength=rest.size)
+
+        def picked(u: NDArray[np.float64]) -> NDArray[np.int64]:
+            """The experts (indices into rest) [len(u), k] of tokens drawing u [len(u)] in [0, 1)."""
+            return np.minimum(np.searchsorted(edges, u[:, None] + np.arange(k)[None, :], side="right"), rest.size - 1)
+
+        if tokens * k <= _POINTS_PER_DRAW:
+            out[rest] = np.bincount(picked(rng.random(tokens)).ravel(), minlength=rest.size)
+        else:  # the same law without a draw per token: u's cells between the edges' fractional parts pick alike
+            cuts = np.unique(np.concatenate([[0.0], np.mod(edges, 1.0), [1.0]]))
+            tokens_per_cell = rng.multinomial(tokens, np.diff(cuts) / (cuts[-1] - cuts[0]))
+            cells = picked((cuts[:-1] + cuts[1:]) / 2)
+            out[rest] = np.bincount(cells.ravel(), weights=np.repeat(tokens_per_cell, k), minlength=rest.size)
     return out
 
 
