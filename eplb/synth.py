@@ -373,7 +373,7 @@ def _distinct_counts(rng: np.random.Generator, pi: NDArray[np.float64], tokens: 
             out[rest] = np.bincount(picked(rng.random(tokens)).ravel(), minlength=rest.size)
         else:  # the same law without a draw per token: u's cells between the edges' fractional parts pick alike
             cuts = np.unique(np.concatenate([[0.0], np.mod(edges, 1.0), [1.0]]))
-            tokens_per_cell = rng.multinomial(tokens, np.diff(cuts) / (cuts[-1] - cuts[0]))
+            tokens_per_cell = rng.multinomial(tokens, np.diff(cuts))  # cuts run from 0 to 1
             cells = picked((cuts[:-1] + cuts[1:]) / 2)
             out[rest] = np.bincount(cells.ravel(), weights=np.repeat(tokens_per_cell, k), minlength=rest.size)
     return out
