@@ -74,6 +74,11 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
     return app
 
 
+NOT_HTTP = ("text/plain, from the HTTP server before any route: a request it cannot read, e.g. a request line or "
+            "headers past its limit (about 100 KB)")
+"""Every operation's 400 says it: uvicorn answers 'Invalid HTTP request received.' whatever the route."""
+
+
 def openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, with the request models the placement routes parse themselves (in a solver process)
     added to the components, and problem+json as the content type of every error."""
@@ -94,5 +99,9 @@ def openapi(app: FastAPI) -> dict[str, Any]:
                     content = response.get("content", {})
                     if status.isdigit() and int(status) >= 400 and "application/json" in content:
                         content[PROBLEM] = content.pop("application/json")
+                bad = op["responses"].setdefault("400", {"description": NOT_HTTP, "content": {}})
+                if bad["description"] != NOT_HTTP:
+                    bad["description"] += f"; {NOT_HTTP}"
+                bad["content"]["text/plain"] = {"schema": {"type": "string"}}
         app.openapi_schema = schema
     return app.openapi_schema
