@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, job_store: JobStore | None = No
 
 
 NOT_HTTP = ("text/plain, from the HTTP server before any route: a request it cannot read, e.g. a request line or "
-            "headers past its limit (about 100 KB)")
+            "headers longer than it accepts")
 """Every operation's 400 says it: uvicorn answers 'Invalid HTTP request received.' whatever the route."""
 
 
