@@ -168,13 +168,18 @@ def cluster_slots(cluster: ClusterRules, num_experts: int, slot_bytes: float | N
 
 def _per_gpu(value: float | Sequence[float], num_gpus: int, what: str, integer: bool = True) -> NDArray[np.float64]:
     arr = np.asarray(value, dtype=np.float64).reshape(-1)
-    if arr.size == 1:
+    one = arr.size == 1
+    if one:
         arr = np.full(num_gpus, arr[0])
     wrong = gpu_count_mismatch(arr.size, num_gpus)
     if wrong is not None:
         raise EplbError(f"{what}: {wrong}")
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise EplbError(f"{what} must be finite and >= 0")
-    if integer and not np.all(np.mod(arr, 1) == 0):
-        raise EplbError(f"{what} must be whole numbers")
+    bad = ~np.isfinite(arr) | (arr < 0)
+    rule = "must be finite and >= 0"
+    if integer and not bad.any():
+        bad, rule = np.mod(arr, 1) != 0, "must be whole numbers"
+    if bad.any():  # the first bad value, a budget in GiB (the CLI's unit, and the other messages')
+        i = int(np.argmax(bad))
+        given = number_text(arr[i]) if integer else number_text(arr[i] / GIB) + " GiB" * bool(np.isfinite(arr[i]))
+        raise EplbError(f"{what} {rule}, got {given}" + ("" if one else f" for GPU {i}"))
     return arr

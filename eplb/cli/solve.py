@@ -22,6 +22,7 @@ from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.progress import Progress
 from eplb.rules import CLI_MAX_GPUS as CLI_MAX_GPUS  # eplb compare's bound too
+from eplb.rules import MAX_BUDGET_BYTES
 from eplb.solve import (
     DEFAULT_TOKENS_PER_GPU,
     Cluster,
@@ -384,6 +385,10 @@ def slots_for(args: argparse.Namespace, num_experts: int, model: ModelSpec | Non
     when --gpus did not give them (a --current placement's), else DEFAULT_GPUS."""
     if args.memory_budget_gib is not None and model is None:
         raise EplbError(f"--memory-budget-gib needs --model: no preset has {num_experts} experts")
+    most = MAX_BUDGET_BYTES / GIB  # the service's bound; beyond 1.6e299 GiB the bytes were inf ('must be finite')
+    for x in args.memory_budget_gib or ():
+        if math.isfinite(x) and x > most:
+            raise EplbError(f"--memory-budget-gib {x:g}: more than any GPU holds (at most {most:,.0f} GiB)")
     gpus = args.gpus if args.gpus is not None else num_gpus if num_gpus is not None else DEFAULT_GPUS
     return slots_per_gpu(
         gpus,
