@@ -92,9 +92,13 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             components[model.__name__] = body
         for path in schema.get("paths", {}).values():
             for op in path.values():
-                if "requestBody" in op:  # any body may fail to parse
-                    op["responses"].setdefault("400", {"description": ERRORS[400], "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
+                if "requestBody" in op:  # any body may fail to parse, be too large (Gate), or be of another type
+                    problem = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+                    types = " or ".join(op["requestBody"]["content"])
+                    unread = ERRORS[400] if "application/x-npy" in types else "the body is not valid JSON"
+                    for status, text in (("400", unread), ("413", ERRORS[413]),
+                                         ("415", f"unsupported Content-Type: send {types}")):
+                        op["responses"].setdefault(status, {"description": text, "content": dict(problem)})
                 for status, response in op.get("responses", {}).items():
                     content = response.get("content", {})
                     if status.isdigit() and int(status) >= 400 and "application/json" in content:
