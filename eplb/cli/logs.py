@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eplb.errors import EplbError
-from eplb.io.files import plural, refuse_input, usable_path
+from eplb.io.files import output_file, plural, refuse_input, usable_path
 from eplb.io.logs import LOG_SUFFIXES, log_format, open_log, write_counts, write_jsonl
 from eplb.io.logs import refuse_compress as refuse_compress_option
 from eplb.io.parquet import SHARD_STEPS, write_parquet
@@ -81,7 +81,10 @@ def run_convert(args: argparse.Namespace) -> int:
     shard_steps = SHARD_STEPS if args.shard_steps is None else args.shard_steps
     if shard_steps < 1:
         raise EplbError(f"--shard-steps must be >= 1 (steps per shard file), got {shard_steps}")
-    refuse_input(dst, "OUT", [("IN", src)])
+    if fmt == "parquet":  # a directory of shards, made as replay's --out DIR
+        refuse_input(dst, "OUT", [("IN", src)])
+    else:  # one file: in a directory that is there, as every writer's output
+        output_file(dst, "OUT", inputs=[("IN", src)])
     log = open_log(src)
     info = log.info
     if info.num_steps == 0:

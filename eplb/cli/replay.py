@@ -37,7 +37,7 @@ from eplb.cost import TimeModel
 from eplb.cost.migration import MAX_FIXED_STALL_S, MigrationSpec
 from eplb.errors import EplbError, shown
 from eplb.executor import add_executor_options, executor_from, replay_logs
-from eplb.io.files import output_dir, plural, usable_path, writing
+from eplb.io.files import output_dir, output_file, plural, writing
 from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_jsonl, write_topk
 from eplb.objective import OBJECTIVES
 from eplb.progress import Progress
@@ -377,7 +377,7 @@ def _default_hot_ratio(default: float, experts: int, top_k: int) -> float:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    out = usable_path(args.out, "--out")
+    out = output_file(args.out, "--out")  # a directory, or none there: refused as every writer's output
     suffix = out.suffix.lower()
     if suffix not in (".npz", ".jsonl"):
         raise EplbError(f"--out {out}: use a .npz or .jsonl file name")

@@ -334,6 +334,9 @@ def output_file(raw: str | Path, what: str = "output file", suffixes: tuple[str,
     if p.is_dir():
         raise EplbError(f"{what} {p} is a directory; give a file name inside it")
     if not p.parent.is_dir():
+        there = next(a for a in p.absolute().parents if a.exists())
+        if not there.is_dir():  # a file where a directory of the path should be
+            raise EplbError(f"{what} {p}: cannot write there ({there} is not a directory)")
         raise EplbError(f"{what} {p}: directory {p.parent} does not exist; create it first")
     return p
 
