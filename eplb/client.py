@@ -505,7 +505,21 @@ def _placement_body(placement: PlacementOut | dict[str, Any], name: str) -> dict
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
-    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    """The Authorization header; InvalidRequest, the key not shown, for a key no HTTP request can carry (httpx raised
+    UnicodeEncodeError for a non-ASCII one and InvalidURL, reported as Unreachable, for a line break)."""
+    if api_key is None:
+        return {}
+    if not isinstance(api_key, str) or not api_key.strip():
+        raise InvalidRequest("api_key (not shown) is blank: give the service's EPLB_API_KEY, or None for a service "
+                             "that asks for none")
+    if api_key != api_key.strip():
+        raise InvalidRequest("api_key (not shown) starts or ends with whitespace, which HTTP strips from a header's "
+                             "value (no service has such a key: a key file's trailing newline?); remove it")
+    bad = next((i for i, c in enumerate(api_key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise InvalidRequest(f"api_key (not shown): character {bad + 1} of {len(api_key)} is not printable ASCII, "
+                             "which is all an HTTP header carries: give the service's EPLB_API_KEY")
+    return {"Authorization": f"Bearer {api_key}"}
 
 
 def _result(job: Job) -> PlacementResponse:

@@ -1,0 +1,48 @@
+"""eplb.client refuses an API key no HTTP request can carry as InvalidRequest, one line that does not show the key,
+before sending anything: a non-ASCII key raised UnicodeEncodeError (a traceback from `eplb deployments list
+--api-key`), an empty one or one with a line break 'Unreachable: cannot reach URL: Illegal header value b'Bearer
+...'' (the key printed, and the service blamed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from eplb.client import AsyncClient, Client, InvalidRequest
+
+SENT: list[httpx.Request] = []
+
+
+def _service(request: httpx.Request) -> httpx.Response:
+    SENT.append(request)
+    return httpx.Response(200, json={"deployments": []})
+
+
+@pytest.mark.parametrize("key", ["", "   ", " Zq7lead", "Zq7trail\n", "Zq7line\nbreak", "Zq7nul\x00", "Zq7tab\tin",
+                                 "ключ-Zq7", "clé-Zq7"])
+def test_a_key_no_header_can_carry_is_refused_before_anything_is_sent(key: str) -> None:
+    SENT.clear()
+    transport = httpx.MockTransport(_service)
+    with pytest.raises(InvalidRequest, match=r"^api_key \(not shown\)") as refused:
+        Client("http://svc", api_key=key, transport=transport)
+    assert "\n" not in str(refused.value)
+    assert "Zq7" not in str(refused.value)  # the key is not shown
+    with pytest.raises(InvalidRequest, match=r"^api_key \(not shown\)"):
+        AsyncClient("http://svc", api_key=key, transport=transport)
+    assert SENT == []
+
+
+def test_a_key_of_printable_ascii_is_sent_as_given() -> None:
+    SENT.clear()
+    key = "k3y with spaces~!"
+    with Client("http://svc", api_key=key, transport=httpx.MockTransport(_service)) as eplb:
+        assert eplb.deployments() == []
+
+    async def call() -> None:
+        async with AsyncClient("http://svc", api_key=key, transport=httpx.MockTransport(_service)) as eplb:
+            assert await eplb.deployments() == []
+
+    asyncio.run(call())
+    assert [r.headers["authorization"] for r in SENT] == [f"Bearer {key}"] * 2
