@@ -415,6 +415,23 @@ def test_remote_placement_for_another_cluster_shape_is_not_used(
     assert served.tolist() == httpx.get(f"{base}/deployments/sglang-shape", timeout=60).json()["placement"]["phy2log"]
 
 
+def test_a_deployment_that_spreads_the_engines_groups_over_nodes_is_warned_about_once(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang asks for 2 groups of 4 experts on 2 nodes of 2 ranks; the deployment (4 GPUs, no nodes) places
+    globally: its placement serves, and one WARNING names the cluster fields to set."""
+    base = server_factory()
+    remote_mixtral_deployment(base, "sglang-groups", monkeypatch)
+    tokens = torch.from_numpy(np.random.default_rng(2).pareto(1.0, size=(2, 4, 8)) * 100)
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        out, _, _ = plugin.rebalance_experts(tokens, 16, 4, 2, 2)
+        plugin.rebalance_experts(tokens * 2, 16, 4, 2, 2, current_phy2log=out)
+    warned = [r for r in caplog.records if "spreads expert groups over nodes" in r.message]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "set the deployment's cluster.gpus_per_node to 2 and cluster.num_groups to 2" in warned[0].message
+    assert "eplb algorithm (remote): placement from" in caplog.text
+
+
 def test_a_refused_remote_placement_leaves_the_serving_map(
     server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

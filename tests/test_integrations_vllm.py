@@ -831,6 +831,35 @@ def test_remote_mode_uses_the_services_deployment(
     current = httpx.get(f"{base}/deployments/plugin-e2e", timeout=60).json()
     phy2log = out[0] if isinstance(out, tuple) else out
     assert phy2log.tolist() == current["placement"]["phy2log"]  # the engine got the service's placement
+    # the engine packs 8 groups onto 4 nodes; the deployment's global placement does not, and says what to set
+    assert ("answered a placement that spreads expert groups over nodes on 4 of 4 layers, where the engine keeps "
+            "each of its 8 groups on one of its 4 nodes") in caplog.text
+    assert "set the deployment's cluster.gpus_per_node to 8 and cluster.num_groups to 8" in caplog.text
+    assert caplog.records[-1].levelno == logging.WARNING
+
+
+def test_a_deployment_that_keeps_the_engines_groups_on_nodes_is_not_warned_about(
+    server_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = server_factory()
+    cluster = {"num_gpus": 32, "slots_per_gpu": 9, "gpus_per_node": 8, "num_groups": 8}
+    config = {"model": "deepseek-v3", "cluster": cluster, "solver": "greedy", "policy": {"trigger": "periodic"}}
+    created = httpx.put(f"{base}/deployments/plugin-groups", json=config, timeout=60)
+    assert created.status_code in (200, 201), created.text
+    monkeypatch.setenv("EPLB_SERVICE_URL", base)
+    monkeypatch.setenv("EPLB_DEPLOYMENT", "plugin-groups")
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_plugin"):
+        out = EplbPolicy.rebalance_experts(torch.from_numpy(DECODE[:4]), 288, 8, 4, 32)
+    assert "placement from" in caplog.text and "spreads expert groups" not in caplog.text
+    phy2log = (out[0] if isinstance(out, tuple) else out).numpy()
+    assert core.groups_across_nodes(phy2log, 8, 4) == 0
+
+
+def test_groups_across_nodes_counts_the_layers_where_a_group_reaches_two_nodes() -> None:
+    kept = np.array([[0, 1, 0, 2, 3, 2], [2, 3, -1, 0, 1, 0]])  # 2 groups of 2 experts, 2 nodes of 3 slots
+    assert core.groups_across_nodes(kept, 2, 2) == 0
+    spread = np.array([[0, 1, 0, 2, 3, 2], [0, 2, 3, 1, 2, 3]])  # layer 1: expert 0 on node 0, expert 1 on node 1
+    assert core.groups_across_nodes(spread, 2, 2) == 1
 
 
 def test_a_window_without_tokens_is_answered_here_and_sent_to_no_service(

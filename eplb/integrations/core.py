@@ -209,13 +209,15 @@ class Rebalanced:
     map, which every rank serves: `agree`); how: one line for the engine's log (solver, moves, fallback reason,
     reports to the service that failed); log2phy: DeepSeek's own replica order when the drop-in produced the map
     unchanged, else None (`logical_maps` derives it in slot order); fell_back: remote mode was asked for and failed
-    on this rank (the plug-ins log a WARNING)."""
+    on this rank (the plug-ins log a WARNING); warning: about a map that serves but is not what the engine asked for
+    (the plug-ins log it as a WARNING once in the process)."""
 
     phy2log: IntArray
     source: str
     how: str
     log2phy: IntArray | None = None
     fell_back: bool = False
+    warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -363,6 +365,20 @@ def fresh(
         gpus_per_node=num_ranks // num_nodes if hier else None,
     )
     return registry.solve(solver, problem).phy2log, None
+
+
+def groups_across_nodes(phy2log: IntArray, num_groups: int, num_nodes: int) -> int:
+    """Layers of phy2log [L, P] (-1: an empty slot) where one of the `num_groups` expert groups (DeepSeek's: experts in
+    id order, E / num_groups each) has replicas on more than one of `num_nodes` equal blocks of slots."""
+    layers, num_slots = phy2log.shape
+    experts = int(phy2log.max(initial=-1)) + 1
+    if experts == 0 or experts % num_groups or num_slots % num_nodes:
+        return 0
+    node = np.broadcast_to(np.arange(num_slots) // (num_slots // num_nodes), phy2log.shape)
+    group = np.where(phy2log >= 0, phy2log // (experts // num_groups), num_groups)  # empty slots: a dropped group
+    seen = np.zeros((layers, num_groups + 1, num_nodes), dtype=bool)
+    seen[np.broadcast_to(np.arange(layers)[:, None], phy2log.shape), group, node] = True
+    return int((seen[:, :num_groups].sum(axis=2) > 1).any(axis=1).sum())
 
 
 def keep_slots(new: IntArray, old: IntArray, num_ranks: int, node_blocks: int) -> IntArray:
@@ -840,7 +856,7 @@ def agree(result: Rebalanced, group: Any) -> Rebalanced:
             result.log2phy = None
         return result
     return Rebalanced(phy2log, f"rank {source}", f"the map of EP rank {source}, which every rank serves; this rank's "
-                      f"own ({result.source}): {result.how}", None, result.fell_back)
+                      f"own ({result.source}): {result.how}", None, result.fell_back, result.warning)
 
 
 _SERVED: dict[tuple[str, int, int, int, int], IntArray] = {}
@@ -936,10 +952,17 @@ def _remote(
         answer = service.send_window(weight, num_replicas, num_ranks, sent, layer_ids)
         if isinstance(answer, np.ndarray):
             served = answer  # rebalanced from `sent`, its slots kept by the service, and held so
+            hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
             if serving is not None and sent is None:  # rebalanced from the deployment's map: keep the engine's slots
-                hier = hierarchical(num_groups, num_nodes, num_ranks, weight.shape[1])
                 served = keep_slots(answer, serving, num_ranks, num_nodes if hier else 1)
-            return Rebalanced(served, "remote", f"placement from {where}")
+            spread = groups_across_nodes(served, num_groups, num_nodes) if hier else 0
+            warning = None if not spread else (
+                f"{where} answered a placement that spreads expert groups over nodes on {spread} of "
+                f"{served.shape[0]} layers, where the engine keeps each of its {num_groups} groups on one of its "
+                f"{num_nodes} nodes (DeepSeek's hierarchical policy; a token then reaches more nodes): set the "
+                f"deployment's cluster.gpus_per_node to {num_ranks // num_nodes} and cluster.num_groups to "
+                f"{num_groups}")
+            return Rebalanced(served, "remote", f"placement from {where}", warning=warning)
         if answer == UNCHANGED:
             kept = serving if serving is not None else service.current(weight, num_replicas, num_ranks)
             if isinstance(kept, np.ndarray):

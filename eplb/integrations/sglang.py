@@ -111,6 +111,8 @@ def rebalance_experts(
                                                names, group)
     level = logging.WARNING if result.fell_back else logging.INFO
     logger.log(level, "eplb algorithm (%s): %s", result.source, result.how)
+    if result.warning:
+        core.warn_once(logger, f"eplb algorithm: {result.warning}")
     log2phy, logcnt = core.logical_maps(phy2log, weight.shape[1])
     if ordered is not None:
         log2phy = ordered

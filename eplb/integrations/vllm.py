@@ -106,6 +106,8 @@ def _rebalanced(weight: Any, num_replicas: int, num_groups: int, num_nodes: int,
     result = core.rebalance(weight, num_replicas, num_groups, num_nodes, num_ranks, old, names=names, group=group)
     level = logging.WARNING if result.fell_back else logging.INFO
     logger.log(level, "eplb policy (%s): %s", result.source, result.how)
+    if result.warning:
+        core.warn_once(logger, f"eplb policy: {result.warning}")
     return result
 
 
