@@ -22,6 +22,7 @@ from eplb.budget import spread_evenly
 from eplb.errors import EplbError
 from eplb.io.files import plural
 from eplb.io.logs import count_dtype
+from eplb.io.windows import MAX_LOAD
 from eplb.specs import model_preset
 
 SEED004_TABLE = {
@@ -58,6 +59,9 @@ def seed004_counts(
 _CALIBRATION_SEED = 20_040_506  # fixed: the exponent a hot ratio maps to does not depend on --seed
 _CALIBRATION_LAYERS = 512
 _PICKS_PER_EXPERT = 780  # ESFT DeepSeek-V2-Lite logs: about 8,300 tokens x 6 picks / 64 experts
+MAX_EXPONENT = 1000
+"""The steepest power law `SynthConfig` takes: the second-hottest expert's popularity is 2**-1000 (1e-301) of the
+hottest's; steeper ones underflow it to 0, and the log's log-popularities overflowed past 1e306."""
 COACT_STD_MAX = 16.0
 """The strongest co-activation `coact_std_for_partner_lift` tries: past it the partner lift grows by a few hundredths
 while the token types turn into fixed sets of experts."""
@@ -130,6 +134,9 @@ class SynthConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise EplbError(f"{n(name)} must be a positive integer, got {v!r}")
+        if self.tokens * self.top_k > MAX_LOAD:  # numpy's multinomial took no more than an int64 of picks
+            raise EplbError(f"{n('tokens')} {self.tokens} x {n('top_k').removeprefix('synth: ')} {self.top_k}: more "
+                            f"picks per layer and step than a count holds (at most {MAX_LOAD:,.0f})")
         if self.top_k > self.experts:
             raise EplbError(f"{n('top_k')} ({self.top_k}) must not exceed {n('experts').removeprefix('synth: ')} "
                             f"({self.experts})")
@@ -142,8 +149,9 @@ class SynthConfig:
                 raise EplbError(f"{n(name)} must be >= 0, got {v!r}")
         if not self.drift_steps > 0:
             raise EplbError(f"{n('drift_steps')} must be > 0, got {self.drift_steps!r}")
-        if self.exponent is not None and not (math.isfinite(self.exponent) and self.exponent >= 0):
-            raise EplbError(f"{n('exponent')} must be >= 0, got {self.exponent!r}")
+        if self.exponent is not None and not (math.isfinite(self.exponent) and 0 <= self.exponent <= MAX_EXPONENT):
+            raise EplbError(f"{n('exponent')} must be >= 0 and at most {MAX_EXPONENT:,} (steeper changes nothing: "
+                            f"the next expert's popularity is below 1e-300 of the hottest's), got {self.exponent!r}")
         if self.exponent is None and not (math.isfinite(self.hot_ratio) and self.hot_ratio >= 1):
             raise EplbError(f"{n('hot_ratio')} must be >= 1 (hottest / mean), got {self.hot_ratio!r}")
         for at in self.shift_at:
@@ -341,9 +349,12 @@ def _inclusion(p: NDArray[np.float64], k: int) -> NDArray[np.float64]:
     ps = p[order]
     tail = np.cumsum(ps[::-1])[::-1]  # tail[m] = sum of ps[m:]
     m = np.arange(k)
+    pi = np.zeros_like(p)
+    if tail[k - 1] <= 0:  # fewer than k experts with a popularity above 0 (a steep one underflowed): in the
+        pi[order[:k]] = 1.0  # limit the k hottest take every token
+        return pi
     c = (k - m) / tail[:k]  # c when the m hottest are capped at 1
     capped = int(np.flatnonzero(c * ps[:k] <= 1)[0])  # the fewest capped that leave the next one below 1
-    pi = np.empty_like(p)
     pi[order] = np.minimum(1.0, c[capped] * ps)
     pi[order[:capped]] = 1.0
     return pi

@@ -122,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--top-k", type=int, metavar="K", help=f"experts per token (default {d.top_k})")
     s.add_argument("--tokens", type=int, metavar="T", help=f"tokens per step over the EP group (default {d.tokens:,})")
     shape = s.add_mutually_exclusive_group()
-    shape.add_argument("--exponent", type=float, metavar="A", help="power-law exponent of expert popularity")
+    shape.add_argument("--exponent", type=float, metavar="A", help="power-law exponent of expert popularity, 0 (uniform) to 1,000")
     shape.add_argument("--hot-ratio", type=float, metavar="R",
                        help=f"median hottest-expert / mean popularity to aim for (default {d.hot_ratio:g})")
     # the popularity flags default to None, so that --preset seed004, which has none of them, can refuse them given
@@ -345,7 +345,8 @@ def _synth_config(args: argparse.Namespace) -> SynthConfig:
         top_k=top_k,
         tokens=d.tokens if args.tokens is None else args.tokens,
         exponent=args.exponent,
-        hot_ratio=_default_hot_ratio(d.hot_ratio, experts, top_k) if args.hot_ratio is None else args.hot_ratio,
+        hot_ratio=args.hot_ratio if args.hot_ratio is not None else d.hot_ratio if args.exponent is not None else
+        _default_hot_ratio(d.hot_ratio, experts, top_k),  # --exponent: no hot ratio is aimed for, none noted
         groups=d.groups if args.groups is None else args.groups,
         group_std=d.group_std if args.group_std is None else args.group_std,
         drift_std=d.drift_std if args.drift_std is None else args.drift_std,
