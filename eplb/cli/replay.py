@@ -122,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--top-k", type=int, metavar="K", help=f"experts per token (default {d.top_k})")
     s.add_argument("--tokens", type=int, metavar="T", help=f"tokens per step over the EP group (default {d.tokens:,})")
     shape = s.add_mutually_exclusive_group()
-    shape.add_argument("--exponent", type=float, metavar="A", help="power-law exponent of expert popularity, 0 (uniform) to 1,000")
+    shape.add_argument("--exponent", type=float, metavar="A", help="power-law exponent of expert popularity, 0 "
+                       "(none: groups and drift only) to 1,000")
     shape.add_argument("--hot-ratio", type=float, metavar="R",
                        help=f"median hottest-expert / mean popularity to aim for (default {d.hot_ratio:g})")
     # the popularity flags default to None, so that --preset seed004, which has none of them, can refuse them given
