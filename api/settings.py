@@ -55,6 +55,12 @@ class Settings(BaseSettings):
                                       "a header's value, so no request could send this key; remove it (a key file's "
                                       "trailing newline: EPLB_API_KEY=\"$(cat FILE)\" drops it)",
                                       {"ends": " and ".join(ends)})
+        bad = next((i for i, c in enumerate(key or "") if not " " <= c <= "~"), None)
+        if bad is not None:  # httpx (the client, the plug-ins) sends ASCII; the Gate reads the header as latin-1
+            raise PydanticCustomError(SECRET_REFUSED, "the key (not shown): character {at} of {length} is not "
+                                      "printable ASCII, which is all an HTTP header carries, so no client could send "
+                                      "this key; use printable ASCII",
+                                      {"at": bad + 1, "length": len(key or "")})
         return key
 
     @field_validator("inline_solvers")

@@ -46,3 +46,20 @@ def test_a_key_of_printable_ascii_is_sent_as_given() -> None:
 
     asyncio.run(call())
     assert [r.headers["authorization"] for r in SENT] == [f"Bearer {key}"] * 2
+
+
+@pytest.mark.parametrize("key", ["clé-Zq7", "Zq7\x00nul", "Zq7tab\tin", "Zq7line\nbreak"])
+def test_the_service_refuses_a_key_no_header_can_carry_at_start(key: str) -> None:
+    """EPLB_API_KEY='clé-...' started a service no client could authenticate to (httpx, the client and the plug-ins,
+    send ASCII; the Gate decodes the header as latin-1, so a UTF-8 key never matched): refused, the key not shown."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+    from eplb.errors import SECRET_REFUSED
+
+    with pytest.raises(ValidationError) as refused:
+        Settings(api_key=key)
+    (error,) = refused.value.errors()
+    assert error["type"] == SECRET_REFUSED and "printable ASCII" in error["msg"], error
+    assert "Zq7" not in error["msg"]
+    assert Settings(api_key="k3y with spaces~!").api_key == "k3y with spaces~!"
