@@ -407,6 +407,9 @@ def cluster(value: ClusterIn, model: ModelSpec | None, num_experts: int) -> Clus
 
 
 def placement(value: PlacementIn, field: str, num_experts: int) -> Placement:
+    """A placement given for a window of `num_experts` experts (its `num_experts` the window's when unset)."""
+    if value.num_experts is not None and value.num_experts != num_experts:  # before its ids are checked against it
+        raise FieldError(f"{field}.num_experts", f"is {value.num_experts}, but the loads have {num_experts} experts")
     data = value.model_dump(exclude_none=True)
     data.setdefault("num_experts", num_experts)
     try:
