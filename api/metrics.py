@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+"""The method labels: any other token a client sends counts as `other` (each would be series kept for good)."""
+
 
 class Metrics:
     """Requests and latency by route and status, solve time by solver, lb of the last placements."""
@@ -35,6 +38,7 @@ class Metrics:
         )
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
+        method = method if method in METHODS else "other"
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 
