@@ -26,6 +26,7 @@ from eplb.cli.solve import (
     check_groups,
     check_link,
     check_time_limit,
+    cluster_for,
     cost_setup,
     flag_link,
     int_at_most,
@@ -42,7 +43,7 @@ from eplb.io.logs import open_log, output_log, topk_counts, write_counts, write_
 from eplb.objective import OBJECTIVES
 from eplb.progress import Progress
 from eplb.replay import BASELINES, TRIGGERS, ReplayResult, Schedule, StepBlock
-from eplb.solve import Cluster, CostSetup, time_limited
+from eplb.solve import CostSetup, time_limited
 from eplb.specs import MODEL_PRESETS, link_bandwidth, model_preset
 from eplb.synth import StatsAccumulator, SynthConfig, check_model_shape, seed004_log, synth_counts, synth_topk
 from eplb.trigger import unused_option
@@ -583,7 +584,7 @@ def run_replay(args: argparse.Namespace) -> int:
     log = open_log(args.log)
     info = log.info
     model = model_for(args, info)
-    slots = slots_for(args, info.num_experts, model)
+    cluster = cluster_for(args, slots_for(args, info.num_experts, model), info.num_experts)
     cost = cost_setup(args, model)
     if args.oracle_every < 0:
         raise EplbError(f"--oracle-every must be >= 0 (0 skips the oracle), got {args.oracle_every}")
@@ -596,7 +597,7 @@ def run_replay(args: argparse.Namespace) -> int:
             result = replay_logs(
                 executor,
                 [log],
-                Cluster(slots, args.gpus_per_node, args.groups),
+                cluster,
                 schedule=schedule,
                 solver=args.solver,
                 objective=args.objective,

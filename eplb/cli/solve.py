@@ -424,6 +424,20 @@ def cluster_slots(args: argparse.Namespace, num_experts: int, model: ModelSpec |
     return asked
 
 
+def cluster_for(args: argparse.Namespace, slots: NDArray[np.int64], num_experts: int) -> Cluster:
+    """The Cluster of slots per GPU `slots` with --gpus-per-node and --groups, refused naming the flag when they do
+    not divide the GPUs or the `num_experts` experts (`eplb.solve.check_shapes`' rule and words, which lack the
+    flag)."""
+    per_node, groups = args.gpus_per_node, args.groups
+    if per_node is not None and (per_node < 1 or slots.size % per_node):
+        raise EplbError(f"{slots.size} GPUs do not split into nodes of {per_node}: give --gpus-per-node a divisor of "
+                        f"{slots.size}")
+    if groups is not None and (groups < 1 or num_experts % groups):
+        raise EplbError(f"{num_experts} experts do not split into {groups} equal groups: give --groups a divisor of "
+                        f"{num_experts}")
+    return Cluster(slots, per_node, groups)
+
+
 BUDGET_FLAGS = {"num_gpus": "--gpus", "slots": "--slots-per-gpu", "num_redundant": "--redundant",
                 "memory_budget_bytes": "--memory-budget-gib"}  # fmt: skip
 """`eplb.budget.slots_per_gpu`'s arguments as `add_cluster_options` names them, for its messages (as
@@ -606,7 +620,7 @@ def run_solve(args: argparse.Namespace) -> int:
         current = read_placement_for(args.current, window.num_layers, window.num_experts, layer_ids=layer_ids,
                                      num_gpus=args.gpus, gpus_flag="--gpus")
     slots = cluster_slots(args, window.num_experts, model, current)
-    cluster = Cluster(slots, args.gpus_per_node, args.groups)
+    cluster = cluster_for(args, slots, window.num_experts)
     if args.frontier:
         assert current is not None
         return _print_frontier(window.loads, cluster, current.phy2log, args.json)

@@ -1,0 +1,49 @@
+"""`eplb solve` and `eplb replay` name --gpus-per-node and --groups when they do not divide the GPUs or the experts
+(they said '32 GPUs do not split into nodes of 5', `eplb.solve.check_shapes`' words, and no flag)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eplb.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("nodes") / "log.npz"
+    assert main(["synth", "--out", str(out), "--steps", "4", "--layers", "2", "--experts", "16", "--top-k", "2",
+                 "--tokens", "64", "--hot-ratio", "4"]) == 0
+    return out
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--gpus-per-node", "5"], "{gpus} GPUs do not split into nodes of 5: give --gpus-per-node a divisor of {gpus}"),
+    (["--gpus-per-node", "0"], "{gpus} GPUs do not split into nodes of 0: give --gpus-per-node a divisor of {gpus}"),
+    (["--gpus-per-node", "2", "--groups", "7"],
+     "{experts} experts do not split into 7 equal groups: give --groups a divisor of {experts}"),
+    (["--gpus-per-node", "2", "--groups", "0"],
+     "{experts} experts do not split into 0 equal groups: give --groups a divisor of {experts}"),
+])  # fmt: skip
+def test_nodes_and_groups_that_do_not_divide_are_named_by_flag(
+    log: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    for argv, gpus, experts in ((["solve", "--gpus", "32"], 32, 256), (["replay", str(log), "--gpus", "4"], 4, 16)):
+        code, err = run(capsys, *argv, *flags)
+        assert code == 2 and err == f"eplb {argv[0]}: error: {said.format(gpus=gpus, experts=experts)}\n", err
+
+
+def test_replay_refuses_them_before_it_makes_its_out_directory(
+    log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run(capsys, "replay", str(log), "--gpus", "4", "--gpus-per-node", "3", "--out", str(tmp_path / "r"))
+    assert code == 2 and "do not split into nodes of 3" in err and not list(tmp_path.iterdir()), err
