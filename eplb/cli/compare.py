@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     solvers = parse_solvers(args.solvers)
     check_time_limit("--time-limit", args.time_limit)
     if args.layers is not None and args.layers < 1:
-        raise EplbError("--layers must be >= 1")
+        raise EplbError(f"--layers must be >= 1, got {args.layers}")
     eps = _ints(args.ep, "--ep", "GPUs", 1, CLI_MAX_GPUS)
     # the most --redundant one EP size takes is checked with it (cluster_shapes)
     redundant = None if args.redundant is None else _ints(args.redundant, "--redundant", "redundant experts in all", 0)

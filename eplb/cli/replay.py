@@ -388,7 +388,7 @@ def run_synth(args: argparse.Namespace) -> int:
         raise EplbError("--format topk writes a .npz (topk_ids and step_offsets); name the file .npz")
     refuse_compress(args.compress, suffix.removeprefix("."), f"--out {out}")
     if args.gpus < 1:
-        raise EplbError("--gpus must be >= 1")
+        raise EplbError(f"--gpus must be >= 1, got {args.gpus}")
     if args.seed < 0:
         raise EplbError(f"--seed must be >= 0 (numpy's seeds are non-negative), got {args.seed}")
     acc = StatsAccumulator(gpus=args.gpus)

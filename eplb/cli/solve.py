@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots, slots_per_gpu
 from eplb.errors import EplbError
-from eplb.io.files import output_file, plural, same_file, write_text, writing
+from eplb.io.files import number_text, output_file, plural, same_file, write_text, writing
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
 from eplb.progress import Progress
@@ -606,7 +606,8 @@ def run_solve(args: argparse.Namespace) -> int:
     check_time_limit("--time-limit", args.time_limit)
     check_time_limit("--total-time-limit", args.total_time_limit)
     if not 0 <= args.max_lb_slack <= 1:
-        raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best)")
+        raise EplbError("--max-lb-slack must be between 0 and 1 (0.01 = lb within 1% of the best), got "
+                        f"{number_text(args.max_lb_slack)}")
     options = solve_options(args)
     _check_options(args, options)
     window = read_window(args.loads)
