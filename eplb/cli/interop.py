@@ -21,7 +21,7 @@ from eplb.io.exports import (
     row_labels,
     write_export,
 )
-from eplb.io.files import output_file, plural, writing
+from eplb.io.files import output_file, plural, same_file, writing
 from eplb.io.foreign import read_placement_file
 from eplb.io.statistics import LOAD_FORMATS, ImportedLoads, fold_slots, import_loads, write_loads
 from eplb.placement import Placement
@@ -207,6 +207,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_import_load(args: argparse.Namespace) -> int:
     _check_gpus(args.gpus)
+    for i, f in enumerate(args.files):  # the files are stacked (SGLang) or summed (ranks): one twice counts twice
+        again = next((g for g in args.files[:i] if same_file(f, g)), None)
+        if again is not None:
+            raise EplbError(f"FILE {f} is {again} again: its counts would be added twice; give each file once")
     output_file(args.out, "--out", inputs=[*(("FILE", f) for f in args.files), ("--placement", args.placement)])
     live = None
     if args.placement:
