@@ -247,6 +247,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json", exclude_none=True)
     elif isinstance(value, np.ndarray):
+        if value.dtype.kind == "f" and value.dtype.itemsize > 8:  # np.longdouble: its tolist() keeps numpy scalars
+            with np.errstate(over="ignore"):  # beyond float64: inf, refused below
+                value = value.astype(np.float64)
         if value.dtype.kind in "fc" and value.size and not np.isfinite(value).all():
             where = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
             bad = _Bad(f"is {value[where]}: {_FINITE}")
@@ -256,7 +259,7 @@ def _plain(value: Any) -> Any:
             return _plain(value.tolist())
         return value.tolist()
     elif isinstance(value, np.generic) or (hasattr(value, "tolist") and not isinstance(value, (list, tuple))):
-        value = value.tolist()
+        value = float(value) if isinstance(value, np.floating) else value.tolist()  # np.longdouble too
     kind = type(value)
     if kind in _SCALARS:
         return value

@@ -63,3 +63,28 @@ def test_the_service_refuses_a_key_no_header_can_carry_at_start(key: str) -> Non
     assert error["type"] == SECRET_REFUSED and "printable ASCII" in error["msg"], error
     assert "Zq7" not in error["msg"]
     assert Settings(api_key="k3y with spaces~!").api_key == "k3y with spaces~!"
+
+
+def test_long_double_arrays_and_scalars_are_sent_as_floats() -> None:
+    """A numpy array of np.longdouble (float128 on x86-64) raised TypeError 'Object of type longdouble is not JSON
+    serializable' out of `placement`, and such a scalar was refused as 'a longdouble'; both are numbers."""
+    import json
+
+    import numpy as np
+
+    bodies: list[object] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(422, json={"type": "about:blank", "title": "Invalid request", "status": 422,
+                                         "detail": "stop here"})
+
+    with Client("http://svc", transport=httpx.MockTransport(service)) as eplb:
+        loads = np.array([[1.5] * 8], dtype=np.longdouble)
+        with pytest.raises(Exception, match="stop here"):
+            eplb.placement(loads=loads, cluster={"num_gpus": 4}, tokens_per_gpu=np.longdouble(256))
+        assert bodies == [{"loads": [[1.5] * 8], "cluster": {"num_gpus": 4}, "tokens_per_gpu": 256.0}]
+        with np.errstate(over="ignore"), pytest.raises(InvalidRequest, match=r"^loads\[0\]\[1\] is inf: "):
+            eplb.placement(loads=np.array([[1, np.longdouble(1e300) * np.longdouble(1e300)]], dtype=np.longdouble),
+                           cluster={"num_gpus": 4})
+    assert len(bodies) == 1
