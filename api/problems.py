@@ -22,6 +22,9 @@ from eplb.schemas import ARRAY_ERROR
 PROBLEM = "application/problem+json"
 INSTANCE_SHOWN = 200
 """The most characters of a request's path a problem echoes (every route's path with a name it can have fits)."""
+MAX_ERRORS = 50
+"""The most fields a 422's `errors` lists; one more entry says how many it left out (200,000 unknown keys were
+200,000 errors, 12 MB)."""
 
 
 class ProblemError(Exception):
@@ -84,7 +87,7 @@ def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     kept = [_array_error(e) for e in errors if not tried_the_string_branch(e)] or list(errors)
     out = []
     for err in _chosen_members(kept):
-        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not is_union_tag(str(p))]
+        loc = [_part(str(p)) for p in err.get("loc", ()) if p != "body" and not is_union_tag(str(p))]
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         value = err.get("input")
         field = ".".join(loc) or "body"
@@ -96,6 +99,12 @@ def field_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             message = TYPE_MESSAGES[loc[-1]]
         out.append({"field": field, "message": message})
     return out
+
+
+def _part(name: str) -> str:
+    """A key of the body as an error's field names it: clipped, with its length, past 40 characters (an unknown key
+    of 1 MB came back twice)."""
+    return name if len(name) <= 40 else f"{clip(name)} ({len(name):,} characters)"
 
 
 def _array_error(err: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -150,9 +159,14 @@ def not_json(reason: str) -> ProblemError:
 
 def invalid(errors: list[dict[str, str]]) -> ProblemError:
     """The 422 of field errors; the detail lists the first five, 'field: message', or the message alone where it
-    names its field itself ('loads[0][3] is null: ...', as `eplb.errors.FieldError` has it)."""
+    names its field itself ('loads[0][3] is null: ...', as `eplb.errors.FieldError` has it); `errors` the first
+    `MAX_ERRORS`, then how many more."""
     detail = "; ".join(e["message"] if e["message"].startswith((e["field"] + "[", e["field"] + " "))
                        else f"{e['field']}: {e['message']}" for e in errors[:5])
+    if len(errors) > MAX_ERRORS:
+        more = {"field": "body", "message": f"and {len(errors) - MAX_ERRORS:,} more errors (the first {MAX_ERRORS} "
+                "are listed)"}
+        errors = [*errors[:MAX_ERRORS], more]
     return ProblemError(422, "Invalid request", detail, errors=errors)
 
 
