@@ -177,6 +177,11 @@ def run_export(args: argparse.Namespace) -> int:
     whole = foreign.placement  # every row of the file, before --layer-ids picks any
     if args.layer_ids is not None:  # bounded by the file's layers (rows), so read it once without them first
         ids = _layer_ids(args.layer_ids, whole.num_layers, args.num_model_layers)
+        rows = whole.layer_ids  # the file's rows are model layers: the flag may ask for one it has not
+        missing = [] if rows is None else [v for v in ids if v not in rows]
+        if rows is not None and missing:
+            raise EplbError(f"--layer-ids {args.layer_ids}: {args.placement} has no row for layer {missing[0]} (it "
+                            f"covers layers {ranges(list(rows))})")
         try:
             foreign = read_placement_file(args.placement, num_gpus=args.gpus, layer_ids=ids, gpus_flag="--gpus")
         except FieldError as exc:  # the ids themselves (their order)
