@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 from urllib.request import pathname2url
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -20,7 +21,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from eplb.errors import EplbError
+from eplb.errors import SETTING_REFUSED, EplbError
 from eplb.store.models import DeploymentRow
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -47,6 +48,15 @@ class StoreSettings(BaseSettings):
     database_url: str | None = Field(None, description="SQLAlchemy URL; absent: SQLite in data_dir")
     data_dir: Path = Field(default_factory=_default_data_dir, description="directory of the SQLite file")
     job_lease_s: float = Field(10.0, gt=0, le=3600, description="job lease of a replica, seconds")
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _dir_not_blank(cls, value: Any) -> Any:
+        """An empty EPLB_DATA_DIR (`EPLB_DATA_DIR=$DIR`, DIR unset) was Path(''): eplb.db in the working directory."""
+        if isinstance(value, str) and not value.strip():
+            raise PydanticCustomError(SETTING_REFUSED, "give a directory, or leave EPLB_DATA_DIR unset for the "
+                                      "default (~/.local/share/eplb, or $XDG_DATA_HOME/eplb)")
+        return value
 
 
 def database_url(settings: StoreSettings | None = None) -> str:
