@@ -1,4 +1,4 @@
-"""EPLB_DATA_DIR set but empty (an unset variable expanded, `EPLB_DATA_DIR=$DIR`) is refused, naming it, by every
+"""EPLB_DATA_DIR or EPLB_DATABASE_URL set but empty (an unset variable expanded, `EPLB_DATA_DIR=$DIR`) is refused, naming it, by every
 reader of the store settings: `eplb serve` put eplb.db in the directory it was started from, silently."""
 
 from __future__ import annotations
@@ -41,3 +41,16 @@ def test_eplb_serve_refuses_an_empty_data_dir_before_it_creates_anything(tmp_pat
         "eplb serve: error: EPLB_DATA_DIR='': give a directory, or leave EPLB_DATA_DIR unset for the default "
         "(~/.local/share/eplb, or $XDG_DATA_HOME/eplb)"), done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_database_url_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """EPLB_DATABASE_URL=$PG_URL with PG_URL unset opened a SQLite file instead, silently: replicas meant to share
+    one PostgreSQL database each kept deployments of their own."""
+    monkeypatch.setenv("EPLB_DATABASE_URL", value)
+    with pytest.raises(ValidationError) as refused:
+        StoreSettings()
+    (error,) = refused.value.errors()
+    assert error["type"] == SETTING_REFUSED and "leave EPLB_DATABASE_URL unset" in error["msg"], error
+    monkeypatch.setenv("EPLB_DATABASE_URL", "sqlite:////tmp/x.db")
+    assert StoreSettings().database_url == "sqlite:////tmp/x.db"

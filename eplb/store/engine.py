@@ -58,6 +58,15 @@ class StoreSettings(BaseSettings):
                                       "default (~/.local/share/eplb, or $XDG_DATA_HOME/eplb)")
         return value
 
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _url_not_blank(cls, value: Any) -> Any:
+        """An empty EPLB_DATABASE_URL (`=$PG_URL`, PG_URL unset) opened SQLite: replicas each their own database."""
+        if isinstance(value, str) and not value.strip():
+            raise PydanticCustomError(SETTING_REFUSED, "give a database URL (postgresql://user@host:5432/eplb), or "
+                                      "leave EPLB_DATABASE_URL unset for SQLite in EPLB_DATA_DIR")
+        return value
+
 
 def database_url(settings: StoreSettings | None = None) -> str:
     """The URL the store opens: EPLB_DATABASE_URL, else sqlite:///<EPLB_DATA_DIR>/eplb.db."""
