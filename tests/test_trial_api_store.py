@@ -1,5 +1,6 @@
-"""EPLB_DATA_DIR or EPLB_DATABASE_URL set but empty (an unset variable expanded, `EPLB_DATA_DIR=$DIR`) is refused, naming it, by every
-reader of the store settings: `eplb serve` put eplb.db in the directory it was started from, silently."""
+"""EPLB_DATA_DIR or EPLB_DATABASE_URL set but empty (an unset variable expanded, `EPLB_DATA_DIR=$DIR`) is refused,
+naming it, by every reader of the store settings: `eplb serve` put eplb.db in the directory it was started from, or
+opened SQLite instead of the PostgreSQL database meant, silently."""
 
 from __future__ import annotations
 
