@@ -141,6 +141,27 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+PATH_METAVARS = frozenset({"FILE", "DIR", "NAME|FILE", "NAME|FILE.json"})
+"""The metavars of the options that take a file or directory name (a preset's name, for NAME|FILE)."""
+
+
+def refuse_empty_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """EplbError for a file option given an empty name (an unset `$VAR`), `eplb.io.files.usable_path`'s words: the
+    commands test most of them for truth, and took '' as not given (`replay --out ""` wrote nothing, `compare --log
+    ""` compared the embedded window, `solve --current ""` solved afresh). The run's command's parser is walked."""
+    from eplb.io.files import usable_path
+
+    parsers = [parser]
+    for p in parsers:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):  # the command's parser (logs: its action's)
+                chosen = action.choices.get(getattr(args, action.dest, None) or "")
+                parsers.extend([chosen] if chosen is not None else [])
+            elif (action.metavar in PATH_METAVARS and action.option_strings
+                  and getattr(args, action.dest, None) == ""):
+                usable_path("", action.option_strings[0])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -150,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        refuse_empty_names(parser, args)
         code: int = args.func(args)
     except EplbError as exc:
         print(f"eplb {args.command}: error: {exc}", file=sys.stderr)
