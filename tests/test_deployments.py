@@ -1190,9 +1190,11 @@ def test_exports_key_sglang_and_trtllm_by_model_layer(client: TestClient) -> Non
     assert trtllm["initial_global_assignments"]["3"] == phy2log[0] and trtllm["num_slots"] == 288
     ascend = client.get("/deployments/v3", params={"format": "vllm-ascend"}).json()
     assert ascend["moe_layer_count"] == 58 and ascend["layer_list"][0]["layer_id"] == 0  # its own MoE indexing
-    # layer_ids names them (windows of a part of the model name none: their rows stay 0..L-1)
-    named = client.get("/deployments/v3", params={"format": "trtllm", "layer_ids": "0,2-58"}).json()
-    assert list(named["initial_global_assignments"]) == ["0", *[str(i) for i in range(2, 59)]]
+    # layer_ids names them (windows of a part of the model name none: their rows stay 0..L-1), MoE layers only
+    named = client.get("/deployments/v3", params={"format": "trtllm", "layer_ids": "4-60,3"}).json()
+    assert list(named["initial_global_assignments"]) == [*[str(i) for i in range(4, 61)], "3"]
+    dense = client.get("/deployments/v3", params={"format": "trtllm", "layer_ids": "0,2-58"})
+    assert dense.status_code == 422 and "layer 0 is dense" in dense.json()["detail"], dense.text
     for value, message in (("3-59", "57 ids for the placement's 58 layers"), ("x", "expected numbers"),
                            ("3-59,3", "appears twice")):
         bad = client.get("/deployments/v3", params={"format": "sglang", "layer_ids": value})

@@ -34,6 +34,7 @@ from eplb.deployments import (
 )
 from eplb.errors import EplbError, FieldError
 from eplb.io.exports import checked_layer_ids, parse_layer_ids, to_sglang, to_trtllm, to_vllm_ascend
+from eplb.io.files import plural
 from eplb.placement import Placement
 from eplb.rules import DEPLOYMENT_NAME_RULE, HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
 from eplb.solve import Outcome
@@ -128,6 +129,12 @@ def model_layers(config: DeploymentConfig, placement: Placement,
         raise _layer_ids_error(exc.message) from None
     except EplbError as exc:
         raise _layer_ids_error(str(exc).removeprefix("layer ids: ")) from None
+    dense = model.first_dense_layers if model is not None else 0
+    first = next((i for i in ids if i < dense), None)
+    if model is not None and first is not None:  # a MoE layer's map on a dense layer: the MoE layer's own lost
+        layers = "0" if dense == 1 else f"0-{dense - 1}"
+        raise _layer_ids_error(f"layer {first} is dense: model {model.name!r} has {plural(dense, 'dense layer')} "
+                               f"({layers}) before its MoE layers {dense}-{total - 1}")
     return ids, total
 
 
