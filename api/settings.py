@@ -10,8 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.inline import SOLVERS as INLINE_SOLVERS
 from eplb.errors import SECRET_REFUSED, SETTING_REFUSED, shown
+from eplb.rules import api_key_refusal
 
-SPACES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
 """What a key's leading or trailing whitespace is called in its refusal (any other: 'whitespace')."""
 
 
@@ -44,23 +44,16 @@ class Settings(BaseSettings):
     @field_validator("api_key")
     @classmethod
     def _key_not_blank(cls, key: str | None) -> str | None:
-        """A blank key would switch the check on and let `Authorization: Bearer` (no key) through."""
-        if key is not None and not key.strip():
+        """`eplb.rules.api_key_refusal`: a key no request could send (a blank one would let `Bearer` through)."""
+        refused = None if key is None else api_key_refusal(key)
+        if refused == "is blank":
             raise PydanticCustomError(SETTING_REFUSED, "give a key that is not blank, or leave EPLB_API_KEY unset "
                                       "for a service that asks for none")
-        if key is not None and key != key.strip():  # HTTP strips a header value's whitespace: no request matches
-            ends = [f"{where} with {SPACES.get(c, 'whitespace')}"
-                    for where, c in (("starts", key[0]), ("ends", key[-1])) if c.isspace()]
-            raise PydanticCustomError(SECRET_REFUSED, "the key (not shown) {ends}: HTTP strips the whitespace around "
-                                      "a header's value, so no request could send this key; remove it (a key file's "
-                                      "trailing newline: EPLB_API_KEY=\"$(cat FILE)\" drops it)",
-                                      {"ends": " and ".join(ends)})
-        bad = next((i for i, c in enumerate(key or "") if not " " <= c <= "~"), None)
-        if bad is not None:  # httpx (the client, the plug-ins) sends ASCII; the Gate reads the header as latin-1
-            raise PydanticCustomError(SECRET_REFUSED, "the key (not shown): character {at} of {length} is not "
-                                      "printable ASCII, which is all an HTTP header carries, so no client could send "
-                                      "this key; use printable ASCII",
-                                      {"at": bad + 1, "length": len(key or "")})
+        if refused is not None:
+            remedy = ("remove it (a key file's trailing newline: EPLB_API_KEY=\"$(cat FILE)\" drops it)"
+                      if "HTTP strips" in refused else "use printable ASCII")
+            raise PydanticCustomError(SECRET_REFUSED, "the key (not shown) {why}, so no client could send this key; "
+                                      "{remedy}", {"why": refused, "remedy": remedy})
         return key
 
     @field_validator("inline_solvers")

@@ -49,7 +49,7 @@ from eplb.deployments import (
     WindowResult,
 )
 from eplb.errors import EplbError
-from eplb.rules import name_refusal, timeout_refusal
+from eplb.rules import api_key_refusal, name_refusal, timeout_refusal
 from eplb.schemas import PlacementOut, PlacementResponse
 
 if TYPE_CHECKING:
@@ -512,16 +512,12 @@ def _headers(api_key: str | None) -> dict[str, str]:
     UnicodeEncodeError for a non-ASCII one and InvalidURL, reported as Unreachable, for a line break)."""
     if api_key is None:
         return {}
-    if not isinstance(api_key, str) or not api_key.strip():
-        raise InvalidRequest("api_key (not shown) is blank: give the service's EPLB_API_KEY, or None for a service "
-                             "that asks for none")
-    if api_key != api_key.strip():
-        raise InvalidRequest("api_key (not shown) starts or ends with whitespace, which HTTP strips from a header's "
-                             "value (no service has such a key: a key file's trailing newline?); remove it")
-    bad = next((i for i, c in enumerate(api_key) if not " " <= c <= "~"), None)
-    if bad is not None:
-        raise InvalidRequest(f"api_key (not shown): character {bad + 1} of {len(api_key)} is not printable ASCII, "
-                             "which is all an HTTP header carries: give the service's EPLB_API_KEY")
+    if not isinstance(api_key, str):
+        raise InvalidRequest(f"api_key: a string (the service's EPLB_API_KEY) or None, not a {type(api_key).__name__}")
+    refused = api_key_refusal(api_key)
+    if refused is not None:
+        raise InvalidRequest(f"api_key (not shown) {refused}: give the service's EPLB_API_KEY"
+                             + (", or None for a service that asks for none" if refused == "is blank" else ""))
     return {"Authorization": f"Bearer {api_key}"}
 
 

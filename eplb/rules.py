@@ -39,6 +39,27 @@ def timeout_refusal(value: object) -> str | None:
     return f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,.0f} (a day), got {value!r}"
 
 
+_SPACES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
+
+
+def api_key_refusal(key: str) -> str | None:
+    """Why `key` cannot be a service's API key, the key not shown ('is blank', 'ends with a newline: ...',
+    'has a character that is not printable ASCII ...'), or None. A blank key would switch the service's check on and let
+    `Authorization: Bearer` through; HTTP strips a header value's whitespace, so no request matches a key with some
+    at an end; httpx (the client, the plug-ins) sends ASCII and the service reads the header as latin-1."""
+    if not key.strip():
+        return "is blank"
+    if key != key.strip():
+        ends = [f"{where} with {_SPACES.get(c, 'whitespace')}"
+                for where, c in (("starts", key[0]), ("ends", key[-1])) if c.isspace()]
+        return f"{' and '.join(ends)}: HTTP strips the whitespace around a header's value"
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        return (f"has a character that is not printable ASCII (character {bad + 1} of {len(key)}), which is all an "
+                "HTTP header carries")
+    return None
+
+
 CLUSTER_FIELDS = {"num_groups": "cluster.num_groups", "gpus_per_node": "cluster.gpus_per_node"}
 """What the registry's refusals call the cluster settings in the service's JSON (`POST /placement`, a deployment's
 config); the CLI keeps its flags."""

@@ -1019,6 +1019,20 @@ def test_environment_errors_are_one_line() -> None:
     assert core.Settings.from_env({"EPLB_SERVICE_URL": "http://h:1/", "EPLB_DEPLOYMENT": "d"}).service_url == "http://h:1"
 
 
+@pytest.mark.parametrize(("key", "said"), [
+    ("ключ", "has a character that is not printable ASCII (character 1 of 4)"),  # was UnicodeEncodeError in httpx
+    ("s3cret\n", "ends with a newline: HTTP strips"),
+    ("   ", "is blank"),
+])
+def test_an_api_key_no_request_can_carry_is_refused_naming_the_variable_not_the_key(key: str, said: str) -> None:
+    """The service's and the Python client's rule (`eplb.rules.api_key_refusal`): a key no header carries."""
+    with pytest.raises(core.PolicyInputError) as refused:
+        core.Settings.from_env({"EPLB_SERVICE_URL": "http://h:1", "EPLB_DEPLOYMENT": "d", "EPLB_API_KEY": key})
+    message = str(refused.value)
+    assert message.startswith(f"EPLB_API_KEY (not shown) {said}")
+    assert not key.strip() or key.strip() not in message
+
+
 @pytest.mark.parametrize("nodes", [1, 4])
 def test_without_a_budget_a_rebalance_never_costs_balance(nodes: int) -> None:
     """Hierarchical edits cannot move a group to another node; when that costs more than 1% of lb, the fresh

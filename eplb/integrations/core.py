@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from eplb import retry
 from eplb.errors import EplbError
 from eplb.io.windows import check_loads
-from eplb.rules import CLI_MAX_GPUS, DEPLOYMENT_NAME_RULE, is_deployment_name, timeout_refusal
+from eplb.rules import CLI_MAX_GPUS, DEPLOYMENT_NAME_RULE, api_key_refusal, is_deployment_name, timeout_refusal
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
@@ -92,12 +92,16 @@ class Settings:
         refused = timeout_refusal(timeout)  # the Python client's rule for its timeout
         if refused is not None:
             raise PolicyInputError(f"EPLB_SERVICE_TIMEOUT_S {refused}")
+        api_key = env.get("EPLB_API_KEY") or None
+        refused = None if api_key is None else api_key_refusal(api_key)
+        if refused is not None:  # httpx would raise at the first request (UnicodeEncodeError for a non-ASCII key)
+            raise PolicyInputError(f"EPLB_API_KEY (not shown) {refused}: give the service's key")
         return cls(
             solver=solver,
             max_moves=max_moves,
             service_url=env.get("EPLB_SERVICE_URL", "").strip().rstrip("/") or None,
             deployment=env.get("EPLB_DEPLOYMENT", "").strip() or None,
-            api_key=env.get("EPLB_API_KEY") or None,
+            api_key=api_key,
             timeout_s=timeout,
         )
 
