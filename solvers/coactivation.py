@@ -200,14 +200,15 @@ def _swaps_compiled(st: _State, max_swaps: int, rounds: int = 0, kick: int = 0) 
 
 ROUNDS = 50
 """Iterated local search rounds per layer after the first descent (`refine_coactivation`'s default)."""
-KICK = 4
-"""Random admissible swaps that start each round."""
+KICK = 16
+"""Random admissible swaps that start each round (4 before: with 16, at the same 50 rounds, the held-out
+copies fell on every real and synthetic case of benchmarks/coactivation.py; docs/solvers.md)."""
 CHAIN_WORK = 3600
 """Rounds x slots of each later search of `refine_coactivation_chain` (twice that for the first): a round's
 work (its kick, its descent's swaps, each re-bounding every slot's block) grows with the slots, so large
 layers get fewer rounds (DeepSeek-V3's 288 slots: 25 and 12; 64-72 slots: `ROUNDS`)."""
 CHAIN_KICK = 24
-"""Random swaps that start each round of a later search of a chain (`KICK`'s 4 seldom leave the tighter
+"""Random swaps that start each round of a later search of a chain (small kicks, such as 4, seldom leave the tighter
 cap's optimum it starts from: at DeepSeek-V3 size those searches co-locate less than from scratch)."""
 
 
