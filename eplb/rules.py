@@ -86,6 +86,12 @@ body of one 1,024-expert layer on 4,096 GPUs of 64 slots is 2**30; 58 layers of 
 slot, 973,078,528, is taken). `work_refusal`; the CLI has no such bound (a local run spends its user's time)."""
 SERVICE_MAX_LAYER_SLOTS = 2**22
 """The most layers x slots (the answer's phy2log entries, L x P) one solve of the service writes: 4,194,304."""
+SERVICE_MAX_LAYERS = 16_384
+"""The most layers one solve of the service takes: each layer has a fixed cost, which the bounds above miss on small
+layers (200,000 layers of 8 experts on 4 GPUs, a 5 MB body within them, held a solver process 30.8 s). `eplb synth
+--out small.npz --steps 1 --layers 16384 --experts 8 --top-k 2 --tokens 4096`, then `/usr/bin/time -f "%e s %M KB"
+eplb solve --loads small.npz --gpus 4 --json` printed 2.83 s and 68,556 KB (the 2-core machine, nothing else
+running). No model has a hundredth of it."""
 MAX_BUDGET_BYTES = 1e15
 """The largest memory budget of one GPU, bytes (a petabyte)."""
 BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
@@ -145,8 +151,12 @@ def one_per_gpu(values: T, data: Mapping[str, object]) -> T:
 
 def work_refusal(layers: int, slots: int, gpus: int) -> str | None:
     """Why a solve of `layers` layers on `slots` slots of `gpus` GPUs is too large for the service, in one line with
-    the limit (SERVICE_MAX_WORK, SERVICE_MAX_LAYER_SLOTS), or None. The fields it is about: `work_fields`."""
+    the limit (SERVICE_MAX_LAYERS, SERVICE_MAX_LAYER_SLOTS, SERVICE_MAX_WORK), or None. The fields it is about:
+    `work_fields`."""
     what = f"{layers:,} layer{'' if layers == 1 else 's'}"
+    if layers > SERVICE_MAX_LAYERS:
+        return (f"{what} is above the service's {SERVICE_MAX_LAYERS:,} per solve (eplb.rules.SERVICE_MAX_LAYERS): "
+                f"send fewer layers per request, or run eplb solve, which has no such bound")
     if layers * slots > SERVICE_MAX_LAYER_SLOTS:
         return (f"{what} x {slots:,} slots is {layers * slots:,} slots to place, above the service's "
                 f"{SERVICE_MAX_LAYER_SLOTS:,} per solve (eplb.rules.SERVICE_MAX_LAYER_SLOTS): send fewer layers or "

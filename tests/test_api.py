@@ -531,7 +531,9 @@ def test_a_solve_beyond_the_services_work_bound_is_refused_naming_its_fields(bas
     for over, sizes in (({"cluster": {"num_gpus": 4096, "slots_per_gpu": 128}}, "1 layer x 524,288 slots x 4,096 "
                          "GPUs is 2,147,483,648, above the service's 1,073,741,824"),
                         ({"cluster": {"num_gpus": 1024, "slots_per_gpu": 512}, "loads": [layer] * 16},
-                         "16 layers x 524,288 slots is 8,388,608 slots to place, above the service's 4,194,304")):
+                         "16 layers x 524,288 slots is 8,388,608 slots to place, above the service's 4,194,304"),
+                        ({"cluster": {"num_gpus": 4, "slots_per_gpu": 3}, "loads": [[1] * 8] * 16_385},
+                         "16,385 layers is above the service's 16,384 per solve")):  # 200,000 held a worker 30.8 s
         for run_async in (False, True):
             r = httpx.post(f"{base}/placement", json={"loads": [layer], **over, "async": run_async}, timeout=60)
             assert r.status_code == 422, r.text[:300]
