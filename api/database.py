@@ -107,8 +107,8 @@ class SqlJobStore(JobStore):
     async def get(self, job_id: str) -> Job | None:
         return await in_db(self._get, job_id)
 
-    async def list(self) -> list[Job]:
-        return await in_db(self._list)
+    async def list(self, limit: int) -> tuple[list[Job], int]:
+        return await in_db(self._list, limit)
 
     async def cancel(self, job_id: str) -> Job | None:
         local = self._local.get(job_id)
@@ -244,7 +244,7 @@ class SqlJobStore(JobStore):
             return None
         return _job(row, with_result=True)
 
-    def _list(self) -> builtins.list[Job]:
+    def _list(self, limit: int) -> tuple[builtins.list[Job], int]:
         now = time.time()
         with self.store.read() as session:
             lapsed = session.scalar(select(func.count()).select_from(JobRow)
@@ -253,8 +253,10 @@ class SqlJobStore(JobStore):
             with self.store.write() as session:
                 self._reap(session, now)
         with self.store.read() as session:
-            query = select(JobRow).where((JobRow.finished_at.is_(None)) | (JobRow.finished_at >= now - self.ttl_s))
-            return [_job(r, with_result=False) for r in session.scalars(query.order_by(JobRow.created_at.desc()))]
+            kept = (JobRow.finished_at.is_(None)) | (JobRow.finished_at >= now - self.ttl_s)
+            newest = session.scalars(select(JobRow).where(kept).order_by(JobRow.created_at.desc()).limit(limit))
+            jobs = [_job(r, with_result=False) for r in newest]
+            return jobs, session.scalar(select(func.count()).select_from(JobRow).where(kept)) or 0
 
     def _active(self) -> int:
         with self.store.read() as session:

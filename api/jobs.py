@@ -52,8 +52,8 @@ class JobStore(ABC):
         """The job with its result, or None when unknown or expired."""
 
     @abstractmethod
-    async def list(self) -> list[Job]:
-        """Every job kept, newest first, without results."""
+    async def list(self, limit: int) -> tuple[list[Job], int]:
+        """The newest `limit` jobs kept, newest first, without results, and how many are kept."""
 
     @abstractmethod
     async def cancel(self, job_id: str) -> Job | None:
@@ -100,10 +100,10 @@ class MemoryJobStore(JobStore):
         record = self._records.get(job_id)
         return None if record is None else record.job.model_copy()
 
-    async def list(self) -> list[Job]:
+    async def list(self, limit: int) -> tuple[list[Job], int]:
         await self.expire()
-        jobs = [r.job.model_copy(update={"result": None}) for r in self._records.values()]
-        return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+        newest = sorted(self._records.values(), key=lambda r: r.job.created_at, reverse=True)[:limit]
+        return [r.job.model_copy(update={"result": None}) for r in newest], len(self._records)
 
     async def cancel(self, job_id: str) -> Job | None:
         record = self._records.get(job_id)

@@ -255,8 +255,9 @@ class Job(BaseModel):
 
 
 class JobList(BaseModel):
-    """The jobs kept now, newest first, without their results (GET /jobs/{id} has them)."""
+    """The newest jobs kept now (`?limit`), newest first, without their results (GET /jobs/{id} has them)."""
 
     jobs: list[Job]
+    kept: int = Field(description="jobs kept now, listed or not (finished ones for EPLB_JOB_TTL_S)")
     active: int = Field(description="queued and running jobs (these count against EPLB_MAX_JOBS)")
     max_jobs: int

@@ -19,6 +19,9 @@ NAME_SHOWN = 100
 """The most characters of a deployment name a message echoes (`eplb.errors.shown`): any name one can have, whole."""
 
 HISTORY_PAGE_MAX = 1000
+JOBS_PAGE_MAX = 1000
+"""The most jobs `GET /jobs` lists (`?limit`, 100 by default): finished jobs stay EPLB_JOB_TTL_S and do not count
+against EPLB_MAX_JOBS, so a busy hour can keep hundreds of thousands."""
 """The most history entries one page holds (`GET /deployments/{name}/history?limit=`, `eplb deployments history
 --limit`); the least is 1."""
 MAX_HISTORY_ID = 2**31 - 1

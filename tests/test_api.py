@@ -288,6 +288,12 @@ def test_finished_jobs_do_not_count_queued_are_queued_and_jobs_expire(server_fac
     assert listed["active"] == 0 and listed["max_jobs"] == 2 and len(listed["jobs"]) >= 3
     assert [j["status"] for j in listed["jobs"]][:3] == ["done"] * 3  # newest first
     assert all("result" not in j for j in listed["jobs"])
+    assert listed["kept"] == len(listed["jobs"]) == 5  # the cancelled one, the one that waited, the 3 quick ones
+    newest = httpx.get(f"{base}/jobs", params={"limit": 2}, timeout=60).json()  # 360k an hour at 100 jobs/s
+    assert newest["jobs"] == listed["jobs"][:2] and newest["kept"] == 5
+    for bad in (0, 1001, "x"):
+        r = httpx.get(f"{base}/jobs", params={"limit": bad}, timeout=60)
+        assert r.status_code == 422 and r.json()["errors"][0]["field"] == "query.limit", r.text
     deadline = time.monotonic() + 15
     while httpx.get(f"{base}/jobs", timeout=60).json()["jobs"]:  # finished jobs expire after job_ttl_s
         assert time.monotonic() < deadline

@@ -112,6 +112,8 @@ def test_two_replicas_share_deployments_and_jobs(db_url: str) -> None:
         assert failed["status"] == "failed" and "replica running this job stopped" in failed["error"]["detail"]
         listed = httpx.get(f"{b}/jobs", timeout=30).json()
         assert listed["active"] == 0 and all(j["status"] != "running" for j in listed["jobs"])
+        one = httpx.get(f"{b}/jobs", params={"limit": 1}, timeout=30).json()
+        assert one["jobs"] == listed["jobs"][:1] and one["kept"] == listed["kept"] == len(listed["jobs"])
         quick = httpx.post(f"{b}/deployments/shared/windows", json={"loads": window(2)}, timeout=60)
         assert quick.status_code == 200 and quick.json()["action"] == "rebalanced"
 

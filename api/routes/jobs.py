@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
 
 from api.deps import JobsDep, SettingsDep, require_key
 from api.problems import ProblemError, documented
 from api.routing import Route
 from api.schemas import Job, JobList
 from eplb.errors import shown
+from eplb.rules import JOBS_PAGE_MAX
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=Route)
 
@@ -17,10 +20,14 @@ def no_such_job(job_id: str) -> ProblemError:
     return ProblemError(404, "No such job", f"job {shown(job_id)} does not exist or has expired")
 
 
-@router.get("", response_model=JobList, response_model_exclude_none=True, responses=documented(401),
-            summary="The jobs kept now, newest first (results at /jobs/{id})", dependencies=[Depends(require_key)])
-async def list_jobs(jobs: JobsDep, settings: SettingsDep) -> JobList:
-    return JobList(jobs=await jobs.list(), active=await jobs.active(), max_jobs=settings.max_jobs)
+@router.get("", response_model=JobList, response_model_exclude_none=True, responses=documented(401, 422),
+            summary="The newest jobs kept (results at /jobs/{id})", dependencies=[Depends(require_key)])
+async def list_jobs(
+    jobs: JobsDep, settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=JOBS_PAGE_MAX, description="the newest jobs to list")] = 100,
+) -> JobList:
+    listed, kept = await jobs.list(limit)
+    return JobList(jobs=listed, kept=kept, active=await jobs.active(), max_jobs=settings.max_jobs)
 
 
 @router.get("/{job_id}", response_model=Job, response_model_exclude_none=True, responses=documented(404),
