@@ -324,7 +324,8 @@ def _segment(name: str) -> str:
     """A deployment name as one URL path segment. A name the service cannot have is InvalidRequest here: no such
     deployment can exist, and a '/' or '?' in it would reach another route or deployment."""
     if not isinstance(name, str):
-        raise InvalidRequest(f"deployment name {name!r}: a string, not a {type(name).__name__}")
+        kind = type(name).__name__
+        raise InvalidRequest(f"deployment name {name!r}: a string, not {'an' if kind[0] in 'aeiou' else 'a'} {kind}")
     refused = name_refusal(name)
     if refused is not None:
         raise InvalidRequest(refused)

@@ -135,7 +135,7 @@ def validate_placement(
     if bad.size:
         layer, expert = divmod(int(bad[0]), num_experts)
         raise InvalidPlacement(
-            f"shares of expert {expert} in layer {layer} sum to {totals[bad[0]]:.6f}, not 1"
+            f"shares of expert {expert} in layer {layer} sum to {totals[bad[0]]:.6g}, not 1"
         )
 
 

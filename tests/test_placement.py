@@ -36,7 +36,8 @@ def test_derived_views() -> None:
         ([[0, 1, -1, -1]], [2, 2], None, "expert 2 has no replica in layer 0"),
         ([[0, 1, 2, -1]], [2, 2], [[1, 1, 1, 0.5]], r"slot 3 of layer 0 is empty \(-1\) but has share 0.5"),
         ([[0, 1, 2, 2]], [4, 0], None, "counts >= 1"),
-        ([[0, 1, 2, 2]], [2, 2], [[1, 1, 0.5, 0.4]], "expert 2 in layer 0 sum to 0.900000"),
+        ([[0, 1, 2, 2]], [2, 2], [[1, 1, 0.5, 0.4]], "expert 2 in layer 0 sum to 0.9, not 1"),
+        ([[0, 1, 2, 2]], [2, 2], [[1, 1, 1e308, 0]], r"expert 2 in layer 0 sum to 1e\+308, not 1$"),  # was 309 digits
     ],
 )
 def test_invalid_placements_are_refused(
