@@ -542,6 +542,10 @@ def link_bandwidth(hw: HardwareSpec, link: str | float) -> float:
             return hw.nic_bandwidth
         if key == "pcie":
             return PCIE_BANDWIDTH
+        if "+" in key:
+            raise EplbError(f"link {shown(link)} is two links (within + between nodes), which only a cluster of nodes "
+                            "takes (eplb solve, evaluate and replay with --gpus-per-node; the service's "
+                            "cluster.gpus_per_node): give one link here")
         try:
             gbps = float(key)
         except ValueError:

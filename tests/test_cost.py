@@ -309,6 +309,15 @@ def test_link_bandwidth() -> None:
             link_bandwidth(B200, bad)
 
 
+def test_two_links_where_one_is_taken_say_what_takes_two(capsys: pytest.CaptureFixture[str]) -> None:
+    """eplb cost --link nvlink+nic said only that a link must be nvlink, nic, pcie or GB/s."""
+    assert main(["cost", "--link", "nvlink+nic", "--ep", "32", "--tokens-per-gpu", "256"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--link nvlink+nic: link 'nvlink+nic' is two links (within + between nodes), which only a cluster of nodes "
+        "takes (eplb solve, evaluate and replay with --gpus-per-node; the service's cluster.gpus_per_node): give one "
+        "link here")
+
+
 # --------------------------------------------------------------------------------------------
 # Placement-aware prediction
 # --------------------------------------------------------------------------------------------
@@ -649,7 +658,7 @@ def test_cli_plot_writes_exactly_the_path_given_as_history_does(tmp_path: Path, 
     assert capsys.readouterr().out == "wrote map.SVG (SVG)\n" and b"<svg" in (tmp_path / "map.SVG").read_bytes()
     for plot, said in (("map.txt", "--plot 'map.txt': .txt is no image format matplotlib writes; give a name ending "
                                    "in .png (or "),
-                       ("", "--plot: give a file name for the image"),
+                       ("", "--plot is an empty name (an unset variable?): give a file name"),
                        (".", "--plot . is a directory; give a file name inside it"),
                        ("no/map.png", "--plot no/map.png: directory no does not exist; create it first")):
         assert main(["cost", "--plot", plot]) == 2
