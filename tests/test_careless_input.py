@@ -14,6 +14,7 @@ from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.io.logs import as_log, open_log
 from solvers.plan import PlanError, build_plan
+from tests.cli_run import last_line, run_eplb
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 DECODE = FIXTURES / "sglang6017-dsv3-decode-in1000out1000.json"  # 58 x 256: DeepSeek-V3, a model for bytes
@@ -21,14 +22,9 @@ HUGE = "99999999999999999999999"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    """(exit code, last stderr line) of `eplb ARGV`, argparse's own errors included; no traceback allowed."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's type errors
-        code = int(exc.code or 0)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, (err.strip().splitlines() or [""])[-1]
+    """(exit code, last stderr line) of `eplb ARGV`; no traceback allowed."""
+    code, err = run_eplb(capsys, *argv)
+    return code, last_line(err)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from eplb.cli import main
+from tests.cli_run import last_line, run_eplb
 
 DEEP = '{"loads": ' + "[" * 100_000 + "]" * 100_000 + "}"
 LONG = "9" * 5_000
@@ -22,13 +23,8 @@ LONG = "9" * 5_000
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     """(exit code, last stderr line) of `eplb ARGV`; no traceback allowed."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, (err.strip().splitlines() or [""])[-1]
+    code, err = run_eplb(capsys, *argv)
+    return code, last_line(err)
 
 
 @pytest.fixture

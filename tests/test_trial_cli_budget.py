@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eplb.cli import main
 from eplb.errors import EplbError
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    """(exit code, whole stderr) of `eplb ARGV`; argparse's own errors included."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+from tests.cli_run import run_eplb as run
 
 
 @pytest.mark.parametrize(("argv", "said"), [

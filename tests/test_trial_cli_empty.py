@@ -10,14 +10,7 @@ from pathlib import Path
 import pytest
 
 from eplb.cli import main
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+from tests.cli_run import run_eplb as run
 
 
 @pytest.fixture(scope="module")

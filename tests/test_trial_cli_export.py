@@ -8,14 +8,7 @@ from pathlib import Path
 import pytest
 
 from eplb.cli import main
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+from tests.cli_run import run_eplb as run
 
 
 def test_layer_ids_without_a_row_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

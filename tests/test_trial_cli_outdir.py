@@ -9,16 +9,9 @@ from pathlib import Path
 import pytest
 
 from eplb.cli import main
+from tests.cli_run import run_eplb as run
 
 SHAPE = ["--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["counts", "topk"])

@@ -9,18 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.cli import main
 from eplb.io.logs import open_log
+from tests.cli_run import run_eplb as run
 
 SHAPE = ["--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
 
 
 MAX_EXPONENT_SAID = ("--exponent must be >= 0 and at most 1,000 (steeper changes nothing: the next expert's "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.request import pathname2url
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine, create_engine, event, select
@@ -49,23 +49,22 @@ class StoreSettings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, description="directory of the SQLite file")
     job_lease_s: float = Field(10.0, gt=0, le=3600, description="job lease of a replica, seconds")
 
-    @field_validator("data_dir", mode="before")
+    @field_validator("data_dir", "database_url", mode="before")
     @classmethod
-    def _dir_not_blank(cls, value: Any) -> Any:
-        """An empty EPLB_DATA_DIR (`EPLB_DATA_DIR=$DIR`, DIR unset) was Path(''): eplb.db in the working directory."""
+    def _not_blank(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty EPLB_DATA_DIR (`EPLB_DATA_DIR=$DIR`, DIR unset) was Path(''): eplb.db in the working directory; an
+        empty EPLB_DATABASE_URL (`=$PG_URL`, PG_URL unset) opened SQLite: replicas each their own database."""
         if isinstance(value, str) and not value.strip():
-            raise PydanticCustomError(SETTING_REFUSED, "give a directory, or leave EPLB_DATA_DIR unset for the "
-                                      "default (~/.local/share/eplb, or $XDG_DATA_HOME/eplb)")
+            raise PydanticCustomError(SETTING_REFUSED, _BLANK[str(info.field_name)])
         return value
 
-    @field_validator("database_url", mode="before")
-    @classmethod
-    def _url_not_blank(cls, value: Any) -> Any:
-        """An empty EPLB_DATABASE_URL (`=$PG_URL`, PG_URL unset) opened SQLite: replicas each their own database."""
-        if isinstance(value, str) and not value.strip():
-            raise PydanticCustomError(SETTING_REFUSED, "give a database URL (postgresql://user@host:5432/eplb), or "
-                                      "leave EPLB_DATABASE_URL unset for SQLite in EPLB_DATA_DIR")
-        return value
+
+_BLANK = {
+    "data_dir": "give a directory, or leave EPLB_DATA_DIR unset for the default (~/.local/share/eplb, or "
+                "$XDG_DATA_HOME/eplb)",
+    "database_url": "give a database URL (postgresql://user@host:5432/eplb), or leave EPLB_DATABASE_URL unset for "
+                    "SQLite in EPLB_DATA_DIR",
+}
 
 
 def database_url(settings: StoreSettings | None = None) -> str:

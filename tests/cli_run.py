@@ -1,0 +1,23 @@
+"""Running the `eplb` command in-process, for the tests of its refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from eplb.cli import main
+
+
+def run_eplb(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """(exit code, whole stderr) of `eplb ARGV`, argparse's own errors included; no traceback allowed."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's errors
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def last_line(err: str) -> str:
+    """The last line of a stderr ('' for none): the error after any notes."""
+    return (err.strip().splitlines() or [""])[-1]
