@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from eplb.cli import main
@@ -21,3 +23,10 @@ def run_eplb(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 def last_line(err: str) -> str:
     """The last line of a stderr ('' for none): the error after any notes."""
     return (err.strip().splitlines() or [""])[-1]
+
+
+def small_log(out: Path) -> Path:
+    """`eplb synth` of a small counts log at `out` (4 steps x 2 layers x 16 experts, top-2) to refuse flags on."""
+    assert main(["synth", "--out", str(out), "--steps", "4", "--layers", "2", "--experts", "16", "--top-k", "2",
+                 "--tokens", "64", "--hot-ratio", "4"]) == 0
+    return out

@@ -9,16 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from eplb.cli import main
 from tests.cli_run import run_eplb as run
+from tests.cli_run import small_log
 
 
 @pytest.fixture(scope="module")
 def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("empty") / "log.npz"
-    assert main(["synth", "--out", str(out), "--steps", "4", "--layers", "2", "--experts", "16", "--top-k", "2",
-                 "--tokens", "64", "--hot-ratio", "4"]) == 0
-    return out
+    return small_log(tmp_path_factory.mktemp("empty") / "log.npz")
 
 
 @pytest.mark.parametrize(("argv", "flag"), [
