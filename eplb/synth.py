@@ -158,6 +158,9 @@ class SynthConfig:
             if not 0 <= at < self.steps:
                 raise EplbError(f"{n('shift_at')} {at}: a regime shift happens at a step of the log, 0 .. "
                                 f"{self.steps - 1} ({n('steps').removeprefix('synth: ')} {self.steps})")
+        twice = next((at for i, at in enumerate(self.shift_at) if at in self.shift_at[:i]), None)
+        if twice is not None:  # one shift, not two: the second draw of the regime would be silently lost
+            raise EplbError(f"{n('shift_at')} {twice}: the step is given twice; give each shift once")
         if not isinstance(self.coact_clusters, int) or self.coact_clusters < 0:
             raise EplbError(f"{n('coact_clusters')} must be an integer >= 0, got {self.coact_clusters!r}")
         if self.coact_std is not None and not (math.isfinite(self.coact_std) and self.coact_std >= 0):

@@ -779,6 +779,7 @@ def test_synth_sizes_beyond_memory_are_one_line_naming_the_flags(
     (["--steps", "100", "--shift-at", "50,100"],  # past the log's end: was silently no shift
      "--shift-at 100: a regime shift happens at a step of the log, 0 .. 99 (--steps 100)"),
     (["--shift-at", "-1"], "--shift-at -1: a regime shift happens at a step of the log, 0 .. 3999 (--steps 4000)"),
+    (["--shift-at", "30,3,30"], "--shift-at 30: the step is given twice; give each shift once"),
     (["--steps", str(2**31)], "argument --steps: 2147483648 is too large (at most 2,147,483,647 steps)"),
 ])  # fmt: skip
 def test_synth_errors_name_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
