@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from eplb.budget import GIB, describe_slots, slots_per_gpu
-from eplb.errors import EplbError
+from eplb.errors import EplbError, FieldError
 from eplb.io.files import number_text, output_file, plural, same_file, write_text, writing
 from eplb.io.windows import LoadWindow, read_window
 from eplb.objective import OBJECTIVES
@@ -28,6 +28,7 @@ from eplb.solve import (
     Cluster,
     CostSetup,
     Outcome,
+    check_cluster_fields,
     evaluate,
     infer_model,
     least_stage_gib,
@@ -426,16 +427,19 @@ def cluster_slots(args: argparse.Namespace, num_experts: int, model: ModelSpec |
 
 def cluster_for(args: argparse.Namespace, slots: NDArray[np.int64], num_experts: int) -> Cluster:
     """The Cluster of slots per GPU `slots` with --gpus-per-node and --groups, refused naming the flag when they do
-    not divide the GPUs or the `num_experts` experts (`eplb.solve.check_shapes`' rule and words, which lack the
-    flag)."""
-    per_node, groups = args.gpus_per_node, args.groups
-    if per_node is not None and (per_node < 1 or slots.size % per_node):
-        raise EplbError(f"{slots.size} GPUs do not split into nodes of {per_node}: give --gpus-per-node a divisor of "
-                        f"{slots.size}")
-    if groups is not None and (groups < 1 or num_experts % groups):
-        raise EplbError(f"{num_experts} experts do not split into {groups} equal groups: give --groups a divisor of "
-                        f"{num_experts}")
-    return Cluster(slots, per_node, groups)
+    not divide the GPUs or the `num_experts` experts (`eplb.solve.check_cluster_fields`, the service's check, whose
+    words name no flag)."""
+    cluster = Cluster(slots, args.gpus_per_node, args.groups)
+    try:
+        check_cluster_fields(num_experts, cluster)
+    except FieldError as exc:
+        flag = {"cluster.gpus_per_node": ("--gpus-per-node", slots.size),
+                "cluster.num_groups": ("--groups", num_experts)}
+        if exc.fields[0] not in flag:
+            raise EplbError(exc.message) from None
+        name, whole = flag[exc.fields[0]]
+        raise EplbError(f"{exc.message}: give {name} a divisor of {whole}") from None
+    return cluster
 
 
 BUDGET_FLAGS = {"num_gpus": "--gpus", "slots": "--slots-per-gpu", "num_redundant": "--redundant",
