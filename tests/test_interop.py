@@ -768,7 +768,7 @@ def test_written_windows_read_back(tmp_path: Path) -> None:
     assert read_window(tmp_path / "steps.npz").loads.tolist() == loads.window.tolist()
     last = loads.select_steps(-1, None)
     assert last.window.tolist() == np.arange(12, 24).reshape(3, 4).tolist()
-    with pytest.raises(EplbError, match="select none of the 2 recorded steps"):
+    with pytest.raises(EplbError, match="--steps 5: selects none of the 2 recorded steps"):
         loads.select_steps(5, None)
     with pytest.raises(EplbError, match="unknown output type"):
         write_loads(loads, tmp_path / "w.csv")

@@ -86,7 +86,7 @@ class ImportedLoads:
                             "recent ones; import them all")
         picked = self.counts[start:stop]
         if picked.shape[0] == 0:
-            raise EplbError(f"steps {'' if start is None else start}:{'' if stop is None else stop} select none of "
+            raise EplbError(f"--steps {'' if start is None else start}:{'' if stop is None else stop} selects none of "
                             f"the {plural(self.num_steps, 'recorded step')}")
         return replace(self, counts=picked, meta={**self.meta, "steps_selected": [start, stop]})
 
