@@ -30,3 +30,10 @@ def small_log(out: Path) -> Path:
     assert main(["synth", "--out", str(out), "--steps", "4", "--layers", "2", "--experts", "16", "--top-k", "2",
                  "--tokens", "64", "--hot-ratio", "4"]) == 0
     return out
+
+
+def error_prefix(argv: list[str]) -> str:
+    """How `eplb ARGV`'s errors start: the command, with its action for those that take one (`eplb logs convert:
+    error: `), as argparse's own errors do."""
+    words = argv[:2] if argv[0] in ("logs", "deployments") else argv[:1]
+    return f"eplb {' '.join(words)}: error: "

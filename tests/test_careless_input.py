@@ -14,7 +14,7 @@ from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.io.logs import as_log, open_log
 from solvers.plan import PlanError, build_plan
-from tests.cli_run import last_line, run_eplb
+from tests.cli_run import error_prefix, last_line, run_eplb
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 DECODE = FIXTURES / "sglang6017-dsv3-decode-in1000out1000.json"  # 58 x 256: DeepSeek-V3, a model for bytes
@@ -864,7 +864,7 @@ def test_a_path_the_system_cannot_look_up_is_refused_in_one_line(
     file, the name clipped with its length."""
     monkeypatch.chdir(tmp_path)
     code, err = run(capsys, *argv)
-    assert code == 2 and err.startswith(f"eplb {argv[0]}: error: {said} 'aaaa"), err
+    assert code == 2 and err.startswith(error_prefix(argv) + f"{said} 'aaaa"), err
     assert "characters): the system cannot use this path (File name too long)" in err, err
 
 
@@ -899,7 +899,7 @@ def test_a_log_or_report_path_the_system_cannot_look_up_is_refused_in_one_line(
         code = int(exc.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith(f"eplb {argv[0]}: error: {said} 'aaaa"), err
+    assert err.startswith(error_prefix(argv) + f"{said} 'aaaa"), err
     assert "characters): the system cannot use this path (File name too long)" in err, err
     assert not list(tmp_path.iterdir())  # nothing made: no directory, no NAME.part
 

@@ -33,7 +33,7 @@ def test_shard_steps_for_a_log_of_one_file_is_refused(
     log = tmp_path / "log.npz"
     assert main([*SYNTH, "--out", str(log)]) == 0
     err = _error(capsys, ["logs", "convert", str(log), str(tmp_path / out), "--shard-steps", "10"])
-    assert err == (f"eplb logs: error: --shard-steps sets the steps per shard file of a Parquet log; OUT "
+    assert err == (f"eplb logs convert: error: --shard-steps sets the steps per shard file of a Parquet log; OUT "
                    f"{tmp_path / out} is {kind}, one file: drop --shard-steps, or name it .parquet")
     assert not (tmp_path / out).exists()
     assert main(["logs", "convert", str(log), str(tmp_path / "p.parquet"), "--shard-steps", "10"]) == 0

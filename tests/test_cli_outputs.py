@@ -13,6 +13,7 @@ import pytest
 
 from eplb.cli import main
 from eplb.io.files import replace_text
+from tests.cli_run import error_prefix
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,8 @@ def test_an_output_that_cannot_be_written_is_one_line(
     assert main(args) == 2
     err = capsys.readouterr().err
     cause = "No such file or directory" if target == "no directory" else "No space left on device"
-    assert err.count("\n") == 1 and err.startswith(f"eplb {argv[0]}: error: ") and cause in err, err
-    said = err.removeprefix(f"eplb {argv[0]}: error: ")
+    assert err.count("\n") == 1 and err.startswith(error_prefix(argv) + "") and cause in err, err
+    said = err.removeprefix(error_prefix(argv) + "")
     assert said.startswith(names) and str(bad)[:30] in said, said  # --plot clips a long path (eplb.errors.shown)
 
 

@@ -15,6 +15,7 @@ from eplb.cli import main
 from eplb.evaluate import balance
 from eplb.io.windows import read_window
 from eplb.placement import load_placement
+from tests.cli_run import error_prefix
 
 ESFT_LAW = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law.json"
 ESFT_TOPK = Path(__file__).parents[1] / "fixtures" / "esft-dsv2lite-law-topk.npz"
@@ -405,7 +406,7 @@ def test_a_gpu_count_against_a_placement_that_records_its_own_is_refused(
                  ["evaluate", "--placement", str(serving), "--gpus", "7"]):
         capsys.readouterr()
         assert main(argv) == 2
-        assert capsys.readouterr().err == f"eplb {argv[0]}: error: {said}\n"
+        assert capsys.readouterr().err == error_prefix(argv) + f"{said}\n"
     assert not out.exists()
     assert main(["export", "--placement", str(serving), "--to", "json", "--out", str(out), "--gpus", "32"]) == 0
 

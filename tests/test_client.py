@@ -42,6 +42,7 @@ from eplb.deployments import (
     WindowResult,
 )
 from eplb.schemas import PlacementResponse
+from tests.cli_run import error_prefix
 from tests.flaky_proxy import proxy
 from tests.test_deployments import MODEL, config, window
 from tests.test_replicas import V3, replica
@@ -271,7 +272,7 @@ def test_every_deployments_command_says_in_one_line_when_the_service_cannot_be_r
         assert main([*argv, "--url", url]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err
-        assert err.startswith(f"eplb {argv[0]}: error: cannot reach {url}: ") and reason in err
+        assert err.startswith(error_prefix(argv) + f"cannot reach {url}: ") and reason in err
 
 
 def test_unreachable_and_foreign_services_are_one_line_errors() -> None:

@@ -389,6 +389,7 @@ def test_float16_counts_are_checked_in_float64() -> None:
 
 
 NOT_NPZ = "--compress deflates an .npz log's members; "
+CONVERT = "eplb logs convert: error: "
 
 
 @pytest.mark.parametrize(("argv", "said"), [
@@ -396,17 +397,17 @@ NOT_NPZ = "--compress deflates an .npz log's members; "
      "eplb synth: error: " + NOT_NPZ + "--out OUT/log.jsonl is JSONL, written as plain text: drop --compress, or "
      "name it .npz"),
     (["logs", "convert", "LOG", "OUT/log.jsonl", "--compress"],
-     "eplb logs: error: " + NOT_NPZ + "OUT OUT/log.jsonl is JSONL, written as plain text: drop --compress, or name "
+     CONVERT + NOT_NPZ + "OUT OUT/log.jsonl is JSONL, written as plain text: drop --compress, or name "
      "it .npz"),
-    (["logs", "convert", "LOG", "OUT/log.ndjson", "--compress"], "eplb logs: error: " + NOT_NPZ + "OUT "
+    (["logs", "convert", "LOG", "OUT/log.ndjson", "--compress"], CONVERT + NOT_NPZ + "OUT "
      "OUT/log.ndjson is JSONL"),
-    (["logs", "convert", "LOG", "OUT/log.parquet", "--compress"], "eplb logs: error: " + NOT_NPZ + "OUT "
+    (["logs", "convert", "LOG", "OUT/log.parquet", "--compress"], CONVERT + NOT_NPZ + "OUT "
      "OUT/log.parquet is Parquet, whose shards are always compressed (zstd): drop --compress"),
-    (["logs", "convert", "LOG", "OUT/shards", "--to", "parquet", "--compress"], "eplb logs: error: " + NOT_NPZ +
+    (["logs", "convert", "LOG", "OUT/shards", "--to", "parquet", "--compress"], CONVERT + NOT_NPZ +
      "OUT OUT/shards is Parquet"),
-    (["logs", "convert", "LOG", "OUT/log.jsonl", "--to", "npz"], "eplb logs: error: --to npz writes NPZ: OUT "
+    (["logs", "convert", "LOG", "OUT/log.jsonl", "--to", "npz"], CONVERT + "--to npz writes NPZ: OUT "
      "OUT/log.jsonl must end in .npz (a log's format is told from its name when it is read)"),  # written, then
-    (["logs", "convert", "LOG", "OUT/log.npz", "--to", "jsonl"], "eplb logs: error: --to jsonl writes JSONL: OUT "
+    (["logs", "convert", "LOG", "OUT/log.npz", "--to", "jsonl"], CONVERT + "--to jsonl writes JSONL: OUT "
      "OUT/log.npz must end in .jsonl or .ndjson"),  # 'not valid JSON' reading it back
 ])  # fmt: skip
 def test_compress_for_a_log_it_cannot_deflate_is_refused(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_run import error_prefix, small_log
 from tests.cli_run import run_eplb as run
-from tests.cli_run import small_log
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,6 @@ def test_an_empty_file_name_is_refused(
 ) -> None:
     args = [str(log) if a == "LOG" else a.format(tmp=tmp_path) for a in argv]
     code, err = run(capsys, *args)
-    assert code == 2 and err == f"eplb {argv[0]}: error: {flag} is an empty name (an unset variable?): give a file " \
+    assert code == 2 and err == error_prefix(argv) + f"{flag} is an empty name (an unset variable?): give a file " \
         "name\n", err
     assert not list(tmp_path.iterdir())

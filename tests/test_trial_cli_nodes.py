@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_run import error_prefix, small_log
 from tests.cli_run import run_eplb as run
-from tests.cli_run import small_log
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_nodes_and_groups_that_do_not_divide_are_named_by_flag(
 ) -> None:
     for argv, gpus, experts in ((["solve", "--gpus", "32"], 32, 256), (["replay", str(log), "--gpus", "4"], 4, 16)):
         code, err = run(capsys, *argv, *flags)
-        assert code == 2 and err == f"eplb {argv[0]}: error: {said.format(gpus=gpus, experts=experts)}\n", err
+        assert code == 2 and err == error_prefix(argv) + f"{said.format(gpus=gpus, experts=experts)}\n", err
 
 
 def test_replay_refuses_them_before_it_makes_its_out_directory(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from eplb.cli import main
+from tests.cli_run import error_prefix
 from tests.cli_run import run_eplb as run
 
 SHAPE = ["--steps", "3", "--layers", "2", "--experts", "16", "--top-k", "2", "--tokens", "64", "--hot-ratio", "4"]
@@ -44,8 +45,8 @@ def test_logs_convert_refuses_a_missing_directory(tmp_path: Path, capsys: pytest
     for name in ("y.jsonl", "y.npz"):
         out = tmp_path / "no" / name
         code, err = run(capsys, "logs", "convert", str(log), str(out))
-        assert code == 2 and err == f"eplb logs: error: OUT {out}: directory {out.parent} does not exist; create " \
-            "it first\n", err
+        assert code == 2 and err == f"eplb logs convert: error: OUT {out}: directory {out.parent} does not " \
+            "exist; create it first\n", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.npz"]
     shards = tmp_path / "new" / "shards.parquet"  # a directory of shards is made, as replay --out DIR is
     assert main(["logs", "convert", str(log), str(shards)]) == 0 and shards.is_dir()
@@ -62,5 +63,5 @@ def test_a_file_in_the_way_of_the_directory_is_named(
     for argv in (["solve", "--gpus", "4", "--out", str(out)], ["synth", "--out", f"{out}.npz", *SHAPE]):
         code, err = run(capsys, *argv)
         shown = str(out) + ("" if argv[0] == "solve" else ".npz")
-        assert code == 2 and err == f"eplb {argv[0]}: error: --out {shown}: cannot write there ({a_file} is not a " \
+        assert code == 2 and err == error_prefix(argv) + f"--out {shown}: cannot write there ({a_file} is not a " \
             "directory)\n", err

@@ -145,20 +145,28 @@ PATH_METAVARS = frozenset({"FILE", "DIR", "NAME|FILE", "NAME|FILE.json"})
 """The metavars of the options that take a file or directory name (a preset's name, for NAME|FILE)."""
 
 
-def refuse_empty_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """EplbError for a file option given an empty name (an unset `$VAR`), `eplb.io.files.usable_path`'s words: the
-    commands test most of them for truth, and took '' as not given (`replay --out ""` wrote nothing, `compare --log
-    ""` compared the embedded window, `solve --current ""` solved afresh). The run's command's parser is walked."""
-    from eplb.io.files import usable_path
-
+def command_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+    """The parsers of the run's command, outermost first: eplb's, the command's, an action's (`eplb logs
+    convert`, `eplb deployments put`)."""
     parsers = [parser]
     for p in parsers:
         for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):  # the command's parser (logs: its action's)
+            if isinstance(action, argparse._SubParsersAction):
                 chosen = action.choices.get(getattr(args, action.dest, None) or "")
                 parsers.extend([chosen] if chosen is not None else [])
-            elif (action.metavar in PATH_METAVARS and action.option_strings
-                  and getattr(args, action.dest, None) == ""):
+    return parsers
+
+
+def refuse_empty_names(parsers: Sequence[argparse.ArgumentParser], args: argparse.Namespace) -> None:
+    """EplbError for a file option given an empty name (an unset `$VAR`), `eplb.io.files.usable_path`'s words: the
+    commands test most of them for truth, and took '' as not given (`replay --out ""` wrote nothing, `compare --log
+    ""` compared the embedded window, `solve --current ""` solved afresh). parsers: `command_parsers`."""
+    from eplb.io.files import usable_path
+
+    for p in parsers:
+        for action in p._actions:
+            if (action.metavar in PATH_METAVARS and action.option_strings
+                    and getattr(args, action.dest, None) == ""):
                 usable_path("", action.option_strings[0])
 
 
@@ -170,11 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    parsers = command_parsers(parser, args)
     try:
-        refuse_empty_names(parser, args)
+        refuse_empty_names(parsers, args)
         code: int = args.func(args)
     except EplbError as exc:
-        print(f"eplb {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{parsers[-1].prog}: error: {exc}", file=sys.stderr)  # as argparse's own errors: eplb logs convert
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
