@@ -16,6 +16,7 @@ from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.rules import MAX_HISTORY_ID
 from eplb.store import Store, open_store
+from tests.cli_run import run_eplb
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 from tests.test_deployments import config, window
 from tests.test_replicas import replica
@@ -192,6 +193,24 @@ def test_a_401_names_the_flag_and_the_variable_that_send_the_key(
     assert main([*argv, "--url", served]) == 2
     assert "refused the API key from EPLB_API_KEY" in capsys.readouterr().err
     assert main([*argv, "--url", served, "--api-key", KEY]) == 0
+
+
+@pytest.mark.parametrize(("given", "env", "said"), [
+    (["--api-key", "clé"], None, "--api-key (not shown) has a character that is not printable ASCII (character 3"),
+    (["--api-key", ""], "right", "--api-key (not shown) is blank"),  # was taken as not given: EPLB_API_KEY sent
+    ([], "key\n", "EPLB_API_KEY (not shown) ends with a newline"),
+])  # fmt: skip
+def test_a_key_no_request_can_carry_is_refused_naming_where_it_came_from(
+    given: list[str], env: str | None, said: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's refusal named its `api_key` argument, which a CLI user never wrote; nothing is sent."""
+    monkeypatch.delenv("EPLB_API_KEY", raising=False)
+    if env is not None:
+        monkeypatch.setenv("EPLB_API_KEY", env)
+    monkeypatch.setattr("eplb.client.Client.__init__", lambda *a, **k: pytest.fail("a client was made"))
+    code, err = run_eplb(capsys, "deployments", "list", "--url", "http://127.0.0.1:9", *given)
+    assert code == 2 and err.startswith(f"eplb deployments list: error: {said}"), err
+    assert err.endswith(": give the key the service runs with (its EPLB_API_KEY)\n") and "clé" not in err
 
 
 @pytest.mark.parametrize("argv", [["deployments", "show", LONG], ["deployments", "history", LONG],

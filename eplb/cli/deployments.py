@@ -16,7 +16,7 @@ from eplb.cli import clip
 from eplb.errors import EplbError
 from eplb.io.files import plural
 from eplb.io.images import IMAGE_HELP, image_format, save_figure
-from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID, name_refusal
+from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID, api_key_refusal, name_refusal
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
     from matplotlib.figure import Figure
@@ -39,10 +39,15 @@ class _Source:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.url, self.database_url = args.url, args.database_url
-        self.api_key = args.api_key or os.environ.get("EPLB_API_KEY") or None
-        self.key_source = "--api-key" if args.api_key else "EPLB_API_KEY" if self.api_key else None
+        given = args.api_key is not None  # --api-key "" is refused as blank, not taken as not given
+        self.api_key = args.api_key if given else os.environ.get("EPLB_API_KEY") or None
+        self.key_source = "--api-key" if given else "EPLB_API_KEY" if self.api_key else None
         if self.url and self.database_url:
             raise EplbError("give --url or --database-url, not both")
+        refused = None if self.api_key is None or not self.url else api_key_refusal(self.api_key)
+        if refused is not None:  # before any request, in the CLI's words (the client's name its api_key argument)
+            raise EplbError(f"{self.key_source} (not shown) {refused}: give the key the service runs with (its "
+                            "EPLB_API_KEY)")
         self._opened: Store | None = None
 
     def list(self) -> list[DeploymentView]:
