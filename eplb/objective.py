@@ -65,7 +65,8 @@ class Choice:
 
 def one_slot_per_expert(loads: F64, slots_per_gpu: IntArray) -> IntArray:
     """Greedy with no redundant replica: E of the slots used (spread over the GPUs in proportion to their
-    slots), the rest empty (-1). loads: [L, E]; slots_per_gpu: [G]. Returns phy2log [L, sum(slots)]."""
+    slots), the rest empty (-1); with more GPUs than experts, the GPUs left without one hold none. loads: [L, E];
+    slots_per_gpu: [G]. Returns phy2log [L, sum(slots)]."""
     from solvers.greedy import solve_greedy
 
     slots = np.asarray(slots_per_gpu, dtype=np.int64)
@@ -73,7 +74,7 @@ def one_slot_per_expert(loads: F64, slots_per_gpu: IntArray) -> IntArray:
     used = np.minimum(slots, np.floor(num_experts * slots / slots.sum()).astype(np.int64))
     while int(used.sum()) < num_experts:  # hand out the remainder to the GPUs with most room left
         used[int(np.argmax(slots - used))] += 1
-    packed = solve_greedy(loads, used)
+    packed = solve_greedy(loads, used[used > 0])  # greedy packs onto GPUs of at least one slot
     out = np.full((loads.shape[0], int(slots.sum())), EMPTY_SLOT, dtype=np.int64)
     starts, packed_starts = np.cumsum(slots) - slots, np.cumsum(used) - used
     for g in range(slots.size):
