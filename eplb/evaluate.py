@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from eplb.budget import spread_evenly
+from eplb.errors import EplbError
 from eplb.placement import Placement
 
 
@@ -35,15 +36,27 @@ class Balance:
         return None if lb.size == 0 else (float(lb.mean()), float(lb.max()))
 
 
-def gpu_loads(loads: NDArray[np.float64], placement: Placement) -> NDArray[np.float64]:
-    """Tokens each GPU serves: [layers, G], from loads [layers, E] and the slots' shares."""
+def placement_loads(loads: ArrayLike, placement: Placement) -> NDArray[np.float64]:
+    """loads as float64 [layers, E] when they are the placement's layers and experts; EplbError saying both shapes
+    otherwise (numpy would broadcast one layer over all, or drop experts the placement does not hold)."""
+    array = np.asarray(loads, dtype=np.float64)
+    if array.shape != (placement.num_layers, placement.num_experts):
+        raise EplbError(f"the placement is for {placement.num_layers} layers x {placement.num_experts} experts, the "
+                        f"loads are {' x '.join(map(str, array.shape)) or 'one number'}")
+    return array
+
+
+def gpu_loads(loads: ArrayLike, placement: Placement) -> NDArray[np.float64]:
+    """Tokens each GPU serves: [layers, G], from loads [layers, E] (the placement's: `placement_loads`) and the
+    slots' shares."""
+    loads = placement_loads(loads, placement)
     slot_load = np.take_along_axis(loads, placement.phy2log, axis=1) * placement.slot_shares()
     starts = np.concatenate([[0], np.cumsum(placement.slots_per_gpu)[:-1]])
     return np.add.reduceat(slot_load, starts, axis=1)
 
 
-def balance(loads: NDArray[np.float64], placement: Placement) -> Balance:
-    """Balance of a placement on loads [layers, E] (same layer count and E as the placement)."""
+def balance(loads: ArrayLike, placement: Placement) -> Balance:
+    """Balance of a placement on loads [layers, E] (same layer count and E as the placement: `placement_loads`)."""
     per_gpu = gpu_loads(loads, placement)
     mean = per_gpu.mean(axis=1)
     peak = per_gpu.max(axis=1)
