@@ -252,13 +252,25 @@ def whole(value: Any, name: str) -> int:
 def as_array(value: Any, name: str, integer: bool = False) -> NDArray[Any]:
     """A tensor of any device and dtype (anything with `detach`, torch not imported here) or an array-like (a list,
     a numpy array) as a numpy array: float64 for the loads, as given for a map (`integer`: `check_map` judges its
-    dtype); PolicyInputError naming `name` for what is no rectangular array of numbers."""
+    dtype; a float dtype numpy lacks, bfloat16 or float8, as float64); a sparse tensor's dense values;
+    PolicyInputError naming `name` for a tensor on the meta device (no values) and what is no rectangular array of
+    numbers."""
     try:
         if hasattr(value, "detach"):
-            tensor = value.detach().cpu()
+            tensor = value.detach()
+            if getattr(tensor, "is_meta", False):
+                raise PolicyInputError(f"{name} is a tensor on the meta device, which holds no values")
+            tensor = tensor.cpu()
+            if str(tensor.layout) != "torch.strided":  # sparse: .numpy() takes dense tensors only
+                tensor = tensor.to_dense()
             if tensor.is_complex():  # .double() would drop the imaginary part, with only a UserWarning
                 raise PolicyInputError(f"{name} must hold real numbers, got {str(tensor.dtype).removeprefix('torch.')}")
-            return np.asarray((tensor if integer else tensor.double()).numpy())
+            if not integer:
+                return np.asarray(tensor.double().numpy())
+            try:
+                return np.asarray(tensor.numpy())
+            except TypeError:  # a float dtype numpy lacks (bfloat16, float8): as float64, no ids either
+                return np.asarray(tensor.double().numpy())
         array = np.asarray(value)
         if array.dtype.kind == "c":
             raise PolicyInputError(f"{name} must hold real numbers, got {array.dtype}")
