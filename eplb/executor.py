@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, SupportsIndex, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,6 +46,7 @@ from eplb.replay import BASELINES, Rebalance, ReplayResult, Schedule, StepBlock,
 from eplb.replay.summary import RowStats
 from eplb.solve import Cluster, CostSetup
 from solvers.registry import Options
+from solvers.validation import whole_number
 
 __all__ = [
     "EXECUTORS",
@@ -157,11 +158,12 @@ def _no_report(done: int) -> None:
 
 
 class RayExecutor(Executor):
-    """Tasks as Ray tasks. address: None starts a local Ray instance on this machine (num_cpus: its
-    CPUs, default all); else the cluster to join. retries: attempts after the first for a task that
-    raised anything but an EplbError or whose worker died. A Ray already initialized in this process
-    is used as it is (and left running). Ray is started or joined on first use (`map`, `node_cpus`), not
-    here: a command checks its inputs in between, so a refusal comes without Ray's start-up (seconds).
+    """Tasks as Ray tasks. address: None (or `local`) starts a local Ray instance on this machine (num_cpus: its
+    CPUs, a whole number >= 1, default all); else the cluster to join (num_cpus refused: its CPUs are its own).
+    retries: attempts after the first for a task that raised anything but an EplbError or whose worker died. A Ray
+    already initialized in this process is used as it is (and left running). Ray is started or joined on first use
+    (`map`, `node_cpus`), not here: a command checks its inputs in between, so a refusal comes without Ray's start-up
+    (seconds).
     quiet: Ray's driver logger ("ray") at ERROR (ray.init's logging_level), so that its start-up warnings
     ("Token authentication is enabled for this Ray cluster...") stay out of the command's output; False leaves
     Ray's logging as Ray sets it. flag: what the messages call the address (the CLI's --ray-address; default
@@ -169,7 +171,7 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, *, num_cpus: int | None = None, retries: int = 2,
+    def __init__(self, address: str | None = None, *, num_cpus: SupportsIndex | None = None, retries: int = 2,
                  quiet: bool = True, flag: str | None = None) -> None:  # fmt: skip
         try:
             import ray
@@ -178,6 +180,7 @@ class RayExecutor(Executor):
         if retries < 0:
             raise EplbError(f"retries must be >= 0, got {retries}")
         self.endpoint = None if address is None else ray_endpoint(address, flag)
+        num_cpus = _local_cpus(num_cpus, address)
         self.ray = ray
         self.address, self.num_cpus, self.retries, self.quiet, self.flag = address, num_cpus, retries, quiet, flag
         self.started = False
@@ -201,7 +204,7 @@ class RayExecutor(Executor):
                     self._probe(*endpoint, f"{named} ({RAY_ADDRESS}, which {self.flag or 'address'} auto joins)")
             logs = {"logging_level": logging.ERROR} if self.quiet else {"configure_logging": False}
             try:
-                local = address is None
+                local = address is None or address.strip() == "local"  # a new Ray here, of num_cpus CPUs
                 ray.init(address="local" if local else address, num_cpus=self.num_cpus if local else None,
                          include_dashboard=False, **logs)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -295,6 +298,21 @@ class RayExecutor(Executor):
         if self.started:
             self.ray.shutdown()
             self.started = False
+
+
+def _local_cpus(num_cpus: object, address: str | None) -> int | None:
+    """RayExecutor's num_cpus: None, or a whole number >= 1 for the local Ray it starts (no address, or `local`; a Ray
+    of 0 CPUs runs no task: `map` would wait forever); EplbError otherwise, and for num_cpus with the address of a
+    cluster to join (whose CPUs are its own)."""
+    if num_cpus is None:
+        return None
+    count = whole_number(num_cpus)
+    if count is None or count < 1:
+        raise EplbError(f"num_cpus must be a whole number >= 1 (the CPUs of the local Ray), got {num_cpus!r}")
+    if address is not None and address.strip() != "local":
+        raise EplbError(f"num_cpus sizes the local Ray eplb starts (no address, or 'local'); the cluster at "
+                        f"{address!r} has its own CPUs: leave num_cpus out")
+    return count
 
 
 RAY_CLIENT = "ray://"
