@@ -579,6 +579,10 @@ def test_loads_as_npy(base: str) -> None:
     twice = httpx.post(f"{base}/placement", content=buffer.getvalue(), headers={"content-type": "application/x-npy"},
                        params={"request": json.dumps({**fields, "loads": [[1]]})}, timeout=60)
     assert twice.status_code == 422 and twice.json()["errors"][0]["field"] == "loads"
+    repeated = httpx.post(f"{base}/placement", content=buffer.getvalue(), headers={"content-type": "application/x-npy"},
+                          params=[("request", json.dumps(fields)), ("request", "{}")], timeout=60)  # the last one won
+    once = "given 2 times: give the request's other fields once, as one JSON object"
+    assert repeated.status_code == 422 and repeated.json()["errors"] == [{"field": "query.request", "message": once}]
 
 
 def test_server_stop_leaks_no_semaphores() -> None:

@@ -47,8 +47,13 @@ def body_doc(model: type[BaseModel]) -> dict[str, Any]:
 
 
 async def read_body(request: Request, fields: str | None) -> convert.Body:
-    """The body and its kind; 415 for any Content-Type but JSON and .npy (`api.routing`, every route's check)."""
+    """The body and its kind; 415 for any Content-Type but JSON and .npy (`api.routing`, every route's check), 422
+    for `?request=` with a JSON body or given twice."""
     content_type = media_type(request)
+    given = len(request.query_params.getlist("request"))
+    if given > 1:  # a query parameter read once: the framework kept the last and dropped the rest unseen
+        raise FieldError("query.request", f"given {given} times: give the request's other fields once, as one JSON "
+                         "object")
     if is_json(content_type):
         if fields is not None:
             raise FieldError("query.request", "only with an application/x-npy body")
