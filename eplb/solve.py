@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 from eplb.budget import describe_slots, slot_counts, slots_beyond_experts
 from eplb.cost import LayerPrediction, TimeModel, predict
 from eplb.errors import EplbError, FieldError, shown
-from eplb.evaluate import Balance, balance, contiguous_placement
+from eplb.evaluate import Balance, balance, contiguous_placement, placement_loads
 from eplb.io.files import plural
 from eplb.io.windows import check_loads
 from eplb.objective import OBJECTIVES, candidates, choose_by_time
@@ -503,20 +503,24 @@ def solver_pairs(name: str, coactivation: CoactivationSummary | None) -> NDArray
     return coactivation.pairs()
 
 
+GIVE_COACTIVATION = ("pass coactivation=, the window's CoactivationSummary (eplb.coactivation.summarize of its "
+                     "tokens' ids)")
+"""How a caller of `solve` gives a co-activation-aware solver its data (`check_coactivation`'s default)."""
+
+
 def check_coactivation(name: str, coactivation: CoactivationSummary | None,
-                       names: Mapping[str, str] | None = None) -> None:
+                       names: Mapping[str, str] | None = None, give: str = GIVE_COACTIVATION) -> None:
     """A co-activation-aware solver (greedy-coact) without the window's summary is refused, saying where to give
-    it: the CLI's --coactivation or a token-level log (names None), or, with the caller's names (the service's
-    JSON: names.get('coactivation', 'coactivation')), a FieldError naming that field. The service checks before
-    any solve; `solve` itself with the CLI's text."""
+    it: `give` (the CLI: its --coactivation flag), or, with the caller's names (the service's JSON:
+    names.get('coactivation', 'coactivation')), a FieldError naming that field. The service and the CLI check
+    before any solve; `solve` itself in its caller's words."""
     if coactivation is not None or name not in registry.names():
         return
     if not registry.get_solver(name).capabilities.coactivation:
         return
     lead = f"solver {name!r} needs the window's co-activation data"
     if names is None:
-        raise EplbError(f"{lead}: give --coactivation FILE (a summary or a token-level log), or replay a token-level "
-                        "log")
+        raise EplbError(f"{lead}: {give}")
     field = names.get("coactivation", "coactivation")
     raise FieldError(field, f"{lead}: give {field}, the window's co-activation summary (docs/formats.md)")
 
@@ -551,12 +555,7 @@ def evaluate(
     """Judge a placement on loads [layers, E] (checked as `solve` checks them): balance and predicted time, next to
     the baseline. With a co-activation summary, also the expected copies per token (GPUs and nodes of
     `gpus_per_node`), which the predicted comm then uses."""
-    loads = check_loads(loads)
-    if loads.shape[0] != placement.num_layers or loads.shape[1] != placement.num_experts:
-        raise EplbError(
-            f"the placement is for {placement.num_layers} layers x {placement.num_experts} experts, "
-            f"the loads are {loads.shape[0]} x {loads.shape[1]}"
-        )
+    loads = placement_loads(check_loads(loads), placement)
     check_objective("lb", cost, coactivation, loads)
     base = contiguous_placement(placement.num_layers, placement.num_experts, placement.num_gpus)
     outcome = Outcome(placement, balance(loads, placement), balance(loads, base))

@@ -29,6 +29,7 @@ from eplb.solve import (
     CostSetup,
     Outcome,
     check_cluster_fields,
+    check_coactivation,
     evaluate,
     infer_model,
     least_stage_gib,
@@ -636,18 +637,21 @@ def run_solve(args: argparse.Namespace) -> int:
         ticker.start(f"{name}, {plural(window.num_layers, 'layer')} x {plural(window.num_experts, 'expert')} on "
                      f"{plural(cluster.num_gpus, 'GPU')}")
 
+    cost = cost_setup(args, model)
+    coactivation = coactivation_for(args, window)
+    check_coactivation(args.solver, coactivation, give="give --coactivation FILE (a summary or a token-level log)")
     with ticker:
         outcome = solve(
             window.loads,
             cluster,
             solver=args.solver,
-            cost=cost_setup(args, model),
+            cost=cost,
             current=current,
             options=options,
             split=args.split,
             stage_bytes=None if args.stage_gib is None else args.stage_gib * GIB,
             objective=args.objective,
-            coactivation=coactivation_for(args, window),
+            coactivation=coactivation,
             starting=starting,
         )
     if args.out:
