@@ -9,6 +9,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from eplb.budget import spread_evenly
 from eplb.errors import EplbError
+from eplb.io.files import real_array
 from eplb.placement import Placement
 
 
@@ -37,9 +38,10 @@ class Balance:
 
 
 def placement_loads(loads: ArrayLike, placement: Placement) -> NDArray[np.float64]:
-    """loads as float64 [layers, E] when they are the placement's layers and experts; EplbError saying both shapes
-    otherwise (numpy would broadcast one layer over all, or drop experts the placement does not hold)."""
-    array = np.asarray(loads, dtype=np.float64)
+    """loads (numbers or a tensor: `real_array`) as float64 [layers, E] when they are the placement's layers and
+    experts; EplbError saying both shapes otherwise (numpy would broadcast one layer over all, or drop experts the
+    placement does not hold)."""
+    array = real_array(loads, "loads", "loads must hold only numbers")
     if array.shape != (placement.num_layers, placement.num_experts):
         raise EplbError(f"the placement is for {placement.num_layers} layers x {placement.num_experts} experts, the "
                         f"loads are {' x '.join(map(str, array.shape)) or 'one number'}")

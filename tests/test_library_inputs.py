@@ -152,6 +152,25 @@ def test_lists_tuples_and_numpy_integers_are_taken_where_users_pass_them() -> No
     assert moved.moves is not None and int(moved.moves.sum()) <= 3
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int64"])
+def test_tensors_of_every_dtype_are_read_as_their_values(dtype: str) -> None:
+    """A bfloat16 tensor (numpy has no bfloat16) was 'loads must be numbers in a [layers][experts] array' in solve
+    and a TypeError in evaluate, where float16 worked."""
+    import torch
+
+    tensor = torch.tensor(LOADS).to(getattr(torch, dtype))
+    values = tensor.double().numpy()
+    reference = solve(values, CLUSTER)
+    outcome = solve(tensor, CLUSTER)
+    assert np.array_equal(outcome.placement.phy2log, reference.placement.phy2log)
+    assert np.allclose(evaluate(tensor, reference.placement).balance.lb, reference.balance.lb)
+    meta = tensor.to("meta")
+    calls: list[Callable[[], object]] = [lambda: solve(meta, CLUSTER), lambda: evaluate(meta, reference.placement)]
+    for call in calls:
+        with pytest.raises(EplbError, match=r"^loads is a tensor on the meta device, which holds no values$"):
+            call()
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: Cluster(np.array([3.7, 3.2])), "slots_per_gpu[0] is 3.7: slot counts are whole numbers"),
     (lambda: Cluster([3, 0]), "slots_per_gpu[1] is 0: every GPU needs at least one slot"),

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from eplb import retry
 from eplb.errors import EplbError
+from eplb.io.files import tensor_values
 from eplb.io.windows import check_loads
 from eplb.rules import CLI_MAX_GPUS, DEPLOYMENT_NAME_RULE, api_key_refusal, is_deployment_name, timeout_refusal
 from solvers import registry
@@ -250,28 +251,12 @@ def whole(value: Any, name: str) -> int:
 
 
 def as_array(value: Any, name: str, integer: bool = False) -> NDArray[Any]:
-    """A tensor of any device and dtype (anything with `detach`, torch not imported here) or an array-like (a list,
-    a numpy array) as a numpy array: float64 for the loads, as given for a map (`integer`: `check_map` judges its
-    dtype; a float dtype numpy lacks, bfloat16 or float8, as float64); a sparse tensor's dense values;
-    PolicyInputError naming `name` for a tensor on the meta device (no values) and what is no rectangular array of
-    numbers."""
+    """A tensor of any device and dtype (`eplb.io.files.tensor_values`) or an array-like (a list, a numpy array) as
+    a numpy array: float64 for the loads, as given for a map (`integer`: `check_map` judges its dtype; bfloat16 and
+    float8 read as float64); PolicyInputError naming `name` for a tensor on the meta device (no values) and what is
+    no rectangular array of real numbers."""
     try:
-        if hasattr(value, "detach"):
-            tensor = value.detach()
-            if getattr(tensor, "is_meta", False):
-                raise PolicyInputError(f"{name} is a tensor on the meta device, which holds no values")
-            tensor = tensor.cpu()
-            if str(tensor.layout) != "torch.strided":  # sparse: .numpy() takes dense tensors only
-                tensor = tensor.to_dense()
-            if tensor.is_complex():  # .double() would drop the imaginary part, with only a UserWarning
-                raise PolicyInputError(f"{name} must hold real numbers, got {str(tensor.dtype).removeprefix('torch.')}")
-            if not integer:
-                return np.asarray(tensor.double().numpy())
-            try:
-                return np.asarray(tensor.numpy())
-            except TypeError:  # a float dtype numpy lacks (bfloat16, float8): as float64, no ids either
-                return np.asarray(tensor.double().numpy())
-        array = np.asarray(value)
+        array = np.asarray(tensor_values(value, name))
         if array.dtype.kind == "c":
             raise PolicyInputError(f"{name} must hold real numbers, got {array.dtype}")
         if array.dtype.kind not in "biuf":
@@ -279,6 +264,8 @@ def as_array(value: Any, name: str, integer: bool = False) -> NDArray[Any]:
         return array if integer else array.astype(np.float64, copy=False)
     except PolicyInputError:
         raise
+    except EplbError as err:
+        raise PolicyInputError(str(err)) from None
     except (TypeError, ValueError, RuntimeError):
         raise PolicyInputError(f"{name} must be a rectangular array of numbers (a tensor, a numpy array or nested "
                                f"lists), got a {type(value).__name__}") from None

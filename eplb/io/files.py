@@ -64,12 +64,31 @@ FLOAT_MAX = float(np.finfo(np.float64).max)
 checks, so the caller's range message names it (`number_text` shows it as "more than 1.8e+308")."""
 
 
+def tensor_values(value: Any, what: str) -> Any:
+    """`value` as numpy reads it: a tensor (anything with `detach`; torch is not imported here) of any device and
+    layout as a numpy array of its values, in its dtype, or float64 for a float dtype numpy lacks (bfloat16,
+    float8); anything else as given. EplbError naming `what` for a tensor on the meta device (no values)."""
+    if not hasattr(value, "detach"):
+        return value
+    tensor = value.detach()
+    if getattr(tensor, "is_meta", False):
+        raise EplbError(f"{what} is a tensor on the meta device, which holds no values")
+    tensor = tensor.cpu()
+    if str(tensor.layout) != "torch.strided":  # sparse: .numpy() takes dense tensors only
+        tensor = tensor.to_dense()
+    try:
+        return tensor.numpy()
+    except TypeError:  # bfloat16, float8
+        return tensor.double().numpy()
+
+
 def real_array(value: Any, what: str, not_numbers: str) -> NDArray[np.float64]:
-    """`value` (rectangular) as float64; EplbError `not_numbers` when it holds anything but integers and floats
-    (strings such as "1e3", None, nested objects), and by name for an array of bools or complex numbers (numpy
-    would drop the imaginary part). A true/false among numbers reads as a number here: JSON text is checked for
-    those when it is read (`read_json`, `refuse_bools`). Integers beyond int64 read as floats, those beyond
-    float range as +-FLOAT_MAX: callers' range checks name them."""
+    """`value` (rectangular; a tensor: `tensor_values`) as float64; EplbError `not_numbers` when it holds anything
+    but integers and floats (strings such as "1e3", None, nested objects), and by name for an array of bools or
+    complex numbers (numpy would drop the imaginary part). A true/false among numbers reads as a number here: JSON
+    text is checked for those when it is read (`read_json`, `refuse_bools`). Integers beyond int64 read as floats,
+    those beyond float range as +-FLOAT_MAX: callers' range checks name them."""
+    value = tensor_values(value, what)
     try:
         raw = value if isinstance(value, np.ndarray) else np.asarray(value)
     except (ValueError, TypeError):
