@@ -204,7 +204,7 @@ class RayExecutor(Executor):
                     self._probe(*endpoint, f"{named} ({RAY_ADDRESS}, which {self.flag or 'address'} auto joins)")
             logs = {"logging_level": logging.ERROR} if self.quiet else {"configure_logging": False}
             try:
-                local = address is None or address.strip() == "local"  # a new Ray here, of num_cpus CPUs
+                local = _starts_local_ray(address)
                 ray.init(address="local" if local else address, num_cpus=self.num_cpus if local else None,
                          include_dashboard=False, **logs)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -300,6 +300,12 @@ class RayExecutor(Executor):
             self.started = False
 
 
+def _starts_local_ray(address: str | None) -> bool:
+    """Whether RayExecutor's address starts a new Ray on this machine (no address, or `local`; of num_cpus CPUs)
+    rather than joining a cluster's."""
+    return address is None or address.strip() == "local"
+
+
 def _local_cpus(num_cpus: object, address: str | None) -> int | None:
     """RayExecutor's num_cpus: None, or a whole number >= 1 for the local Ray it starts (no address, or `local`; a Ray
     of 0 CPUs runs no task: `map` would wait forever); EplbError otherwise, and for num_cpus with the address of a
@@ -309,7 +315,7 @@ def _local_cpus(num_cpus: object, address: str | None) -> int | None:
     count = whole_number(num_cpus)
     if count is None or count < 1:
         raise EplbError(f"num_cpus must be a whole number >= 1 (the CPUs of the local Ray), got {num_cpus!r}")
-    if address is not None and address.strip() != "local":
+    if not _starts_local_ray(address):
         raise EplbError(f"num_cpus sizes the local Ray eplb starts (no address, or 'local'); the cluster at "
                         f"{address!r} has its own CPUs: leave num_cpus out")
     return count
