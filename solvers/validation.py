@@ -99,6 +99,8 @@ def validate_placement(
         raise InvalidPlacement(f"slots_per_gpu must be a non-empty list of counts >= 1, got {slots.tolist()}")
     if phy2log.ndim != 2:
         raise InvalidPlacement(f"phy2log must be [layers, num_physical], got shape {phy2log.shape}")
+    if phy2log.shape[0] == 0:
+        raise InvalidPlacement("phy2log has no layers: a placement holds at least one MoE layer")
     if phy2log.shape[1] != int(slots.sum()):
         raise InvalidPlacement(
             f"phy2log has {phy2log.shape[1]} slots per layer but slots_per_gpu sums to {int(slots.sum())}"

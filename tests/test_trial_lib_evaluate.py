@@ -26,3 +26,10 @@ def test_balance_on_loads_of_another_shape_is_refused_not_broadcast(shape: tuple
 def test_balance_takes_the_placements_loads_as_lists_too() -> None:
     loads = [[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]]
     np.testing.assert_array_equal(balance(loads, PLACEMENT).gpu_loads, balance(np.array(loads), PLACEMENT).gpu_loads)
+
+
+def test_a_placement_of_no_layers_is_refused_when_it_is_made() -> None:
+    """Placement(phy2log of shape [0, 6], ...) was accepted, then log2phy() raised numpy's 'zero-size array to
+    reduction operation maximum'."""
+    with pytest.raises(EplbError, match=r"^invalid placement: phy2log has no layers: a placement holds at least one "):
+        Placement(np.zeros((0, 6), np.int64), np.array([3, 3]), 4)
