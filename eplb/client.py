@@ -49,7 +49,7 @@ from eplb.deployments import (
     WindowResult,
 )
 from eplb.errors import EplbError
-from eplb.rules import api_key_refusal, name_refusal, timeout_refusal
+from eplb.rules import api_key_refusal, name_refusal, timeout_refusal, url_refusal
 from eplb.schemas import PlacementOut, PlacementResponse
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class ServiceError(EplbError):
 
 
 class Unreachable(EplbError):
-    """No answer from the service: "cannot reach URL: reason" (connection refused, unknown host, bad URL, timeout)."""
+    """No answer from the service: "cannot reach URL: reason" (connection refused, unknown host, a URL httpx cannot use, timeout)."""
 
 
 class NotTheService(EplbError):
@@ -552,6 +552,9 @@ def _open(factory: Callable[..., _Http], base_url: str, api_key: str | None, tim
     refused = timeout_refusal(timeout)
     if refused is not None:
         raise InvalidRequest(f"timeout {refused}")
+    refused = url_refusal(base_url)
+    if refused is not None:
+        raise InvalidRequest(f"base_url {refused}")
     try:
         return factory(base_url=base_url, headers=_headers(api_key), timeout=float(timeout), transport=transport)
     except httpx.InvalidURL as exc:
@@ -565,7 +568,7 @@ def _not_closed(http: httpx.Client | httpx.AsyncClient, kind: str) -> None:
 
 
 class Client:
-    """Synchronous client. base_url: e.g. http://127.0.0.1:8000; api_key: the service's EPLB_API_KEY;
+    """Synchronous client. base_url: e.g. http://127.0.0.1:8000 (no http(s) URL of a host: InvalidRequest); api_key: the service's EPLB_API_KEY;
     timeout: seconds one call waits, shared by its attempts (each attempt waits for the time left, less a reserve
     for the next; httpx applies it to connecting and to each read, so an answer that trickles in can take longer;
     a synchronous MILP answer takes its time budget);

@@ -8,6 +8,7 @@ import numbers
 import re
 from collections.abc import Mapping
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from eplb.errors import shown
 
@@ -40,6 +41,20 @@ def timeout_refusal(value: object) -> str | None:
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= MAX_TIMEOUT_S:
         return None
     return f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:,.0f} (a day), got {value!r}"
+
+
+def url_refusal(url: object) -> str | None:
+    """Why `url` is no address of the service, 'is no http(s) URL of a host (e.g. http://127.0.0.1:8000), got X',
+    or None: http:// or https://, a host and a port (if any) of 0 to 65535 (without the scheme httpx took
+    'localhost:8000' as the protocol 'localhost', and 'http://' as a host named 'http:')."""
+    if isinstance(url, str):
+        try:
+            parts = urlsplit(url)
+            if parts.scheme in ("http", "https") and parts.hostname and (parts.port or 0) >= 0:
+                return None
+        except ValueError:  # an unclosed [, a port that is no number or above 65535
+            pass
+    return f"is no http(s) URL of a host (e.g. http://127.0.0.1:8000), got {shown(url)}"
 
 
 _SPACES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}

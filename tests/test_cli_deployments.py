@@ -16,7 +16,7 @@ from eplb.cli import main
 from eplb.errors import EplbError
 from eplb.rules import MAX_HISTORY_ID
 from eplb.store import Store, open_store
-from tests.cli_run import run_eplb
+from tests.cli_run import error_prefix, run_eplb
 from tests.db_fixtures import db_url_fixture, postgres_fixture  # noqa: F401
 from tests.test_deployments import config, window
 from tests.test_replicas import replica
@@ -456,3 +456,14 @@ def test_serve_help_says_which_routes_need_the_api_key(capsys: pytest.CaptureFix
     assert "POST routes" not in text
     assert all(method in text for method in GUARDED)
     assert "GET /jobs and every /deployments route, reads too" in text and "--api-key or EPLB_API_KEY" in text
+
+
+@pytest.mark.parametrize("url", ["", "localhost:8000", "http://"])
+def test_a_url_that_is_no_http_url_of_a_host_is_refused_naming_the_flag(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """'' read the database instead ('No deployments'); 'localhost:8000' said 'cannot reach localhost:8000: ...
+    unsupported protocol', 'http://' 'cannot reach http::' after three attempts."""
+    argv = ["deployments", "list", "--url", url]
+    code, err = run_eplb(capsys, *argv)
+    assert code == 2 and err == (error_prefix(argv) + "--url is no http(s) URL of a host (e.g. http://127.0.0.1:8000), "
+                                 f"got {url!r}\n")

@@ -268,11 +268,13 @@ def test_every_deployments_command_says_in_one_line_when_the_service_cannot_be_r
     from eplb.cli import main
 
     refused = f"http://127.0.0.1:{_closed_port()}"
-    for url, reason in ((refused, "Connection refused"), ("notaurl", "missing an 'http://' or 'https://' protocol")):
-        assert main([*argv, "--url", url]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "Traceback" not in err
-        assert err.startswith(error_prefix(argv) + f"cannot reach {url}: ") and reason in err
+    assert main([*argv, "--url", refused]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(error_prefix(argv) + f"cannot reach {refused}: ") and "Connection refused" in err
+    assert main([*argv, "--url", "notaurl"]) == 2  # refused before any request
+    assert capsys.readouterr().err == error_prefix(argv) + ("--url is no http(s) URL of a host (e.g. "
+                                                            "http://127.0.0.1:8000), got 'notaurl'\n")
 
 
 def test_unreachable_and_foreign_services_are_one_line_errors() -> None:
@@ -280,8 +282,10 @@ def test_unreachable_and_foreign_services_are_one_line_errors() -> None:
 
     from eplb.client import NotTheService, Unreachable
 
-    with pytest.raises(Unreachable, match=r"^cannot reach notaurl: Request URL is missing"):
-        Client("notaurl").deployments()
+    for url in ("notaurl", "localhost:8000", "http://", "ftp://127.0.0.1", "http://127.0.0.1:99999"):
+        with pytest.raises(InvalidRequest, match=r"^base_url is no http\(s\) URL of a host \(e.g. http://127.0.0.1:8000"
+                                                 rf"\), got '{re.escape(url)}'$"):
+            Client(url)  # 'localhost:8000' was 'cannot reach ... unsupported protocol 'localhost://'' at the first call
     with pytest.raises(Unreachable, match=r"^cannot reach http://bad\x00: Invalid non-printable"):
         Client("http://bad\x00")
 

@@ -16,7 +16,7 @@ from eplb.cli import clip
 from eplb.errors import EplbError
 from eplb.io.files import plural
 from eplb.io.images import IMAGE_HELP, image_format, save_figure
-from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID, api_key_refusal, name_refusal
+from eplb.rules import HISTORY_PAGE_MAX, MAX_HISTORY_ID, api_key_refusal, name_refusal, url_refusal
 
 if TYPE_CHECKING:  # imported when a command runs: SQLAlchemy costs every other command its start-up time
     from matplotlib.figure import Figure
@@ -42,8 +42,11 @@ class _Source:
         given = args.api_key is not None  # --api-key "" is refused as blank, not taken as not given
         self.api_key = args.api_key if given else os.environ.get("EPLB_API_KEY") or None
         self.key_source = "--api-key" if given else "EPLB_API_KEY" if self.api_key else None
-        if self.url and self.database_url:
+        if self.url is not None and self.database_url:
             raise EplbError("give --url or --database-url, not both")
+        refused_url = None if self.url is None else url_refusal(self.url)
+        if refused_url is not None:  # '' had read the database; 'localhost:8000' was 'cannot reach'
+            raise EplbError(f"--url {refused_url}")
         refused = None if self.api_key is None or not self.url else api_key_refusal(self.api_key)
         if refused is not None:  # before any request, in the CLI's words (the client's name its api_key argument)
             raise EplbError(f"{self.key_source} (not shown) {refused}: give the key the service runs with (its "

@@ -27,7 +27,14 @@ from eplb import retry
 from eplb.errors import EplbError
 from eplb.io.files import tensor_values
 from eplb.io.windows import check_loads
-from eplb.rules import CLI_MAX_GPUS, DEPLOYMENT_NAME_RULE, api_key_refusal, is_deployment_name, timeout_refusal
+from eplb.rules import (
+    CLI_MAX_GPUS,
+    DEPLOYMENT_NAME_RULE,
+    api_key_refusal,
+    is_deployment_name,
+    timeout_refusal,
+    url_refusal,
+)
 from solvers import registry
 from solvers.greedy import rebalance_experts as deepseek_rebalance
 from solvers.migration import count_moves, relabel_gpus
@@ -142,18 +149,11 @@ def environment(env: Mapping[str, str] | None = None) -> tuple[Settings, list[st
             "EPLB_DEPLOYMENT", "EPLB_SERVICE_URL")
         notes.append(f"{given} is set without {missing}: every rebalance solves locally")
     elif url is not None and deployment is not None:
-        if not _http_url(url):
+        if url_refusal(url) is not None:
             notes.append(f"EPLB_SERVICE_URL={url!r} is no http(s) URL: every rebalance will solve locally")
         if not is_deployment_name(deployment):
             notes.append(f"{_bad_name(settings)}: every rebalance will solve locally")
     return settings, notes
-
-
-def _http_url(url: str) -> bool:
-    try:
-        return httpx.URL(url).scheme in ("http", "https")
-    except httpx.InvalidURL:
-        return False
 
 
 _WARNED: set[str] = set()
