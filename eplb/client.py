@@ -73,7 +73,8 @@ class ServiceError(EplbError):
 
 
 class Unreachable(EplbError):
-    """No answer from the service: "cannot reach URL: reason" (connection refused, unknown host, a URL httpx cannot use, timeout)."""
+    """No answer from the service: "cannot reach URL: reason" (connection refused, unknown host, a URL httpx cannot
+    use, timeout)."""
 
 
 class NotTheService(EplbError):
@@ -568,7 +569,8 @@ def _not_closed(http: httpx.Client | httpx.AsyncClient, kind: str) -> None:
 
 
 class Client:
-    """Synchronous client. base_url: e.g. http://127.0.0.1:8000 (no http(s) URL of a host: InvalidRequest); api_key: the service's EPLB_API_KEY;
+    """Synchronous client. base_url: e.g. http://127.0.0.1:8000 (no http(s) URL of a host: InvalidRequest);
+    api_key: the service's EPLB_API_KEY;
     timeout: seconds one call waits, shared by its attempts (each attempt waits for the time left, less a reserve
     for the next; httpx applies it to connecting and to each read, so an answer that trickles in can take longer;
     a synchronous MILP answer takes its time budget);
