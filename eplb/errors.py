@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -39,6 +40,15 @@ def clip(text: str, width: int = 40) -> str:
     """`text` as it fits in `width` characters: cut, its last character an ellipsis, when longer (a name a message
     or a table cell echoes)."""
     return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f\udc80-\udcff]")
+
+
+def one_line(text: str) -> str:
+    """`text` for one terminal line: a control character (a line break in a file name) as Python escapes it (`\\n`),
+    an undecodable byte of a file name (a surrogate escape) as that byte (`\\xff`)."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]) - 0xDC00:02x}" if m[0] >= "\udc80" else repr(m[0])[1:-1], text)
 
 
 def shown(value: object, width: int = 40) -> str:

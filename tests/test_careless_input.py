@@ -935,3 +935,13 @@ def test_compare_refuses_an_out_it_cannot_write_before_any_solve(
         code, err = run(capsys, *compare, "--out", str(out))
         assert code == 2 and err == f"eplb compare: error: {said}", err
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
+@pytest.mark.parametrize(("name", "said"), [("a\nb.json", "a\\nb.json"), ("a\udcffb.json", "a\\xffb.json"),
+                                            ("tab\there.json", "tab\\there.json")])
+def test_an_error_naming_a_file_with_a_line_break_or_an_undecodable_byte_stays_one_line(
+        name: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The name was printed raw: a line break split the error in two, an undecodable byte showed as '\\udcff'."""
+    argv = ["solve", "--loads", str(tmp_path / name)]
+    code, err = run_eplb(capsys, *argv)
+    assert code == 2 and err == f"{error_prefix(argv)}load file not found: {tmp_path}/{said}\n"

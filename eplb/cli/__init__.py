@@ -11,7 +11,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from eplb.errors import SECRET_REFUSED, SETTING_REFUSED, EplbError
+from eplb.errors import SECRET_REFUSED, SETTING_REFUSED, EplbError, one_line
 from eplb.errors import clip as clip  # the commands echo values through these (eplb.errors)
 from eplb.errors import shown as shown
 
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         refuse_empty_names(parsers, args)
         code: int = args.func(args)
     except EplbError as exc:
-        print(f"{parsers[-1].prog}: error: {exc}", file=sys.stderr)  # as argparse's own errors: eplb logs convert
+        print(f"{parsers[-1].prog}: error: {one_line(str(exc))}", file=sys.stderr)  # as argparse's: eplb logs convert
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
