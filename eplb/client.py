@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from eplb.deployments import (
     HistoryPage,
     WindowResult,
 )
-from eplb.errors import EplbError
+from eplb.errors import EplbError, shown
 from eplb.rules import api_key_refusal, name_refusal, timeout_refusal, url_refusal
 from eplb.schemas import PlacementOut, PlacementResponse
 
@@ -490,7 +491,7 @@ class _Api:
 
     @staticmethod
     def history(name: str, limit: int, before: int | None) -> _Call[HistoryPage]:
-        params: dict[str, Any] = {"limit": limit} if before is None else {"limit": limit, "before": before}
+        params = {key: _whole(value, key) for key, value in (("limit", limit), ("before", before)) if value is not None}
         return _Call("GET", f"/deployments/{_segment(name)}/history", _model(HistoryPage), params=params)
 
     @staticmethod
@@ -498,6 +499,14 @@ class _Api:
         body = _placement_body(placement, "placement")
         return _Call("POST", f"/deployments/{_segment(name)}/placement", _model(HistoryEntry), json={"placement": body},
                      idempotent=False)  # sent again after a window moved the placement, it would undo that
+
+
+def _whole(value: object, name: str) -> int:
+    """`value` as an int when it is one (numpy's too); InvalidRequest naming `name` otherwise (True was sent as
+    'true', 2.0 as '2.0', for the service to refuse)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise InvalidRequest(f"{name} must be a whole number (an int), got {shown(value)}")
 
 
 def _placement_body(placement: PlacementOut | dict[str, Any], name: str) -> dict[str, Any]:

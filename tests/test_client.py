@@ -925,3 +925,13 @@ def test_a_service_that_stays_down_is_tried_within_the_timeout_and_said_in_one_l
     assert not retry.mendable(httpx.ReadTimeout("late"), idempotent=False)
     assert not retry.mendable(httpx.Response(502), idempotent=False) and retry.mendable(httpx.Response(502))
     assert not retry.mendable(httpx.Response(500))
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [({"limit": True}, "limit must be a whole number (an int), got True"),
+                                              ({"limit": 2.0}, "limit must be a whole number (an int), got 2.0"),
+                                              ({"before": "7"}, "before must be a whole number (an int), got '7'")])
+def test_history_refuses_a_page_bound_that_is_no_whole_number_before_sending(kwargs: dict[str, Any], said: str) -> None:
+    """limit=True was sent as 'true' (the service's 422 named query.limit), 2.0 as '2.0'."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with Client(url) as eplb, pytest.raises(InvalidRequest, match=f"^{re.escape(said)}$"):
+        eplb.history("prod", **kwargs)
