@@ -32,6 +32,7 @@ from eplb.solve import Cluster, CostSetup, solve
 from eplb.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from eplb.synth import SEED004_TABLE, SynthConfig, log_stats, synth_counts, synth_log, synth_topk
 from solvers.greedy import solve_greedy
+from tests.cli_run import error_prefix, last_line, run_eplb
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -404,6 +405,25 @@ def test_replay_out_replaced_by_a_file_during_the_run_is_one_line(
     said = f"eplb replay: error: --out {out}: cannot write rebalances.csv there (Not a directory)\n"
     assert capsys.readouterr().err == said
     assert (tmp_path / "moved" / "steps.csv").read_text().count("\n") == 1 + 200 * 2  # written before, in full
+
+
+def test_replay_out_refused_after_a_run_into_the_same_dir_leaves_no_file_of_the_run_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A replay into --out DIR refused mid-way (a log with no tokens is refused once replayed, after steps.csv) left
+    the run before's rebalances.csv and summary.json next to its own partial steps.csv: DIR mixed two runs. Those
+    are removed before steps.csv is opened; a link there (to /dev/full, a full disk) is not a file of a run."""
+    log, zero = tmp_path / "log.npz", tmp_path / "zero.npz"
+    counts = two_regimes(60, shift=30, layers=2)
+    write_counts(log, counts, top_k=8)
+    write_counts(zero, np.zeros_like(counts), top_k=8)
+    out = tmp_path / "run"
+    flags = ["--window", "20", "--interval", "20", "--gpus", "8", "--out", str(out)]
+    assert run_eplb(capsys, "replay", str(log), *flags)[0] == 0
+    assert {p.name for p in out.iterdir()} == {"steps.csv", "rebalances.csv", "summary.json"}
+    code, err = run_eplb(capsys, "replay", str(zero), *flags)
+    assert code == 2 and last_line(err).startswith(error_prefix(["replay"])) and "no step has tokens" in err
+    assert {p.name for p in out.iterdir()} == {"steps.csv"}  # the refused run's own, none of the run before's
 
 
 def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

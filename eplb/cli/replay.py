@@ -538,13 +538,21 @@ def _writing(out: Path, name: str) -> AbstractContextManager[None]:
 
 
 class _CsvSteps:
-    """steps.csv in directory `out`, written block by block as the replay goes (write errors: `_writing`)."""
+    """steps.csv in directory `out`, written block by block as the replay goes (write errors: `_writing`). A run
+    before's rebalances.csv and summary.json there are removed first, so that a run failing after this one's
+    steps.csv leaves DIR with no file of another run (links, such as one to a device, are left alone)."""
 
     HEADER = "step,layer,lb,oracle_lb,static_lb,no_eplb_lb,hindsight_lb,time_us\n"
     NAME = "steps.csv"
+    LATER = ("rebalances.csv", "summary.json")
 
     def __init__(self, out: Path, layer_ids: list[int] | None, num_layers: int) -> None:
         self.out = out
+        for name in self.LATER:
+            old = out / name
+            if old.is_file() and not old.is_symlink():
+                with _writing(out, name):
+                    old.unlink()
         with _writing(out, self.NAME):
             self.f = (out / self.NAME).open("w")
             self.f.write(self.HEADER)
