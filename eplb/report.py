@@ -1036,14 +1036,25 @@ def _tables(runs: Sequence[Run]) -> list[tuple[str, list[list[str]]]]:
     return tables
 
 
+def speed_words(before: float, after: float) -> str:
+    """Time `after` against `before` (same unit) in words: '1.25x faster', '1.05x slower', 'as fast' when the ratio
+    rounds to 1.00x, 'n/a' when either is not positive."""
+    if not (before > 0 and after > 0):
+        return "n/a"
+    speed = before / after
+    if f"{speed:.2f}" == "1.00" or f"{1 / speed:.2f}" == "1.00":
+        return "as fast"
+    return f"{speed:.2f}x faster" if speed > 1 else f"{1 / speed:.2f}x slower"
+
+
 def _time_rows(runs: Sequence[Run]) -> list[list[str]]:
     rows = [["cluster", "solver", "MoE time / step", "vs no EPLB", "bottleneck (layers)"]]
     for r in runs:
         if r.time_us is None or r.baseline_time_us is None:
             continue
         counts = {} if r.bottleneck is None else {b: r.bottleneck.count(b) for b in sorted(set(r.bottleneck))}
-        speed = sum(r.baseline_time_us) / sum(r.time_us)
-        rows.append([r.label, r.solver, f"{sum(r.time_us) / 1000:,.3f} ms", f"{speed:.2f}x faster",
+        rows.append([r.label, r.solver, f"{sum(r.time_us) / 1000:,.3f} ms",
+                     speed_words(sum(r.baseline_time_us), sum(r.time_us)),
                      ", ".join(f"{k} {v}" for k, v in counts.items()) or "varies by step (log replay)"])
     return rows
 

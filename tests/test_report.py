@@ -12,7 +12,7 @@ import pytest
 from eplb.errors import EplbError
 from eplb.io.logs import as_log
 from eplb.replay import Schedule, replay
-from eplb.report import compare_log, compare_window, write_report
+from eplb.report import Run, compare_log, compare_window, write_report
 from eplb.solve import Cluster
 
 
@@ -57,3 +57,17 @@ def test_a_report_that_cannot_be_written_is_one_error(tmp_path: Path, name: str)
     with pytest.raises(EplbError) as err:
         write_report(runs, out, {"title": "full disk"}, "--out")
     assert str(err.value) == f"--out {out}: cannot write the report there (No space left on device)"
+
+
+def test_the_time_table_says_slower_for_a_run_slower_than_no_eplb(tmp_path: Path) -> None:
+    """The 'vs no EPLB' cell of the predicted-time table was f'{speed:.2f}x faster' even below 1 ('0.95x faster'
+    for a run 5% slower than no EPLB): it says 'slower' then, by how much, and 'as fast' for one that rounds to 1."""
+
+    def run(ep: int, time_us: float) -> Run:
+        return Run("greedy", ep, [5] * ep, [1.1], [1.0], [1.0], ["optimal"], [0.0], [1.5], time_us=[time_us],
+                   baseline_time_us=[1000.0], bottleneck=["compute"])  # fmt: skip
+
+    write_report([run(8, 500.0), run(16, 1000.0 / 0.95), run(32, 1000.4)], tmp_path / "r", {"title": "speed"})
+    rows = [line for line in (tmp_path / "r" / "report.md").read_text().splitlines() if "compute 1" in line]
+    cells = [[cell.strip() for cell in row.split("|")][4] for row in rows]
+    assert cells == ["2.00x faster", "1.05x slower", "as fast"]
