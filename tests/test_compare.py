@@ -480,6 +480,9 @@ def test_log_run_without_a_rebalance_is_reported(
     assert run["moves"] == [] and run["replay"]["rebalance_steps"] == [] and run["status"] == ["no_rebalance"] * 3
     assert run["solve_ms"] == [0.0] * 3 and run["replay"]["schedule"]["trigger"] == "cost"
     assert "greedy" in capsys.readouterr().out
+    setup = (out / "report.md").read_text()  # it said the steps were 'the first served by a rebalanced placement'
+    assert "- steps averaged: 39, from step 21 (the first a rebalanced placement could serve) on\n" in setup
+    assert "a check every 20 steps from step position 20," in setup  # the schedule's position, not a step id
 
 
 def test_first_rebalance_solve_time_has_no_start_up_cost(tmp_path: Path, log_report: tuple[Path, Path, Path]) -> None:

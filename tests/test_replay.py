@@ -426,6 +426,25 @@ def test_replay_out_refused_after_a_run_into_the_same_dir_leaves_no_file_of_the_
     assert {p.name for p in out.iterdir()} == {"steps.csv"}  # the refused run's own, none of the run before's
 
 
+def test_replay_schedule_line_names_the_step_id_of_the_first_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log whose step ids start at 1,000: the schedule line said 'from step 70' (the first check's position) while
+    rebalances.csv and every other line name step ids (the check ran at step 1,070). It names the step id, with the
+    position; a log ending before its first check names the position as one."""
+    log = tmp_path / "log.npz"
+    write_counts(log, two_regimes(100, shift=50, layers=2), top_k=8, steps=np.arange(1000, 1100))
+    flags = ["--window", "30", "--interval", "30", "--first-rebalance", "70", "--gpus", "8"]
+    assert run_cli(["replay", str(log), *flags, "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "rebalances.csv").read_text().splitlines()[1].startswith("1070,")
+    assert "a check every 30 steps from step 1,070 (position 70)," in capsys.readouterr().out
+    short = tmp_path / "short.npz"
+    write_counts(short, two_regimes(20, shift=10, layers=2), top_k=8, steps=np.arange(1000, 1020))
+    assert run_cli(["replay", str(short), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "a check every 30 steps from step position 70," in out and "the log ends before step position 70" in out
+
+
 def test_synth_then_replay_writes_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "log.npz"
     assert run_cli(["synth", "--out", str(log), "--steps", "90", "--layers", "3", "--experts", "32",
@@ -1036,7 +1055,7 @@ def test_a_check_whose_window_has_no_tokens_keeps() -> None:
     log[:100] = 0
     res = replay(log, Cluster(np.full(8, 5)), schedule=Schedule(window=100, interval=100), cost=small_cost(32),
                  oracle_every=0, hindsight=False)  # fmt: skip
-    assert res.checks[0] == {"position": 100, "decision": "keep", "reason": "the window has no tokens"}
+    assert res.checks[0] == {"position": 100, "step": 100, "decision": "keep", "reason": "the window has no tokens"}
     assert res.rebalances == []
 
 

@@ -201,7 +201,7 @@ def _run_log(
                       "judging)" if schedule.trigger == "cost" else "") + "; the one-time start-up (imports) is "
                       "paid before the replay, outside the timing",
         "steps averaged": "" if first is None else (
-            f"{first.steps:,}, from step {first.first_step:,} (the first served by a rebalanced placement) on"),
+            f"{first.steps:,}, from step {first.first_step:,} (the first a rebalanced placement could serve) on"),
         "oracle": "skipped" if args.oracle_every == 0 else (
             f"greedy on each step's own counts, one step in {args.oracle_every}"),
         "model": model.name if model else "unknown (no time prediction, no bytes moved)",

@@ -659,7 +659,7 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
         f"log:        {result.info.describe()}",
         f"cluster:    {describe_slots(slots)}, {int(slots.sum())} slots per layer "
         f"({s['cluster']['redundant']} redundant)",
-        f"schedule:   {result.schedule.describe(result.solver)}",
+        f"schedule:   {result.schedule.describe(result.solver, result.checks[0]['step'] if result.checks else None)}",
     ]
     rb = s["rebalances"]
     skipped = (f" ({rb['skipped']:,} skipped: the copies of the rebalance before were still in flight)"
@@ -673,7 +673,7 @@ def format_summary(result: ReplayResult, out: Path | None = None) -> str:
         )
     else:
         lines.append(f"rebalances: none in {rb['checks']} checks (the trigger kept the placement)" if rb["checks"]
-                     else f"rebalances: none (the log ends before step {result.schedule.first_position:,})")
+                     else f"rebalances: none (the log ends before {result.schedule.first_step_words()})")
     for never in (r for r in rb["list"] if not r["served"]):
         lines.append(f"            the one at step {never['step']:,} never served: the log ended while its "
                      f"{never['moves']:,} expert copies were in flight (not charged)")

@@ -167,7 +167,8 @@ class StepBlock:
 @dataclass
 class ReplayResult:
     """What a replay produced. summary: the JSON-ready summary (`summary.json`); steps: every
-    step's results when the replay was run with collect=True; checks: every check's decision."""
+    step's results when the replay was run with collect=True; checks: every check's position, step id
+    and decision."""
 
     info: LogInfo
     cluster: Cluster
@@ -547,7 +548,7 @@ class _Replay:
             if self.pending is None:
                 self.check(pos, chunk)
             else:
-                self.checks.append({"position": pos, "decision": "skip", "reason": "copies still in flight"})
+                self.note_check(pos, chunk, "skip", reason="copies still in flight")
             self.next_check += self.sched.interval
             self.segment = min(self.segment + 1, max(len(self.hindsight) - 1, 0))
             changed = self.apply_due(pos) or True
@@ -684,11 +685,11 @@ class _Replay:
         if sched.trigger == "threshold":
             recent = self.window.recent_lb(lo, pos)
             if not recent > sched.threshold:
-                self.checks.append({"position": pos, "decision": "keep", "recent_lb": recent})
+                self.note_check(pos, chunk, "keep", recent_lb=recent)
                 return
         loads, weight = self.window.loads(lo, pos, sched.ewma)
         if self.cost is not None and not loads.any():  # with a model: a move's copies are timed by a busy step's
-            self.checks.append({"position": pos, "decision": "keep", "reason": "the window has no tokens"})
+            self.note_check(pos, chunk, "keep", reason="the window has no tokens")
             return
         scenarios = None
         if sched.robust_windows is not None:
@@ -698,7 +699,7 @@ class _Replay:
             choice = self.cheapest(loads / max(weight, 1e-12), loads, scenarios, self.window.steps(lo, pos))
             if choice is None:
                 self.timing["solve_s"] += time.perf_counter() - t0
-                self.checks.append({"position": pos, "decision": "keep", "reason": "no move pays for itself"})
+                self.note_check(pos, chunk, "keep", reason="no move pays for itself")
                 return
             outcome, cost, saving = choice
         else:
@@ -727,7 +728,12 @@ class _Replay:
                 saving_s=saving,
             )
         )
-        self.checks.append({"position": pos, "decision": "rebalance", "moves": int(moves.sum())})
+        self.note_check(pos, chunk, "rebalance", moves=int(moves.sum()))
+
+    def note_check(self, pos: int, chunk: CountsChunk, decision: str, **more: Any) -> None:
+        """Record the check at position `pos` (in `chunk`): its position, step id, decision and `more`."""
+        self.checks.append({"position": pos, "step": int(chunk.steps[pos - chunk.start]), "decision": decision,
+                            **more})  # fmt: skip
 
     def solve(
         self, loads: NDArray[np.float64], scenarios: NDArray[np.float64] | None, fresh: bool = False, **budget: Any

@@ -112,7 +112,9 @@ class Schedule:
     def first_position(self) -> int:
         return self.interval if self.first is None else self.first
 
-    def describe(self, solver: str) -> str:
+    def describe(self, solver: str, first_step: int | None = None) -> str:
+        """One line: `solver`'s checks, trigger, window and delay. first_step: the log's step id of the first check
+        (named with its position when they differ); None: the first check is named by its position."""
         weighting = "plain sum" if self.ewma is None else f"EWMA alpha {self.ewma:g}"
         serve = {0: "the same step", 1: "the next step"}.get(self.delay, f"{self.delay} steps later")
         when = {
@@ -122,9 +124,18 @@ class Schedule:
         }[self.trigger]
         robust = "" if self.robust_windows is None else f", robust over {self.robust_windows} sub-windows"
         return (
-            f"{solver}: a check every {self.interval:,} steps from step {self.first_position:,}, rebalancing {when}; "
-            f"window {self.window:,} steps before each ({weighting}{robust}); a new placement serves from {serve}"
+            f"{solver}: a check every {self.interval:,} steps from {self.first_step_words(first_step)}, rebalancing "
+            f"{when}; window {self.window:,} steps before each ({weighting}{robust}); a new placement serves from "
+            f"{serve}"
         )
+
+    def first_step_words(self, first_step: int | None = None) -> str:
+        """'step 1,070 (position 70)': the first check's step id (`first_step`) and position; 'step 100' when they are
+        one; 'step position 70' without the step id."""
+        pos = self.first_position
+        if first_step is None:
+            return f"step position {pos:,}"
+        return f"step {first_step:,}" + ("" if first_step == pos else f" (position {pos:,})")
 
     def to_dict(self) -> dict[str, Any]:
         return {
