@@ -10,6 +10,7 @@ import pytest
 from eplb.cli import main as cli_main
 from eplb.errors import EplbError
 from eplb.synth import SynthConfig, _distinct_counts, _inclusion, _Popularity, synth_counts
+from tests.cli_run import error_prefix, run_eplb
 
 
 def test_a_hot_ratio_above_experts_over_top_k_is_refused_with_the_reason(
@@ -105,3 +106,16 @@ def test_many_tokens_draw_the_same_law_per_cell_in_bounded_time(monkeypatch: pyt
     monkeypatch.undo()
     huge = _distinct_counts(np.random.default_rng(3), pi, 10**12)
     assert huge.sum() == 8 * 10**12 and huge.max() <= 10**12
+
+
+@pytest.mark.parametrize("bad", [["--tokens", "0"], ["--shift-at", "99"], ["--groups", "3"], ["--steps", "0"]])
+def test_the_default_hot_ratio_note_comes_only_for_a_synth_that_goes_ahead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: list[str]
+) -> None:
+    """`eplb synth --model mixtral-8x7b` with another flag refused printed the note on the default hot ratio (out of
+    reach for 8 experts, top-2) before the error: the refusal is alone, the note comes for a run that draws."""
+    out = tmp_path / "m.npz"
+    argv = ["synth", "--out", str(out), "--model", "mixtral-8x7b", "--steps", "4", *bad]
+    code, err = run_eplb(capsys, *argv)
+    assert code == 2 and err.startswith(error_prefix(argv)) and "note:" not in err, err
+    assert not out.exists()

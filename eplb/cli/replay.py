@@ -368,15 +368,24 @@ top-k distinct experts): Mixtral's 8 experts, top-2, get 3, the ratio docs/repla
 def _default_hot_ratio(default: float, experts: int, top_k: int) -> float:
     """The hot ratio `eplb synth` aims for without --hot-ratio or --exponent: `default`, or DEFAULT_HOT_REACH of
     experts / top-k where the default is out of reach (it refused Mixtral and DeepSeek-V2-Lite shapes unless told a
-    ratio), said on stderr."""
+    ratio; `_note_hot_ratio` says so)."""
     reach = experts / max(top_k, 1)
     if default <= DEFAULT_HOT_REACH * reach or experts < 1 or top_k < 1:
         return default
-    ratio = max(1.0, DEFAULT_HOT_REACH * reach)
-    print(f"note: the default hot ratio {default:g} is out of reach for {plural(experts, 'expert')}, top-{top_k} "
-          f"(at most {reach:.3g}x the mean): aiming for {ratio:g}"
-          + (f" ({DEFAULT_HOT_REACH:g} of it)" if ratio > 1 else "") + "; --hot-ratio R sets another", file=sys.stderr)
-    return ratio
+    return max(1.0, DEFAULT_HOT_REACH * reach)
+
+
+def _note_hot_ratio(args: argparse.Namespace, cfg: SynthConfig) -> None:
+    """A note on stderr, once every flag is checked, when `cfg` aims below the default hot ratio that its shape
+    cannot reach (`_default_hot_ratio`; neither --hot-ratio nor --exponent given)."""
+    default = SynthConfig().hot_ratio
+    if args.hot_ratio is not None or args.exponent is not None or cfg.hot_ratio == default:
+        return
+    reach = cfg.experts / cfg.top_k
+    print(f"note: the default hot ratio {default:g} is out of reach for {plural(cfg.experts, 'expert')}, "
+          f"top-{cfg.top_k} (at most {reach:.3g}x the mean): aiming for {cfg.hot_ratio:g}"
+          + (f" ({DEFAULT_HOT_REACH:g} of it)" if cfg.hot_ratio > 1 else "") + "; --hot-ratio R sets another",
+          file=sys.stderr)  # fmt: skip
 
 
 def run_synth(args: argparse.Namespace) -> int:
@@ -485,6 +494,7 @@ def _synthesize(args: argparse.Namespace, out: Path, acc: StatsAccumulator) -> d
             size = 2 if out.suffix.lower() == ".jsonl" else cfg.count_dtype.itemsize
             _check_disk(out, float(size) * cfg.steps * cfg.layers * cfg.experts,
                         f"{shape} x --experts {cfg.experts} counts of {size} bytes")
+        _note_hot_ratio(args, cfg)
         if args.format == "topk":
             with _synth_bar(args, cfg.steps) as bar:
                 bar.update(0, "calibrating co-activation")  # seconds, before the first step (SynthConfig)
