@@ -643,6 +643,32 @@ def test_a_time_limit_that_is_not_finite_and_positive_is_refused_as_solve_and_co
         assert capsys.readouterr().err == f"eplb {command[0]}: error: {said}"
 
 
+def test_the_oracle_reports_progress_as_its_batches_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-step oracle, minutes on a large cluster (--gpus 65536 --slots-per-gpu 1: greedy takes 5 s a layer-step),
+    reported no progress until its whole chunk of steps (256) was done: it reports the steps done after each batch of
+    steps it solves, and a large cluster solves fewer steps a batch (at most _ORACLE_BATCH_SLOTS rows x slots)."""
+    import eplb.replay.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "_ORACLE_BATCH_STEPS", 8)
+    done: list[int] = []
+    replay(two_regimes(40, shift=20, layers=2), Cluster(np.full(8, 5)), schedule=Schedule(window=10, interval=100),
+           hindsight=False, progress=done.append)  # fmt: skip
+    assert done == [8, 16, 24, 32, 40, 40]  # each batch of the oracle, then the chunk
+    done.clear()
+    replay(two_regimes(40, shift=20, layers=2), Cluster(np.full(8, 5)), schedule=Schedule(window=10, interval=100),
+           hindsight=False, oracle_every=16, progress=done.append)  # fmt: skip
+    assert done == [33, 40]  # positions 0, 16, 32: one batch, done once the last of them is
+    done.clear()
+    before = replay(two_regimes(40, shift=20, layers=2), Cluster(np.full(8, 5)),
+                    schedule=Schedule(window=10, interval=100), hindsight=False, collect=True)  # fmt: skip
+    monkeypatch.setattr(evaluate, "_ORACLE_BATCH_SLOTS", 5 * 2 * 40)  # 2 layers x 40 slots: 5 steps a batch
+    after = replay(two_regimes(40, shift=20, layers=2), Cluster(np.full(8, 5)),
+                   schedule=Schedule(window=10, interval=100), hindsight=False, collect=True, progress=done.append)
+    assert done == [*range(5, 41, 5), 40]  # a larger cluster: fewer steps a batch, the same oracle
+    assert before.steps is not None and after.steps is not None
+    np.testing.assert_array_equal(before.steps.oracle_lb, after.steps.oracle_lb)
+
+
 def test_progress_bar() -> None:
     """eplb.progress.Progress serves both the replay (a `progress(done)` callable, unit "steps",
     maybe no total) and `eplb compare` (`advance(n, note)` in a with block)."""

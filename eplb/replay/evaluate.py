@@ -26,7 +26,10 @@ __all__ = ["Evaluator", "oracle", "time_model"]
 
 _KINDS = {np.dtype(np.uint8): "B", np.dtype(np.uint16): "H", np.dtype(np.uint32): "I", np.dtype(np.int32): "i",
           np.dtype(np.int64): "q", np.dtype(np.float32): "f"}  # fmt: skip
-_ORACLE_BATCH_STEPS = 32  # steps per vectorized oracle solve
+_ORACLE_BATCH_STEPS = 32  # steps per vectorized oracle solve, at most ...
+_ORACLE_BATCH_SLOTS = 32 * 58 * 288  # ... and at most this many rows x slots (32 steps of DeepSeek-V3 at EP32, 288
+# slots): greedy's time grows with rows x slots, batched or not (5 s a row at 65,536 slots), so a large cluster solves
+# fewer steps a batch and reports progress between them
 
 
 def time_model(cost: CostSetup, gpus: int, gpus_per_node: int | None = None) -> TimeModel:
@@ -101,18 +104,21 @@ def oracle(
     cluster: Cluster,
     time: TimeModel | None,
     reach_of: Callable[[int, NDArray[np.int64]], NDArray[np.float64]] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Greedy on every step's own counts: (lb [n, L], NaN where a layer has no tokens; time_us [n, L]). All steps
     and layers are one batch of rows for `solve_greedy` (vectorized over rows; its loops run over slots).
     reach_of(i, phy2log [L, P]): step i's reach [L, G] (or [L, G + N], `TimeModel.reach_width`) of the step's own
-    placement (token-level logs), for the comm term."""
+    placement (token-level logs), for the comm term. progress(k): called with the steps solved so far after each
+    batch (`_ORACLE_BATCH_STEPS`, fewer on a large cluster: `_ORACLE_BATCH_SLOTS`)."""
     n, layers, experts = counts.shape
     slots = cluster.slots_per_gpu
     lb = np.empty((n, layers))
     times = np.full((n, layers), np.nan)
     starts = np.concatenate([[0], np.cumsum(slots)[:-1]])
-    for a in range(0, n, _ORACLE_BATCH_STEPS):
-        b = min(n, a + _ORACLE_BATCH_STEPS)
+    batch = max(1, min(_ORACLE_BATCH_STEPS, _ORACLE_BATCH_SLOTS // max(1, layers * int(slots.sum()))))
+    for a in range(0, n, batch):
+        b = min(n, a + batch)
         loads = counts[a:b].reshape(-1, experts).astype(np.float64)
         p2l = solve_greedy(loads, slots, num_groups=cluster.num_groups, gpus_per_node=cluster.gpus_per_node)
         flat = p2l + (np.arange(loads.shape[0], dtype=np.int64) * experts)[:, None]
@@ -131,4 +137,6 @@ def oracle(
                 reach = np.concatenate([reach_of(a + i, per_step[i]) for i in range(b - a)])  # [(b - a) L, width]
             t = time.layer_time(total[:, None], gpu_rows, active, reach)
             times[a:b] = t.reshape(b - a, layers)
+        if progress is not None:
+            progress(b)
     return lb, times

@@ -520,7 +520,7 @@ class _Replay:
             while pos < end:
                 self.at_position(pos, chunk)
                 stop = min(end, self.next_check, self.pending[0] if self.pending is not None else end)
-                block = self.serve(chunk, pos, stop, oracle_every)
+                block = self.serve(chunk, pos, stop, oracle_every, progress)
                 if on_steps is not None:
                     on_steps(block)
                 if collect:
@@ -567,8 +567,10 @@ class _Replay:
         self.pending = None
         return True
 
-    def serve(self, chunk: CountsChunk, pos: int, stop: int, oracle_every: int) -> StepBlock:
-        """Evaluate positions pos .. stop - 1 on every row, add them to the statistics and the window."""
+    def serve(self, chunk: CountsChunk, pos: int, stop: int, oracle_every: int,
+              progress: Callable[[int], None] | None = None) -> StepBlock:
+        """Evaluate positions pos .. stop - 1 on every row, add them to the statistics and the window; progress: called
+        with the steps done as the oracle's batches finish (the replay's own count: positions done)."""
         counts = chunk.counts[pos - chunk.start : stop - chunk.start]
         n, layers = counts.shape[0], counts.shape[1]
         t0 = time.perf_counter()
@@ -583,8 +585,9 @@ class _Replay:
             if picked.size:
                 t0 = time.perf_counter()
                 o_lb, o_time = nan.copy(), nan.copy()
+                solved = None if progress is None else (lambda k: progress(pos + int(picked[k - 1]) + 1))
                 o_lb[picked], o_time[picked] = oracle(counts[picked], self.cluster, self.evaluator.time,
-                                                      self.oracle_reach(pos + picked))  # fmt: skip
+                                                      self.oracle_reach(pos + picked), solved)  # fmt: skip
                 self.timing["oracle_s"] += time.perf_counter() - t0
         has_h = lb.shape[0] > 3
         block = StepBlock(
