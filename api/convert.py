@@ -10,6 +10,7 @@ field."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import orjson
+import pydantic_core
 from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
@@ -296,15 +298,15 @@ def parse(model: type[M], body: Body) -> tuple[M, NDArray[np.float64] | None]:
     if body.kind == "json":
         return _validate(model, body.data), None
     loads = _read_npy(body.data)
-    try:
-        fields = orjson.loads(body.request or "{}")
-    except orjson.JSONDecodeError as exc:
+    try:  # read as the JSON body is (NaN, Infinity and big integers reach the fields' own checks)
+        fields = pydantic_core.from_json(body.request or "{}")
+    except ValueError as exc:
         raise ProblemError(400, "Bad request", f"the 'request' query parameter is not valid JSON: {exc}") from None
     if not isinstance(fields, dict):
         raise invalid([{"field": "query.request", "message": "must be a JSON object of the request's fields"}])
     if "loads" in fields:
         raise invalid([{"field": "loads", "message": "given in the .npy body; leave it out of 'request'"}])
-    return _validate(model, orjson.dumps({**fields, "loads": []})), loads
+    return _validate(model, json.dumps({**fields, "loads": []}).encode()), loads  # json writes NaN back as NaN
 
 
 def _validate(model: type[M], data: bytes) -> M:

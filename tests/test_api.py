@@ -584,6 +584,13 @@ def test_loads_as_npy(base: str) -> None:
                           params=[("request", json.dumps(fields)), ("request", "{}")], timeout=60)  # the last one won
     once = "given 2 times: give the request's other fields once, as one JSON object"
     assert repeated.status_code == 422 and repeated.json()["errors"] == [{"field": "query.request", "message": once}]
+    nan_fields = json.dumps({**fields, "tokens_per_gpu": float("nan")})  # NaN as json.dumps writes it
+    nan_npy = httpx.post(f"{base}/placement", content=buffer.getvalue(), params={"request": nan_fields},
+                         headers={"content-type": "application/x-npy"}, timeout=60)
+    nan_json = httpx.post(f"{base}/placement", content=json.dumps(request_body(tokens_per_gpu=float("nan"))),
+                          headers={"content-type": "application/json"}, timeout=60)
+    assert nan_json.status_code == 422 and nan_json.json()["errors"][0]["field"] == "tokens_per_gpu", nan_json.text
+    assert nan_npy.status_code == 422 and nan_npy.json()["errors"] == nan_json.json()["errors"], nan_npy.text
 
 
 def test_server_stop_leaks_no_semaphores() -> None:
