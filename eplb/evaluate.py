@@ -10,7 +10,7 @@ from numpy.typing import ArrayLike, NDArray
 from eplb.budget import spread_evenly
 from eplb.errors import EplbError
 from eplb.io.files import real_array
-from eplb.placement import Placement
+from eplb.placement import Placement, expert_count
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ def contiguous_placement(num_layers: int, num_experts: int, num_gpus: int) -> Pl
     slot and the extra GPUs hold experts 0, 1, ... again in id order (vLLM's initial placement): the
     load-unaware placement such a cluster serves without EPLB.
     """
+    num_gpus = expert_count(num_gpus, "contiguous_placement: num_gpus")  # the rule for a count >= 1, not only E's
+    num_experts = expert_count(num_experts, "contiguous_placement: num_experts")
     if num_gpus > num_experts:
         slots = np.ones(num_gpus, dtype=np.int64)
         phy2log = np.arange(num_gpus, dtype=np.int64) % num_experts

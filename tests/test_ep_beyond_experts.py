@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eplb.cli import main
+from eplb.errors import EplbError
 from eplb.evaluate import contiguous_placement
 from eplb.io.windows import read_window
 from eplb.placement import load_placement
@@ -21,6 +23,15 @@ def test_baseline_with_more_gpus_than_experts_is_the_round_robin_placement() -> 
     assert base.slots_per_gpu.tolist() == [1] * 6
     assert base.phy2log.tolist() == [[0, 1, 2, 3, 0, 1]] * 2
     assert base.replicas.tolist() == [[2, 2, 1, 1]] * 2
+
+
+@pytest.mark.parametrize(("gpus", "experts", "said"), [
+    (0, 4, "num_gpus must be a whole number >= 1 (an int), got 0"),
+    (4, 0, "num_experts must be a whole number >= 1 (an int), got 0"),
+])
+def test_baseline_refuses_no_gpus_or_no_experts(gpus: int, experts: int, said: str) -> None:
+    with pytest.raises(EplbError, match=re.escape(f"contiguous_placement: {said}")):  # was a ZeroDivisionError
+        contiguous_placement(2, experts, gpus)
 
 
 @pytest.mark.parametrize("gpus", [288, 320])
