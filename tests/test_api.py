@@ -591,6 +591,10 @@ def test_loads_as_npy(base: str) -> None:
                           headers={"content-type": "application/json"}, timeout=60)
     assert nan_json.status_code == 422 and nan_json.json()["errors"][0]["field"] == "tokens_per_gpu", nan_json.text
     assert nan_npy.status_code == 422 and nan_npy.json()["errors"] == nan_json.json()["errors"], nan_npy.text
+    cut = httpx.post(f"{base}/placement", content=buffer.getvalue(), params={"request": '{"cluster": '},
+                     headers={"content-type": "application/x-npy"}, timeout=60)
+    said = "the 'request' query parameter is not valid JSON: EOF while parsing a value at line 1 column 12"
+    assert cut.status_code == 400 and cut.json()["detail"] == said, cut.text
 
 
 def test_server_stop_leaks_no_semaphores() -> None:
