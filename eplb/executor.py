@@ -348,7 +348,7 @@ def ray_endpoint(address: str, flag: str | None = None) -> tuple[str, int] | Non
         raise EplbError(f"{given} is {what}: {accepted}")
     host, colon, port = rest.rstrip("/").rpartition(":")
     host = host.strip("[]")  # [::1]:6379
-    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not colon or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise EplbError(f"{given} needs a host and a port from 1 to 65535: {accepted}")
     return host, int(port)
 
