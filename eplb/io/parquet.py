@@ -92,10 +92,14 @@ class ParquetLog(RoutingLog):
             if start != total and not alone:
                 raise EplbError(f"{f}: starts at step position {start}, but the shards before it end at {total}: "
                                 "a shard is missing or out of order")  # fmt: skip
+            schema = md.schema.to_arrow_schema().remove_metadata()
             if meta is None:
-                meta, first_schema = shard_meta, md.schema
+                meta, first_schema, first = shard_meta, schema, f
             elif shard_meta != meta:
                 raise EplbError(f"{f}: its metadata differs from the first shard's (shards of different logs?)")
+            elif not schema.equals(first_schema):
+                change = _schema_change(first_schema, schema)
+                raise EplbError(f"{f}: its columns differ from the first shard's ({change})")
             self.shards.append((f, total, int(md.num_rows)))
             total += int(md.num_rows)
         assert meta is not None
@@ -107,6 +111,7 @@ class ParquetLog(RoutingLog):
                 raise EplbError(f"{self.path}: the shards' 'eplb' metadata has no {key} (write the log with eplb logs "
                                 "convert)")  # fmt: skip
         num_layers, num_experts = int(sizes["num_layers"] or 0), int(sizes["num_experts"] or 0)
+        self.stored_dtype = _check_columns(first_schema, num_layers, num_experts, first)
         self.layers = range(num_layers) if layers is None else layers
         self.positions = range(total) if positions is None else positions
         if not self.layers or self.layers.start < 0 or self.layers.stop > num_layers or self.layers.step != 1:
@@ -117,7 +122,6 @@ class ParquetLog(RoutingLog):
                             f"not in the log's 0..{total - 1}")  # fmt: skip
         ids = meta.get("layer_ids")
         checked = None if ids is None else window_layer_ids(ids, num_layers, str(self.path), "the shards have")
-        self.stored_dtype = _value_dtype(first_schema)
         self.info = LogInfo(
             path=str(self.path),
             kind="parquet",
@@ -148,7 +152,7 @@ class ParquetLog(RoutingLog):
                         table = pf.read_row_group(g, columns=columns).slice(a - row, b - a)
                         step_ids = table.column("step").to_numpy().astype(np.int64)
                         counts = np.stack(
-                            [_fixed_lists(table.column(c), experts, f) for c in columns[1:]], axis=1
+                            [_fixed_lists(table, c, experts, f) for c in columns[1:]], axis=1
                         )
                         for c in range(0, b - a, chunk_steps):
                             yield step_ids[c : c + chunk_steps], counts[c : c + chunk_steps]
@@ -174,20 +178,52 @@ def _shard_meta(raw: bytes, f: Path) -> dict[str, Any]:
     return meta
 
 
-def _value_dtype(schema: Any) -> np.dtype[Any] | None:
-    """The numpy type of the counts in a shard's schema (its `layer_0` lists), None when it has none."""
-    try:
-        found: np.dtype[Any] = np.dtype(schema.to_arrow_schema().field("layer_0").type.value_type.to_pandas_dtype())
-    except (KeyError, AttributeError, TypeError, NotImplementedError):  # not a column of lists of numbers
-        return None
+def _schema_change(first: Any, other: Any) -> str:
+    """The first column where shard schema `other` differs from `first` (Arrow schemas), in words: 'no column
+    layer_3', 'layer_0: fixed_size_list<element: int64>[8], not fixed_size_list<element: uint16>[8]', 'extra columns
+    x'."""
+    for name in first.names:
+        if name not in other.names:
+            return f"no column {name}"
+        if not other.field(name).type.equals(first.field(name).type):
+            return f"{name}: {other.field(name).type}, not {first.field(name).type}"
+    extra = [n for n in other.names if n not in first.names]
+    return f"extra columns {', '.join(extra)}" if extra else "the columns' order"
+
+
+def _check_columns(schema: Any, num_layers: int, num_experts: int, f: Path) -> np.dtype[Any]:
+    """The numpy type of the counts of a shard of schema `schema` (an Arrow schema), after checking that it holds what
+    its metadata says: an int64 `step` column and `layer_0` .. `layer_{L-1}`, each a fixed-size list of E numbers
+    (integers, or floats whose values the count checks judge); EplbError naming the shard and column otherwise."""
+    import pyarrow.types as types
+
+    def column(name: str) -> Any:
+        if name not in schema.names:
+            raise EplbError(f"{f}: no column {name} (the metadata's num_layers is {num_layers}, num_experts "
+                            f"{num_experts}: a shard holds step, layer_0 .. layer_{num_layers - 1})")  # fmt: skip
+        return schema.field(name).type
+
+    step = column("step")
+    if not types.is_int64(step):
+        raise EplbError(f"{f}: column step is {step}, expected int64 step ids")
+    value: Any = None
+    for i in range(num_layers):
+        kind = column(f"layer_{i}")
+        numbers = types.is_fixed_size_list(kind) and (types.is_integer(kind.value_type)
+                                                      or types.is_floating(kind.value_type))  # fmt: skip
+        if not numbers or kind.list_size != num_experts or (value is not None and kind.value_type != value):
+            raise EplbError(f"{f}: column layer_{i} is {kind}, expected lists of {num_experts} counts (the "
+                            f"metadata's num_experts), all of one number type")  # fmt: skip
+        value = kind.value_type
+    found: np.dtype[Any] = np.dtype(value.to_pandas_dtype())
     return found
 
 
-def _fixed_lists(column: Any, experts: int, f: Path) -> NDArray[Any]:
-    """A fixed-size-list column of n rows -> [n, E] array (no nulls allowed)."""
-    arr = column.combine_chunks()
+def _fixed_lists(table: Any, name: str, experts: int, f: Path) -> NDArray[Any]:
+    """Column `name` of `table`, fixed-size lists of E counts in n rows -> [n, E] array (no nulls allowed)."""
+    arr = table.column(name).combine_chunks()
     if arr.null_count:
-        raise EplbError(f"{f}: column {column!r:.40} holds nulls; every step needs its counts")
+        raise EplbError(f"{f}: column {name} holds nulls; every step needs its counts")
     values: NDArray[Any] = arr.flatten().to_numpy(zero_copy_only=False)
     return values.reshape(len(arr), experts)
 
