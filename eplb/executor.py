@@ -365,9 +365,11 @@ def make_executor(name: str, address: str | None = None) -> Executor:
 
 
 def portable(log: RoutingLog) -> RoutingLog | str:
-    """What to send a worker for `log`: its path when it is a file or directory (the worker opens it:
-    a memory-mapped .npy must not travel as its data), else the log object itself."""
-    return log.info.path if Path(log.info.path).exists() else log
+    """What to send a worker for `log`: its absolute path when it is a file or directory (the worker opens it: a
+    memory-mapped .npy must not travel as its data; a cluster's worker does not run in the driver's directory), else
+    the log object itself."""
+    path = Path(log.info.path)
+    return str(path.absolute()) if path.exists() else log
 
 
 def reopen(log: RoutingLog | str) -> RoutingLog:
@@ -505,11 +507,18 @@ def replay_logs(
     for i, log in enumerate(opened):
         mine = [r for r, o in zip(done, owner, strict=True) if o == i]
         merged = mine[0].result if len(mine) == 1 else _merge(log.info, mine, wall)
+        merged = _named_as_given(merged, log.info.path)
         if on_steps is not None:
             for block in _merged_blocks(mine):
                 on_steps(i, block)
         results.append(merged)
     return results
+
+
+def _named_as_given(result: ReplayResult, path: str) -> ReplayResult:
+    """`result` naming its log by `path`, the driver's: a Ray worker opened the log's absolute path (`portable`)."""
+    summary = {**result.summary, "log": {**result.summary["log"], "path": path}}
+    return replace(result, info=replace(result.info, path=path), summary=summary)
 
 
 def _merged_blocks(parts: list[_PartResult]) -> Iterator[StepBlock]:

@@ -5,7 +5,8 @@ log is opened (on the driver, before any Ray task), not as a traceback or a misl
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from eplb.errors import EplbError
-from eplb.executor import ray_endpoint
+from eplb.executor import LocalExecutor, RayExecutor, Report, Task, ray_endpoint, replay_logs
 from eplb.io.parquet import open_parquet, write_parquet
+from eplb.progress import Progress
+from eplb.replay import Schedule
+from eplb.solve import Cluster
 
 
 @pytest.mark.parametrize("address", ["head:²", "head:٦٣٧٩", "ray://head:１０００１"])
@@ -105,3 +109,42 @@ def test_a_valid_log_still_opens_and_reads(tmp_path: Path) -> None:
     log = open_parquet(path, layers=range(1, 3))
     counts = np.concatenate([c.counts for c in log.iter_counts(7)])
     assert counts.shape == (30, 2, 8)
+
+
+class _ElsewhereExecutor(RayExecutor):
+    """A RayExecutor whose tasks run here but in another working directory, as on a cluster's worker (whose working
+    directory is where its raylet started, not the driver's)."""
+
+    def __init__(self, cwd: Path) -> None:
+        super().__init__()
+        self.cwd = cwd
+
+    def node_cpus(self) -> int:
+        return 2
+
+    def _run(self, fn: Callable[[Any, Report], Any], tasks: Sequence[Task[Any]], bar: Progress) -> list[Any]:
+        here = os.getcwd()
+        os.chdir(self.cwd)
+        try:
+            return [fn(t.arg, lambda done: None) for t in tasks]
+        finally:
+            os.chdir(here)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_relative_log_path_is_opened_by_workers_in_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: bool
+) -> None:
+    """`eplb replay log.parquet --executor ray --ray-address auto` run where the log is: the workers (started by `ray
+    start` elsewhere) were sent 'log.parquet' and said 'log.parquet: no such file or directory'. They are sent its
+    absolute path; the result names the log as it was given, as the local executor's does."""
+    _log(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    schedule = Schedule(trigger="periodic" if split else "threshold", interval=10, window=10)
+    args: dict[str, Any] = dict(schedule=schedule, oracle_every=0, progress=False)
+    [local] = replay_logs(LocalExecutor(), ["log.parquet"], Cluster([6, 6]), **args)
+    [there] = replay_logs(_ElsewhereExecutor(tmp_path / "elsewhere"), ["log.parquet"], Cluster([6, 6]), **args)
+    assert there.summary["log"] == local.summary["log"]
+    assert there.info.path == "log.parquet"
+    assert there.summary["results"] == local.summary["results"]
