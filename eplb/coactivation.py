@@ -45,6 +45,7 @@ from eplb import _reach
 from eplb.errors import EplbError, FieldError
 from eplb.io.logs import coactivation as _coactivation
 from eplb.io.logs import open_log
+from eplb.io.windows import MAX_LOAD
 from eplb.npy import NpyError, read_npy
 
 __all__ = [
@@ -65,6 +66,8 @@ __all__ = [
 
 RULES = ("vllm", "sglang", "coact")
 SUMMARY_FORMAT = "eplb.coactivation-summary/v1"
+SUMMARY_FIELDS = ("format", "tokens", "top_k", "loads", "partners", "counts")
+"""The keys of a summary's JSON object (`CoactivationSummary.to_dict`); any other is refused by name."""
 BINARY_MAX = 256 * 2**20
 """Most bytes a binary summary may unpack to (DeepSeek-V3, 58 x 256 experts x 8 partners: 2 MB)."""
 WINDOW_TOLERANCE = 0.2
@@ -97,26 +100,26 @@ def read_summary(
     path: str | Path, num_experts: int | None = None, partners: int = 8, *, num_layers: int | None = None
 ) -> CoactivationSummary:
     """A window's co-activation summary from a file: a summary (.json, "eplb.coactivation-summary/v1",
-    `CoactivationSummary.to_dict`) or a token-level log (.npz with topk_ids, of its own `num_experts`),
-    summarized with the top `partners` per expert (keeping its exact pair counts). num_experts, num_layers: the
-    load window's, when given: a file of another shape is refused naming both. EplbError with the file's name
-    on anything else."""
+    `CoactivationSummary.to_dict`, or its .npz image, `to_bytes`) or a token-level log (.npz with topk_ids, of
+    its own `num_experts`), summarized with the top `partners` per expert (keeping its exact pair counts).
+    num_experts, num_layers: the load window's, when given: a file of another shape is refused naming both.
+    EplbError with the file's name on anything else."""
     from eplb.io.files import existing_file, read_json
 
     p = existing_file(path, "co-activation file")
-    if p.suffix.lower() == ".json":
-        data = read_json(p)
-        if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
-            raise EplbError(f"{p}: expected a co-activation summary object with \"format\": \"{SUMMARY_FORMAT}\"")
+    suffix = p.suffix.lower()
+    if suffix == ".json" or (suffix == ".npz" and _is_summary_image(p)):
+        data = read_json(p) if suffix == ".json" else None  # its own errors name the file
         try:
-            summary = CoactivationSummary.from_dict(data)
+            summary = _summary_file(p, data)
         except EplbError as exc:
             raise EplbError(f"{p}: {exc}") from None
-    elif p.suffix.lower() == ".npz":
+    elif suffix == ".npz":
         ids, _, log_experts = _read_log(p)
         summary = summarize(ids, log_experts, partners)
     else:
-        raise EplbError(f"{p}: a co-activation file is a summary (.json) or a token-level log (.npz with topk_ids)")
+        raise EplbError(f"{p}: a co-activation file is a summary (.json, or its .npz image) or a token-level log "
+                        "(.npz with topk_ids)")
     layers, experts = summary.loads.shape
     if (num_experts is not None and experts != num_experts) or (num_layers is not None and layers != num_layers):
         if num_layers is not None and num_experts is not None:
@@ -125,6 +128,26 @@ def read_summary(
             window = f"have {num_experts} experts" if num_experts is not None else f"have {num_layers} layers"
         raise EplbError(f"{p}: the co-activation data is for {layers} layers x {experts} experts, the loads {window}")
     return summary
+
+
+def _summary_file(path: Path, data: Any) -> CoactivationSummary:
+    """The summary a file holds: its JSON object (`data`, read from the .json), or None: the .npz image at path."""
+    if data is None:
+        return CoactivationSummary.from_bytes(path.read_bytes())
+    if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
+        raise EplbError(f"expected a co-activation summary object with \"format\": \"{SUMMARY_FORMAT}\"")
+    return CoactivationSummary.from_dict(data)
+
+
+def _is_summary_image(path: Path) -> bool:
+    """Whether an .npz is a summary's binary image (`CoactivationSummary.to_bytes`: an array `partners`, no
+    `topk_ids`); an unreadable archive is left to the routing-log reader, which says why."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return "partners.npy" in names and "topk_ids.npy" not in names
 
 
 def pair_counts(topk_ids: ArrayLike, num_experts: int) -> IntArray:
@@ -489,6 +512,30 @@ def _narrow(a: IntArray) -> NDArray[np.signedinteger[Any]]:
 # --------------------------------------------------------------------------------------------
 
 
+def _whole(v: NDArray[Any]) -> bool:
+    """Whether v holds integers only: an integer dtype, or Python ints (not bools) too large for one."""
+    if v.dtype.kind == "O":
+        return all(type(x) is int for x in v.ravel())
+    return v.dtype.kind in "iu"
+
+
+def _refuse_outside(v: NDArray[Any], name: str, low: int, high: int) -> None:
+    """EplbError naming v's first entry (by index) outside low .. high; v holds whole numbers (`_whole`), compared
+    exactly (Python ints beyond int64 too)."""
+    if not v.size:
+        return
+    outside = np.asarray((v < low) | (v > high), dtype=bool)
+    if not outside.any():
+        return
+    at = np.unravel_index(int(np.argmax(outside)), v.shape)
+    where = f"{name}{''.join(f'[{int(i)}]' for i in at)} is {int(v[at])}"
+    if name == "partners":
+        raise EplbError(f"co-activation summary: {where}: partners must be expert ids in 0..{high} or -1")
+    if int(v[at]) < low:
+        raise EplbError(f"co-activation summary: {where}: {name} must be >= 0")
+    raise EplbError(f"co-activation summary: {where}: out of range, more than any token count (at most {high:.0e})")
+
+
 def _check_consistent(tokens: IntArray, top_k: int, loads: IntArray, partners: IntArray, counts: IntArray) -> None:
     """EplbError naming the first field that contradicts what the summary's numbers mean (shapes and ranges
     already checked): each token chose at most top_k distinct experts and kept at least one (capacity limits
@@ -583,7 +630,12 @@ class CoactivationSummary:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CoactivationSummary:
-        """Inverse of `to_dict`; EplbError naming the field on bad input."""
+        """Inverse of `to_dict`; EplbError naming the field on bad input, an unknown one included (the API's
+        schema refuses them too: a typo'd field is not silently dropped)."""
+        unknown = [key for key in d if key not in SUMMARY_FIELDS]
+        if unknown:
+            raise EplbError(f"co-activation summary: unknown field {unknown[0]!r} (a summary holds "
+                            f"{', '.join(SUMMARY_FIELDS)}: docs/formats.md)")
         try:
             return cls._checked(d["tokens"], d["top_k"], d["loads"], d["partners"], d["counts"])
         except KeyError as exc:
@@ -600,26 +652,24 @@ class CoactivationSummary:
             raise EplbError("co-activation summary: tokens, loads, partners and counts must be rectangular arrays "
                             "of whole numbers (one row per layer, one per expert)") from None
         for name, v in raw.items():
-            if v.size and v.dtype.kind not in "iu":
+            if v.size and not _whole(v):
                 raise EplbError(f"co-activation summary: {name} must be whole numbers, got {v.dtype}")
-        if top.ndim or top.dtype.kind not in "iu":
+        if top.ndim or not _whole(top):
             raise EplbError(f"co-activation summary: top_k must be a whole number, got {top.tolist()!r}")
-        k = int(top)
-        try:
-            t, l_, p, c = (v.astype(np.int64) for v in raw.values())
-        except OverflowError as exc:
-            raise EplbError(f"co-activation summary: a count is out of range ({exc})") from None
-        big = max((int(v.max()) for v in raw.values() if v.size and v.dtype == np.uint64), default=0)
-        if big > np.iinfo(np.int64).max:
-            raise EplbError(f"co-activation summary: a count is out of range ({big})")
-        if k < 1 or min(t.min(initial=0), l_.min(initial=0), c.min(initial=0)) < 0:
-            raise EplbError("co-activation summary: top_k must be >= 1 and tokens, loads and counts >= 0")
-        if l_.ndim != 2 or p.ndim != 3 or p.shape != c.shape or p.shape[:2] != l_.shape:
+        for name in ("tokens", "loads", "counts"):
+            _refuse_outside(raw[name], name, 0, int(MAX_LOAD))
+        loads_shape, p_shape = raw["loads"].shape, raw["partners"].shape
+        if len(loads_shape) != 2 or len(p_shape) != 3 or p_shape != raw["counts"].shape or p_shape[:2] != loads_shape:
             raise EplbError("co-activation summary: loads must be [L, E], partners and counts [L, E, m]")
-        if t.shape != (l_.shape[0],):
-            raise EplbError(f"co-activation summary: tokens must be [{l_.shape[0]}] (one per layer)")
-        if p.size and (p.min() < -1 or p.max() >= l_.shape[1]):
-            raise EplbError(f"co-activation summary: partners must be expert ids in 0..{l_.shape[1] - 1} or -1")
+        if raw["tokens"].shape != (loads_shape[0],):
+            raise EplbError(f"co-activation summary: tokens must be [{loads_shape[0]}] (one per layer)")
+        experts = loads_shape[1]
+        if not 1 <= top.item() <= experts:
+            raise EplbError(f"co-activation summary: top_k is {top.item()}: top_k must be >= 1 and at most the "
+                            f"summary's {experts} experts (a token picks an expert once)")
+        _refuse_outside(raw["partners"], "partners", -1, experts - 1)
+        k = int(top.item())
+        t, l_, p, c = (v.astype(np.int64) for v in raw.values())  # all within int64 now
         _check_consistent(t, k, l_, p, c)
         return cls(t, k, l_, p, c)
 

@@ -259,9 +259,9 @@ def add_cost_options(
 def add_coactivation_options(p: argparse.ArgumentParser) -> None:
     """--coactivation FILE and --node-limit M (read back with `coactivation_for` and `cost_setup`)."""
     p.add_argument("--coactivation", metavar="FILE", help="which experts the window's tokens chose together: a "
-                   "summary (.json, eplb.coactivation-summary/v1) or a token-level log (.npz with topk_ids). The "
-                   "predicted comm then counts one copy per GPU a token reaches, and copies per token are printed "
-                   "(docs/cost-model.md, 'Co-activation')")
+                   "summary (.json, eplb.coactivation-summary/v1, or its .npz image) or a token-level log (.npz with "
+                   "topk_ids). The predicted comm then counts one copy per GPU a token reaches, and copies per token "
+                   "are printed (docs/cost-model.md, 'Co-activation')")
     p.add_argument("--node-limit", type=int, metavar="M", help="node-limited routing (DeepSeek-V3: 4): a token's "
                    "experts lie on at most M nodes of --gpus-per-node GPUs; caps the co-activation copies")
 

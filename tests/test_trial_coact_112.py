@@ -1,0 +1,91 @@
+"""A hostile user's --coactivation files: each refusal is one line naming the file and the field, and nothing in
+a summary is silently ignored or taken when it cannot be a window's (the keys it holds, a top_k above its expert
+count, counts beyond what a window holds); the summary's binary image reads as its JSON does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eplb.coactivation import CoactivationSummary, read_summary
+from eplb.errors import EplbError
+from tests.cli_run import last_line, run_eplb
+
+
+def small() -> dict[str, Any]:
+    """docs/formats.md's example: 100 tokens chose {0, 1}, 100 chose {2, 3}: top-2 of 4 experts."""
+    return {"format": "eplb.coactivation-summary/v1", "top_k": 2, "tokens": [200], "loads": [[100, 100, 100, 100]],
+            "partners": [[[1, -1], [0, -1], [3, -1], [2, -1]]],
+            "counts": [[[100, 0], [100, 0], [100, 0], [100, 0]]]}  # fmt: skip
+
+
+def solve(tmp_path: Path, capsys: pytest.CaptureFixture[str], coactivation: str) -> tuple[int, str]:
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": [[100, 100, 100, 100]]}))
+    return run_eplb(capsys, "solve", "--loads", str(window), "--gpus", "2", "--slots-per-gpu", "2", "--solver",
+                    "greedy-coact", "--coactivation", coactivation)
+
+
+def written(tmp_path: Path, data: Any, name: str = "s.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # a key the reader does not know was dropped: a typo'd field, or exact pairs the file cannot carry
+        ({"exact": [[[0] * 4] * 4]}, "unknown field 'exact'"),
+        ({"Top_k": 3}, "unknown field 'Top_k'"),
+        # a token picks distinct experts: more than E is no top_k (it changed the copies 1.00 -> 1.50 GPUs)
+        ({"top_k": 10**6}, "top_k is 1000000: top_k must be >= 1 and at most the summary's 4 experts"),
+        ({"top_k": 10**30}, "top_k is 1000000000000000000000000000000: top_k must be >= 1 and at most"),
+        ({"top_k": 0}, "top_k is 0: top_k must be >= 1 and at most the summary's 4 experts"),
+        # beyond a window's counts (the solvers refused them later as 'coactivation[0][0][1] is 1e+18')
+        ({"tokens": [2 * 10**18], "loads": [[10**18] * 4], "counts": [[[10**18, 0]] * 4]},
+         "tokens[0] is 2000000000000000000: out of range, more than any token count (at most 1e+15)"),
+        ({"tokens": [10**30]}, "tokens[0] is 1000000000000000000000000000000: out of range"),
+        ({"counts": [[[100, 0], [100, 0], [100, -5], [100, 0]]]}, "counts[0][2][1] is -5: counts must be >= 0"),
+        ({"loads": [[100, -100, 100, 100]]}, "loads[0][1] is -100: loads must be >= 0"),
+    ],
+)
+def test_a_summary_that_cannot_be_a_windows_is_refused_naming_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, Any], message: str
+) -> None:
+    path = written(tmp_path, {**small(), **change})
+    code, err = solve(tmp_path, capsys, path)
+    assert code == 2
+    assert last_line(err) == err.strip()  # one line
+    assert f"{path}: co-activation summary: {message}" in err
+
+
+def test_the_docs_example_is_taken(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = solve(tmp_path, capsys, written(tmp_path, small()))
+    assert code == 0, err
+    assert read_summary(written(tmp_path, small())).to_dict() == small()
+
+
+def test_the_summarys_binary_image_reads_as_its_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`CoactivationSummary.to_bytes` is an .npz (docs/formats.md); it was read as a routing log and refused as
+    one holding both 'loads' and 'counts'."""
+    summary = CoactivationSummary.from_dict(small())
+    image = tmp_path / "s.npz"
+    image.write_bytes(summary.to_bytes())
+    assert read_summary(image, 4, num_layers=1).to_dict() == small()
+    code, err = solve(tmp_path, capsys, str(image))
+    assert code == 0, err
+    summary.partners[0, 0, 0] = 0  # checked as the JSON form is
+    image.write_bytes(summary.to_bytes())
+    with pytest.raises(EplbError, match=r"s\.npz: co-activation summary: layer 0, expert 0 lists itself"):
+        read_summary(image)
+
+
+def test_a_file_that_is_no_json_is_named_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.json"
+    path.write_text("{")
+    code, err = solve(tmp_path, capsys, str(path))
+    assert code == 2 and err.count("s.json") == 1 and "not valid JSON" in err
