@@ -691,7 +691,12 @@ class CoactivationSummary:
                 if sum(info.file_size for info in archive.infolist()) > BINARY_MAX:
                     raise EplbError(f"co-activation summary: unpacks to more than {BINARY_MAX:,} bytes")
                 members = set(archive.namelist())
-                for name in ("tokens", "top_k", "loads", "partners", "counts"):
+                arrays = SUMMARY_FIELDS[1:]
+                unknown = sorted(members - {f"{name}.npy" for name in arrays})
+                if unknown:
+                    raise EplbError(f"co-activation summary: unknown array {unknown[0].removesuffix('.npy')!r} (a "
+                                    f"summary holds {', '.join(arrays)}: docs/formats.md)")
+                for name in arrays:
                     if f"{name}.npy" not in members:
                         raise EplbError(f"co-activation summary: missing array {name!r}")
                     # at most the entry's stated size is unpacked (checked above); the .npy header must then

@@ -89,3 +89,20 @@ def test_a_file_that_is_no_json_is_named_once(tmp_path: Path, capsys: pytest.Cap
     path.write_text("{")
     code, err = solve(tmp_path, capsys, str(path))
     assert code == 2 and err.count("s.json") == 1 and "not valid JSON" in err
+
+
+def test_an_image_with_an_array_the_reader_does_not_know_is_refused(tmp_path: Path) -> None:
+    """As the JSON form's unknown keys: an array `exact` (pairs a summary cannot carry) was silently dropped."""
+    import io
+    import zipfile
+
+    summary = CoactivationSummary.from_dict(small())
+    buffer = io.BytesIO(summary.to_bytes())
+    with zipfile.ZipFile(buffer, "a") as archive:
+        archive.writestr("exact.npy", b"")
+    with pytest.raises(EplbError, match=r"^co-activation summary: unknown array 'exact' \(a summary holds tokens, "):
+        CoactivationSummary.from_bytes(buffer.getvalue())
+    image = tmp_path / "s.npz"
+    image.write_bytes(buffer.getvalue())
+    with pytest.raises(EplbError, match=r"s\.npz: co-activation summary: unknown array 'exact'"):
+        read_summary(image)
