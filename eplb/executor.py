@@ -247,7 +247,13 @@ class RayExecutor(Executor):
             return (f"{given} needs Ray's client, which this Ray lacks (its grpcio): pip install 'eplb[ray]' (it "
                     "installs ray[client]), or run the command on a node of the cluster with "
                     f"{self.flag or 'address'} auto")
-        return f"cannot reach the Ray cluster at {address}: {exc}"
+        if self.endpoint is None:
+            return f"cannot reach the Ray cluster at {address}: {exc}"
+        host, port = self.endpoint  # the probe connected there: a Ray that refused this driver, or no Ray at all
+        which = "Ray client server" if address.strip().startswith(RAY_CLIENT) else "GCS"
+        return (f"cannot reach the Ray cluster at {address}: {exc} ({host}:{port} accepts connections but Ray could "
+                f"not join it: is {port} the head's {which} port? A cluster with token authentication also needs "
+                "RAY_AUTH_MODE=token here, and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
 
     def node_cpus(self) -> int:
         self._ready()

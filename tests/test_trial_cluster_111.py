@@ -148,3 +148,26 @@ def test_a_relative_log_path_is_opened_by_workers_in_another_directory(
     assert there.summary["log"] == local.summary["log"]
     assert there.info.path == "log.parquet"
     assert there.summary["results"] == local.summary["results"]
+
+
+def test_a_port_that_answers_but_ray_cannot_join_names_token_authentication(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head with token authentication joined without RAY_AUTH_MODE=token: the probe connects, Ray retries for 20 s
+    and says 'Failed to connect to Ray cluster at 192.0.2.2:6390' (its log lines alone say InvalidAuthToken); the
+    message said only that, nothing of what to do."""
+    import socket
+
+    import ray
+
+    def refuse(**_: Any) -> None:
+        raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6390")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with pytest.raises(EplbError) as caught:
+            RayExecutor(f"127.0.0.1:{port}", flag="--ray-address")._ready()
+    message = str(caught.value)
+    assert message.startswith(f"cannot reach the Ray cluster at 127.0.0.1:{port}: Failed to connect to Ray cluster at")
+    assert f"127.0.0.1:{port} accepts connections but Ray could not join it" in message
+    assert "RAY_AUTH_MODE=token" in message and "\n" not in message
