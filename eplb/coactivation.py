@@ -104,7 +104,7 @@ def read_summary(
     its own `num_experts`), summarized with the top `partners` per expert (keeping its exact pair counts).
     num_experts, num_layers: the load window's, when given: a file of another shape is refused naming both.
     EplbError with the file's name on anything else."""
-    from eplb.io.files import existing_file, read_json
+    from eplb.io.files import existing_file, plural, read_json
 
     p = existing_file(path, "co-activation file")
     suffix = p.suffix.lower()
@@ -124,9 +124,12 @@ def read_summary(
     if (num_experts is not None and experts != num_experts) or (num_layers is not None and layers != num_layers):
         if num_layers is not None and num_experts is not None:
             window = f"are {num_layers} x {num_experts}"
+        elif num_experts is not None:
+            window = f"have {plural(num_experts, 'expert')}"
         else:
-            window = f"have {num_experts} experts" if num_experts is not None else f"have {num_layers} layers"
-        raise EplbError(f"{p}: the co-activation data is for {layers} layers x {experts} experts, the loads {window}")
+            window = f"have {plural(num_layers or 0, 'layer')}"
+        raise EplbError(f"{p}: the co-activation data is for {plural(layers, 'layer')} x {plural(experts, 'expert')}, "
+                        f"the loads {window}")
     return summary
 
 

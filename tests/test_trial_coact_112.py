@@ -106,3 +106,13 @@ def test_an_image_with_an_array_the_reader_does_not_know_is_refused(tmp_path: Pa
     image.write_bytes(buffer.getvalue())
     with pytest.raises(EplbError, match=r"s\.npz: co-activation summary: unknown array 'exact'"):
         read_summary(image)
+
+
+def test_a_summary_of_another_shape_is_refused_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said 'for 1 layers x 4 experts'."""
+    path = written(tmp_path, small())
+    window = tmp_path / "w2.json"
+    window.write_text(json.dumps({"loads": [[100, 100, 100, 100]] * 2}))
+    code, err = run_eplb(capsys, "solve", "--loads", str(window), "--gpus", "2", "--coactivation", path)
+    assert code == 2
+    assert f"{path}: the co-activation data is for 1 layer x 4 experts, the loads are 2 x 4" in err
