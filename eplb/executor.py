@@ -180,6 +180,7 @@ class RayExecutor(Executor):
         if retries < 0:
             raise EplbError(f"retries must be >= 0, got {retries}")
         self.endpoint = None if address is None else ray_endpoint(address, flag)
+        address = None if address is None else address.strip()  # what ray.init gets: ' auto' is 'Invalid address'
         num_cpus = _local_cpus(num_cpus, address)
         self.ray = ray
         self.address, self.num_cpus, self.retries, self.quiet, self.flag = address, num_cpus, retries, quiet, flag
@@ -194,7 +195,7 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             if self.endpoint is not None:  # Ray waits minutes (HOST:6379) or 30 s (ray://) for nothing that answers
                 self._probe(*self.endpoint, str(address))
-            elif address is not None and address.strip() == "auto" and os.environ.get(RAY_ADDRESS, "").strip():
+            elif address == "auto" and os.environ.get(RAY_ADDRESS, "").strip():
                 named = os.environ[RAY_ADDRESS].strip()  # what auto joins first; Ray waits as long for it
                 try:
                     endpoint = ray_endpoint(named, RAY_ADDRESS)
@@ -250,7 +251,7 @@ class RayExecutor(Executor):
         if self.endpoint is None:
             return f"cannot reach the Ray cluster at {address}: {exc}"
         host, port = self.endpoint  # the probe connected there: a Ray that refused this driver, or no Ray at all
-        which = "Ray client server" if address.strip().startswith(RAY_CLIENT) else "GCS"
+        which = "Ray client server" if address.startswith(RAY_CLIENT) else "GCS"
         return (f"cannot reach the Ray cluster at {address}: {exc} ({host}:{port} accepts connections but Ray could "
                 f"not join it: is {port} the head's {which} port? A cluster with token authentication also needs "
                 "RAY_AUTH_MODE=token here, and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
@@ -309,7 +310,7 @@ class RayExecutor(Executor):
 def _starts_local_ray(address: str | None) -> bool:
     """Whether RayExecutor's address starts a new Ray on this machine (no address, or `local`; of num_cpus CPUs)
     rather than joining a cluster's."""
-    return address is None or address.strip() == "local"
+    return address is None or address == "local"
 
 
 def _local_cpus(num_cpus: object, address: str | None) -> int | None:

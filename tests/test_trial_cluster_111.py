@@ -171,3 +171,17 @@ def test_a_port_that_answers_but_ray_cannot_join_names_token_authentication(monk
     assert message.startswith(f"cannot reach the Ray cluster at 127.0.0.1:{port}: Failed to connect to Ray cluster at")
     assert f"127.0.0.1:{port} accepts connections but Ray could not join it" in message
     assert "RAY_AUTH_MODE=token" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("given", [" auto", "auto ", "\tauto\n", " local "])
+def test_an_address_with_spaces_around_it_is_the_address(given: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """' auto' passed the address check (which strips it) but ray.init got ' auto': 'Invalid address format:  auto'."""
+    import ray
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ray, "remote", lambda fn: fn)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    RayExecutor(given, flag="--ray-address")._ready()
+    assert [c["address"] for c in calls] == [given.strip()]
