@@ -185,3 +185,18 @@ def test_an_address_with_spaces_around_it_is_the_address(given: str, monkeypatch
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     RayExecutor(given, flag="--ray-address")._ready()
     assert [c["address"] for c in calls] == [given.strip()]
+
+
+def test_a_null_step_id_is_refused_by_its_column(tmp_path: Path) -> None:
+    """A null step id read as -9223372036854775808: 'steps out of order: step 11 comes after step
+    -9223372036854775808' mid-log, and taken as the first step's id at position 0."""
+    path = _log(tmp_path)
+
+    def null_id(table: Any) -> Any:
+        ids = table.column("step").to_pylist()
+        ids[0] = None
+        return table.set_column(0, table.schema.field("step"), pa.array(ids, pa.int64()))
+
+    _rewrite(path / "part-00000.parquet", null_id)
+    with pytest.raises(EplbError, match=r"part-00000\.parquet: column step holds nulls; every step needs its id"):
+        list(open_parquet(path).iter_counts(64))

@@ -150,9 +150,9 @@ class ParquetLog(RoutingLog):
                     a, b = max(lo, row), min(hi, row + n)
                     if a < b:
                         table = pf.read_row_group(g, columns=columns).slice(a - row, b - a)
-                        step_ids = table.column("step").to_numpy().astype(np.int64)
+                        step_ids = _column(table, "step", f, "its id").to_numpy().astype(np.int64)
                         counts = np.stack(
-                            [_fixed_lists(table, c, experts, f) for c in columns[1:]], axis=1
+                            [_counts(table, c, experts, f) for c in columns[1:]], axis=1
                         )
                         for c in range(0, b - a, chunk_steps):
                             yield step_ids[c : c + chunk_steps], counts[c : c + chunk_steps]
@@ -219,11 +219,18 @@ def _check_columns(schema: Any, num_layers: int, num_experts: int, f: Path) -> n
     return found
 
 
-def _fixed_lists(table: Any, name: str, experts: int, f: Path) -> NDArray[Any]:
-    """Column `name` of `table`, fixed-size lists of E counts in n rows -> [n, E] array (no nulls allowed)."""
+def _column(table: Any, name: str, f: Path, what: str) -> Any:
+    """Column `name` of `table` as one Arrow array; EplbError when it, or a list in it, holds a null (pyarrow reads a
+    null int64 as -2**63), naming `what` every step needs."""
     arr = table.column(name).combine_chunks()
-    if arr.null_count:
-        raise EplbError(f"{f}: column {name} holds nulls; every step needs its counts")
+    if arr.null_count or (hasattr(arr, "flatten") and arr.flatten().null_count):
+        raise EplbError(f"{f}: column {name} holds nulls; every step needs {what}")
+    return arr
+
+
+def _counts(table: Any, name: str, experts: int, f: Path) -> NDArray[Any]:
+    """Column `name` of `table`, fixed-size lists of E counts in n rows -> [n, E] array."""
+    arr = _column(table, name, f, "its counts")
     values: NDArray[Any] = arr.flatten().to_numpy(zero_copy_only=False)
     return values.reshape(len(arr), experts)
 
