@@ -6,7 +6,8 @@ is a log of its own steps (its positions from 0, its step ids kept). A shard has
 per step: `step` (int64 step id) and one column per MoE layer, `layer_0` .. `layer_{L-1}`, each a
 fixed-size list of E counts (the log's integer type). Every shard's schema metadata carries, under the
 key `eplb`, JSON with the format, `num_experts`, `num_layers`, `model`, `top_k`, `layer_ids`, and the
-shard's own `start` (position of its first step in the whole log), so a missing shard is named.
+shard's own `start` (position of its first step in the whole log), so a missing shard is named (not a missing
+last one: nothing records how many shards there are, and the log reads as ending before it).
 
 A reader reads only its part: `open_parquet(path, layers=range(a, b))` reads only those layers'
 columns, `positions=range(s, t)` only the shards and row groups holding those steps. Needs pyarrow
