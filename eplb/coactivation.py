@@ -33,6 +33,7 @@ import binascii
 import io
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -43,8 +44,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from eplb import _reach
 from eplb.errors import EplbError, FieldError
+from eplb.io.logs import LogInfo, open_log
 from eplb.io.logs import coactivation as _coactivation
-from eplb.io.logs import open_log
 from eplb.io.windows import MAX_LOAD
 from eplb.npy import NpyError, read_npy
 
@@ -86,6 +87,12 @@ def read_topk(path: str | Path) -> tuple[NDArray[np.int16], IntArray]:
 
 def _read_log(path: str | Path) -> tuple[NDArray[np.int16], IntArray, int]:
     """`read_topk` and the log's own expert count (its `num_experts`)."""
+    ids, offsets, info = _read_log_info(path)
+    return ids, offsets, info.num_experts
+
+
+def _read_log_info(path: str | Path) -> tuple[NDArray[np.int16], IntArray, LogInfo]:
+    """`read_topk` and what the log says of itself (`LogInfo`: its num_experts, layer_ids)."""
     log = open_log(path)
     if log.info.kind != "topk":
         raise EplbError(f"{path}: co-activation needs a token-level log (topk_ids), not {log.info.kind}")
@@ -93,17 +100,21 @@ def _read_log(path: str | Path) -> tuple[NDArray[np.int16], IntArray, int]:
         pass
     with np.load(path) as z:
         ids = np.asarray(z["topk_ids"], dtype=np.int16)
-        return ids, np.asarray(z["step_offsets"], dtype=np.int64), log.info.num_experts
+        return ids, np.asarray(z["step_offsets"], dtype=np.int64), log.info
 
 
 def read_summary(
-    path: str | Path, num_experts: int | None = None, partners: int = 8, *, num_layers: int | None = None
+    path: str | Path, num_experts: int | None = None, partners: int = 8, *, num_layers: int | None = None,
+    layer_ids: Sequence[int] | None = None,
 ) -> CoactivationSummary:
     """A window's co-activation summary from a file: a summary (.json, "eplb.coactivation-summary/v1",
     `CoactivationSummary.to_dict`, or its .npz image, `to_bytes`) or a token-level log (.npz with topk_ids, of
     its own `num_experts`), summarized with the top `partners` per expert (keeping its exact pair counts).
     num_experts, num_layers: the load window's, when given: a file of another shape is refused naming both.
-    EplbError with the file's name on anything else."""
+    layer_ids: the window's model layers; a log that names its own (`layer_ids`) gives those rows, as a placement
+    does (`eplb.io.foreign.read_placement_for`), and one it lacks is refused. EplbError with the file's name on
+    anything else."""
+    from eplb.io.exports import ranges
     from eplb.io.files import existing_file, plural, read_json
 
     p = existing_file(path, "co-activation file")
@@ -115,8 +126,14 @@ def read_summary(
         except EplbError as exc:
             raise EplbError(f"{p}: {exc}") from None
     elif suffix == ".npz":
-        ids, _, log_experts = _read_log(p)
-        summary = summarize(ids, log_experts, partners)
+        ids, _, info = _read_log_info(p)
+        if layer_ids is not None and info.layer_ids is not None and num_experts in (None, info.num_experts):
+            missing = [layer for layer in layer_ids if layer not in info.layer_ids]
+            if missing:
+                raise EplbError(f"{p}: the token-level log has no layer {missing[0]} (its layer_ids are "
+                                f"{ranges(info.layer_ids)}), the loads' layer_ids are {ranges(list(layer_ids))}")
+            ids = ids[:, [info.layer_ids.index(layer) for layer in layer_ids]]
+        summary = summarize(ids, info.num_experts, partners)
     else:
         raise EplbError(f"{p}: a co-activation file is a summary (.json, or its .npz image) or a token-level log "
                         "(.npz with topk_ids)")

@@ -116,3 +116,33 @@ def test_a_summary_of_another_shape_is_refused_naming_both(tmp_path: Path, capsy
     code, err = run_eplb(capsys, "solve", "--loads", str(window), "--gpus", "2", "--coactivation", path)
     assert code == 2
     assert f"{path}: the co-activation data is for 1 layer x 4 experts, the loads are 2 x 4" in err
+
+
+def test_a_token_log_meets_a_window_by_their_layer_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log of model layers 10-13 was taken for a window of layers 3-6 (rows matched by position, silently); a
+    log of more layers than the window was refused by its shape though it holds the window's. Now the window's
+    layer ids pick the log's rows, as they pick a placement's (--current, --placement), and one the log lacks is
+    refused naming both."""
+    import numpy as np
+
+    from eplb.io.logs import write_topk
+
+    rng = np.random.default_rng(0)
+    ids = np.argsort(rng.random((400, 4, 8)), axis=2)[:, :, :2]  # 400 tokens, 4 layers, top-2 of 8 experts
+    log = tmp_path / "log.npz"
+    write_topk(log, ids, [0, 400], num_experts=8, layer_ids=[10, 11, 12, 13])
+    loads = np.stack([np.bincount(ids[:, layer].ravel(), minlength=8) for layer in range(4)])
+    window = tmp_path / "w.json"
+    base = ["solve", "--loads", str(window), "--gpus", "2", "--solver", "greedy-coact", "--coactivation", str(log)]
+    window.write_text(json.dumps({"layer_ids": [3, 4, 5, 6], "loads": loads.tolist()}))
+    code, err = run_eplb(capsys, *base)
+    assert code == 2
+    assert f"{log}: the token-level log has no layer 3 (its layer_ids are 10-13), the loads' layer_ids are 3-6" \
+        in last_line(err)
+    window.write_text(json.dumps({"layer_ids": [11, 13], "loads": loads[[1, 3]].tolist()}))
+    assert read_summary(log, 8, num_layers=2, layer_ids=[11, 13]).loads.tolist() == loads[[1, 3]].tolist()
+    code, err = run_eplb(capsys, *base)
+    assert code == 0, err
+    window.write_text(json.dumps({"loads": loads.tolist()}))  # a window without layer ids: by position
+    code, err = run_eplb(capsys, *base)
+    assert code == 0, err

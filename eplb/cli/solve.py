@@ -283,7 +283,8 @@ def coactivation_for(args: argparse.Namespace, window: LoadWindow) -> Coactivati
         return None
     from eplb.coactivation import read_summary
 
-    summary = read_summary(args.coactivation, window.num_experts, num_layers=window.num_layers)
+    summary = read_summary(args.coactivation, window.num_experts, num_layers=window.num_layers,
+                           layer_ids=window.meta.get("layer_ids"))
     why = summary.window_contradiction(window.loads)
     if why is not None:
         raise EplbError(f"--coactivation {args.coactivation} contradicts the load window {window.source}: {why}")
