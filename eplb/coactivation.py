@@ -119,12 +119,14 @@ def read_summary(
 
     p = existing_file(path, "co-activation file")
     suffix = p.suffix.lower()
+    summary: CoactivationSummary | None = None  # a token-level log's is made once its shape is checked
     if suffix == ".json" or (suffix == ".npz" and _is_summary_image(p)):
         data = read_json(p) if suffix == ".json" else None  # its own errors name the file
         try:
             summary = _summary_file(p, data)
         except EplbError as exc:
             raise EplbError(f"{p}: {exc}") from None
+        layers, experts = summary.loads.shape
     elif suffix == ".npz":
         ids, _, info = _read_log_info(p)
         if layer_ids is not None and info.layer_ids is not None and num_experts in (None, info.num_experts):
@@ -133,11 +135,10 @@ def read_summary(
                 raise EplbError(f"{p}: the token-level log has no layer {missing[0]} (its layer_ids are "
                                 f"{ranges(info.layer_ids)}), the loads' layer_ids are {ranges(list(layer_ids))}")
             ids = ids[:, [info.layer_ids.index(layer) for layer in layer_ids]]
-        summary = summarize(ids, info.num_experts, partners)
+        layers, experts = ids.shape[1], info.num_experts
     else:
         raise EplbError(f"{p}: a co-activation file is a summary (.json, or its .npz image) or a token-level log "
                         "(.npz with topk_ids)")
-    layers, experts = summary.loads.shape
     if (num_experts is not None and experts != num_experts) or (num_layers is not None and layers != num_layers):
         if num_layers is not None and num_experts is not None:
             window = f"are {num_layers} x {num_experts}"
@@ -147,7 +148,7 @@ def read_summary(
             window = f"have {plural(num_layers or 0, 'layer')}"
         raise EplbError(f"{p}: the co-activation data is for {plural(layers, 'layer')} x {plural(experts, 'expert')}, "
                         f"the loads {window}")
-    return summary
+    return summarize(ids, experts, partners) if summary is None else summary
 
 
 def _summary_file(path: Path, data: Any) -> CoactivationSummary:

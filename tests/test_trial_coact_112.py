@@ -146,3 +146,26 @@ def test_a_token_log_meets_a_window_by_their_layer_ids(tmp_path: Path, capsys: p
     window.write_text(json.dumps({"loads": loads.tolist()}))  # a window without layer ids: by position
     code, err = run_eplb(capsys, *base)
     assert code == 0, err
+
+
+def test_a_token_log_of_other_experts_is_refused_before_it_is_summarized(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log declaring 30,000 experts next to a 64-expert window was summarized first (its pair counts
+    [layers, E, E]: a MemoryError traceback, 'Unable to allocate 26.8 GiB'), then refused by shape."""
+    import numpy as np
+
+    import eplb.coactivation as coactivation
+    from eplb.io.logs import write_topk
+
+    log = tmp_path / "log.npz"
+    write_topk(log, np.array([[[0, 1]], [[2, 3]]] * 100), [0, 200], num_experts=30_000)
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("summarized a log of another shape")
+
+    monkeypatch.setattr(coactivation, "summarize", never)
+    code, err = solve(tmp_path, capsys, str(log))
+    assert code == 2
+    assert last_line(err) == f"eplb solve: error: {log}: the co-activation data is for 1 layer x 30,000 experts, " \
+        "the loads are 1 x 4"
