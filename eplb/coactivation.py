@@ -148,7 +148,7 @@ def read_summary(
             window = f"have {plural(num_layers or 0, 'layer')}"
         raise EplbError(f"{p}: the co-activation data is for {plural(layers, 'layer')} x {plural(experts, 'expert')}, "
                         f"the loads {window}")
-    return summarize(ids, experts, partners) if summary is None else summary
+    return _summarize(ids, experts, partners) if summary is None else summary  # the log's ids checked when read
 
 
 def _summary_file(path: Path, data: Any) -> CoactivationSummary:
@@ -879,10 +879,29 @@ class CoactivationSummary:
 
 
 def summarize(topk_ids: ArrayLike, num_experts: int, partners: int = 8) -> CoactivationSummary:
-    """The compact summary of token-level routing topk_ids [tokens, L, k]: top-`partners` per expert."""
+    """The compact summary of token-level routing topk_ids [tokens, L, k]: top-`partners` per expert. EplbError
+    naming the first pick no token makes (an id outside 0 .. num_experts - 1, an expert twice in one top-k)."""
     ids = np.asarray(topk_ids)
     if ids.ndim != 3:
         raise EplbError(f"topk_ids must be [tokens, layers, k], got shape {list(ids.shape)}")
+    if ids.size and ids.dtype.kind not in "iu":
+        raise EplbError(f"topk_ids must hold integer expert ids, got {ids.dtype}")
+    outside = (ids < 0) | (ids >= num_experts)
+    if outside.any():
+        token, layer, rank = (int(v) for v in np.argwhere(outside)[0])
+        raise EplbError(f"topk_ids: token {token}, layer {layer}: expert id {int(ids[token, layer, rank])} is outside "
+                        f"0..{num_experts - 1}")
+    ranked = np.sort(ids, axis=2)
+    twice = (ranked[:, :, 1:] == ranked[:, :, :-1]).any(axis=2)
+    if twice.any():
+        token, layer = (int(v) for v in np.argwhere(twice)[0])
+        raise EplbError(f"topk_ids: token {token}, layer {layer}: top-k {ids[token, layer].tolist()} names an expert "
+                        "twice; a token picks k distinct experts")
+    return _summarize(ids, num_experts, partners)
+
+
+def _summarize(ids: NDArray[np.integer[Any]], num_experts: int, partners: int) -> CoactivationSummary:
+    """`summarize` of checked picks ids [tokens, L, k] (a token-level log's, checked when read)."""
     if partners < 1:
         raise EplbError(f"partners must be >= 1, got {partners}")
     pairs = pair_counts(ids, num_experts)

@@ -164,8 +164,26 @@ def test_a_token_log_of_other_experts_is_refused_before_it_is_summarized(
     def never(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("summarized a log of another shape")
 
-    monkeypatch.setattr(coactivation, "summarize", never)
+    monkeypatch.setattr(coactivation, "pair_counts", never)  # what allocates [layers, E, E]
     code, err = solve(tmp_path, capsys, str(log))
     assert code == 2
     assert last_line(err) == f"eplb solve: error: {log}: the co-activation data is for 1 layer x 30,000 experts, " \
         "the loads are 1 x 4"
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([[[0, 5]]], "topk_ids: token 0, layer 0: expert id 5 is outside 0..3"),  # was numpy's broadcast ValueError
+        ([[[0, 1]], [[-1, 2]]], "topk_ids: token 1, layer 0: expert id -1 is outside 0..3"),
+        ([[[0, 1]], [[2, 2]]], "topk_ids: token 1, layer 0: top-k [2, 2] names an expert twice"),  # was taken
+        ([[[0.0, 1.0]]], "topk_ids must hold integer expert ids, got float64"),
+    ],
+)
+def test_summarize_refuses_picks_no_token_makes(ids: list[Any], message: str) -> None:
+    """The library's `summarize` of raw topk_ids: an id outside 0..E-1 was a numpy ValueError, a token naming an
+    expert twice a summary its own check refuses ('load 3 exceeds the layer's 2 tokens') once sent."""
+    from eplb.coactivation import summarize
+
+    with pytest.raises(EplbError, match="^" + message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        summarize(ids, 4)
