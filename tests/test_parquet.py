@@ -61,6 +61,48 @@ def test_a_missing_shard_is_named(tmp_path: Path, counts: np.ndarray) -> None:
         open_log(out)
 
 
+def test_missing_last_shards_are_named(tmp_path: Path, counts: np.ndarray) -> None:
+    """A copy of a log without its last shard read as a shorter log, silently (300 steps replayed as 200): the last
+    shard records the log's step count and every other shard null, so missing last shards are named; a shard alone
+    and a log written before the mark (no `steps` key) still read."""
+    out = tmp_path / "log.parquet"
+    write_parquet(out, counts, shard_steps=100)
+    steps = [json.loads(pq.read_metadata(f).metadata[b"eplb"])["steps"] for f in sorted(out.glob("part-*.parquet"))]
+    assert steps == [None, None, 300]
+    assert open_log(out).info.num_steps == 300
+    (out / "part-00002.parquet").unlink()
+    with pytest.raises(EplbError) as caught:
+        open_log(out)
+    assert str(caught.value) == (f"{out}: its shards end with part-00001.parquet at step position 200, which is not "
+                                 "the log's last shard (the last records the log's step count): the shards after it "
+                                 "are missing (a copy cut short?)")
+    assert open_log(out / "part-00001.parquet").info.num_steps == 100  # a shard by itself
+    legacy = tmp_path / "legacy.parquet"
+    legacy.mkdir()
+    for name in ("part-00000.parquet", "part-00001.parquet"):
+        table = pq.read_table(out / name)
+        meta = json.loads(pq.read_metadata(out / name).metadata[b"eplb"])
+        del meta["steps"]
+        pq.write_table(table.replace_schema_metadata({b"eplb": json.dumps(meta).encode()}), legacy / name)
+    assert open_log(legacy).info.num_steps == 200
+
+
+def test_shards_after_the_last_or_a_wrong_count_are_refused(tmp_path: Path, counts: np.ndarray) -> None:
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    write_parquet(a, counts[:100], shard_steps=100)  # one shard, the last: steps 100
+    write_parquet(b, counts, shard_steps=100)
+    (a / "part-00001.parquet").write_bytes((b / "part-00001.parquet").read_bytes())
+    with pytest.raises(EplbError, match=r"a.parquet/part-00000.parquet: the log's last shard \(it records the log's "
+                       r"100 steps\), but part-00001.parquet follows it: shards of another log\?"):
+        open_log(a)
+    table = pq.read_table(b / "part-00002.parquet")
+    meta = json.loads(pq.read_metadata(b / "part-00002.parquet").metadata[b"eplb"])
+    pq.write_table(table.replace_schema_metadata({b"eplb": json.dumps({**meta, "steps": 301}).encode()}),
+                   b / "part-00002.parquet")
+    with pytest.raises(EplbError, match=r"part-00002.parquet: records the log's 301 steps, but its shards hold 300$"):
+        open_log(b)
+
+
 def test_one_shard_given_alone_is_a_log_of_its_own_steps(
     tmp_path: Path, counts: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:

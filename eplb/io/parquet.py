@@ -6,8 +6,9 @@ is a log of its own steps (its positions from 0, its step ids kept). A shard has
 per step: `step` (int64 step id) and one column per MoE layer, `layer_0` .. `layer_{L-1}`, each a
 fixed-size list of E counts (the log's integer type). Every shard's schema metadata carries, under the
 key `eplb`, JSON with the format, `num_experts`, `num_layers`, `model`, `top_k`, `layer_ids`, and the
-shard's own `start` (position of its first step in the whole log), so a missing shard is named (not a missing
-last one: nothing records how many shards there are, and the log reads as ending before it).
+shard's own `start` (position of its first step in the whole log), so a missing shard is named, and `steps`:
+the log's step count in its last shard, null in the others, so missing last shards are named too (a log written
+before `steps` existed reads without that check).
 
 A reader reads only its part: `open_parquet(path, layers=range(a, b))` reads only those layers'
 columns, `positions=range(s, t)` only the shards and row groups holding those steps. Needs pyarrow
@@ -79,6 +80,7 @@ class ParquetLog(RoutingLog):
         meta: dict[str, Any] | None = None
         total = 0
         alone = self.path.is_file()  # one shard given by itself: a log of its own steps, from position 0
+        marked: int | None = None  # the step count the log's last shard records
         for f in _shard_files(self.path):
             try:
                 md = pq.read_metadata(f)
@@ -90,9 +92,13 @@ class ParquetLog(RoutingLog):
                                 "convert)")  # fmt: skip
             shard_meta = _shard_meta(raw, f)
             start = shard_meta.pop("start")
+            has_end, steps = "steps" in shard_meta, shard_meta.pop("steps", None)
             if start != total and not alone:
                 raise EplbError(f"{f}: starts at step position {start}, but the shards before it end at {total}: "
                                 "a shard is missing or out of order")  # fmt: skip
+            if marked is not None and not alone:
+                raise EplbError(f"{self.shards[-1][0]}: the log's last shard (it records the log's {marked:,} "
+                                f"steps), but {f.name} follows it: shards of another log?")  # fmt: skip
             schema = md.schema.to_arrow_schema().remove_metadata()
             if meta is None:
                 meta, first_schema, first = shard_meta, schema, f
@@ -103,6 +109,7 @@ class ParquetLog(RoutingLog):
                 raise EplbError(f"{f}: its columns differ from the first shard's ({change})")
             self.shards.append((f, total, int(md.num_rows)))
             total += int(md.num_rows)
+            marked = steps
         assert meta is not None
         if meta.get("format") != FORMAT_PARQUET:
             raise EplbError(f"{self.path}: format {shown(meta.get('format'))}, expected {FORMAT_PARQUET}")
@@ -134,6 +141,14 @@ class ParquetLog(RoutingLog):
             layer_ids=None if checked is None else [checked[i] for i in self.layers],
             meta=meta,
         )
+        if has_end and not alone:  # written with the end mark (logs of earlier eplb versions have no `steps`)
+            if marked is None:
+                raise EplbError(f"{self.path}: its shards end with {self.shards[-1][0].name} at step position "
+                                f"{total:,}, which is not the log's last shard (the last records the log's step "
+                                "count): the shards after it are missing (a copy cut short?)")  # fmt: skip
+            if marked != total:
+                raise EplbError(f"{self.shards[-1][0]}: records the log's {marked:,} steps, but its shards hold "
+                                f"{total:,}")  # fmt: skip
 
     def _chunks(self, chunk_steps: int) -> Iterator[tuple[NDArray[np.int64], NDArray[Any]]]:
         _, pq = _arrow()
@@ -176,6 +191,10 @@ def _shard_meta(raw: bytes, f: Path) -> dict[str, Any]:
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise EplbError(f"{where}: start (the position of the shard's first step) must be a whole number >= 0, got "
                         f"{shown(start)}")  # fmt: skip
+    steps = meta.get("steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise EplbError(f"{where}: steps (the log's step count, in its last shard; null in the others) must be a "
+                        f"whole number >= 1 or null, got {shown(steps)}")  # fmt: skip
     return meta
 
 
@@ -319,6 +338,7 @@ class _ShardWriter:
         self.schema: Any = None
         self.in_shard = 0  # steps of the current shard, written or pending
         self.shard = 0
+        self.shard_start = 0  # position of the current shard's first step
         self.written = 0  # steps in written row groups
         self.added = 0  # steps given to `add`
         self.pending: list[tuple[NDArray[np.int64], NDArray[Any]]] = []  # the next row group's steps so far
@@ -360,7 +380,8 @@ class _ShardWriter:
     def _roll(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        meta = json.dumps({**self.meta, "start": self.written}).encode()
+        self.shard_start = self.written
+        meta = json.dumps({**self.meta, "start": self.written, "steps": None}).encode()  # steps: set in the last
         schema = self.schema.with_metadata({_META_KEY: meta})
         name = self.folder / f"part-{self.shard:05d}.parquet"
         self.writer = self.pq.ParquetWriter(name, schema, compression=self.compression)
@@ -386,7 +407,11 @@ class _ShardWriter:
         self.pending, self.pending_steps = [], 0
 
     def close(self) -> int:
+        """Write what is pending and mark the last shard with the log's step count (`steps`: every other shard
+        holds null, so a reader knows when the shards after one are missing)."""
         if self.writer is not None:
             self._flush()
+            end = {**self.meta, "start": self.shard_start, "steps": self.written}
+            self.writer.add_key_value_metadata({_META_KEY: json.dumps(end).encode()})
             self.writer.close()
         return self.written
