@@ -1,6 +1,8 @@
 """A hostile user's --coactivation files: each refusal is one line naming the file and the field, and nothing in
 a summary is silently ignored or taken when it cannot be a window's (the keys it holds, a top_k above its expert
-count, counts beyond what a window holds); the summary's binary image reads as its JSON does."""
+count, counts beyond what a window holds); the summary's binary image reads as its JSON does; a token-level log
+meets the window by their layer ids and is refused by shape before it is summarized; `summarize` refuses picks no
+token makes."""
 
 from __future__ import annotations
 
