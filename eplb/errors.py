@@ -51,6 +51,12 @@ def one_line(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]) - 0xDC00:02x}" if m[0] >= "\udc80" else repr(m[0])[1:-1], text)
 
 
+def single_spaced(message: object) -> str:
+    """Another library's message (an exception's) for one line: each run of whitespace, its line breaks too, as one
+    space (Ray's 'either:\n  1. Unset RAY_ADDRESS ...' read as '\n' escapes through `one_line`)."""
+    return " ".join(str(message).split())
+
+
 def shown(value: object, width: int = 40) -> str:
     """`value` for a message: repr of a string (clipped to `width` characters, with its length when cut), else str.
     The CLI's messages and the service's (a deployment name, a path) echo what they were given through it."""

@@ -38,7 +38,7 @@ from typing import Any, Generic, SupportsIndex, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, single_spaced
 from eplb.io.logs import LogInfo, RoutingLog, as_log, open_log
 from eplb.placement import Placement
 from eplb.progress import Progress
@@ -235,9 +235,9 @@ class RayExecutor(Executor):
     def _unreachable(self, exc: Exception) -> str:
         """Why Ray did not start or could not be joined, in eplb's terms: Ray's own text for `auto` points at Ray's
         `--address` flag and RAY_ADDRESS, which are not how eplb is told where the cluster is."""
-        address = self.address
+        address, said = self.address, single_spaced(exc)
         if address is None:
-            return f"cannot start a local Ray instance: {exc}"
+            return f"cannot start a local Ray instance: {said}"
         given = f"{self.flag} {address}" if self.flag else f"address {address!r}"
         if address == "auto" and isinstance(exc, ConnectionError):
             return (f"{given} found no Ray cluster to join on this machine (auto joins the one `ray start` started "
@@ -249,10 +249,10 @@ class RayExecutor(Executor):
                     "installs ray[client]), or run the command on a node of the cluster with "
                     f"{self.flag or 'address'} auto")
         if self.endpoint is None:
-            return f"cannot reach the Ray cluster at {address}: {exc}"
+            return f"cannot reach the Ray cluster at {address}: {said}"
         host, port = self.endpoint  # the probe connected there: a Ray that refused this driver, or no Ray at all
         which = "Ray client server" if address.startswith(RAY_CLIENT) else "GCS"
-        return (f"cannot reach the Ray cluster at {address}: {exc} ({host}:{port} accepts connections but Ray could "
+        return (f"cannot reach the Ray cluster at {address}: {said} ({host}:{port} accepts connections but Ray could "
                 f"not join it: is {port} the head's {which} port? A cluster with token authentication also needs "
                 "RAY_AUTH_MODE=token here, and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")  # fmt: skip
 

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError
+from eplb.errors import EplbError, single_spaced
 
 __all__ = ["NpyError", "read_npy"]
 
@@ -45,7 +45,7 @@ def read_npy(data: bytes) -> NDArray[Any]:
     try:
         shape, fortran_order, dtype = read_header(stream, max_header_size=MAX_HEADER_BYTES)
     except Exception as exc:  # any failure to parse a client's header is a bad body
-        reason = " ".join(str(exc).split())[:200]
+        reason = single_spaced(exc)[:200]
         raise NpyError(f"not a .npy array: its header is unreadable ({reason})") from None
     if dtype.hasobject or dtype.itemsize == 0:
         raise NpyError(f"not a .npy array of numbers: its dtype is {dtype}")

@@ -359,6 +359,24 @@ def test_auto_with_a_ray_address_where_nothing_answers_is_one_line_at_once(
     assert time.monotonic() - started < 10
 
 
+def test_rays_own_words_are_one_line_of_single_spaces(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """RAY_ADDRESS=http://HOST:8265 with --ray-address auto: Ray's message lists its fixes on lines of their own,
+    which the one-line error printed as literal '\\n' escapes; another library's message is single-spaced."""
+
+    def init(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("Invalid Ray address: 'http://h:8265'. To fix this, either:\n  1. Unset RAY_ADDRESS, or\n"
+                         "  2. Set RAY_ADDRESS to the GCS address.")
+
+    _no_ray_yet(monkeypatch, init)
+    monkeypatch.setenv("RAY_ADDRESS", "http://h:8265")
+    assert main(["compare", "--solvers", "greedy", "--ep", "8", "--layers", "2", "--out", str(tmp_path / "r"),
+                 "--no-progress", "--executor", "ray", "--ray-address", "auto"]) == 2  # fmt: skip
+    assert capsys.readouterr().err == (
+        "eplb compare: error: cannot reach the Ray cluster at auto: Invalid Ray address: 'http://h:8265'. To fix this, "
+        "either: 1. Unset RAY_ADDRESS, or 2. Set RAY_ADDRESS to the GCS address.\n")
+
+
 def test_layer_ranges_with_idle_layers_merge_to_the_whole_replay() -> None:
     """Layers 0-1 idle in the first check's window, layers 2-3 in the last one's: each layer range replayed apart
     sees other empty steps, yet merged the rebalances, steps and lb equal the replay of all layers."""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from eplb.errors import EplbError, shown
+from eplb.errors import EplbError, shown, single_spaced
 from eplb.io.files import parse_json
 from eplb.io.logs import CountsChunk, LogInfo, RoutingLog, _meta_int, check_fits, counts_to_write, written_layer_ids
 from eplb.io.windows import window_layer_ids
@@ -85,7 +85,7 @@ class ParquetLog(RoutingLog):
             try:
                 md = pq.read_metadata(f)
             except (OSError, ValueError) as exc:
-                raise EplbError(f"{f}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
+                raise EplbError(f"{f}: not a readable Parquet file ({single_spaced(exc)})") from None
             raw = (md.metadata or {}).get(_META_KEY)
             if raw is None:
                 raise EplbError(f"{f}: not an eplb routing log shard (no 'eplb' metadata; write it with eplb logs "
@@ -174,7 +174,7 @@ class ParquetLog(RoutingLog):
                             yield step_ids[c : c + chunk_steps], counts[c : c + chunk_steps]
                     row += n
             except (OSError, ValueError, KeyError) as exc:
-                raise EplbError(f"{f}: unreadable Parquet data ({' '.join(str(exc).split())})") from None
+                raise EplbError(f"{f}: unreadable Parquet data ({single_spaced(exc)})") from None
 
 
 def _shard_meta(raw: bytes, f: Path) -> dict[str, Any]:
