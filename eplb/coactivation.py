@@ -48,6 +48,7 @@ from eplb.io.logs import LogInfo, open_log
 from eplb.io.logs import coactivation as _coactivation
 from eplb.io.windows import MAX_LOAD
 from eplb.npy import NpyError, read_npy
+from eplb.rules import pairs_refusal
 
 __all__ = [
     "RULES",
@@ -750,7 +751,11 @@ class CoactivationSummary:
         """A request's or a deployment window's summary (`parse`), checked against the loads [layers, E] it
         comes with: the one conversion POST /placement and a deployment's window share, so both answer a bad
         summary alike: a FieldError naming `field` ('coactivation: missing array ...', 'coactivation: the
-        summary is for 2 layers x 8 experts, the loads are 3 x 8')."""
+        summary is for 2 layers x 8 experts, the loads are 3 x 8'); one of more expert pairs than the service
+        holds (`eplb.rules.pairs_refusal`) before it is read."""
+        refused = pairs_refusal(*loads.shape)
+        if refused is not None:
+            raise FieldError(field, refused)
         try:
             summary = cls.parse(value)
         except EplbError as exc:

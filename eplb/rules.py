@@ -110,6 +110,13 @@ layers (200,000 layers of 8 experts on 4 GPUs, a 5 MB body within them, held a s
 --out small.npz --steps 1 --layers 16384 --experts 8 --top-k 2 --tokens 4096`, then `/usr/bin/time -f "%e s %M KB"
 eplb solve --loads small.npz --gpus 4 --json` printed 2.83 s and 68,556 KB (the 2-core machine, nothing else
 running). No model has a hundredth of it."""
+SERVICE_MAX_PAIRS = 2**24
+"""The most layers x experts x experts (L x E^2) a co-activation summary given to the service may cover: the
+co-activation solvers and the time objective hold the expert pairs of every layer densely, about 50 bytes each
+(4 x 2,048 experts, 16,777,216 pairs: `eplb synth --out t.npz --format topk --steps 2 --layers 4 --experts 2048
+--tokens 4096`, then `/usr/bin/time -f "%e s %M KB" eplb solve --loads t.npz --coactivation t.npz --solver
+greedy-coact --gpus 64` printed 4.93 s and 907,620 KB), and a small body named 65,536 experts. The largest MoE
+models are within it: 48 x 512 (12,582,912), 60 x 384, 58 x 256 (3,801,088). `pairs_refusal`."""
 MAX_BUDGET_BYTES = 1e15
 """The largest memory budget of one GPU, bytes (a petabyte)."""
 BUDGETS = ("slots_per_gpu", "num_redundant", "memory_budget_bytes")
@@ -185,6 +192,17 @@ def work_refusal(layers: int, slots: int, gpus: int) -> str | None:
                 f"with): send fewer layers, GPUs or slots per GPU per request, or run eplb solve, which has no such "
                 f"bound")
     return None
+
+
+def pairs_refusal(layers: int, experts: int) -> str | None:
+    """Why the service takes no co-activation summary of `layers` x `experts` (above SERVICE_MAX_PAIRS), in one line
+    with the limit, or None."""
+    pairs = layers * experts * experts
+    if pairs <= SERVICE_MAX_PAIRS:
+        return None
+    return (f"{layers:,} layer{'' if layers == 1 else 's'} x {experts:,}^2 experts is {pairs:,} expert pairs, above "
+            f"the {SERVICE_MAX_PAIRS:,} the service holds per solve (eplb.rules.SERVICE_MAX_PAIRS): send fewer layers "
+            "per request, or run eplb solve, which has no such bound")
 
 
 def work_fields(cluster: object, loads: str | None = "loads") -> list[str]:

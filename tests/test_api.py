@@ -547,6 +547,11 @@ def test_a_solve_beyond_the_services_work_bound_is_refused_naming_its_fields(bas
             assert sizes in r.json()["detail"]
             fields = [e["field"] for e in r.json()["errors"]]
             assert fields == ["loads", "cluster.num_gpus", "cluster.slots_per_gpu"]
+    wide = [list(range(1, 4098))]  # one layer of 4,097 experts: 16,785,409 pairs held densely, about 0.9 GB
+    r = httpx.post(f"{base}/placement", json={"loads": wide, "cluster": {"num_gpus": 8}, "solver": "greedy-coact",
+                                              "coactivation": "AAAA"}, timeout=60)  # judged before it is read
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "coactivation", r.text[:300]
+    assert "1 layer x 4,097^2 experts is 16,785,409 expert pairs, above the 16,777,216" in r.json()["detail"]
     deepseek: dict[str, Any] = {"model": "deepseek-v3", "cluster": {"num_gpus": 4096, "slots_per_gpu": 128}}
     put = httpx.put(f"{base}/deployments/too-large", json=deepseek, timeout=60)
     assert put.status_code == 422 and [e["field"] for e in put.json()["errors"]] == [
