@@ -86,8 +86,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", required=True, metavar="DIR", help="directory for report.md, report.html, results.json")
     p.add_argument("--objectives", default="lb", help="with --loads: lb, time or lb,time (each solver once per "
                    "objective, the time runs named SOLVER+time; docs/solvers.md, 'Objectives'; default: lb)")
-    p.add_argument("--coactivation", metavar="FILE", help="with --loads: the window's co-activation summary (.json) "
-                   "or token-level log (.npz): copies per token and the co-activation comm term")
+    p.add_argument("--coactivation", metavar="FILE", help="with --loads: the window's co-activation summary (.json, "
+                   "or its .npz image) or token-level log (.npz with topk_ids): copies per token and the co-activation "
+                   "comm term")
     add_cost_options(p, model_default="the log's model with --log, else the preset with the expert count",
                      tokens_default=f"{DEFAULT_TOKENS_PER_GPU:.0f} with --loads, each step's own tokens with --log",
                      tokens_value=None, two_links=False)
