@@ -342,7 +342,10 @@ def ray_endpoint(address: str, flag: str | None = None) -> tuple[str, int] | Non
     not the cluster's), another scheme, no port or a port outside 1-65535."""
     given = f"{flag} {address!r}" if flag else f"address {address!r}"
     accepted = "give auto, the head's GCS address HOST:6379, or the Ray client's ray://HOST:10001"
-    if not isinstance(address, str) or not address.strip():
+    if not isinstance(address, str):
+        raise EplbError(f"{given} is not a string (it is {type(address).__name__}): {accepted}, or leave it out "
+                        "to start a local Ray")
+    if not address.strip():
         raise EplbError(f"{given} is empty: {accepted}, or leave it out to start a local Ray")
     address = address.strip()
     if address in _UNPROBED:

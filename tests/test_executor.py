@@ -336,6 +336,8 @@ def test_a_ray_address_where_nothing_answers_or_that_is_no_ray_address_is_one_li
         assert time.monotonic() - started < 10, address
     with pytest.raises(EplbError, match=r"^address 'localhost' needs a host and a port"):  # the Python API's words
         RayExecutor("localhost")
+    with pytest.raises(EplbError, match=r"^address 123 is not a string \(it is int\): give auto, "):  # was 'empty'
+        RayExecutor(123)  # type: ignore[arg-type]
 
 
 def test_auto_with_a_ray_address_where_nothing_answers_is_one_line_at_once(
