@@ -35,7 +35,7 @@ SYSTEM_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm-ascend": "vl
 TARGET_SUFFIXES = {"sglang": (".json",), "trtllm": (".yaml", ".yml"), "vllm-ascend": (".json",), "json": (".json",)}
 """The names each target's file takes, the one table (`write_export`, `eplb export --out`): a file under another
 suffix is refused, as eplb tells a placement file's format by its name when it reads it back (YAML under x.json
-was written, then not read). SGLang's .json is also SGLang's own rule (`write_export`)."""
+was written, then not read). SGLang's .json is also SGLang's own rule, lower case (`write_export`)."""
 
 MAX_MODEL_LAYERS = 10_000
 """The most model layers an export names (SGLang writes a row per model layer; the largest models have a few
@@ -260,10 +260,11 @@ def write_export(
     layer_ids: Sequence[int] | None = None,
     num_model_layers: int | None = None,
 ) -> None:
-    """Write `export_text` to `path`, named as TARGET_SUFFIXES says; SGLang files must be named *.json, with no
-    suffix too (SGLang parses any other `--init-expert-location` value as inline JSON)."""
+    """Write `export_text` to `path`, named as TARGET_SUFFIXES says; SGLang files must be named *.json, lower case,
+    as SGLang tests the text (`endswith(".json")`: it parses any other `--init-expert-location` value, P.JSON too,
+    as inline JSON)."""
     p = Path(path)
-    if target == "sglang" and p.suffix.lower() != ".json":
+    if target == "sglang" and not p.name.endswith(".json"):
         raise EplbError(
             f"SGLang reads --init-expert-location as a file only when its name ends in .json; "
             f"name the output like {p.stem or 'placement'}.sglang.json"
