@@ -266,7 +266,7 @@ def write_export(
     p = Path(path)
     if target == "sglang" and not p.name.endswith(".json"):
         raise EplbError(
-            f"SGLang reads --init-expert-location as a file only when its name ends in .json; "
+            f"SGLang reads --init-expert-location as a file only when its name ends in .json (lower case); "
             f"name the output like {p.stem or 'placement'}.sglang.json"
         )
     p = output_file(p, suffixes=TARGET_SUFFIXES.get(target, ()))
