@@ -302,8 +302,8 @@ def test_an_inconsistent_vllm_ascend_map_is_refused(tmp_path: Path, edit: dict[s
     path.write_text(json.dumps({"moe_layer_count": 1, "layer_list": [layer]}))
     with pytest.raises(EplbError, match=f"^{re.escape(str(path))}: {message}"):
         read_placement_file(path)
-    for key in ("layer_id", "device_count"):  # all optional: positions say the same
-        del layer[key]
+    del layer["layer_id"]  # optional, as the device_ids: positions say the same (device_count vllm-ascend reads)
+    layer["device_count"] = 2
     for device in layer["device_list"]:
         del device["device_id"]
     path.write_text(json.dumps({"moe_layer_count": 1, "layer_list": [layer]}))

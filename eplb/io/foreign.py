@@ -179,6 +179,8 @@ def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int
         placement = Placement.from_dict(data, source)
         return _pick_rows(placement, "json", layer_ids, source)
     if "physical_to_logical_map" in data:
+        _refuse_other_keys(data, {"physical_to_logical_map"}, source, "SGLang passes every key of the file to "
+                           "init_by_mapping, so it would not start with")
         table = int_table(data["physical_to_logical_map"], f"{source}: physical_to_logical_map")
         placement = _from_table(table, num_gpus, source, "SGLang", list(range(table.shape[0])), num_experts)
         return _pick_rows(placement, "sglang", layer_ids, source)
@@ -198,20 +200,31 @@ def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int
                     "physical_to_logical_map, initial_global_assignments or layer_list")
 
 
+def _refuse_other_keys(data: dict[str, Any], keys: set[str], source: str, why: str) -> None:
+    """Refuse an engine's placement file `data` holding a key other than `keys`, the ones the engine takes: it
+    would not have served the file (`why ... key 'x'`)."""
+    other = sorted(str(k) for k in data if k not in keys)
+    if other:
+        raise EplbError(f"{source}: {why} {'key' if len(other) == 1 else 'keys'} "
+                        f"{', '.join(repr(k) for k in other[:3])}{' ...' if len(other) > 3 else ''}: drop "
+                        f"{'it' if len(other) == 1 else 'them'}")
+
+
 def _parse_placement_text(text: str, p: Path) -> Any:
+    """The object in placement file `p`: JSON unless named .yaml/.yml, YAML when it is not JSON and not named .json
+    (a JSON `null` is JSON's, refused by `_parse` as no object, not called a YAML mistake)."""
     suffix = p.suffix.lower()
-    data: Any = None
     if suffix not in (".yaml", ".yml"):
         try:
             data = parse_json(text, str(p))
         except json.JSONDecodeError as exc:
             if suffix == ".json":
                 raise EplbError(f"{p}: not valid JSON ({exc})") from None
-    if data is None:
-        data = parse_trtllm_yaml(text, str(p))
-        refuse_bools(data, None, f"{p}: ")
-    else:
-        refuse_bools(data, text, f"{p}: ")
+        else:
+            refuse_bools(data, text, f"{p}: ")
+            return data
+    data = parse_trtllm_yaml(text, str(p))
+    refuse_bools(data, None, f"{p}: ")
     return data
 
 
@@ -257,12 +270,22 @@ def _layer_key(key: Any, source: str) -> int:
 
 
 def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | None = None) -> Placement:
+    """A vllm-ascend expert map as vllm-ascend loads it (`ExpertLoadBalancer._expert_file_to_tensor`): it reads
+    `moe_layer_count` and layer 0's `device_count` as required keys (a KeyError makes it fall back to its default
+    map), builds one [layers, devices, slots] tensor and maps each expert to one slot per device; a map it would not
+    serve as written is refused, naming the entry."""
     layers = data.get("layer_list")
     if not isinstance(layers, list) or not layers:
         raise EplbError(f"{source}: layer_list must be a non-empty list of layers")
-    count = data.get("moe_layer_count")
-    if count is not None and count != len(layers):
-        raise EplbError(f"{source}: moe_layer_count is {count} but layer_list has {plural(len(layers), 'layer')}")
+    if "moe_layer_count" not in data:
+        raise EplbError(f"{source}: no moe_layer_count: vllm-ascend reads it from the map (without it, it serves its "
+                        f"default map instead); add \"moe_layer_count\": {len(layers)}")
+    count = data["moe_layer_count"]
+    if count != len(layers):
+        raise EplbError(f"{source}: moe_layer_count is {count!r} but layer_list has {plural(len(layers), 'layer')}")
+    if isinstance(layers[0], dict) and "device_count" not in layers[0]:
+        raise EplbError(f"{source}: layer_list[0] has no device_count: vllm-ascend reads the device count from layer "
+                        "0 (without it, it serves its default map instead); add it")
     rows: list[list[int]] = []
     slots: list[int] | None = None
     for i, layer in enumerate(layers):
@@ -275,8 +298,16 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | Non
             ids = device.get("device_expert") if isinstance(device, dict) else None
             if not isinstance(ids, list) or not ids:
                 raise EplbError(f"{source}: layer_list[{i}].device_list[{d}] has no device_expert list")
-            experts.append(int_list(ids, f"{source}: layer_list[{i}].device_list[{d}].device_expert"))
+            where = f"{source}: layer_list[{i}].device_list[{d}].device_expert"
+            experts.append(int_list(ids, where))
+            twice = _repeated(experts[-1])
+            if twice is not None:
+                raise EplbError(f"{where} holds expert {twice} twice: vllm-ascend maps each expert to one slot per "
+                                "device, so one copy would get none of its tokens; give each device distinct experts")
         these = [len(e) for e in experts]
+        if len(set(these)) > 1:
+            raise EplbError(f"{source}: layer_list[{i}] has {these} slots per device: vllm-ascend builds one "
+                            "[layers, devices, slots] tensor, so every device holds the same number")
         if slots is None:
             slots = these
         elif these != slots:
@@ -285,6 +316,17 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | Non
     assert slots is not None
     table = np.asarray(rows, dtype=np.int64)
     return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source, num_experts))
+
+
+def _repeated(ids: list[int]) -> int | None:
+    """The first expert id (>= 0; -1 marks an empty slot) that `ids` holds a second time, or None."""
+    seen: set[int] = set()
+    for v in ids:
+        if v in seen:
+            return v
+        if v >= 0:
+            seen.add(v)
+    return None
 
 
 def _check_vllm_ascend_ids(layer: dict[str, Any], devices: list[Any], index: int, where: str) -> None:
