@@ -83,3 +83,14 @@ def test_an_sglang_map_with_another_key_is_refused(tmp_path: Path, extra: dict[s
     path.write_text(json.dumps({"physical_to_logical_map": [[1, 3, 2, 3, 2, 0]], **extra}))
     with pytest.raises(EplbError, match=f"^{path}: SGLang passes every key .* key '{next(iter(extra))}': drop it$"):
         read_placement_file(path, num_gpus=2)
+
+
+def test_an_sglang_map_of_fractional_looking_ids_is_refused(tmp_path: Path) -> None:
+    """SGLang makes a tensor of its map (`torch.tensor`): one 2.0 among the ids makes it a float tensor, which it
+    cannot index its expert lists by (a TypeError at start-up); eplb read 2.0 as expert 2."""
+    path = tmp_path / "s.json"
+    path.write_text('{"physical_to_logical_map": [[1, 3, 2, 3, 2.0, 0]]}')
+    with pytest.raises(EplbError, match=rf"^{path}: physical_to_logical_map\[0\]\[4\] is 2\.0: SGLang"):
+        read_placement_file(path, num_gpus=2)
+    path.write_text('{"physical_to_logical_map": [[1, 3, 2, 3, 2, 0]]}')
+    assert read_placement_file(path, num_gpus=2).placement.phy2log.tolist() == [[1, 3, 2, 3, 2, 0]]

@@ -182,6 +182,7 @@ def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int
         _refuse_other_keys(data, {"physical_to_logical_map"}, source, "SGLang passes every key of the file to "
                            "init_by_mapping, so it would not start with")
         table = int_table(data["physical_to_logical_map"], f"{source}: physical_to_logical_map")
+        _refuse_float_ids(data["physical_to_logical_map"], source)
         placement = _from_table(table, num_gpus, source, "SGLang", list(range(table.shape[0])), num_experts)
         return _pick_rows(placement, "sglang", layer_ids, source)
     if "initial_global_assignments" in data or "num_slots" in data:
@@ -198,6 +199,16 @@ def _parse(data: Any, source: str, num_gpus: int | None, layer_ids: Sequence[int
     keys = ", ".join(sorted(str(k) for k in data)[:6])
     raise EplbError(f"{source}: not a placement file I know (keys: {keys}); expected phy2log, "
                     "physical_to_logical_map, initial_global_assignments or layer_list")
+
+
+def _refuse_float_ids(rows: list[list[Any]], source: str) -> None:
+    """Refuse an SGLang map [layers][slots] (whole numbers, as `int_table` checked) holding one as a float (2.0):
+    SGLang's `torch.tensor` of it is a float tensor, which it cannot index its expert lists by."""
+    for r, row in enumerate(rows):
+        for s, v in enumerate(row):
+            if isinstance(v, float):
+                raise EplbError(f"{source}: physical_to_logical_map[{r}][{s}] is {v}: SGLang makes a float tensor of "
+                                "a map holding one and cannot start with it; write expert ids as whole numbers (2)")
 
 
 def _refuse_other_keys(data: dict[str, Any], keys: set[str], source: str, why: str) -> None:
