@@ -94,3 +94,11 @@ def test_an_sglang_map_of_fractional_looking_ids_is_refused(tmp_path: Path) -> N
         read_placement_file(path, num_gpus=2)
     path.write_text('{"physical_to_logical_map": [[1, 3, 2, 3, 2, 0]]}')
     assert read_placement_file(path, num_gpus=2).placement.phy2log.tolist() == [[1, 3, 2, 3, 2, 0]]
+
+
+def test_a_trtllm_num_slots_of_text_is_shown_as_text(tmp_path: Path) -> None:
+    """num_slots "6" said 'num_slots is 6 but the assignments list 6 slots per layer'."""
+    path = tmp_path / "t.yaml"
+    path.write_text('num_slots: "6"\ninitial_global_assignments:\n  0: [1, 3, 2, 3, 2, 0]\n')
+    with pytest.raises(EplbError, match=f"^{path}: num_slots is '6' but the assignments list 6 slots per layer"):
+        read_placement_file(path, num_gpus=2)

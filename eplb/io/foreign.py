@@ -261,7 +261,7 @@ def _parse_trtllm(
     table = int_table([rows[i] for i in ids], f"{source}: initial_global_assignments")
     num_slots = data.get("num_slots")
     if num_slots is not None and num_slots != table.shape[1]:
-        raise EplbError(f"{source}: num_slots is {num_slots} but the assignments list "
+        raise EplbError(f"{source}: num_slots is {num_slots!r} but the assignments list "
                         f"{plural(table.shape[1], 'slot')} per layer")
     placement = _from_table(table, num_gpus, source, "TensorRT-LLM", ids, num_experts)
     return _pick_rows(placement, "trtllm", layer_ids, source)
