@@ -102,3 +102,14 @@ def test_a_trtllm_num_slots_of_text_is_shown_as_text(tmp_path: Path) -> None:
     path.write_text('num_slots: "6"\ninitial_global_assignments:\n  0: [1, 3, 2, 3, 2, 0]\n')
     with pytest.raises(EplbError, match=f"^{path}: num_slots is '6' but the assignments list 6 slots per layer"):
         read_placement_file(path, num_gpus=2)
+
+
+def test_a_trtllm_layer_key_beyond_any_model_is_refused(tmp_path: Path) -> None:
+    """A key of 1000000000000 was read as that model layer and written back (--to trtllm, --to json), though
+    --layer-ids refuses a layer at or beyond MAX_MODEL_LAYERS."""
+    path = tmp_path / "t.yaml"
+    path.write_text("num_slots: 6\ninitial_global_assignments:\n  0: [1, 3, 2, 3, 2, 0]\n"
+                    "  1000000000000: [1, 3, 2, 3, 2, 0]\n")
+    with pytest.raises(EplbError, match=rf"^{path}: initial_global_assignments key 1000000000000 is beyond any "
+                       r"model's layers \(at most 10,000\)"):
+        read_placement_file(path, num_gpus=2)

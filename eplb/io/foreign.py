@@ -16,7 +16,7 @@ import yaml
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.exports import ranges
+from eplb.io.exports import MAX_MODEL_LAYERS, ranges
 from eplb.io.files import existing_file, int_list, int_table, parse_json, plural, refuse_bools
 from eplb.placement import Placement
 from solvers.validation import EMPTY_SLOT
@@ -277,6 +277,9 @@ def _layer_key(key: Any, source: str) -> int:
     if layer < 0:
         raise EplbError(f"{source}: initial_global_assignments key {key!r} is not a layer number (a whole number "
                         ">= 0, the model layer of its row)")
+    if layer >= MAX_MODEL_LAYERS:  # as --layer-ids: no model has the layer, TensorRT-LLM would not look for it
+        raise EplbError(f"{source}: initial_global_assignments key {key!r} is beyond any model's layers (at most "
+                        f"{MAX_MODEL_LAYERS:,})")
     return layer
 
 
