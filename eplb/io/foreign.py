@@ -344,9 +344,10 @@ def _repeated(ids: list[int]) -> int | None:
 
 
 def _check_vllm_ascend_ids(layer: dict[str, Any], devices: list[Any], index: int, where: str) -> None:
-    """A vllm-ascend layer's optional `layer_id`, `device_count` and `device_id`s must agree with its place in
-    `layer_list` (`index`) and its `devices` list: vllm-ascend reads layers and devices by position and ignores them
-    (vllm_ascend/eplb/core/eplb_utils.py), so a file where they disagree was not written as it will be served."""
+    """A vllm-ascend layer's `layer_id`, `device_count` and `device_id`s, where given (layer 0's `device_count`
+    must be, `_parse_vllm_ascend`), must agree with its place in `layer_list` (`index`) and its `devices` list:
+    vllm-ascend reads layers and devices by position and ignores them (vllm_ascend/eplb/core/eplb_utils.py), so a
+    file where they disagree was not written as it will be served."""
     said = layer.get("layer_id")
     if said is not None and said != index:
         raise EplbError(f"{where} has layer_id {said!r}: vllm-ascend takes the layers in list order, so entry {index} "
