@@ -693,6 +693,9 @@ def test_log_outputs_that_cannot_be_written_are_refused_before_the_work(
          "--shard-steps must be >= 1 (steps per shard file), got 0"),
         (["replay", str(small["log"]), "--gpus", "4", "--out", str(a_file / "run")],
          f"--out {a_file}/run: cannot write there"),
+        ([*synth, "--out", f"{tmp_path}/new.npz/"], f"--out {tmp_path}/new.npz/ ends in '/' (a directory's name), "
+                                                     f"but there is no such directory: give a file name, e.g. "
+                                                     f"{tmp_path}/new.npz"),  # it wrote the file new.npz
     ]:
         code, err = run(capsys, *argv)
         assert code == 2 and said in err, (argv, err)
