@@ -696,6 +696,8 @@ def test_log_outputs_that_cannot_be_written_are_refused_before_the_work(
         ([*synth, "--out", f"{tmp_path}/new.npz/"], f"--out {tmp_path}/new.npz/ ends in '/' (a directory's name), "
                                                      f"but there is no such directory: give a file name, e.g. "
                                                      f"{tmp_path}/new.npz"),  # it wrote the file new.npz
+        ([*synth, "--out", "-"], "--out '-' would be a file named '-': give a file name (an output option writes "
+                                 "a file, not standard output)"),  # it wrote a file '-' in the working directory
     ]:
         code, err = run(capsys, *argv)
         assert code == 2 and said in err, (argv, err)

@@ -345,6 +345,9 @@ def output_file(raw: str | Path, what: str = "output file", suffixes: tuple[str,
     another suffix is refused (JSON was written under x.npz without a word); one without a suffix (/dev/stdout)
     is taken. inputs: the run's input files as (flag, path), none of which it may be (`refuse_input`)."""
     p = usable_path(raw, what)
+    if str(raw) == "-":  # the usual name of standard output, which a file option does not write
+        raise EplbError(f"{what} '-' would be a file named '-': give a file name (an output option writes a file, "
+                        "not standard output)")
     if isinstance(raw, str) and raw.endswith(("/", os.sep)) and not p.is_dir():  # Path() drops the slash
         raise EplbError(f"{what} {raw} ends in '/' (a directory's name), but there is no such directory: give a "
                         f"file name, e.g. {p}")
