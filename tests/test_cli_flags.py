@@ -108,3 +108,18 @@ def test_a_json_output_named_as_another_format_is_refused(
     for name in ("x.JSON", "x"):
         assert main([*args[:-1], str(tmp_path / name)]) == 0, name
         json.loads((tmp_path / name).read_text())
+
+
+def test_a_placement_written_to_dev_stdout_reaches_a_pipe(tmp_path: Path) -> None:
+    """`eplb solve --out /dev/stdout | jq` said 'cannot write it (No such file or directory)': /dev/stdout was
+    resolved to its target, which for a pipe is no path (pipe:[N]), and a temporary file was made beside it. A path
+    that is no regular file as opened is written in place."""
+    import subprocess
+    import sys
+
+    window = tmp_path / "w.json"
+    window.write_text(json.dumps({"loads": (np.arange(32).reshape(2, 16) + 1).tolist()}))
+    proc = subprocess.run([sys.executable, "-m", "eplb.cli", "solve", "--loads", str(window), "--gpus", "4", "--out",
+                           "/dev/stdout"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith('{"format": "eplb.placement/v1"'), proc.stdout[:200]

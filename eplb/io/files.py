@@ -388,10 +388,11 @@ def replace_text(path: str | Path, text: str) -> None:
     existing file's mode (a new one's follows the umask). Written in place instead: a path that exists and is
     not a regular file (a device, a FIFO: `/dev/stdout`), and a file in a directory the process may not create
     files in. Through a symlink its target is replaced. OSError as `open` raises it (`writing` names it)."""
-    target = Path(path).resolve() if Path(path).is_symlink() else Path(path)
-    if target.exists() and not target.is_file():
-        target.write_text(text)
+    given = Path(path)
+    if given.exists() and not given.is_file():  # followed as opened: /dev/stdout to a pipe resolves to no path
+        given.write_text(text)
         return
+    target = given.resolve() if given.is_symlink() else given
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
