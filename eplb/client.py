@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from eplb.deployments import (
 from eplb.errors import EplbError, shown
 from eplb.rules import api_key_refusal, name_refusal, timeout_refusal, url_refusal
 from eplb.schemas import PlacementOut, PlacementResponse
+from solvers.validation import whole_number
 
 if TYPE_CHECKING:
     from eplb.coactivation import CoactivationSummary
@@ -502,10 +502,11 @@ class _Api:
 
 
 def _whole(value: object, name: str) -> int:
-    """`value` as an int when it is one (numpy's too); InvalidRequest naming `name` otherwise (True was sent as
-    'true', 2.0 as '2.0', for the service to refuse)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
+    """`value` as an int when it is one (numpy's too: `whole_number`); InvalidRequest naming `name` otherwise (True
+    was sent as 'true', 2.0 as '2.0', for the service to refuse)."""
+    count = whole_number(value)
+    if count is not None:
+        return count
     raise InvalidRequest(f"{name} must be a whole number (an int), got {shown(value)}")
 
 
