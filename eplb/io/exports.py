@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from eplb.errors import EplbError, FieldError, shown
 from eplb.io.files import output_file, plural, replace_text
@@ -324,16 +325,25 @@ def _require_uniform_shares(placement: Placement, target: str) -> None:
     )
 
 
-def _require_distinct_per_gpu(placement: Placement) -> None:
-    slots = int(placement.slots_per_gpu[0])
-    grid = placement.phy2log.reshape(placement.num_layers, placement.num_gpus, slots)
+def repeated_on_a_gpu(phy2log: NDArray[np.int64], slots_per_gpu: int) -> tuple[int, int, int] | None:
+    """The first (layer, GPU, expert) where a GPU holds an expert twice, or None: vllm-ascend maps each expert to one
+    slot per device (its export, and its maps read back). phy2log: [L, G x slots_per_gpu]; empty slots (-1) are no
+    expert."""
+    grid = phy2log.reshape(phy2log.shape[0], -1, slots_per_gpu)
     ordered = np.sort(grid, axis=2)
-    dup = np.argwhere(ordered[:, :, 1:] == ordered[:, :, :-1])
+    dup = np.argwhere((ordered[:, :, 1:] == ordered[:, :, :-1]) & (ordered[:, :, 1:] >= 0))
     if dup.size == 0:
-        return
+        return None
     layer, gpu, k = (int(v) for v in dup[0])
+    return layer, gpu, int(ordered[layer, gpu, k])
+
+
+def _require_distinct_per_gpu(placement: Placement) -> None:
+    twice = repeated_on_a_gpu(placement.phy2log, int(placement.slots_per_gpu[0]))
+    if twice is None:
+        return
+    layer, gpu, expert = twice
     raise EplbError(
-        f"vllm-ascend gives each expert one slot per device, but GPU {gpu} holds expert "
-        f"{int(ordered[layer, gpu, k])} twice in layer {layer}; re-solve so no GPU holds two copies of an expert "
-        "(more GPUs or fewer redundant slots)"
+        f"vllm-ascend gives each expert one slot per device, but GPU {gpu} holds expert {expert} twice in layer "
+        f"{layer}; re-solve so no GPU holds two copies of an expert (more GPUs or fewer redundant slots)"
     )

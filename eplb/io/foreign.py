@@ -16,7 +16,7 @@ import yaml
 from numpy.typing import NDArray
 
 from eplb.errors import EplbError
-from eplb.io.exports import MAX_MODEL_LAYERS, ranges
+from eplb.io.exports import MAX_MODEL_LAYERS, ranges, repeated_on_a_gpu
 from eplb.io.files import existing_file, int_list, int_table, parse_json, plural, refuse_bools
 from eplb.placement import Placement
 from solvers.validation import EMPTY_SLOT
@@ -312,12 +312,7 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | Non
             ids = device.get("device_expert") if isinstance(device, dict) else None
             if not isinstance(ids, list) or not ids:
                 raise EplbError(f"{source}: layer_list[{i}].device_list[{d}] has no device_expert list")
-            where = f"{source}: layer_list[{i}].device_list[{d}].device_expert"
-            experts.append(int_list(ids, where))
-            twice = _repeated(experts[-1])
-            if twice is not None:
-                raise EplbError(f"{where} holds expert {twice} twice: vllm-ascend maps each expert to one slot per "
-                                "device, so one copy would get none of its tokens; give each device distinct experts")
+            experts.append(int_list(ids, f"{source}: layer_list[{i}].device_list[{d}].device_expert"))
         these = [len(e) for e in experts]
         if len(set(these)) > 1:
             raise EplbError(f"{source}: layer_list[{i}] has {these} slots per device: vllm-ascend builds one "
@@ -329,18 +324,13 @@ def _parse_vllm_ascend(data: dict[str, Any], source: str, num_experts: int | Non
         rows.append([v for e in experts for v in e])
     assert slots is not None
     table = np.asarray(rows, dtype=np.int64)
+    twice = repeated_on_a_gpu(table, slots[0])
+    if twice is not None:
+        layer, device, expert = twice
+        raise EplbError(f"{source}: layer_list[{layer}].device_list[{device}].device_expert holds expert {expert} "
+                        "twice: vllm-ascend maps each expert to one slot per device, so one copy would get none of "
+                        "its tokens; give each device distinct experts")
     return Placement(table, np.asarray(slots, dtype=np.int64), _num_experts(table, source, num_experts))
-
-
-def _repeated(ids: list[int]) -> int | None:
-    """The first expert id (>= 0; -1 marks an empty slot) that `ids` holds a second time, or None."""
-    seen: set[int] = set()
-    for v in ids:
-        if v in seen:
-            return v
-        if v >= 0:
-            seen.add(v)
-    return None
 
 
 def _check_vllm_ascend_ids(layer: dict[str, Any], devices: list[Any], index: int, where: str) -> None:
